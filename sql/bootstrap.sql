@@ -1,0 +1,67 @@
+-- Tables and the decision type, created before the Rust functions that use them.
+-- CREATE EXTENSION creates the schema rate_limiter (see rate_limiter.control).
+
+CREATE TABLE rate_limiter.limits (
+    name text PRIMARY KEY
+        CHECK (name <> '' AND octet_length(name) <= 128),
+    kind text NOT NULL
+        CHECK (kind IN ('token bucket', 'fixed window')),
+    rate double precision NOT NULL
+        CHECK (rate > 0 AND rate < 'Infinity'),
+    period interval NOT NULL
+        CHECK (period > interval '0'),
+    capacity double precision
+        CHECK (capacity >= 0 AND capacity < 'Infinity'),
+    max_reserved double precision
+        CHECK (max_reserved >= 0 AND max_reserved < 'Infinity'),
+    shards integer NOT NULL DEFAULT 1
+        CHECK (shards BETWEEN 1 AND 1024),
+    start timestamptz
+        CHECK (isfinite(start)),
+    CONSTRAINT limits_start_is_for_fixed_window CHECK (kind = 'fixed window' OR start IS NULL)
+);
+COMMENT ON TABLE rate_limiter.limits IS
+    'Named rate limits, one row each. Manage with INSERT/UPDATE/DELETE or rate_limiter.define().';
+COMMENT ON COLUMN rate_limiter.limits.name IS 'The limit''s name, as passed to rate_limit(name => ...).';
+COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill) or ''fixed window'' (rate tokens at each window start).';
+COMMENT ON COLUMN rate_limiter.limits.rate IS 'Tokens added per period.';
+COMMENT ON COLUMN rate_limiter.limits.period IS 'The period over which rate tokens are added.';
+COMMENT ON COLUMN rate_limiter.limits.capacity IS 'Most tokens that can accumulate (burst); NULL means rate.';
+COMMENT ON COLUMN rate_limiter.limits.max_reserved IS 'Most tokens that reservations may owe; NULL means unbounded.';
+COMMENT ON COLUMN rate_limiter.limits.shards IS 'Rows the limit is split across, so that concurrent transactions do not queue on one row lock.';
+COMMENT ON COLUMN rate_limiter.limits.start IS 'Fixed window only: windows are aligned to this instant; NULL picks a phase per (name, key).';
+
+-- Keep user configuration in pg_dump output.
+SELECT pg_catalog.pg_extension_config_dump('rate_limiter.limits', '');
+
+-- One small row per (name, key, shard). fillfactor leaves room on each page so updates
+-- stay HOT (no indexed column ever changes).
+CREATE TABLE rate_limiter.state (
+    name text NOT NULL,
+    key text,
+    shard integer NOT NULL,
+    value double precision NOT NULL,
+    ts timestamptz NOT NULL,
+    CONSTRAINT state_name_key_shard_key UNIQUE NULLS NOT DISTINCT (name, key, shard)
+) WITH (fillfactor = 80);
+COMMENT ON TABLE rate_limiter.state IS
+    'Current state of each (name, key, shard). Written only by the rate_limiter functions; a missing row means full.';
+COMMENT ON COLUMN rate_limiter.state.name IS 'The limit''s name.';
+COMMENT ON COLUMN rate_limiter.state.key IS 'The key within the limit; NULL is the one shared value.';
+COMMENT ON COLUMN rate_limiter.state.shard IS 'Shard number, 0 to shards - 1.';
+COMMENT ON COLUMN rate_limiter.state.value IS 'Tokens held as of ts (negative while reservations are owed).';
+COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed window: start of the window value belongs to.';
+
+CREATE TYPE rate_limiter.decision AS (
+    ok boolean,
+    retry_after double precision,
+    remaining double precision,
+    reset_after double precision,
+    granted double precision
+);
+COMMENT ON TYPE rate_limiter.decision IS 'The answer of rate_limit() and check_rate_limit(); times in milliseconds.';
+COMMENT ON COLUMN rate_limiter.decision.ok IS 'The tokens were taken (or, with reserve, reserved).';
+COMMENT ON COLUMN rate_limiter.decision.retry_after IS 'Milliseconds until a retry could succeed, or with a reservation until the reserved work may run; NULL when there is nothing to wait for.';
+COMMENT ON COLUMN rate_limiter.decision.remaining IS 'Tokens left after this call, as of now (negative while reservations are owed).';
+COMMENT ON COLUMN rate_limiter.decision.reset_after IS 'Milliseconds until the limit is full again.';
+COMMENT ON COLUMN rate_limiter.decision.granted IS 'Tokens this call took (0 when denied).';

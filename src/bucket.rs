@@ -1,0 +1,476 @@
+//! The bucket arithmetic: pure functions over `(value, ts)`, no PostgreSQL in here.
+//!
+//! Times are milliseconds since the Unix epoch and durations are milliseconds, as in the
+//! Convex rate-limiter component, whose numbers these functions reproduce operation for
+//! operation (so floating point rounding matches too).
+
+/// Below this many shards a call looks at one random shard; from here on it looks at two.
+pub const MIN_CHOOSE_TWO: u32 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    TokenBucket,
+    FixedWindow,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::TokenBucket => "token bucket",
+            Kind::FixedWindow => "fixed window",
+        }
+    }
+}
+
+/// A validated limit with its defaults filled in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub kind: Kind,
+    /// Tokens added per period.
+    pub rate: f64,
+    /// Milliseconds.
+    pub period: f64,
+    /// Most tokens that can accumulate (defaults to `rate`).
+    pub capacity: f64,
+    /// Most tokens that may be owed by reservations; `None` means unbounded.
+    pub max_reserved: Option<f64>,
+    pub shards: u32,
+    /// Fixed window phase, ms since the epoch; `None` picks one per (name, key).
+    pub start: Option<f64>,
+}
+
+impl Config {
+    /// The share of the limit one shard holds: rate, capacity and max_reserved divided evenly.
+    pub fn per_shard(&self) -> Config {
+        let n = f64::from(self.shards);
+        if self.shards == 1 {
+            return self.clone();
+        }
+        Config {
+            rate: self.rate / n,
+            capacity: self.capacity / n,
+            max_reserved: self.max_reserved.map(|m| m / n),
+            ..self.clone()
+        }
+    }
+
+    /// How many shards one call may draw from, as the Convex component counts it.
+    fn shard_factor(&self) -> f64 {
+        if self.shards < MIN_CHOOSE_TWO {
+            1.0
+        } else {
+            f64::from(self.shards) / 2.0
+        }
+    }
+
+    /// The largest count a single call could ever be granted, rendered as the Convex
+    /// component renders it in its error; `None` when the count is possible.
+    pub fn impossible_count(&self, count: f64, reserve: bool) -> Option<String> {
+        let factor = self.shard_factor();
+        let max = self.capacity / factor;
+        let limit = if reserve {
+            let max_reserved = self.max_reserved? / factor;
+            (count > max + max_reserved).then(|| format!("{:.2}", max + max_reserved))
+        } else {
+            (count > max).then(|| format!("{max}"))
+        }?;
+        let per_shards = if self.shards > 1 {
+            format!(" per {} shards", self.shards)
+        } else {
+            String::new()
+        };
+        Some(format!("{limit}{per_shards}"))
+    }
+}
+
+/// One shard's stored state.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct State {
+    pub value: f64,
+    /// Token bucket: last update. Fixed window: start of the window `value` belongs to.
+    pub ts: f64,
+}
+
+/// The state of a shard nobody has touched yet: full, and for a fixed window in the
+/// window that contains `now`, aligned to `start` or else to `phase`.
+pub fn fresh_state(config: &Config, now: f64, phase: f64) -> State {
+    let ts = match config.kind {
+        Kind::TokenBucket => now,
+        Kind::FixedWindow => {
+            let anchor = config.start.unwrap_or(phase);
+            anchor + ((now - anchor) / config.period).floor() * config.period
+        }
+    };
+    State { value: config.capacity, ts }
+}
+
+/// Outcome of taking `count` from a shard at `now`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Check {
+    pub ok: bool,
+    /// The shard's value after taking `count` (negative when short or reserving).
+    pub value: f64,
+    pub ts: f64,
+    /// Milliseconds until the shard could cover `count`; `None` when it already can.
+    pub retry_after: Option<f64>,
+}
+
+/// Refill `state` up to `now`, take `count`, and say whether that is allowed.
+/// Elapsed time never counts negative, so a clock that steps back refills nothing.
+pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
+    let elapsed = (now - state.ts).max(0.0);
+    let (value, ts, retry_after) = match config.kind {
+        Kind::TokenBucket => {
+            let rate = config.rate / config.period;
+            let value = (state.value + elapsed * rate).min(config.capacity) - count;
+            let retry_after = (value < 0.0).then(|| -value / rate);
+            (value, now.max(state.ts), retry_after)
+        }
+        Kind::FixedWindow => {
+            let elapsed_windows = (elapsed / config.period).floor();
+            let value =
+                (state.value + config.rate * elapsed_windows).min(config.capacity) - count;
+            let ts = state.ts + elapsed_windows * config.period;
+            let retry_after = (value < 0.0).then(|| {
+                let windows_needed = (-value / config.rate).ceil();
+                ts + config.period * windows_needed - now
+            });
+            (value, ts, retry_after)
+        }
+    };
+    let over_reserved = config.max_reserved.is_some_and(|max| -value > max);
+    let ok = value >= 0.0 || (reserve && !over_reserved);
+    Check { ok, value, ts, retry_after }
+}
+
+/// What a call does to the shards it looked at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub ok: bool,
+    /// Milliseconds to wait: before retrying when denied, before doing the reserved work
+    /// when ok by reservation; `None` when ok with nothing to wait for.
+    pub retry_after: Option<f64>,
+    /// Per looked-at shard (same order as the input): its state after the call, and whether
+    /// the call changed it (so it must be written).
+    pub after: Vec<(State, bool)>,
+}
+
+/// Take `count` from the looked-at shards, as the Convex component does: with one shard,
+/// from it; with two, from the one that can serve alone (the fuller when both can), else from
+/// both so they end level, else deny. `config` is the per-shard config.
+pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bool) -> Outcome {
+    let refilled = |s: State| {
+        let c = check(s, config, now, 0.0, false);
+        (State { value: c.value, ts: c.ts }, false)
+    };
+    let untouched = || states.iter().map(|s| refilled(*s)).collect::<Vec<_>>();
+    let taking = |i: usize, c: Check| {
+        let mut after = untouched();
+        after[i] = (State { value: c.value, ts: c.ts }, true);
+        Outcome { ok: true, retry_after: c.retry_after, after }
+    };
+    let checks: Vec<Check> = states.iter().map(|s| check(*s, config, now, count, reserve)).collect();
+    match checks[..] {
+        [one] if one.ok => taking(0, one),
+        [one] => Outcome { ok: false, retry_after: one.retry_after, after: untouched() },
+        [one, two] if one.ok && two.ok => {
+            if one.value > two.value {
+                taking(0, one)
+            } else {
+                taking(1, two)
+            }
+        }
+        [one, _] if one.ok => taking(0, one),
+        [_, two] if two.ok => taking(1, two),
+        [one, two] => {
+            // Neither can serve alone: take from both so they end level.
+            let balance = one.value + two.value + count;
+            let one = check(states[0], config, now, one.value + count - balance / 2.0, reserve);
+            let two = check(states[1], config, now, two.value + count - balance / 2.0, reserve);
+            let retry_after = match (one.retry_after, two.retry_after) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0.0).max(b.unwrap_or(0.0))),
+            };
+            if one.ok && two.ok {
+                let after = [one, two].iter().map(|c| (State { value: c.value, ts: c.ts }, true)).collect();
+                Outcome { ok: true, retry_after, after }
+            } else {
+                Outcome { ok: false, retry_after, after: untouched() }
+            }
+        }
+        _ => unreachable!("a call looks at one or two shards"),
+    }
+}
+
+/// Milliseconds until a shard holding `state` at `now` is full again.
+pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
+    let missing = config.capacity - state.value;
+    if missing <= 0.0 {
+        return 0.0;
+    }
+    match config.kind {
+        Kind::TokenBucket => missing / (config.rate / config.period),
+        Kind::FixedWindow => {
+            (state.ts + config.period * (missing / config.rate).ceil() - now).max(0.0)
+        }
+    }
+}
+
+/// A stable per-(name, key) fraction in [0, 1): where in its period a fixed window with no
+/// `start` begins, so that keys don't all refill at the same instant (FNV-1a, 64 bit).
+pub fn phase_fraction(name: &str, key: Option<&str>) -> f64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |byte: u8| {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    };
+    name.bytes().for_each(&mut feed);
+    match key {
+        Some(key) => {
+            feed(1);
+            key.bytes().for_each(&mut feed);
+        }
+        None => feed(0),
+    }
+    (hash >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: f64 = 1_000.0;
+    const MINUTE: f64 = 60.0 * SECOND;
+    const HOUR: f64 = 60.0 * MINUTE;
+    const NOW: f64 = 1_700_000_000_000.0;
+    const KINDS: [Kind; 2] = [Kind::TokenBucket, Kind::FixedWindow];
+
+    fn config(kind: Kind, rate: f64, period: f64) -> Config {
+        Config {
+            kind,
+            rate,
+            period,
+            capacity: rate,
+            max_reserved: None,
+            shards: 1,
+            start: None,
+        }
+    }
+
+    fn at(value: f64, ts: f64) -> State {
+        State { value, ts }
+    }
+
+    fn state_of(check: Check) -> State {
+        at(check.value, check.ts)
+    }
+
+    #[test]
+    fn simple_success_and_failure() {
+        for kind in KINDS {
+            let c = config(kind, 1.0, SECOND);
+            let ok = check(at(1.0, NOW), &c, NOW, 1.0, false);
+            assert!(ok.ok);
+            assert_eq!(ok.value, 0.0);
+            assert_eq!(ok.retry_after, None);
+            let denied = check(at(0.0, NOW), &c, NOW, 1.0, false);
+            assert!(!denied.ok);
+            assert_eq!(denied.retry_after, Some(SECOND));
+            let owed = check(at(-1.0, NOW), &c, NOW, 1.0, false);
+            assert_eq!(owed.retry_after, Some(2.0 * SECOND));
+        }
+    }
+
+    #[test]
+    fn burst_up_to_capacity() {
+        for kind in KINDS {
+            let c = Config { capacity: 3.0, ..config(kind, 1.0, SECOND) };
+            let all = check(at(3.0, NOW), &c, NOW, 3.0, false);
+            assert!(all.ok);
+            assert_eq!((all.value, all.retry_after), (0.0, None));
+            let too_much = check(at(3.0, NOW), &c, NOW, 4.0, false);
+            assert!(!too_much.ok);
+            assert_eq!((too_much.value, too_much.retry_after), (-1.0, Some(SECOND)));
+        }
+    }
+
+    /// Convex: "retryAfter is accurate", 10 per minute.
+    #[test]
+    fn retry_after_is_accurate() {
+        for kind in KINDS {
+            let c = config(kind, 10.0, MINUTE);
+            let one = check(at(10.0, NOW), &c, NOW, 5.0, false);
+            assert!(one.ok && one.retry_after.is_none());
+            let later = match kind {
+                Kind::TokenBucket => one.ts + 6.0 * SECOND,
+                Kind::FixedWindow => one.ts + MINUTE,
+            };
+            let two = check(state_of(one), &c, later, 6.0, false);
+            assert!(two.ok && two.retry_after.is_none());
+            let expected = if kind == Kind::TokenBucket { 0.0 } else { 4.0 };
+            assert_eq!(two.value, expected);
+            let three = check(state_of(two), &c, later, 10.0, false);
+            assert!(!three.ok);
+            assert_eq!(three.retry_after, Some(MINUTE));
+        }
+    }
+
+    /// The same vectors with 6 s between calls for both kinds, as the issue states them.
+    #[test]
+    fn six_seconds_later_fixed_window_keeps_its_window() {
+        let c = config(Kind::FixedWindow, 10.0, MINUTE);
+        let one = check(at(10.0, NOW), &c, NOW, 5.0, false);
+        let two = check(state_of(one), &c, NOW + 6.0 * SECOND, 6.0, false);
+        assert!(!two.ok, "only 5 left in this window");
+        assert_eq!(two.retry_after, Some(MINUTE - 6.0 * SECOND));
+    }
+
+    /// Convex: "retryAfter for reserved is accurate".
+    #[test]
+    fn retry_after_for_reserved_is_accurate() {
+        for kind in KINDS {
+            let c = config(kind, 10.0, MINUTE);
+            let one = check(at(10.0, NOW), &c, NOW, 5.0, false);
+            let later = match kind {
+                Kind::TokenBucket => one.ts + 6.0 * SECOND,
+                Kind::FixedWindow => one.ts + MINUTE,
+            };
+            let two = check(state_of(one), &c, later, 16.0, true);
+            assert!(two.ok);
+            assert_eq!(two.retry_after, Some(MINUTE));
+            let expected = if kind == Kind::TokenBucket { -10.0 } else { -6.0 };
+            assert_eq!(two.value, expected);
+
+            let three = check(state_of(two), &c, two.ts + 30.0 * SECOND, 5.0, true);
+            assert!(three.ok);
+            match kind {
+                Kind::TokenBucket => {
+                    assert_eq!(three.retry_after, Some(MINUTE));
+                    assert_eq!(three.value, -10.0);
+                }
+                Kind::FixedWindow => {
+                    assert_eq!(three.retry_after, Some(30.0 * SECOND + MINUTE));
+                    assert_eq!(three.value, -11.0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reservations_without_and_with_max() {
+        for kind in KINDS {
+            let unbounded = config(kind, 1.0, HOUR);
+            let reserved = check(at(0.0, NOW), &unbounded, NOW, 100.0, true);
+            assert!(reserved.ok);
+            let first_wait = reserved.retry_after.unwrap();
+            assert!(first_wait > 0.0);
+            let followup = check(state_of(reserved), &unbounded, NOW, 1.0, false);
+            assert!(!followup.ok);
+            assert!(followup.retry_after.unwrap() > first_wait);
+
+            let bounded = Config { max_reserved: Some(1.0), ..config(kind, 1.0, HOUR) };
+            let reserved = check(at(1.0, NOW), &bounded, NOW, 2.0, true);
+            assert!(reserved.ok);
+            let followup = check(state_of(reserved), &bounded, NOW, 1.0, true);
+            assert!(!followup.ok, "a second reservation would owe 2 > max_reserved 1");
+            assert!(followup.retry_after.unwrap() > reserved.retry_after.unwrap());
+        }
+    }
+
+    #[test]
+    fn zero_max_reserved_allows_no_reservation() {
+        let c = Config { max_reserved: Some(0.0), ..config(Kind::TokenBucket, 1.0, SECOND) };
+        assert!(!check(at(0.0, NOW), &c, NOW, 1.0, true).ok);
+    }
+
+    #[test]
+    fn token_bucket_refills_continuously_up_to_capacity() {
+        let c = config(Kind::TokenBucket, 10.0, MINUTE);
+        // Convex shared.test: 5 tokens, 30 s later, take 8 -> 2; take 15 -> -5 and wait 30 s.
+        let s = at(5.0, NOW - 30.0 * SECOND);
+        assert_eq!(check(s, &c, NOW, 0.0, false).value, 10.0);
+        assert_eq!(check(s, &c, NOW, 8.0, false).value, 2.0);
+        let over = check(s, &c, NOW, 15.0, false);
+        assert_eq!((over.value, over.retry_after), (-5.0, Some(30.0 * SECOND)));
+        assert_eq!(over.ts, NOW);
+    }
+
+    #[test]
+    fn fixed_window_adds_rate_per_elapsed_window() {
+        let c = config(Kind::FixedWindow, 10.0, MINUTE);
+        let start = NOW - 30.0 * SECOND;
+        let same = check(at(5.0, start), &c, start + 45.0 * SECOND, 0.0, false);
+        assert_eq!((same.value, same.ts), (5.0, start));
+        let next = check(at(5.0, start), &c, start + 90.0 * SECOND, 0.0, false);
+        assert_eq!((next.value, next.ts), (10.0, start + MINUTE));
+    }
+
+    #[test]
+    fn a_clock_that_steps_back_refills_nothing() {
+        for kind in KINDS {
+            let c = config(kind, 10.0, MINUTE);
+            let back = check(at(2.0, NOW), &c, NOW - 10.0 * MINUTE, 1.0, false);
+            assert_eq!(back.value, 1.0);
+            assert_eq!(back.ts, NOW, "ts never moves backwards");
+        }
+    }
+
+    #[test]
+    fn fresh_state_is_full_and_window_aligned() {
+        let tb = config(Kind::TokenBucket, 3.0, SECOND);
+        assert_eq!(fresh_state(&tb, NOW, 0.0), at(3.0, NOW));
+        let fw = Config { start: Some(NOW - 2.5 * MINUTE), ..config(Kind::FixedWindow, 3.0, MINUTE) };
+        assert_eq!(fresh_state(&fw, NOW, 0.0).ts, NOW - 30.0 * SECOND);
+        let future = Config { start: Some(NOW + 10.0 * SECOND), ..fw.clone() };
+        assert_eq!(fresh_state(&future, NOW, 0.0).ts, NOW - 50.0 * SECOND);
+        let phased = Config { start: None, ..fw };
+        let ts = fresh_state(&phased, NOW, 12_345.0).ts;
+        assert!(ts <= NOW && NOW - ts < MINUTE);
+        assert_eq!((ts - 12_345.0) % MINUTE, 0.0);
+    }
+
+    #[test]
+    fn phase_is_stable_and_spread() {
+        let a = phase_fraction("api", Some("u1"));
+        assert_eq!(a, phase_fraction("api", Some("u1")));
+        assert_ne!(a, phase_fraction("api", Some("u2")));
+        assert_ne!(phase_fraction("api", None), phase_fraction("api", Some("")));
+        let phases: Vec<f64> = (0..1000).map(|i| phase_fraction("n", Some(&i.to_string()))).collect();
+        assert!(phases.iter().all(|p| (0.0..1.0).contains(p)));
+        let low = phases.iter().filter(|p| **p < 0.5).count();
+        assert!((400..600).contains(&low), "{low} of 1000 in the lower half");
+    }
+
+    #[test]
+    fn reset_after_counts_to_full() {
+        let tb = config(Kind::TokenBucket, 10.0, MINUTE);
+        assert_eq!(reset_after(at(10.0, NOW), &tb, NOW), 0.0);
+        assert_eq!(reset_after(at(4.0, NOW), &tb, NOW), 36.0 * SECOND);
+        let fw = config(Kind::FixedWindow, 10.0, MINUTE);
+        assert_eq!(reset_after(at(4.0, NOW - 10.0 * SECOND), &fw, NOW), 50.0 * SECOND);
+        assert_eq!(reset_after(at(-6.0, NOW), &fw, NOW), 2.0 * MINUTE);
+    }
+
+    #[test]
+    fn impossible_counts_match_convex_messages() {
+        let c = config(Kind::FixedWindow, 1.0, SECOND);
+        assert_eq!(c.impossible_count(2.0, false).as_deref(), Some("1"));
+        assert_eq!(c.impossible_count(1.0, false), None);
+        assert_eq!(c.impossible_count(1e9, true), None, "unbounded reservations");
+        let bounded = Config { max_reserved: Some(2.0), ..c.clone() };
+        assert_eq!(bounded.impossible_count(4.0, true).as_deref(), Some("3.00"));
+        assert_eq!(bounded.impossible_count(3.0, true), None);
+        let sharded = Config { shards: 4, capacity: 40.0, ..c };
+        assert_eq!(sharded.impossible_count(21.0, false).as_deref(), Some("20 per 4 shards"));
+        assert_eq!(sharded.impossible_count(20.0, false), None);
+        let two = Config { shards: 2, ..sharded };
+        assert_eq!(two.impossible_count(41.0, false).as_deref(), Some("40 per 2 shards"));
+    }
+
+    #[test]
+    fn per_shard_divides_the_limit() {
+        let c = Config { shards: 4, max_reserved: Some(8.0), capacity: 40.0, ..config(Kind::TokenBucket, 20.0, SECOND) };
+        let s = c.per_shard();
+        assert_eq!((s.rate, s.capacity, s.max_reserved), (5.0, 10.0, Some(2.0)));
+    }
+}

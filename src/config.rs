@@ -1,0 +1,209 @@
+//! Limit configs: parsing a `rate_limiter.limits` row or an inline jsonb object (the Convex
+//! object as it is, camelCase or snake_case, `period` in ms or as interval text), validating
+//! it, and rendering the effective config back as jsonb.
+
+use pgrx::prelude::*;
+use serde_json::{Map, Value};
+
+use crate::bucket::{Config, Kind};
+use crate::clock;
+use crate::error::{Error, Result};
+
+/// More shards than this buys nothing and makes `reset_rate_limit` and sampling slow.
+pub const MAX_SHARDS: u32 = 1024;
+
+/// A `rate_limiter.limits` row as stored.
+pub struct LimitRow {
+    pub kind: String,
+    pub rate: f64,
+    pub period: Interval,
+    pub capacity: Option<f64>,
+    pub max_reserved: Option<f64>,
+    pub shards: i32,
+    pub start: Option<TimestampWithTimeZone>,
+}
+
+impl TryFrom<&LimitRow> for Config {
+    type Error = Error;
+
+    fn try_from(row: &LimitRow) -> Result<Config> {
+        let shards = u32::try_from(row.shards)
+            .map_err(|_| Error::InvalidConfig(format!("shards must be >= 1, not {}", row.shards)))?;
+        validate(Config {
+            kind: parse_kind(&row.kind)?,
+            rate: row.rate,
+            period: clock::interval_ms(row.period),
+            capacity: row.capacity.unwrap_or(row.rate),
+            max_reserved: row.max_reserved,
+            shards,
+            start: row.start.map(clock::timestamptz_ms),
+        })
+    }
+}
+
+/// Parse an inline config object.
+pub fn from_json(value: &Value) -> Result<Config> {
+    let object = value
+        .as_object()
+        .ok_or_else(|| Error::MalformedConfig(format!("expected a JSON object, got {value}")))?;
+    let mut kind = None;
+    let mut rate = None;
+    let mut period = None;
+    let mut capacity = None;
+    let mut max_reserved = None;
+    let mut shards = None;
+    let mut start = None;
+    for (field, v) in object {
+        match field.as_str() {
+            "kind" => kind = Some(parse_kind(text_field(field, v)?)?),
+            "rate" => rate = Some(number_field(field, v)?),
+            "period" => period = Some(duration_field(field, v)?),
+            "capacity" => capacity = optional(v, |v| number_field(field, v))?,
+            "maxReserved" | "max_reserved" => max_reserved = optional(v, |v| number_field(field, v))?,
+            "shards" => shards = optional(v, |v| shards_field(field, v))?,
+            "start" => start = optional(v, |v| start_field(field, v))?,
+            other => {
+                return Err(Error::InvalidConfig(format!(
+                    "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, start)"
+                )))
+            }
+        }
+    }
+    let missing = |what: &str| Error::InvalidConfig(format!("\"{what}\" is required"));
+    let kind = kind.ok_or_else(|| missing("kind"))?;
+    let rate = rate.ok_or_else(|| missing("rate"))?;
+    validate(Config {
+        kind,
+        rate,
+        period: period.ok_or_else(|| missing("period"))?,
+        capacity: capacity.unwrap_or(rate),
+        max_reserved,
+        shards: shards.unwrap_or(1),
+        start,
+    })
+}
+
+/// The config in force with its defaults filled in, in the Convex shape (ms numbers), so it
+/// can be passed back as an inline config.
+pub fn to_json(config: &Config) -> Value {
+    let mut object = Map::new();
+    object.insert("kind".into(), config.kind.as_str().into());
+    object.insert("rate".into(), number(config.rate));
+    object.insert("period".into(), number(config.period));
+    object.insert("capacity".into(), number(config.capacity));
+    if let Some(max_reserved) = config.max_reserved {
+        object.insert("maxReserved".into(), number(max_reserved));
+    }
+    object.insert("shards".into(), config.shards.into());
+    if let Some(start) = config.start {
+        object.insert("start".into(), number(start));
+    }
+    Value::Object(object)
+}
+
+/// Whole numbers print as integers (60000, not 60000.0), as in the Convex object.
+fn number(v: f64) -> Value {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        Value::from(v as i64)
+    } else {
+        Value::from(v)
+    }
+}
+
+fn validate(config: Config) -> Result<Config> {
+    let positive = |what: &str, v: f64| {
+        if v.is_finite() && v > 0.0 {
+            Ok(())
+        } else {
+            Err(Error::InvalidConfig(format!("{what} must be a finite number > 0, not {v}")))
+        }
+    };
+    let non_negative = |what: &str, v: f64| {
+        if v.is_finite() && v >= 0.0 {
+            Ok(())
+        } else {
+            Err(Error::InvalidConfig(format!("{what} must be a finite number >= 0, not {v}")))
+        }
+    };
+    positive("rate", config.rate)?;
+    positive("period", config.period)?;
+    non_negative("capacity", config.capacity)?;
+    if let Some(max_reserved) = config.max_reserved {
+        non_negative("maxReserved", max_reserved)?;
+    }
+    if !(1..=MAX_SHARDS).contains(&config.shards) {
+        return Err(Error::InvalidConfig(format!(
+            "shards must be between 1 and {MAX_SHARDS}, not {}",
+            config.shards
+        )));
+    }
+    match config.start {
+        Some(_) if config.kind == Kind::TokenBucket => {
+            Err(Error::InvalidConfig("start applies only to a fixed window".into()))
+        }
+        Some(start) if !start.is_finite() => {
+            Err(Error::InvalidConfig(format!("start must be finite, not {start}")))
+        }
+        _ => Ok(config),
+    }
+}
+
+fn parse_kind(kind: &str) -> Result<Kind> {
+    match kind {
+        "token bucket" => Ok(Kind::TokenBucket),
+        "fixed window" => Ok(Kind::FixedWindow),
+        other => Err(Error::InvalidConfig(format!(
+            "unknown kind \"{other}\" (expected \"token bucket\" or \"fixed window\")"
+        ))),
+    }
+}
+
+fn optional<T>(v: &Value, parse: impl FnOnce(&Value) -> Result<T>) -> Result<Option<T>> {
+    if v.is_null() {
+        Ok(None)
+    } else {
+        parse(v).map(Some)
+    }
+}
+
+fn wrong_type(field: &str, expected: &str, v: &Value) -> Error {
+    Error::MalformedConfig(format!("\"{field}\" must be {expected}, got {v}"))
+}
+
+fn text_field<'v>(field: &str, v: &'v Value) -> Result<&'v str> {
+    v.as_str().ok_or_else(|| wrong_type(field, "a string", v))
+}
+
+fn number_field(field: &str, v: &Value) -> Result<f64> {
+    v.as_f64().ok_or_else(|| wrong_type(field, "a number", v))
+}
+
+fn shards_field(field: &str, v: &Value) -> Result<u32> {
+    let n = number_field(field, v)?;
+    if n.fract() != 0.0 || !(1.0..=f64::from(MAX_SHARDS)).contains(&n) {
+        return Err(Error::InvalidConfig(format!(
+            "shards must be an integer between 1 and {MAX_SHARDS}, not {n}"
+        )));
+    }
+    Ok(n as u32)
+}
+
+/// `period`: milliseconds, or interval text such as "1 minute".
+fn duration_field(field: &str, v: &Value) -> Result<f64> {
+    match v {
+        Value::String(text) => Ok(clock::interval_ms(clock::parse_interval(text))),
+        _ => number_field(field, v).map_err(|_| wrong_type(field, "milliseconds or interval text", v)),
+    }
+}
+
+/// `start`: milliseconds since the epoch, or timestamptz text.
+fn start_field(field: &str, v: &Value) -> Result<f64> {
+    match v {
+        Value::String(text) => {
+            let c = std::ffi::CString::new(text.as_str())
+                .map_err(|_| wrong_type(field, "a timestamp", v))?;
+            Ok(clock::timestamptz_ms(clock::parse_timestamptz(&c)))
+        }
+        _ => number_field(field, v).map_err(|_| wrong_type(field, "ms since the epoch or timestamptz text", v)),
+    }
+}

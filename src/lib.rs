@@ -1,0 +1,49 @@
+//! rate_limiter: transactional rate limits (token bucket, fixed window) inside PostgreSQL.
+//! This file wires the modules, the settings and the SQL scripts together.
+
+use std::ffi::CString;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::prelude::*;
+
+mod api;
+mod bucket;
+mod clock;
+mod config;
+mod error;
+mod limiter;
+mod storage;
+
+#[cfg(any(test, feature = "pg_test"))]
+mod pg_tests;
+
+::pgrx::pg_module_magic!();
+
+/// `rate_limiter.fake_now`: a timestamptz the limiter takes as now; empty means the real clock.
+pub static FAKE_NOW: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    GucRegistry::define_string_guc(
+        c"rate_limiter.fake_now",
+        c"Time the rate limiter takes as now (timestamptz text); empty uses the real clock.",
+        c"For tests: moves the limiter's clock. Superuser only, so it cannot be used to dodge a limit.",
+        &FAKE_NOW,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+}
+
+extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
+extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}
