@@ -217,7 +217,7 @@ pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
 }
 
 /// A stable per-(name, key) fraction in [0, 1): where in its period a fixed window with no
-/// `start` begins, so that keys don't all refill at the same instant (FNV-1a, 64 bit).
+/// `start` begins, so that keys don't all refill at the same instant.
 pub fn phase_fraction(name: &str, key: Option<&str>) -> f64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |byte: u8| {
@@ -232,6 +232,10 @@ pub fn phase_fraction(name: &str, key: Option<&str>) -> f64 {
         }
         None => feed(0),
     }
+    // FNV's high bits barely move for short keys; a splitmix64 finish spreads them.
+    hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^= hash >> 31;
     (hash >> 11) as f64 / (1u64 << 53) as f64
 }
 

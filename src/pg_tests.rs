@@ -1,1 +1,324 @@
+//! `#[pg_test]` tests of the SQL surface, run inside PostgreSQL by `cargo pgrx test`.
 
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    const T0: &str = "2026-01-01 00:00:00+00";
+
+    #[derive(Debug, PartialEq)]
+    struct D {
+        ok: bool,
+        retry_after: Option<f64>,
+        remaining: f64,
+        reset_after: f64,
+        granted: f64,
+    }
+
+    fn run(sql: &str) {
+        Spi::run(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    fn at(offset: &str) {
+        // SET takes a literal only; compute it first.
+        let ts: String = Spi::get_one(&format!(
+            "SELECT ('{T0}'::timestamptz + interval '{offset}')::text"
+        ))
+        .unwrap()
+        .unwrap();
+        run(&format!("SET rate_limiter.fake_now = '{ts}'"));
+    }
+
+    fn decide(call: &str) -> D {
+        Spi::connect_mut(|c| {
+            let row = c
+                .update(&format!("SELECT ok, retry_after, remaining, reset_after, granted FROM {call}"), None, &[])
+                .unwrap_or_else(|e| panic!("{call}: {e}"))
+                .first();
+            D {
+                ok: row.get(1).unwrap().unwrap(),
+                retry_after: row.get(2).unwrap(),
+                remaining: row.get(3).unwrap().unwrap(),
+                reset_after: row.get(4).unwrap().unwrap(),
+                granted: row.get(5).unwrap().unwrap(),
+            }
+        })
+    }
+
+    fn one<T: FromDatum + IntoDatum>(sql: &str) -> Option<T> {
+        Spi::get_one(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Run `sql` and assert it fails with `sqlstate` (and, if given, a message containing `msg`).
+    fn fails(sql: &str, sqlstate: &str, msg: &str) {
+        let escaped = sql.replace('\'', "''");
+        let msg = msg.replace('\'', "''");
+        run(&format!(
+            "DO $t$ DECLARE st text; m text; BEGIN
+                 BEGIN EXECUTE '{escaped}';
+                 EXCEPTION WHEN OTHERS THEN GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, m = MESSAGE_TEXT;
+                 END;
+                 -- Qualified calls, so the check holds under a hostile search_path too.
+                 IF pg_catalog.textne(coalesce(st, ''), '{sqlstate}') OR pg_catalog.strpos(m, '{msg}') OPERATOR(pg_catalog.=) 0 THEN
+                     RAISE 'expected SQLSTATE {sqlstate} with \"{msg}\", got % %', st, m;
+                 END IF;
+             END $t$"
+        ));
+    }
+
+    const TB: &str = r#"'{"kind":"token bucket","rate":10,"period":60000}'"#;
+    const FW: &str = r#"'{"kind":"fixed window","rate":10,"period":60000,"start":1767225600000}'"#;
+
+    #[pg_test]
+    fn token_bucket_convex_vectors() {
+        at("0");
+        let d = decide(&format!("rate_limiter.rate_limit('tb', count => 5, config => {TB})"));
+        assert_eq!(d, D { ok: true, retry_after: None, remaining: 5.0, reset_after: 30_000.0, granted: 5.0 });
+        at("6 seconds");
+        let d = decide(&format!("rate_limiter.rate_limit('tb', count => 6, config => {TB})"));
+        assert!(d.ok);
+        assert_eq!(d.remaining, 0.0);
+        let d = decide(&format!("rate_limiter.rate_limit('tb', count => 10, config => {TB})"));
+        assert_eq!(d, D { ok: false, retry_after: Some(60_000.0), remaining: 0.0, reset_after: 60_000.0, granted: 0.0 });
+    }
+
+    #[pg_test]
+    fn fixed_window_convex_vectors() {
+        at("0");
+        assert!(decide(&format!("rate_limiter.rate_limit('fw', count => 5, config => {FW})")).ok);
+        at("6 seconds");
+        let d = decide(&format!("rate_limiter.rate_limit('fw', count => 6, config => {FW})"));
+        assert_eq!((d.ok, d.retry_after, d.remaining), (false, Some(54_000.0), 5.0));
+        at("1 minute");
+        let d = decide(&format!("rate_limiter.rate_limit('fw', count => 6, config => {FW})"));
+        assert_eq!((d.ok, d.remaining), (true, 4.0));
+        let d = decide(&format!("rate_limiter.rate_limit('fw', count => 10, config => {FW})"));
+        assert_eq!((d.ok, d.retry_after), (false, Some(60_000.0)));
+    }
+
+    #[pg_test]
+    fn reservations_match_convex() {
+        for (kind, later, plus30, first, second, second_wait) in [
+            ("token bucket", "6 seconds", "36 seconds", -10.0, -10.0, 60_000.0),
+            ("fixed window", "1 minute", "90 seconds", -6.0, -11.0, 90_000.0),
+        ] {
+            let cfg = format!(r#"'{{"kind":"{kind}","rate":10,"period":60000,"start":{}}}'"#,
+                if kind == "fixed window" { "1767225600000" } else { "null" });
+            let name = kind.replace(' ', "_");
+            at("0");
+            decide(&format!("rate_limiter.rate_limit('{name}', count => 5, config => {cfg})"));
+            at(later);
+            let d = decide(&format!("rate_limiter.rate_limit('{name}', count => 16, reserve => true, config => {cfg})"));
+            assert_eq!((d.ok, d.retry_after, d.remaining, d.granted), (true, Some(60_000.0), first, 16.0), "{kind}");
+            at(plus30);
+            let d = decide(&format!("rate_limiter.rate_limit('{name}', count => 5, reserve => true, config => {cfg})"));
+            assert_eq!((d.ok, d.retry_after, d.remaining), (true, Some(second_wait), second), "{kind}");
+        }
+    }
+
+    #[pg_test]
+    fn max_reserved_denies_without_writing() {
+        at("0");
+        let cfg = r#"'{"kind":"token bucket","rate":1,"period":"1 hour","max_reserved":1}'"#;
+        assert!(decide(&format!("rate_limiter.rate_limit('mr', count => 2, reserve => true, config => {cfg})")).ok);
+        let d = decide(&format!("rate_limiter.rate_limit('mr', count => 1, reserve => true, config => {cfg})"));
+        assert!(!d.ok);
+        assert_eq!(d.remaining, -1.0);
+        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'mr'"), Some(-1.0));
+        fails(
+            &format!("SELECT rate_limiter.rate_limit('mr', count => 3, reserve => true, config => {cfg})"),
+            "22023",
+            "Rate limit mr count 3 exceeds 2.00.",
+        );
+    }
+
+    #[pg_test]
+    fn named_limits_defaults_and_call_forms() {
+        at("0");
+        run("SELECT rate_limiter.define('send', 'token bucket', 10, '1 minute', capacity => 3)");
+        assert_eq!(one::<bool>("SELECT (rate_limiter.rate_limit('send', key => 'u1')).ok"), Some(true));
+        let d = decide("rate_limiter.rate_limit('send', key => 'u1', count => 2)");
+        assert_eq!((d.ok, d.remaining, d.granted), (true, 0.0, 2.0));
+        let d = decide("rate_limiter.rate_limit(name => 'send', key => 'u1')");
+        assert_eq!((d.ok, d.retry_after), (false, Some(6_000.0)));
+        // Another key and the NULL key are separate values.
+        assert!(decide("rate_limiter.rate_limit('send', 'u2', 3)").ok);
+        assert!(decide("rate_limiter.rate_limit('send')").ok);
+        // A PL/pgSQL variable of the decision type.
+        run("DO $$ DECLARE d rate_limiter.decision; BEGIN
+               d := rate_limiter.rate_limit('send', key => 'u3');
+               IF NOT d.ok OR d.remaining <> 2 THEN RAISE 'unexpected %', d; END IF;
+             END $$");
+        // define() is an upsert.
+        run("SELECT rate_limiter.define('send', 'fixed window', 5, '1 second')");
+        assert_eq!(one::<String>("SELECT kind FROM rate_limiter.limits WHERE name = 'send'").as_deref(), Some("fixed window"));
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.limits"), Some(1));
+    }
+
+    #[pg_test]
+    fn check_writes_nothing_and_reset_forgets() {
+        at("0");
+        run("SELECT rate_limiter.define('c', 'token bucket', 2, '1 minute')");
+        let d = decide("rate_limiter.check_rate_limit('c', 'k', 2)");
+        assert_eq!((d.ok, d.remaining, d.granted), (true, 0.0, 2.0));
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state"), Some(0));
+        decide("rate_limiter.rate_limit('c', 'k', 2)");
+        let d = decide("rate_limiter.check_rate_limit('c', 'k')");
+        assert_eq!((d.ok, d.retry_after), (false, Some(30_000.0)));
+        run("SELECT rate_limiter.reset_rate_limit('c', 'k')");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state"), Some(0));
+        assert!(decide("rate_limiter.check_rate_limit('c', 'k', 2)").ok);
+    }
+
+    #[pg_test]
+    fn value_reports_state_and_effective_config() {
+        at("0");
+        run("SELECT rate_limiter.define('v', 'token bucket', 10, '1 minute', capacity => 20)");
+        let fresh = one::<f64>("SELECT value FROM rate_limiter.rate_limit_value('v', 'k')");
+        assert_eq!(fresh, Some(20.0));
+        decide("rate_limiter.rate_limit('v', 'k', 5)");
+        at("3 seconds");
+        let (value, ts) = Spi::get_two::<f64, String>(
+            "SELECT value, ts::text FROM rate_limiter.rate_limit_value('v', key => 'k')",
+        )
+        .unwrap();
+        assert_eq!((value, ts.as_deref()), (Some(15.0), Some("2026-01-01 00:00:00+00")));
+        let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('v', 'k')").unwrap();
+        assert_eq!(
+            cfg.0,
+            serde_json::json!({"kind":"token bucket","rate":10,"period":60000,"capacity":20,"shards":1})
+        );
+        let start = one::<pgrx::JsonB>(
+            r#"SELECT effective_config FROM rate_limiter.rate_limit_value('w', config => '{"kind":"fixed window","rate":1,"period":1000}')"#,
+        )
+        .unwrap();
+        assert!(start.0["start"].as_f64().is_some(), "a fixed window reports its phase");
+    }
+
+    #[pg_test]
+    fn inline_config_spellings() {
+        at("0");
+        for cfg in [
+            r#"{"kind":"token bucket","rate":2,"period":1000,"maxReserved":1,"capacity":2}"#,
+            r#"{"kind":"token bucket","rate":2,"period":"1 second","max_reserved":1,"capacity":2,"shards":1,"start":null}"#,
+        ] {
+            let d = decide(&format!("rate_limiter.rate_limit('spell', count => 3, reserve => true, config => '{cfg}')"));
+            assert_eq!((d.ok, d.retry_after), (true, Some(500.0)), "{cfg}");
+            run("SELECT rate_limiter.reset_rate_limit('spell')");
+        }
+    }
+
+    #[pg_test]
+    fn throws_raises_rl429_with_json_detail() {
+        at("0");
+        run("SELECT rate_limiter.define('t', 'token bucket', 1, '1 second')");
+        assert!(decide("rate_limiter.rate_limit('t', 'k', throws => true)").ok);
+        fails("SELECT rate_limiter.rate_limit('t', 'k', throws => true)", "RL429", "rate limit \"t\" exceeded");
+        fails("SELECT rate_limiter.check_rate_limit('t', 'k', throws => true)", "RL429", "exceeded");
+        // With reserve, it raises whenever the caller would have to wait.
+        fails("SELECT rate_limiter.rate_limit('t', 'k', reserve => true, throws => true)", "RL429", "exceeded");
+        run(r#"DO $$ DECLARE det text; BEGIN
+                 PERFORM rate_limiter.rate_limit('t', 'k', throws => true);
+               EXCEPTION WHEN SQLSTATE 'RL429' THEN
+                 GET STACKED DIAGNOSTICS det = PG_EXCEPTION_DETAIL;
+                 IF det::jsonb <> '{"kind":"RateLimited","name":"t","key":"k","retryAfter":1000}'::jsonb THEN
+                   RAISE 'detail %', det;
+                 END IF;
+               END $$"#);
+        // The raise rolled the reservation back.
+        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 't'"), Some(0.0));
+    }
+
+    #[pg_test]
+    fn bad_input_gets_proper_sqlstates_and_changes_nothing() {
+        at("0");
+        run("SELECT rate_limiter.define('ok', 'token bucket', 1, '1 second')");
+        fails("SELECT rate_limiter.rate_limit('nope')", "42704", "rate limit \"nope\" does not exist");
+        fails("SELECT rate_limiter.rate_limit(NULL)", "22023", "name must not be NULL");
+        fails("SELECT rate_limiter.rate_limit('')", "22023", "name must not be empty");
+        fails("SELECT rate_limiter.rate_limit('ok', count => 'NaN')", "22023", "count");
+        fails("SELECT rate_limiter.rate_limit('ok', count => 'Infinity')", "22023", "count");
+        fails("SELECT rate_limiter.rate_limit('ok', count => -1)", "22023", "count");
+        fails("SELECT rate_limiter.rate_limit('ok', count => NULL)", "22023", "count");
+        fails("SELECT rate_limiter.rate_limit('ok', count => 2)", "22023", "Rate limit ok count 2 exceeds 1.");
+        fails("SELECT rate_limiter.rate_limit('ok', key => repeat('x', 100000))", "22023", "key is 100000 bytes");
+        fails("SELECT rate_limiter.rate_limit('x', config => '[1]')", "22P02", "expected a JSON object");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":"ten","period":1}')"#, "22P02", "\"rate\" must be a number");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"leaky","rate":1,"period":1}')"#, "22023", "unknown kind");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":0,"period":1}')"#, "22023", "rate must be");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":-5}')"#, "22023", "period must be");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":1,"shards":0}')"#, "22023", "shards");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":1,"bogus":1}')"#, "22023", "unknown key");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"rate":1,"period":1}')"#, "22023", "\"kind\" is required");
+        fails("SELECT rate_limiter.define('d', 'token bucket', -1, '1 second')", "22023", "rate must be");
+        fails("SELECT rate_limiter.define('d', 'token bucket', 1, '0 seconds')", "22023", "period must be");
+        fails("SELECT rate_limiter.define('d', 'token bucket', 1, '1 second', shards => 0)", "22023", "shards");
+        fails("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES ('d', 'token bucket', 'NaN', '1 second')", "23514", "");
+        fails("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES ('d', 'other', 1, '1 second')", "23514", "");
+        fails("SELECT rate_limiter.rate_limit_value('ok', sample_shards => 0)", "22023", "sample_shards");
+        fails("SELECT rate_limiter.reset_rate_limit(NULL)", "22023", "name");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state"), Some(0));
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.limits"), Some(1));
+    }
+
+    #[pg_test]
+    fn fake_clock_moves_time_and_empty_means_real() {
+        at("0");
+        let cfg = r#"'{"kind":"token bucket","rate":1,"period":"1 hour"}'"#;
+        assert!(decide(&format!("rate_limiter.rate_limit('clock', config => {cfg})")).ok);
+        assert!(!decide(&format!("rate_limiter.rate_limit('clock', config => {cfg})")).ok);
+        at("1 hour 1 second");
+        assert!(decide(&format!("rate_limiter.rate_limit('clock', config => {cfg})")).ok);
+        // Back in time: nothing refills, ts does not move backwards.
+        at("0");
+        assert!(!decide(&format!("rate_limiter.rate_limit('clock', config => {cfg})")).ok);
+        run("SET rate_limiter.fake_now = ''");
+        let ts = one::<bool>("SELECT abs(extract(epoch FROM ts - clock_timestamp())) < 60 FROM rate_limiter.rate_limit_value('real', config => '{\"kind\":\"token bucket\",\"rate\":1,\"period\":1000}')");
+        assert_eq!(ts, Some(true));
+    }
+
+    #[pg_test]
+    fn subtransaction_rollback_gives_tokens_back() {
+        at("0");
+        run("SELECT rate_limiter.define('sp', 'token bucket', 1, '1 hour')");
+        run("DO $$ BEGIN
+               BEGIN
+                 PERFORM rate_limiter.rate_limit('sp');
+                 RAISE EXCEPTION 'roll back';
+               EXCEPTION WHEN raise_exception THEN NULL;
+               END;
+             END $$");
+        assert!(decide("rate_limiter.rate_limit('sp')").ok);
+        assert!(!decide("rate_limiter.rate_limit('sp')").ok);
+    }
+
+    #[pg_test]
+    fn hostile_search_path_changes_nothing() {
+        at("0");
+        run("SELECT rate_limiter.define('h', 'token bucket', 1, '1 hour')");
+        run("CREATE SCHEMA evil");
+        run("CREATE FUNCTION evil.texteq_evil(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true'");
+        run("CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.texteq_evil)");
+        run("CREATE FUNCTION evil.format(text, text) RETURNS text LANGUAGE sql AS $$SELECT 'hijacked'$$");
+        run("SET search_path = evil, pg_catalog");
+        assert!(decide("rate_limiter.rate_limit('h', 'a')").ok);
+        // With the evil '=' every key would match; qualified operators keep keys apart.
+        assert!(decide("rate_limiter.rate_limit('h', 'b')").ok);
+        fails("SELECT rate_limiter.rate_limit('h', 'a', throws => true)", "RL429", "rate limit \"h\" exceeded");
+        run("RESET search_path");
+    }
+
+    #[pg_test]
+    fn functions_are_volatile_parallel_unsafe_and_private() {
+        let wrong = one::<i64>(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace
+               AND (provolatile <> 'v' OR proparallel <> 'u')",
+        );
+        assert_eq!(wrong, Some(0));
+        let public = one::<i64>(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace
+               AND has_function_privilege('public', oid, 'EXECUTE')",
+        );
+        assert_eq!(public, Some(0), "nothing is executable by PUBLIC");
+    }
+}
