@@ -1,0 +1,245 @@
+"""Multi-session tests against the throwaway cluster scripts/test.sh starts.
+
+Each test uses its own limit names, so they do not interfere. Connections come from the
+PG* environment the test command sets (socket in /tmp, user postgres, a fresh database).
+"""
+
+import json
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from psycopg import errors, sql
+
+
+def connect(**kwargs):
+    return psycopg.connect(autocommit=kwargs.pop("autocommit", True), **kwargs)
+
+
+@pytest.fixture
+def name():
+    return "t_" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def db():
+    with connect() as conn:
+        yield conn
+
+
+def define(conn, name, kind="token bucket", rate=1, period="1 hour", **extra):
+    args = ", ".join(f"{k} => %({k})s" for k in extra)
+    conn.execute(
+        f"SELECT rate_limiter.define(%(n)s, %(kind)s, %(rate)s, %(period)s{', ' + args if args else ''})",
+        {"n": name, "kind": kind, "rate": rate, "period": period, **extra},
+    )
+
+
+def limit(conn, name, key=None, count=1, **kw):
+    extra = "".join(f", {k} => %({k})s" for k in kw)
+    row = conn.execute(
+        f"SELECT ok, retry_after, remaining, granted FROM rate_limiter.rate_limit(%(n)s, %(k)s, %(c)s{extra})",
+        {"n": name, "k": key, "c": count, **kw},
+    ).fetchone()
+    return row
+
+
+def waiting_on_lock(conn, pid):
+    return conn.execute(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()[0]
+
+
+def test_second_consumer_waits_for_the_row_lock_until_commit(db, name):
+    define(db, name, rate=10)
+    limit(db, name, "k")  # the row exists
+    with connect(autocommit=False) as a, connect() as b:
+        assert limit(a, name, "k")[0]
+        result = {}
+        t = threading.Thread(target=lambda: result.setdefault("b", limit(b, name, "k")))
+        t.start()
+        deadline = time.time() + 5
+        while not waiting_on_lock(db, b.info.backend_pid):
+            assert time.time() < deadline, "b never queued behind a's row lock"
+            time.sleep(0.01)
+        assert t.is_alive()
+        a.commit()
+        t.join(5)
+        assert result["b"][0] is True
+        assert result["b"][2] == pytest.approx(7, abs=0.01)  # 10 - 1 (setup) - 1 (a) - 1 (b), read after a committed
+
+
+def test_denied_call_takes_no_lock_and_writes_nothing(db, name):
+    define(db, name, rate=1)
+    assert limit(db, name, "k")[0]
+    with connect(autocommit=False) as holder, connect() as b:
+        # Someone holds the row (as an in-flight consumer would).
+        holder.execute("SELECT * FROM rate_limiter.state WHERE name = %s FOR UPDATE", (name,))
+        b.execute("SET lock_timeout = '2s'")
+        started = time.time()
+        ok, retry_after, _, granted = limit(b, name, "k")
+        assert (ok, granted) == (False, 0) and retry_after > 0
+        # Had it tried to lock, lock_timeout would have raised after 2 s.
+        assert time.time() - started < 1.5, "a call denied on committed state must not wait"
+        holder.rollback()
+
+
+def test_rollback_and_savepoint_rollback_give_tokens_back(db, name):
+    define(db, name, rate=2)
+    with connect(autocommit=False) as c:
+        assert limit(c, name, "k", 2)[0]
+        c.rollback()
+        c.execute("SAVEPOINT s")
+        assert limit(c, name, "k", 2)[0]
+        assert not limit(c, name, "k")[0]
+        c.execute("ROLLBACK TO SAVEPOINT s")
+        assert limit(c, name, "k")[0]
+        c.commit()
+    assert limit(db, name, "k")[2] == pytest.approx(0, abs=0.01)  # one left after the committed call, now taken
+
+
+def test_read_only_transactions_can_check_but_not_consume(db, name):
+    define(db, name, rate=5)
+    with connect(autocommit=False) as c:
+        c.execute("BEGIN READ ONLY")
+        row = c.execute("SELECT ok, remaining FROM rate_limiter.check_rate_limit(%s, 'k')", (name,)).fetchone()
+        assert row == (True, 4)
+        with pytest.raises(errors.ReadOnlySqlTransaction):
+            limit(c, name, "k")
+        c.rollback()
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_conflicting_consumption_at_higher_isolation_is_40001(db, name, level):
+    define(db, name, rate=10)
+    limit(db, name, "k")
+    with connect(autocommit=False) as a, connect(autocommit=False) as b:
+        for c in (a, b):
+            c.execute(f"BEGIN ISOLATION LEVEL {level}")
+            c.execute("SELECT 1 FROM rate_limiter.rate_limit_value(%s, 'k')", (name,))  # take the snapshot
+        assert limit(a, name, "k")[0]
+        a.commit()
+        with pytest.raises(errors.SerializationFailure):
+            limit(b, name, "k")
+        b.rollback()
+
+
+def hammer(name, sessions, calls, fake_now=None, key="hot", hold=0.0):
+    granted = []
+    errors_seen = []
+
+    def worker():
+        got = 0
+        try:
+            with connect(autocommit=False) as c:
+                if fake_now:
+                    c.execute(f"SET rate_limiter.fake_now = '{fake_now}'")
+                    c.commit()
+                for _ in range(calls):
+                    got += limit(c, name, key)[3]
+                    if hold:
+                        time.sleep(hold)
+                    c.commit()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors_seen.append(e)
+        granted.append(got)
+
+    threads = [threading.Thread(target=worker) for _ in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(granted), errors_seen
+
+
+def test_concurrent_sessions_never_exceed_the_bound_exactly(db, name):
+    # The clock is pinned, so nothing flows in: the bound is the capacity, exactly.
+    define(db, name, rate=1000, period="1 hour")
+    total, errs = hammer(name, sessions=8, calls=500, fake_now="2026-01-01 00:00:00+00")
+    assert errs == []
+    assert total == 1000
+
+
+def test_concurrent_sessions_real_clock_stay_within_capacity_plus_inflow(db, name):
+    define(db, name, rate=50, period="1 second", capacity=100)
+    started = time.time()
+    total, errs = hammer(name, sessions=8, calls=300)
+    elapsed = time.time() - started
+    assert errs == []
+    assert 100 <= total <= 100 + 50 * elapsed + 1
+
+
+def test_throws_reaches_the_driver_as_rl429(db, name):
+    define(db, name, rate=1)
+    limit(db, name, "k")
+    with pytest.raises(psycopg.Error) as caught:
+        limit(db, name, "k", throws=True)
+    assert caught.value.sqlstate == "RL429"
+    detail = json.loads(caught.value.diag.message_detail)
+    assert detail["kind"] == "RateLimited" and detail["name"] == name and detail["key"] == "k"
+    assert detail["retryAfter"] > 0
+
+
+def test_a_role_with_only_execute_cannot_touch_the_tables(db, name):
+    role = "app_" + uuid.uuid4().hex[:8]
+    db.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    db.execute(sql.SQL("GRANT USAGE ON SCHEMA rate_limiter TO {}").format(sql.Identifier(role)))
+    db.execute(
+        sql.SQL(
+            "GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit, rate_limiter.check_rate_limit TO {}"
+        ).format(sql.Identifier(role))
+    )
+    db.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+        sql.Identifier(db.info.dbname), sql.Identifier(role)))
+    define(db, name, rate=1)
+    try:
+        with connect(user=role) as app:
+            # A hostile search_path: its own '=' that says every text equals every other.
+            app.execute("CREATE SCHEMA IF NOT EXISTS evil")
+            app.execute("CREATE FUNCTION evil.eq(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true'")
+            app.execute("CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.eq)")
+            app.execute("SET search_path = evil, pg_catalog")
+            assert limit(app, name, "a")[0]
+            assert limit(app, name, "b")[0], "keys stay apart under the hostile operator"
+            assert not limit(app, name, "a")[0]
+            for statement in (
+                "SELECT * FROM rate_limiter.state",
+                "SELECT * FROM rate_limiter.limits",
+                "UPDATE rate_limiter.state SET value = 100",
+                "INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES ('x', 'token bucket', 1, '1 s')",
+            ):
+                with pytest.raises(errors.InsufficientPrivilege):
+                    app.execute(statement)
+            with pytest.raises(errors.InsufficientPrivilege):
+                app.execute("SELECT rate_limiter.reset_rate_limit(%s, 'a')", (name,))
+            with pytest.raises(errors.InsufficientPrivilege):
+                app.execute("SELECT rate_limiter._decide(%s, 'a', 1, false, NULL, true)", (name,))
+            with pytest.raises(errors.InsufficientPrivilege):
+                app.execute("SET rate_limiter.fake_now = '2030-01-01'")
+    finally:
+        db.execute("DROP SCHEMA IF EXISTS evil CASCADE")
+        db.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(
+            sql.Identifier(db.info.dbname), sql.Identifier(role)))
+        db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_plpgsql_function_and_procedure_callers(db, name):
+    define(db, name, rate=2)
+    db.execute(
+        """
+        CREATE OR REPLACE FUNCTION send_message(p_user text) RETURNS text LANGUAGE plpgsql AS $$
+        DECLARE d rate_limiter.decision;
+        BEGIN
+            d := rate_limiter.rate_limit(%s, key => p_user);
+            IF NOT d.ok THEN
+                RETURN 'wait';
+            END IF;
+            RETURN 'sent';
+        END $$
+        """.replace("%s", "'" + name + "'")
+    )
+    got = [db.execute("SELECT send_message('u')").fetchone()[0] for _ in range(3)]
+    assert got == ["sent", "sent", "wait"]
