@@ -308,6 +308,119 @@ mod tests {
         run("RESET search_path");
     }
 
+    /// Seed every shard of the NULL key of `name` with `value(shard)` at T0.
+    fn seed(name: &str, shards: i32, value: impl Fn(i32) -> f64) {
+        run(&format!("DELETE FROM rate_limiter.state WHERE name = '{name}'"));
+        for shard in 0..shards {
+            run(&format!(
+                "INSERT INTO rate_limiter.state VALUES ('{name}', NULL, {shard}, {}, '{T0}')",
+                value(shard)
+            ));
+        }
+    }
+
+    fn sharded_config(shards: i32, extra: &str) -> String {
+        format!(r#"'{{"kind":"token bucket","rate":1,"period":1000,"shards":{shards},"capacity":{}{extra}}}'"#, 10 * shards)
+    }
+
+    /// Sum of the shards' values and how many rows differ from `seeded`.
+    fn shard_changes(name: &str, seeded: impl Fn(i32) -> f64) -> (f64, usize) {
+        Spi::connect(|c| {
+            let rows = c
+                .select(&format!("SELECT shard, value FROM rate_limiter.state WHERE name = '{name}'"), None, &[])
+                .unwrap();
+            let mut sum = 0.0;
+            let mut changed = 0;
+            for row in rows {
+                let shard: i32 = row.get(1).unwrap().unwrap();
+                let value: f64 = row.get(2).unwrap().unwrap();
+                sum += value;
+                changed += usize::from(value != seeded(shard));
+            }
+            (sum, changed)
+        })
+    }
+
+    /// The Convex component's sharding cases, for 1 to 4 shards.
+    #[pg_test]
+    fn sharding_convex_cases() {
+        at("0");
+        for shards in 1..=4 {
+            let cfg = sharded_config(shards, "");
+            let call = |extra: &str| decide(&format!("rate_limiter.rate_limit('s', config => {cfg}{extra})"));
+
+            // Success when all shards have enough: one shard pays.
+            seed("s", shards, |_| 1.0);
+            let d = call("");
+            assert_eq!((d.ok, d.retry_after), (true, None), "{shards} shards");
+            assert_eq!(shard_changes("s", |_| 1.0), (f64::from(shards) - 1.0, 1));
+
+            // Unbounded reservations work.
+            seed("s", shards, |_| 0.0);
+            let d = call(", reserve => true");
+            assert!(d.ok && d.retry_after.unwrap() >= 1000.0, "{shards}: {d:?}");
+            assert_eq!(shard_changes("s", |_| 0.0), (-1.0, 1));
+
+            // Failure when no shard has enough, with throws.
+            fails(&format!("SELECT rate_limiter.rate_limit('s', throws => true, config => {cfg})"), "RL429", "exceeded");
+            assert_eq!(shard_changes("s", |_| 0.0), (-1.0, 1), "the failed call wrote nothing");
+
+            // Success when at least one of the two has enough.
+            let third_short = |shard: i32| if shard == 2 { -1.0 } else { 1.0 };
+            seed("s", shards, third_short);
+            let d = call("");
+            assert_eq!((d.ok, d.retry_after), (true, None), "{shards} shards");
+            assert_eq!(shard_changes("s", third_short).1, 1);
+
+            // Reservations fail when maxed out.
+            seed("s", shards, |_| 1.0);
+            let d = decide(&format!(
+                "rate_limiter.rate_limit('s', count => 3, reserve => true, config => {})",
+                sharded_config(shards, r#","maxReserved":1"#)
+            ));
+            assert!(!d.ok && d.retry_after.unwrap() >= 1000.0, "{shards}: {d:?}");
+            assert_eq!(shard_changes("s", |_| 1.0), (f64::from(shards), 0));
+
+            // Reservations work if one of the shards has capacity.
+            seed("s", shards, third_short);
+            let cfg_rate = format!(
+                r#"'{{"kind":"token bucket","rate":{shards},"period":1000,"shards":{shards},"capacity":{},"maxReserved":{shards}}}'"#,
+                10 * shards
+            );
+            let d = decide(&format!("rate_limiter.rate_limit('s', count => 2, reserve => true, config => {cfg_rate})"));
+            assert_eq!((d.ok, d.retry_after), (true, Some(1000.0)), "{shards} shards");
+            assert_eq!(shard_changes("s", third_short).1, 1);
+
+            // From 3 shards: two half-full shards together serve one token and end level.
+            if shards >= 3 {
+                seed("s", shards, |_| 0.5);
+                let d = call("");
+                assert_eq!((d.ok, d.retry_after), (true, None), "{shards} shards");
+                assert_eq!(shard_changes("s", |_| 0.5), (f64::from(shards) * 0.5 - 1.0, 2));
+            }
+        }
+    }
+
+    #[pg_test]
+    fn sharded_counts_values_and_reset() {
+        at("0");
+        let cfg = r#"'{"kind":"token bucket","rate":40,"period":1000,"shards":4}'"#;
+        fails(
+            &format!("SELECT rate_limiter.rate_limit('sh', count => 21, config => {cfg})"),
+            "22023",
+            "Rate limit sh count 21 exceeds 20 per 4 shards.",
+        );
+        // count 20 = two whole shards: taken from both, which end level at 0.
+        let d = decide(&format!("rate_limiter.rate_limit('sh', count => 20, config => {cfg})"));
+        assert!(d.ok, "{d:?}");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE name = 'sh' AND value = 0"), Some(2));
+        // Sampling every shard reports the fullest: a full one (fresh shards are full).
+        let fullest = one::<f64>(&format!("SELECT value FROM rate_limiter.rate_limit_value('sh', config => {cfg}, sample_shards => 4)"));
+        assert_eq!(fullest, Some(10.0));
+        run("SELECT rate_limiter.reset_rate_limit('sh')");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE name = 'sh'"), Some(0));
+    }
+
     #[pg_test]
     fn functions_are_volatile_parallel_unsafe_and_private() {
         let wrong = one::<i64>(
