@@ -39,6 +39,8 @@ BEGIN
 END
 $fn$;
 
+-- The twin of rate_limit; only the consume flag passed to _decide differs. Sharing a third
+-- PL/pgSQL function would add a call layer to every rate_limit.
 CREATE FUNCTION rate_limiter.check_rate_limit(
     name text,
     key text DEFAULT NULL,
