@@ -1,22 +1,27 @@
-//! The SQL surface: thin `#[pg_extern]` functions that validate arguments, resolve the
-//! config and hand over to the limiter.
+//! The SQL surface: thin functions that validate arguments, resolve the config and hand
+//! over to the limiter.
 //!
-//! `rate_limit` and `check_rate_limit` themselves are PL/pgSQL in `sql/finalize.sql`
-//! (SECURITY DEFINER, qualified names), because only SQL-level code can raise the custom
-//! SQLSTATE `RL429` for `throws => true`; they call `_decide` here. Everything is VOLATILE
-//! (it reads the clock and writes state) and PARALLEL UNSAFE (it takes row locks and writes).
+//! `rate_limit` and `check_rate_limit` are plain fmgr functions (declared in
+//! `sql/finalize.sql`) rather than `#[pg_extern]`s, so that `throws => true` can raise the
+//! custom SQLSTATE `RL429` (see `error::raise_rate_limited`). They need no SECURITY DEFINER:
+//! `storage` reads and writes the state without SQL. Every function is VOLATILE (it reads
+//! the clock and writes state) and PARALLEL UNSAFE (it takes row locks and writes).
 
+use std::ffi::{c_char, CString};
+use std::ptr::null_mut;
+
+use pgrx::fcinfo::pg_getarg;
+use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
 use pgrx::prelude::*;
-use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 
 use crate::bucket::Config;
+use crate::cache;
 use crate::clock;
 use crate::config::{self, LimitRow};
-use crate::error::{Error, Result};
+use crate::error::{self, Error, Result};
 use crate::limiter::{self, Decision, Request};
-use crate::storage;
-
+use crate::storage::{self, StateTable};
 pub const MAX_NAME_BYTES: usize = 128;
 pub const MAX_KEY_BYTES: usize = 1024;
 
@@ -60,71 +65,141 @@ fn request<'a>(
     })
 }
 
-/// The inline config when given, else the named limit's row.
-fn resolve(client: &SpiClient<'_>, name: &str, inline: Option<JsonB>) -> Result<Config> {
+/// The inline config when given, else the named limit's (cached per backend).
+fn resolve(name: &str, inline: Option<JsonB>) -> Result<Config> {
     match inline {
         Some(JsonB(value)) => config::from_json(&value),
-        None => storage::load_limit(client, name)
-            .ok_or_else(|| Error::UnknownLimit(name.to_owned()))
-            .and_then(|row| Config::try_from(&row)),
+        None => cache::config(name, || {
+            storage::load_limit(name)
+                .ok_or_else(|| Error::UnknownLimit(name.to_owned()))
+                .and_then(|row| Config::try_from(&row))
+        }),
     }
 }
 
-fn decide_or_err(
-    name: Option<&str>,
-    key: Option<&str>,
-    count: Option<f64>,
-    reserve: Option<bool>,
-    inline: Option<JsonB>,
-    consume: bool,
-) -> Result<Decision> {
-    let req = request(name, key, count, reserve)?;
-    Spi::connect(|client| {
-        let config = resolve(client, req.name, inline)?;
-        if let Some(max) = config.impossible_count(req.count, req.reserve) {
-            return Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max });
-        }
-        Ok(if consume {
-            limiter::consume(client, &req, &config)
-        } else {
-            limiter::check(client, &req, &config)
-        })
-    })
+fn decide(req: &Request<'_>, inline: Option<JsonB>, consume: bool) -> Result<Decision> {
+    // Open the table first: its lock takes in pending invalidations of cached configs.
+    let table = StateTable::open(consume.then_some(c"rate_limit()"));
+    let config = resolve(req.name, inline)?;
+    if let Some(max) = config.impossible_count(req.count, req.reserve) {
+        return Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max });
+    }
+    let decision =
+        if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) };
+    table.close();
+    Ok(decision)
 }
 
-/// The core of `rate_limit` (consume => true) and `check_rate_limit` (consume => false).
-/// Not granted to anyone: callers go through those two SECURITY DEFINER wrappers.
-#[pg_extern(name = "_decide", volatile, parallel_unsafe)]
-fn decide(
-    name: Option<&str>,
-    key: Option<&str>,
-    count: Option<f64>,
-    reserve: Option<bool>,
-    config: Option<JsonB>,
-    consume: Option<bool>,
-) -> pgrx::composite_type!('static, "rate_limiter.decision") {
-    let d = decide_or_err(name, key, count, reserve, config, consume.unwrap_or(false))
-        .unwrap_or_else(|e| e.raise());
-    let mut tuple = PgHeapTuple::new_composite_type("rate_limiter.decision")
-        .expect("rate_limiter.decision exists while the extension does");
-    let set = "rate_limiter.decision has its declared columns";
-    tuple.set_by_name("ok", d.ok).expect(set);
-    tuple.set_by_name("retry_after", d.retry_after).expect(set);
-    tuple.set_by_name("remaining", d.remaining).expect(set);
-    tuple.set_by_name("reset_after", d.reset_after).expect(set);
-    tuple.set_by_name("granted", d.granted).expect(set);
-    tuple
+/// A denial to raise as `RL429`: message, detail and hint, allocated by PostgreSQL (all
+/// null when there is nothing to raise).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Denial {
+    message: *mut c_char,
+    detail: *mut c_char,
+    hint: *mut c_char,
+}
+
+/// What a call returns to its fmgr entry point: only values with nothing to drop.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Answer {
+    datum: Datum,
+    throw: Denial,
+}
+
+fn pstrdup(text: &str) -> *mut c_char {
+    let c = CString::new(text).unwrap_or_default();
+    unsafe { pg_sys::pstrdup(c.as_ptr()) }
+}
+
+fn denial(name: &str, key: Option<&str>, retry_after: f64) -> Denial {
+    let detail = serde_json::json!({"kind": "RateLimited", "name": name, "key": key, "retryAfter": retry_after});
+    Denial {
+        message: pstrdup(&format!("rate limit \"{name}\" exceeded")),
+        detail: pstrdup(&detail.to_string()),
+        hint: pstrdup(&format!("Retry after {retry_after} ms.")),
+    }
+}
+
+/// The body of `rate_limit` and `check_rate_limit`, guarded by pgrx: Rust panics and
+/// PostgreSQL errors inside it are raised as errors with their own SQLSTATE.
+#[pg_guard]
+unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> Answer {
+    let name: Option<&str> = pg_getarg(fcinfo, 0);
+    let key: Option<&str> = pg_getarg(fcinfo, 1);
+    let count: Option<f64> = pg_getarg(fcinfo, 2);
+    let reserve: Option<bool> = pg_getarg(fcinfo, 3);
+    let throws: Option<bool> = pg_getarg(fcinfo, 4);
+    let inline: Option<JsonB> = pg_getarg(fcinfo, 5);
+    let req = request(name, key, count, reserve).unwrap_or_else(|e| e.raise());
+    let d = decide(&req, inline, consume).unwrap_or_else(|e| e.raise());
+    let throw = match d.retry_after {
+        Some(retry_after) if throws == Some(true) => denial(req.name, req.key, retry_after),
+        _ => Denial { message: null_mut(), detail: null_mut(), hint: null_mut() },
+    };
+    Answer { datum: decision_datum(&d), throw }
+}
+
+unsafe fn decision_datum(d: &Decision) -> Datum {
+    let desc = pg_sys::lookup_rowtype_tupdesc(cache::relations().decision_type, -1);
+    let mut values = [
+        Datum::from(d.ok),
+        d.retry_after.map_or(Datum::from(0), |r| Datum::from(r.to_bits())),
+        Datum::from(d.remaining.to_bits()),
+        Datum::from(d.reset_after.to_bits()),
+        Datum::from(d.granted.to_bits()),
+    ];
+    let mut nulls = [false, d.retry_after.is_none(), false, false, false];
+    let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+    pg_sys::DecrTupleDescRefCount(desc);
+    pgrx::heap_tuple_get_datum(tuple)
+}
+
+/// Runs the guarded body, then raises `RL429` from this frame, which pgrx does not guard
+/// and which holds nothing to drop: pgrx would turn a custom SQLSTATE into XX000.
+unsafe fn entry(fcinfo: FunctionCallInfo, consume: bool) -> Datum {
+    let answer = answer(fcinfo, consume);
+    let d = answer.throw;
+    if !d.message.is_null() {
+        error::raise_rate_limited(d.message, d.detail, d.hint);
+    }
+    answer.datum
+}
+
+static FMGR_V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.rate_limit(name, key, count, reserve, throws, config)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    entry(fcinfo, true)
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_check_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.check_rate_limit(name, key, count, reserve, throws, config)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn check_rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    entry(fcinfo, false)
 }
 
 /// Forget the state of (name, key), every shard.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
 fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
     let name = valid_name(name).unwrap_or_else(|e| e.raise());
-    Spi::connect(|client| storage::delete(client, name, key));
+    storage::delete(name, key);
 }
 
 /// The stored state of (name, key): the fullest of `sample_shards` random shards.
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn rate_limit_value(
     name: Option<&str>,
     key: default!(Option<&str>, "NULL"),
@@ -147,16 +222,18 @@ fn rate_limit_value(
                 return Err(Error::InvalidArgument(format!("sample_shards must be >= 1, not {other:?}")))
             }
         };
-        Spi::connect(|client| {
-            let mut config = resolve(client, req.name, config)?;
-            let (state, shard) = limiter::value(client, &req, &config, sample);
+        {
+            let table = StateTable::open(None);
+            let mut config = resolve(req.name, config)?;
+            let (state, shard) = limiter::value(&table, &req, &config, sample);
+            table.close();
             if config.kind == crate::bucket::Kind::FixedWindow && config.start.is_none() {
                 // As the Convex component does: report the window phase in force.
                 config.start = Some(state.ts);
             }
             let effective = JsonB(config::to_json(&config));
             Ok((state.value, clock::ms_timestamptz(state.ts), shard, effective))
-        })
+        }
     })()
     .unwrap_or_else(|e| e.raise());
     TableIterator::once(row)
@@ -189,7 +266,7 @@ fn define(
         };
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;
-        Spi::connect(|client| storage::upsert_limit(client, &row, name));
+        storage::upsert_limit(&row, name);
         Ok(())
     })();
     result.unwrap_or_else(|e| e.raise())

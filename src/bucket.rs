@@ -23,7 +23,7 @@ impl Kind {
 }
 
 /// A validated limit with its defaults filled in.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Config {
     pub kind: Kind,
     /// Tokens added per period.

@@ -1,9 +1,10 @@
-//! Every error the extension raises from Rust, each with its SQLSTATE, detail and hint.
-//! (`RL429`, rate limited, is not here: pgrx can only raise standard codes, so the
-//! PL/pgSQL layer in `sql/finalize.sql` raises it.)
+//! Every error the extension raises, each with its SQLSTATE, detail and hint: the `Error`
+//! enum for standard codes, and `raise_rate_limited` for the custom `RL429`.
+
+use std::ffi::{c_char, c_int};
 
 use pgrx::pg_sys::panic::ErrorReport;
-use pgrx::{PgLogLevel, PgSqlErrorCode};
+use pgrx::{pg_sys, PgLogLevel, PgSqlErrorCode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -21,6 +22,9 @@ pub enum Error {
 
     #[error("malformed rate limit config: {0}")]
     MalformedConfig(String),
+
+    #[error("could not serialize access due to concurrent update")]
+    SerializationFailure,
 }
 
 impl Error {
@@ -31,6 +35,7 @@ impl Error {
             }
             Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
             Error::MalformedConfig(_) => PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
+            Error::SerializationFailure => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         }
     }
 
@@ -52,6 +57,10 @@ impl Error {
                  kind 'token bucket' or 'fixed window', rate > 0, period > 0 (ms or interval text), \
                  optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch)."
             }
+            Error::SerializationFailure => {
+                "Another transaction changed this rate limit's state after yours took its snapshot; \
+                 retry the transaction (or use READ COMMITTED, where the call waits instead)."
+            }
         }
     }
 
@@ -68,3 +77,49 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// `RL429` packed as PostgreSQL's MAKE_SQLSTATE does: six bits per character.
+const RL429: c_int = {
+    let code = *b"RL429";
+    let mut packed = 0;
+    let mut i = 0;
+    while i < 5 {
+        packed |= ((code[i] - b'0') as c_int & 0x3f) << (6 * i);
+        i += 1;
+    }
+    packed
+};
+
+// PostgreSQL's error functions, declared here without pgrx's guard: pgrx re-raises an
+// error it catches through a closed enum of standard SQLSTATEs, which turns RL429 into XX000.
+#[allow(clashing_extern_declarations)]
+extern "C-unwind" {
+    #[link_name = "errstart"]
+    fn pg_errstart(elevel: c_int, domain: *const c_char) -> bool;
+    #[link_name = "errcode"]
+    fn pg_errcode(sqlerrcode: c_int) -> c_int;
+    #[link_name = "errmsg"]
+    fn pg_errmsg(fmt: *const c_char, ...) -> c_int;
+    #[link_name = "errdetail"]
+    fn pg_errdetail(fmt: *const c_char, ...) -> c_int;
+    #[link_name = "errhint"]
+    fn pg_errhint(fmt: *const c_char, ...) -> c_int;
+    #[link_name = "errfinish"]
+    fn pg_errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
+}
+
+/// Raise `RL429` (rate limited) with PostgreSQL-allocated texts.
+///
+/// # Safety
+/// This longjmps out of the caller. Call it only from an fmgr entry point's own frame that
+/// holds nothing to drop, never inside a pgrx-guarded function.
+pub unsafe fn raise_rate_limited(message: *const c_char, detail: *const c_char, hint: *const c_char) -> ! {
+    if pg_errstart(pg_sys::PGERROR as c_int, std::ptr::null()) {
+        pg_errcode(RL429);
+        pg_errmsg(c"%s".as_ptr(), message);
+        pg_errdetail(c"%s".as_ptr(), detail);
+        pg_errhint(c"%s".as_ptr(), hint);
+        pg_errfinish(c"src/error.rs".as_ptr(), line!() as c_int, c"rate_limit".as_ptr());
+    }
+    unreachable!("an ERROR does not return")
+}

@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod api;
 mod bucket;
+mod cache;
 mod clock;
 mod config;
 mod error;
@@ -32,6 +33,7 @@ pub extern "C-unwind" fn _PG_init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    cache::register_invalidation();
 }
 
 extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);

@@ -1,17 +1,17 @@
 //! One rate-limit decision: which shards to look at, reading them, locking and writing
 //! what the bucket math decided.
 //!
-//! A call first reads the committed state without locking. If that already denies, it
-//! returns without taking a lock or writing. Otherwise it locks the shards it will take
-//! from, reads the clock again (after the lock, so time never runs backwards under a
-//! waiting transaction), decides again on the locked rows and writes.
+//! A call first reads the state as of its snapshot without locking. If that already denies,
+//! it returns without taking a lock or writing. When it takes from one row, it writes that
+//! row straight away, and only when a transaction that committed meanwhile changed the row
+//! does it lock the newest version, read the clock again and decide again. Taking from two
+//! shards locks both first (in shard order) and then writes.
 
-use pgrx::spi::SpiClient;
 use rand::seq::index::sample;
 
 use crate::bucket::{self, Config, Outcome, State, MIN_CHOOSE_TWO};
 use crate::clock;
-use crate::storage::{self, Slot};
+use crate::storage::{Created, Locked, Row, Slot, StateTable, Written};
 
 /// How many times a call re-picks shards when those it chose are locked by other
 /// transactions, before it queues for its choice.
@@ -34,12 +34,12 @@ pub struct Decision {
     pub granted: f64,
 }
 
-/// The shards one call looks at, their committed states (fresh when never written) and
-/// whether each row exists.
+/// The shards one call looks at, their rows when they exist and their states (fresh when
+/// never written).
 struct Looked {
     shards: Vec<i32>,
+    rows: Vec<Option<Row>>,
     states: Vec<State>,
-    exists: Vec<bool>,
 }
 
 fn slot<'a>(req: &Request<'a>, shard: i32) -> Slot<'a> {
@@ -59,11 +59,11 @@ fn pick_shards(shards: u32, avoid: &[i32]) -> Vec<i32> {
     sample(&mut rand::thread_rng(), pool.len(), want).into_iter().map(|i| pool[i]).collect()
 }
 
-fn look(client: &SpiClient<'_>, req: &Request<'_>, per_shard: &Config, shards: Vec<i32>, now: f64) -> Looked {
-    let found: Vec<Option<State>> = shards.iter().map(|s| storage::read(client, slot(req, *s))).collect();
+fn look(table: &StateTable, req: &Request<'_>, per_shard: &Config, shards: Vec<i32>, now: f64) -> Looked {
+    let rows: Vec<Option<Row>> = shards.iter().map(|s| table.read(slot(req, *s))).collect();
     Looked {
-        states: found.iter().map(|f| f.unwrap_or_else(|| fresh(req, per_shard, now))).collect(),
-        exists: found.iter().map(Option::is_some).collect(),
+        states: rows.iter().map(|r| r.map_or_else(|| fresh(req, per_shard, now), |r| r.state)).collect(),
+        rows,
         shards,
     }
 }
@@ -87,29 +87,50 @@ fn decision(outcome: &Outcome, config: &Config, per_shard: &Config, count: f64, 
 }
 
 /// Answer without writing or locking anything (`check_rate_limit`).
-pub fn check(client: &SpiClient<'_>, req: &Request<'_>, config: &Config) -> Decision {
+pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     let per_shard = config.per_shard();
     let now = clock::now_ms();
-    let looked = look(client, req, &per_shard, pick_shards(config.shards, &[]), now);
+    let looked = look(table, req, &per_shard, pick_shards(config.shards, &[]), now);
     let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
     decision(&outcome, config, &per_shard, req.count, now)
 }
 
 /// Consume (`rate_limit`).
-pub fn consume(client: &SpiClient<'_>, req: &Request<'_>, config: &Config) -> Decision {
+pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     let per_shard = config.per_shard();
     let mut busy: Vec<i32> = Vec::new();
     for round in 0..=SKIP_LOCKED_ROUNDS {
+        // One shard has no other to turn to: queue for it at once.
+        let wait = round == SKIP_LOCKED_ROUNDS || config.shards == 1;
         let now = clock::now_ms();
-        let looked = look(client, req, &per_shard, pick_shards(config.shards, &busy), now);
+        let looked = look(table, req, &per_shard, pick_shards(config.shards, &busy), now);
         let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
         if !outcome.ok {
             return decision(&outcome, config, &per_shard, req.count, now);
         }
         let taking: Vec<usize> = (0..looked.shards.len()).filter(|i| outcome.after[*i].1).collect();
-        let wait = round == SKIP_LOCKED_ROUNDS;
-        match lock_all(client, req, &per_shard, &looked, &taking, wait) {
-            Some(locked) => return apply(client, req, config, &per_shard, &looked, &taking, locked),
+        if let [i] = taking[..] {
+            // The common case, one row to write: write it without locking it first.
+            let slot = slot(req, looked.shards[i]);
+            let state = outcome.after[i].0;
+            let written = match &looked.rows[i] {
+                Some(row) => table.update(row, slot, state, wait),
+                None => match table.create(slot, state) {
+                    Created::Done(_) => Written::Done,
+                    Created::Exists(_) => Written::Moved,
+                },
+            };
+            match written {
+                Written::Done => return decision(&outcome, config, &per_shard, req.count, now),
+                Written::Busy => {
+                    busy.push(slot.shard);
+                    continue;
+                }
+                Written::Moved => {} // decide again on the newest version, locked
+            }
+        }
+        match lock_all(table, req, &per_shard, &looked, &taking, wait) {
+            Some(locked) => return apply(table, req, config, &per_shard, &looked, &taking, locked),
             None => busy.extend(taking.iter().map(|i| looked.shards[*i])),
         }
     }
@@ -120,52 +141,58 @@ pub fn consume(client: &SpiClient<'_>, req: &Request<'_>, config: &Config) -> De
 /// transactions never hold each other's next shard), creating missing ones. Without
 /// `wait`, gives up and returns `None` as soon as one is held by another transaction.
 fn lock_all(
-    client: &SpiClient<'_>,
+    table: &StateTable,
     req: &Request<'_>,
     per_shard: &Config,
     looked: &Looked,
     taking: &[usize],
     wait: bool,
-) -> Option<Vec<State>> {
+) -> Option<Vec<Row>> {
     let mut order = taking.to_vec();
     order.sort_by_key(|i| looked.shards[*i]);
-    let mut locked = vec![State { value: 0.0, ts: 0.0 }; looked.shards.len()];
+    let mut locked: Vec<Option<Row>> = vec![None; looked.shards.len()];
     for i in order {
         let slot = slot(req, looked.shards[i]);
-        locked[i] = loop {
-            if let Some(state) = storage::lock(client, slot, !wait) {
-                break state;
+        let mut known = looked.rows[i];
+        locked[i] = Some(loop {
+            match known {
+                Some(row) => match table.lock(&row, wait) {
+                    Locked::Row(row) => break row,
+                    Locked::Busy => return None,
+                    Locked::Gone => known = None,
+                },
+                // Missing (never written, or reset meanwhile): create it full; ours until
+                // commit. If a concurrent transaction created it first, lock theirs.
+                None => match table.create(slot, fresh(req, per_shard, clock::now_ms())) {
+                    Created::Done(row) => break row,
+                    Created::Exists(row) => known = Some(row),
+                },
             }
-            if looked.exists[i] && !wait {
-                return None;
-            }
-            // Missing (never written, or reset meanwhile): create it full, then lock it. A
-            // concurrent creator wins the race harmlessly; the next lock finds its row.
-            let created = fresh(req, per_shard, clock::now_ms());
-            if storage::insert(client, slot, created) {
-                break created;
-            }
-        };
+        });
     }
-    Some(taking.iter().map(|i| locked[*i]).collect())
+    Some(taking.iter().map(|i| locked[*i].expect("every taken shard was locked")).collect())
 }
 
 /// Decide again on the locked rows with the clock read after locking, and write.
 fn apply(
-    client: &SpiClient<'_>,
+    table: &StateTable,
     req: &Request<'_>,
     config: &Config,
     per_shard: &Config,
     looked: &Looked,
     taking: &[usize],
-    locked: Vec<State>,
+    locked: Vec<Row>,
 ) -> Decision {
     let now = clock::now_ms();
-    let outcome = bucket::plan(&locked, per_shard, now, req.count, req.reserve);
+    let states: Vec<State> = locked.iter().map(|r| r.state).collect();
+    let outcome = bucket::plan(&states, per_shard, now, req.count, req.reserve);
     if outcome.ok {
-        for (&i, (state, changed)) in taking.iter().zip(&outcome.after) {
+        for ((&i, row), (state, changed)) in taking.iter().zip(&locked).zip(&outcome.after) {
             if *changed {
-                storage::update(client, slot(req, looked.shards[i]), *state);
+                match table.update(row, slot(req, looked.shards[i]), *state, true) {
+                    Written::Done => {}
+                    _ => unreachable!("a row this transaction holds locked cannot change"),
+                }
             }
         }
     }
@@ -173,7 +200,7 @@ fn apply(
 }
 
 /// The stored state of the fullest of `sample` random shards, as `rate_limit_value` reports it.
-pub fn value(client: &SpiClient<'_>, req: &Request<'_>, config: &Config, sample_shards: u32) -> (State, i32) {
+pub fn value(table: &StateTable, req: &Request<'_>, config: &Config, sample_shards: u32) -> (State, i32) {
     let per_shard = config.per_shard();
     let now = clock::now_ms();
     let n = sample_shards.clamp(1, config.shards) as usize;
@@ -181,7 +208,7 @@ pub fn value(client: &SpiClient<'_>, req: &Request<'_>, config: &Config, sample_
         .into_iter()
         .map(|s| s as i32)
         .collect();
-    let looked = look(client, req, &per_shard, shards, now);
+    let looked = look(table, req, &per_shard, shards, now);
     // Compare as of now, so a shard that has since refilled counts as fuller.
     let fullest = (0..looked.shards.len())
         .max_by(|a, b| {

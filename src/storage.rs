@@ -1,22 +1,27 @@
-//! Finding, locking and writing rows of `rate_limiter.state` and reading
-//! `rate_limiter.limits`, through SPI plans prepared once per backend.
+//! Finding, locking and writing rows of `rate_limiter.state`, and reading
+//! `rate_limiter.limits`, through PostgreSQL's index and heap access methods rather than SQL.
+//! A call is one index probe and, when it takes tokens, one heap update (HOT: no indexed
+//! column changes): what `UPDATE ... WHERE key = $1` does, without parsing, planning or
+//! executor start-up. The limiter's functions are the only way into these tables, so no
+//! table privilege is checked here; EXECUTE on the function is the permission.
 //!
-//! Every statement qualifies its tables, functions and operators, so a caller's hostile
-//! `search_path` cannot redirect it. A NULL key is one shared value; the unique index treats
-//! NULLs as equal, and each statement comes in a `key = $2` and a `key IS NULL` variant so
-//! both use the index.
+//! Visibility is what an UPDATE in the caller's transaction would see: reads use the
+//! statement's snapshot (and this call's earlier writes); a row changed by a transaction
+//! that committed after the snapshot is waited for and its newest version used at READ
+//! COMMITTED, and is a serialization failure at REPEATABLE READ and SERIALIZABLE.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::ptr::null_mut;
 
-use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys::{PgBuiltInOids, PgOid};
+use pgrx::pg_sys::{self, Datum, ItemPointerData, TM_Result};
 use pgrx::prelude::*;
-use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+use pgrx::IntoDatum;
 
 use crate::bucket::State;
+use crate::cache;
 use crate::clock;
 use crate::config::LimitRow;
+use crate::error::Error;
 
 /// Identifies one shard of one limit.
 #[derive(Clone, Copy)]
@@ -26,165 +31,369 @@ pub struct Slot<'a> {
     pub shard: i32,
 }
 
-thread_local! {
-    /// Plans kept for the life of the backend. PostgreSQL re-plans them itself when the
-    /// tables change (even when the extension is dropped and created again).
-    static PLANS: RefCell<HashMap<String, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+/// A stored state and where it is.
+#[derive(Clone, Copy)]
+pub struct Row {
+    pub state: State,
+    tid: ItemPointerData,
 }
 
-const TEXT: PgOid = PgOid::BuiltIn(PgBuiltInOids::TEXTOID);
-const INT4: PgOid = PgOid::BuiltIn(PgBuiltInOids::INT4OID);
-const FLOAT8: PgOid = PgOid::BuiltIn(PgBuiltInOids::FLOAT8OID);
-const TIMESTAMPTZ: PgOid = PgOid::BuiltIn(PgBuiltInOids::TIMESTAMPTZOID);
-
-const SLOT_TYPES: [PgOid; 3] = [TEXT, TEXT, INT4];
-
-/// The WHERE clause for one slot; `$1` name, `$2` key, `$3` shard.
-fn slot_where(key: Option<&str>) -> &'static str {
-    match key {
-        Some(_) => {
-            "name OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
-             AND shard OPERATOR(pg_catalog.=) $3"
-        }
-        None => "name OPERATOR(pg_catalog.=) $1 AND key IS NULL AND shard OPERATOR(pg_catalog.=) $3",
-    }
+pub enum Written {
+    Done,
+    /// Another transaction holds the row (only without waiting).
+    Busy,
+    /// A transaction that committed after this statement's snapshot changed the row:
+    /// lock it to read its newest version.
+    Moved,
 }
 
-fn slot_args<'a>(slot: Slot<'a>) -> Vec<DatumWithOid<'a>> {
-    vec![slot.name.into(), slot.key.into(), slot.shard.into()]
+pub enum Locked {
+    Row(Row),
+    Busy,
+    /// Deleted meanwhile (by `reset_rate_limit`).
+    Gone,
 }
 
-/// Run `sql` through a plan prepared on first use. `mutating` plans may lock and write.
-fn run<'conn, R>(
-    client: &SpiClient<'conn>,
-    sql: &str,
-    types: &[PgOid],
-    args: &[DatumWithOid<'_>],
-    mutating: bool,
-    read: impl FnOnce(SpiTupleTable<'conn>) -> R,
-) -> R {
-    PLANS.with(|plans| {
-        if !plans.borrow().contains_key(sql) {
-            let plan = if mutating {
-                client.prepare_mut(sql, types)
-            } else {
-                client.prepare(sql, types)
+pub enum Created {
+    Done(Row),
+    /// A concurrent transaction created it first.
+    Exists(Row),
+}
+
+// Columns of rate_limiter.state (sql/bootstrap.sql) and of its unique index.
+const NAME: i16 = 1;
+const KEY: i16 = 2;
+const SHARD: i16 = 3;
+const VALUE: i16 = 4;
+const TS: i16 = 5;
+/// `field4` of the advisory lock tag that serializes creators of one row; `pg_advisory_lock`
+/// uses 1 and 2, so user locks never collide with it.
+const CREATE_LOCK_SPACE: u16 = 0x524c; // "RL"
+
+fn xact_snapshot_isolation() -> bool {
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+fn text(s: &str) -> Datum {
+    s.into_datum().expect("text is never NULL")
+}
+
+/// `rate_limiter.state` and its unique index, open for one call, with the snapshot the call
+/// reads with. Closed by `close`; an error instead leaves the cleanup to the abort.
+pub struct StateTable {
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    tuple_slot: *mut pg_sys::TupleTableSlot,
+}
+
+impl StateTable {
+    /// Open for reading, or for writing (which a read-only transaction refuses, with
+    /// `command` named in the error).
+    pub fn open(write: Option<&std::ffi::CStr>) -> StateTable {
+        let relations = cache::relations();
+        unsafe {
+            let lockmode = match write {
+                Some(command) => {
+                    pg_sys::PreventCommandIfReadOnly(command.as_ptr());
+                    pg_sys::RowExclusiveLock
+                }
+                None => pg_sys::AccessShareLock,
+            } as pg_sys::LOCKMODE;
+            let heap = pg_sys::table_open(relations.state, lockmode);
+            let index = pg_sys::index_open(relations.state_key, lockmode);
+            // As SPI does for each statement of a VOLATILE function: a fresh snapshot at
+            // READ COMMITTED, that also sees this transaction's earlier commands.
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+            pg_sys::UpdateActiveSnapshotCommandId();
+            StateTable {
+                heap,
+                index,
+                snapshot: pg_sys::GetActiveSnapshot(),
+                tuple_slot: pg_sys::table_slot_create(heap, null_mut()),
             }
-            .unwrap_or_else(|e| panic!("preparing {sql}: {e}"));
-            plans.borrow_mut().insert(sql.to_owned(), plan.keep());
         }
-        let plans = plans.borrow();
-        let table = client
-            .select(&plans[sql], None, args)
-            .unwrap_or_else(|e| panic!("running {sql}: {e}"));
-        read(table)
-    })
-}
-
-fn first_state(table: SpiTupleTable<'_>) -> Option<State> {
-    let row = table.first();
-    if row.is_empty() {
-        return None;
     }
-    let value: f64 = row.get(1).ok()??;
-    let ts: TimestampWithTimeZone = row.get(2).ok()??;
-    Some(State { value, ts: clock::timestamptz_ms(ts) })
-}
 
-/// The named limit's row, if any.
-pub fn load_limit(client: &SpiClient<'_>, name: &str) -> Option<LimitRow> {
-    let sql = "SELECT kind, rate, period, capacity, max_reserved, shards, start \
-               FROM rate_limiter.limits WHERE name OPERATOR(pg_catalog.=) $1";
-    run(client, sql, &[TEXT], &[name.into()], false, |table| {
-        let row = table.first();
-        if row.is_empty() {
-            return None;
+    pub fn close(self) {
+        unsafe {
+            pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
+            pg_sys::PopActiveSnapshot();
+            pg_sys::index_close(self.index, pg_sys::NoLock as _);
+            pg_sys::table_close(self.heap, pg_sys::NoLock as _);
         }
-        // The columns are declared NOT NULL where read with `required`.
-        let column = "rate_limiter.limits has its declared columns";
-        let required = "NOT NULL column";
-        Some(LimitRow {
-            kind: row.get(1).expect(column).expect(required),
-            rate: row.get(2).expect(column).expect(required),
-            period: row.get(3).expect(column).expect(required),
-            capacity: row.get(4).expect(column),
-            max_reserved: row.get(5).expect(column),
-            shards: row.get(6).expect(column).expect(required),
-            start: row.get(7).expect(column),
-        })
-    })
+    }
+
+    /// The row of `slot` as of the call's snapshot.
+    pub fn read(&self, slot: Slot<'_>) -> Option<Row> {
+        self.find(slot, self.snapshot)
+    }
+
+    fn find(&self, slot: Slot<'_>, snapshot: pg_sys::Snapshot) -> Option<Row> {
+        unsafe {
+            let mut keys = slot_keys(self.index, slot);
+            let scan = pg_sys::index_beginscan(self.heap, self.index, snapshot, keys.len() as _, 0);
+            pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
+            let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, self.tuple_slot);
+            let row = found.then(|| self.slot_row());
+            pg_sys::index_endscan(scan);
+            row
+        }
+    }
+
+    unsafe fn slot_row(&self) -> Row {
+        let attr = |n: i16| {
+            let mut isnull = false;
+            let d = pg_sys::slot_getattr(self.tuple_slot, n.into(), &mut isnull);
+            assert!(!isnull, "rate_limiter.state.value and ts are NOT NULL");
+            d
+        };
+        let value = f64::from_bits(attr(VALUE).value() as u64);
+        let ts = clock::pg_us_to_ms(attr(TS).value() as i64);
+        Row { state: State { value, ts }, tid: (*self.tuple_slot).tts_tid }
+    }
+
+    /// Write `state` over `row`. Without `wait`, gives up when another transaction holds it.
+    pub fn update(&self, row: &Row, slot: Slot<'_>, state: State, wait: bool) -> Written {
+        unsafe {
+            let tuple = self.form(slot, state);
+            let mut tid = row.tid;
+            let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+            let mut lockmode = pg_sys::LockTupleMode::LockTupleNoKeyExclusive;
+            let cid = pg_sys::GetCurrentCommandId(true);
+            let result =
+                pg_sys::heap_update(self.heap, &mut tid, tuple, cid, null_mut(), wait, &mut failure, &mut lockmode);
+            match result {
+                TM_Result::TM_Ok => {
+                    // A HOT update needs no new index entry; one that moved to another page does.
+                    let heap_only = (*(*tuple).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 != 0;
+                    if !heap_only {
+                        self.index_insert(slot, &mut (*tuple).t_self, true);
+                    }
+                    // Later calls in this statement must see this version.
+                    pg_sys::CommandCounterIncrement();
+                    Written::Done
+                }
+                TM_Result::TM_BeingModified | TM_Result::TM_WouldBlock if !wait => Written::Busy,
+                TM_Result::TM_Updated | TM_Result::TM_Deleted if xact_snapshot_isolation() => {
+                    Error::SerializationFailure.raise()
+                }
+                TM_Result::TM_Updated | TM_Result::TM_Deleted => Written::Moved,
+                other => error!("rate_limiter: unexpected heap_update result {other}"),
+            }
+        }
+    }
+
+    /// Lock the newest version of `row` (`FOR NO KEY UPDATE`). Without `wait`, gives up
+    /// when another transaction holds it.
+    pub fn lock(&self, row: &Row, wait: bool) -> Locked {
+        unsafe {
+            let mut tid = row.tid;
+            let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+            let follow = if xact_snapshot_isolation() { 0 } else { pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION };
+            let policy = if wait { pg_sys::LockWaitPolicy::LockWaitBlock } else { pg_sys::LockWaitPolicy::LockWaitSkip };
+            let result = pg_sys::table_tuple_lock(
+                self.heap,
+                &mut tid,
+                self.snapshot,
+                self.tuple_slot,
+                pg_sys::GetCurrentCommandId(true),
+                pg_sys::LockTupleMode::LockTupleNoKeyExclusive,
+                policy,
+                follow as u8,
+                &mut failure,
+            );
+            match result {
+                TM_Result::TM_Ok => Locked::Row(self.slot_row()),
+                TM_Result::TM_WouldBlock => Locked::Busy,
+                TM_Result::TM_Updated | TM_Result::TM_Deleted if xact_snapshot_isolation() => {
+                    Error::SerializationFailure.raise()
+                }
+                TM_Result::TM_Deleted => Locked::Gone,
+                other => error!("rate_limiter: unexpected table_tuple_lock result {other}"),
+            }
+        }
+    }
+
+    /// Create the row of `slot` holding `state`, unless a concurrent transaction has just
+    /// created it: then return that row once its creator has committed. Creators of one row
+    /// take turns on an advisory lock held only while they check and insert, which is what
+    /// INSERT ... ON CONFLICT DO NOTHING's speculative insertion achieves, more simply.
+    pub fn create(&self, slot: Slot<'_>, state: State) -> Created {
+        unsafe {
+            let mut hasher = DefaultHasher::new();
+            (slot.name, slot.key, slot.shard).hash(&mut hasher);
+            let hash = hasher.finish();
+            let tag = pg_sys::LOCKTAG {
+                locktag_field1: pg_sys::MyDatabaseId.into(),
+                locktag_field2: (hash >> 32) as u32,
+                locktag_field3: hash as u32,
+                locktag_field4: CREATE_LOCK_SPACE,
+                locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+                locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+            };
+            let mode = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
+            loop {
+                pg_sys::LockAcquire(&tag, mode, false, false);
+                // A dirty snapshot also sees rows whose creator or deleter is still running.
+                let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
+                dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+                let Some(row) = self.find(slot, &mut dirty) else {
+                    let tuple = self.form(slot, state);
+                    pg_sys::heap_insert(self.heap, tuple, pg_sys::GetCurrentCommandId(true), 0, null_mut());
+                    self.index_insert(slot, &mut (*tuple).t_self, false);
+                    pg_sys::LockRelease(&tag, mode, false);
+                    pg_sys::CommandCounterIncrement();
+                    return Created::Done(Row { state, tid: (*tuple).t_self });
+                };
+                pg_sys::LockRelease(&tag, mode, false);
+                let running = if dirty.xmin != pg_sys::InvalidTransactionId { dirty.xmin } else { dirty.xmax };
+                if running != pg_sys::InvalidTransactionId {
+                    let mut tid = row.tid;
+                    pg_sys::XactLockTableWait(running, self.heap, &mut tid, pg_sys::XLTW_Oper::XLTW_InsertIndex);
+                    continue; // it committed or aborted: look again
+                }
+                if xact_snapshot_isolation() && self.read(slot).is_none() {
+                    Error::SerializationFailure.raise()
+                }
+                return Created::Exists(row);
+            }
+        }
+    }
+
+    unsafe fn form(&self, slot: Slot<'_>, state: State) -> pg_sys::HeapTuple {
+        let mut values = [
+            text(slot.name),
+            slot.key.map(text).unwrap_or(Datum::from(0)),
+            Datum::from(slot.shard as i16),
+            state.value.into_datum().expect("float8"),
+            Datum::from(clock::ms_to_pg_us(state.ts)),
+        ];
+        let mut nulls = [false, slot.key.is_none(), false, false, false];
+        pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr())
+    }
+
+    unsafe fn index_insert(&self, slot: Slot<'_>, tid: pg_sys::ItemPointer, unchanged: bool) {
+        let mut values = [text(slot.name), slot.key.map(text).unwrap_or(Datum::from(0)), Datum::from(slot.shard as i16)];
+        let mut nulls = [false, slot.key.is_none(), false];
+        pg_sys::index_insert(
+            self.index,
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+            tid,
+            self.heap,
+            pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES,
+            unchanged,
+            pg_sys::BuildIndexInfo(self.index),
+        );
+    }
 }
 
-/// The committed state of a shard, without locking it.
-pub fn read(client: &SpiClient<'_>, slot: Slot<'_>) -> Option<State> {
-    let sql = format!("SELECT value, ts FROM rate_limiter.state WHERE {}", slot_where(slot.key));
-    run(client, &sql, &SLOT_TYPES, &slot_args(slot), false, first_state)
+/// Equality keys on (name, key, shard), in the index's collations; a NULL key matches the
+/// NULL key (the index is NULLS NOT DISTINCT).
+unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKeyData; 3] {
+    let mut keys: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
+    let collation = |attno: i16| *(*index).rd_indcollation.add(attno as usize - 1);
+    let equal = |key: &mut pg_sys::ScanKeyData, attno: i16, procedure: u32, value: Datum| {
+        pg_sys::ScanKeyEntryInitialize(
+            key,
+            0,
+            attno,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::InvalidOid,
+            collation(attno),
+            procedure.into(),
+            value,
+        )
+    };
+    equal(&mut keys[0], NAME, pg_sys::F_TEXTEQ, text(slot.name));
+    match slot.key {
+        Some(k) => equal(&mut keys[1], KEY, pg_sys::F_TEXTEQ, text(k)),
+        None => pg_sys::ScanKeyEntryInitialize(
+            &mut keys[1],
+            (pg_sys::SK_ISNULL | pg_sys::SK_SEARCHNULL) as i32,
+            KEY,
+            0,
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            Datum::from(0),
+        ),
+    }
+    equal(&mut keys[2], SHARD, pg_sys::F_INT2EQ, Datum::from(slot.shard as i16));
+    keys
 }
 
-/// Lock a shard's row and return its latest state; `None` if the row does not exist.
-/// With `skip_locked`, also `None` when another transaction holds it.
-pub fn lock(client: &SpiClient<'_>, slot: Slot<'_>, skip_locked: bool) -> Option<State> {
-    let sql = format!(
-        "SELECT value, ts FROM rate_limiter.state WHERE {} FOR NO KEY UPDATE{}",
-        slot_where(slot.key),
-        if skip_locked { " SKIP LOCKED" } else { "" }
-    );
-    run(client, &sql, &SLOT_TYPES, &slot_args(slot), true, first_state)
+/// The named limit's row, if any, as committed now (the config cache is refilled from here
+/// after every change, so it must not see an older snapshot's version).
+pub fn load_limit(name: &str) -> Option<LimitRow> {
+    let relations = cache::relations();
+    unsafe {
+        let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let heap = pg_sys::table_open(relations.limits, lockmode);
+        let index = pg_sys::index_open(relations.limits_key, lockmode);
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut key,
+            0,
+            1,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::InvalidOid,
+            *(*index).rd_indcollation,
+            pg_sys::F_TEXTEQ.into(),
+            text(name),
+        );
+        let scan = pg_sys::index_beginscan(heap, index, pg_sys::GetLatestSnapshot(), 1, 0);
+        pg_sys::index_rescan(scan, &mut key, 1, null_mut(), 0);
+        let tuple_slot = pg_sys::table_slot_create(heap, null_mut());
+        let row = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot)
+            .then(|| limit_row(tuple_slot));
+        pg_sys::ExecDropSingleTupleTableSlot(tuple_slot);
+        pg_sys::index_endscan(scan);
+        pg_sys::index_close(index, pg_sys::NoLock as _);
+        pg_sys::table_close(heap, pg_sys::NoLock as _);
+        row
+    }
 }
 
-/// Create a shard's row; false when a concurrent transaction created it first.
-pub fn insert(client: &SpiClient<'_>, slot: Slot<'_>, state: State) -> bool {
-    let sql = "INSERT INTO rate_limiter.state (name, key, shard, value, ts) \
-               VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name, key, shard) DO NOTHING RETURNING true";
-    let mut args = slot_args(slot);
-    args.push(state.value.into());
-    args.push(clock::ms_timestamptz(state.ts).into());
-    run(client, sql, &[TEXT, TEXT, INT4, FLOAT8, TIMESTAMPTZ], &args, true, |t| !t.is_empty())
+/// Columns of rate_limiter.limits, in order: name, kind, rate, period, capacity,
+/// max_reserved, shards, start; NOT NULL where `required`.
+unsafe fn limit_row(tuple_slot: *mut pg_sys::TupleTableSlot) -> LimitRow {
+    fn column<T: FromDatum>(tuple_slot: *mut pg_sys::TupleTableSlot, attno: i32) -> Option<T> {
+        let mut isnull = false;
+        unsafe { T::from_datum(pg_sys::slot_getattr(tuple_slot, attno, &mut isnull), isnull) }
+    }
+    let required = "NOT NULL column of rate_limiter.limits";
+    LimitRow {
+        kind: column(tuple_slot, 2).expect(required),
+        rate: column(tuple_slot, 3).expect(required),
+        period: column(tuple_slot, 4).expect(required),
+        capacity: column(tuple_slot, 5),
+        max_reserved: column(tuple_slot, 6),
+        shards: column(tuple_slot, 7).expect(required),
+        start: column(tuple_slot, 8),
+    }
 }
 
-/// Write a shard's state; the caller holds its row lock.
-pub fn update(client: &SpiClient<'_>, slot: Slot<'_>, state: State) {
-    let sql = format!(
-        "UPDATE rate_limiter.state SET value = $4, ts = $5 WHERE {}",
-        slot_where(slot.key)
-    );
-    let mut args = slot_args(slot);
-    args.push(state.value.into());
-    args.push(clock::ms_timestamptz(state.ts).into());
-    run(client, &sql, &[TEXT, TEXT, INT4, FLOAT8, TIMESTAMPTZ], &args, true, |_| ());
-}
-
-/// Forget every shard of (name, key).
-pub fn delete(client: &SpiClient<'_>, name: &str, key: Option<&str>) {
+/// Forget every shard of (name, key). Plain SQL: rare, and not on the path of a decision.
+pub fn delete(name: &str, key: Option<&str>) {
     let key_where = match key {
         Some(_) => "key OPERATOR(pg_catalog.=) $2",
-        None => "key IS NULL",
+        None => "$2::pg_catalog.text IS NULL AND key IS NULL",
     };
-    let sql = format!(
-        "DELETE FROM rate_limiter.state WHERE name OPERATOR(pg_catalog.=) $1 AND {key_where}"
-    );
-    run(client, &sql, &[TEXT, TEXT], &[name.into(), key.into()], true, |_| ());
+    let sql = format!("DELETE FROM rate_limiter.state WHERE name OPERATOR(pg_catalog.=) $1 AND {key_where}");
+    Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 /// Insert or replace a named limit.
-pub fn upsert_limit(client: &SpiClient<'_>, row: &LimitRow, name: &str) {
+pub fn upsert_limit(row: &LimitRow, name: &str) {
     let sql = "INSERT INTO rate_limiter.limits AS l \
                (name, kind, rate, period, capacity, max_reserved, shards, start) \
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
                period = excluded.period, capacity = excluded.capacity, \
                max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start";
-    let types = [
-        TEXT,
-        TEXT,
-        FLOAT8,
-        PgOid::BuiltIn(PgBuiltInOids::INTERVALOID),
-        FLOAT8,
-        FLOAT8,
-        INT4,
-        TIMESTAMPTZ,
-    ];
-    let args: [DatumWithOid<'_>; 8] = [
+    let args: [pgrx::datum::DatumWithOid<'_>; 8] = [
         name.into(),
         row.kind.as_str().into(),
         row.rate.into(),
@@ -194,5 +403,5 @@ pub fn upsert_limit(client: &SpiClient<'_>, row: &LimitRow, name: &str) {
         row.shards.into(),
         row.start.into(),
     ];
-    run(client, sql, &types, &args, true, |_| ());
+    Spi::run_with_args(sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

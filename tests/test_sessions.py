@@ -215,7 +215,9 @@ def test_a_role_with_only_execute_cannot_touch_the_tables(db, name):
             with pytest.raises(errors.InsufficientPrivilege):
                 app.execute("SELECT rate_limiter.reset_rate_limit(%s, 'a')", (name,))
             with pytest.raises(errors.InsufficientPrivilege):
-                app.execute("SELECT rate_limiter._decide(%s, 'a', 1, false, NULL, true)", (name,))
+                app.execute("SELECT rate_limiter.define(%s, 'token bucket', 1000, '1 second')", (name,))
+            with pytest.raises(errors.InsufficientPrivilege):
+                app.execute("SELECT * FROM rate_limiter.rate_limit_value(%s, 'a')", (name,))
             with pytest.raises(errors.InsufficientPrivilege):
                 app.execute("SET rate_limiter.fake_now = '2030-01-01'")
     finally:

@@ -1,0 +1,94 @@
+//! Per-backend caches: the OIDs of the extension's tables, indexes and row type, and the
+//! configs of named limits. A relcache invalidation of one of those relations empties them.
+//! PostgreSQL sends one on DDL and DROP EXTENSION, and the trigger on `rate_limiter.limits`
+//! sends one at every change to it, delivered to each backend once the change commits.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::CStr;
+
+use pgrx::prelude::*;
+
+use crate::bucket::Config;
+
+#[derive(Clone, Copy)]
+pub struct Relations {
+    pub state: pg_sys::Oid,
+    pub state_key: pg_sys::Oid,
+    pub limits: pg_sys::Oid,
+    pub limits_key: pg_sys::Oid,
+    pub decision_type: pg_sys::Oid,
+    decision: pg_sys::Oid,
+}
+
+thread_local! {
+    static RELATIONS: Cell<Option<Relations>> = const { Cell::new(None) };
+    static CONFIGS: RefCell<HashMap<String, Config>> = RefCell::new(HashMap::new());
+}
+
+pub fn relations() -> Relations {
+    RELATIONS.get().unwrap_or_else(|| {
+        let found = look_up();
+        RELATIONS.set(Some(found));
+        found
+    })
+}
+
+fn look_up() -> Relations {
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"rate_limiter".as_ptr(), false);
+        let oid = |name: &CStr| {
+            let oid = pg_sys::get_relname_relid(name.as_ptr(), schema);
+            if oid == pg_sys::InvalidOid {
+                error!("rate_limiter.{} is missing; reinstall the extension", name.to_string_lossy());
+            }
+            oid
+        };
+        let decision = oid(c"decision");
+        Relations {
+            state: oid(c"state"),
+            state_key: oid(c"state_name_key_shard_key"),
+            limits: oid(c"limits"),
+            limits_key: oid(c"limits_pkey"),
+            decision_type: pg_sys::get_rel_type_id(decision),
+            decision,
+        }
+    }
+}
+
+/// The named limit's config, from the cache or from `load` (which the cache then keeps).
+pub fn config<E>(name: &str, load: impl FnOnce() -> Result<Config, E>) -> Result<Config, E> {
+    if let Some(config) = CONFIGS.with_borrow(|configs| configs.get(name).copied()) {
+        return Ok(config);
+    }
+    let config = load()?;
+    CONFIGS.with_borrow_mut(|configs| configs.insert(name.to_owned(), config));
+    Ok(config)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let ours = match RELATIONS.get() {
+        Some(r) => [r.state, r.state_key, r.limits, r.limits_key, r.decision].contains(&relid),
+        None => true,
+    };
+    if relid == pg_sys::InvalidOid || ours {
+        RELATIONS.set(None);
+        CONFIGS.with_borrow_mut(HashMap::clear);
+    }
+}
+
+/// Called once from `_PG_init`.
+pub fn register_invalidation() {
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0)) }
+}
+
+/// Trigger on `rate_limiter.limits`: tell every backend to drop its cached configs.
+#[pg_trigger]
+fn _limits_changed<'a>(
+    trigger: &'a PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, PgHeapTupleError> {
+    let relid = trigger.relation().map(|r| r.oid()).unwrap_or(pg_sys::InvalidOid);
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
+    Ok(None)
+}
