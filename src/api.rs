@@ -271,3 +271,16 @@ fn define(
     })();
     result.unwrap_or_else(|e| e.raise())
 }
+
+#[no_mangle]
+pub extern "C" fn pg_finfo__decide_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// 0.1.0's `_decide`: its SQL names this symbol, so a database still on 0.1.0 can load this
+/// library (and be updated); a call says what to do.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn _decide_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
+    error::Error::ExtensionOutdated.raise()
+}

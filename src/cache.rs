@@ -10,6 +10,7 @@ use std::ffi::CStr;
 use pgrx::prelude::*;
 
 use crate::bucket::Config;
+use crate::error::Error;
 
 #[derive(Clone, Copy)]
 pub struct Relations {
@@ -45,8 +46,13 @@ fn look_up() -> Relations {
             oid
         };
         let decision = oid(c"decision");
+        let state = oid(c"state");
+        // The library can be newer than the extension's SQL in a database not yet updated.
+        if pg_sys::get_atttype(state, 3) != pg_sys::INT2OID {
+            Error::ExtensionOutdated.raise()
+        }
         Relations {
-            state: oid(c"state"),
+            state,
             state_key: oid(c"state_name_key_shard_key"),
             limits: oid(c"limits"),
             limits_key: oid(c"limits_pkey"),

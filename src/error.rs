@@ -25,6 +25,9 @@ pub enum Error {
 
     #[error("could not serialize access due to concurrent update")]
     SerializationFailure,
+
+    #[error("rate_limiter's SQL objects are older than its library")]
+    ExtensionOutdated,
 }
 
 impl Error {
@@ -36,6 +39,7 @@ impl Error {
             Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
             Error::MalformedConfig(_) => PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
             Error::SerializationFailure => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            Error::ExtensionOutdated => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         }
     }
 
@@ -61,6 +65,7 @@ impl Error {
                 "Another transaction changed this rate limit's state after yours took its snapshot; \
                  retry the transaction (or use READ COMMITTED, where the call waits instead)."
             }
+            Error::ExtensionOutdated => "Run ALTER EXTENSION rate_limiter UPDATE.",
         }
     }
 

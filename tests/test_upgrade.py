@@ -1,0 +1,90 @@
+"""ALTER EXTENSION rate_limiter UPDATE from 0.1.0: the same objects as a fresh install, with
+the limits, the state and the grants kept.
+
+scripts/test.sh installs the frozen 0.1.0 install script (sql/archive/) next to the current
+one, so CREATE EXTENSION ... VERSION '0.1.0' works against the current library.
+"""
+
+import uuid
+
+import psycopg
+import pytest
+
+# Everything the extension creates, described by value (no OIDs), one row per object.
+CATALOG = """
+WITH ns AS (SELECT 'rate_limiter'::regnamespace AS oid)
+SELECT 'function', p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
+       concat_ws(' ', l.lanname, p.provolatile, p.proparallel, p.prosecdef, p.proisstrict,
+                 pg_get_function_result(p.oid), pg_get_function_arguments(p.oid), p.proacl::text,
+                 obj_description(p.oid, 'pg_proc'))
+FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang, ns WHERE p.pronamespace = ns.oid
+UNION ALL
+SELECT 'relation', c.relname,
+       concat_ws(' ', c.relkind, c.reloptions::text, c.relacl::text, obj_description(c.oid, 'pg_class'))
+FROM pg_class c, ns WHERE c.relnamespace = ns.oid
+UNION ALL
+SELECT 'column', c.relname || '.' || a.attname,
+       concat_ws(' ', format_type(a.atttypid, a.atttypmod), co.collname, a.attnotnull, a.attnum,
+                 pg_get_expr(d.adbin, d.adrelid), col_description(c.oid, a.attnum))
+FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_collation co ON co.oid = a.attcollation
+LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum, ns
+WHERE c.relnamespace = ns.oid
+UNION ALL
+SELECT 'index', i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
+FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid, ns WHERE c.relnamespace = ns.oid
+UNION ALL
+SELECT 'constraint', conname, pg_get_constraintdef(oid) FROM pg_constraint, ns WHERE connamespace = ns.oid
+UNION ALL
+SELECT 'trigger', tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'rate_limiter.limits'::regclass AND NOT tgisinternal
+UNION ALL
+SELECT 'config dump', extconfig::regclass[]::text, extcondition::text FROM pg_extension WHERE extname = 'rate_limiter'
+ORDER BY 1, 2
+"""
+
+
+@pytest.fixture
+def databases():
+    names = {kind: f"rl_{kind}_{uuid.uuid4().hex[:8]}" for kind in ("fresh", "upgraded")}
+    with psycopg.connect(autocommit=True) as admin:
+        for n in names.values():
+            admin.execute(f"CREATE DATABASE {n}")
+        try:
+            yield names
+        finally:
+            for n in names.values():
+                admin.execute(f"DROP DATABASE {n} WITH (FORCE)")
+
+
+def test_update_from_0_1_0_matches_a_fresh_install_and_keeps_data_and_grants(databases):
+    role = "app_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(dbname=databases["fresh"], autocommit=True) as fresh, \
+            psycopg.connect(dbname=databases["upgraded"], autocommit=True) as old:
+        fresh.execute("CREATE EXTENSION rate_limiter")
+        old.execute("CREATE EXTENSION rate_limiter VERSION '0.1.0'")
+        old.execute("SELECT rate_limiter.define('kept', 'token bucket', 10, '1 second')")
+        old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01')")
+        old.execute(f"CREATE ROLE {role}")
+        try:
+            old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {role}")
+            # Between installing the new library and updating, calls say what to do.
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+                old.execute("SELECT * FROM rate_limiter.rate_limit('kept', 'k')")
+
+            old.execute("ALTER EXTENSION rate_limiter UPDATE")
+
+            assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == (
+                fresh.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone())
+            upgraded = old.execute(CATALOG).fetchall()
+            old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.rate_limit FROM {role}")
+            assert old.execute(CATALOG).fetchall() == fresh.execute(CATALOG).fetchall()
+            assert upgraded != fresh.execute(CATALOG).fetchall(), "the grant showed in the catalog"
+
+            old.execute("SET rate_limiter.fake_now = '2030-01-01'")
+            ok, remaining = old.execute(
+                "SELECT ok, remaining FROM rate_limiter.rate_limit('kept', 'k')").fetchone()
+            assert (ok, remaining) == (True, 2), "the stored state (3 tokens) survived the update"
+            assert old.execute("SELECT remaining FROM rate_limiter.rate_limit('kept', 'other')").fetchone() == (9,)
+        finally:
+            old.execute(f"DROP OWNED BY {role}")
+            old.execute(f"DROP ROLE {role}")
