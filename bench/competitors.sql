@@ -1,14 +1,19 @@
 -- The alternatives rate_limiter is measured against, each a token bucket on its own table
--- shaped like rate_limiter.state (text name and key, float8 value, timestamptz ts, unique
--- (name, key), fillfactor 80). rate and capacity are arguments so every competitor runs
--- the same limits.
+-- laid out as rate_limiter.state is (texts in COLLATE "C", unique index leading with key,
+-- fillfactor 85), without the shard column. rate and capacity are arguments, so every
+-- competitor runs the same limits.
 CREATE SCHEMA bench;
 
-CREATE TABLE bench.bare_state (name text, key text, value float8, ts timestamptz,
-    PRIMARY KEY (name, key)) WITH (fillfactor = 80);
-CREATE TABLE bench.plpgsql_state (LIKE bench.bare_state INCLUDING ALL) WITH (fillfactor = 80);
+CREATE TABLE bench.bare_state (
+    name text COLLATE "C" NOT NULL,
+    key text COLLATE "C" NOT NULL,
+    value float8 NOT NULL,
+    ts timestamptz NOT NULL,
+    PRIMARY KEY (key, name)
+) WITH (fillfactor = 85);
+CREATE TABLE bench.plpgsql_state (LIKE bench.bare_state INCLUDING ALL) WITH (fillfactor = 85);
 -- ok records the last decision: RETURNING sees only the new row.
-CREATE TABLE bench.upsert_state (LIKE bench.bare_state INCLUDING ALL, ok boolean) WITH (fillfactor = 80);
+CREATE TABLE bench.upsert_state (LIKE bench.bare_state INCLUDING ALL, ok boolean) WITH (fillfactor = 85);
 
 -- What users write by hand: lock the row, do the math, write back when allowed.
 CREATE FUNCTION bench.plpgsql_limit(p_name text, p_key text, p_rate float8, p_capacity float8)

@@ -54,7 +54,7 @@ call() {
     plpgsql) echo "SELECT bench.plpgsql_limit('$1', CAST(:k AS text), $2, $3);" ;;
     upsert)
         local refilled="least($3, s.value + extract(epoch FROM excluded.ts - s.ts)::float8 * $2)"
-        echo "INSERT INTO bench.upsert_state AS s (name, key, value, ts, ok) VALUES ('$1', CAST(:k AS text), $3 - 1, clock_timestamp(), true) ON CONFLICT (name, key) DO UPDATE SET value = CASE WHEN $refilled >= 1 THEN $refilled - 1 ELSE $refilled END, ts = excluded.ts, ok = $refilled >= 1 RETURNING ok;" ;;
+        echo "INSERT INTO bench.upsert_state AS s (name, key, value, ts, ok) VALUES ('$1', CAST(:k AS text), $3 - 1, clock_timestamp(), true) ON CONFLICT (key, name) DO UPDATE SET value = CASE WHEN $refilled >= 1 THEN $refilled - 1 ELSE $refilled END, ts = excluded.ts, ok = $refilled >= 1 RETURNING ok;" ;;
     rate_limiter) echo "SELECT * FROM rate_limiter.rate_limit('$1', CAST(:k AS text));" ;;
     esac
 }
@@ -128,10 +128,11 @@ step "backend memory over 1,000,000 calls in one session"
 # Private memory of the backend (RssAnon) and its memory contexts, after each 100,000 calls.
 {
     echo "SELECT pg_backend_pid() AS pid \\gset"
+    echo "\\setenv BACKEND_PID :pid"
     for i in $(seq 0 10); do
         [ "$i" -gt 0 ] && echo "SELECT count(*) FROM generate_series(1, 100000) g, LATERAL rate_limiter.rate_limit('bench', g::text);"
         echo "SELECT $((i * 100000)) || E'\\t' || sum(total_bytes) FROM pg_backend_memory_contexts;"
-        echo "\\! awk '/RssAnon/ {print \$2 * 1024}' /proc/:pid/status"
+        echo "\\! awk '/RssAnon/ {print \$2 * 1024}' /proc/\$BACKEND_PID/status"
     done
 } > "$OUT/memory.sql"
 sql -f "$OUT/memory.sql" | grep -v '^100000$' | paste - - | while IFS=$'\t' read -r calls contexts rss; do

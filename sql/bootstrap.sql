@@ -38,13 +38,14 @@ SELECT pg_catalog.pg_extension_config_dump('rate_limiter.limits', '');
 -- stay HOT (no indexed column ever changes). COLLATE "C": equality is byte equality under
 -- any deterministic collation anyway, and the index compares bytes instead of calling strcoll.
 -- shard is smallint so that a row with short texts fits 56 bytes and an index entry 24.
+-- The unique index leads with key, which tells rows apart at the first comparison.
 CREATE TABLE rate_limiter.state (
     name text COLLATE "C" NOT NULL,
     key text COLLATE "C",
     shard smallint NOT NULL,
     value double precision NOT NULL,
     ts timestamptz NOT NULL,
-    CONSTRAINT state_name_key_shard_key UNIQUE NULLS NOT DISTINCT (name, key, shard)
+    CONSTRAINT state_key_name_shard_key UNIQUE NULLS NOT DISTINCT (key, name, shard)
 ) WITH (fillfactor = 85);
 COMMENT ON TABLE rate_limiter.state IS
     'Current state of each (name, key, shard). Written only by the rate_limiter functions; a missing row means full.';

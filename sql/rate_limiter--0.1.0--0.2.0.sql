@@ -5,9 +5,11 @@
 -- trigger on limits. Run ALTER EXTENSION rate_limiter UPDATE after installing the library.
 
 ALTER TABLE rate_limiter.state
+    DROP CONSTRAINT state_name_key_shard_key,
     ALTER COLUMN name TYPE text COLLATE "C",
     ALTER COLUMN key TYPE text COLLATE "C",
     ALTER COLUMN shard TYPE smallint,
+    ADD CONSTRAINT state_key_name_shard_key UNIQUE NULLS NOT DISTINCT (key, name, shard),
     SET (fillfactor = 85);
 
 -- CREATE OR REPLACE keeps the functions' OIDs, so grants and dependent objects survive.

@@ -53,7 +53,7 @@ fn look_up() -> Relations {
         }
         Relations {
             state,
-            state_key: oid(c"state_name_key_shard_key"),
+            state_key: oid(c"state_key_name_shard_key"),
             limits: oid(c"limits"),
             limits_key: oid(c"limits_pkey"),
             decision_type: pg_sys::get_rel_type_id(decision),

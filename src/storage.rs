@@ -60,12 +60,13 @@ pub enum Created {
     Exists(Row),
 }
 
-// Columns of rate_limiter.state (sql/bootstrap.sql) and of its unique index.
-const NAME: i16 = 1;
-const KEY: i16 = 2;
-const SHARD: i16 = 3;
+// Columns of rate_limiter.state (name, key, shard, value, ts; see sql/bootstrap.sql), and
+// of its unique index, which leads with key: keys tell rows apart at the first comparison.
 const VALUE: i16 = 4;
 const TS: i16 = 5;
+const INDEX_KEY: i16 = 1;
+const INDEX_NAME: i16 = 2;
+const INDEX_SHARD: i16 = 3;
 /// `field4` of the advisory lock tag that serializes creators of one row; `pg_advisory_lock`
 /// uses 1 and 2, so user locks never collide with it.
 const CREATE_LOCK_SPACE: u16 = 0x524c; // "RL"
@@ -168,7 +169,7 @@ impl StateTable {
                     // A HOT update needs no new index entry; one that moved to another page does.
                     let heap_only = (*(*tuple).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 != 0;
                     if !heap_only {
-                        self.index_insert(slot, &mut (*tuple).t_self, true);
+                        self.index_insert(slot, &mut (*tuple).t_self, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES, true);
                     }
                     // Later calls in this statement must see this version.
                     pg_sys::CommandCounterIncrement();
@@ -216,10 +217,17 @@ impl StateTable {
     }
 
     /// Create the row of `slot` holding `state`, unless a concurrent transaction has just
-    /// created it: then return that row once its creator has committed. Creators of one row
-    /// take turns on an advisory lock held only while they check and insert, which is what
-    /// INSERT ... ON CONFLICT DO NOTHING's speculative insertion achieves, more simply.
+    /// created it: then return that row once its creator has committed.
+    ///
+    /// What INSERT ... ON CONFLICT DO NOTHING does, in two steps. First insert, asking the
+    /// unique index only whether another row might exist; almost always none does, and that
+    /// is all. Otherwise take the row back, and take turns with other creators of this row on
+    /// an advisory lock held while looking (with a snapshot that also sees uncommitted rows)
+    /// and inserting again.
     pub fn create(&self, slot: Slot<'_>, state: State) -> Created {
+        if let Some(row) = self.insert_if_unique(slot, state) {
+            return Created::Done(row);
+        }
         unsafe {
             let mut hasher = DefaultHasher::new();
             (slot.name, slot.key, slot.shard).hash(&mut hasher);
@@ -235,18 +243,17 @@ impl StateTable {
             let mode = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
             loop {
                 pg_sys::LockAcquire(&tag, mode, false, false);
-                // A dirty snapshot also sees rows whose creator or deleter is still running.
                 let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
                 dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
-                let Some(row) = self.find(slot, &mut dirty) else {
-                    let tuple = self.form(slot, state);
-                    pg_sys::heap_insert(self.heap, tuple, pg_sys::GetCurrentCommandId(true), 0, null_mut());
-                    self.index_insert(slot, &mut (*tuple).t_self, false);
-                    pg_sys::LockRelease(&tag, mode, false);
-                    pg_sys::CommandCounterIncrement();
-                    return Created::Done(Row { state, tid: (*tuple).t_self });
-                };
+                let found = self.find(slot, &mut dirty);
+                let created = if found.is_none() { self.insert_if_unique(slot, state) } else { None };
                 pg_sys::LockRelease(&tag, mode, false);
+                let Some(row) = found else {
+                    match created {
+                        Some(row) => return Created::Done(row),
+                        None => continue, // an optimistic creator got in first: look again
+                    }
+                };
                 let running = if dirty.xmin != pg_sys::InvalidTransactionId { dirty.xmin } else { dirty.xmax };
                 if running != pg_sys::InvalidTransactionId {
                     let mut tid = row.tid;
@@ -258,6 +265,29 @@ impl StateTable {
                 }
                 return Created::Exists(row);
             }
+        }
+    }
+
+    /// Insert the row; `None` (and the row taken back) if another live or uncommitted row of
+    /// the slot might exist.
+    fn insert_if_unique(&self, slot: Slot<'_>, state: State) -> Option<Row> {
+        unsafe {
+            let tuple = self.form(slot, state);
+            pg_sys::heap_insert(self.heap, tuple, pg_sys::GetCurrentCommandId(true), 0, null_mut());
+            let mut tid = (*tuple).t_self;
+            let unique = self.index_insert(slot, &mut tid, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL, false);
+            // Make the row visible to this transaction's next command (and deletable by it).
+            pg_sys::CommandCounterIncrement();
+            if unique {
+                return Some(Row { state, tid });
+            }
+            let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+            let cid = pg_sys::GetCurrentCommandId(true);
+            match pg_sys::heap_delete(self.heap, &mut tid, cid, null_mut(), true, &mut failure, false) {
+                TM_Result::TM_Ok => pg_sys::CommandCounterIncrement(),
+                other => error!("rate_limiter: unexpected heap_delete result {other} on its own row"),
+            }
+            None
         }
     }
 
@@ -273,23 +303,31 @@ impl StateTable {
         pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr())
     }
 
-    unsafe fn index_insert(&self, slot: Slot<'_>, tid: pg_sys::ItemPointer, unchanged: bool) {
-        let mut values = [text(slot.name), slot.key.map(text).unwrap_or(Datum::from(0)), Datum::from(slot.shard as i16)];
-        let mut nulls = [false, slot.key.is_none(), false];
+    /// Add the index entry of a new row version; false if the index found another live or
+    /// uncommitted row of the slot (only with `UNIQUE_CHECK_PARTIAL`).
+    unsafe fn index_insert(
+        &self,
+        slot: Slot<'_>,
+        tid: pg_sys::ItemPointer,
+        check: pg_sys::IndexUniqueCheck::Type,
+        unchanged: bool,
+    ) -> bool {
+        let mut values = [slot.key.map(text).unwrap_or(Datum::from(0)), text(slot.name), Datum::from(slot.shard as i16)];
+        let mut nulls = [slot.key.is_none(), false, false];
         pg_sys::index_insert(
             self.index,
             values.as_mut_ptr(),
             nulls.as_mut_ptr(),
             tid,
             self.heap,
-            pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES,
+            check,
             unchanged,
             pg_sys::BuildIndexInfo(self.index),
-        );
+        )
     }
 }
 
-/// Equality keys on (name, key, shard), in the index's collations; a NULL key matches the
+/// Equality keys on (key, name, shard), in the index's collations; a NULL key matches the
 /// NULL key (the index is NULLS NOT DISTINCT).
 unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKeyData; 3] {
     let mut keys: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
@@ -306,13 +344,12 @@ unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKey
             value,
         )
     };
-    equal(&mut keys[0], NAME, pg_sys::F_TEXTEQ, text(slot.name));
     match slot.key {
-        Some(k) => equal(&mut keys[1], KEY, pg_sys::F_TEXTEQ, text(k)),
+        Some(k) => equal(&mut keys[0], INDEX_KEY, pg_sys::F_TEXTEQ, text(k)),
         None => pg_sys::ScanKeyEntryInitialize(
-            &mut keys[1],
+            &mut keys[0],
             (pg_sys::SK_ISNULL | pg_sys::SK_SEARCHNULL) as i32,
-            KEY,
+            INDEX_KEY,
             0,
             pg_sys::InvalidOid,
             pg_sys::InvalidOid,
@@ -320,7 +357,8 @@ unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKey
             Datum::from(0),
         ),
     }
-    equal(&mut keys[2], SHARD, pg_sys::F_INT2EQ, Datum::from(slot.shard as i16));
+    equal(&mut keys[1], INDEX_NAME, pg_sys::F_TEXTEQ, text(slot.name));
+    equal(&mut keys[2], INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.shard as i16));
     keys
 }
 
