@@ -1,6 +1,6 @@
 -- The alternatives rate_limiter is measured against, each a token bucket on its own table
 -- laid out as rate_limiter.state is (texts in COLLATE "C", unique index leading with key,
--- fillfactor 85), without the shard column. rate and capacity are arguments, so every
+-- fillfactor 90), without the shard column. rate and capacity are arguments, so every
 -- competitor runs the same limits.
 CREATE SCHEMA bench;
 
@@ -10,10 +10,10 @@ CREATE TABLE bench.bare_state (
     value float8 NOT NULL,
     ts timestamptz NOT NULL,
     PRIMARY KEY (key, name)
-) WITH (fillfactor = 85);
-CREATE TABLE bench.plpgsql_state (LIKE bench.bare_state INCLUDING ALL) WITH (fillfactor = 85);
+) WITH (fillfactor = 90);
+CREATE TABLE bench.plpgsql_state (LIKE bench.bare_state INCLUDING ALL) WITH (fillfactor = 90);
 -- ok records the last decision: RETURNING sees only the new row.
-CREATE TABLE bench.upsert_state (LIKE bench.bare_state INCLUDING ALL, ok boolean) WITH (fillfactor = 85);
+CREATE TABLE bench.upsert_state (LIKE bench.bare_state INCLUDING ALL, ok boolean) WITH (fillfactor = 90);
 
 -- What users write by hand: lock the row, do the math, write back when allowed.
 CREATE FUNCTION bench.plpgsql_limit(p_name text, p_key text, p_rate float8, p_capacity float8)

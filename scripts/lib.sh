@@ -43,6 +43,8 @@ build_and_install() {
     step "building and installing rate_limiter into PostgreSQL 15"
     (cd "$ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" 2>&1 | grep -E 'Installing|Finished|error' || true)
     test -f "$($PG_CONFIG --sharedir)/extension/rate_limiter.control"
+    # Earlier versions' install scripts, so CREATE EXTENSION ... VERSION and upgrades work.
+    as_root cp "$ROOT"/sql/archive/rate_limiter--*.sql "$($PG_CONFIG --sharedir)/extension/"
 }
 
 start_cluster() {
@@ -55,8 +57,19 @@ start_cluster() {
     if ! sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" status >/dev/null 2>&1; then
         step "starting it on 127.0.0.1:$PGPORT and $PGHOST"
         sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" -l "$CLUSTER_DIR/server.log" -w start \
-            -o "-p $PGPORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=256MB" >/dev/null
+            -o "-p $PGPORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 $CLUSTER_SETTINGS" >/dev/null
     fi
+}
+
+# Room for the benchmark's million-row tables in memory, and checkpoints only when asked.
+CLUSTER_SETTINGS="-c shared_buffers=1GB -c max_wal_size=16GB -c checkpoint_timeout=1h"
+
+# Restart so that the current CLUSTER_SETTINGS apply.
+restart_cluster() {
+    if sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" status >/dev/null 2>&1; then
+        sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" -w -m fast stop >/dev/null
+    fi
+    start_cluster
 }
 
 # A fresh database with the extension just installed, so a rebuilt library is picked up.

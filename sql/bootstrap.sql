@@ -46,7 +46,7 @@ CREATE TABLE rate_limiter.state (
     value double precision NOT NULL,
     ts timestamptz NOT NULL,
     CONSTRAINT state_key_name_shard_key UNIQUE NULLS NOT DISTINCT (key, name, shard)
-) WITH (fillfactor = 85);
+) WITH (fillfactor = 90);
 COMMENT ON TABLE rate_limiter.state IS
     'Current state of each (name, key, shard). Written only by the rate_limiter functions; a missing row means full.';
 COMMENT ON COLUMN rate_limiter.state.name IS 'The limit''s name.';

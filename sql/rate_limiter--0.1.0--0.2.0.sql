@@ -10,7 +10,7 @@ ALTER TABLE rate_limiter.state
     ALTER COLUMN key TYPE text COLLATE "C",
     ALTER COLUMN shard TYPE smallint,
     ADD CONSTRAINT state_key_name_shard_key UNIQUE NULLS NOT DISTINCT (key, name, shard),
-    SET (fillfactor = 85);
+    SET (fillfactor = 90);
 
 -- CREATE OR REPLACE keeps the functions' OIDs, so grants and dependent objects survive.
 CREATE OR REPLACE FUNCTION rate_limiter.rate_limit(

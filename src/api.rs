@@ -273,7 +273,7 @@ fn define(
 }
 
 #[no_mangle]
-pub extern "C" fn pg_finfo__decide_wrapper() -> &'static pg_sys::Pg_finfo_record {
+pub extern "C" fn pg_finfo_decide_wrapper() -> &'static pg_sys::Pg_finfo_record {
     &FMGR_V1
 }
 
@@ -281,6 +281,6 @@ pub extern "C" fn pg_finfo__decide_wrapper() -> &'static pg_sys::Pg_finfo_record
 /// library (and be updated); a call says what to do.
 #[no_mangle]
 #[pg_guard]
-pub unsafe extern "C-unwind" fn _decide_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
+pub unsafe extern "C-unwind" fn decide_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
     error::Error::ExtensionOutdated.raise()
 }

@@ -51,12 +51,26 @@ fn fresh(req: &Request<'_>, config: &Config, now: f64) -> State {
     bucket::fresh_state(config, now, phase.floor())
 }
 
-/// One random shard, or two distinct ones from `MIN_CHOOSE_TWO` shards up.
-fn pick_shards(shards: u32, avoid: &[i32]) -> Vec<i32> {
-    let candidates: Vec<i32> = (0..shards as i32).filter(|s| !avoid.contains(s)).collect();
-    let pool = if candidates.is_empty() { (0..shards as i32).collect() } else { candidates };
-    let want = if shards >= MIN_CHOOSE_TWO { 2 } else { 1 }.min(pool.len());
+/// One random shard, or two distinct ones from `MIN_CHOOSE_TWO` shards up, out of `pool`
+/// and, when that leaves enough, not out of `avoid`.
+fn pick_shards(shards: u32, pool: &[i32], avoid: &[i32]) -> Vec<i32> {
+    if shards == 1 {
+        return vec![0];
+    }
+    let preferred: Vec<i32> = pool.iter().copied().filter(|s| !avoid.contains(s)).collect();
+    let want = if shards >= MIN_CHOOSE_TWO { 2 } else { 1 };
+    let pool = if preferred.len() >= want.min(pool.len()) && !preferred.is_empty() { preferred } else { pool.to_vec() };
+    let want = want.min(pool.len());
     sample(&mut rand::thread_rng(), pool.len(), want).into_iter().map(|i| pool[i]).collect()
+}
+
+/// The shards a call may queue for: those it already holds (from rounds that gave up) and
+/// those above all of them. Queueing only upwards, no two calls can wait for each other.
+fn waitable(shards: u32, held: &[i32]) -> Vec<i32> {
+    match held.iter().max() {
+        None => (0..shards as i32).collect(),
+        Some(&top) => held.iter().copied().chain(top + 1..shards as i32).collect(),
+    }
 }
 
 fn look(table: &StateTable, req: &Request<'_>, per_shard: &Config, shards: Vec<i32>, now: f64) -> Looked {
@@ -90,7 +104,8 @@ fn decision(outcome: &Outcome, config: &Config, per_shard: &Config, count: f64, 
 pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     let per_shard = config.per_shard();
     let now = clock::now_ms();
-    let looked = look(table, req, &per_shard, pick_shards(config.shards, &[]), now);
+    let all: Vec<i32> = (0..config.shards as i32).collect();
+    let looked = look(table, req, &per_shard, pick_shards(config.shards, &all, &[]), now);
     let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
     decision(&outcome, config, &per_shard, req.count, now)
 }
@@ -98,12 +113,16 @@ pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision
 /// Consume (`rate_limit`).
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     let per_shard = config.per_shard();
+    // Shards other transactions were seen holding, and shards this call holds (rounds that
+    // gave up keep what they locked or created until the transaction ends).
     let mut busy: Vec<i32> = Vec::new();
+    let mut held: Vec<i32> = Vec::new();
     for round in 0..=SKIP_LOCKED_ROUNDS {
         // One shard has no other to turn to: queue for it at once.
         let wait = round == SKIP_LOCKED_ROUNDS || config.shards == 1;
+        let pool = if wait { waitable(config.shards, &held) } else { (0..config.shards as i32).collect() };
         let now = clock::now_ms();
-        let looked = look(table, req, &per_shard, pick_shards(config.shards, &busy), now);
+        let looked = look(table, req, &per_shard, pick_shards(config.shards, &pool, &busy), now);
         let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
         if !outcome.ok {
             return decision(&outcome, config, &per_shard, req.count, now);
@@ -115,9 +134,10 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
             let state = outcome.after[i].0;
             let written = match &looked.rows[i] {
                 Some(row) => table.update(row, slot, state, wait),
-                None => match table.create(slot, state) {
+                None => match table.create(slot, state, wait) {
                     Created::Done(_) => Written::Done,
                     Created::Exists(_) => Written::Moved,
+                    Created::Busy => Written::Busy,
                 },
             };
             match written {
@@ -129,7 +149,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
                 Written::Moved => {} // decide again on the newest version, locked
             }
         }
-        match lock_all(table, req, &per_shard, &looked, &taking, wait) {
+        match lock_all(table, req, &per_shard, &looked, &taking, wait, &mut held) {
             Some(locked) => return apply(table, req, config, &per_shard, &looked, &taking, locked),
             None => busy.extend(taking.iter().map(|i| looked.shards[*i])),
         }
@@ -137,9 +157,9 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     unreachable!("the last round waits for its locks")
 }
 
-/// Lock the rows of the shards at `taking` (ascending shard order, so two waiting
-/// transactions never hold each other's next shard), creating missing ones. Without
-/// `wait`, gives up and returns `None` as soon as one is held by another transaction.
+/// Lock the rows of the shards at `taking` in ascending shard order, creating missing ones,
+/// and note each in `held`. Without `wait`, gives up and returns `None` as soon as one is
+/// held by another transaction.
 fn lock_all(
     table: &StateTable,
     req: &Request<'_>,
@@ -147,6 +167,7 @@ fn lock_all(
     looked: &Looked,
     taking: &[usize],
     wait: bool,
+    held: &mut Vec<i32>,
 ) -> Option<Vec<Row>> {
     let mut order = taking.to_vec();
     order.sort_by_key(|i| looked.shards[*i]);
@@ -163,12 +184,16 @@ fn lock_all(
                 },
                 // Missing (never written, or reset meanwhile): create it full; ours until
                 // commit. If a concurrent transaction created it first, lock theirs.
-                None => match table.create(slot, fresh(req, per_shard, clock::now_ms())) {
+                None => match table.create(slot, fresh(req, per_shard, clock::now_ms()), wait) {
                     Created::Done(row) => break row,
                     Created::Exists(row) => known = Some(row),
+                    Created::Busy => return None,
                 },
             }
         });
+        if !held.contains(&slot.shard) {
+            held.push(slot.shard);
+        }
     }
     Some(taking.iter().map(|i| locked[*i].expect("every taken shard was locked")).collect())
 }

@@ -58,6 +58,8 @@ pub enum Created {
     Done(Row),
     /// A concurrent transaction created it first.
     Exists(Row),
+    /// Another transaction is creating or deleting it (only without waiting).
+    Busy,
 }
 
 // Columns of rate_limiter.state (name, key, shard, value, ts; see sql/bootstrap.sql), and
@@ -217,14 +219,16 @@ impl StateTable {
     }
 
     /// Create the row of `slot` holding `state`, unless a concurrent transaction has just
-    /// created it: then return that row once its creator has committed.
+    /// created it: then return that row once its creator has committed. Without `wait`,
+    /// returns `Busy` instead of waiting for such a creator.
     ///
-    /// What INSERT ... ON CONFLICT DO NOTHING does, in two steps. First insert, asking the
-    /// unique index only whether another row might exist; almost always none does, and that
-    /// is all. Otherwise take the row back, and take turns with other creators of this row on
-    /// an advisory lock held while looking (with a snapshot that also sees uncommitted rows)
-    /// and inserting again.
-    pub fn create(&self, slot: Slot<'_>, state: State) -> Created {
+    /// This is INSERT ... ON CONFLICT DO NOTHING's speculative insertion, in two steps.
+    /// First insert speculatively, asking the unique index only whether another row might
+    /// exist; almost always none does, and that is all. Otherwise take the row back (it
+    /// vanishes at once, so nobody waits for it), and take turns with the other creators of
+    /// this row on an advisory lock, held only while looking (with a snapshot that also sees
+    /// uncommitted rows) and inserting again; waits happen outside it.
+    pub fn create(&self, slot: Slot<'_>, state: State, wait: bool) -> Created {
         if let Some(row) = self.insert_if_unique(slot, state) {
             return Created::Done(row);
         }
@@ -254,11 +258,20 @@ impl StateTable {
                         None => continue, // an optimistic creator got in first: look again
                     }
                 };
-                let running = if dirty.xmin != pg_sys::InvalidTransactionId { dirty.xmin } else { dirty.xmax };
-                if running != pg_sys::InvalidTransactionId {
+                let (inserter, updater) = (dirty.xmin, dirty.xmax);
+                if inserter != pg_sys::InvalidTransactionId || updater != pg_sys::InvalidTransactionId {
+                    if !wait {
+                        return Created::Busy;
+                    }
                     let mut tid = row.tid;
-                    pg_sys::XactLockTableWait(running, self.heap, &mut tid, pg_sys::XLTW_Oper::XLTW_InsertIndex);
-                    continue; // it committed or aborted: look again
+                    if dirty.speculativeToken != 0 {
+                        // Mid-insertion: it is confirmed or taken back in a moment.
+                        pg_sys::SpeculativeInsertionWait(inserter, dirty.speculativeToken);
+                    } else {
+                        let running = if inserter != pg_sys::InvalidTransactionId { inserter } else { updater };
+                        pg_sys::XactLockTableWait(running, self.heap, &mut tid, pg_sys::XLTW_Oper::XLTW_InsertIndex);
+                    }
+                    continue; // look again
                 }
                 if xact_snapshot_isolation() && self.read(slot).is_none() {
                     Error::SerializationFailure.raise()
@@ -268,26 +281,31 @@ impl StateTable {
         }
     }
 
-    /// Insert the row; `None` (and the row taken back) if another live or uncommitted row of
-    /// the slot might exist.
+    /// Insert the row speculatively; `None` (and the row taken back) if another live or
+    /// uncommitted row of the slot might exist.
     fn insert_if_unique(&self, slot: Slot<'_>, state: State) -> Option<Row> {
         unsafe {
+            let xid = pg_sys::GetCurrentTransactionId();
+            let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
             let tuple = self.form(slot, state);
-            pg_sys::heap_insert(self.heap, tuple, pg_sys::GetCurrentCommandId(true), 0, null_mut());
+            // HeapTupleHeaderSetSpeculativeToken: the token waits in t_ctid until confirmed.
+            let ctid = &mut (*(*tuple).t_data).t_ctid;
+            ctid.ip_blkid.bi_hi = (token >> 16) as u16;
+            ctid.ip_blkid.bi_lo = token as u16;
+            ctid.ip_posid = pg_sys::SpecTokenOffsetNumber as u16;
+            let cid = pg_sys::GetCurrentCommandId(true);
+            pg_sys::heap_insert(self.heap, tuple, cid, pg_sys::HEAP_INSERT_SPECULATIVE as i32, null_mut());
             let mut tid = (*tuple).t_self;
             let unique = self.index_insert(slot, &mut tid, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL, false);
-            // Make the row visible to this transaction's next command (and deletable by it).
-            pg_sys::CommandCounterIncrement();
             if unique {
-                return Some(Row { state, tid });
+                pg_sys::heap_finish_speculative(self.heap, &mut tid);
+            } else {
+                pg_sys::heap_abort_speculative(self.heap, &mut tid);
             }
-            let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
-            let cid = pg_sys::GetCurrentCommandId(true);
-            match pg_sys::heap_delete(self.heap, &mut tid, cid, null_mut(), true, &mut failure, false) {
-                TM_Result::TM_Ok => pg_sys::CommandCounterIncrement(),
-                other => error!("rate_limiter: unexpected heap_delete result {other} on its own row"),
-            }
-            None
+            pg_sys::SpeculativeInsertionLockRelease(xid);
+            // Later calls in this statement must see the row.
+            pg_sys::CommandCounterIncrement();
+            unique.then_some(Row { state, tid })
         }
     }
 

@@ -34,7 +34,7 @@ UNION ALL
 SELECT 'index', i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
 FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid, ns WHERE c.relnamespace = ns.oid
 UNION ALL
-SELECT 'constraint', conname, pg_get_constraintdef(oid) FROM pg_constraint, ns WHERE connamespace = ns.oid
+SELECT 'constraint', c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c, ns WHERE c.connamespace = ns.oid
 UNION ALL
 SELECT 'trigger', tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'rate_limiter.limits'::regclass AND NOT tgisinternal
 UNION ALL
