@@ -4,7 +4,7 @@
 # synchronous_commit setting, the in-process cost per call, bytes per row and backend
 # memory. Writes bench/results.md and bench/chart.png. Bounded: DURATION seconds per run.
 source "$(dirname "$0")/../scripts/lib.sh"
-DURATION=${DURATION:-8}
+DURATION=${DURATION:-10}
 CLIENTS=${CLIENTS:-8}
 REDIS_PORT=${REDIS_PORT:-6390}
 REDIS_REQUESTS=${REDIS_REQUESTS:-200000}

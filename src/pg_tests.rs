@@ -293,6 +293,42 @@ mod tests {
     }
 
     #[pg_test]
+    fn many_updates_in_one_statement_keep_one_row_per_key() {
+        // 20 calls on each of 300 keys in one statement: old versions cannot be pruned yet,
+        // so pages fill and updates move rows to other pages (new index entries).
+        at("0");
+        run("SELECT rate_limiter.define('many', 'token bucket', 1, '1 hour', 100)");
+        let granted: Option<f64> = one(
+            "SELECT sum(d.granted) FROM generate_series(0, 5999) g, \
+             LATERAL rate_limiter.rate_limit('many', (g % 300)::text) d",
+        );
+        assert_eq!(granted, Some(6000.0));
+        let rows: Option<i64> = one("SELECT count(*) FROM rate_limiter.state WHERE name = 'many'");
+        assert_eq!(rows, Some(300));
+        let values: Option<String> =
+            one("SELECT string_agg(DISTINCT value::text, ',') FROM rate_limiter.state WHERE name = 'many'");
+        assert_eq!(values.as_deref(), Some("80"));
+        let via_index: Option<i64> = one(
+            "SELECT count(*) FROM generate_series(0, 299) g, \
+             LATERAL rate_limiter.rate_limit_value('many', g::text) v WHERE v.value = 80",
+        );
+        assert_eq!(via_index, Some(300));
+    }
+
+    #[pg_test]
+    fn defining_a_limit_applies_at_once_in_the_same_transaction() {
+        at("0");
+        run("SELECT rate_limiter.define('redefined', 'token bucket', 1, '1 hour')");
+        assert_eq!(decide("rate_limiter.check_rate_limit('redefined')").remaining, 0.0);
+        run("SELECT rate_limiter.define('redefined', 'token bucket', 5, '1 hour')");
+        assert_eq!(decide("rate_limiter.check_rate_limit('redefined')").remaining, 4.0);
+        run("UPDATE rate_limiter.limits SET capacity = 10 WHERE name = 'redefined'");
+        assert_eq!(decide("rate_limiter.check_rate_limit('redefined')").remaining, 9.0);
+        run("DELETE FROM rate_limiter.limits WHERE name = 'redefined'");
+        fails("SELECT rate_limiter.check_rate_limit('redefined')", "42704", "does not exist");
+    }
+
+    #[pg_test]
     fn hostile_search_path_changes_nothing() {
         at("0");
         run("SELECT rate_limiter.define('h', 'token bucket', 1, '1 hour')");

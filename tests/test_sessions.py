@@ -276,3 +276,33 @@ def test_sharded_calls_do_not_queue_behind_a_held_shard(db, name):
         for _ in range(20):
             assert limit(b, name)[0]  # served by unlocked shards, never waits
         holder.rollback()
+
+
+def test_a_changed_limit_reaches_sessions_that_cached_it(db, name):
+    define(db, name, rate=1)
+    with connect() as other:
+        assert limit(other, name, "k")[0]
+        assert not limit(other, name, "k")[0]  # its backend now caches rate 1
+        define(db, name, rate=1, capacity=5)
+        assert limit(other, name, "k5", count=5)[0], "the next transaction sees capacity 5"
+        db.execute("UPDATE rate_limiter.limits SET capacity = 1 WHERE name = %s", (name,))
+        with pytest.raises(errors.InvalidParameterValue):
+            limit(other, name, "k2", count=2)  # more than capacity 1
+        db.execute("TRUNCATE rate_limiter.limits")
+        with pytest.raises(errors.UndefinedObject):
+            limit(other, name, "k")
+        with connect(autocommit=False) as tx:
+            define(tx, name, rate=3)
+            assert limit(tx, name, "k3", count=3)[0], "its own uncommitted definition"
+            with pytest.raises(errors.UndefinedObject):
+                limit(other, name, "k")  # not committed yet
+            tx.rollback()
+        with pytest.raises(errors.UndefinedObject):
+            limit(other, name, "k")
+
+
+def test_sixteen_sessions_creating_one_fresh_key_see_no_error(db, name):
+    define(db, name, rate=1000)
+    total, errs = hammer(name, sessions=16, calls=1, key="fresh")
+    assert errs == [] and total == 16
+    assert db.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (1,)
