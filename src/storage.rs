@@ -168,10 +168,13 @@ impl StateTable {
                 pg_sys::heap_update(self.heap, &mut tid, tuple, cid, null_mut(), wait, &mut failure, &mut lockmode);
             match result {
                 TM_Result::TM_Ok => {
-                    // A HOT update needs no new index entry; one that moved to another page does.
+                    // A HOT update needs no new index entry; one that moved to another page
+                    // does. It skips the uniqueness check: the slot is unchanged and this
+                    // transaction holds its only live version.
                     let heap_only = (*(*tuple).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 != 0;
                     if !heap_only {
-                        self.index_insert(slot, &mut (*tuple).t_self, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES, true);
+                        let check = pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO;
+                        self.index_insert(slot, &mut (*tuple).t_self, check, true);
                     }
                     // Later calls in this statement must see this version.
                     pg_sys::CommandCounterIncrement();
