@@ -1,4 +1,5 @@
 """Turn bench/out/raw.tsv (written by bench/run.sh) into bench/results.md and bench/chart.png."""
+import statistics
 import sys
 from collections import defaultdict
 
@@ -16,20 +17,28 @@ WORKLOADS = {
     "d": "(d) in a transaction with 1 ms of work",
 }
 
-tps = {}
+rounds = defaultdict(list)
 inproc = defaultdict(dict)
 storage = {}
 memory = []
 for line in open(raw_path):
     f = line.rstrip("\n").split("\t")
     if f[0] == "tps":
-        tps[(f[1], f[2], f[3])] = float(f[4])
+        rounds[(f[1], f[2], f[3])].append(float(f[4]))
     elif f[0] == "inproc":
         inproc[f[1]][f[2]] = float(f[3])
     elif f[0].startswith("storage"):
         storage[f[0]] = tuple(int(x) for x in f[2:5])
     elif f[0] == "memory":
         memory.append(tuple(int(x) for x in f[1:4]))
+
+
+tps = {k: statistics.median(v) for k, v in rounds.items()}
+
+
+def cell(values):
+    """The median, and the range of the rounds in thousands."""
+    return f"{statistics.median(values):,.0f} ({min(values) / 1e3:.1f}k–{max(values) / 1e3:.1f}k)"
 
 
 def ratio(a, b):
@@ -40,6 +49,7 @@ out = []
 w = out.append
 w("# Benchmark results\n")
 w(f"Written by `bash bench/run.sh` on {machine}. pgbench `-M prepared`, autocommit unless noted; ")
+w("competitors take turns and each figure is the median of its rounds; ")
 w("Redis through `redis-benchmark` with `EVALSHA` of `bench/redis_bucket.lua`. ")
 w("Each competitor is the same token bucket (10/s, capacity 10; workload (b) uses a bucket large ")
 w("enough that every call is allowed) on its own table of the same shape; see `bench/competitors.sql`.\n")
@@ -49,7 +59,7 @@ for commit in ["on", "off"]:
     w("| workload | " + " | ".join(COMPETITORS) + " |")
     w("|---|" + "---:|" * len(COMPETITORS))
     for key, label in WORKLOADS.items():
-        cells = [f"{tps[(commit, key, c)]:,.0f}" if (commit, key, c) in tps else "n/a" for c in COMPETITORS]
+        cells = [cell(rounds[(commit, key, c)]) if (commit, key, c) in tps else "n/a" for c in COMPETITORS]
         w(f"| {label} | " + " | ".join(cells) + " |")
 
 w("\n## Targets\n")

@@ -2,9 +2,12 @@
 # rate_limiter against what users would otherwise run, on the project's throwaway cluster
 # (started if needed) and a Redis on loopback: throughput per workload and per
 # synchronous_commit setting, the in-process cost per call, bytes per row and backend
-# memory. Writes bench/results.md and bench/chart.png. Bounded: DURATION seconds per run.
+# memory. Writes bench/results.md and bench/chart.png. Competitors take turns, REPEATS
+# rounds of DURATION seconds each per workload, and each reports its median: on two cores,
+# autovacuum and the OS move single runs by 10% or more. About 10 minutes in all.
 source "$(dirname "$0")/../scripts/lib.sh"
-DURATION=${DURATION:-10}
+DURATION=${DURATION:-5}
+REPEATS=${REPEATS:-3}
 CLIENTS=${CLIENTS:-8}
 REDIS_PORT=${REDIS_PORT:-6390}
 REDIS_REQUESTS=${REDIS_REQUESTS:-200000}
@@ -69,15 +72,17 @@ script() { # workload competitor
 
 for commit in on off; do
     for w in a b c d; do
-        for c in bare plpgsql upsert rate_limiter; do
-            script $w $c > "$OUT/$w-$c.sql"
-            result=$(PGOPTIONS="-c synchronous_commit=$commit" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
-                -T "$DURATION" -f "$OUT/$w-$c.sql" $DB 2>&1)
-            tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$result")
-            latency=$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' <<<"$result")
-            [ -n "$tps" ] || { echo "$result"; exit 1; }
-            record tps "$commit" "$w" "$c" "$tps" "$latency"
-            printf 'synchronous_commit=%s workload %s %-12s %10.0f calls/s\n' "$commit" "$w" "$c" "$tps"
+        sql -c "VACUUM" # every workload starts from clean tables
+        for round in $(seq "$REPEATS"); do
+            for c in bare plpgsql upsert rate_limiter; do
+                script $w $c > "$OUT/$w-$c.sql"
+                result=$(PGOPTIONS="-c synchronous_commit=$commit" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
+                    -T "$DURATION" -f "$OUT/$w-$c.sql" $DB 2>&1)
+                tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$result")
+                [ -n "$tps" ] || { echo "$result"; exit 1; }
+                record tps "$commit" "$w" "$c" "$tps"
+                printf 'synchronous_commit=%s workload %s round %s %-12s %10.0f calls/s\n' "$commit" "$w" "$round" "$c" "$tps"
+            done
         done
     done
 done
@@ -100,10 +105,12 @@ redis_run() { # durability: on = appendfsync always, off = no persistence
         c) args=(rl:abuse 10 10) ;;
         esac
         local rps
-        rps=$(redis-benchmark -p "$REDIS_PORT" -c "$CLIENTS" --threads 2 -n "$REDIS_REQUESTS" -r 100000 --csv \
-            EVALSHA "$sha" 1 "${args[@]}" | tail -1 | cut -d, -f2 | tr -d '"')
-        record tps "$1" "$w" redis "$rps" ""
-        printf 'redis durability=%s workload %s %10.0f calls/s\n' "$1" "$w" "$rps"
+        for _ in $(seq "$REPEATS"); do
+            rps=$(redis-benchmark -p "$REDIS_PORT" -c "$CLIENTS" --threads 2 -n "$REDIS_REQUESTS" -r 100000 --csv \
+                EVALSHA "$sha" 1 "${args[@]}" | tail -1 | cut -d, -f2 | tr -d '"')
+            record tps "$1" "$w" redis "$rps"
+            printf 'redis durability=%s workload %s %10.0f calls/s\n' "$1" "$w" "$rps"
+        done
     done
     redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
 }
@@ -148,5 +155,5 @@ done
 
 step "writing bench/results.md and bench/chart.png"
 "$ROOT/.venv-bench/bin/python" "$BENCH/report.py" "$RAW" "$BENCH" \
-    "$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, PostgreSQL $(psql -X -At -d $DB -c 'SHOW server_version'), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $CLIENTS clients, ${DURATION} s per run"
+    "$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, PostgreSQL $(psql -X -At -d $DB -c 'SHOW server_version'), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $CLIENTS clients, median of $REPEATS rounds of ${DURATION} s"
 echo "done: bench/results.md"

@@ -114,10 +114,15 @@ fn pstrdup(text: &str) -> *mut c_char {
 }
 
 fn denial(name: &str, key: Option<&str>, retry_after: f64) -> Denial {
-    let detail = serde_json::json!({"kind": "RateLimited", "name": name, "key": key, "retryAfter": retry_after});
+    let quoted = |s: Option<&str>| serde_json::Value::from(s).to_string();
+    let detail = format!(
+        r#"{{"kind":"RateLimited","name":{},"key":{},"retryAfter":{retry_after}}}"#,
+        quoted(Some(name)),
+        quoted(key)
+    );
     Denial {
         message: pstrdup(&format!("rate limit \"{name}\" exceeded")),
-        detail: pstrdup(&detail.to_string()),
+        detail: pstrdup(&detail),
         hint: pstrdup(&format!("Retry after {retry_after} ms.")),
     }
 }
