@@ -85,7 +85,7 @@ total, _, rows = storage["storage"]
 targets.append(("bytes per (name, key) row with index <= 120", total / rows, -120))
 for label, value, bound in targets:
     met = value >= bound if bound > 0 else value <= -bound
-    shown = f"{value:.2f}" if abs(bound) < 10 else f"{value:.0f}"
+    shown = f"{value:.2f}" if abs(bound) < 10 else f"{value:.1f}"
     w(f"| {label} | {shown} | {'yes' if met else '**no**'} |")
 
 w("\n## In-process cost per call (1,000,000 calls in one statement, no network)\n")
