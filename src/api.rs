@@ -22,6 +22,7 @@ use crate::config::{self, LimitRow};
 use crate::error::{self, Error, Result};
 use crate::limiter::{self, Decision, Request};
 use crate::storage::{self, StateTable};
+
 pub const MAX_NAME_BYTES: usize = 128;
 pub const MAX_KEY_BYTES: usize = 1024;
 
@@ -80,14 +81,14 @@ fn resolve(name: &str, inline: Option<JsonB>) -> Result<Config> {
 fn decide(req: &Request<'_>, inline: Option<JsonB>, consume: bool) -> Result<Decision> {
     // Open the table first: its lock takes in pending invalidations of cached configs.
     let table = StateTable::open(consume.then_some(c"rate_limit()"));
-    let config = resolve(req.name, inline)?;
-    if let Some(max) = config.impossible_count(req.count, req.reserve) {
-        return Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max });
-    }
-    let decision =
-        if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) };
+    let decision = resolve(req.name, inline).and_then(|config| {
+        if let Some(max) = config.impossible_count(req.count, req.reserve) {
+            return Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max });
+        }
+        Ok(if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) })
+    });
     table.close();
-    Ok(decision)
+    decision
 }
 
 /// A denial to raise as `RL429`: message, detail and hint, allocated by PostgreSQL (all
@@ -227,18 +228,16 @@ fn rate_limit_value(
                 return Err(Error::InvalidArgument(format!("sample_shards must be >= 1, not {other:?}")))
             }
         };
-        {
-            let table = StateTable::open(None);
-            let mut config = resolve(req.name, config)?;
-            let (state, shard) = limiter::value(&table, &req, &config, sample);
-            table.close();
-            if config.kind == crate::bucket::Kind::FixedWindow && config.start.is_none() {
-                // As the Convex component does: report the window phase in force.
-                config.start = Some(state.ts);
-            }
-            let effective = JsonB(config::to_json(&config));
-            Ok((state.value, clock::ms_timestamptz(state.ts), shard, effective))
+        let table = StateTable::open(None);
+        let looked = resolve(req.name, config).map(|c| (limiter::value(&table, &req, &c, sample), c));
+        table.close();
+        let ((state, shard), mut config) = looked?;
+        if config.kind == crate::bucket::Kind::FixedWindow && config.start.is_none() {
+            // As the Convex component does: report the window phase in force.
+            config.start = Some(state.ts);
         }
+        let effective = JsonB(config::to_json(&config));
+        Ok((state.value, clock::ms_timestamptz(state.ts), shard, effective))
     })()
     .unwrap_or_else(|e| e.raise());
     TableIterator::once(row)

@@ -94,6 +94,8 @@ impl StateTable {
     /// Open for reading, or for writing (which a read-only transaction refuses, with
     /// `command` named in the error).
     pub fn open(write: Option<&std::ffi::CStr>) -> StateTable {
+        // Cached OIDs are stale once the extension was dropped and created again elsewhere.
+        unsafe { pg_sys::AcceptInvalidationMessages() };
         let relations = cache::relations();
         unsafe {
             let lockmode = match write {

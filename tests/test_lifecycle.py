@@ -1,5 +1,6 @@
-"""ALTER EXTENSION rate_limiter UPDATE from 0.1.0: the same objects as a fresh install, with
-the limits, the state and the grants kept.
+"""The extension's life cycle: ALTER EXTENSION rate_limiter UPDATE from 0.1.0 gives the
+same objects as a fresh install and keeps the limits, the state and the grants; sessions
+carry on when the extension is dropped and created again.
 
 scripts/test.sh installs the frozen 0.1.0 install script (sql/archive/) next to the current
 one, so CREATE EXTENSION ... VERSION '0.1.0' works against the current library.
@@ -88,3 +89,17 @@ def test_update_from_0_1_0_matches_a_fresh_install_and_keeps_data_and_grants(dat
         finally:
             old.execute(f"DROP OWNED BY {role}")
             old.execute(f"DROP ROLE {role}")
+
+
+def test_a_session_survives_the_extension_being_dropped_and_created_again(databases):
+    dsn = {"dbname": databases["fresh"], "autocommit": True}
+    with psycopg.connect(**dsn) as admin, psycopg.connect(**dsn) as app:
+        admin.execute("CREATE EXTENSION rate_limiter")
+        admin.execute("SELECT rate_limiter.define('l', 'token bucket', 1, '1 hour')")
+        call = "SELECT ok, remaining FROM rate_limiter.rate_limit('l', 'k')"
+        assert app.execute(call).fetchone() == (True, 0)  # app's backend caches OIDs and config
+        admin.execute("DROP EXTENSION rate_limiter")
+        admin.execute("CREATE EXTENSION rate_limiter")
+        admin.execute("SELECT rate_limiter.define('l', 'token bucket', 3, '1 hour')")
+        ok, remaining = app.execute(call).fetchone()
+        assert ok and remaining == pytest.approx(2, abs=0.01), "new tables, new config"
