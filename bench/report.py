@@ -4,6 +4,7 @@ import sys
 from collections import defaultdict
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -111,6 +112,7 @@ for calls, contexts, rss in memory:
     w(f"| {calls:,} | {contexts:,} | {rss:,} |")
 open(f"{out_dir}/results.md", "w").write("\n".join(out) + "\n")
 
+SHORT = {"a": "(a) 100k keys", "b": "(b) hot key", "c": "(c) denied", "d": "(d) 1 ms txn"}
 fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
 colors = {"bare": "#999999", "plpgsql": "#4c72b0", "upsert": "#dd8452", "rate_limiter": "#55a868", "redis": "#c44e52"}
 width = 0.16
@@ -119,11 +121,11 @@ for ax, commit in zip(axes, ["on", "off"]):
         xs = [j + (i - 2) * width for j, k in enumerate(WORKLOADS) if (commit, k, c) in tps]
         ys = [tps[(commit, k, c)] for k in WORKLOADS if (commit, k, c) in tps]
         ax.bar(xs, ys, width, label=c, color=colors[c])
-    ax.set_xticks(range(len(WORKLOADS)), [label.split(" ", 1)[1] for label in WORKLOADS.values()], fontsize=8)
+    ax.set_xticks(range(len(WORKLOADS)), [SHORT[k] for k in WORKLOADS])
     ax.set_title(f"synchronous_commit = {commit}")
-    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1000:.0f}k"))
     ax.grid(axis="y", alpha=0.3)
-axes[0].set_ylabel("calls per second (log scale)")
+axes[0].set_ylabel("calls per second (median)")
 axes[1].legend(loc="upper right", fontsize=8)
 fig.suptitle("rate_limiter and the alternatives (higher is better)")
 fig.tight_layout()

@@ -51,14 +51,33 @@ fn look_up() -> Relations {
         if pg_sys::get_atttype(state, 3) != pg_sys::INT2OID {
             Error::ExtensionOutdated.raise()
         }
+        let state_key = oid(c"state_key_name_shard_key");
+        check_state_is_ours(state, state_key);
         Relations {
             state,
-            state_key: oid(c"state_key_name_shard_key"),
+            state_key,
             limits: oid(c"limits"),
             limits_key: oid(c"limits_pkey"),
             decision_type: pg_sys::get_rel_type_id(decision),
             decision,
         }
+    }
+}
+
+/// `storage` writes `rate_limiter.state` through the access methods: it maintains only the
+/// unique index and fires no trigger. Refuse to run with another index (it would go stale)
+/// or a trigger (it would never fire) on the table.
+unsafe fn check_state_is_ours(state: pg_sys::Oid, state_key: pg_sys::Oid) {
+    let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    let rel = pg_sys::table_open(state, lockmode);
+    let indexes = pg_sys::RelationGetIndexList(rel);
+    let index_count = if indexes.is_null() { 0 } else { (*indexes).length };
+    let only_key = index_count == 1 && (*(*indexes).elements).oid_value == state_key;
+    let triggers = !(*rel).trigdesc.is_null() && (*(*rel).trigdesc).numtriggers > 0;
+    pg_sys::list_free(indexes);
+    pg_sys::table_close(rel, lockmode);
+    if !only_key || triggers {
+        Error::StateTableChanged.raise()
     }
 }
 

@@ -28,6 +28,9 @@ pub enum Error {
 
     #[error("rate_limiter's SQL objects are older than its library")]
     ExtensionOutdated,
+
+    #[error("rate_limiter.state has an index or trigger the extension did not create")]
+    StateTableChanged,
 }
 
 impl Error {
@@ -39,7 +42,9 @@ impl Error {
             Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
             Error::MalformedConfig(_) => PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
             Error::SerializationFailure => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-            Error::ExtensionOutdated => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            Error::ExtensionOutdated | Error::StateTableChanged => {
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            }
         }
     }
 
@@ -66,6 +71,10 @@ impl Error {
                  retry the transaction (or use READ COMMITTED, where the call waits instead)."
             }
             Error::ExtensionOutdated => "Run ALTER EXTENSION rate_limiter UPDATE.",
+            Error::StateTableChanged => {
+                "The extension writes rate_limiter.state itself, keeping only its unique index \
+                 and firing no triggers; drop the index or trigger that was added."
+            }
         }
     }
 

@@ -103,3 +103,24 @@ def test_a_session_survives_the_extension_being_dropped_and_created_again(databa
         admin.execute("SELECT rate_limiter.define('l', 'token bucket', 3, '1 hour')")
         ok, remaining = app.execute(call).fetchone()
         assert ok and remaining == pytest.approx(2, abs=0.01), "new tables, new config"
+
+
+def test_an_index_or_trigger_added_to_the_state_table_is_refused(databases):
+    dsn = {"dbname": databases["fresh"], "autocommit": True}
+    with psycopg.connect(**dsn) as admin, psycopg.connect(**dsn) as app:
+        admin.execute("CREATE EXTENSION rate_limiter")
+        admin.execute("SELECT rate_limiter.define('l', 'token bucket', 5, '1 hour')")
+        call = "SELECT ok FROM rate_limiter.rate_limit('l', 'k')"
+        assert app.execute(call).fetchone() == (True,)
+        # Writes bypass the executor: another index would go stale, a trigger never fire.
+        admin.execute("CREATE INDEX state_ts ON rate_limiter.state (ts)")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+            app.execute(call)
+        admin.execute("DROP INDEX rate_limiter.state_ts")
+        assert app.execute(call).fetchone() == (True,)
+        admin.execute("CREATE FUNCTION public.noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'")
+        admin.execute("CREATE TRIGGER t BEFORE UPDATE ON rate_limiter.state FOR EACH ROW EXECUTE FUNCTION public.noop()")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+            app.execute(call)
+        admin.execute("DROP TRIGGER t ON rate_limiter.state")
+        assert app.execute(call).fetchone() == (True,)
