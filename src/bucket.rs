@@ -44,13 +44,13 @@ impl Config {
     pub fn per_shard(&self) -> Config {
         let n = f64::from(self.shards);
         if self.shards == 1 {
-            return self.clone();
+            return *self;
         }
         Config {
             rate: self.rate / n,
             capacity: self.capacity / n,
             max_reserved: self.max_reserved.map(|m| m / n),
-            ..self.clone()
+            ..*self
         }
     }
 
