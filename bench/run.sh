@@ -4,7 +4,7 @@
 # synchronous_commit setting, the in-process cost per call, bytes per row and backend
 # memory. Writes bench/results.md and bench/chart.png. Competitors take turns, REPEATS
 # rounds of DURATION seconds each per workload, and each reports its median: on two cores,
-# autovacuum and the OS move single runs by 10% or more. About 10 minutes in all.
+# autovacuum and the OS move single runs by 10% or more. About 12 minutes in all.
 source "$(dirname "$0")/../scripts/lib.sh"
 DURATION=${DURATION:-5}
 REPEATS=${REPEATS:-3}
