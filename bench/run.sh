@@ -2,9 +2,10 @@
 # rate_limiter against what users would otherwise run, on the project's throwaway cluster
 # (restarted so that its benchmark settings apply) and a Redis on loopback: throughput
 # per workload and per synchronous_commit setting, the in-process cost per call, bytes
-# per row and backend memory. Writes bench/results.md and bench/chart.png. Competitors take turns, REPEATS
-# rounds of DURATION seconds each per workload, and each reports its median: on two cores,
-# autovacuum and the OS move single runs by 10% or more. About 12 minutes in all.
+# per row and backend memory. Writes bench/results.md and bench/chart.png. Competitors
+# take turns, REPEATS rounds of DURATION seconds each per workload, and each reports its
+# median: on two cores, autovacuum and the OS move single runs by 10% or more. About 12
+# minutes in all.
 source "$(dirname "$0")/../scripts/lib.sh"
 DURATION=${DURATION:-5}
 REPEATS=${REPEATS:-3}
