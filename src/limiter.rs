@@ -59,7 +59,7 @@ fn pick_shards(shards: u32, pool: &[i32], avoid: &[i32]) -> Vec<i32> {
     }
     let preferred: Vec<i32> = pool.iter().copied().filter(|s| !avoid.contains(s)).collect();
     let want = if shards >= MIN_CHOOSE_TWO { 2 } else { 1 };
-    let pool = if preferred.len() >= want.min(pool.len()) && !preferred.is_empty() { preferred } else { pool.to_vec() };
+    let pool = if preferred.len() >= want.min(pool.len()) { preferred } else { pool.to_vec() };
     let want = want.min(pool.len());
     sample(&mut rand::thread_rng(), pool.len(), want).into_iter().map(|i| pool[i]).collect()
 }

@@ -5,8 +5,9 @@
 //! executor start-up. The limiter's functions are the only way into these tables, so no
 //! table privilege is checked here; EXECUTE on the function is the permission.
 //!
-//! Visibility is what an UPDATE in the caller's transaction would see: reads use the
-//! statement's snapshot (and this call's earlier writes); a row changed by a transaction
+//! Visibility is what an UPDATE in the caller's transaction would see: reads use a fresh
+//! snapshot at READ COMMITTED, the transaction's otherwise, and see this transaction's
+//! earlier writes; a row changed by a transaction
 //! that committed after the snapshot is waited for and its newest version used at READ
 //! COMMITTED, and is a serialization failure at REPEATABLE READ and SERIALIZABLE.
 
@@ -137,12 +138,7 @@ impl StateTable {
     fn find(&self, slot: Slot<'_>, snapshot: pg_sys::Snapshot) -> Option<Row> {
         unsafe {
             let mut keys = slot_keys(self.index, slot);
-            let scan = pg_sys::index_beginscan(self.heap, self.index, snapshot, keys.len() as _, 0);
-            pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
-            let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, self.tuple_slot);
-            let row = found.then(|| self.slot_row());
-            pg_sys::index_endscan(scan);
-            row
+            probe(self.heap, self.index, snapshot, &mut keys, self.tuple_slot).then(|| self.slot_row())
         }
     }
 
@@ -350,39 +346,63 @@ impl StateTable {
     }
 }
 
-/// Equality keys on (key, name, shard), in the index's collations; a NULL key matches the
-/// NULL key (the index is NULLS NOT DISTINCT).
+/// Look `keys` up in `index` as of `snapshot`; true when a visible row was found, which is
+/// then in `tuple_slot`. Each index is unique, so the first match is the only one.
+unsafe fn probe(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    keys: &mut [pg_sys::ScanKeyData],
+    tuple_slot: *mut pg_sys::TupleTableSlot,
+) -> bool {
+    let scan = pg_sys::index_beginscan(heap, index, snapshot, keys.len() as _, 0);
+    pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
+    let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot);
+    pg_sys::index_endscan(scan);
+    found
+}
+
+/// `index` column `attno` equals `value`, compared by `procedure` in the column's collation.
+unsafe fn equal_key(index: pg_sys::Relation, attno: i16, procedure: u32, value: Datum) -> pg_sys::ScanKeyData {
+    let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+    pg_sys::ScanKeyEntryInitialize(
+        &mut key,
+        0,
+        attno,
+        pg_sys::BTEqualStrategyNumber as u16,
+        pg_sys::InvalidOid,
+        *(*index).rd_indcollation.add(attno as usize - 1),
+        procedure.into(),
+        value,
+    );
+    key
+}
+
+/// Equality keys on (key, name, shard); a NULL key matches the NULL key (the index is
+/// NULLS NOT DISTINCT).
 unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKeyData; 3] {
-    let mut keys: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
-    let collation = |attno: i16| *(*index).rd_indcollation.add(attno as usize - 1);
-    let equal = |key: &mut pg_sys::ScanKeyData, attno: i16, procedure: u32, value: Datum| {
-        pg_sys::ScanKeyEntryInitialize(
-            key,
-            0,
-            attno,
-            pg_sys::BTEqualStrategyNumber as u16,
-            pg_sys::InvalidOid,
-            collation(attno),
-            procedure.into(),
-            value,
-        )
+    let key = match slot.key {
+        Some(k) => equal_key(index, INDEX_KEY, pg_sys::F_TEXTEQ, text(k)),
+        None => {
+            let mut is_null: pg_sys::ScanKeyData = std::mem::zeroed();
+            pg_sys::ScanKeyEntryInitialize(
+                &mut is_null,
+                (pg_sys::SK_ISNULL | pg_sys::SK_SEARCHNULL) as i32,
+                INDEX_KEY,
+                0,
+                pg_sys::InvalidOid,
+                pg_sys::InvalidOid,
+                pg_sys::InvalidOid,
+                Datum::from(0),
+            );
+            is_null
+        }
     };
-    match slot.key {
-        Some(k) => equal(&mut keys[0], INDEX_KEY, pg_sys::F_TEXTEQ, text(k)),
-        None => pg_sys::ScanKeyEntryInitialize(
-            &mut keys[0],
-            (pg_sys::SK_ISNULL | pg_sys::SK_SEARCHNULL) as i32,
-            INDEX_KEY,
-            0,
-            pg_sys::InvalidOid,
-            pg_sys::InvalidOid,
-            pg_sys::InvalidOid,
-            Datum::from(0),
-        ),
-    }
-    equal(&mut keys[1], INDEX_NAME, pg_sys::F_TEXTEQ, text(slot.name));
-    equal(&mut keys[2], INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.shard as i16));
-    keys
+    [
+        key,
+        equal_key(index, INDEX_NAME, pg_sys::F_TEXTEQ, text(slot.name)),
+        equal_key(index, INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.shard as i16)),
+    ]
 }
 
 /// The named limit's row, if any, as committed now (the config cache is refilled from here
@@ -393,24 +413,10 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
         let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let heap = pg_sys::table_open(relations.limits, lockmode);
         let index = pg_sys::index_open(relations.limits_key, lockmode);
-        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyEntryInitialize(
-            &mut key,
-            0,
-            1,
-            pg_sys::BTEqualStrategyNumber as u16,
-            pg_sys::InvalidOid,
-            *(*index).rd_indcollation,
-            pg_sys::F_TEXTEQ.into(),
-            text(name),
-        );
-        let scan = pg_sys::index_beginscan(heap, index, pg_sys::GetLatestSnapshot(), 1, 0);
-        pg_sys::index_rescan(scan, &mut key, 1, null_mut(), 0);
+        let mut keys = [equal_key(index, 1, pg_sys::F_TEXTEQ, text(name))];
         let tuple_slot = pg_sys::table_slot_create(heap, null_mut());
-        let row = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot)
-            .then(|| limit_row(tuple_slot));
+        let row = probe(heap, index, pg_sys::GetLatestSnapshot(), &mut keys, tuple_slot).then(|| limit_row(tuple_slot));
         pg_sys::ExecDropSingleTupleTableSlot(tuple_slot);
-        pg_sys::index_endscan(scan);
         pg_sys::index_close(index, pg_sys::NoLock as _);
         pg_sys::table_close(heap, pg_sys::NoLock as _);
         row
