@@ -37,16 +37,21 @@ SELECT pg_catalog.pg_extension_config_dump('rate_limiter.limits', '');
 -- One small row per (name, key, shard). fillfactor leaves room on each page so updates
 -- stay HOT (no indexed column ever changes). COLLATE "C": equality is byte equality under
 -- any deterministic collation anyway, and the index compares bytes instead of calling strcoll.
--- shard is smallint so that a row with short texts fits 56 bytes and an index entry 24.
+-- shard is smallint so that a row with short texts fits 64 bytes and an index entry 24.
 -- The unique index leads with key, which tells rows apart at the first comparison.
+-- expires is not indexed: an index on it would make every update non-HOT; prune() scans.
 CREATE TABLE rate_limiter.state (
     name text COLLATE "C" NOT NULL,
     key text COLLATE "C",
     shard smallint NOT NULL,
     value double precision NOT NULL,
     ts timestamptz NOT NULL,
+    expires timestamptz NOT NULL,
     CONSTRAINT state_key_name_shard_key UNIQUE NULLS NOT DISTINCT (key, name, shard)
 ) WITH (fillfactor = 90);
+-- The unique index has a nullable column, so it cannot identify rows to a logical
+-- replication subscriber; the whole old row (about 60 bytes) can.
+ALTER TABLE rate_limiter.state REPLICA IDENTITY FULL;
 COMMENT ON TABLE rate_limiter.state IS
     'Current state of each (name, key, shard). Written only by the rate_limiter functions; a missing row means full.';
 COMMENT ON COLUMN rate_limiter.state.name IS 'The limit''s name.';
@@ -54,6 +59,7 @@ COMMENT ON COLUMN rate_limiter.state.key IS 'The key within the limit; NULL is t
 COMMENT ON COLUMN rate_limiter.state.shard IS 'Shard number, 0 to shards - 1.';
 COMMENT ON COLUMN rate_limiter.state.value IS 'Tokens held as of ts (negative while reservations are owed).';
 COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed window: start of the window value belongs to.';
+COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
 
 CREATE TYPE rate_limiter.decision AS (
     ok boolean,

@@ -28,10 +28,13 @@ CREATE FUNCTION rate_limiter.check_rate_limit(
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'check_rate_limit_fmgr';
 
--- Every backend caches named configs; this tells them all to forget them at each change.
+-- Every backend caches named configs; this tells them all to forget them at each change,
+-- also when a logical replication apply worker or a restore (session_replication_role =
+-- replica) makes it.
 CREATE TRIGGER limits_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON rate_limiter.limits
     FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
+ALTER TABLE rate_limiter.limits ENABLE ALWAYS TRIGGER limits_changed;
 
 COMMENT ON FUNCTION rate_limiter.rate_limit(text, text, double precision, boolean, boolean, jsonb) IS
     'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';
@@ -43,6 +46,8 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS
     'The stored value and ts of (name, key) (fullest of sample_shards shards) and the effective config.';
 COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz) IS
     'Create or replace a named limit in rate_limiter.limits.';
+COMMENT ON FUNCTION rate_limiter.prune(integer) IS
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would; returns how many. Skips rows in use.';
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
     'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits.';
 

@@ -18,7 +18,7 @@ use pgrx::JsonB;
 use crate::bucket::Config;
 use crate::cache;
 use crate::clock;
-use crate::config::{self, LimitRow};
+use crate::config::{self, JsonbArg, LimitRow};
 use crate::error::{self, Error, Result};
 use crate::limiter::{self, Decision, Request};
 use crate::storage::{self, StateTable};
@@ -67,9 +67,9 @@ fn request<'a>(
 }
 
 /// The inline config when given, else the named limit's (cached per backend).
-fn resolve(name: &str, inline: Option<JsonB>) -> Result<Config> {
+fn resolve(name: &str, inline: Option<JsonbArg>) -> Result<Config> {
     match inline {
-        Some(JsonB(value)) => config::from_json(&value),
+        Some(arg) => config::from_json(&arg.parse()?),
         None => cache::config(name, || {
             storage::load_limit(name)
                 .ok_or_else(|| Error::UnknownLimit(name.to_owned()))
@@ -78,17 +78,14 @@ fn resolve(name: &str, inline: Option<JsonB>) -> Result<Config> {
     }
 }
 
-fn decide(req: &Request<'_>, inline: Option<JsonB>, consume: bool) -> Result<Decision> {
+fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<Decision> {
     // Open the table first: its lock takes in pending invalidations of cached configs.
     let table = StateTable::open(consume.then_some(c"rate_limit()"));
-    let decision = resolve(req.name, inline).and_then(|config| {
-        if let Some(max) = config.impossible_count(req.count, req.reserve) {
-            return Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max });
-        }
-        Ok(if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) })
-    });
-    table.close();
-    decision
+    let config = resolve(req.name, inline)?;
+    if let Some(max) = config.impossible_count(req.count, req.reserve) {
+        return Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max });
+    }
+    Ok(if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) })
 }
 
 /// A denial to raise as `RL429`: message, detail and hint, allocated by PostgreSQL (all
@@ -132,23 +129,29 @@ fn denial(name: &str, key: Option<&str>, retry_after: f64) -> Denial {
 /// PostgreSQL errors inside it are raised as errors with their own SQLSTATE.
 #[pg_guard]
 unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> Answer {
-    let name: Option<&str> = pg_getarg(fcinfo, 0);
-    let key: Option<&str> = pg_getarg(fcinfo, 1);
-    let count: Option<f64> = pg_getarg(fcinfo, 2);
-    let reserve: Option<bool> = pg_getarg(fcinfo, 3);
-    let throws: Option<bool> = pg_getarg(fcinfo, 4);
-    let inline: Option<JsonB> = pg_getarg(fcinfo, 5);
+    // SAFETY: fmgr passes the six arguments declared in sql/finalize.sql, in this order.
+    let (name, key, count, reserve, throws, inline) = unsafe {
+        (
+            pg_getarg::<&str>(fcinfo, 0),
+            pg_getarg::<&str>(fcinfo, 1),
+            pg_getarg::<f64>(fcinfo, 2),
+            pg_getarg::<bool>(fcinfo, 3),
+            pg_getarg::<bool>(fcinfo, 4),
+            pg_getarg::<JsonbArg>(fcinfo, 5),
+        )
+    };
     let req = request(name, key, count, reserve).unwrap_or_else(|e| e.raise());
     let d = decide(&req, inline, consume).unwrap_or_else(|e| e.raise());
+    let datum = decision_datum(&d);
     let throw = match d.retry_after {
         Some(retry_after) if throws == Some(true) => denial(req.name, req.key, retry_after),
         _ => Denial { message: null_mut(), detail: null_mut(), hint: null_mut() },
     };
-    Answer { datum: decision_datum(&d), throw }
+    Answer { datum, throw }
 }
 
-unsafe fn decision_datum(d: &Decision) -> Datum {
-    let desc = pg_sys::lookup_rowtype_tupdesc(cache::relations().decision_type, -1);
+/// The decision as a `rate_limiter.decision` datum; 55000 if that type was altered.
+fn decision_datum(d: &Decision) -> Datum {
     let mut values = [
         Datum::from(d.ok),
         d.retry_after.map_or(Datum::from(0), |r| Datum::from(r.to_bits())),
@@ -157,18 +160,35 @@ unsafe fn decision_datum(d: &Decision) -> Datum {
         Datum::from(d.granted.to_bits()),
     ];
     let mut nulls = [false, d.retry_after.is_none(), false, false, false];
-    let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-    pg_sys::DecrTupleDescRefCount(desc);
-    pgrx::heap_tuple_get_datum(tuple)
+    let shape = [pg_sys::BOOLOID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID];
+    // SAFETY: the type cache's descriptor, pinned until released below; it is read only
+    // after checking it has exactly the columns `values` fills.
+    unsafe {
+        let desc = pg_sys::lookup_rowtype_tupdesc(cache::relations().decision_type, -1);
+        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+        let matches = attrs.len() == shape.len() && attrs.iter().zip(shape).all(|(a, ty)| !a.attisdropped && a.atttypid == ty);
+        if !matches {
+            pg_sys::DecrTupleDescRefCount(desc);
+            Error::DecisionTypeChanged.raise()
+        }
+        let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        pg_sys::DecrTupleDescRefCount(desc);
+        pgrx::heap_tuple_get_datum(tuple)
+    }
 }
 
 /// Runs the guarded body, then raises `RL429` from this frame, which pgrx does not guard
 /// and which holds nothing to drop: pgrx would turn a custom SQLSTATE into XX000.
+///
+/// # Safety
+/// `fcinfo` is the call of `rate_limit` or `check_rate_limit`.
 unsafe fn entry(fcinfo: FunctionCallInfo, consume: bool) -> Datum {
-    let answer = answer(fcinfo, consume);
+    // SAFETY: the caller's promise.
+    let answer = unsafe { answer(fcinfo, consume) };
     let d = answer.throw;
     if !d.message.is_null() {
-        error::raise_rate_limited(d.message, d.detail, d.hint);
+        // SAFETY: this frame holds nothing to drop; the texts were allocated by PostgreSQL.
+        unsafe { error::raise_rate_limited(d.message, d.detail, d.hint) };
     }
     answer.datum
 }
@@ -183,7 +203,8 @@ pub extern "C" fn pg_finfo_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record
 /// `rate_limiter.rate_limit(name, key, count, reserve, throws, config)`.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
-    entry(fcinfo, true)
+    // SAFETY: fmgr calls this for rate_limiter.rate_limit only.
+    unsafe { entry(fcinfo, true) }
 }
 
 #[no_mangle]
@@ -194,14 +215,38 @@ pub extern "C" fn pg_finfo_check_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_
 /// `rate_limiter.check_rate_limit(name, key, count, reserve, throws, config)`.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn check_rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
-    entry(fcinfo, false)
+    // SAFETY: fmgr calls this for rate_limiter.check_rate_limit only.
+    unsafe { entry(fcinfo, false) }
 }
 
 /// Forget the state of (name, key), every shard.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
 fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
+    prevent_writes_unless_allowed(c"reset_rate_limit()");
     let name = valid_name(name).unwrap_or_else(|e| e.raise());
     storage::delete(name, key);
+}
+
+/// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
+/// parallel worker, before anything is attempted.
+fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
+    // SAFETY: both only read backend state and raise an ERROR.
+    unsafe {
+        pg_sys::PreventCommandIfReadOnly(command.as_ptr());
+        pg_sys::PreventCommandIfParallelMode(command.as_ptr());
+    }
+}
+
+/// Delete up to `max_rows` rows of `rate_limiter.state` that hold what a fresh state would
+/// (for named and inline limits alike); returns how many. Skips rows that running
+/// transactions hold, so it never waits for them and can run beside calls and itself.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {
+    prevent_writes_unless_allowed(c"prune()");
+    match max_rows {
+        Some(n) if n >= 0 => storage::prune(clock::now_ms(), n),
+        other => Error::InvalidArgument(format!("max_rows must be >= 0, not {other:?}")).raise(),
+    }
 }
 
 /// The stored state of (name, key): the fullest of `sample_shards` random shards.
@@ -209,7 +254,7 @@ fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
 fn rate_limit_value(
     name: Option<&str>,
     key: default!(Option<&str>, "NULL"),
-    config: default!(Option<JsonB>, "NULL"),
+    config: default!(Option<JsonbArg>, "NULL"),
     sample_shards: default!(Option<i32>, 1),
 ) -> TableIterator<
     'static,
@@ -229,9 +274,9 @@ fn rate_limit_value(
             }
         };
         let table = StateTable::open(None);
-        let looked = resolve(req.name, config).map(|c| (limiter::value(&table, &req, &c, sample), c));
-        table.close();
-        let ((state, shard), mut config) = looked?;
+        let mut config = resolve(req.name, config)?;
+        let (state, shard) = limiter::value(&table, &req, &config, sample);
+        drop(table);
         if config.kind == crate::bucket::Kind::FixedWindow && config.start.is_none() {
             // As the Convex component does: report the window phase in force.
             config.start = Some(state.ts);
@@ -256,6 +301,7 @@ fn define(
     shards: default!(Option<i32>, 1),
     start: default!(Option<TimestampWithTimeZone>, "NULL"),
 ) {
+    prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
         let name = valid_name(name)?;
         let required = |what: &str| Error::InvalidConfig(format!("{what} must not be NULL"));

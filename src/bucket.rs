@@ -216,6 +216,36 @@ pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
     }
 }
 
+/// The instant (ms) from which `state` holds exactly what a fresh state would: refilled to
+/// capacity, nothing owed, and (fixed window) in a window aligned as a fresh one is. From
+/// then on the row can be deleted without changing any decision. Computed in closed form,
+/// then checked with `check` itself, so that rounding can only make it later, never early.
+pub fn expires(state: State, config: &Config) -> f64 {
+    let full = |at: f64| {
+        let c = check(state, config, at, 0.0, false);
+        c.value >= config.capacity && at >= state.ts
+    };
+    let mut at = match config.kind {
+        Kind::TokenBucket => state.ts + ((config.capacity - state.value) / (config.rate / config.period)).max(0.0),
+        Kind::FixedWindow => {
+            let windows = ((config.capacity - state.value) / config.rate).ceil().max(0.0);
+            state.ts + windows * config.period
+        }
+    }
+    .ceil();
+    // Later by a growing step until `check` agrees: rarely more than one round.
+    let unit = if config.kind == Kind::TokenBucket { 1.0 } else { config.period };
+    let mut step = unit;
+    for _ in 0..64 {
+        if full(at) {
+            return at;
+        }
+        at += step;
+        step *= 2.0;
+    }
+    f64::INFINITY
+}
+
 /// A stable per-(name, key) fraction in [0, 1): where in its period a fixed window with no
 /// `start` begins, so that keys don't all refill at the same instant.
 pub fn phase_fraction(name: &str, key: Option<&str>) -> f64 {
@@ -476,5 +506,61 @@ mod tests {
         let c = Config { shards: 4, max_reserved: Some(8.0), capacity: 40.0, ..config(Kind::TokenBucket, 20.0, SECOND) };
         let s = c.per_shard();
         assert_eq!((s.rate, s.capacity, s.max_reserved), (5.0, 10.0, Some(2.0)));
+    }
+
+    /// Deleting a row once `expires` has passed changes no decision: random call sequences
+    /// on a fake clock give identical outcomes with and without pruning between calls.
+    #[test]
+    fn pruning_expired_state_changes_no_decision() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(8);
+        for round in 0..2_000 {
+            let kind = KINDS[round % 2];
+            let rate = f64::from(rng.gen_range(1..20));
+            let period = f64::from(rng.gen_range(1..5_000));
+            let c = Config {
+                capacity: rate * f64::from(rng.gen_range(1..4)),
+                max_reserved: rng.gen_bool(0.3).then(|| f64::from(rng.gen_range(0..10))),
+                start: rng.gen_bool(0.5).then(|| NOW - f64::from(rng.gen_range(0..100_000))),
+                ..config(kind, rate, period)
+            };
+            let phase = f64::from(rng.gen_range(0..period as u32));
+            let (mut kept, mut pruned): (Option<State>, Option<State>) = (None, None);
+            let mut now = NOW;
+            for _ in 0..40 {
+                let gap = f64::from(rng.gen_range(0..(3.0 * period) as u32));
+                // Prune at some instant between the last call and this one.
+                let prune_at = now + f64::from(rng.gen_range(0..=gap as u32));
+                now += gap;
+                if pruned.is_some_and(|s| expires(s, &c) <= prune_at) {
+                    pruned = None;
+                }
+                let count = f64::from(rng.gen_range(0..(c.capacity as u32 + 2)));
+                let reserve = rng.gen_bool(0.2);
+                let mut call = |stored: &mut Option<State>| {
+                    let state = stored.unwrap_or_else(|| fresh_state(&c, now, phase));
+                    let outcome = plan(&[state], &c, now, count, reserve);
+                    if outcome.ok && outcome.after[0].1 {
+                        *stored = Some(outcome.after[0].0);
+                    }
+                    let reset = reset_after(outcome.after[0].0, &c, now);
+                    (outcome, reset)
+                };
+                assert_eq!(call(&mut kept), call(&mut pruned), "round {round}, {c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn expires_is_when_a_state_is_fresh_again() {
+        let tb = config(Kind::TokenBucket, 10.0, MINUTE);
+        assert_eq!(expires(at(4.0, NOW), &tb), NOW + 36.0 * SECOND);
+        assert_eq!(expires(at(10.0, NOW), &tb), NOW);
+        let owed = expires(at(-10.0, NOW), &tb);
+        assert_eq!(owed, NOW + 2.0 * MINUTE, "debts are paid first");
+        let fw = config(Kind::FixedWindow, 10.0, MINUTE);
+        assert_eq!(expires(at(4.0, NOW), &fw), NOW + MINUTE);
+        assert_eq!(expires(at(-6.0, NOW), &fw), NOW + 2.0 * MINUTE);
+        assert_eq!(expires(at(10.0, NOW), &fw), NOW);
     }
 }

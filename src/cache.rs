@@ -36,6 +36,7 @@ pub fn relations() -> Relations {
 }
 
 fn look_up() -> Relations {
+    // SAFETY: catalog lookups by name; each raises an ERROR rather than return garbage.
     unsafe {
         let schema = pg_sys::get_namespace_oid(c"rate_limiter".as_ptr(), false);
         let oid = |name: &CStr| {
@@ -47,12 +48,12 @@ fn look_up() -> Relations {
         };
         let decision = oid(c"decision");
         let state = oid(c"state");
-        // The library can be newer than the extension's SQL in a database not yet updated.
-        if pg_sys::get_atttype(state, 3) != pg_sys::INT2OID {
+        // The library can be newer than the extension's SQL in a database not yet updated:
+        // 0.1.0 and 0.2.0 had no expires column.
+        if pg_sys::get_attnum(state, c"expires".as_ptr()) == pg_sys::InvalidAttrNumber as i16 {
             Error::ExtensionOutdated.raise()
         }
         let state_key = oid(c"state_key_name_shard_key");
-        check_state_is_ours(state, state_key);
         Relations {
             state,
             state_key,
@@ -61,23 +62,6 @@ fn look_up() -> Relations {
             decision_type: pg_sys::get_rel_type_id(decision),
             decision,
         }
-    }
-}
-
-/// `storage` writes `rate_limiter.state` through the access methods: it maintains only the
-/// unique index and fires no trigger. Refuse to run with another index (it would go stale)
-/// or a trigger (it would never fire) on the table.
-unsafe fn check_state_is_ours(state: pg_sys::Oid, state_key: pg_sys::Oid) {
-    let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-    let rel = pg_sys::table_open(state, lockmode);
-    let indexes = pg_sys::RelationGetIndexList(rel);
-    let index_count = if indexes.is_null() { 0 } else { (*indexes).length };
-    let only_key = index_count == 1 && (*(*indexes).elements).oid_value == state_key;
-    let triggers = !(*rel).trigdesc.is_null() && (*(*rel).trigdesc).numtriggers > 0;
-    pg_sys::list_free(indexes);
-    pg_sys::table_close(rel, lockmode);
-    if !only_key || triggers {
-        Error::StateTableChanged.raise()
     }
 }
 
@@ -105,6 +89,7 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
 
 /// Called once from `_PG_init`.
 pub fn register_invalidation() {
+    // SAFETY: registering a callback with static lifetime, once per backend.
     unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0)) }
 }
 
@@ -114,6 +99,7 @@ fn _limits_changed<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, PgHeapTupleError> {
     let relid = trigger.relation().map(|r| r.oid()).unwrap_or(pg_sys::InvalidOid);
+    // SAFETY: queues an invalidation of an existing relation, sent at commit.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
     Ok(None)
 }

@@ -6,39 +6,63 @@ use std::ffi::{CStr, CString};
 use pgrx::prelude::*;
 use pgrx::{direct_function_call, IntoDatum};
 
+use crate::error::Error;
 use crate::FAKE_NOW;
 
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
 const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 
+/// The instants PostgreSQL can store, as microseconds since 2000-01-01: from 4714-11-24 BC
+/// (MIN_TIMESTAMP) up to, not including, 294277-01-01 (END_TIMESTAMP).
+const PG_US_RANGE: std::ops::Range<i64> = -211_813_488_000_000_000..9_223_371_331_200_000_000;
+
 /// Now in ms since the Unix epoch: `rate_limiter.fake_now` when set, else the real clock
 /// (not the transaction's start time, which a long transaction would hold in the past).
 pub fn now_ms() -> f64 {
-    // Read the setting in place: copying it out would allocate on every call.
+    // SAFETY: the setting's value is a C string PostgreSQL owns, or null; read in place, as
+    // copying it out would allocate on every call.
     let fake = unsafe { *FAKE_NOW.as_ptr() };
     if fake.is_null() || unsafe { *fake } == 0 {
+        // SAFETY: reads the system clock.
         return pg_us_to_ms(unsafe { pg_sys::GetCurrentTimestamp() });
     }
-    timestamptz_ms(parse_timestamptz(unsafe { CStr::from_ptr(fake) }))
+    // SAFETY: non-null and NUL-terminated, checked above.
+    let now = timestamptz_ms(parse_timestamptz(unsafe { CStr::from_ptr(fake) }));
+    if !now.is_finite() {
+        Error::TimeOutOfRange("rate_limiter.fake_now must be a finite timestamp".into()).raise()
+    }
+    now
 }
 
-/// A timestamptz's microseconds since 2000-01-01 as ms since the Unix epoch.
+/// A timestamptz's microseconds since 2000-01-01 as ms since the Unix epoch; the
+/// infinities as infinities.
 pub fn pg_us_to_ms(pg_us: i64) -> f64 {
-    (pg_us + PG_EPOCH_OFFSET_US) as f64 / 1000.0
+    match pg_us {
+        i64::MAX => f64::INFINITY,
+        i64::MIN => f64::NEG_INFINITY,
+        // In i128: near the ends of the range the offset overflows an i64.
+        _ => (i128::from(pg_us) + i128::from(PG_EPOCH_OFFSET_US)) as f64 / 1000.0,
+    }
 }
 
-/// The inverse of `pg_us_to_ms`.
-pub fn ms_to_pg_us(ms: f64) -> i64 {
-    (ms * 1000.0).round() as i64 - PG_EPOCH_OFFSET_US
+/// The inverse of `pg_us_to_ms` for the instants PostgreSQL can store; `None` otherwise.
+pub fn ms_to_pg_us(ms: f64) -> Option<i64> {
+    let unix_us = (ms * 1000.0).round();
+    // Checked as a float: the cast to i64 would saturate silently.
+    let in_range = unix_us >= (PG_US_RANGE.start + PG_EPOCH_OFFSET_US) as f64
+        && unix_us < (PG_US_RANGE.end as i128 + PG_EPOCH_OFFSET_US as i128) as f64;
+    in_range.then(|| (unix_us as i128 - i128::from(PG_EPOCH_OFFSET_US)) as i64)
 }
 
 pub fn timestamptz_ms(ts: TimestampWithTimeZone) -> f64 {
     pg_us_to_ms(ts.into_inner())
 }
 
+/// `ms` as a timestamptz; instants PostgreSQL cannot store as infinity.
 pub fn ms_timestamptz(ms: f64) -> TimestampWithTimeZone {
-    // Values come from finite configs and clocks, so they are always in range.
-    TimestampWithTimeZone::try_from(ms_to_pg_us(ms)).unwrap_or(TimestampWithTimeZone::positive_infinity())
+    ms_to_pg_us(ms)
+        .and_then(|us| TimestampWithTimeZone::try_from(us).ok())
+        .unwrap_or(if ms < 0.0 { TimestampWithTimeZone::negative_infinity() } else { TimestampWithTimeZone::positive_infinity() })
 }
 
 /// An interval as milliseconds, counting a month as 30 days and a year as 365.25 days,

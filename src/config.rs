@@ -12,6 +12,54 @@ use crate::error::{Error, Result};
 /// More shards than this buys nothing and makes `reset_rate_limit` and sampling slow.
 pub const MAX_SHARDS: u32 = 1024;
 
+/// An inline config argument (SQL `jsonb`), parsed here rather than by pgrx's `JsonB`, which
+/// panics (XX000) on numbers jsonb accepts but a double cannot hold, such as 1e400.
+pub struct JsonbArg(pg_sys::Datum);
+
+impl FromDatum for JsonbArg {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
+        (!is_null).then_some(JsonbArg(datum))
+    }
+}
+
+// SAFETY: a jsonb argument of SQL type jsonb, never returned.
+unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for JsonbArg {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbArg);
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const ARGUMENT_SQL: std::result::Result<
+        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
+    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: std::result::Result<
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
+    > = Err(pgrx::pgrx_sql_entity_graph::metadata::ReturnsError::Datum);
+}
+
+// SAFETY: read through `FromDatum` above, as pgrx reads its own datum types.
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbArg {
+    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+        // SAFETY: pgrx's calling convention hands over a live argument.
+        unsafe { arg.unbox_arg_using_from_datum() }.expect("the config argument is declared nullable")
+    }
+
+    unsafe fn unbox_nullable_arg(arg: pgrx::callconv::Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
+        // SAFETY: as above.
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
+impl JsonbArg {
+    pub fn parse(&self) -> Result<Value> {
+        // SAFETY: the datum is a jsonb argument of the current call; jsonb_out detoasts it.
+        let text = unsafe { pgrx::direct_function_call::<&std::ffi::CStr>(pg_sys::jsonb_out, &[Some(self.0)]) }
+            .expect("jsonb_out never returns NULL");
+        serde_json::from_str(&text.to_string_lossy())
+            .map_err(|e| Error::InvalidConfig(format!("the config holds a value a double precision cannot: {e}")))
+    }
+}
+
 /// A `rate_limiter.limits` row as stored.
 pub struct LimitRow {
     pub kind: String,
@@ -141,9 +189,9 @@ fn validate(config: Config) -> Result<Config> {
         Some(_) if config.kind == Kind::TokenBucket => {
             Err(Error::InvalidConfig("start applies only to a fixed window".into()))
         }
-        Some(start) if !start.is_finite() => {
-            Err(Error::InvalidConfig(format!("start must be finite, not {start}")))
-        }
+        Some(start) if clock::ms_to_pg_us(start).is_none() => Err(Error::TimeOutOfRange(format!(
+            "start must be a finite instant PostgreSQL can store, not {start} ms since the epoch"
+        ))),
         _ => Ok(config),
     }
 }

@@ -29,8 +29,14 @@ pub enum Error {
     #[error("rate_limiter's SQL objects are older than its library")]
     ExtensionOutdated,
 
-    #[error("rate_limiter.state has an index or trigger the extension did not create")]
+    #[error("rate_limiter.state has an index, trigger or column the extension did not create")]
     StateTableChanged,
+
+    #[error("the type rate_limiter.decision is not the one the extension created")]
+    DecisionTypeChanged,
+
+    #[error("instant out of range: {0}")]
+    TimeOutOfRange(String),
 }
 
 impl Error {
@@ -42,9 +48,10 @@ impl Error {
             Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
             Error::MalformedConfig(_) => PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
             Error::SerializationFailure => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-            Error::ExtensionOutdated | Error::StateTableChanged => {
+            Error::ExtensionOutdated | Error::StateTableChanged | Error::DecisionTypeChanged => {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
+            Error::TimeOutOfRange(_) => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
         }
     }
 
@@ -72,8 +79,19 @@ impl Error {
             }
             Error::ExtensionOutdated => "Run ALTER EXTENSION rate_limiter UPDATE.",
             Error::StateTableChanged => {
-                "The extension writes rate_limiter.state itself, keeping only its unique index \
-                 and firing no triggers; drop the index or trigger that was added."
+                "The extension writes rate_limiter.state itself: it keeps its unique index (and \
+                 copies REINDEX CONCURRENTLY makes), fires no triggers and writes its own columns. \
+                 Drop the index or trigger that was added, or undo the ALTER TABLE; if that is not \
+                 possible, DROP EXTENSION rate_limiter and create it again (state is lost, limits \
+                 are not if you save rate_limiter.limits first)."
+            }
+            Error::DecisionTypeChanged => {
+                "rate_limit() returns rate_limiter.decision as the extension created it \
+                 (ok, retry_after, remaining, reset_after, granted); undo the ALTER TYPE."
+            }
+            Error::TimeOutOfRange(_) => {
+                "Instants must lie between 4714 BC and 294276 AD: use a finite start and \
+                 rate_limiter.fake_now, and a period that keeps windows inside that range."
             }
         }
     }
@@ -128,12 +146,16 @@ extern "C-unwind" {
 /// This longjmps out of the caller. Call it only from an fmgr entry point's own frame that
 /// holds nothing to drop, never inside a pgrx-guarded function.
 pub unsafe fn raise_rate_limited(message: *const c_char, detail: *const c_char, hint: *const c_char) -> ! {
-    if pg_errstart(pg_sys::PGERROR as c_int, std::ptr::null()) {
-        pg_errcode(RL429);
-        pg_errmsg(c"%s".as_ptr(), message);
-        pg_errdetail(c"%s".as_ptr(), detail);
-        pg_errhint(c"%s".as_ptr(), hint);
-        pg_errfinish(c"src/error.rs".as_ptr(), line!() as c_int, c"rate_limit".as_ptr());
+    // SAFETY: PostgreSQL's ereport sequence with "%s" formats and NUL-terminated texts; the
+    // caller's frame has nothing to drop when errfinish longjmps out of it.
+    unsafe {
+        if pg_errstart(pg_sys::PGERROR as c_int, std::ptr::null()) {
+            pg_errcode(RL429);
+            pg_errmsg(c"%s".as_ptr(), message);
+            pg_errdetail(c"%s".as_ptr(), detail);
+            pg_errhint(c"%s".as_ptr(), hint);
+            pg_errfinish(c"src/error.rs".as_ptr(), line!() as c_int, c"rate_limit".as_ptr());
+        }
     }
     unreachable!("an ERROR does not return")
 }

@@ -1,5 +1,6 @@
 //! rate_limiter: transactional rate limits (token bucket, fixed window) inside PostgreSQL.
 //! This file wires the modules, the settings and the SQL scripts together.
+#![deny(unsafe_op_in_unsafe_fn)]
 
 use std::ffi::CString;
 
@@ -13,6 +14,7 @@ mod clock;
 mod config;
 mod error;
 mod limiter;
+mod prune_worker;
 mod storage;
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -34,6 +36,7 @@ pub extern "C-unwind" fn _PG_init() {
         GucFlags::default(),
     );
     cache::register_invalidation();
+    prune_worker::register();
 }
 
 extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);

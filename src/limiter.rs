@@ -7,6 +7,7 @@
 //! does it lock the newest version, read the clock again and decide again. Taking from two
 //! shards locks both first (in shard order) and then writes.
 
+use pgrx::check_for_interrupts;
 use rand::seq::index::sample;
 
 use crate::bucket::{self, Config, Outcome, State, MIN_CHOOSE_TWO};
@@ -118,6 +119,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     let mut busy: Vec<i32> = Vec::new();
     let mut held: Vec<i32> = Vec::new();
     for round in 0..=SKIP_LOCKED_ROUNDS {
+        check_for_interrupts!();
         // One shard has no other to turn to: queue for it at once.
         let wait = round == SKIP_LOCKED_ROUNDS || config.shards == 1;
         let pool = if wait { waitable(config.shards, &held) } else { (0..config.shards as i32).collect() };
@@ -132,9 +134,10 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
             // The common case, one row to write: write it without locking it first.
             let slot = slot(req, looked.shards[i]);
             let state = outcome.after[i].0;
+            let expires = bucket::expires(state, &per_shard);
             let written = match &looked.rows[i] {
-                Some(row) => table.update(row, slot, state, wait),
-                None => match table.create(slot, state, wait) {
+                Some(row) => table.update(row, slot, state, expires, wait),
+                None => match table.create(slot, state, expires, wait) {
                     Created::Done(_) => Written::Done,
                     Created::Exists(_) => Written::Moved,
                     Created::Busy => Written::Busy,
@@ -176,6 +179,7 @@ fn lock_all(
         let slot = slot(req, looked.shards[i]);
         let mut known = looked.rows[i];
         locked[i] = Some(loop {
+            check_for_interrupts!();
             match known {
                 Some(row) => match table.lock(&row, wait) {
                     Locked::Row(row) => break row,
@@ -184,11 +188,14 @@ fn lock_all(
                 },
                 // Missing (never written, or reset meanwhile): create it full; ours until
                 // commit. If a concurrent transaction created it first, lock theirs.
-                None => match table.create(slot, fresh(req, per_shard, clock::now_ms()), wait) {
-                    Created::Done(row) => break row,
-                    Created::Exists(row) => known = Some(row),
-                    Created::Busy => return None,
-                },
+                None => {
+                    let state = fresh(req, per_shard, clock::now_ms());
+                    match table.create(slot, state, bucket::expires(state, per_shard), wait) {
+                        Created::Done(row) => break row,
+                        Created::Exists(row) => known = Some(row),
+                        Created::Busy => return None,
+                    }
+                }
             }
         });
         if !held.contains(&slot.shard) {
@@ -214,7 +221,8 @@ fn apply(
     if outcome.ok {
         for ((&i, row), (state, changed)) in taking.iter().zip(&locked).zip(&outcome.after) {
             if *changed {
-                match table.update(row, slot(req, looked.shards[i]), *state, true) {
+                let expires = bucket::expires(*state, per_shard);
+                match table.update(row, slot(req, looked.shards[i]), *state, expires, true) {
                     Written::Done => {}
                     _ => unreachable!("a row this transaction holds locked cannot change"),
                 }

@@ -349,7 +349,7 @@ mod tests {
         run(&format!("DELETE FROM rate_limiter.state WHERE name = '{name}'"));
         for shard in 0..shards {
             run(&format!(
-                "INSERT INTO rate_limiter.state VALUES ('{name}', NULL, {shard}, {}, '{T0}')",
+                "INSERT INTO rate_limiter.state VALUES ('{name}', NULL, {shard}, {}, '{T0}', 'infinity')",
                 value(shard)
             ));
         }

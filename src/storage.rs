@@ -63,10 +63,21 @@ pub enum Created {
     Busy,
 }
 
-// Columns of rate_limiter.state (name, key, shard, value, ts; see sql/bootstrap.sql), and
-// of its unique index, which leads with key: keys tell rows apart at the first comparison.
+// Columns of rate_limiter.state (name, key, shard, value, ts, expires; see sql/bootstrap.sql),
+// and of its unique index, which leads with key: keys tell rows apart at the first comparison.
 const VALUE: i16 = 4;
 const TS: i16 = 5;
+/// The types of the columns, in order: what `form` writes.
+const STATE_SHAPE: [pg_sys::Oid; 6] = [
+    pg_sys::TEXTOID,
+    pg_sys::TEXTOID,
+    pg_sys::INT2OID,
+    pg_sys::FLOAT8OID,
+    pg_sys::TIMESTAMPTZOID,
+    pg_sys::TIMESTAMPTZOID,
+];
+/// The unique index's columns as table column numbers: (key, name, shard).
+const INDEX_COLUMNS: [i16; 3] = [2, 1, 3];
 const INDEX_KEY: i16 = 1;
 const INDEX_NAME: i16 = 2;
 const INDEX_SHARD: i16 = 3;
@@ -75,6 +86,7 @@ const INDEX_SHARD: i16 = 3;
 const CREATE_LOCK_SPACE: u16 = 0x524c; // "RL"
 
 fn xact_snapshot_isolation() -> bool {
+    // SAFETY: a plain read of a backend-global integer.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
 }
 
@@ -82,11 +94,31 @@ fn text(s: &str) -> Datum {
     s.into_datum().expect("text is never NULL")
 }
 
-/// `rate_limiter.state` and its unique index, open for one call, with the snapshot the call
-/// reads with. Closed by `close`; an error instead leaves the cleanup to the abort.
+/// A timestamptz datum for `ms`, or 22008 when PostgreSQL cannot store that instant.
+fn instant(ms: f64, what: &str) -> Datum {
+    match clock::ms_to_pg_us(ms) {
+        Some(us) => Datum::from(us),
+        None => Error::TimeOutOfRange(format!("the state's {what} would be {ms} ms since the epoch")).raise(),
+    }
+}
+
+/// One index of `rate_limiter.state` that writes keep up to date: the unique index, or a
+/// copy of it that `REINDEX CONCURRENTLY` or a repack is building or retiring.
+struct StateIndex {
+    relation: pg_sys::Relation,
+    info: *mut pg_sys::IndexInfo,
+    /// Valid for lookups (a copy being built is not yet).
+    valid: bool,
+}
+
+/// `rate_limiter.state` and its indexes, open for one call, with the snapshot the call reads
+/// with. Closed on drop, on error paths too.
 pub struct StateTable {
     heap: pg_sys::Relation,
+    /// Where lookups go: the valid unique index.
     index: pg_sys::Relation,
+    /// Every index a new row version must be entered in; empty when open for reading.
+    indexes: Vec<StateIndex>,
     snapshot: pg_sys::Snapshot,
     tuple_slot: *mut pg_sys::TupleTableSlot,
 }
@@ -95,39 +127,96 @@ impl StateTable {
     /// Open for reading, or for writing (which a read-only transaction refuses, with
     /// `command` named in the error).
     pub fn open(write: Option<&std::ffi::CStr>) -> StateTable {
-        // Cached OIDs are stale once the extension was dropped and created again elsewhere.
+        // SAFETY: taking in invalidations is allowed anywhere in a transaction.
         unsafe { pg_sys::AcceptInvalidationMessages() };
-        let relations = cache::relations();
-        unsafe {
-            let lockmode = match write {
-                Some(command) => {
+        let lockmode = match write {
+            Some(command) => {
+                // SAFETY: both only read backend state and raise an ERROR (25006, 25000).
+                unsafe {
                     pg_sys::PreventCommandIfReadOnly(command.as_ptr());
-                    pg_sys::RowExclusiveLock
+                    pg_sys::PreventCommandIfParallelMode(command.as_ptr());
                 }
-                None => pg_sys::AccessShareLock,
-            } as pg_sys::LOCKMODE;
-            let heap = pg_sys::table_open(relations.state, lockmode);
-            let index = pg_sys::index_open(relations.state_key, lockmode);
-            // As SPI does for each statement of a VOLATILE function: a fresh snapshot at
-            // READ COMMITTED, that also sees this transaction's earlier commands.
+                pg_sys::RowExclusiveLock
+            }
+            None => pg_sys::AccessShareLock,
+        } as pg_sys::LOCKMODE;
+        // SAFETY: the OID is the extension's table, looked up after the invalidations above;
+        // the lock is held to the end of the transaction.
+        let heap = unsafe { pg_sys::table_open(cache::relations().state, lockmode) };
+        let mut table = StateTable {
+            heap,
+            index: null_mut(),
+            indexes: Vec::new(),
+            snapshot: null_mut(),
+            tuple_slot: null_mut(),
+        };
+        // SAFETY: `heap` is open and locked, so its descriptor is current.
+        unsafe { check_shape(heap) };
+        if write.is_some() {
+            // As the executor does before an UPDATE: refuse if a publication would get
+            // updates it cannot identify on the subscriber.
+            // SAFETY: `heap` is open; this only reads its publication info or raises.
+            unsafe { pg_sys::CheckCmdReplicaIdentity(heap, pg_sys::CmdType::CMD_UPDATE) };
+            // Writes here fire no triggers: refuse rather than skip one silently.
+            // SAFETY: `heap` is open; its trigger descriptor is null or valid.
+            if unsafe { !(*heap).trigdesc.is_null() && (*(*heap).trigdesc).numtriggers > 0 } {
+                Error::StateTableChanged.raise()
+            }
+            table.open_indexes(lockmode);
+        } else {
+            // Taking the table's lock took in invalidations: the index OID is the current one.
+            // SAFETY: a valid index of the table, locked as the table is.
+            table.index = unsafe { pg_sys::index_open(cache::relations().state_key, lockmode) };
+        }
+        // SAFETY: as SPI does for each statement of a VOLATILE function: a fresh snapshot at
+        // READ COMMITTED (the transaction's otherwise), which also sees this transaction's
+        // earlier commands. Popped on drop.
+        unsafe {
             pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
             pg_sys::UpdateActiveSnapshotCommandId();
-            StateTable {
-                heap,
-                index,
-                snapshot: pg_sys::GetActiveSnapshot(),
-                tuple_slot: pg_sys::table_slot_create(heap, null_mut()),
-            }
+            table.snapshot = pg_sys::GetActiveSnapshot();
+            table.tuple_slot = pg_sys::table_slot_create(heap, null_mut());
         }
+        table
     }
 
-    pub fn close(self) {
-        unsafe {
-            pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
-            pg_sys::PopActiveSnapshot();
-            pg_sys::index_close(self.index, pg_sys::NoLock as _);
-            pg_sys::table_close(self.heap, pg_sys::NoLock as _);
+    /// Open every index of the table, which must each be the unique index or a copy of it:
+    /// another index would need expressions or columns this path does not maintain.
+    fn open_indexes(&mut self, lockmode: pg_sys::LOCKMODE) {
+        // SAFETY: `heap` is open; the list is a copy we free.
+        let list = unsafe { pg_sys::RelationGetIndexList(self.heap) };
+        let oids: Vec<pg_sys::Oid> = if list.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: an OID list of `length` elements.
+            unsafe { (0..(*list).length).map(|i| (*(*list).elements.add(i as usize)).oid_value).collect() }
+        };
+        // SAFETY: freeing the copy made above.
+        unsafe { pg_sys::list_free(list) };
+        for oid in oids {
+            // SAFETY: an index of the locked table, opened with the table's lock mode.
+            let relation = unsafe { pg_sys::index_open(oid, lockmode) };
+            // SAFETY: an open index relation has its pg_index row and descriptor.
+            let (info, form) = unsafe { (pg_sys::BuildIndexInfo(relation), &*(*relation).rd_index) };
+            // Pushed before checking, so that drop closes it on the error path too.
+            self.indexes.push(StateIndex { relation, info, valid: form.indisvalid && form.indislive });
+            // SAFETY: `info` was just built for this index.
+            if !unsafe { is_key_copy(form, &*info) } {
+                Error::StateTableChanged.raise()
+            }
+            if !form.indisready {
+                // Being dropped (REINDEX CONCURRENTLY's last step): no new entries.
+                self.indexes.pop();
+                // SAFETY: opened above, closed once.
+                unsafe { pg_sys::index_close(relation, lockmode) };
+            }
         }
+        self.index = self
+            .indexes
+            .iter()
+            .find(|i| i.valid)
+            .map(|i| i.relation)
+            .unwrap_or_else(|| Error::StateTableChanged.raise());
     }
 
     /// The row of `slot` as of the call's snapshot.
@@ -136,67 +225,87 @@ impl StateTable {
     }
 
     fn find(&self, slot: Slot<'_>, snapshot: pg_sys::Snapshot) -> Option<Row> {
+        // SAFETY: the relations and slot are open for this call; `snapshot` outlives the scan.
         unsafe {
             let mut keys = slot_keys(self.index, slot);
             probe(self.heap, self.index, snapshot, &mut keys, self.tuple_slot).then(|| self.slot_row())
         }
     }
 
+    /// The row in `tuple_slot`.
+    ///
+    /// # Safety
+    /// `tuple_slot` holds a tuple of the state table.
     unsafe fn slot_row(&self) -> Row {
         let attr = |n: i16| {
             let mut isnull = false;
-            let d = pg_sys::slot_getattr(self.tuple_slot, n.into(), &mut isnull);
+            // SAFETY: the slot holds a tuple with these columns (shape checked at open).
+            let d = unsafe { pg_sys::slot_getattr(self.tuple_slot, n.into(), &mut isnull) };
             assert!(!isnull, "rate_limiter.state.value and ts are NOT NULL");
             d
         };
         let value = f64::from_bits(attr(VALUE).value() as u64);
         let ts = clock::pg_us_to_ms(attr(TS).value() as i64);
-        Row { state: State { value, ts }, tid: (*self.tuple_slot).tts_tid }
+        // SAFETY: as above; the slot's tid is that of the tuple in it.
+        Row { state: State { value, ts }, tid: unsafe { (*self.tuple_slot).tts_tid } }
     }
 
-    /// Write `state` over `row`. Without `wait`, gives up when another transaction holds it.
-    pub fn update(&self, row: &Row, slot: Slot<'_>, state: State, wait: bool) -> Written {
+    /// Later reads of this call must see what it just wrote.
+    fn next_command(&self) {
+        // SAFETY: our snapshot is the active one (pushed at open, popped on drop), so it is
+        // the one whose command id is advanced.
         unsafe {
-            let tuple = self.form(slot, state);
-            let mut tid = row.tid;
-            let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
-            let mut lockmode = pg_sys::LockTupleMode::LockTupleNoKeyExclusive;
+            pg_sys::CommandCounterIncrement();
+            pg_sys::UpdateActiveSnapshotCommandId();
+        }
+    }
+
+    /// Write `state`, to expire at `expires`, over `row`. Without `wait`, gives up when
+    /// another transaction holds it.
+    pub fn update(&self, row: &Row, slot: Slot<'_>, state: State, expires: f64, wait: bool) -> Written {
+        let tuple = self.form(slot, state, expires);
+        let mut tid = row.tid;
+        // SAFETY: plain-old-data out parameters.
+        let mut failure: pg_sys::TM_FailureData = unsafe { std::mem::zeroed() };
+        let mut lockmode = pg_sys::LockTupleMode::LockTupleNoKeyExclusive;
+        // SAFETY: `tuple` was formed for this table; `tid` points into it.
+        let result = unsafe {
             let cid = pg_sys::GetCurrentCommandId(true);
-            let result =
-                pg_sys::heap_update(self.heap, &mut tid, tuple, cid, null_mut(), wait, &mut failure, &mut lockmode);
-            match result {
-                TM_Result::TM_Ok => {
-                    // A HOT update needs no new index entry; one that moved to another page
-                    // does. It skips the uniqueness check: the slot is unchanged and this
-                    // transaction holds its only live version.
-                    let heap_only = (*(*tuple).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 != 0;
-                    if !heap_only {
-                        let check = pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO;
-                        self.index_insert(slot, &mut (*tuple).t_self, check, true);
-                    }
-                    // Later calls in this statement must see this version.
-                    pg_sys::CommandCounterIncrement();
-                    Written::Done
+            pg_sys::heap_update(self.heap, &mut tid, tuple, cid, null_mut(), wait, &mut failure, &mut lockmode)
+        };
+        match result {
+            TM_Result::TM_Ok => {
+                // A HOT update needs no new index entry; one that moved to another page
+                // does. It skips the uniqueness check: the slot is unchanged and this
+                // transaction holds its only live version.
+                // SAFETY: heap_update filled in the new version's header.
+                let heap_only = unsafe { (*(*tuple).t_data).t_infomask2 } & pg_sys::HEAP_ONLY_TUPLE as u16 != 0;
+                if !heap_only {
+                    self.index_insert(slot, tuple, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO, true);
                 }
-                TM_Result::TM_BeingModified | TM_Result::TM_WouldBlock if !wait => Written::Busy,
-                TM_Result::TM_Updated | TM_Result::TM_Deleted if xact_snapshot_isolation() => {
-                    Error::SerializationFailure.raise()
-                }
-                TM_Result::TM_Updated | TM_Result::TM_Deleted => Written::Moved,
-                other => error!("rate_limiter: unexpected heap_update result {other}"),
+                self.next_command();
+                Written::Done
             }
+            TM_Result::TM_BeingModified | TM_Result::TM_WouldBlock if !wait => Written::Busy,
+            TM_Result::TM_Updated | TM_Result::TM_Deleted if xact_snapshot_isolation() => {
+                Error::SerializationFailure.raise()
+            }
+            TM_Result::TM_Updated | TM_Result::TM_Deleted => Written::Moved,
+            other => error!("rate_limiter: unexpected heap_update result {other}"),
         }
     }
 
     /// Lock the newest version of `row` (`FOR NO KEY UPDATE`). Without `wait`, gives up
     /// when another transaction holds it.
     pub fn lock(&self, row: &Row, wait: bool) -> Locked {
-        unsafe {
-            let mut tid = row.tid;
-            let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
-            let follow = if xact_snapshot_isolation() { 0 } else { pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION };
-            let policy = if wait { pg_sys::LockWaitPolicy::LockWaitBlock } else { pg_sys::LockWaitPolicy::LockWaitSkip };
-            let result = pg_sys::table_tuple_lock(
+        let mut tid = row.tid;
+        // SAFETY: plain-old-data out parameter.
+        let mut failure: pg_sys::TM_FailureData = unsafe { std::mem::zeroed() };
+        let follow = if xact_snapshot_isolation() { 0 } else { pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION };
+        let policy = if wait { pg_sys::LockWaitPolicy::LockWaitBlock } else { pg_sys::LockWaitPolicy::LockWaitSkip };
+        // SAFETY: relation, snapshot and slot are open for this call; `tid` is a row of it.
+        let result = unsafe {
+            pg_sys::table_tuple_lock(
                 self.heap,
                 &mut tid,
                 self.snapshot,
@@ -206,16 +315,17 @@ impl StateTable {
                 policy,
                 follow as u8,
                 &mut failure,
-            );
-            match result {
-                TM_Result::TM_Ok => Locked::Row(self.slot_row()),
-                TM_Result::TM_WouldBlock => Locked::Busy,
-                TM_Result::TM_Updated | TM_Result::TM_Deleted if xact_snapshot_isolation() => {
-                    Error::SerializationFailure.raise()
-                }
-                TM_Result::TM_Deleted => Locked::Gone,
-                other => error!("rate_limiter: unexpected table_tuple_lock result {other}"),
+            )
+        };
+        match result {
+            // SAFETY: the lock put the locked version in the slot.
+            TM_Result::TM_Ok => Locked::Row(unsafe { self.slot_row() }),
+            TM_Result::TM_WouldBlock => Locked::Busy,
+            TM_Result::TM_Updated | TM_Result::TM_Deleted if xact_snapshot_isolation() => {
+                Error::SerializationFailure.raise()
             }
+            TM_Result::TM_Deleted => Locked::Gone,
+            other => error!("rate_limiter: unexpected table_tuple_lock result {other}"),
         }
     }
 
@@ -229,42 +339,51 @@ impl StateTable {
     /// vanishes at once, so nobody waits for it), and take turns with the other creators of
     /// this row on an advisory lock, held only while looking (with a snapshot that also sees
     /// uncommitted rows) and inserting again; waits happen outside it.
-    pub fn create(&self, slot: Slot<'_>, state: State, wait: bool) -> Created {
-        if let Some(row) = self.insert_if_unique(slot, state) {
+    pub fn create(&self, slot: Slot<'_>, state: State, expires: f64, wait: bool) -> Created {
+        if let Some(row) = self.insert_if_unique(slot, state, expires) {
             return Created::Done(row);
         }
-        unsafe {
-            let mut hasher = DefaultHasher::new();
-            (slot.name, slot.key, slot.shard).hash(&mut hasher);
-            let hash = hasher.finish();
-            let tag = pg_sys::LOCKTAG {
-                locktag_field1: pg_sys::MyDatabaseId.into(),
-                locktag_field2: (hash >> 32) as u32,
-                locktag_field3: hash as u32,
-                locktag_field4: CREATE_LOCK_SPACE,
-                locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
-                locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+        let mut hasher = DefaultHasher::new();
+        (slot.name, slot.key, slot.shard).hash(&mut hasher);
+        let hash = hasher.finish();
+        let tag = pg_sys::LOCKTAG {
+            // SAFETY: a plain read of a backend-global OID.
+            locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
+            locktag_field2: (hash >> 32) as u32,
+            locktag_field3: hash as u32,
+            locktag_field4: CREATE_LOCK_SPACE,
+            locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+            locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+        };
+        let mode = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
+        loop {
+            // A creator that keeps losing races still answers a cancel or statement_timeout.
+            check_for_interrupts!();
+            // SAFETY: a session-independent advisory lock, released below on every path
+            // that returns normally (an error releases it with the transaction).
+            unsafe { pg_sys::LockAcquire(&tag, mode, false, false) };
+            // SAFETY: a dirty snapshot is plain data that HeapTupleSatisfiesDirty fills in.
+            let mut dirty: pg_sys::SnapshotData = unsafe { std::mem::zeroed() };
+            dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+            let found = self.find(slot, &mut dirty);
+            let created = if found.is_none() { self.insert_if_unique(slot, state, expires) } else { None };
+            // SAFETY: the lock taken above.
+            unsafe { pg_sys::LockRelease(&tag, mode, false) };
+            let Some(row) = found else {
+                match created {
+                    Some(row) => return Created::Done(row),
+                    None => continue, // an optimistic creator got in first: look again
+                }
             };
-            let mode = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
-            loop {
-                pg_sys::LockAcquire(&tag, mode, false, false);
-                let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
-                dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
-                let found = self.find(slot, &mut dirty);
-                let created = if found.is_none() { self.insert_if_unique(slot, state) } else { None };
-                pg_sys::LockRelease(&tag, mode, false);
-                let Some(row) = found else {
-                    match created {
-                        Some(row) => return Created::Done(row),
-                        None => continue, // an optimistic creator got in first: look again
-                    }
-                };
-                let (inserter, updater) = (dirty.xmin, dirty.xmax);
-                if inserter != pg_sys::InvalidTransactionId || updater != pg_sys::InvalidTransactionId {
-                    if !wait {
-                        return Created::Busy;
-                    }
-                    let mut tid = row.tid;
+            let (inserter, updater) = (dirty.xmin, dirty.xmax);
+            if inserter != pg_sys::InvalidTransactionId || updater != pg_sys::InvalidTransactionId {
+                if !wait {
+                    return Created::Busy;
+                }
+                let mut tid = row.tid;
+                // SAFETY: waits on transaction ids the dirty snapshot reported; both return
+                // once that transaction (or its speculative insertion) is over.
+                unsafe {
                     if dirty.speculativeToken != 0 {
                         // Mid-insertion: it is confirmed or taken back in a moment.
                         pg_sys::SpeculativeInsertionWait(inserter, dirty.speculativeToken);
@@ -272,23 +391,27 @@ impl StateTable {
                         let running = if inserter != pg_sys::InvalidTransactionId { inserter } else { updater };
                         pg_sys::XactLockTableWait(running, self.heap, &mut tid, pg_sys::XLTW_Oper::XLTW_InsertIndex);
                     }
-                    continue; // look again
                 }
-                if xact_snapshot_isolation() && self.read(slot).is_none() {
-                    Error::SerializationFailure.raise()
-                }
-                return Created::Exists(row);
+                continue; // look again
             }
+            // Committed, or this transaction's own: at snapshot isolation only a row our
+            // snapshot sees may be used; one committed after it is a conflict.
+            if xact_snapshot_isolation() && self.read(slot).is_none() {
+                Error::SerializationFailure.raise()
+            }
+            return Created::Exists(row);
         }
     }
 
     /// Insert the row speculatively; `None` (and the row taken back) if another live or
     /// uncommitted row of the slot might exist.
-    fn insert_if_unique(&self, slot: Slot<'_>, state: State) -> Option<Row> {
-        unsafe {
+    fn insert_if_unique(&self, slot: Slot<'_>, state: State, expires: f64) -> Option<Row> {
+        let tuple = self.form(slot, state, expires);
+        // SAFETY: the speculative insertion protocol of ExecInsert: take the token, insert
+        // with it, enter the index entries, then confirm or take back, and release.
+        let unique = unsafe {
             let xid = pg_sys::GetCurrentTransactionId();
             let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
-            let tuple = self.form(slot, state);
             // HeapTupleHeaderSetSpeculativeToken: the token waits in t_ctid until confirmed.
             let ctid = &mut (*(*tuple).t_data).t_ctid;
             ctid.ip_blkid.bi_hi = (token >> 16) as u16;
@@ -296,58 +419,134 @@ impl StateTable {
             ctid.ip_posid = pg_sys::SpecTokenOffsetNumber as u16;
             let cid = pg_sys::GetCurrentCommandId(true);
             pg_sys::heap_insert(self.heap, tuple, cid, pg_sys::HEAP_INSERT_SPECULATIVE as i32, null_mut());
-            let mut tid = (*tuple).t_self;
-            let unique = self.index_insert(slot, &mut tid, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL, false);
+            let unique = self.index_insert(slot, tuple, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL, false);
             if unique {
-                pg_sys::heap_finish_speculative(self.heap, &mut tid);
+                pg_sys::heap_finish_speculative(self.heap, &mut (*tuple).t_self);
             } else {
-                pg_sys::heap_abort_speculative(self.heap, &mut tid);
+                pg_sys::heap_abort_speculative(self.heap, &mut (*tuple).t_self);
             }
             pg_sys::SpeculativeInsertionLockRelease(xid);
-            // Later calls in this statement must see the row.
-            pg_sys::CommandCounterIncrement();
-            unique.then_some(Row { state, tid })
-        }
+            unique
+        };
+        self.next_command();
+        // SAFETY: heap_insert set the new row's tid.
+        unique.then_some(Row { state, tid: unsafe { (*tuple).t_self } })
     }
 
-    unsafe fn form(&self, slot: Slot<'_>, state: State) -> pg_sys::HeapTuple {
+    fn form(&self, slot: Slot<'_>, state: State, expires: f64) -> pg_sys::HeapTuple {
         let mut values = [
             text(slot.name),
             slot.key.map(text).unwrap_or(Datum::from(0)),
             Datum::from(slot.shard as i16),
             state.value.into_datum().expect("float8"),
-            Datum::from(clock::ms_to_pg_us(state.ts)),
+            instant(state.ts, "time"),
+            // An expiry past the last instant PostgreSQL can store is never.
+            clock::ms_to_pg_us(expires).map_or(Datum::from(i64::MAX), Datum::from),
         ];
-        let mut nulls = [false, slot.key.is_none(), false, false, false];
-        pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr())
+        let mut nulls = [false, slot.key.is_none(), false, false, false, false];
+        // SAFETY: `values` and `nulls` match the descriptor's columns (shape checked at open).
+        unsafe { pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr()) }
     }
 
-    /// Add the index entry of a new row version; false if the index found another live or
-    /// uncommitted row of the slot (only with `UNIQUE_CHECK_PARTIAL`).
-    unsafe fn index_insert(
+    /// Enter a new row version of `slot` in every index; false if an index found another
+    /// live or uncommitted row of the slot (only with `UNIQUE_CHECK_PARTIAL`).
+    fn index_insert(
         &self,
         slot: Slot<'_>,
-        tid: pg_sys::ItemPointer,
+        tuple: pg_sys::HeapTuple,
         check: pg_sys::IndexUniqueCheck::Type,
         unchanged: bool,
     ) -> bool {
+        // Every index has the columns (key, name, shard): see `is_key_copy`.
         let mut values = [slot.key.map(text).unwrap_or(Datum::from(0)), text(slot.name), Datum::from(slot.shard as i16)];
         let mut nulls = [slot.key.is_none(), false, false];
-        pg_sys::index_insert(
-            self.index,
-            values.as_mut_ptr(),
-            nulls.as_mut_ptr(),
-            tid,
-            self.heap,
-            check,
-            unchanged,
-            pg_sys::BuildIndexInfo(self.index),
-        )
+        let mut unique = true;
+        for index in &self.indexes {
+            // SAFETY: `tuple` is a stored version of this table; each index and its info are
+            // open for this call; the arrays match the index's three columns.
+            unique &= unsafe {
+                pg_sys::index_insert(
+                    index.relation,
+                    values.as_mut_ptr(),
+                    nulls.as_mut_ptr(),
+                    &mut (*tuple).t_self,
+                    self.heap,
+                    check,
+                    unchanged,
+                    index.info,
+                )
+            };
+        }
+        unique
     }
+}
+
+impl Drop for StateTable {
+    fn drop(&mut self) {
+        // SAFETY: each was opened by `open` and is closed once; on an error path the
+        // snapshot is popped only if it is still on top (else the abort pops it).
+        unsafe {
+            if !self.tuple_slot.is_null() {
+                pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
+            }
+            if !self.snapshot.is_null() && pg_sys::ActiveSnapshotSet() && pg_sys::GetActiveSnapshot() == self.snapshot {
+                pg_sys::PopActiveSnapshot();
+            }
+            if self.indexes.is_empty() {
+                if !self.index.is_null() {
+                    pg_sys::index_close(self.index, pg_sys::NoLock as _);
+                }
+            } else {
+                for index in &self.indexes {
+                    pg_sys::index_close(index.relation, pg_sys::NoLock as _);
+                }
+            }
+            pg_sys::table_close(self.heap, pg_sys::NoLock as _);
+        }
+    }
+}
+
+/// Refuse to read or write rows of a shape other than the one `form` and `slot_row` use:
+/// 55000 after an ALTER TABLE, or before ALTER EXTENSION UPDATE gave the table its columns.
+///
+/// # Safety
+/// `heap` is open and locked.
+unsafe fn check_shape(heap: pg_sys::Relation) {
+    // SAFETY: an open relation's descriptor, with `natts` attributes.
+    let desc = unsafe { &*(*heap).rd_att };
+    let attrs = unsafe { desc.attrs.as_slice(desc.natts as usize) };
+    if attrs.len() == 5 && !attrs.iter().any(|a| a.attisdropped) {
+        Error::ExtensionOutdated.raise() // 0.1.0 and 0.2.0 had no expires column
+    }
+    let matches = attrs.len() == STATE_SHAPE.len()
+        && attrs.iter().zip(STATE_SHAPE).all(|(a, ty)| !a.attisdropped && a.atttypid == ty);
+    if !matches {
+        Error::StateTableChanged.raise()
+    }
+}
+
+/// Whether an index is the unique index on (key, name, shard) or an exact copy of it, the
+/// only kind a write here keeps up to date.
+///
+/// # Safety
+/// `form` and `info` belong to one open index.
+unsafe fn is_key_copy(form: &pg_sys::FormData_pg_index, info: &pg_sys::IndexInfo) -> bool {
+    // SAFETY: `indkey` holds `indnatts` column numbers.
+    let columns = unsafe { form.indkey.values.as_slice(form.indnatts as usize) };
+    form.indisunique
+        && form.indimmediate
+        && columns == INDEX_COLUMNS
+        && info.ii_NullsNotDistinct
+        && info.ii_Expressions.is_null()
+        && info.ii_Predicate.is_null()
 }
 
 /// Look `keys` up in `index` as of `snapshot`; true when a visible row was found, which is
 /// then in `tuple_slot`. Each index is unique, so the first match is the only one.
+///
+/// # Safety
+/// `index` is an open index of the open `heap`; `tuple_slot` is a slot of `heap`; `snapshot`
+/// is valid for the scan.
 unsafe fn probe(
     heap: pg_sys::Relation,
     index: pg_sys::Relation,
@@ -355,35 +554,50 @@ unsafe fn probe(
     keys: &mut [pg_sys::ScanKeyData],
     tuple_slot: *mut pg_sys::TupleTableSlot,
 ) -> bool {
-    let scan = pg_sys::index_beginscan(heap, index, snapshot, keys.len() as _, 0);
-    pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
-    let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot);
-    pg_sys::index_endscan(scan);
-    found
+    // SAFETY: the caller's promises; the scan is ended before returning.
+    unsafe {
+        let scan = pg_sys::index_beginscan(heap, index, snapshot, keys.len() as _, 0);
+        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
+        let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot);
+        pg_sys::index_endscan(scan);
+        found
+    }
 }
 
 /// `index` column `attno` equals `value`, compared by `procedure` in the column's collation.
+///
+/// # Safety
+/// `index` is open and has a column `attno`.
 unsafe fn equal_key(index: pg_sys::Relation, attno: i16, procedure: u32, value: Datum) -> pg_sys::ScanKeyData {
-    let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
-    pg_sys::ScanKeyEntryInitialize(
-        &mut key,
-        0,
-        attno,
-        pg_sys::BTEqualStrategyNumber as u16,
-        pg_sys::InvalidOid,
-        *(*index).rd_indcollation.add(attno as usize - 1),
-        procedure.into(),
-        value,
-    );
-    key
+    // SAFETY: plain-old-data, initialized by ScanKeyEntryInitialize; the collation array
+    // has one entry per index column.
+    unsafe {
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut key,
+            0,
+            attno,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::InvalidOid,
+            *(*index).rd_indcollation.add(attno as usize - 1),
+            procedure.into(),
+            value,
+        );
+        key
+    }
 }
 
 /// Equality keys on (key, name, shard); a NULL key matches the NULL key (the index is
 /// NULLS NOT DISTINCT).
+///
+/// # Safety
+/// `index` is the open unique index of the state table.
 unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKeyData; 3] {
     let key = match slot.key {
-        Some(k) => equal_key(index, INDEX_KEY, pg_sys::F_TEXTEQ, text(k)),
-        None => {
+        // SAFETY: the caller's promise.
+        Some(k) => unsafe { equal_key(index, INDEX_KEY, pg_sys::F_TEXTEQ, text(k)) },
+        // SAFETY: plain-old-data, initialized as an IS NULL search key.
+        None => unsafe {
             let mut is_null: pg_sys::ScanKeyData = std::mem::zeroed();
             pg_sys::ScanKeyEntryInitialize(
                 &mut is_null,
@@ -396,21 +610,25 @@ unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKey
                 Datum::from(0),
             );
             is_null
-        }
+        },
     };
-    [
-        key,
-        equal_key(index, INDEX_NAME, pg_sys::F_TEXTEQ, text(slot.name)),
-        equal_key(index, INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.shard as i16)),
-    ]
+    // SAFETY: the caller's promise.
+    unsafe {
+        [
+            key,
+            equal_key(index, INDEX_NAME, pg_sys::F_TEXTEQ, text(slot.name)),
+            equal_key(index, INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.shard as i16)),
+        ]
+    }
 }
 
 /// The named limit's row, if any, as committed now (the config cache is refilled from here
 /// after every change, so it must not see an older snapshot's version).
 pub fn load_limit(name: &str) -> Option<LimitRow> {
     let relations = cache::relations();
+    let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: the extension's table and its primary key, opened, scanned and closed here.
     unsafe {
-        let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let heap = pg_sys::table_open(relations.limits, lockmode);
         let index = pg_sys::index_open(relations.limits_key, lockmode);
         let mut keys = [equal_key(index, 1, pg_sys::F_TEXTEQ, text(name))];
@@ -425,20 +643,29 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
 
 /// Columns of rate_limiter.limits, in order: name, kind, rate, period, capacity,
 /// max_reserved, shards, start; NOT NULL where `required`.
+///
+/// # Safety
+/// `tuple_slot` holds a row of `rate_limiter.limits`.
 unsafe fn limit_row(tuple_slot: *mut pg_sys::TupleTableSlot) -> LimitRow {
-    fn column<T: FromDatum>(tuple_slot: *mut pg_sys::TupleTableSlot, attno: i32) -> Option<T> {
+    let column = |attno: i32| {
         let mut isnull = false;
-        unsafe { T::from_datum(pg_sys::slot_getattr(tuple_slot, attno, &mut isnull), isnull) }
+        // SAFETY: the caller's promise; every attno below is a column of limits.
+        let datum = unsafe { pg_sys::slot_getattr(tuple_slot, attno, &mut isnull) };
+        (datum, isnull)
+    };
+    fn from<T: FromDatum>((datum, isnull): (Datum, bool)) -> Option<T> {
+        // SAFETY: the column's type is T's (the table is the extension's).
+        unsafe { T::from_datum(datum, isnull) }
     }
     let required = "NOT NULL column of rate_limiter.limits";
     LimitRow {
-        kind: column(tuple_slot, 2).expect(required),
-        rate: column(tuple_slot, 3).expect(required),
-        period: column(tuple_slot, 4).expect(required),
-        capacity: column(tuple_slot, 5),
-        max_reserved: column(tuple_slot, 6),
-        shards: column(tuple_slot, 7).expect(required),
-        start: column(tuple_slot, 8),
+        kind: from(column(2)).expect(required),
+        rate: from(column(3)).expect(required),
+        period: from(column(4)).expect(required),
+        capacity: from(column(5)),
+        max_reserved: from(column(6)),
+        shards: from(column(7)).expect(required),
+        start: from(column(8)),
     }
 }
 
@@ -450,6 +677,22 @@ pub fn delete(name: &str, key: Option<&str>) {
     };
     let sql = format!("DELETE FROM rate_limiter.state WHERE name OPERATOR(pg_catalog.=) $1 AND {key_where}");
     Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Delete up to `max_rows` rows whose expiry has passed at `now` (ms), skipping rows other
+/// transactions hold; how many were deleted. Plain SQL: the executor keeps every index and
+/// publication informed. The row lock re-checks `expires` on the newest version, so a row
+/// a call has just written again is kept.
+pub fn prune(now: f64, max_rows: i32) -> i64 {
+    let sql = "WITH doomed AS ( \
+                   SELECT ctid FROM rate_limiter.state \
+                   WHERE expires OPERATOR(pg_catalog.<=) $1 \
+                   LIMIT $2 FOR UPDATE SKIP LOCKED) \
+               DELETE FROM rate_limiter.state \
+               WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM doomed))";
+    let now = clock::ms_timestamptz(now);
+    Spi::connect_mut(|client| client.update(sql, None, &[now.into(), max_rows.into()]).map(|t| t.len() as i64))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// Insert or replace a named limit.

@@ -268,7 +268,7 @@ def test_sharded_calls_do_not_queue_behind_a_held_shard(db, name):
     define(db, name, rate=1000, period="1 hour", shards=8)
     # Rows exist already (a first-ever insert is waited for, like any unique insert).
     db.execute(
-        "INSERT INTO rate_limiter.state SELECT %s, NULL, s, 125, now() FROM generate_series(0, 7) s", (name,)
+        "INSERT INTO rate_limiter.state SELECT %s, NULL, s, 125, now(), 'infinity' FROM generate_series(0, 7) s", (name,)
     )
     with connect(autocommit=False) as holder, connect() as b:
         assert limit(holder, name)[0]  # holds one shard's row lock until it ends

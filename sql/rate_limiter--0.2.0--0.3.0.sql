@@ -1,0 +1,34 @@
+-- rate_limiter 0.2.0 -> 0.3.0: state that expires (an expires column and prune()), a
+-- replica identity for logical replication, and a cache trigger that fires always.
+-- Run ALTER EXTENSION rate_limiter UPDATE after installing the library.
+
+-- Rows written by 0.2.0 do not know when they expire. For named limits, a conservative
+-- instant: when the shard has refilled from its stored value, plus one period. Rows of
+-- inline configs (whose config is not stored) get one at their next write.
+ALTER TABLE rate_limiter.state ADD COLUMN expires timestamptz;
+UPDATE rate_limiter.state s SET expires = coalesce((
+    SELECT CASE WHEN e.at < 1e11 THEN pg_catalog.to_timestamp(e.at) ELSE 'infinity' END
+    FROM (
+        SELECT pg_catalog.date_part('epoch', s.ts)
+             + pg_catalog.date_part('epoch', l.period)
+               * (greatest(coalesce(l.capacity, l.rate) - s.value * l.shards, 0) / l.rate + 1) AS at
+        FROM rate_limiter.limits l
+        WHERE l.name OPERATOR(pg_catalog.=) s.name
+    ) e), 'infinity');
+ALTER TABLE rate_limiter.state
+    ALTER COLUMN expires SET NOT NULL,
+    REPLICA IDENTITY FULL;
+COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
+
+ALTER TABLE rate_limiter.limits ENABLE ALWAYS TRIGGER limits_changed;
+
+CREATE FUNCTION rate_limiter."prune"(
+	"max_rows" INT DEFAULT 10000
+) RETURNS bigint
+SECURITY DEFINER
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'prune_wrapper';
+REVOKE ALL ON FUNCTION rate_limiter.prune(integer) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.prune(integer) IS
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would; returns how many. Skips rows in use.';

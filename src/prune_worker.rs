@@ -1,0 +1,126 @@
+//! The background worker that keeps `rate_limiter.state` from only growing: with
+//! `shared_preload_libraries = 'rate_limiter'`, a launcher wakes every
+//! `rate_limiter.prune_interval` and, one database at a time, starts a worker that prunes
+//! that database's state table in batches if the extension is installed there.
+
+use std::time::Duration;
+
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::prelude::*;
+
+/// `rate_limiter.prune_interval`, in seconds; 0 turns the worker off.
+pub static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
+
+/// Rows deleted per transaction: short transactions, so the worker never holds many row
+/// locks or a snapshot for long.
+const BATCH: i32 = 10_000;
+
+/// From `_PG_init`: the setting always, the launcher only when preloaded.
+pub fn register() {
+    GucRegistry::define_int_guc(
+        c"rate_limiter.prune_interval",
+        c"How often the background worker removes expired rows of rate_limiter.state; 0 turns it off.",
+        c"Needs shared_preload_libraries = 'rate_limiter'. Each run prunes every database that has the extension.",
+        &PRUNE_INTERVAL,
+        0,
+        i32::MAX / 1000,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    // SAFETY: a plain read of a postmaster-set flag.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        BackgroundWorkerBuilder::new("rate_limiter prune launcher")
+            .set_type("rate_limiter prune launcher")
+            .set_library("rate_limiter")
+            .set_function("rate_limiter_prune_launcher")
+            .enable_spi_access()
+            .set_restart_time(Some(Duration::from_secs(10)))
+            .load();
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
+    loop {
+        // Off (0): look at the setting again hourly, or at the next reload.
+        let interval = match PRUNE_INTERVAL.get() {
+            0 => 3600,
+            seconds => seconds as u64,
+        };
+        if !BackgroundWorker::wait_latch(Some(Duration::from_secs(interval))) {
+            break;
+        }
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: re-reads postgresql.conf, as every worker does on SIGHUP.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            continue; // start the new interval afresh
+        }
+        if PRUNE_INTERVAL.get() == 0 {
+            continue;
+        }
+        let databases: Vec<pg_sys::Oid> = BackgroundWorker::transaction(|| {
+            Spi::connect(|client| {
+                client
+                    .select("SELECT oid FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate", None, &[])
+                    .map(|rows| rows.filter_map(|row| row.get::<pg_sys::Oid>(1).ok().flatten()).collect())
+            })
+            .unwrap_or_default()
+        });
+        for database in databases {
+            if BackgroundWorker::sigterm_received() {
+                return;
+            }
+            let started = BackgroundWorkerBuilder::new("rate_limiter prune")
+                .set_type("rate_limiter prune")
+                .set_library("rate_limiter")
+                .set_function("rate_limiter_prune_database")
+                .set_argument(database.into_datum())
+                .enable_spi_access()
+                // SAFETY: a plain read of this process's pid.
+                .set_notify_pid(unsafe { pg_sys::MyProcPid })
+                .load_dynamic();
+            match started {
+                Ok(worker) => {
+                    let _ = worker.wait_for_shutdown();
+                }
+                Err(e) => log!("rate_limiter: could not start a prune worker: {e:?}"),
+            }
+        }
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGTERM);
+    // SAFETY: the launcher passed a database OID as the argument.
+    let database = unsafe { pg_sys::Oid::from_datum(arg, false) }.expect("a database OID");
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
+    let installed = BackgroundWorker::transaction(|| {
+        Spi::get_one::<bool>("SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'rate_limiter')")
+            .ok()
+            .flatten()
+            .unwrap_or(false)
+    });
+    if !installed {
+        return;
+    }
+    let mut total = 0i64;
+    while !BackgroundWorker::sigterm_received() {
+        let deleted = BackgroundWorker::transaction(|| {
+            Spi::get_one_with_args::<i64>("SELECT rate_limiter.prune($1)", &[BATCH.into()])
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+        });
+        total += deleted;
+        if deleted < i64::from(BATCH) {
+            break;
+        }
+    }
+    debug1!("rate_limiter: pruned {total} expired rows of rate_limiter.state");
+}
