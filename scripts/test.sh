@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run every test tier: Rust unit tests and #[pg_test]s (cargo pgrx test), then the
-# multi-session tests in tests/ against a throwaway cluster. Safe to run again.
+# pg_isolation_regress specs and the multi-session and operations tests in tests/ against
+# a throwaway cluster (the operations tests start more clusters of their own). Safe to run again.
 source "$(dirname "$0")/lib.sh"
 setup
 step "tier 1 and 2: unit tests and #[pg_test]s"
@@ -10,8 +11,17 @@ as_root chown postgres: /tmp/rate_limiter_pgrx_test
 # cargo pgrx test installed its test build; install the real one for the cluster tests.
 build_and_install
 start_cluster
+step "tier 3: deterministic interleavings (pg_isolation_regress)"
+ISOLATION_OUT=/tmp/rate_limiter_isolation
+rm -rf "$ISOLATION_OUT" && mkdir -p "$ISOLATION_OUT"
+fresh_database rate_limiter_isolation
+specs=$(cd "$ROOT/tests/isolation/specs" && ls *.spec | sed 's/\.spec$//')
+"$($PG_CONFIG --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress" --use-existing \
+    --host=/tmp --port="$PGPORT" --user=postgres --dbname=rate_limiter_isolation \
+    --inputdir="$ROOT/tests/isolation" --outputdir="$ISOLATION_OUT" \
+    $specs || { cat "$ISOLATION_OUT/regression.diffs" 2>/dev/null; exit 1; }
 fresh_database rate_limiter_test
-step "tier 3: multi-session tests"
+step "tier 4: multi-session and operations tests"
 if [ ! -x "$ROOT/.venv/bin/pytest" ]; then
     python3 -m venv "$ROOT/.venv"
     "$ROOT/.venv/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/tests/requirements.txt"

@@ -262,6 +262,77 @@ mod tests {
     }
 
     #[pg_test]
+    fn numbers_and_instants_out_of_range_are_refused_not_stored() {
+        at("0");
+        // jsonb holds these; a double cannot (pgrx's own parsing raised XX000).
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1e400,"period":1}')"#, "22023", "double precision");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":1,"junk":-1e999}')"#, "22023", "double precision");
+        fails(r#"SELECT * FROM rate_limiter.rate_limit_value('x', config => '{"kind":"token bucket","rate":1e400,"period":1}')"#, "22023", "double precision");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"fixed window","rate":1,"period":1,"start":"infinity"}')"#, "22008", "start");
+        // Within decades of the largest timestamp: the microsecond conversion used to wrap
+        // into a wrong finite start; now the windows are aligned to it.
+        run(r#"SELECT rate_limiter.rate_limit('late', config => '{"kind":"fixed window","rate":1,"period":"1 day","start":"294270-01-01"}')"#);
+        let aligned = one::<bool>(&format!(
+            "SELECT ts > '{T0}'::timestamptz - interval '1 day 1 second' AND ts <= '{T0}' FROM rate_limiter.state WHERE name = 'late'"
+        ));
+        assert_eq!(aligned, Some(true));
+        run("DELETE FROM rate_limiter.state");
+        fails("SELECT rate_limiter.define('d', 'fixed window', 1, '1 second', start => 'infinity')", "22008", "start");
+        // A window so long that its start or end falls outside what PostgreSQL can store.
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"fixed window","rate":1,"period":1e19}')"#, "22008", "instant out of range");
+        run("SET rate_limiter.fake_now = 'infinity'");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":1}')"#, "22008", "fake_now");
+        run("SET rate_limiter.fake_now = '-infinity'");
+        fails(r#"SELECT rate_limiter.check_rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":1}')"#, "22008", "fake_now");
+        at("0");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state"), Some(0));
+        // Every stored instant stays printable.
+        run(r#"SELECT rate_limiter.rate_limit('far', config => '{"kind":"fixed window","rate":1,"period":"1000 years"}')"#);
+        assert_eq!(one::<bool>("SELECT bool_and(isfinite(ts) AND ts::text <> '') FROM rate_limiter.state"), Some(true));
+    }
+
+    #[pg_test]
+    fn writes_record_when_the_row_expires_and_prune_removes_only_expired_rows() {
+        at("0");
+        let cfg = r#"'{"kind":"token bucket","rate":10,"period":"10 seconds"}'"#;
+        run(&format!("SELECT rate_limiter.rate_limit('p', 'a', 4, config => {cfg})"));
+        run(&format!("SELECT rate_limiter.rate_limit('p', 'b', 10, config => {cfg})"));
+        run("SELECT rate_limiter.define('pf', 'fixed window', 5, '1 minute', start => '2026-01-01')");
+        run("SELECT rate_limiter.rate_limit('pf', 'a')");
+        let expires = |key: &str, name: &str| {
+            one::<f64>(&format!(
+                "SELECT extract(epoch FROM expires - '{T0}')::float8 FROM rate_limiter.state WHERE name = '{name}' AND key = '{key}'"
+            ))
+        };
+        assert_eq!(expires("a", "p"), Some(4.0), "4 tokens at 1 per second");
+        assert_eq!(expires("b", "p"), Some(10.0));
+        assert_eq!(expires("a", "pf"), Some(60.0), "the next window");
+        assert_eq!(one::<i64>("SELECT rate_limiter.prune()"), Some(0));
+        at("5 seconds");
+        assert_eq!(one::<i64>("SELECT rate_limiter.prune()"), Some(1), "p/a has refilled");
+        at("1 minute");
+        assert_eq!(one::<i64>("SELECT rate_limiter.prune(max_rows => 1)"), Some(1));
+        assert_eq!(one::<i64>("SELECT rate_limiter.prune()"), Some(1));
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state"), Some(0));
+        // Pruned keys start full, as they would have been.
+        assert_eq!(decide(&format!("rate_limiter.rate_limit('p', 'b', 10, config => {cfg})")).remaining, 0.0);
+        fails("SELECT rate_limiter.prune(-1)", "22023", "max_rows");
+        fails("SELECT rate_limiter.prune(NULL)", "22023", "max_rows");
+    }
+
+    #[pg_test]
+    fn writing_functions_refuse_read_only_transactions_with_25006() {
+        at("0");
+        run("SELECT rate_limiter.define('ro', 'token bucket', 1, '1 second')");
+        run("SET transaction_read_only = on");
+        fails("SELECT rate_limiter.reset_rate_limit('ro')", "25006", "read-only");
+        fails("SELECT rate_limiter.define('ro', 'token bucket', 2, '1 second')", "25006", "read-only");
+        fails("SELECT rate_limiter.prune()", "25006", "read-only");
+        fails("SELECT rate_limiter.rate_limit('ro')", "25006", "read-only");
+        assert!(decide("rate_limiter.check_rate_limit('ro')").ok);
+    }
+
+    #[pg_test]
     fn fake_clock_moves_time_and_empty_means_real() {
         at("0");
         let cfg = r#"'{"kind":"token bucket","rate":1,"period":"1 hour"}'"#;

@@ -1,11 +1,12 @@
-"""The extension's life cycle: ALTER EXTENSION rate_limiter UPDATE from 0.1.0 gives the
-same objects as a fresh install and keeps the limits, the state and the grants; sessions
-carry on when the extension is dropped and created again.
+"""The extension's life cycle: ALTER EXTENSION rate_limiter UPDATE from every released
+version gives the same objects as a fresh install and keeps the limits, the state and the
+grants; sessions carry on when the extension is dropped and created again.
 
-scripts/test.sh installs the frozen 0.1.0 install script (sql/archive/) next to the current
-one, so CREATE EXTENSION ... VERSION '0.1.0' works against the current library.
+scripts/test.sh installs the frozen install scripts of released versions (sql/archive/) next
+to the current one, so CREATE EXTENSION ... VERSION '0.1.0' works against the current library.
 """
 
+import datetime
 import uuid
 
 import psycopg
@@ -57,12 +58,13 @@ def databases():
                 admin.execute(f"DROP DATABASE {n} WITH (FORCE)")
 
 
-def test_update_from_0_1_0_matches_a_fresh_install_and_keeps_data_and_grants(databases):
+@pytest.mark.parametrize("released", ["0.1.0", "0.2.0"])
+def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, released):
     role = "app_" + uuid.uuid4().hex[:8]
     with psycopg.connect(dbname=databases["fresh"], autocommit=True) as fresh, \
             psycopg.connect(dbname=databases["upgraded"], autocommit=True) as old:
         fresh.execute("CREATE EXTENSION rate_limiter")
-        old.execute("CREATE EXTENSION rate_limiter VERSION '0.1.0'")
+        old.execute(f"CREATE EXTENSION rate_limiter VERSION '{released}'")
         old.execute("SELECT rate_limiter.define('kept', 'token bucket', 10, '1 second')")
         old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01')")
         old.execute(f"CREATE ROLE {role}")
@@ -81,11 +83,16 @@ def test_update_from_0_1_0_matches_a_fresh_install_and_keeps_data_and_grants(dat
             assert old.execute(CATALOG).fetchall() == fresh.execute(CATALOG).fetchall()
             assert upgraded != fresh.execute(CATALOG).fetchall(), "the grant showed in the catalog"
 
+            # The row the update found got a conservative expiry: refilled (0.7 s) plus a period.
+            assert old.execute("SELECT expires - ts FROM rate_limiter.state WHERE key = 'k'").fetchone() == (
+                datetime.timedelta(seconds=1.7),)
             old.execute("SET rate_limiter.fake_now = '2030-01-01'")
             ok, remaining = old.execute(
                 "SELECT ok, remaining FROM rate_limiter.rate_limit('kept', 'k')").fetchone()
             assert (ok, remaining) == (True, 2), "the stored state (3 tokens) survived the update"
             assert old.execute("SELECT remaining FROM rate_limiter.rate_limit('kept', 'other')").fetchone() == (9,)
+            old.execute("SET rate_limiter.fake_now = '2030-01-01 00:00:01'")
+            assert old.execute("SELECT rate_limiter.prune()").fetchone() == (2,), "both have refilled"
         finally:
             old.execute(f"DROP OWNED BY {role}")
             old.execute(f"DROP ROLE {role}")
@@ -105,7 +112,7 @@ def test_a_session_survives_the_extension_being_dropped_and_created_again(databa
         assert ok and remaining == pytest.approx(2, abs=0.01), "new tables, new config"
 
 
-def test_an_index_or_trigger_added_to_the_state_table_is_refused(databases):
+def test_an_index_or_trigger_added_to_the_state_table_is_refused_but_a_copy_of_the_key_is_kept(databases):
     dsn = {"dbname": databases["fresh"], "autocommit": True}
     with psycopg.connect(**dsn) as admin, psycopg.connect(**dsn) as app:
         admin.execute("CREATE EXTENSION rate_limiter")
@@ -124,3 +131,10 @@ def test_an_index_or_trigger_added_to_the_state_table_is_refused(databases):
             app.execute(call)
         admin.execute("DROP TRIGGER t ON rate_limiter.state")
         assert app.execute(call).fetchone() == (True,)
+        # A copy of the unique index (what REINDEX CONCURRENTLY and repacks build) is kept
+        # up to date, including entries made by new rows.
+        admin.execute("CREATE UNIQUE INDEX state_copy ON rate_limiter.state (key, name, shard) NULLS NOT DISTINCT")
+        assert app.execute("SELECT ok FROM rate_limiter.rate_limit('l', 'new')").fetchone() == (True,)
+        admin.execute("CREATE EXTENSION amcheck")
+        admin.execute("SELECT bt_index_check('rate_limiter.state_copy', heapallindexed => true)")
+        assert admin.execute("SELECT count(*) FROM rate_limiter.state s WHERE key = 'new'").fetchone() == (1,)

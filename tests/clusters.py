@@ -1,0 +1,84 @@
+"""Throwaway PostgreSQL clusters for the operations tests: a subscriber, a standby, a cluster
+to crash, one with the library preloaded. Each is owned by postgres (initdb refuses root),
+listens only on a socket in /tmp, and is removed when its test ends."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import psycopg
+
+PG_BIN = "/usr/lib/postgresql/15/bin"
+BASE = "/tmp/rate_limiter_clusters"
+
+
+def as_postgres(*args, check=True):
+    return subprocess.run(["sudo", "-u", "postgres", *args], check=check, capture_output=True, text=True)
+
+
+class Cluster:
+    def __init__(self, name, port, settings=()):
+        self.name, self.port, self.settings = name, port, list(settings)
+        self.dir = f"{BASE}/{name}"
+
+    def init(self):
+        self.destroy()
+        os.makedirs(BASE, exist_ok=True)
+        os.makedirs(self.dir)
+        shutil.chown(BASE, "postgres")
+        shutil.chown(self.dir, "postgres")
+        as_postgres(f"{PG_BIN}/initdb", "-D", self.dir, "-A", "trust", "-U", "postgres")
+        return self
+
+    def start(self):
+        options = " ".join([f"-p {self.port}", "-k /tmp", "-c listen_addresses=''", *self.settings])
+        result = as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.dir, "-l", f"{self.dir}/server.log", "-w", "start",
+                             "-o", options, check=False)
+        assert result.returncode == 0, f"{self.name} did not start: {result.stderr}\n{self.log()}"
+        return self
+
+    def stop(self, mode="fast"):
+        as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.dir, "-w", "-m", mode, "stop", check=False)
+
+    def kill9(self):
+        """Crash: SIGKILL the postmaster and every process it started, as a power cut would."""
+        with open(f"{self.dir}/postmaster.pid") as f:
+            postmaster = int(f.readline())
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+        for pid in [postmaster, *map(int, children)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 10
+        while any(os.path.exists(f"/proc/{pid}") for pid in [postmaster, *map(int, children)]):
+            assert time.time() < deadline, "killed processes did not go away"
+            time.sleep(0.05)
+
+    def destroy(self):
+        if os.path.exists(f"{self.dir}/postmaster.pid"):
+            self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log(self):
+        try:
+            with open(f"{self.dir}/server.log") as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def connect(self, dbname="postgres", **kwargs):
+        kwargs.setdefault("autocommit", True)
+        return psycopg.connect(host="/tmp", port=self.port, user="postgres", dbname=dbname, **kwargs)
+
+    def conninfo(self, dbname="postgres"):
+        return f"host=/tmp port={self.port} user=postgres dbname={dbname}"
+
+
+def wait_for(predicate, what, timeout=60, interval=0.1):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)

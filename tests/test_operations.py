@@ -1,0 +1,344 @@
+"""What a DBA does to a database that holds rate_limiter: change the tables by mistake,
+reindex and rewrite them under load, replicate them logically and physically, dump and
+restore, crash the server, let rows expire. Each runs against real clusters."""
+
+import os
+import subprocess
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from clusters import PG_BIN, Cluster, as_postgres, wait_for
+
+NOW = "2030-01-01 00:00:00+00"
+
+
+@pytest.fixture
+def database():
+    """A fresh database with the extension, on the test command's cluster."""
+    name = "rl_ops_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+        try:
+            with psycopg.connect(dbname=name, autocommit=True) as c:
+                c.execute("CREATE EXTENSION rate_limiter")
+            yield name
+        finally:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def clusters():
+    made = []
+
+    def make(name, port, settings=()):
+        cluster = Cluster(f"{name}_{uuid.uuid4().hex[:6]}", port, settings)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.destroy()
+
+
+def connect(dbname, **kwargs):
+    kwargs.setdefault("autocommit", True)
+    return psycopg.connect(dbname=dbname, **kwargs)
+
+
+def amcheck_clean(conn):
+    conn.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+    for (index,) in conn.execute(
+            "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'rate_limiter.state'::regclass").fetchall():
+        conn.execute("SELECT bt_index_check(%s::regclass, heapallindexed => true)", (index,))
+    problems = conn.execute("SELECT count(*) FROM verify_heapam('rate_limiter.state')").fetchone()[0]
+    assert problems == 0
+
+
+SHAPE_CHANGES = [
+    "ALTER TABLE rate_limiter.state ADD COLUMN note text",
+    "ALTER TABLE rate_limiter.state ADD COLUMN n integer DEFAULT 7",
+    "ALTER TABLE rate_limiter.state DROP COLUMN ts",
+    "ALTER TABLE rate_limiter.state ALTER COLUMN value TYPE numeric",
+    "ALTER TYPE rate_limiter.decision ADD ATTRIBUTE extra integer",
+    "ALTER TYPE rate_limiter.decision DROP ATTRIBUTE granted",
+]
+
+
+@pytest.mark.parametrize("ddl", SHAPE_CHANGES)
+def test_a_shape_change_is_55000_with_a_hint_never_a_crash(database, ddl):
+    with connect(database) as admin, connect(database) as app:
+        admin.execute("SELECT rate_limiter.define('s', 'token bucket', 5, '1 hour')")
+        call = "SELECT ok FROM rate_limiter.rate_limit('s', 'k')"
+        assert app.execute(call).fetchone() == (True,)  # the row exists; app has cached everything
+        admin.execute(ddl)
+        for sql in (call, "SELECT ok FROM rate_limiter.rate_limit('s', 'new key')",
+                    "SELECT ok FROM rate_limiter.check_rate_limit('s', 'k')"):
+            with pytest.raises(errors.ObjectNotInPrerequisiteState) as raised:
+                app.execute(sql)
+            assert raised.value.diag.message_hint
+        assert admin.execute("SELECT 1").fetchone() == (1,), "the server is still up"
+
+
+def test_reindex_vacuum_full_and_cluster_under_load_keep_every_token(database):
+    with connect(database) as admin:
+        admin.execute(f"ALTER DATABASE {database} SET rate_limiter.fake_now = '{NOW}'")
+        admin.execute("SELECT rate_limiter.define('m', 'token bucket', 1000000, '1 hour')")
+    keys = [f"k{i}" for i in range(20)]
+    granted = {k: 0 for k in keys}
+    lock = threading.Lock()
+    stop = threading.Event()
+    failures = []
+
+    def work(n):
+        try:
+            with connect(database) as c:
+                i = n
+                while not stop.is_set():
+                    key = keys[i % len(keys)]
+                    i += 1
+                    ok, got = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit('m', %s)", (key,)).fetchone()
+                    assert ok
+                    with lock:
+                        granted[key] += got
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    with connect(database) as admin:
+        for sql in ("REINDEX INDEX CONCURRENTLY rate_limiter.state_key_name_shard_key",
+                    "REINDEX TABLE rate_limiter.state",
+                    "REINDEX TABLE CONCURRENTLY rate_limiter.state",
+                    "VACUUM FULL rate_limiter.state",
+                    "CLUSTER rate_limiter.state USING state_key_name_shard_key",
+                    "VACUUM rate_limiter.state"):
+            time.sleep(0.3)
+            admin.execute(sql)
+        time.sleep(0.3)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert not failures, failures
+        assert sum(granted.values()) > 100
+        stored = dict(admin.execute("SELECT key, 1000000 - value FROM rate_limiter.state WHERE name = 'm'").fetchall())
+        assert stored == {k: v for k, v in granted.items() if v}, "state shows exactly what was granted"
+        assert admin.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'rate_limiter.state'::regclass").fetchone() == (1,)
+        amcheck_clean(admin)
+
+
+def test_the_cache_trigger_fires_under_session_replication_role_replica(database):
+    with connect(database) as admin, connect(database) as app:
+        admin.execute("SELECT rate_limiter.define('r', 'token bucket', 1, '1 hour')")
+        call = "SELECT remaining FROM rate_limiter.check_rate_limit('r', 'k')"
+        assert app.execute(call).fetchone() == (0,)  # cached: rate 1
+        admin.execute("SET session_replication_role = replica")
+        admin.execute("SELECT rate_limiter.define('r', 'token bucket', 5, '1 hour')")
+        assert app.execute(call).fetchone() == (4,)
+
+
+def test_a_call_waiting_for_a_row_lock_ends_at_statement_timeout(database):
+    with connect(database) as admin:
+        admin.execute("SELECT rate_limiter.define('w', 'token bucket', 10, '1 hour')")
+        admin.execute("SELECT rate_limiter.rate_limit('w', 'k')")
+    with connect(database, autocommit=False) as holder, connect(database) as waiter:
+        holder.execute("SELECT rate_limiter.rate_limit('w', 'k')")  # holds the row until it ends
+        waiter.execute("SET statement_timeout = '300ms'")
+        started = time.time()
+        with pytest.raises(errors.QueryCanceled):
+            waiter.execute("SELECT rate_limiter.rate_limit('w', 'k')")
+        assert time.time() - started < 5
+        holder.rollback()
+
+
+def test_a_parallel_safe_wrapper_in_a_parallel_query_gets_25000(database):
+    with connect(database) as c:
+        c.execute("SELECT rate_limiter.define('par', 'token bucket', 10, '1 hour')")
+        c.execute("""CREATE FUNCTION public.wrongly_safe() RETURNS boolean LANGUAGE plpgsql PARALLEL SAFE
+                     AS $$ BEGIN RETURN (rate_limiter.rate_limit('par')).ok; END $$""")
+        c.execute("SET force_parallel_mode = on")
+        with pytest.raises(errors.InvalidTransactionState):
+            c.execute("SELECT public.wrongly_safe()")
+
+
+def test_pg_dump_and_restore_bring_limits_back_and_start_state_full(database, tmp_path):
+    with connect(database) as c:
+        c.execute("SELECT rate_limiter.define('d1', 'token bucket', 3, '1 hour', capacity => 5)")
+        c.execute("SELECT rate_limiter.define('d2', 'fixed window', 2, '1 minute', shards => 4, start => '2030-01-01')")
+        c.execute("SELECT rate_limiter.rate_limit('d1', 'k', 5)")
+        limits = c.execute("SELECT * FROM rate_limiter.limits ORDER BY name").fetchall()
+    os.chmod(tmp_path, 0o777)
+    for fmt, restore in (("c", [f"{PG_BIN}/pg_restore", "-d"]), ("p", ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])):
+        dump = f"{tmp_path}/dump.{fmt}"
+        subprocess.run(["pg_dump", "-F", fmt, "-f", dump, database], check=True)
+        target = f"rl_restored_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {target}")
+            try:
+                if fmt == "c":
+                    subprocess.run([*restore, target, dump], check=True)
+                else:
+                    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", target, "-f", dump], check=True)
+                with connect(target) as r:
+                    assert r.execute("SELECT * FROM rate_limiter.limits ORDER BY name").fetchall() == limits
+                    assert r.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (0,), "state is not dumped"
+                    assert r.execute("SELECT remaining FROM rate_limiter.rate_limit('d1', 'k')").fetchone() == (4,)
+            finally:
+                admin.execute(f"DROP DATABASE {target} WITH (FORCE)")
+
+
+def test_logical_replication_publisher_keeps_working_and_subscriber_applies(clusters):
+    publisher = clusters("pub", 5491, ["-c wal_level=logical"]).init().start()
+    subscriber = clusters("sub", 5492).init().start()
+    for cluster in (publisher, subscriber):
+        with cluster.connect() as c:
+            c.execute("CREATE DATABASE app")
+        with cluster.connect("app") as c:
+            c.execute("CREATE EXTENSION rate_limiter")
+    with publisher.connect("app") as pub, subscriber.connect("app") as sub, subscriber.connect("app") as reader:
+        pub.execute("CREATE PUBLICATION everything FOR ALL TABLES")
+        sub.execute(f"CREATE SUBSCRIPTION s CONNECTION '{publisher.conninfo('app')}' PUBLICATION everything")
+        for c in (pub, reader):
+            c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        pub.execute("SELECT rate_limiter.define('l', 'token bucket', 10, '1 hour')")
+        for key in ("a", "a", "b", "c"):
+            assert pub.execute("SELECT ok FROM rate_limiter.rate_limit('l', %s)", (key,)).fetchone() == (True,)
+        pub.execute("SELECT rate_limiter.reset_rate_limit('l', 'c')")
+        state = "SELECT name, key, shard, value, ts, expires FROM rate_limiter.state ORDER BY key"
+        expected = pub.execute(state).fetchall()
+        wait_for(lambda: sub.execute(state).fetchall() == expected, "the subscriber to apply the state")
+        assert reader.execute("SELECT remaining FROM rate_limiter.check_rate_limit('l', 'a')").fetchone() == (7,)
+        # A replicated define reaches a session that had cached the old config.
+        pub.execute("SELECT rate_limiter.define('l', 'token bucket', 20, '1 hour')")
+        wait_for(lambda: reader.execute("SELECT remaining FROM rate_limiter.check_rate_limit('l', 'a')").fetchone() == (17,),
+                 "the new config on the subscriber")
+        errors_seen = sub.execute("SELECT apply_error_count + sync_error_count FROM pg_stat_subscription_stats").fetchone()
+        assert errors_seen == (0,), subscriber.log()
+        sub.execute("DROP SUBSCRIPTION s")
+
+
+def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clusters):
+    primary = clusters("primary", 5493).init().start()
+    standby = clusters("standby", 5494)
+    with primary.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        c.execute("SELECT rate_limiter.define('l', 'token bucket', 10, '1 hour', shards => 1)")
+        c.execute("SELECT rate_limiter.rate_limit('l', 'k', 3)")
+    os.makedirs(standby.dir, exist_ok=True)
+    as_postgres("chown", "postgres:", standby.dir, check=False)
+    subprocess.run(["chown", "postgres:", standby.dir], check=True)
+    as_postgres(f"{PG_BIN}/pg_basebackup", "-h", "/tmp", "-p", str(primary.port), "-U", "postgres",
+                "-D", standby.dir, "-R", "-X", "stream")
+    os.chmod(standby.dir, 0o700)
+    standby.start()
+    with primary.connect() as p, standby.connect() as s:
+        p.execute("SELECT rate_limiter.rate_limit('l', 'k', 2)")
+        lsn = p.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        wait_for(lambda: s.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[0], "replay")
+        for sql in ("SELECT ok, retry_after, remaining FROM rate_limiter.check_rate_limit('l', 'k')",
+                    "SELECT value, ts, shard FROM rate_limiter.rate_limit_value('l', 'k')"):
+            assert s.execute(sql).fetchone() == p.execute(sql).fetchone()
+        for sql in ("SELECT rate_limiter.rate_limit('l', 'k')", "SELECT rate_limiter.reset_rate_limit('l', 'k')",
+                    "SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour')", "SELECT rate_limiter.prune()"):
+            with pytest.raises(errors.ReadOnlySqlTransaction):
+                s.execute(sql)
+    primary.stop()
+    as_postgres(f"{PG_BIN}/pg_ctl", "-D", standby.dir, "-w", "promote")
+    with standby.connect() as s:
+        assert s.execute("SELECT remaining FROM rate_limiter.rate_limit('l', 'k')").fetchone() == (4,)
+
+
+LOAD = """\\set k random(1, 40)
+\\set r random(1, 4)
+BEGIN;
+INSERT INTO ledger SELECT :k, granted FROM rate_limiter.rate_limit('crash', :k::text);
+\\if :r = 1
+ROLLBACK;
+\\else
+COMMIT;
+\\endif
+"""
+
+
+def test_kill_9_under_load_three_times_loses_nothing(clusters, tmp_path):
+    cluster = clusters("crash", 5495).init().start()
+    with cluster.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        c.execute("CREATE TABLE ledger (k int, granted float8)")
+        c.execute("SELECT rate_limiter.define('crash', 'token bucket', 1000000000, '1 hour')")
+    script = tmp_path / "load.sql"
+    script.write_text(LOAD)
+    os.chmod(tmp_path, 0o755)
+    for crash in range(3):
+        load = subprocess.Popen([f"{PG_BIN}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
+                                 "-n", "-c", "4", "-T", "20", "-f", str(script), "postgres"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(3)
+        cluster.kill9()
+        load.wait(30)
+        cluster.start()
+        with cluster.connect() as c:
+            mismatches = c.execute("""
+                SELECT count(*) FROM (SELECT k::text AS key, sum(granted) AS granted FROM ledger GROUP BY k) l
+                FULL JOIN (SELECT key, 1000000000 - value AS used FROM rate_limiter.state WHERE name = 'crash') s
+                USING (key) WHERE l.granted IS DISTINCT FROM s.used""").fetchone()[0]
+            rows = c.execute("SELECT count(*) FROM ledger").fetchone()[0]
+            assert rows > 100 * (crash + 1), "the load ran"
+            assert mismatches == 0, f"crash {crash + 1}: {mismatches} keys disagree with the ledger"
+            amcheck_clean(c)
+
+
+def expired_rows(conn, n):
+    """n rows that expired long ago: written at a fake 2020 clock."""
+    conn.execute("SET rate_limiter.fake_now = '2020-01-01'")
+    conn.execute("SELECT count(*) FROM generate_series(1, %s) g, "
+                 "LATERAL rate_limiter.rate_limit('old', g::text, config => '{\"kind\":\"token bucket\",\"rate\":1,\"period\":1000}')",
+                 (n,))
+    conn.execute("RESET rate_limiter.fake_now")
+
+
+def test_the_background_worker_prunes_every_database_that_has_the_extension(clusters):
+    cluster = clusters("worker", 5496, ["-c shared_preload_libraries=rate_limiter",
+                                        "-c rate_limiter.prune_interval=1s"]).init().start()
+    with cluster.connect() as c:
+        c.execute("CREATE DATABASE other")
+        c.execute("CREATE DATABASE without_it")
+    for db in ("postgres", "other"):
+        with cluster.connect(db) as c:
+            c.execute("CREATE EXTENSION rate_limiter")
+            expired_rows(c, 25000)
+            c.execute("SELECT rate_limiter.rate_limit('fresh', 'k', config => '{\"kind\":\"token bucket\",\"rate\":1,\"period\":\"1 day\"}')")
+    for db in ("postgres", "other"):
+        with cluster.connect(db) as c:
+            wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (1,),
+                     f"the worker to prune {db}", timeout=60)
+            assert c.execute("SELECT name FROM rate_limiter.state").fetchone() == ("fresh",)
+    with cluster.connect() as c:
+        assert c.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rate_limiter prune launcher'").fetchone() == (1,)
+        c.execute("ALTER SYSTEM SET rate_limiter.prune_interval = 0")
+        c.execute("SELECT pg_reload_conf()")
+        assert c.execute("SHOW rate_limiter.prune_interval").fetchone() in (("0",), ("60s",))
+
+
+def test_the_pg_cron_recipe_prunes(clusters):
+    cluster = clusters("cron", 5497, ["-c shared_preload_libraries=pg_cron", "-c cron.database_name=postgres"]).init().start()
+    with cluster.connect() as c:
+        c.execute("CREATE DATABASE app")
+        c.execute("CREATE EXTENSION pg_cron")
+    with cluster.connect("app") as app:
+        app.execute("CREATE EXTENSION rate_limiter")
+        expired_rows(app, 1000)
+        with cluster.connect() as c:
+            # The README's recipe.
+            c.execute("SELECT cron.schedule_in_database('rate_limiter prune', '* * * * *', "
+                      "'SELECT rate_limiter.prune(100000)', 'app')")
+            wait_for(lambda: app.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (0,),
+                     "pg_cron to run the prune", timeout=130, interval=1)
+            assert c.execute("SELECT status FROM cron.job_run_details ORDER BY runid DESC LIMIT 1").fetchone() == ("succeeded",)
