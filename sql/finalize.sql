@@ -28,13 +28,17 @@ CREATE FUNCTION rate_limiter.check_rate_limit(
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'check_rate_limit_fmgr';
 
--- Every backend caches named configs; this tells them all to forget them at each change,
+-- Every backend caches named configs; these tell them all to forget them at each change,
 -- also when a logical replication apply worker or a restore (session_replication_role =
--- replica) makes it.
+-- replica) makes it. Row-level, because an apply worker fires row triggers only.
 CREATE TRIGGER limits_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON rate_limiter.limits
+    AFTER INSERT OR UPDATE OR DELETE ON rate_limiter.limits
+    FOR EACH ROW EXECUTE FUNCTION rate_limiter._limits_changed();
+CREATE TRIGGER limits_truncated
+    AFTER TRUNCATE ON rate_limiter.limits
     FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
 ALTER TABLE rate_limiter.limits ENABLE ALWAYS TRIGGER limits_changed;
+ALTER TABLE rate_limiter.limits ENABLE ALWAYS TRIGGER limits_truncated;
 
 COMMENT ON FUNCTION rate_limiter.rate_limit(text, text, double precision, boolean, boolean, jsonb) IS
     'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';

@@ -1,5 +1,5 @@
 -- rate_limiter 0.2.0 -> 0.3.0: state that expires (an expires column and prune()), a
--- replica identity for logical replication, and a cache trigger that fires always.
+-- replica identity for logical replication, and cache triggers that fire always.
 -- Run ALTER EXTENSION rate_limiter UPDATE after installing the library.
 
 -- Rows written by 0.2.0 do not know when they expire. For named limits, a conservative
@@ -20,7 +20,16 @@ ALTER TABLE rate_limiter.state
     REPLICA IDENTITY FULL;
 COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
 
+-- The cache trigger fires always, and per row: an apply worker fires row triggers only.
+DROP TRIGGER limits_changed ON rate_limiter.limits;
+CREATE TRIGGER limits_changed
+    AFTER INSERT OR UPDATE OR DELETE ON rate_limiter.limits
+    FOR EACH ROW EXECUTE FUNCTION rate_limiter._limits_changed();
+CREATE TRIGGER limits_truncated
+    AFTER TRUNCATE ON rate_limiter.limits
+    FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
 ALTER TABLE rate_limiter.limits ENABLE ALWAYS TRIGGER limits_changed;
+ALTER TABLE rate_limiter.limits ENABLE ALWAYS TRIGGER limits_truncated;
 
 CREATE FUNCTION rate_limiter."prune"(
 	"max_rows" INT DEFAULT 10000

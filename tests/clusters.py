@@ -77,8 +77,8 @@ class Cluster:
         return f"host=/tmp port={self.port} user=postgres dbname={dbname}"
 
 
-def wait_for(predicate, what, timeout=60, interval=0.1):
+def wait_for(predicate, what, timeout=60, interval=0.1, detail=lambda: ""):
     deadline = time.time() + timeout
     while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
+        assert time.time() < deadline, f"timed out waiting for {what} {detail()}"
         time.sleep(interval)

@@ -22,7 +22,7 @@ SELECT 'function', p.proname || '(' || pg_get_function_identity_arguments(p.oid)
 FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang, ns WHERE p.pronamespace = ns.oid
 UNION ALL
 SELECT 'relation', c.relname,
-       concat_ws(' ', c.relkind, c.reloptions::text, c.relacl::text, obj_description(c.oid, 'pg_class'))
+       concat_ws(' ', c.relkind, c.reloptions::text, c.relreplident, c.relacl::text, obj_description(c.oid, 'pg_class'))
 FROM pg_class c, ns WHERE c.relnamespace = ns.oid
 UNION ALL
 SELECT 'column', c.relname || '.' || a.attname,
@@ -38,7 +38,7 @@ FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid, ns WHERE c.relnamespace =
 UNION ALL
 SELECT 'constraint', c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c, ns WHERE c.connamespace = ns.oid
 UNION ALL
-SELECT 'trigger', tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'rate_limiter.limits'::regclass AND NOT tgisinternal
+SELECT 'trigger', tgname, concat_ws(' ', pg_get_triggerdef(oid), tgenabled) FROM pg_trigger WHERE tgrelid = 'rate_limiter.limits'::regclass AND NOT tgisinternal
 UNION ALL
 SELECT 'config dump', extconfig::regclass[]::text, extcondition::text FROM pg_extension WHERE extname = 'rate_limiter'
 ORDER BY 1, 2
