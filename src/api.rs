@@ -108,6 +108,7 @@ struct Answer {
 
 fn pstrdup(text: &str) -> *mut c_char {
     let c = CString::new(text).unwrap_or_default();
+    // SAFETY: copies a NUL-terminated text into the current memory context.
     unsafe { pg_sys::pstrdup(c.as_ptr()) }
 }
 
@@ -127,6 +128,9 @@ fn denial(name: &str, key: Option<&str>, retry_after: f64) -> Denial {
 
 /// The body of `rate_limit` and `check_rate_limit`, guarded by pgrx: Rust panics and
 /// PostgreSQL errors inside it are raised as errors with their own SQLSTATE.
+///
+/// # Safety
+/// `fcinfo` is a call of `rate_limit` or `check_rate_limit`.
 #[pg_guard]
 unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> Answer {
     // SAFETY: fmgr passes the six arguments declared in sql/finalize.sql, in this order.

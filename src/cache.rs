@@ -75,6 +75,8 @@ pub fn config<E>(name: &str, load: impl FnOnce() -> Result<Config, E>) -> Result
     Ok(config)
 }
 
+/// The relcache invalidation callback: forgets this backend's caches when one of the
+/// extension's relations (or everything) is invalidated. Reads nothing through pointers.
 #[pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     let ours = match RELATIONS.get() {

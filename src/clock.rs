@@ -20,7 +20,7 @@ const PG_US_RANGE: std::ops::Range<i64> = -211_813_488_000_000_000..9_223_371_33
 /// (not the transaction's start time, which a long transaction would hold in the past).
 pub fn now_ms() -> f64 {
     // SAFETY: the setting's value is a C string PostgreSQL owns, or null; read in place, as
-    // copying it out would allocate on every call.
+    // copying it out would allocate on every call. Its first byte is read only when non-null.
     let fake = unsafe { *FAKE_NOW.as_ptr() };
     if fake.is_null() || unsafe { *fake } == 0 {
         // SAFETY: reads the system clock.
@@ -76,6 +76,7 @@ pub fn interval_ms(interval: Interval) -> f64 {
 /// Parse interval text such as `'1 minute'` with PostgreSQL's own input function.
 pub fn parse_interval(text: &str) -> Interval {
     let c = CString::new(text).unwrap_or_default();
+    // SAFETY: interval_in with a NUL-terminated text, no type OID and no typmod, as SQL calls it.
     unsafe {
         direct_function_call::<Interval>(
             pg_sys::interval_in,
@@ -87,6 +88,7 @@ pub fn parse_interval(text: &str) -> Interval {
 
 /// Parse timestamptz text with PostgreSQL's own input function.
 pub fn parse_timestamptz(text: &CStr) -> TimestampWithTimeZone {
+    // SAFETY: timestamptz_in with a NUL-terminated text, no type OID and no typmod.
     unsafe {
         direct_function_call::<TimestampWithTimeZone>(
             pg_sys::timestamptz_in,

@@ -106,9 +106,20 @@ fn instant(ms: f64, what: &str) -> Datum {
 /// copy of it that `REINDEX CONCURRENTLY` or a repack is building or retiring.
 struct StateIndex {
     relation: pg_sys::Relation,
-    info: *mut pg_sys::IndexInfo,
+    /// Built on the first entry this call inserts (most calls insert none: HOT updates).
+    info: std::cell::Cell<*mut pg_sys::IndexInfo>,
     /// Valid for lookups (a copy being built is not yet).
     valid: bool,
+}
+
+impl StateIndex {
+    fn info(&self) -> *mut pg_sys::IndexInfo {
+        if self.info.get().is_null() {
+            // SAFETY: an open index relation.
+            self.info.set(unsafe { pg_sys::BuildIndexInfo(self.relation) });
+        }
+        self.info.get()
+    }
 }
 
 /// `rate_limiter.state` and its indexes, open for one call, with the snapshot the call reads
@@ -196,12 +207,13 @@ impl StateTable {
         for oid in oids {
             // SAFETY: an index of the locked table, opened with the table's lock mode.
             let relation = unsafe { pg_sys::index_open(oid, lockmode) };
-            // SAFETY: an open index relation has its pg_index row and descriptor.
-            let (info, form) = unsafe { (pg_sys::BuildIndexInfo(relation), &*(*relation).rd_index) };
+            // SAFETY: an open index relation has its pg_index row.
+            let form = unsafe { &*(*relation).rd_index };
+            let info = std::cell::Cell::new(null_mut());
             // Pushed before checking, so that drop closes it on the error path too.
             self.indexes.push(StateIndex { relation, info, valid: form.indisvalid && form.indislive });
-            // SAFETY: `info` was just built for this index.
-            if !unsafe { is_key_copy(form, &*info) } {
+            // SAFETY: `relation` is open.
+            if !unsafe { is_key_copy(relation) } {
                 Error::StateTableChanged.raise()
             }
             if !form.indisready {
@@ -473,7 +485,7 @@ impl StateTable {
                     self.heap,
                     check,
                     unchanged,
-                    index.info,
+                    index.info(),
                 )
             };
         }
@@ -512,9 +524,11 @@ impl Drop for StateTable {
 /// # Safety
 /// `heap` is open and locked.
 unsafe fn check_shape(heap: pg_sys::Relation) {
-    // SAFETY: an open relation's descriptor, with `natts` attributes.
-    let desc = unsafe { &*(*heap).rd_att };
-    let attrs = unsafe { desc.attrs.as_slice(desc.natts as usize) };
+    // SAFETY: an open relation's descriptor holds `natts` attributes.
+    let attrs = unsafe {
+        let desc = &*(*heap).rd_att;
+        desc.attrs.as_slice(desc.natts as usize)
+    };
     if attrs.len() == 5 && !attrs.iter().any(|a| a.attisdropped) {
         Error::ExtensionOutdated.raise() // 0.1.0 and 0.2.0 had no expires column
     }
@@ -526,19 +540,22 @@ unsafe fn check_shape(heap: pg_sys::Relation) {
 }
 
 /// Whether an index is the unique index on (key, name, shard) or an exact copy of it, the
-/// only kind a write here keeps up to date.
+/// only kind a write here keeps up to date: read from its pg_index row, without building
+/// anything.
 ///
 /// # Safety
-/// `form` and `info` belong to one open index.
-unsafe fn is_key_copy(form: &pg_sys::FormData_pg_index, info: &pg_sys::IndexInfo) -> bool {
-    // SAFETY: `indkey` holds `indnatts` column numbers.
-    let columns = unsafe { form.indkey.values.as_slice(form.indnatts as usize) };
-    form.indisunique
-        && form.indimmediate
-        && columns == INDEX_COLUMNS
-        && info.ii_NullsNotDistinct
-        && info.ii_Expressions.is_null()
-        && info.ii_Predicate.is_null()
+/// `index` is open.
+unsafe fn is_key_copy(index: pg_sys::Relation) -> bool {
+    // SAFETY: an open index has its pg_index row, whose `indkey` holds `indnatts` column
+    // numbers; expressions and predicate are NULL columns of that row when absent.
+    unsafe {
+        let form = &*(*index).rd_index;
+        let row = (*index).rd_indextuple;
+        let columns = form.indkey.values.as_slice(form.indnatts as usize);
+        let plain = pg_sys::heap_attisnull(row, pg_sys::Anum_pg_index_indexprs as i32, null_mut())
+            && pg_sys::heap_attisnull(row, pg_sys::Anum_pg_index_indpred as i32, null_mut());
+        form.indisunique && form.indimmediate && form.indnullsnotdistinct && columns == INDEX_COLUMNS && plain
+    }
 }
 
 /// Look `keys` up in `index` as of `snapshot`; true when a visible row was found, which is
