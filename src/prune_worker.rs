@@ -1,7 +1,8 @@
 //! The background worker that keeps `rate_limiter.state` from only growing: with
 //! `shared_preload_libraries = 'rate_limiter'`, a launcher wakes every
 //! `rate_limiter.prune_interval` and, one database at a time, starts a worker that prunes
-//! that database's state table in batches if the extension is installed there.
+//! that database's state table in batches if the extension is installed there, resting
+//! between batches as long as each took.
 
 use std::time::Duration;
 
@@ -111,6 +112,7 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
     }
     let mut total = 0i64;
     while !BackgroundWorker::sigterm_received() {
+        let started = std::time::Instant::now();
         let deleted = BackgroundWorker::transaction(|| {
             Spi::get_one_with_args::<i64>("SELECT rate_limiter.prune($1)", &[BATCH.into()])
                 .ok()
@@ -119,6 +121,11 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
         });
         total += deleted;
         if deleted < i64::from(BATCH) {
+            break;
+        }
+        // Rest as long as the batch took: a backlog is worked off at half a core at most,
+        // leaving the rest to the calls.
+        if !BackgroundWorker::wait_latch(Some(started.elapsed())) {
             break;
         }
     }
