@@ -226,19 +226,9 @@ pub unsafe extern "C-unwind" fn check_rate_limit_fmgr(fcinfo: FunctionCallInfo) 
 /// Forget the state of (name, key), every shard.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
 fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
-    prevent_writes_unless_allowed(c"reset_rate_limit()");
+    storage::prevent_writes_unless_allowed(c"reset_rate_limit()");
     let name = valid_name(name).unwrap_or_else(|e| e.raise());
     storage::delete(name, key);
-}
-
-/// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
-/// parallel worker, before anything is attempted.
-fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
-    // SAFETY: both only read backend state and raise an ERROR.
-    unsafe {
-        pg_sys::PreventCommandIfReadOnly(command.as_ptr());
-        pg_sys::PreventCommandIfParallelMode(command.as_ptr());
-    }
 }
 
 /// Delete up to `max_rows` rows of `rate_limiter.state` that hold what a fresh state would
@@ -246,7 +236,7 @@ fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
 /// transactions hold, so it never waits for them and can run beside calls and itself.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
 fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {
-    prevent_writes_unless_allowed(c"prune()");
+    storage::prevent_writes_unless_allowed(c"prune()");
     match max_rows {
         Some(n) if n >= 0 => storage::prune(clock::now_ms(), n),
         other => Error::InvalidArgument(format!("max_rows must be >= 0, not {other:?}")).raise(),
@@ -305,7 +295,7 @@ fn define(
     shards: default!(Option<i32>, 1),
     start: default!(Option<TimestampWithTimeZone>, "NULL"),
 ) {
-    prevent_writes_unless_allowed(c"define()");
+    storage::prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
         let name = valid_name(name)?;
         let required = |what: &str| Error::InvalidConfig(format!("{what} must not be NULL"));

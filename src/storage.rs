@@ -85,6 +85,16 @@ const INDEX_SHARD: i16 = 3;
 /// uses 1 and 2, so user locks never collide with it.
 const CREATE_LOCK_SPACE: u16 = 0x524c; // "RL"
 
+/// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
+/// parallel worker, before anything is attempted.
+pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
+    // SAFETY: both only read backend state and raise an ERROR.
+    unsafe {
+        pg_sys::PreventCommandIfReadOnly(command.as_ptr());
+        pg_sys::PreventCommandIfParallelMode(command.as_ptr());
+    }
+}
+
 fn xact_snapshot_isolation() -> bool {
     // SAFETY: a plain read of a backend-global integer.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
@@ -142,11 +152,7 @@ impl StateTable {
         unsafe { pg_sys::AcceptInvalidationMessages() };
         let lockmode = match write {
             Some(command) => {
-                // SAFETY: both only read backend state and raise an ERROR (25006, 25000).
-                unsafe {
-                    pg_sys::PreventCommandIfReadOnly(command.as_ptr());
-                    pg_sys::PreventCommandIfParallelMode(command.as_ptr());
-                }
+                prevent_writes_unless_allowed(command);
                 pg_sys::RowExclusiveLock
             }
             None => pg_sys::AccessShareLock,
