@@ -82,7 +82,9 @@ rate=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", 1000000 / (b - a) }')
     echo "1,000,000 distinct keys touched once, the clock moved past the period, then \`prune(10000)\` in a loop, committing after each batch: $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s, **$rate rows/s**. Before: $before. After, and a VACUUM: $after."
 } >> "$OUT"
 
-step "table size under churn, with pruning"
+step "table size under churn, with the background worker"
+# Preloaded, so that the worker prunes (and vacuums) every second.
+CLUSTER_SETTINGS="$CLUSTER_SETTINGS -c shared_preload_libraries=rate_limiter -c rate_limiter.prune_interval=1s" restart_cluster
 fresh_database $DB
 sql -c "SELECT rate_limiter.define('visit', 'token bucket', 5, '2 seconds', 5)"
 # Every call a new key (about one per call), each idle after: rows stay only one period.
@@ -93,14 +95,13 @@ load=$!
     echo
     echo "## Size under churn"
     echo
-    echo "4 clients, every call a new key of a 5 per 2 s bucket (rows expire 0.4 s after their call), \`prune()\` every second, 150 s; autovacuum at its defaults (it wakes every minute) makes the space of pruned rows reusable:"
+    echo "4 clients, every call a new key of a 5 per 2 s bucket (rows expire 0.4 s after their call), 150 s, with \`shared_preload_libraries = 'rate_limiter'\` and \`rate_limiter.prune_interval = 1s\`: the worker prunes and then vacuums the table every second (autovacuum runs counted beside):"
     echo
     echo "| second | rows | table + index | autovacuum runs |"
     echo "|---:|---:|---:|---:|"
 } >> "$OUT"
 for s in $(seq 1 150); do
     sleep 1
-    sql -c "SELECT rate_limiter.prune(100000)" >/dev/null
     if [ $((s % 15)) = 0 ]; then
         echo "| $s | $(sql -c "SELECT (SELECT count(*) FROM rate_limiter.state) || ' | ' || pg_size_pretty(pg_total_relation_size('rate_limiter.state')) || ' | ' || autovacuum_count FROM pg_stat_user_tables WHERE relid = 'rate_limiter.state'::regclass") |" >> "$OUT"
     fi
@@ -108,6 +109,7 @@ done
 wait $load
 echo >> "$OUT"
 echo "Calls: $(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$work/visit.out")." >> "$OUT"
+restart_cluster # without the worker again
 
 step "a running prune and concurrent calls"
 fresh_database $DB

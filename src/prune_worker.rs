@@ -2,13 +2,14 @@
 //! `shared_preload_libraries = 'rate_limiter'`, a launcher wakes every
 //! `rate_limiter.prune_interval` and, one database at a time, starts a worker that prunes
 //! that database's state table in batches if the extension is installed there, resting
-//! between batches as long as each took.
+//! between batches as long as each took, then vacuums it when it deleted anything.
 
 use std::time::Duration;
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
+use pgrx::PgMemoryContexts;
 
 /// `rate_limiter.prune_interval`, in seconds; 0 turns the worker off.
 pub static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
@@ -129,5 +130,35 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
             break;
         }
     }
+    if total > 0 {
+        vacuum_state();
+    }
     debug1!("rate_limiter: pruned {total} expired rows of rate_limiter.state");
+}
+
+/// `VACUUM rate_limiter.state`: pruned rows are dead tuples until a vacuum makes their
+/// space reusable, and autovacuum may be a minute away; without it, a table whose every
+/// call brings a new key grows by what is written between two autovacuum runs.
+fn vacuum_state() {
+    // Parse tree and vacuum's own memory live in a portal context, as for a command from a
+    // client: VACUUM commits and starts transactions as it goes.
+    let mut portal = PgMemoryContexts::new("rate_limiter vacuum");
+    // SAFETY: as PostgresMain runs a utility command outside a transaction block: inside a
+    // transaction command, with PortalContext set; ExecVacuum ends that transaction and
+    // starts a new one, which we commit. The parse tree is allocated in `portal`, which
+    // outlives those transactions and is deleted on drop after PortalContext is restored.
+    unsafe {
+        pg_sys::StartTransactionCommand();
+        let (statement, pstate) = portal.switch_to(|_| {
+            let parsed =
+                pg_sys::raw_parser(c"VACUUM rate_limiter.state".as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+            let raw = (*(*parsed).elements).ptr_value as *mut pg_sys::RawStmt;
+            ((*raw).stmt as *mut pg_sys::VacuumStmt, pg_sys::make_parsestate(std::ptr::null_mut()))
+        });
+        let previous = pg_sys::PortalContext;
+        pg_sys::PortalContext = portal.value();
+        pg_sys::ExecVacuum(pstate, statement, true);
+        pg_sys::CommitTransactionCommand();
+        pg_sys::PortalContext = previous;
+    }
 }

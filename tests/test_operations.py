@@ -316,7 +316,7 @@ def expired_rows(conn, n):
     conn.execute("RESET rate_limiter.fake_now")
 
 
-def test_the_background_worker_prunes_every_database_that_has_the_extension(clusters):
+def test_the_background_worker_prunes_and_vacuums_every_database_that_has_the_extension(clusters):
     cluster = clusters("worker", 5496, ["-c shared_preload_libraries=rate_limiter",
                                         "-c rate_limiter.prune_interval=1s"]).init().start()
     with cluster.connect() as c:
@@ -332,6 +332,10 @@ def test_the_background_worker_prunes_every_database_that_has_the_extension(clus
             wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (1,),
                      f"the worker to prune {db}", timeout=60)
             assert c.execute("SELECT name FROM rate_limiter.state").fetchone() == ("fresh",)
+            # ... and vacuums it, so that the space of the pruned rows is reused at once.
+            wait_for(lambda: c.execute("SELECT vacuum_count > 0 FROM pg_stat_user_tables "
+                                       "WHERE relid = 'rate_limiter.state'::regclass").fetchone() == (True,),
+                     f"the worker to vacuum {db}", timeout=30)
     with cluster.connect() as c:
         assert c.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rate_limiter prune launcher'").fetchone() == (1,)
 
