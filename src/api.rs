@@ -169,9 +169,7 @@ fn decision_datum(d: &Decision) -> Datum {
     // after checking it has exactly the columns `values` fills.
     unsafe {
         let desc = pg_sys::lookup_rowtype_tupdesc(cache::relations().decision_type, -1);
-        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-        let matches = attrs.len() == shape.len() && attrs.iter().zip(shape).all(|(a, ty)| !a.attisdropped && a.atttypid == ty);
-        if !matches {
+        if !storage::has_columns(desc, &shape) {
             pg_sys::DecrTupleDescRefCount(desc);
             Error::DecisionTypeChanged.raise()
         }

@@ -138,7 +138,8 @@ pub struct StateTable {
     heap: pg_sys::Relation,
     /// Where lookups go: the valid unique index.
     index: pg_sys::Relation,
-    /// Every index a new row version must be entered in; empty when open for reading.
+    /// Every index open for this call: the ones a new row version must be entered in when
+    /// open for writing, the lookup index alone when open for reading.
     indexes: Vec<StateIndex>,
     snapshot: pg_sys::Snapshot,
     tuple_slot: *mut pg_sys::TupleTableSlot,
@@ -184,6 +185,8 @@ impl StateTable {
             // Taking the table's lock took in invalidations: the index OID is the current one.
             // SAFETY: a valid index of the table, locked as the table is.
             table.index = unsafe { pg_sys::index_open(cache::relations().state_key, lockmode) };
+            let info = std::cell::Cell::new(null_mut());
+            table.indexes.push(StateIndex { relation: table.index, info, valid: true });
         }
         // SAFETY: as SPI does for each statement of a VOLATILE function: a fresh snapshot at
         // READ COMMITTED (the transaction's otherwise), which also sees this transaction's
@@ -510,14 +513,8 @@ impl Drop for StateTable {
             if !self.snapshot.is_null() && pg_sys::ActiveSnapshotSet() && pg_sys::GetActiveSnapshot() == self.snapshot {
                 pg_sys::PopActiveSnapshot();
             }
-            if self.indexes.is_empty() {
-                if !self.index.is_null() {
-                    pg_sys::index_close(self.index, pg_sys::NoLock as _);
-                }
-            } else {
-                for index in &self.indexes {
-                    pg_sys::index_close(index.relation, pg_sys::NoLock as _);
-                }
+            for index in &self.indexes {
+                pg_sys::index_close(index.relation, pg_sys::NoLock as _);
             }
             pg_sys::table_close(self.heap, pg_sys::NoLock as _);
         }
@@ -525,24 +522,26 @@ impl Drop for StateTable {
 }
 
 /// Refuse to read or write rows of a shape other than the one `form` and `slot_row` use:
-/// 55000 after an ALTER TABLE, or before ALTER EXTENSION UPDATE gave the table its columns.
+/// 55000 after an ALTER TABLE. (A table older than the library is caught before, with its
+/// own hint, when `cache` looks the relations up.)
 ///
 /// # Safety
 /// `heap` is open and locked.
 unsafe fn check_shape(heap: pg_sys::Relation) {
-    // SAFETY: an open relation's descriptor holds `natts` attributes.
-    let attrs = unsafe {
-        let desc = &*(*heap).rd_att;
-        desc.attrs.as_slice(desc.natts as usize)
-    };
-    if attrs.len() == 5 && !attrs.iter().any(|a| a.attisdropped) {
-        Error::ExtensionOutdated.raise() // 0.1.0 and 0.2.0 had no expires column
-    }
-    let matches = attrs.len() == STATE_SHAPE.len()
-        && attrs.iter().zip(STATE_SHAPE).all(|(a, ty)| !a.attisdropped && a.atttypid == ty);
-    if !matches {
+    // SAFETY: an open relation's descriptor.
+    if !unsafe { has_columns((*heap).rd_att, &STATE_SHAPE) } {
         Error::StateTableChanged.raise()
     }
+}
+
+/// Whether a row descriptor has exactly the columns of `types`, in order, none dropped.
+///
+/// # Safety
+/// `desc` is a valid descriptor.
+pub unsafe fn has_columns(desc: pg_sys::TupleDesc, types: &[pg_sys::Oid]) -> bool {
+    // SAFETY: a descriptor holds `natts` attributes.
+    let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
+    attrs.len() == types.len() && attrs.iter().zip(types).all(|(a, ty)| !a.attisdropped && a.atttypid == *ty)
 }
 
 /// Whether an index is the unique index on (key, name, shard) or an exact copy of it, the
