@@ -56,7 +56,8 @@ COMMENT ON TABLE rate_limiter.state IS
     'Current state of each (name, key, shard). Written only by the rate_limiter functions; a missing row means full.';
 COMMENT ON COLUMN rate_limiter.state.name IS 'The limit''s name.';
 COMMENT ON COLUMN rate_limiter.state.key IS 'The key within the limit; NULL is the one shared value.';
-COMMENT ON COLUMN rate_limiter.state.shard IS 'Shard number, 0 to shards - 1.';
+COMMENT ON COLUMN rate_limiter.state.shard IS
+    'Shard number: 0 to shards - 1 for named limits, -1 - shard for inline configs.';
 COMMENT ON COLUMN rate_limiter.state.value IS 'Tokens held as of ts (negative while reservations are owed).';
 COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed window: start of the window value belongs to.';
 COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';

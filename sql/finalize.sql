@@ -51,7 +51,7 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS
 COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz) IS
     'Create or replace a named limit in rate_limiter.limits.';
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
-    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would; returns how many. Skips rows in use.';
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist; returns how many. Skips rows in use.';
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
     'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits.';
 

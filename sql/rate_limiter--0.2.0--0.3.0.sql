@@ -18,6 +18,12 @@ UPDATE rate_limiter.state s SET expires = coalesce((
 ALTER TABLE rate_limiter.state
     ALTER COLUMN expires SET NOT NULL,
     REPLICA IDENTITY FULL;
+-- Rows of inline configs are told apart by their shard number (see the comment below).
+-- 0.2.0 did not tell them apart: rows of names that are not defined are taken as inline.
+UPDATE rate_limiter.state s SET shard = -1 - s.shard
+WHERE NOT EXISTS (SELECT FROM rate_limiter.limits l WHERE l.name OPERATOR(pg_catalog.=) s.name);
+COMMENT ON COLUMN rate_limiter.state.shard IS
+    'Shard number: 0 to shards - 1 for named limits, -1 - shard for inline configs.';
 COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
 
 -- The cache trigger fires always, and per row: an apply worker fires row triggers only.
@@ -40,4 +46,4 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'prune_wrapper';
 REVOKE ALL ON FUNCTION rate_limiter.prune(integer) FROM PUBLIC;
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
-    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would; returns how many. Skips rows in use.';
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist; returns how many. Skips rows in use.';

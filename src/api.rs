@@ -53,6 +53,7 @@ fn request<'a>(
     key: Option<&'a str>,
     count: Option<f64>,
     reserve: Option<bool>,
+    inline: bool,
 ) -> Result<Request<'a>> {
     let count = count.ok_or_else(|| Error::InvalidArgument("count must not be NULL".into()))?;
     if !(count.is_finite() && count >= 0.0) {
@@ -63,6 +64,7 @@ fn request<'a>(
         key: valid_key(key)?,
         count,
         reserve: reserve.unwrap_or(false),
+        inline,
     })
 }
 
@@ -144,7 +146,7 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> A
             pg_getarg::<JsonbArg>(fcinfo, 5),
         )
     };
-    let req = request(name, key, count, reserve).unwrap_or_else(|e| e.raise());
+    let req = request(name, key, count, reserve, inline.is_some()).unwrap_or_else(|e| e.raise());
     let d = decide(&req, inline, consume).unwrap_or_else(|e| e.raise());
     let datum = decision_datum(&d);
     let throw = match d.retry_after {
@@ -230,7 +232,8 @@ fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
 }
 
 /// Delete up to `max_rows` rows of `rate_limiter.state` that hold what a fresh state would
-/// (for named and inline limits alike); returns how many. Skips rows that running
+/// (for named and inline limits alike), or belong to named limits that no longer exist;
+/// returns how many. Skips rows that running
 /// transactions hold, so it never waits for them and can run beside calls and itself.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
 fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {
@@ -258,7 +261,7 @@ fn rate_limit_value(
     ),
 > {
     let row = (|| -> Result<_> {
-        let req = request(name, key, Some(0.0), None)?;
+        let req = request(name, key, Some(0.0), None, config.is_some())?;
         let sample = match sample_shards {
             Some(n) if n >= 1 => n as u32,
             other => {

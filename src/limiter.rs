@@ -23,6 +23,8 @@ pub struct Request<'a> {
     pub key: Option<&'a str>,
     pub count: f64,
     pub reserve: bool,
+    /// The config was passed inline (see `Slot::inline`).
+    pub inline: bool,
 }
 
 /// What `rate_limit()` returns, see `rate_limiter.decision`.
@@ -44,7 +46,7 @@ struct Looked {
 }
 
 fn slot<'a>(req: &Request<'a>, shard: i32) -> Slot<'a> {
-    Slot { name: req.name, key: req.key, shard }
+    Slot { name: req.name, key: req.key, shard, inline: req.inline }
 }
 
 fn fresh(req: &Request<'_>, config: &Config, now: f64) -> State {

@@ -321,6 +321,22 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_named_limit_and_an_inline_config_of_the_same_name_keep_separate_rows() {
+        at("0");
+        let cfg = r#"'{"kind":"token bucket","rate":10,"period":"1 hour","shards":2}'"#;
+        run("SELECT rate_limiter.define('both', 'token bucket', 10, '1 hour')");
+        run("SELECT rate_limiter.rate_limit('both', 'a', 3)");
+        run(&format!("SELECT rate_limiter.rate_limit('both', 'a', 4, config => {cfg})"));
+        let values = |sign: &str| {
+            one::<f64>(&format!("SELECT sum(value) FROM rate_limiter.state WHERE name = 'both' AND shard {sign} 0"))
+        };
+        assert_eq!(values(">="), Some(7.0), "named: shard 0 holds 10 - 3");
+        assert_eq!(values("<"), Some(1.0), "inline: shard -1 - s holds 5 - 4");
+        // Rows of deleted named limits are pruned: see tests/isolation/specs/prune_orphans.spec
+        // (it needs no other transaction changing limits, which parallel #[pg_test]s may do).
+    }
+
+    #[pg_test]
     fn writing_functions_refuse_read_only_transactions_with_25006() {
         at("0");
         run("SELECT rate_limiter.define('ro', 'token bucket', 1, '1 second')");
@@ -416,11 +432,12 @@ mod tests {
     }
 
     /// Seed every shard of the NULL key of `name` with `value(shard)` at T0.
+    /// Store the shards of an inline config (whose rows have shard numbers -1 - shard).
     fn seed(name: &str, shards: i32, value: impl Fn(i32) -> f64) {
         run(&format!("DELETE FROM rate_limiter.state WHERE name = '{name}'"));
         for shard in 0..shards {
             run(&format!(
-                "INSERT INTO rate_limiter.state VALUES ('{name}', NULL, {shard}, {}, '{T0}', 'infinity')",
+                "INSERT INTO rate_limiter.state VALUES ('{name}', NULL, -1 - {shard}, {}, '{T0}', 'infinity')",
                 value(shard)
             ));
         }
@@ -430,11 +447,11 @@ mod tests {
         format!(r#"'{{"kind":"token bucket","rate":1,"period":1000,"shards":{shards},"capacity":{}{extra}}}'"#, 10 * shards)
     }
 
-    /// Sum of the shards' values and how many rows differ from `seeded`.
+    /// Sum of an inline config's shards' values and how many rows differ from `seeded`.
     fn shard_changes(name: &str, seeded: impl Fn(i32) -> f64) -> (f64, usize) {
         Spi::connect(|c| {
             let rows = c
-                .select(&format!("SELECT shard, value FROM rate_limiter.state WHERE name = '{name}'"), None, &[])
+                .select(&format!("SELECT -1 - shard, value FROM rate_limiter.state WHERE name = '{name}'"), None, &[])
                 .unwrap();
             let mut sum = 0.0;
             let mut changed = 0;

@@ -30,6 +30,17 @@ pub struct Slot<'a> {
     pub name: &'a str,
     pub key: Option<&'a str>,
     pub shard: i32,
+    /// The config was passed inline rather than named in `rate_limiter.limits`.
+    pub inline: bool,
+}
+
+impl Slot<'_> {
+    /// The `shard` column: `shard` for named limits, `-1 - shard` for inline configs, so
+    /// that prune() can tell rows of deleted named limits apart without a column of its own.
+    fn stored_shard(&self) -> i16 {
+        let shard = self.shard as i16;
+        if self.inline { -1 - shard } else { shard }
+    }
 }
 
 /// A stored state and where it is.
@@ -365,7 +376,7 @@ impl StateTable {
             return Created::Done(row);
         }
         let mut hasher = DefaultHasher::new();
-        (slot.name, slot.key, slot.shard).hash(&mut hasher);
+        (slot.name, slot.key, slot.stored_shard()).hash(&mut hasher);
         let hash = hasher.finish();
         let tag = pg_sys::LOCKTAG {
             // SAFETY: a plain read of a backend-global OID.
@@ -458,7 +469,7 @@ impl StateTable {
         let mut values = [
             text(slot.name),
             slot.key.map(text).unwrap_or(Datum::from(0)),
-            Datum::from(slot.shard as i16),
+            Datum::from(slot.stored_shard()),
             state.value.into_datum().expect("float8"),
             instant(state.ts, "time"),
             // An expiry past the last instant PostgreSQL can store is never.
@@ -479,7 +490,7 @@ impl StateTable {
         unchanged: bool,
     ) -> bool {
         // Every index has the columns (key, name, shard): see `is_key_copy`.
-        let mut values = [slot.key.map(text).unwrap_or(Datum::from(0)), text(slot.name), Datum::from(slot.shard as i16)];
+        let mut values = [slot.key.map(text).unwrap_or(Datum::from(0)), text(slot.name), Datum::from(slot.stored_shard())];
         let mut nulls = [slot.key.is_none(), false, false];
         let mut unique = true;
         for index in &self.indexes {
@@ -639,7 +650,7 @@ unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKey
         [
             key,
             equal_key(index, INDEX_NAME, pg_sys::F_TEXTEQ, text(slot.name)),
-            equal_key(index, INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.shard as i16)),
+            equal_key(index, INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.stored_shard())),
         ]
     }
 }
@@ -701,20 +712,45 @@ pub fn delete(name: &str, key: Option<&str>) {
     Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-/// Delete up to `max_rows` rows whose expiry has passed at `now` (ms), skipping rows other
-/// transactions hold; how many were deleted. Plain SQL: the executor keeps every index and
-/// publication informed. The row lock re-checks `expires` on the newest version, so a row
-/// a call has just written again is kept.
+/// Delete up to `max_rows` rows whose expiry has passed at `now` (ms), then rows of named
+/// limits that no longer exist, skipping rows other transactions hold; how many were
+/// deleted. Plain SQL: the executor keeps every index and publication informed. The row
+/// lock re-checks `expires` on the newest version, so a row a call has just written again
+/// is kept.
 pub fn prune(now: f64, max_rows: i32) -> i64 {
-    let sql = "WITH doomed AS ( \
-                   SELECT ctid FROM rate_limiter.state \
-                   WHERE expires OPERATOR(pg_catalog.<=) $1 \
-                   LIMIT $2 FOR UPDATE SKIP LOCKED) \
-               DELETE FROM rate_limiter.state \
-               WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM doomed))";
-    let now = clock::ms_timestamptz(now);
-    Spi::connect_mut(|client| client.update(sql, None, &[now.into(), max_rows.into()]).map(|t| t.len() as i64))
+    let expired = delete_some("expires OPERATOR(pg_catalog.<=) $2", clock::ms_timestamptz(now), max_rows);
+    let left = max_rows - expired as i32;
+    if left == 0 || !limits_held_still() {
+        return expired;
+    }
+    let orphaned = "shard OPERATOR(pg_catalog.>=) 0 AND $2::pg_catalog.bool AND NOT EXISTS \
+                    (SELECT FROM rate_limiter.limits l WHERE l.name OPERATOR(pg_catalog.=) s.name)";
+    expired + delete_some(orphaned, true, left)
+}
+
+/// Delete up to `max_rows` rows of `rate_limiter.state s` where `condition` (on `$2`) holds.
+fn delete_some<'a>(condition: &str, arg: impl Into<pgrx::datum::DatumWithOid<'a>>, max_rows: i32) -> i64 {
+    let sql = format!(
+        "WITH doomed AS ( \
+             SELECT ctid FROM rate_limiter.state s WHERE {condition} \
+             LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         DELETE FROM rate_limiter.state \
+         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM doomed))"
+    );
+    Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), arg.into()]).map(|t| t.len() as i64))
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Whether the set of named limits is sure to stay as the next statement's snapshot sees
+/// it until this transaction ends. Otherwise a limit deleted and created again while
+/// prune() runs could lose the state written in between. Takes a SHARE lock on
+/// `rate_limiter.limits` (held to the end of the transaction) without waiting; false when a
+/// transaction is changing limits, or when the snapshot is the transaction's (REPEATABLE
+/// READ, SERIALIZABLE), which may predate the lock.
+fn limits_held_still() -> bool {
+    let limits = cache::relations().limits;
+    // SAFETY: locks a relation by the OID that the cache resolved for this database.
+    !xact_snapshot_isolation() && unsafe { pg_sys::ConditionalLockRelationOid(limits, pg_sys::ShareLock as pg_sys::LOCKMODE) }
 }
 
 /// Insert or replace a named limit.

@@ -67,6 +67,7 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, rel
         old.execute(f"CREATE EXTENSION rate_limiter VERSION '{released}'")
         old.execute("SELECT rate_limiter.define('kept', 'token bucket', 10, '1 second')")
         old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01')")
+        old.execute("INSERT INTO rate_limiter.state VALUES ('inline', 'k', 0, 1, '2030-01-01')")
         old.execute(f"CREATE ROLE {role}")
         try:
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {role}")
@@ -84,15 +85,22 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, rel
             assert upgraded != fresh.execute(CATALOG).fetchall(), "the grant showed in the catalog"
 
             # The row the update found got a conservative expiry: refilled (0.7 s) plus a period.
-            assert old.execute("SELECT expires - ts FROM rate_limiter.state WHERE key = 'k'").fetchone() == (
+            assert old.execute("SELECT expires - ts FROM rate_limiter.state WHERE name = 'kept' AND key = 'k'").fetchone() == (
                 datetime.timedelta(seconds=1.7),)
             old.execute("SET rate_limiter.fake_now = '2030-01-01'")
             ok, remaining = old.execute(
                 "SELECT ok, remaining FROM rate_limiter.rate_limit('kept', 'k')").fetchone()
             assert (ok, remaining) == (True, 2), "the stored state (3 tokens) survived the update"
             assert old.execute("SELECT remaining FROM rate_limiter.rate_limit('kept', 'other')").fetchone() == (9,)
+            # A row of a name that is not defined was an inline config's, and still is.
+            inline = """'{"kind": "token bucket", "rate": 2, "period": "1 hour"}'"""
+            assert old.execute(f"SELECT ok, remaining FROM rate_limiter.rate_limit('inline', 'k', config => {inline})"
+                               ).fetchone() == (True, 0)
+            assert old.execute("SELECT shard FROM rate_limiter.state WHERE name = 'inline'").fetchone() == (-1,)
             old.execute("SET rate_limiter.fake_now = '2030-01-01 00:00:01'")
-            assert old.execute("SELECT rate_limiter.prune()").fetchone() == (2,), "both have refilled"
+            assert old.execute("SELECT rate_limiter.prune()").fetchone() == (2,), "both of 'kept' have refilled"
+            old.execute("DELETE FROM rate_limiter.limits")
+            assert old.execute("SELECT rate_limiter.prune()").fetchone() == (0,), "the inline row is not refilled"
         finally:
             old.execute(f"DROP OWNED BY {role}")
             old.execute(f"DROP ROLE {role}")
