@@ -5,7 +5,7 @@ CREATE TABLE rate_limiter.limits (
     name text PRIMARY KEY
         CHECK (name <> '' AND octet_length(name) <= 128),
     kind text NOT NULL
-        CHECK (kind IN ('token bucket', 'fixed window')),
+        CHECK (kind IN ('token bucket', 'fixed window', 'sliding window')),
     rate double precision NOT NULL
         CHECK (rate > 0 AND rate < 'Infinity'),
     period interval NOT NULL
@@ -18,18 +18,20 @@ CREATE TABLE rate_limiter.limits (
         CHECK (shards BETWEEN 1 AND 1024),
     start timestamptz
         CHECK (isfinite(start)),
-    CONSTRAINT limits_start_is_for_fixed_window CHECK (kind = 'fixed window' OR start IS NULL)
+    CONSTRAINT limits_start_is_for_windows CHECK (kind IN ('fixed window', 'sliding window') OR start IS NULL),
+    CONSTRAINT limits_sliding_window_capacity_is_rate CHECK (kind <> 'sliding window' OR capacity IS NULL OR capacity = rate),
+    CONSTRAINT limits_sliding_window_reserves_nothing CHECK (kind <> 'sliding window' OR max_reserved IS NULL)
 );
 COMMENT ON TABLE rate_limiter.limits IS
     'Named rate limits, one row each. Manage with INSERT/UPDATE/DELETE or rate_limiter.define().';
 COMMENT ON COLUMN rate_limiter.limits.name IS 'The limit''s name, as passed to rate_limit(name => ...).';
-COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill) or ''fixed window'' (rate tokens at each window start).';
+COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start) or ''sliding window'' (the previous window weighs as it slides out).';
 COMMENT ON COLUMN rate_limiter.limits.rate IS 'Tokens added per period.';
 COMMENT ON COLUMN rate_limiter.limits.period IS 'The period over which rate tokens are added.';
 COMMENT ON COLUMN rate_limiter.limits.capacity IS 'Most tokens that can accumulate (burst); NULL means rate.';
 COMMENT ON COLUMN rate_limiter.limits.max_reserved IS 'Most tokens that reservations may owe; NULL means unbounded.';
 COMMENT ON COLUMN rate_limiter.limits.shards IS 'Rows the limit is split across, so that concurrent transactions do not queue on one row lock.';
-COMMENT ON COLUMN rate_limiter.limits.start IS 'Fixed window only: windows are aligned to this instant; NULL picks a phase per (name, key).';
+COMMENT ON COLUMN rate_limiter.limits.start IS 'Fixed and sliding window: windows are aligned to this instant; NULL picks a phase per (name, key).';
 
 -- Keep user configuration in pg_dump output.
 SELECT pg_catalog.pg_extension_config_dump('rate_limiter.limits', '');
@@ -47,6 +49,7 @@ CREATE TABLE rate_limiter.state (
     value double precision NOT NULL,
     ts timestamptz NOT NULL,
     expires timestamptz NOT NULL,
+    counts double precision[],
     CONSTRAINT state_key_name_shard_key UNIQUE NULLS NOT DISTINCT (key, name, shard)
 ) WITH (fillfactor = 90);
 -- The unique index has a nullable column, so it cannot identify rows to a logical
@@ -59,7 +62,8 @@ COMMENT ON COLUMN rate_limiter.state.key IS 'The key within the limit; NULL is t
 COMMENT ON COLUMN rate_limiter.state.shard IS
     'Shard number: 0 to shards - 1 for named limits, -1 - shard for inline configs.';
 COMMENT ON COLUMN rate_limiter.state.value IS 'Tokens held as of ts (negative while reservations are owed).';
-COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed window: start of the window value belongs to.';
+COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to.';
+COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. NULL for the other kinds.';
 COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
 
 CREATE TYPE rate_limiter.decision AS (

@@ -47,3 +47,17 @@ AS 'MODULE_PATHNAME', 'prune_wrapper';
 REVOKE ALL ON FUNCTION rate_limiter.prune(integer) FROM PUBLIC;
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
     'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist; returns how many. Skips rows in use.';
+
+-- The sliding window: a kind, its constraints, and the counts it keeps beside value.
+ALTER TABLE rate_limiter.limits
+    DROP CONSTRAINT limits_kind_check,
+    ADD CONSTRAINT limits_kind_check CHECK (kind IN ('token bucket', 'fixed window', 'sliding window')),
+    DROP CONSTRAINT limits_start_is_for_fixed_window,
+    ADD CONSTRAINT limits_start_is_for_windows CHECK (kind IN ('fixed window', 'sliding window') OR start IS NULL),
+    ADD CONSTRAINT limits_sliding_window_capacity_is_rate CHECK (kind <> 'sliding window' OR capacity IS NULL OR capacity = rate),
+    ADD CONSTRAINT limits_sliding_window_reserves_nothing CHECK (kind <> 'sliding window' OR max_reserved IS NULL);
+COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start) or ''sliding window'' (the previous window weighs as it slides out).';
+COMMENT ON COLUMN rate_limiter.limits.start IS 'Fixed and sliding window: windows are aligned to this instant; NULL picks a phase per (name, key).';
+ALTER TABLE rate_limiter.state ADD COLUMN counts double precision[];
+COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to.';
+COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. NULL for the other kinds.';

@@ -84,6 +84,9 @@ fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<
     // Open the table first: its lock takes in pending invalidations of cached configs.
     let table = StateTable::open(consume.then_some(c"rate_limit()"));
     let config = resolve(req.name, inline)?;
+    if req.reserve && !config.kind.can_reserve() {
+        return Err(Error::NotSupported(format!("a {} has no reservations", config.kind.as_str())));
+    }
     if let Some(max) = config.impossible_count(req.count, req.reserve) {
         return Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max });
     }
@@ -272,7 +275,7 @@ fn rate_limit_value(
         let mut config = resolve(req.name, config)?;
         let (state, shard) = limiter::value(&table, &req, &config, sample);
         drop(table);
-        if config.kind == crate::bucket::Kind::FixedWindow && config.start.is_none() {
+        if config.kind.has_windows() && config.start.is_none() {
             // As the Convex component does: report the window phase in force.
             config.start = Some(state.ts);
         }

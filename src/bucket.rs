@@ -1,8 +1,11 @@
-//! The bucket arithmetic: pure functions over `(value, ts)`, no PostgreSQL in here.
+//! The bucket arithmetic: pure functions over `(value, ts, counts)`, no PostgreSQL in here.
 //!
 //! Times are milliseconds since the Unix epoch and durations are milliseconds, as in the
-//! Convex rate-limiter component, whose numbers these functions reproduce operation for
-//! operation (so floating point rounding matches too).
+//! Convex rate-limiter component, whose numbers the token bucket and fixed window reproduce
+//! operation for operation (so floating point rounding matches too). Each later kind is a
+//! module of its own.
+
+mod sliding_window;
 
 /// Below this many shards a call looks at one random shard; from here on it looks at two.
 pub const MIN_CHOOSE_TWO: u32 = 3;
@@ -11,6 +14,7 @@ pub const MIN_CHOOSE_TWO: u32 = 3;
 pub enum Kind {
     TokenBucket,
     FixedWindow,
+    SlidingWindow,
 }
 
 impl Kind {
@@ -18,7 +22,18 @@ impl Kind {
         match self {
             Kind::TokenBucket => "token bucket",
             Kind::FixedWindow => "fixed window",
+            Kind::SlidingWindow => "sliding window",
         }
+    }
+
+    /// Whether a value may go below zero for reservations.
+    pub fn can_reserve(self) -> bool {
+        matches!(self, Kind::TokenBucket | Kind::FixedWindow)
+    }
+
+    /// Whether windows are aligned to `start` or a per-(name, key) phase.
+    pub fn has_windows(self) -> bool {
+        matches!(self, Kind::FixedWindow | Kind::SlidingWindow)
     }
 }
 
@@ -83,25 +98,62 @@ impl Config {
     }
 }
 
+/// Most token counts a state keeps beside its value.
+pub const MAX_COUNTS: usize = 1;
+
+/// Token counts a kind keeps beside `value` (the sliding window's previous window); absent
+/// ones are 0. A fixed array, so that `State` stays `Copy`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Counts {
+    len: usize,
+    counts: [f64; MAX_COUNTS],
+}
+
+impl Counts {
+    pub const NONE: Counts = Counts { len: 0, counts: [0.0; MAX_COUNTS] };
+
+    /// `None` when there are more than `MAX_COUNTS`.
+    pub fn new(counts: &[f64]) -> Option<Counts> {
+        let mut c = Counts { len: counts.len(), ..Counts::NONE };
+        c.counts.get_mut(..counts.len())?.copy_from_slice(counts);
+        Some(c)
+    }
+
+    pub fn as_slice(&self) -> &[f64] {
+        &self.counts[..self.len]
+    }
+
+    pub fn get(&self, i: usize) -> f64 {
+        self.as_slice().get(i).copied().unwrap_or(0.0)
+    }
+}
+
 /// One shard's stored state.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct State {
     pub value: f64,
-    /// Token bucket: last update. Fixed window: start of the window `value` belongs to.
+    /// Token bucket: last update. Fixed and sliding window: start of the window `value`
+    /// belongs to.
     pub ts: f64,
+    pub counts: Counts,
 }
 
-/// The state of a shard nobody has touched yet: full, and for a fixed window in the
-/// window that contains `now`, aligned to `start` or else to `phase`.
+impl State {
+    pub fn new(value: f64, ts: f64) -> State {
+        State { value, ts, counts: Counts::NONE }
+    }
+}
+
+/// The state of a shard nobody has touched yet: full, and for a window kind in the window
+/// that contains `now`, aligned to `start` or else to `phase`.
 pub fn fresh_state(config: &Config, now: f64, phase: f64) -> State {
-    let ts = match config.kind {
-        Kind::TokenBucket => now,
-        Kind::FixedWindow => {
-            let anchor = config.start.unwrap_or(phase);
-            anchor + ((now - anchor) / config.period).floor() * config.period
-        }
+    let ts = if config.kind.has_windows() {
+        let anchor = config.start.unwrap_or(phase);
+        anchor + ((now - anchor) / config.period).floor() * config.period
+    } else {
+        now
     };
-    State { value: config.capacity, ts }
+    State::new(config.capacity, ts)
 }
 
 /// Outcome of taking `count` from a shard at `now`.
@@ -111,8 +163,19 @@ pub struct Check {
     /// The shard's value after taking `count` (negative when short or reserving).
     pub value: f64,
     pub ts: f64,
+    pub counts: Counts,
+    /// Tokens left as of now after taking `count`: `value`, except where earlier windows
+    /// still weigh (sliding window).
+    pub available: f64,
     /// Milliseconds until the shard could cover `count`; `None` when it already can.
     pub retry_after: Option<f64>,
+}
+
+impl Check {
+    /// The state to store when the call takes from this shard.
+    pub fn state(&self) -> State {
+        State { value: self.value, ts: self.ts, counts: self.counts }
+    }
 }
 
 /// Refill `state` up to `now`, take `count`, and say whether that is allowed.
@@ -120,6 +183,7 @@ pub struct Check {
 pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
     let elapsed = (now - state.ts).max(0.0);
     let (value, ts, retry_after) = match config.kind {
+        Kind::SlidingWindow => return sliding_window::check(state, config, now, count),
         Kind::TokenBucket => {
             let rate = config.rate / config.period;
             let value = (state.value + elapsed * rate).min(config.capacity) - count;
@@ -140,7 +204,7 @@ pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool)
     };
     let over_reserved = config.max_reserved.is_some_and(|max| -value > max);
     let ok = value >= 0.0 || (reserve && !over_reserved);
-    Check { ok, value, ts, retry_after }
+    Check { ok, value, ts, counts: state.counts, available: value, retry_after }
 }
 
 /// What a call does to the shards it looked at.
@@ -153,28 +217,36 @@ pub struct Outcome {
     /// Per looked-at shard (same order as the input): its state after the call, and whether
     /// the call changed it (so it must be written).
     pub after: Vec<(State, bool)>,
+    /// Per looked-at shard: tokens left as of now after the call.
+    pub available: Vec<f64>,
 }
 
 /// Take `count` from the looked-at shards, as the Convex component does: with one shard,
 /// from it; with two, from the one that can serve alone (the fuller when both can), else from
 /// both so they end level, else deny. `config` is the per-shard config.
 pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bool) -> Outcome {
-    let refilled = |s: State| {
-        let c = check(s, config, now, 0.0, false);
-        (State { value: c.value, ts: c.ts }, false)
+    let refilled: Vec<Check> = states.iter().map(|s| check(*s, config, now, 0.0, false)).collect();
+    // `taken[i]`: the check of shard i when the call takes from it.
+    let outcome = |ok: bool, retry_after: Option<f64>, taken: [Option<Check>; 2]| {
+        let after: Vec<Check> = (0..states.len()).map(|i| taken[i].unwrap_or(refilled[i])).collect();
+        Outcome {
+            ok,
+            retry_after,
+            after: after.iter().zip(&taken).map(|(c, t)| (c.state(), t.is_some())).collect(),
+            available: after.iter().map(|c| c.available).collect(),
+        }
     };
-    let untouched = || states.iter().map(|s| refilled(*s)).collect::<Vec<_>>();
     let taking = |i: usize, c: Check| {
-        let mut after = untouched();
-        after[i] = (State { value: c.value, ts: c.ts }, true);
-        Outcome { ok: true, retry_after: c.retry_after, after }
+        let mut taken = [None, None];
+        taken[i] = Some(c);
+        outcome(true, c.retry_after, taken)
     };
     let checks: Vec<Check> = states.iter().map(|s| check(*s, config, now, count, reserve)).collect();
     match checks[..] {
         [one] if one.ok => taking(0, one),
-        [one] => Outcome { ok: false, retry_after: one.retry_after, after: untouched() },
+        [one] => outcome(false, one.retry_after, [None, None]),
         [one, two] if one.ok && two.ok => {
-            if one.value > two.value {
+            if one.available > two.available {
                 taking(0, one)
             } else {
                 taking(1, two)
@@ -184,18 +256,17 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
         [_, two] if two.ok => taking(1, two),
         [one, two] => {
             // Neither can serve alone: take from both so they end level.
-            let balance = one.value + two.value + count;
-            let one = check(states[0], config, now, one.value + count - balance / 2.0, reserve);
-            let two = check(states[1], config, now, two.value + count - balance / 2.0, reserve);
+            let balance = one.available + two.available + count;
+            let one = check(states[0], config, now, one.available + count - balance / 2.0, reserve);
+            let two = check(states[1], config, now, two.available + count - balance / 2.0, reserve);
             let retry_after = match (one.retry_after, two.retry_after) {
                 (None, None) => None,
                 (a, b) => Some(a.unwrap_or(0.0).max(b.unwrap_or(0.0))),
             };
             if one.ok && two.ok {
-                let after = [one, two].iter().map(|c| (State { value: c.value, ts: c.ts }, true)).collect();
-                Outcome { ok: true, retry_after, after }
+                outcome(true, retry_after, [Some(one), Some(two)])
             } else {
-                Outcome { ok: false, retry_after, after: untouched() }
+                outcome(false, retry_after, [None, None])
             }
         }
         _ => unreachable!("a call looks at one or two shards"),
@@ -213,17 +284,19 @@ pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
         Kind::FixedWindow => {
             (state.ts + config.period * (missing / config.rate).ceil() - now).max(0.0)
         }
+        Kind::SlidingWindow => sliding_window::reset_after(state, config, now),
     }
 }
 
 /// The instant (ms) from which `state` holds exactly what a fresh state would: refilled to
-/// capacity, nothing owed, and (fixed window) in a window aligned as a fresh one is. From
-/// then on the row can be deleted without changing any decision. Computed in closed form,
-/// then checked with `check` itself, so that rounding can only make it later, never early.
+/// capacity, nothing owed or still weighing, and (window kinds) in a window aligned as a
+/// fresh one is. From then on the row can be deleted without changing any decision.
+/// Computed in closed form, then checked with `check` itself, so that rounding can only
+/// make it later, never early.
 pub fn expires(state: State, config: &Config) -> f64 {
     let full = |at: f64| {
         let c = check(state, config, at, 0.0, false);
-        c.value >= config.capacity && at >= state.ts
+        c.value >= config.capacity && at >= state.ts && c.counts.as_slice().iter().all(|n| *n == 0.0)
     };
     let mut at = match config.kind {
         Kind::TokenBucket => state.ts + ((config.capacity - state.value) / (config.rate / config.period)).max(0.0),
@@ -231,6 +304,7 @@ pub fn expires(state: State, config: &Config) -> f64 {
             let windows = ((config.capacity - state.value) / config.rate).ceil().max(0.0);
             state.ts + windows * config.period
         }
+        Kind::SlidingWindow => sliding_window::expires(state, config),
     }
     .ceil();
     // Later by a growing step until `check` agrees: rarely more than one round.
@@ -277,7 +351,9 @@ mod tests {
     const MINUTE: f64 = 60.0 * SECOND;
     const HOUR: f64 = 60.0 * MINUTE;
     const NOW: f64 = 1_700_000_000_000.0;
+    /// The Convex component's kinds, whose vectors these are.
     const KINDS: [Kind; 2] = [Kind::TokenBucket, Kind::FixedWindow];
+    const ALL_KINDS: [Kind; 3] = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow];
 
     fn config(kind: Kind, rate: f64, period: f64) -> Config {
         Config {
@@ -292,11 +368,11 @@ mod tests {
     }
 
     fn at(value: f64, ts: f64) -> State {
-        State { value, ts }
+        State::new(value, ts)
     }
 
     fn state_of(check: Check) -> State {
-        at(check.value, check.ts)
+        check.state()
     }
 
     #[test]
@@ -335,10 +411,7 @@ mod tests {
             let c = config(kind, 10.0, MINUTE);
             let one = check(at(10.0, NOW), &c, NOW, 5.0, false);
             assert!(one.ok && one.retry_after.is_none());
-            let later = match kind {
-                Kind::TokenBucket => one.ts + 6.0 * SECOND,
-                Kind::FixedWindow => one.ts + MINUTE,
-            };
+            let later = if kind == Kind::TokenBucket { one.ts + 6.0 * SECOND } else { one.ts + MINUTE };
             let two = check(state_of(one), &c, later, 6.0, false);
             assert!(two.ok && two.retry_after.is_none());
             let expected = if kind == Kind::TokenBucket { 0.0 } else { 4.0 };
@@ -365,10 +438,7 @@ mod tests {
         for kind in KINDS {
             let c = config(kind, 10.0, MINUTE);
             let one = check(at(10.0, NOW), &c, NOW, 5.0, false);
-            let later = match kind {
-                Kind::TokenBucket => one.ts + 6.0 * SECOND,
-                Kind::FixedWindow => one.ts + MINUTE,
-            };
+            let later = if kind == Kind::TokenBucket { one.ts + 6.0 * SECOND } else { one.ts + MINUTE };
             let two = check(state_of(one), &c, later, 16.0, true);
             assert!(two.ok);
             assert_eq!(two.retry_after, Some(MINUTE));
@@ -382,7 +452,7 @@ mod tests {
                     assert_eq!(three.retry_after, Some(MINUTE));
                     assert_eq!(three.value, -10.0);
                 }
-                Kind::FixedWindow => {
+                _ => {
                     assert_eq!(three.retry_after, Some(30.0 * SECOND + MINUTE));
                     assert_eq!(three.value, -11.0);
                 }
@@ -514,13 +584,13 @@ mod tests {
     fn pruning_expired_state_changes_no_decision() {
         use rand::{rngs::StdRng, Rng, SeedableRng};
         let mut rng = StdRng::seed_from_u64(8);
-        for round in 0..2_000 {
-            let kind = KINDS[round % 2];
+        for round in 0..3_000 {
+            let kind = ALL_KINDS[round % 3];
             let rate = f64::from(rng.gen_range(1..20));
             let period = f64::from(rng.gen_range(1..5_000));
             let c = Config {
-                capacity: rate * f64::from(rng.gen_range(1..4)),
-                max_reserved: rng.gen_bool(0.3).then(|| f64::from(rng.gen_range(0..10))),
+                capacity: if kind.can_reserve() { rate * f64::from(rng.gen_range(1..4)) } else { rate },
+                max_reserved: (kind.can_reserve() && rng.gen_bool(0.3)).then(|| f64::from(rng.gen_range(0..10))),
                 start: rng.gen_bool(0.5).then(|| NOW - f64::from(rng.gen_range(0..100_000))),
                 ..config(kind, rate, period)
             };
@@ -536,7 +606,7 @@ mod tests {
                     pruned = None;
                 }
                 let count = f64::from(rng.gen_range(0..(c.capacity as u32 + 2)));
-                let reserve = rng.gen_bool(0.2);
+                let reserve = kind.can_reserve() && rng.gen_bool(0.2);
                 let mut call = |stored: &mut Option<State>| {
                     let state = stored.unwrap_or_else(|| fresh_state(&c, now, phase));
                     let outcome = plan(&[state], &c, now, count, reserve);
@@ -562,5 +632,73 @@ mod tests {
         assert_eq!(expires(at(4.0, NOW), &fw), NOW + MINUTE);
         assert_eq!(expires(at(-6.0, NOW), &fw), NOW + 2.0 * MINUTE);
         assert_eq!(expires(at(10.0, NOW), &fw), NOW);
+    }
+
+    /// The vector: rate 10 per 60 s, windows from T0.
+    #[test]
+    fn sliding_window_vector() {
+        let c = Config { start: Some(NOW), ..config(Kind::SlidingWindow, 10.0, MINUTE) };
+        let mut state = fresh_state(&c, NOW + 30.0 * SECOND, 0.0);
+        let mut call = |at: f64, count: f64| {
+            let outcome = plan(&[state], &c, at, count, false);
+            if outcome.ok {
+                state = outcome.after[0].0;
+            }
+            (outcome.ok, outcome.available[0], outcome.retry_after)
+        };
+        assert_eq!(call(NOW + 30.0 * SECOND, 4.0), (true, 6.0, None));
+        assert_eq!(call(NOW + 75.0 * SECOND, 5.0), (true, 2.0, None), "4 * 3/4 + 5 = 8 weigh");
+        assert_eq!(call(NOW + 75.0 * SECOND, 2.0), (true, 0.0, None));
+        let denied = call(NOW + 75.0 * SECOND, 1.0);
+        assert_eq!((denied.0, denied.2), (false, Some(15.0 * SECOND)), "4 * 1/2 + 7 + 1 = 10 at T0 + 90 s");
+        assert_eq!(call(NOW + 90.0 * SECOND, 1.0), (true, 0.0, None));
+        assert_eq!(reset_after(state, &c, NOW + 90.0 * SECOND), 90.0 * SECOND, "8 taken weigh until T0 + 180 s");
+        assert_eq!(expires(state, &c), NOW + 180.0 * SECOND);
+    }
+
+    /// Upstash floors the previous window's share and compares before adding the count:
+    /// at a quarter into a window after 10 of 10 were taken, it lets 3 through (floor(7.5) = 7
+    /// < 10), which makes 10.5 weigh. Here 2 pass and the third waits.
+    #[test]
+    fn sliding_window_never_lets_the_weight_exceed_the_rate() {
+        let c = Config { start: Some(NOW), ..config(Kind::SlidingWindow, 10.0, MINUTE) };
+        let full = plan(&[fresh_state(&c, NOW, 0.0)], &c, NOW, 10.0, false).after[0].0;
+        let quarter = NOW + 75.0 * SECOND;
+        assert!(plan(&[full], &c, quarter, 2.0, false).ok);
+        let three = plan(&[full], &c, quarter, 3.0, false);
+        assert!(!three.ok);
+        assert_eq!(three.retry_after, Some(0.05 * MINUTE), "7.5 - 0.5 + 3 = 10 at 30 % in");
+    }
+
+    /// Random sequences: whenever a call is denied, `retry_after` is the earliest instant
+    /// (to 1 ms) at which the same call passes; a granted call never makes more than `rate`
+    /// weigh. The clock may step back.
+    #[test]
+    fn sliding_window_retry_after_is_exact_and_the_bound_holds() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(9);
+        for round in 0..2_000 {
+            let rate = f64::from(rng.gen_range(1..20));
+            let period = f64::from(rng.gen_range(10..5_000));
+            let c = Config { start: rng.gen_bool(0.5).then_some(NOW), ..config(Kind::SlidingWindow, rate, period) };
+            let mut state = fresh_state(&c, NOW, 3.0);
+            let mut now = NOW;
+            for _ in 0..40 {
+                now += f64::from(rng.gen_range(0..(2.0 * period) as u32)) - period / 10.0;
+                let count = f64::from(rng.gen_range(0..=rate as u32)) * if rng.gen_bool(0.3) { 0.5 } else { 1.0 };
+                let outcome = plan(&[state], &c, now, count, false);
+                if outcome.ok {
+                    state = outcome.after[0].0;
+                    assert!(outcome.available[0] >= -1e-9, "round {round}: {outcome:?}");
+                    continue;
+                }
+                let retry = outcome.retry_after.expect("a denial says when");
+                assert!(retry > 0.0, "round {round}");
+                assert!(plan(&[state], &c, now + retry, count, false).ok, "round {round}: passes at retry_after");
+                if retry > 1.0 {
+                    assert!(!plan(&[state], &c, now + retry - 1.0, count, false).ok, "round {round}: not 1 ms earlier");
+                }
+            }
+        }
     }
 }

@@ -185,9 +185,20 @@ fn validate(config: Config) -> Result<Config> {
             config.shards
         )));
     }
+    if config.kind == Kind::SlidingWindow {
+        if config.capacity != config.rate {
+            return Err(Error::InvalidConfig(format!(
+                "a sliding window holds rate tokens: capacity must be NULL or equal to rate ({}), not {}",
+                config.rate, config.capacity
+            )));
+        }
+        if config.max_reserved.is_some() {
+            return Err(Error::NotSupported("a sliding window has no reservations: leave maxReserved out".into()));
+        }
+    }
     match config.start {
-        Some(_) if config.kind == Kind::TokenBucket => {
-            Err(Error::InvalidConfig("start applies only to a fixed window".into()))
+        Some(_) if !config.kind.has_windows() => {
+            Err(Error::InvalidConfig("start applies only to a fixed or sliding window".into()))
         }
         Some(start) if clock::ms_to_pg_us(start).is_none() => Err(Error::TimeOutOfRange(format!(
             "start must be a finite instant PostgreSQL can store, not {start} ms since the epoch"
@@ -200,8 +211,9 @@ fn parse_kind(kind: &str) -> Result<Kind> {
     match kind {
         "token bucket" => Ok(Kind::TokenBucket),
         "fixed window" => Ok(Kind::FixedWindow),
+        "sliding window" => Ok(Kind::SlidingWindow),
         other => Err(Error::InvalidConfig(format!(
-            "unknown kind \"{other}\" (expected \"token bucket\" or \"fixed window\")"
+            "unknown kind \"{other}\" (expected \"token bucket\", \"fixed window\" or \"sliding window\")"
         ))),
     }
 }

@@ -37,6 +37,9 @@ pub enum Error {
 
     #[error("instant out of range: {0}")]
     TimeOutOfRange(String),
+
+    #[error("not supported: {0}")]
+    NotSupported(String),
 }
 
 impl Error {
@@ -46,6 +49,7 @@ impl Error {
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
             }
             Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            Error::NotSupported(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
             Error::MalformedConfig(_) => PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
             Error::SerializationFailure => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
             Error::ExtensionOutdated | Error::StateTableChanged | Error::DecisionTypeChanged => {
@@ -70,8 +74,9 @@ impl Error {
             }
             Error::InvalidConfig(_) | Error::MalformedConfig(_) => {
                 "A config looks like {\"kind\": \"token bucket\", \"rate\": 10, \"period\": 60000}: \
-                 kind 'token bucket' or 'fixed window', rate > 0, period > 0 (ms or interval text), \
-                 optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch)."
+                 kind 'token bucket', 'fixed window' or 'sliding window', rate > 0, period > 0 (ms \
+                 or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start \
+                 (ms since epoch)."
             }
             Error::SerializationFailure => {
                 "Another transaction changed this rate limit's state after yours took its snapshot; \
@@ -88,6 +93,10 @@ impl Error {
             Error::DecisionTypeChanged => {
                 "rate_limit() returns rate_limiter.decision as the extension created it \
                  (ok, retry_after, remaining, reset_after, granted); undo the ALTER TYPE."
+            }
+            Error::NotSupported(_) => {
+                "Reservations (reserve => true, maxReserved) need a token bucket or a fixed window, \
+                 whose value can go below zero; call without reserve, or use one of those kinds."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

@@ -88,7 +88,7 @@ fn look(table: &StateTable, req: &Request<'_>, per_shard: &Config, shards: Vec<i
 fn decision(outcome: &Outcome, config: &Config, per_shard: &Config, count: f64, now: f64) -> Decision {
     // Sharded limits report an estimate from the shards looked at, scaled to all shards.
     let looked = outcome.after.len() as f64;
-    let total: f64 = outcome.after.iter().map(|(s, _)| s.value).sum();
+    let total: f64 = outcome.available.iter().sum();
     let reset_after = outcome
         .after
         .iter()
@@ -247,7 +247,7 @@ pub fn value(table: &StateTable, req: &Request<'_>, config: &Config, sample_shar
     // Compare as of now, so a shard that has since refilled counts as fuller.
     let fullest = (0..looked.shards.len())
         .max_by(|a, b| {
-            let value_now = |i: usize| bucket::check(looked.states[i], &per_shard, now, 0.0, false).value;
+            let value_now = |i: usize| bucket::check(looked.states[i], &per_shard, now, 0.0, false).available;
             value_now(*a).total_cmp(&value_now(*b))
         })
         .unwrap_or(0);

@@ -195,6 +195,55 @@ mod tests {
         assert!(start.0["start"].as_f64().is_some(), "a fixed window reports its phase");
     }
 
+    /// The issue's vector through SQL, named and inline, and what a sliding window refuses.
+    #[pg_test]
+    fn sliding_window_vector_and_refusals() {
+        run(&format!("SELECT rate_limiter.define('sw', 'sliding window', 10, '1 minute', start => '{T0}')"));
+        let inline = format!(r#"'{{"kind":"sliding window","rate":10,"period":"1 minute","start":"{T0}"}}'"#);
+        for (name, config) in [("sw", String::new()), ("swi", format!(", config => {inline}"))] {
+            let take = |count: u32| decide(&format!("rate_limiter.rate_limit('{name}', 'k', {count}{config})"));
+            at("30 seconds");
+            assert_eq!(take(4), D { ok: true, retry_after: None, remaining: 6.0, reset_after: 90_000.0, granted: 4.0 });
+            at("75 seconds");
+            let five = take(5);
+            assert_eq!((five.ok, five.remaining), (true, 2.0), "{name}: 4 * 3/4 + 5 weigh");
+            assert_eq!(take(2).remaining, 0.0);
+            assert_eq!(take(1), D { ok: false, retry_after: Some(15_000.0), remaining: 0.0, reset_after: 105_000.0, granted: 0.0 });
+            assert_eq!(take(0).granted, 0.0, "count 0 is answered");
+            at("90 seconds");
+            assert!(take(1).ok);
+            let (value, ts) = Spi::get_two::<f64, String>(&format!(
+                "SELECT value, ts::text FROM rate_limiter.rate_limit_value('{name}', 'k'{config})"
+            ))
+            .unwrap();
+            assert_eq!((value, ts.as_deref()), (Some(2.0), Some("2026-01-01 00:01:00+00")), "10 - 8 in this window");
+        }
+        let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('sw')").unwrap();
+        assert_eq!(cfg.0["kind"], "sliding window");
+        fails("SELECT rate_limiter.rate_limit('sw', reserve => true)", "0A000", "no reservations");
+        fails(
+            r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"sliding window","rate":10,"period":1000,"capacity":5}')"#,
+            "22023",
+            "capacity must be NULL or equal to rate",
+        );
+        fails(
+            r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"sliding window","rate":10,"period":1000,"maxReserved":1}')"#,
+            "0A000",
+            "maxReserved",
+        );
+        fails("SELECT rate_limiter.define('y', 'sliding window', 10, '1 minute', capacity => 20)", "22023", "capacity");
+        fails(
+            "INSERT INTO rate_limiter.limits (name, kind, rate, period, max_reserved) VALUES ('y', 'sliding window', 1, '1 hour', 1)",
+            "23514",
+            "limits_sliding_window_reserves_nothing",
+        );
+        fails(r#"SELECT rate_limiter.rate_limit('x', 'k', 11, config => '{"kind":"sliding window","rate":10,"period":1000}')"#, "22023", "exceeds");
+        // Sharded: each of 2 shards holds 5; one call takes from one shard or levels both.
+        let sharded = r#"'{"kind":"sliding window","rate":10,"period":"1 hour","shards":2}'"#;
+        let granted: f64 = (0..40).map(|_| decide(&format!("rate_limiter.rate_limit('sws', config => {sharded})")).granted).sum();
+        assert_eq!(granted, 10.0, "the shards' sum is the rate");
+    }
+
     #[pg_test]
     fn inline_config_spellings() {
         at("0");

@@ -18,7 +18,7 @@ use pgrx::pg_sys::{self, Datum, ItemPointerData, TM_Result};
 use pgrx::prelude::*;
 use pgrx::IntoDatum;
 
-use crate::bucket::State;
+use crate::bucket::{Counts, State};
 use crate::cache;
 use crate::clock;
 use crate::config::LimitRow;
@@ -74,18 +74,21 @@ pub enum Created {
     Busy,
 }
 
-// Columns of rate_limiter.state (name, key, shard, value, ts, expires; see sql/bootstrap.sql),
-// and of its unique index, which leads with key: keys tell rows apart at the first comparison.
+// Columns of rate_limiter.state (name, key, shard, value, ts, expires, counts; see
+// sql/bootstrap.sql), and of its unique index, which leads with key: keys tell rows apart at
+// the first comparison.
 const VALUE: i16 = 4;
 const TS: i16 = 5;
+const COUNTS: i16 = 7;
 /// The types of the columns, in order: what `form` writes.
-const STATE_SHAPE: [pg_sys::Oid; 6] = [
+const STATE_SHAPE: [pg_sys::Oid; 7] = [
     pg_sys::TEXTOID,
     pg_sys::TEXTOID,
     pg_sys::INT2OID,
     pg_sys::FLOAT8OID,
     pg_sys::TIMESTAMPTZOID,
     pg_sys::TIMESTAMPTZOID,
+    pg_sys::FLOAT8ARRAYOID,
 ];
 /// The unique index's columns as table column numbers: (key, name, shard).
 const INDEX_COLUMNS: [i16; 3] = [2, 1, 3];
@@ -273,13 +276,21 @@ impl StateTable {
             let mut isnull = false;
             // SAFETY: the slot holds a tuple with these columns (shape checked at open).
             let d = unsafe { pg_sys::slot_getattr(self.tuple_slot, n.into(), &mut isnull) };
-            assert!(!isnull, "rate_limiter.state.value and ts are NOT NULL");
-            d
+            (!isnull).then_some(d)
         };
-        let value = f64::from_bits(attr(VALUE).value() as u64);
-        let ts = clock::pg_us_to_ms(attr(TS).value() as i64);
+        let required = "rate_limiter.state.value and ts are NOT NULL";
+        let value = f64::from_bits(attr(VALUE).expect(required).value() as u64);
+        let ts = clock::pg_us_to_ms(attr(TS).expect(required).value() as i64);
+        let counts = match attr(COUNTS) {
+            None => Counts::NONE,
+            // SAFETY: a float8[] datum of the tuple in the slot; from_datum detoasts it.
+            Some(d) => unsafe { Vec::<Option<f64>>::from_datum(d, false) }
+                .and_then(|v| v.into_iter().collect::<Option<Vec<f64>>>())
+                .and_then(|v| Counts::new(&v))
+                .unwrap_or_else(|| Error::StateTableChanged.raise()),
+        };
         // SAFETY: as above; the slot's tid is that of the tuple in it.
-        Row { state: State { value, ts }, tid: unsafe { (*self.tuple_slot).tts_tid } }
+        Row { state: State { value, ts, counts }, tid: unsafe { (*self.tuple_slot).tts_tid } }
     }
 
     /// Later reads of this call must see what it just wrote.
@@ -474,8 +485,14 @@ impl StateTable {
             instant(state.ts, "time"),
             // An expiry past the last instant PostgreSQL can store is never.
             clock::ms_to_pg_us(expires).map_or(Datum::from(i64::MAX), Datum::from),
+            // NULL unless the kind keeps counts: no array built on the token bucket's path.
+            match state.counts.as_slice() {
+                [] => Datum::from(0),
+                counts => counts.to_vec().into_datum().expect("an array"),
+            },
         ];
-        let mut nulls = [false, slot.key.is_none(), false, false, false, false];
+        let no_counts = state.counts.as_slice().is_empty();
+        let mut nulls = [false, slot.key.is_none(), false, false, false, false, no_counts];
         // SAFETY: `values` and `nulls` match the descriptor's columns (shape checked at open).
         unsafe { pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr()) }
     }

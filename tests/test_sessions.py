@@ -162,6 +162,16 @@ def test_concurrent_sessions_never_exceed_the_bound_exactly(db, name):
     assert total == 1000
 
 
+def test_concurrent_sessions_on_a_sliding_window_admit_exactly_what_the_weight_leaves(db, name):
+    define(db, name, kind="sliding window", rate=1000, period="1 hour", start="2026-01-01 00:00:00+00")
+    db.execute("SET rate_limiter.fake_now = '2026-01-01 00:30:00+00'")
+    assert limit(db, name, "hot", count=600)[0]
+    # A quarter into the next window the 600 still weigh 450: exactly 550 are left.
+    total, errs = hammer(name, sessions=8, calls=100, fake_now="2026-01-01 01:15:00+00")
+    assert errs == []
+    assert total == 550
+
+
 def test_concurrent_sessions_real_clock_stay_within_capacity_plus_inflow(db, name):
     define(db, name, rate=50, period="1 second", capacity=100)
     started = time.time()
