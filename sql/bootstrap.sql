@@ -71,7 +71,9 @@ CREATE TYPE rate_limiter.decision AS (
     retry_after double precision,
     remaining double precision,
     reset_after double precision,
-    granted double precision
+    granted double precision,
+    reason text,
+    limited_by text
 );
 COMMENT ON TYPE rate_limiter.decision IS 'The answer of rate_limit() and check_rate_limit(); times in milliseconds.';
 COMMENT ON COLUMN rate_limiter.decision.ok IS 'The tokens were taken (or, with reserve, reserved).';
@@ -79,3 +81,5 @@ COMMENT ON COLUMN rate_limiter.decision.retry_after IS 'Milliseconds until a ret
 COMMENT ON COLUMN rate_limiter.decision.remaining IS 'Tokens left after this call, as of now (negative while reservations are owed).';
 COMMENT ON COLUMN rate_limiter.decision.reset_after IS 'Milliseconds until the limit is full again.';
 COMMENT ON COLUMN rate_limiter.decision.granted IS 'Tokens this call took (0 when denied).';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it); NULL when ok.';
+COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';

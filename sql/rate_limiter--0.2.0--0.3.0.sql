@@ -61,3 +61,9 @@ COMMENT ON COLUMN rate_limiter.limits.start IS 'Fixed and sliding window: window
 ALTER TABLE rate_limiter.state ADD COLUMN counts double precision[];
 COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to.';
 COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. NULL for the other kinds.';
+
+-- The decision says why a call was denied and by which limit (added at the end, so callers
+-- that select columns by name or use (rate_limit(...)).ok keep working).
+ALTER TYPE rate_limiter.decision ADD ATTRIBUTE reason text, ADD ATTRIBUTE limited_by text;
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it); NULL when ok.';
+COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';

@@ -167,9 +167,19 @@ fn decision_datum(d: &Decision) -> Datum {
         Datum::from(d.remaining.to_bits()),
         Datum::from(d.reset_after.to_bits()),
         Datum::from(d.granted.to_bits()),
+        d.reason.into_datum().unwrap_or(Datum::from(0)),
+        d.limited_by.as_deref().into_datum().unwrap_or(Datum::from(0)),
     ];
-    let mut nulls = [false, d.retry_after.is_none(), false, false, false];
-    let shape = [pg_sys::BOOLOID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID, pg_sys::FLOAT8OID];
+    let mut nulls = [false, d.retry_after.is_none(), false, false, false, d.reason.is_none(), d.limited_by.is_none()];
+    let shape = [
+        pg_sys::BOOLOID,
+        pg_sys::FLOAT8OID,
+        pg_sys::FLOAT8OID,
+        pg_sys::FLOAT8OID,
+        pg_sys::FLOAT8OID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+    ];
     // SAFETY: the type cache's descriptor, pinned until released below; it is read only
     // after checking it has exactly the columns `values` fills.
     unsafe {

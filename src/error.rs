@@ -92,7 +92,8 @@ impl Error {
             }
             Error::DecisionTypeChanged => {
                 "rate_limit() returns rate_limiter.decision as the extension created it \
-                 (ok, retry_after, remaining, reset_after, granted); undo the ALTER TYPE."
+                 (ok, retry_after, remaining, reset_after, granted, reason, limited_by); undo the \
+                 ALTER TYPE."
             }
             Error::NotSupported(_) => {
                 "Reservations (reserve => true, maxReserved) need a token bucket or a fixed window, \

@@ -35,7 +35,14 @@ pub struct Decision {
     pub remaining: f64,
     pub reset_after: f64,
     pub granted: f64,
+    /// Why it was denied (`None` when ok); see `rate_limiter.decision.reason`.
+    pub reason: Option<&'static str>,
+    /// The name of the limit that denied it.
+    pub limited_by: Option<String>,
 }
+
+/// `Decision::reason` of a call denied because the limit has no tokens for it.
+pub const EXHAUSTED: &str = "exhausted";
 
 /// The shards one call looks at, their rows when they exist and their states (fresh when
 /// never written).
@@ -85,7 +92,7 @@ fn look(table: &StateTable, req: &Request<'_>, per_shard: &Config, shards: Vec<i
     }
 }
 
-fn decision(outcome: &Outcome, config: &Config, per_shard: &Config, count: f64, now: f64) -> Decision {
+fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &Config, now: f64) -> Decision {
     // Sharded limits report an estimate from the shards looked at, scaled to all shards.
     let looked = outcome.after.len() as f64;
     let total: f64 = outcome.available.iter().sum();
@@ -99,7 +106,9 @@ fn decision(outcome: &Outcome, config: &Config, per_shard: &Config, count: f64, 
         retry_after: outcome.retry_after,
         remaining: total * f64::from(config.shards) / looked,
         reset_after,
-        granted: if outcome.ok { count } else { 0.0 },
+        granted: if outcome.ok { req.count } else { 0.0 },
+        reason: (!outcome.ok).then_some(EXHAUSTED),
+        limited_by: (!outcome.ok).then(|| req.name.to_owned()),
     }
 }
 
@@ -110,7 +119,7 @@ pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision
     let all: Vec<i32> = (0..config.shards as i32).collect();
     let looked = look(table, req, &per_shard, pick_shards(config.shards, &all, &[]), now);
     let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
-    decision(&outcome, config, &per_shard, req.count, now)
+    decision(req, &outcome, config, &per_shard, now)
 }
 
 /// Consume (`rate_limit`).
@@ -129,7 +138,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
         let looked = look(table, req, &per_shard, pick_shards(config.shards, &pool, &busy), now);
         let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
         if !outcome.ok {
-            return decision(&outcome, config, &per_shard, req.count, now);
+            return decision(req, &outcome, config, &per_shard, now);
         }
         let taking: Vec<usize> = (0..looked.shards.len()).filter(|i| outcome.after[*i].1).collect();
         if let [i] = taking[..] {
@@ -146,7 +155,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
                 },
             };
             match written {
-                Written::Done => return decision(&outcome, config, &per_shard, req.count, now),
+                Written::Done => return decision(req, &outcome, config, &per_shard, now),
                 Written::Busy => {
                     busy.push(slot.shard);
                     continue;
@@ -231,7 +240,7 @@ fn apply(
             }
         }
     }
-    decision(&outcome, config, per_shard, req.count, now)
+    decision(req, &outcome, config, per_shard, now)
 }
 
 /// The stored state of the fullest of `sample` random shards, as `rate_limit_value` reports it.

@@ -245,6 +245,20 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_denial_says_why_and_which_limit() {
+        at("0");
+        run("SELECT rate_limiter.define('why', 'token bucket', 1, '1 hour')");
+        let reason = |call: &str| {
+            Spi::get_two::<String, String>(&format!("SELECT reason, limited_by FROM {call}")).unwrap()
+        };
+        assert_eq!(reason("rate_limiter.rate_limit('why')"), (None, None), "ok: both NULL");
+        let denied = (Some("exhausted".to_owned()), Some("why".to_owned()));
+        assert_eq!(reason("rate_limiter.rate_limit('why')"), denied);
+        assert_eq!(reason("rate_limiter.check_rate_limit('why')"), denied);
+        assert_eq!(one::<bool>("SELECT (rate_limiter.rate_limit('why')).ok"), Some(false));
+    }
+
+    #[pg_test]
     fn inline_config_spellings() {
         at("0");
         for cfg in [

@@ -75,6 +75,11 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, rel
             with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
                 old.execute("SELECT * FROM rate_limiter.rate_limit('kept', 'k')")
 
+            # An application function written against the old decision type.
+            old.execute("CREATE FUNCTION public.app_call(k text) RETURNS boolean LANGUAGE plpgsql AS $$ "
+                        "DECLARE d rate_limiter.decision; "
+                        "BEGIN SELECT * INTO d FROM rate_limiter.rate_limit('kept', k); RETURN d.ok; END $$")
+
             old.execute("ALTER EXTENSION rate_limiter UPDATE")
 
             assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == (
@@ -92,16 +97,20 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, rel
                 "SELECT ok, remaining FROM rate_limiter.rate_limit('kept', 'k')").fetchone()
             assert (ok, remaining) == (True, 2), "the stored state (3 tokens) survived the update"
             assert old.execute("SELECT remaining FROM rate_limiter.rate_limit('kept', 'other')").fetchone() == (9,)
+            # The decision gained columns at its end; callers of the old shape keep working.
+            assert old.execute("SELECT public.app_call('plpgsql')").fetchone() == (True,)
+            assert old.execute("SELECT (rate_limiter.rate_limit('kept', 'field')).ok").fetchone() == (True,)
             # A row of a name that is not defined was an inline config's, and still is.
             inline = """'{"kind": "token bucket", "rate": 2, "period": "1 hour"}'"""
             assert old.execute(f"SELECT ok, remaining FROM rate_limiter.rate_limit('inline', 'k', config => {inline})"
                                ).fetchone() == (True, 0)
             assert old.execute("SELECT shard FROM rate_limiter.state WHERE name = 'inline'").fetchone() == (-1,)
             old.execute("SET rate_limiter.fake_now = '2030-01-01 00:00:01'")
-            assert old.execute("SELECT rate_limiter.prune()").fetchone() == (2,), "both of 'kept' have refilled"
+            assert old.execute("SELECT rate_limiter.prune()").fetchone() == (4,), "the four keys of 'kept' have refilled"
             old.execute("DELETE FROM rate_limiter.limits")
             assert old.execute("SELECT rate_limiter.prune()").fetchone() == (0,), "the inline row is not refilled"
         finally:
+            old.execute("DROP FUNCTION IF EXISTS public.app_call(text)")
             old.execute(f"DROP OWNED BY {role}")
             old.execute(f"DROP ROLE {role}")
 
