@@ -18,6 +18,11 @@ CREATE TABLE rate_limiter.limits (
         CHECK (shards BETWEEN 1 AND 1024),
     start timestamptz
         CHECK (isfinite(start)),
+    min_gap interval
+        CHECK (min_gap >= interval '0'),
+    mode text NOT NULL DEFAULT 'all'
+        CHECK (mode IN ('all', 'partial', 'penalize')),
+    CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes CHECK (shards = 1 OR (min_gap IS NULL AND mode = 'all')),
     CONSTRAINT limits_start_is_for_windows CHECK (kind IN ('fixed window', 'sliding window') OR start IS NULL),
     CONSTRAINT limits_sliding_window_capacity_is_rate CHECK (kind <> 'sliding window' OR capacity IS NULL OR capacity = rate),
     CONSTRAINT limits_sliding_window_reserves_nothing CHECK (kind <> 'sliding window' OR max_reserved IS NULL)
@@ -31,6 +36,8 @@ COMMENT ON COLUMN rate_limiter.limits.period IS 'The period over which rate toke
 COMMENT ON COLUMN rate_limiter.limits.capacity IS 'Most tokens that can accumulate (burst); NULL means rate.';
 COMMENT ON COLUMN rate_limiter.limits.max_reserved IS 'Most tokens that reservations may owe; NULL means unbounded.';
 COMMENT ON COLUMN rate_limiter.limits.shards IS 'Rows the limit is split across, so that concurrent transactions do not queue on one row lock.';
+COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted calls of one (name, key); NULL for none.';
+COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
 COMMENT ON COLUMN rate_limiter.limits.start IS 'Fixed and sliding window: windows are aligned to this instant; NULL picks a phase per (name, key).';
 
 -- Keep user configuration in pg_dump output.
@@ -50,6 +57,7 @@ CREATE TABLE rate_limiter.state (
     ts timestamptz NOT NULL,
     expires timestamptz NOT NULL,
     counts double precision[],
+    granted_at timestamptz,
     CONSTRAINT state_key_name_shard_key UNIQUE NULLS NOT DISTINCT (key, name, shard)
 ) WITH (fillfactor = 90);
 -- The unique index has a nullable column, so it cannot identify rows to a logical
@@ -64,6 +72,7 @@ COMMENT ON COLUMN rate_limiter.state.shard IS
 COMMENT ON COLUMN rate_limiter.state.value IS 'Tokens held as of ts (negative while reservations are owed).';
 COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to.';
 COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. NULL for the other kinds.';
+COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
 COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
 
 CREATE TYPE rate_limiter.decision AS (
@@ -81,5 +90,5 @@ COMMENT ON COLUMN rate_limiter.decision.retry_after IS 'Milliseconds until a ret
 COMMENT ON COLUMN rate_limiter.decision.remaining IS 'Tokens left after this call, as of now (negative while reservations are owed).';
 COMMENT ON COLUMN rate_limiter.decision.reset_after IS 'Milliseconds until the limit is full again.';
 COMMENT ON COLUMN rate_limiter.decision.granted IS 'Tokens this call took (0 when denied).';
-COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it); NULL when ok.';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it) or ''min_gap'' (too soon after the last granted call); NULL when ok.';
 COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';

@@ -67,3 +67,49 @@ COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in
 ALTER TYPE rate_limiter.decision ADD ATTRIBUTE reason text, ADD ATTRIBUTE limited_by text;
 COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it); NULL when ok.';
 COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';
+
+-- Minimum gap and modes: two settings of a limit, and the instant the gap counts from.
+ALTER TABLE rate_limiter.limits
+    ADD COLUMN min_gap interval CHECK (min_gap >= interval '0'),
+    ADD COLUMN mode text NOT NULL DEFAULT 'all' CHECK (mode IN ('all', 'partial', 'penalize')),
+    ADD CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes CHECK (shards = 1 OR (min_gap IS NULL AND mode = 'all'));
+COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted calls of one (name, key); NULL for none.';
+COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
+ALTER TABLE rate_limiter.state ADD COLUMN granted_at timestamptz;
+COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it) or ''min_gap'' (too soon after the last granted call); NULL when ok.';
+
+-- define() takes the new settings. A function's arguments cannot change in place: create it
+-- again, and give back the EXECUTE grants it had.
+DO $$
+DECLARE
+    grantee text;
+    grantees text[];
+BEGIN
+    SELECT pg_catalog.array_agg(a.grantee::pg_catalog.regrole::pg_catalog.text) INTO grantees
+    FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+    WHERE p.oid = 'rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz)'::pg_catalog.regprocedure
+      AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0;
+    DROP FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz);
+    CREATE FUNCTION rate_limiter."define"(
+        "name" TEXT,
+        "kind" TEXT,
+        "rate" double precision,
+        "period" interval,
+        "capacity" double precision DEFAULT NULL,
+        "max_reserved" double precision DEFAULT NULL,
+        "shards" INT DEFAULT 1,
+        "start" timestamp with time zone DEFAULT NULL,
+        "min_gap" interval DEFAULT NULL,
+        "mode" TEXT DEFAULT 'all'
+    ) RETURNS void
+    VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'define_limit_wrapper';
+    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text) IS
+        'Create or replace a named limit in rate_limiter.limits.';
+    FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text) TO %I', grantee);
+    END LOOP;
+END $$;

@@ -15,7 +15,7 @@ use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
-use crate::bucket::Config;
+use crate::bucket::{Config, Mode};
 use crate::cache;
 use crate::clock;
 use crate::config::{self, JsonbArg, LimitRow};
@@ -86,6 +86,9 @@ fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<
     let config = resolve(req.name, inline)?;
     if req.reserve && !config.kind.can_reserve() {
         return Err(Error::NotSupported(format!("a {} has no reservations", config.kind.as_str())));
+    }
+    if req.reserve && config.mode != Mode::All {
+        return Err(Error::NotSupported(format!("mode '{}' has no reservations", config.mode.as_str())));
     }
     if let Some(max) = config.impossible_count(req.count, req.reserve) {
         return Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max });
@@ -296,10 +299,11 @@ fn rate_limit_value(
     TableIterator::once(row)
 }
 
-/// Create or replace a named limit (an upsert into `rate_limiter.limits`).
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
+/// Create or replace a named limit (an upsert into `rate_limiter.limits`). Its C symbol is
+/// new in 0.3.0, which added arguments: 0.2.0's SQL names `define_wrapper` (see below).
+#[pg_extern(name = "define", security_definer, volatile, parallel_unsafe)]
 #[allow(clippy::too_many_arguments)]
-fn define(
+fn define_limit(
     name: Option<&str>,
     kind: Option<&str>,
     rate: Option<f64>,
@@ -308,6 +312,8 @@ fn define(
     max_reserved: default!(Option<f64>, "NULL"),
     shards: default!(Option<i32>, 1),
     start: default!(Option<TimestampWithTimeZone>, "NULL"),
+    min_gap: default!(Option<Interval>, "NULL"),
+    mode: default!(Option<&str>, "'all'"),
 ) {
     storage::prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
@@ -321,6 +327,8 @@ fn define(
             max_reserved,
             shards: shards.ok_or_else(|| required("shards"))?,
             start,
+            min_gap,
+            mode: mode.ok_or_else(|| required("mode"))?.to_owned(),
         };
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;
@@ -340,5 +348,18 @@ pub extern "C" fn pg_finfo_decide_wrapper() -> &'static pg_sys::Pg_finfo_record 
 #[no_mangle]
 #[pg_guard]
 pub unsafe extern "C-unwind" fn decide_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
+    error::Error::ExtensionOutdated.raise()
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_define_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `define` of 0.1.0 and 0.2.0, which had fewer arguments: the same, for a database not yet
+/// updated.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn define_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
     error::Error::ExtensionOutdated.raise()
 }

@@ -5,7 +5,10 @@
 //! operation for operation (so floating point rounding matches too). Each later kind is a
 //! module of its own.
 
+mod modes;
 mod sliding_window;
+
+pub use modes::Mode;
 
 /// Below this many shards a call looks at one random shard; from here on it looks at two.
 pub const MIN_CHOOSE_TWO: u32 = 3;
@@ -50,8 +53,11 @@ pub struct Config {
     /// Most tokens that may be owed by reservations; `None` means unbounded.
     pub max_reserved: Option<f64>,
     pub shards: u32,
-    /// Fixed window phase, ms since the epoch; `None` picks one per (name, key).
+    /// Window phase, ms since the epoch; `None` picks one per (name, key).
     pub start: Option<f64>,
+    /// Least milliseconds between two granted calls of one (name, key).
+    pub min_gap: Option<f64>,
+    pub mode: Mode,
 }
 
 impl Config {
@@ -136,11 +142,31 @@ pub struct State {
     /// belongs to.
     pub ts: f64,
     pub counts: Counts,
+    /// The last granted call, while `min_gap` after it has not passed.
+    pub granted_at: Option<f64>,
 }
 
 impl State {
     pub fn new(value: f64, ts: f64) -> State {
-        State { value, ts, counts: Counts::NONE }
+        State { value, ts, counts: Counts::NONE, granted_at: None }
+    }
+}
+
+/// Why a call is denied.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Reason {
+    /// Not enough tokens.
+    Exhausted,
+    /// Within `min_gap` of the last granted call.
+    MinGap,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Exhausted => "exhausted",
+            Reason::MinGap => "min_gap",
+        }
     }
 }
 
@@ -169,21 +195,45 @@ pub struct Check {
     pub available: f64,
     /// Milliseconds until the shard could cover `count`; `None` when it already can.
     pub retry_after: Option<f64>,
+    pub granted_at: Option<f64>,
+    /// Why it is denied, when it is.
+    pub reason: Reason,
 }
 
 impl Check {
     /// The state to store when the call takes from this shard.
     pub fn state(&self) -> State {
-        State { value: self.value, ts: self.ts, counts: self.counts }
+        State { value: self.value, ts: self.ts, counts: self.counts, granted_at: self.granted_at }
     }
 }
 
-/// Refill `state` up to `now`, take `count`, and say whether that is allowed.
-/// Elapsed time never counts negative, so a clock that steps back refills nothing.
+/// Refill `state` up to `now`, take `count`, and say whether that is allowed: the kind's
+/// tokens, and `min_gap` after the last granted call.
 pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
+    let mut c = match config.kind {
+        Kind::SlidingWindow => sliding_window::check(state, config, now, count),
+        _ => convex_check(state, config, now, count, reserve),
+    };
+    // A gap that has passed is forgotten, so the row can expire.
+    let gap_end = state.granted_at.zip(config.min_gap).map(|(at, gap)| at + gap).filter(|end| now < *end);
+    c.granted_at = gap_end.and(state.granted_at);
+    if let Some(end) = gap_end {
+        c.ok = false;
+        c.reason = Reason::MinGap;
+        c.retry_after = Some(c.retry_after.unwrap_or(0.0).max(end - now));
+    }
+    if c.ok && count > 0.0 && config.min_gap.is_some() {
+        c.granted_at = Some(now);
+    }
+    c
+}
+
+/// The token bucket and fixed window, as the Convex component computes them.
+/// Elapsed time never counts negative, so a clock that steps back refills nothing.
+fn convex_check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
     let elapsed = (now - state.ts).max(0.0);
     let (value, ts, retry_after) = match config.kind {
-        Kind::SlidingWindow => return sliding_window::check(state, config, now, count),
+        Kind::SlidingWindow => unreachable!("not a Convex kind"),
         Kind::TokenBucket => {
             let rate = config.rate / config.period;
             let value = (state.value + elapsed * rate).min(config.capacity) - count;
@@ -204,7 +254,16 @@ pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool)
     };
     let over_reserved = config.max_reserved.is_some_and(|max| -value > max);
     let ok = value >= 0.0 || (reserve && !over_reserved);
-    Check { ok, value, ts, counts: state.counts, available: value, retry_after }
+    Check {
+        ok,
+        value,
+        ts,
+        counts: state.counts,
+        available: value,
+        retry_after,
+        granted_at: None,
+        reason: Reason::Exhausted,
+    }
 }
 
 /// What a call does to the shards it looked at.
@@ -219,6 +278,10 @@ pub struct Outcome {
     pub after: Vec<(State, bool)>,
     /// Per looked-at shard: tokens left as of now after the call.
     pub available: Vec<f64>,
+    /// Tokens taken: `count` when ok, less in the partial mode, 0 when denied.
+    pub granted: f64,
+    /// Why it is denied, when it is.
+    pub reason: Reason,
 }
 
 /// Take `count` from the looked-at shards, as the Convex component does: with one shard,
@@ -226,25 +289,31 @@ pub struct Outcome {
 /// both so they end level, else deny. `config` is the per-shard config.
 pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bool) -> Outcome {
     let refilled: Vec<Check> = states.iter().map(|s| check(*s, config, now, 0.0, false)).collect();
-    // `taken[i]`: the check of shard i when the call takes from it.
-    let outcome = |ok: bool, retry_after: Option<f64>, taken: [Option<Check>; 2]| {
+    // `taken[i]`: the check of shard i when the call changes it.
+    let outcome = |ok: bool, granted: f64, denied: &Check, taken: [Option<Check>; 2]| {
         let after: Vec<Check> = (0..states.len()).map(|i| taken[i].unwrap_or(refilled[i])).collect();
         Outcome {
             ok,
-            retry_after,
+            retry_after: denied.retry_after,
             after: after.iter().zip(&taken).map(|(c, t)| (c.state(), t.is_some())).collect(),
             available: after.iter().map(|c| c.available).collect(),
+            granted,
+            reason: denied.reason,
         }
     };
     let taking = |i: usize, c: Check| {
         let mut taken = [None, None];
         taken[i] = Some(c);
-        outcome(true, c.retry_after, taken)
+        outcome(true, count, &c, taken)
     };
     let checks: Vec<Check> = states.iter().map(|s| check(*s, config, now, count, reserve)).collect();
     match checks[..] {
         [one] if one.ok => taking(0, one),
-        [one] => outcome(false, one.retry_after, [None, None]),
+        [one] => match modes::instead_of_denial(states[0], one, config, now, count) {
+            Some(modes::Instead::Partial(part, amount)) => outcome(true, amount, &one, [Some(part), None]),
+            Some(modes::Instead::Penalty(penalized)) => outcome(false, 0.0, &penalized, [Some(penalized), None]),
+            None => outcome(false, 0.0, &one, [None, None]),
+        },
         [one, two] if one.ok && two.ok => {
             if one.available > two.available {
                 taking(0, one)
@@ -263,10 +332,11 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
                 (None, None) => None,
                 (a, b) => Some(a.unwrap_or(0.0).max(b.unwrap_or(0.0))),
             };
+            let both = Check { retry_after, ..one };
             if one.ok && two.ok {
-                outcome(true, retry_after, [Some(one), Some(two)])
+                outcome(true, count, &both, [Some(one), Some(two)])
             } else {
-                outcome(false, retry_after, [None, None])
+                outcome(false, 0.0, &both, [None, None])
             }
         }
         _ => unreachable!("a call looks at one or two shards"),
@@ -296,7 +366,10 @@ pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
 pub fn expires(state: State, config: &Config) -> f64 {
     let full = |at: f64| {
         let c = check(state, config, at, 0.0, false);
-        c.value >= config.capacity && at >= state.ts && c.counts.as_slice().iter().all(|n| *n == 0.0)
+        c.value >= config.capacity
+            && at >= state.ts
+            && c.counts.as_slice().iter().all(|n| *n == 0.0)
+            && c.granted_at.is_none()
     };
     let mut at = match config.kind {
         Kind::TokenBucket => state.ts + ((config.capacity - state.value) / (config.rate / config.period)).max(0.0),
@@ -306,6 +379,7 @@ pub fn expires(state: State, config: &Config) -> f64 {
         }
         Kind::SlidingWindow => sliding_window::expires(state, config),
     }
+    .max(state.granted_at.zip(config.min_gap).map_or(f64::NEG_INFINITY, |(at, gap)| at + gap))
     .ceil();
     // Later by a growing step until `check` agrees: rarely more than one round.
     let unit = if config.kind == Kind::TokenBucket { 1.0 } else { config.period };
@@ -364,6 +438,8 @@ mod tests {
             max_reserved: None,
             shards: 1,
             start: None,
+            min_gap: None,
+            mode: Mode::All,
         }
     }
 
@@ -591,6 +667,8 @@ mod tests {
             let c = Config {
                 capacity: if kind.can_reserve() { rate * f64::from(rng.gen_range(1..4)) } else { rate },
                 max_reserved: (kind.can_reserve() && rng.gen_bool(0.3)).then(|| f64::from(rng.gen_range(0..10))),
+                min_gap: rng.gen_bool(0.3).then(|| f64::from(rng.gen_range(0..period as u32))),
+                mode: [Mode::All, Mode::Partial, Mode::Penalize][rng.gen_range(0..3)],
                 start: rng.gen_bool(0.5).then(|| NOW - f64::from(rng.gen_range(0..100_000))),
                 ..config(kind, rate, period)
             };
@@ -606,11 +684,11 @@ mod tests {
                     pruned = None;
                 }
                 let count = f64::from(rng.gen_range(0..(c.capacity as u32 + 2)));
-                let reserve = kind.can_reserve() && rng.gen_bool(0.2);
+                let reserve = kind.can_reserve() && c.mode == Mode::All && rng.gen_bool(0.2);
                 let mut call = |stored: &mut Option<State>| {
                     let state = stored.unwrap_or_else(|| fresh_state(&c, now, phase));
                     let outcome = plan(&[state], &c, now, count, reserve);
-                    if outcome.ok && outcome.after[0].1 {
+                    if outcome.after[0].1 {
                         *stored = Some(outcome.after[0].0);
                     }
                     let reset = reset_after(outcome.after[0].0, &c, now);
@@ -700,5 +778,59 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn min_gap_spaces_granted_calls() {
+        let c = Config { min_gap: Some(100.0), ..config(Kind::TokenBucket, 10.0, SECOND) };
+        let first = plan(&[at(10.0, NOW)], &c, NOW, 1.0, false);
+        assert!(first.ok);
+        let state = first.after[0].0;
+        assert_eq!(state.granted_at, Some(NOW));
+        let soon = plan(&[state], &c, NOW + 40.0, 1.0, false);
+        assert_eq!((soon.ok, soon.reason, soon.retry_after), (false, Reason::MinGap, Some(60.0)));
+        assert!(!soon.after[0].1, "a denial writes nothing");
+        assert!(plan(&[state], &c, NOW + 100.0, 1.0, false).ok, "exactly min_gap later");
+        // The limit's own wait wins when it is later.
+        let owing = State { value: -1.0, ..state };
+        assert_eq!(plan(&[owing], &c, NOW + 40.0, 1.0, false).retry_after, Some(160.0));
+        // Count 0 answers without moving the gap.
+        assert_eq!(plan(&[at(10.0, NOW)], &c, NOW, 0.0, false).after[0].0.granted_at, None);
+        assert_eq!(expires(state, &c), NOW + 100.0, "refilled at once, but the gap lasts");
+    }
+
+    #[test]
+    fn partial_mode_takes_what_there_is() {
+        let c = Config { mode: Mode::Partial, ..config(Kind::TokenBucket, 10.0, 10.0 * SECOND) };
+        let some = plan(&[at(3.0, NOW)], &c, NOW, 5.0, false);
+        assert_eq!((some.ok, some.granted, some.retry_after), (true, 3.0, Some(2.0 * SECOND)), "5 in 2 s");
+        assert_eq!(some.after[0].0.value, 0.0);
+        let whole = plan(&[at(2.5, NOW)], &c, NOW, 3.0, false);
+        assert_eq!(whole.granted, 2.0, "whole tokens for a whole count");
+        assert_eq!(plan(&[at(1.2, NOW)], &c, NOW, 2.5, false).granted, 1.2);
+        let none = plan(&[at(0.5, NOW)], &c, NOW, 2.0, false);
+        assert_eq!((none.ok, none.granted, none.reason), (false, 0.0, Reason::Exhausted));
+        let sliding = Config { mode: Mode::Partial, ..config(Kind::SlidingWindow, 10.0, MINUTE) };
+        let state = State { value: 4.0, ts: NOW, counts: Counts::new(&[0.0]).unwrap(), granted_at: None };
+        assert_eq!(plan(&[state], &sliding, NOW, 9.0, false).granted, 4.0);
+    }
+
+    #[test]
+    fn penalize_mode_counts_denied_calls_down_to_minus_capacity() {
+        let c = Config { mode: Mode::Penalize, ..config(Kind::TokenBucket, 10.0, 10.0 * SECOND) };
+        let denied = plan(&[at(0.0, NOW)], &c, NOW, 4.0, false);
+        assert_eq!((denied.ok, denied.granted, denied.after[0]), (false, 0.0, (at(-4.0, NOW), true)));
+        assert_eq!(denied.retry_after, Some(8.0 * SECOND), "the 4 owed, then 4 more");
+        assert_eq!(denied.available[0], -4.0);
+        let capped = plan(&[at(-8.0, NOW)], &c, NOW, 4.0, false);
+        assert_eq!(capped.after[0].0.value, -10.0, "never below -capacity");
+        assert_eq!(capped.retry_after, Some(14.0 * SECOND));
+        let fixed = Config { mode: Mode::Penalize, ..config(Kind::FixedWindow, 10.0, MINUTE) };
+        assert_eq!(plan(&[at(1.0, NOW)], &fixed, NOW, 30.0 - 19.0, false).after[0].0.value, -10.0);
+        let sliding = Config { mode: Mode::Penalize, ..config(Kind::SlidingWindow, 10.0, MINUTE) };
+        let full = State { value: 0.0, ts: NOW, counts: Counts::new(&[0.0]).unwrap(), granted_at: None };
+        let over = plan(&[full], &sliding, NOW, 25.0 - 15.0, false);
+        assert_eq!(over.after[0].0.value, -10.0, "at most 2 x rate taken in a window");
+        assert_eq!(over.retry_after, Some(2.0 * MINUTE), "10 more need the 20 taken to weigh nothing");
     }
 }

@@ -5,7 +5,7 @@
 use pgrx::prelude::*;
 use serde_json::{Map, Value};
 
-use crate::bucket::{Config, Kind};
+use crate::bucket::{Config, Kind, Mode};
 use crate::clock;
 use crate::error::{Error, Result};
 
@@ -69,6 +69,8 @@ pub struct LimitRow {
     pub max_reserved: Option<f64>,
     pub shards: i32,
     pub start: Option<TimestampWithTimeZone>,
+    pub min_gap: Option<Interval>,
+    pub mode: String,
 }
 
 impl TryFrom<&LimitRow> for Config {
@@ -85,6 +87,8 @@ impl TryFrom<&LimitRow> for Config {
             max_reserved: row.max_reserved,
             shards,
             start: row.start.map(clock::timestamptz_ms),
+            min_gap: row.min_gap.map(clock::interval_ms),
+            mode: parse_mode(&row.mode)?,
         })
     }
 }
@@ -101,6 +105,8 @@ pub fn from_json(value: &Value) -> Result<Config> {
     let mut max_reserved = None;
     let mut shards = None;
     let mut start = None;
+    let mut min_gap = None;
+    let mut mode = None;
     for (field, v) in object {
         match field.as_str() {
             "kind" => kind = Some(parse_kind(text_field(field, v)?)?),
@@ -110,9 +116,12 @@ pub fn from_json(value: &Value) -> Result<Config> {
             "maxReserved" | "max_reserved" => max_reserved = optional(v, |v| number_field(field, v))?,
             "shards" => shards = optional(v, |v| shards_field(field, v))?,
             "start" => start = optional(v, |v| start_field(field, v))?,
+            "minGap" | "min_gap" => min_gap = optional(v, |v| duration_field(field, v))?,
+            "mode" => mode = optional(v, |v| parse_mode(text_field(field, v)?))?,
             other => {
                 return Err(Error::InvalidConfig(format!(
-                    "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, start)"
+                    "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, \
+                     start, minGap, mode)"
                 )))
             }
         }
@@ -128,6 +137,8 @@ pub fn from_json(value: &Value) -> Result<Config> {
         max_reserved,
         shards: shards.unwrap_or(1),
         start,
+        min_gap,
+        mode: mode.unwrap_or(Mode::All),
     })
 }
 
@@ -146,6 +157,10 @@ pub fn to_json(config: &Config) -> Value {
     if let Some(start) = config.start {
         object.insert("start".into(), number(start));
     }
+    if let Some(min_gap) = config.min_gap {
+        object.insert("minGap".into(), number(min_gap));
+    }
+    object.insert("mode".into(), config.mode.as_str().into());
     Value::Object(object)
 }
 
@@ -185,6 +200,15 @@ fn validate(config: Config) -> Result<Config> {
             config.shards
         )));
     }
+    if let Some(min_gap) = config.min_gap {
+        non_negative("minGap", min_gap)?;
+    }
+    if config.shards > 1 && (config.mode != Mode::All || config.min_gap.is_some()) {
+        return Err(Error::NotSupported(format!(
+            "{} needs one row per key: use shards = 1",
+            if config.min_gap.is_some() { "minGap".to_owned() } else { format!("mode '{}'", config.mode.as_str()) }
+        )));
+    }
     if config.kind == Kind::SlidingWindow {
         if config.capacity != config.rate {
             return Err(Error::InvalidConfig(format!(
@@ -214,6 +238,17 @@ fn parse_kind(kind: &str) -> Result<Kind> {
         "sliding window" => Ok(Kind::SlidingWindow),
         other => Err(Error::InvalidConfig(format!(
             "unknown kind \"{other}\" (expected \"token bucket\", \"fixed window\" or \"sliding window\")"
+        ))),
+    }
+}
+
+fn parse_mode(mode: &str) -> Result<Mode> {
+    match mode {
+        "all" => Ok(Mode::All),
+        "partial" => Ok(Mode::Partial),
+        "penalize" => Ok(Mode::Penalize),
+        other => Err(Error::InvalidConfig(format!(
+            "unknown mode \"{other}\" (expected \"all\", \"partial\" or \"penalize\")"
         ))),
     }
 }

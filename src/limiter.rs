@@ -41,8 +41,6 @@ pub struct Decision {
     pub limited_by: Option<String>,
 }
 
-/// `Decision::reason` of a call denied because the limit has no tokens for it.
-pub const EXHAUSTED: &str = "exhausted";
 
 /// The shards one call looks at, their rows when they exist and their states (fresh when
 /// never written).
@@ -106,8 +104,8 @@ fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &C
         retry_after: outcome.retry_after,
         remaining: total * f64::from(config.shards) / looked,
         reset_after,
-        granted: if outcome.ok { req.count } else { 0.0 },
-        reason: (!outcome.ok).then_some(EXHAUSTED),
+        granted: outcome.granted,
+        reason: (!outcome.ok).then_some(outcome.reason.as_str()),
         limited_by: (!outcome.ok).then(|| req.name.to_owned()),
     }
 }
@@ -137,10 +135,11 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
         let now = clock::now_ms();
         let looked = look(table, req, &per_shard, pick_shards(config.shards, &pool, &busy), now);
         let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
-        if !outcome.ok {
+        // What the call changes: nothing when denied, except in the penalize mode.
+        let taking: Vec<usize> = (0..looked.shards.len()).filter(|i| outcome.after[*i].1).collect();
+        if taking.is_empty() {
             return decision(req, &outcome, config, &per_shard, now);
         }
-        let taking: Vec<usize> = (0..looked.shards.len()).filter(|i| outcome.after[*i].1).collect();
         if let [i] = taking[..] {
             // The common case, one row to write: write it without locking it first.
             let slot = slot(req, looked.shards[i]);
@@ -229,14 +228,12 @@ fn apply(
     let now = clock::now_ms();
     let states: Vec<State> = locked.iter().map(|r| r.state).collect();
     let outcome = bucket::plan(&states, per_shard, now, req.count, req.reserve);
-    if outcome.ok {
-        for ((&i, row), (state, changed)) in taking.iter().zip(&locked).zip(&outcome.after) {
-            if *changed {
-                let expires = bucket::expires(*state, per_shard);
-                match table.update(row, slot(req, looked.shards[i]), *state, expires, true) {
-                    Written::Done => {}
-                    _ => unreachable!("a row this transaction holds locked cannot change"),
-                }
+    for ((&i, row), (state, changed)) in taking.iter().zip(&locked).zip(&outcome.after) {
+        if *changed {
+            let expires = bucket::expires(*state, per_shard);
+            match table.update(row, slot(req, looked.shards[i]), *state, expires, true) {
+                Written::Done => {}
+                _ => unreachable!("a row this transaction holds locked cannot change"),
             }
         }
     }

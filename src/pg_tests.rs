@@ -186,7 +186,7 @@ mod tests {
         let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('v', 'k')").unwrap();
         assert_eq!(
             cfg.0,
-            serde_json::json!({"kind":"token bucket","rate":10,"period":60000,"capacity":20,"shards":1})
+            serde_json::json!({"kind":"token bucket","rate":10,"period":60000,"capacity":20,"shards":1,"mode":"all"})
         );
         let start = one::<pgrx::JsonB>(
             r#"SELECT effective_config FROM rate_limiter.rate_limit_value('w', config => '{"kind":"fixed window","rate":1,"period":1000}')"#,
@@ -256,6 +256,56 @@ mod tests {
         assert_eq!(reason("rate_limiter.rate_limit('why')"), denied);
         assert_eq!(reason("rate_limiter.check_rate_limit('why')"), denied);
         assert_eq!(one::<bool>("SELECT (rate_limiter.rate_limit('why')).ok"), Some(false));
+    }
+
+    #[pg_test]
+    fn min_gap_and_modes_through_sql() {
+        at("0");
+        run("SELECT rate_limiter.define('gap', 'token bucket', 100, '1 second', min_gap => '250 ms')");
+        let why = |call: &str| {
+            Spi::get_three::<bool, f64, String>(&format!("SELECT ok, retry_after, reason FROM {call}")).unwrap()
+        };
+        assert_eq!(why("rate_limiter.rate_limit('gap', 'k')").0, Some(true));
+        at("100 milliseconds");
+        assert_eq!(why("rate_limiter.rate_limit('gap', 'k')"), (Some(false), Some(150.0), Some("min_gap".into())));
+        assert_eq!(one::<String>("SELECT limited_by FROM rate_limiter.rate_limit('gap', 'k')").as_deref(), Some("gap"));
+        assert_eq!(why("rate_limiter.rate_limit('gap', 'other')").0, Some(true), "per key");
+        at("250 milliseconds");
+        assert_eq!(why("rate_limiter.rate_limit('gap', 'k')").0, Some(true));
+        let inline = format!(
+            r#"'{{"kind":"fixed window","rate":10,"period":"1 minute","start":"{T0}","minGap":"1 second","mode":"partial"}}'"#
+        );
+        assert!(decide(&format!("rate_limiter.rate_limit('gi', 'k', 4, config => {inline})")).ok);
+        at("2 seconds");
+        let d = decide(&format!("rate_limiter.rate_limit('gi', 'k', 8, config => {inline})"));
+        assert_eq!((d.ok, d.granted, d.remaining, d.retry_after), (true, 6.0, 0.0, Some(58_000.0)), "partial");
+        fails(&format!("SELECT rate_limiter.rate_limit('gi', 'k', 11, config => {inline})"), "22023", "exceeds 10");
+        let cfg = one::<pgrx::JsonB>(&format!("SELECT effective_config FROM rate_limiter.rate_limit_value('gi', config => {inline})")).unwrap();
+        assert_eq!((cfg.0["minGap"].as_f64(), cfg.0["mode"].as_str()), (Some(1000.0), Some("partial")));
+
+        run("SELECT rate_limiter.define('pen', 'token bucket', 10, '10 seconds', mode => 'penalize')");
+        assert!(decide("rate_limiter.rate_limit('pen', 'k', 10)").ok);
+        let denied = decide("rate_limiter.rate_limit('pen', 'k', 4)");
+        assert_eq!((denied.ok, denied.remaining, denied.retry_after), (false, -4.0, Some(8_000.0)), "counted");
+        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'pen'"), Some(-4.0), "written");
+        for _ in 0..5 {
+            decide("rate_limiter.rate_limit('pen', 'k', 4)");
+        }
+        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'pen'"), Some(-10.0), "capped");
+        assert!(!decide("rate_limiter.check_rate_limit('pen', 'k', 4)").ok);
+        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'pen'"), Some(-10.0), "check writes nothing");
+
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', mode => 'some')", "22023", "unknown mode");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', min_gap => '-1 s')", "22023", "minGap");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', shards => 2, mode => 'partial')", "0A000", "shards = 1");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', shards => 2, min_gap => '1 s')", "0A000", "shards = 1");
+        fails("SELECT rate_limiter.rate_limit('pen', reserve => true)", "0A000", "no reservations");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":1,"minGap":-5}')"#, "22023", "minGap");
+        fails(
+            "INSERT INTO rate_limiter.limits (name, kind, rate, period, shards, mode) VALUES ('y', 'token bucket', 1, '1 hour', 2, 'penalize')",
+            "23514",
+            "limits_one_row_per_key_for_min_gap_and_modes",
+        );
     }
 
     #[pg_test]

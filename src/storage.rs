@@ -74,14 +74,15 @@ pub enum Created {
     Busy,
 }
 
-// Columns of rate_limiter.state (name, key, shard, value, ts, expires, counts; see
-// sql/bootstrap.sql), and of its unique index, which leads with key: keys tell rows apart at
-// the first comparison.
+// Columns of rate_limiter.state (name, key, shard, value, ts, expires, counts, granted_at;
+// see sql/bootstrap.sql), and of its unique index, which leads with key: keys tell rows
+// apart at the first comparison.
 const VALUE: i16 = 4;
 const TS: i16 = 5;
 const COUNTS: i16 = 7;
+const GRANTED_AT: i16 = 8;
 /// The types of the columns, in order: what `form` writes.
-const STATE_SHAPE: [pg_sys::Oid; 7] = [
+const STATE_SHAPE: [pg_sys::Oid; 8] = [
     pg_sys::TEXTOID,
     pg_sys::TEXTOID,
     pg_sys::INT2OID,
@@ -89,6 +90,7 @@ const STATE_SHAPE: [pg_sys::Oid; 7] = [
     pg_sys::TIMESTAMPTZOID,
     pg_sys::TIMESTAMPTZOID,
     pg_sys::FLOAT8ARRAYOID,
+    pg_sys::TIMESTAMPTZOID,
 ];
 /// The unique index's columns as table column numbers: (key, name, shard).
 const INDEX_COLUMNS: [i16; 3] = [2, 1, 3];
@@ -289,8 +291,9 @@ impl StateTable {
                 .and_then(|v| Counts::new(&v))
                 .unwrap_or_else(|| Error::StateTableChanged.raise()),
         };
+        let granted_at = attr(GRANTED_AT).map(|d| clock::pg_us_to_ms(d.value() as i64));
         // SAFETY: as above; the slot's tid is that of the tuple in it.
-        Row { state: State { value, ts, counts }, tid: unsafe { (*self.tuple_slot).tts_tid } }
+        Row { state: State { value, ts, counts, granted_at }, tid: unsafe { (*self.tuple_slot).tts_tid } }
     }
 
     /// Later reads of this call must see what it just wrote.
@@ -490,9 +493,10 @@ impl StateTable {
                 [] => Datum::from(0),
                 counts => counts.to_vec().into_datum().expect("an array"),
             },
+            state.granted_at.map_or(Datum::from(0), |at| instant(at, "granted_at")),
         ];
         let no_counts = state.counts.as_slice().is_empty();
-        let mut nulls = [false, slot.key.is_none(), false, false, false, false, no_counts];
+        let mut nulls = [false, slot.key.is_none(), false, false, false, false, no_counts, state.granted_at.is_none()];
         // SAFETY: `values` and `nulls` match the descriptor's columns (shape checked at open).
         unsafe { pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr()) }
     }
@@ -692,7 +696,7 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
 }
 
 /// Columns of rate_limiter.limits, in order: name, kind, rate, period, capacity,
-/// max_reserved, shards, start; NOT NULL where `required`.
+/// max_reserved, shards, start, min_gap, mode; NOT NULL where `required`.
 ///
 /// # Safety
 /// `tuple_slot` holds a row of `rate_limiter.limits`.
@@ -716,6 +720,8 @@ unsafe fn limit_row(tuple_slot: *mut pg_sys::TupleTableSlot) -> LimitRow {
         max_reserved: from(column(6)),
         shards: from(column(7)).expect(required),
         start: from(column(8)),
+        min_gap: from(column(9)),
+        mode: from(column(10)).expect(required),
     }
 }
 
@@ -773,12 +779,13 @@ fn limits_held_still() -> bool {
 /// Insert or replace a named limit.
 pub fn upsert_limit(row: &LimitRow, name: &str) {
     let sql = "INSERT INTO rate_limiter.limits AS l \
-               (name, kind, rate, period, capacity, max_reserved, shards, start) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+               (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
                ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
                period = excluded.period, capacity = excluded.capacity, \
-               max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start";
-    let args: [pgrx::datum::DatumWithOid<'_>; 8] = [
+               max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
+               min_gap = excluded.min_gap, mode = excluded.mode";
+    let args: [pgrx::datum::DatumWithOid<'_>; 10] = [
         name.into(),
         row.kind.as_str().into(),
         row.rate.into(),
@@ -787,6 +794,8 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
         row.max_reserved.into(),
         row.shards.into(),
         row.start.into(),
+        row.min_gap.into(),
+        row.mode.as_str().into(),
     ];
     Spi::run_with_args(sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -65,15 +65,18 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, rel
             psycopg.connect(dbname=databases["upgraded"], autocommit=True) as old:
         fresh.execute("CREATE EXTENSION rate_limiter")
         old.execute(f"CREATE EXTENSION rate_limiter VERSION '{released}'")
-        old.execute("SELECT rate_limiter.define('kept', 'token bucket', 10, '1 second')")
+        old.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES ('kept', 'token bucket', 10, '1 second')")
         old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01')")
         old.execute("INSERT INTO rate_limiter.state VALUES ('inline', 'k', 0, 1, '2030-01-01')")
         old.execute(f"CREATE ROLE {role}")
         try:
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {role}")
+            old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.define TO {role}")
             # Between installing the new library and updating, calls say what to do.
             with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
                 old.execute("SELECT * FROM rate_limiter.rate_limit('kept', 'k')")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+                old.execute("SELECT rate_limiter.define('new', 'token bucket', 1, '1 second')")
 
             # An application function written against the old decision type.
             old.execute("CREATE FUNCTION public.app_call(k text) RETURNS boolean LANGUAGE plpgsql AS $$ "
@@ -86,6 +89,11 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, rel
                 fresh.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone())
             upgraded = old.execute(CATALOG).fetchall()
             old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.rate_limit FROM {role}")
+            # define() was created again with more arguments; its grant came along.
+            assert old.execute(f"SELECT has_function_privilege('{role}', 'rate_limiter.define(text, text, float8, "
+                               "interval, float8, float8, integer, timestamptz, interval, text)', 'EXECUTE')"
+                               ).fetchone() == (True,)
+            old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.define FROM {role}")
             assert old.execute(CATALOG).fetchall() == fresh.execute(CATALOG).fetchall()
             assert upgraded != fresh.execute(CATALOG).fetchall(), "the grant showed in the catalog"
 

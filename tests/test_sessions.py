@@ -126,7 +126,7 @@ def test_conflicting_consumption_at_higher_isolation_is_40001(db, name, level):
         b.rollback()
 
 
-def hammer(name, sessions, calls, fake_now=None, key="hot", hold=0.0):
+def hammer(name, sessions, calls, fake_now=None, key="hot", hold=0.0, count=1):
     granted = []
     errors_seen = []
 
@@ -138,7 +138,7 @@ def hammer(name, sessions, calls, fake_now=None, key="hot", hold=0.0):
                     c.execute(f"SET rate_limiter.fake_now = '{fake_now}'")
                     c.commit()
                 for _ in range(calls):
-                    got += limit(c, name, key)[3]
+                    got += limit(c, name, key, count=count)[3]
                     if hold:
                         time.sleep(hold)
                     c.commit()
@@ -170,6 +170,22 @@ def test_concurrent_sessions_on_a_sliding_window_admit_exactly_what_the_weight_l
     total, errs = hammer(name, sessions=8, calls=100, fake_now="2026-01-01 01:15:00+00")
     assert errs == []
     assert total == 550
+
+
+def test_concurrent_partial_calls_take_exactly_the_capacity(db, name):
+    define(db, name, rate=1000, period="1 hour", mode="partial")
+    # 1000 is not a multiple of 3: one call gets the last token alone.
+    total, errs = hammer(name, sessions=8, calls=60, count=3, fake_now="2026-01-01 00:00:00+00")
+    assert errs == []
+    assert total == 1000
+
+
+def test_concurrent_penalized_calls_keep_the_debt_within_capacity(db, name):
+    define(db, name, rate=100, period="1 hour", mode="penalize")
+    total, errs = hammer(name, sessions=8, calls=50, fake_now="2026-01-01 00:00:00+00")
+    assert errs == []
+    assert total == 100, "denied calls are counted, never granted"
+    assert db.execute("SELECT value FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (-100,)
 
 
 def test_concurrent_sessions_real_clock_stay_within_capacity_plus_inflow(db, name):

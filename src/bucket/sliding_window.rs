@@ -9,7 +9,7 @@
 //! Stored: `value` is `rate` minus the tokens taken in the window starting at `ts` (as a
 //! fixed window stores it), and `counts[0]` the tokens taken in the window before.
 
-use super::{Check, Config, Counts, State};
+use super::{Check, Config, Counts, Reason, State};
 
 /// The window `at` falls in, and the tokens taken in it and in the one before.
 struct Windows {
@@ -47,6 +47,8 @@ pub(super) fn check(state: State, config: &Config, now: f64, count: f64) -> Chec
         counts: Counts::new(&[w.previous]).expect("one count"),
         available: config.rate - weighted - count,
         retry_after: (!ok).then(|| retry_at(state, config, now, count) - now),
+        granted_at: None,
+        reason: Reason::Exhausted,
     }
 }
 
