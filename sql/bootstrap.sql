@@ -5,7 +5,7 @@ CREATE TABLE rate_limiter.limits (
     name text PRIMARY KEY
         CHECK (name <> '' AND octet_length(name) <= 128),
     kind text NOT NULL
-        CHECK (kind IN ('token bucket', 'fixed window', 'sliding window')),
+        CHECK (kind IN ('token bucket', 'fixed window', 'sliding window', 'rolling window')),
     rate double precision NOT NULL
         CHECK (rate > 0 AND rate < 'Infinity'),
     period interval NOT NULL
@@ -22,15 +22,18 @@ CREATE TABLE rate_limiter.limits (
         CHECK (min_gap >= interval '0'),
     mode text NOT NULL DEFAULT 'all'
         CHECK (mode IN ('all', 'partial', 'penalize')),
+    buckets integer
+        CHECK (buckets BETWEEN 1 AND 64),
+    CONSTRAINT limits_buckets_are_for_rolling_window CHECK (kind = 'rolling window' OR buckets IS NULL),
     CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes CHECK (shards = 1 OR (min_gap IS NULL AND mode = 'all')),
-    CONSTRAINT limits_start_is_for_windows CHECK (kind IN ('fixed window', 'sliding window') OR start IS NULL),
-    CONSTRAINT limits_sliding_window_capacity_is_rate CHECK (kind <> 'sliding window' OR capacity IS NULL OR capacity = rate),
-    CONSTRAINT limits_sliding_window_reserves_nothing CHECK (kind <> 'sliding window' OR max_reserved IS NULL)
+    CONSTRAINT limits_start_is_for_windows CHECK (kind <> 'token bucket' OR start IS NULL),
+    CONSTRAINT limits_capacity_is_rate CHECK (kind IN ('token bucket', 'fixed window') OR capacity IS NULL OR capacity = rate),
+    CONSTRAINT limits_reservations_are_for_token_bucket_and_fixed_window CHECK (kind IN ('token bucket', 'fixed window') OR max_reserved IS NULL)
 );
 COMMENT ON TABLE rate_limiter.limits IS
     'Named rate limits, one row each. Manage with INSERT/UPDATE/DELETE or rate_limiter.define().';
 COMMENT ON COLUMN rate_limiter.limits.name IS 'The limit''s name, as passed to rate_limit(name => ...).';
-COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start) or ''sliding window'' (the previous window weighs as it slides out).';
+COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start), ''sliding window'' (the previous window weighs as it slides out) or ''rolling window'' (at most rate in any period, counted in cells).';
 COMMENT ON COLUMN rate_limiter.limits.rate IS 'Tokens added per period.';
 COMMENT ON COLUMN rate_limiter.limits.period IS 'The period over which rate tokens are added.';
 COMMENT ON COLUMN rate_limiter.limits.capacity IS 'Most tokens that can accumulate (burst); NULL means rate.';
@@ -38,7 +41,8 @@ COMMENT ON COLUMN rate_limiter.limits.max_reserved IS 'Most tokens that reservat
 COMMENT ON COLUMN rate_limiter.limits.shards IS 'Rows the limit is split across, so that concurrent transactions do not queue on one row lock.';
 COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted calls of one (name, key); NULL for none.';
 COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
-COMMENT ON COLUMN rate_limiter.limits.start IS 'Fixed and sliding window: windows are aligned to this instant; NULL picks a phase per (name, key).';
+COMMENT ON COLUMN rate_limiter.limits.start IS 'Window kinds: windows (a rolling window''s cells) are aligned to this instant; NULL picks a phase per (name, key).';
+COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a period is cut into, 1 to 64; NULL means 10.';
 
 -- Keep user configuration in pg_dump output.
 SELECT pg_catalog.pg_extension_config_dump('rate_limiter.limits', '');
@@ -70,8 +74,8 @@ COMMENT ON COLUMN rate_limiter.state.key IS 'The key within the limit; NULL is t
 COMMENT ON COLUMN rate_limiter.state.shard IS
     'Shard number: 0 to shards - 1 for named limits, -1 - shard for inline configs.';
 COMMENT ON COLUMN rate_limiter.state.value IS 'Tokens held as of ts (negative while reservations are owed).';
-COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to.';
-COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. NULL for the other kinds.';
+COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to. Rolling window: start of the newest cell.';
+COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. Rolling window: tokens taken per counting cell, oldest first, the last starting at ts. NULL for the other kinds.';
 COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
 COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
 

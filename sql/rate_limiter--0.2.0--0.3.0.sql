@@ -48,19 +48,20 @@ REVOKE ALL ON FUNCTION rate_limiter.prune(integer) FROM PUBLIC;
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
     'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist; returns how many. Skips rows in use.';
 
--- The sliding window: a kind, its constraints, and the counts it keeps beside value.
+-- The sliding and rolling windows: kinds, their constraints, and the counts they keep
+-- beside value.
 ALTER TABLE rate_limiter.limits
     DROP CONSTRAINT limits_kind_check,
-    ADD CONSTRAINT limits_kind_check CHECK (kind IN ('token bucket', 'fixed window', 'sliding window')),
+    ADD CONSTRAINT limits_kind_check CHECK (kind IN ('token bucket', 'fixed window', 'sliding window', 'rolling window')),
     DROP CONSTRAINT limits_start_is_for_fixed_window,
-    ADD CONSTRAINT limits_start_is_for_windows CHECK (kind IN ('fixed window', 'sliding window') OR start IS NULL),
-    ADD CONSTRAINT limits_sliding_window_capacity_is_rate CHECK (kind <> 'sliding window' OR capacity IS NULL OR capacity = rate),
-    ADD CONSTRAINT limits_sliding_window_reserves_nothing CHECK (kind <> 'sliding window' OR max_reserved IS NULL);
-COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start) or ''sliding window'' (the previous window weighs as it slides out).';
-COMMENT ON COLUMN rate_limiter.limits.start IS 'Fixed and sliding window: windows are aligned to this instant; NULL picks a phase per (name, key).';
+    ADD CONSTRAINT limits_start_is_for_windows CHECK (kind <> 'token bucket' OR start IS NULL),
+    ADD CONSTRAINT limits_capacity_is_rate CHECK (kind IN ('token bucket', 'fixed window') OR capacity IS NULL OR capacity = rate),
+    ADD CONSTRAINT limits_reservations_are_for_token_bucket_and_fixed_window CHECK (kind IN ('token bucket', 'fixed window') OR max_reserved IS NULL);
+COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start), ''sliding window'' (the previous window weighs as it slides out) or ''rolling window'' (at most rate in any period, counted in cells).';
+COMMENT ON COLUMN rate_limiter.limits.start IS 'Window kinds: windows (a rolling window''s cells) are aligned to this instant; NULL picks a phase per (name, key).';
 ALTER TABLE rate_limiter.state ADD COLUMN counts double precision[];
-COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to.';
-COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. NULL for the other kinds.';
+COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to. Rolling window: start of the newest cell.';
+COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. Rolling window: tokens taken per counting cell, oldest first, the last starting at ts. NULL for the other kinds.';
 
 -- The decision says why a call was denied and by which limit (added at the end, so callers
 -- that select columns by name or use (rate_limit(...)).ok keep working).
@@ -68,11 +69,15 @@ ALTER TYPE rate_limiter.decision ADD ATTRIBUTE reason text, ADD ATTRIBUTE limite
 COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it); NULL when ok.';
 COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';
 
--- Minimum gap and modes: two settings of a limit, and the instant the gap counts from.
+-- Minimum gap, modes and a rolling window's cells: settings of a limit, and the instant
+-- the gap counts from.
 ALTER TABLE rate_limiter.limits
     ADD COLUMN min_gap interval CHECK (min_gap >= interval '0'),
     ADD COLUMN mode text NOT NULL DEFAULT 'all' CHECK (mode IN ('all', 'partial', 'penalize')),
-    ADD CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes CHECK (shards = 1 OR (min_gap IS NULL AND mode = 'all'));
+    ADD CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes CHECK (shards = 1 OR (min_gap IS NULL AND mode = 'all')),
+    ADD COLUMN buckets integer CHECK (buckets BETWEEN 1 AND 64),
+    ADD CONSTRAINT limits_buckets_are_for_rolling_window CHECK (kind = 'rolling window' OR buckets IS NULL);
+COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a period is cut into, 1 to 64; NULL means 10.';
 COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted calls of one (name, key); NULL for none.';
 COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
 ALTER TABLE rate_limiter.state ADD COLUMN granted_at timestamptz;
@@ -101,15 +106,16 @@ BEGIN
         "shards" INT DEFAULT 1,
         "start" timestamp with time zone DEFAULT NULL,
         "min_gap" interval DEFAULT NULL,
-        "mode" TEXT DEFAULT 'all'
+        "mode" TEXT DEFAULT 'all',
+        "buckets" INT DEFAULT NULL
     ) RETURNS void
     VOLATILE SECURITY DEFINER PARALLEL UNSAFE
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'define_limit_wrapper';
-    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text) FROM PUBLIC;
-    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text) IS
+    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer) IS
         'Create or replace a named limit in rate_limiter.limits.';
     FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text) TO %I', grantee);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer) TO %I', grantee);
     END LOOP;
 END $$;

@@ -314,6 +314,7 @@ fn define_limit(
     start: default!(Option<TimestampWithTimeZone>, "NULL"),
     min_gap: default!(Option<Interval>, "NULL"),
     mode: default!(Option<&str>, "'all'"),
+    buckets: default!(Option<i32>, "NULL"),
 ) {
     storage::prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
@@ -329,6 +330,7 @@ fn define_limit(
             start,
             min_gap,
             mode: mode.ok_or_else(|| required("mode"))?.to_owned(),
+            buckets,
         };
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;

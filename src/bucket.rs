@@ -6,6 +6,7 @@
 //! module of its own.
 
 mod modes;
+mod rolling_window;
 mod sliding_window;
 
 pub use modes::Mode;
@@ -18,6 +19,7 @@ pub enum Kind {
     TokenBucket,
     FixedWindow,
     SlidingWindow,
+    RollingWindow,
 }
 
 impl Kind {
@@ -26,6 +28,7 @@ impl Kind {
             Kind::TokenBucket => "token bucket",
             Kind::FixedWindow => "fixed window",
             Kind::SlidingWindow => "sliding window",
+            Kind::RollingWindow => "rolling window",
         }
     }
 
@@ -34,9 +37,14 @@ impl Kind {
         matches!(self, Kind::TokenBucket | Kind::FixedWindow)
     }
 
-    /// Whether windows are aligned to `start` or a per-(name, key) phase.
+    /// Whether windows (or cells) are aligned to `start` or a per-(name, key) phase.
     pub fn has_windows(self) -> bool {
-        matches!(self, Kind::FixedWindow | Kind::SlidingWindow)
+        !matches!(self, Kind::TokenBucket)
+    }
+
+    /// Whether the limit holds `rate` tokens, no other capacity.
+    pub fn capacity_is_rate(self) -> bool {
+        matches!(self, Kind::SlidingWindow | Kind::RollingWindow)
     }
 }
 
@@ -58,7 +66,16 @@ pub struct Config {
     /// Least milliseconds between two granted calls of one (name, key).
     pub min_gap: Option<f64>,
     pub mode: Mode,
+    /// Rolling window: the cells a period is cut into (0 for the other kinds).
+    pub buckets: u32,
 }
+
+/// A rolling window's cells per period when not given: RisingStack's sampling is finer, but
+/// ten cells already bound the error to a tenth of a period and keep the row at 176 bytes.
+pub const DEFAULT_BUCKETS: u32 = 10;
+/// At most 64 cells: 65 counts (520 bytes) beside the longest name and key stay below the
+/// 2,032 bytes from which PostgreSQL would compress or TOAST the row.
+pub const MAX_BUCKETS: u32 = 64;
 
 impl Config {
     /// The share of the limit one shard holds: rate, capacity and max_reserved divided evenly.
@@ -104,11 +121,11 @@ impl Config {
     }
 }
 
-/// Most token counts a state keeps beside its value.
-pub const MAX_COUNTS: usize = 1;
+/// Most token counts a state keeps beside its value: a rolling window's cells.
+pub const MAX_COUNTS: usize = MAX_BUCKETS as usize + 1;
 
-/// Token counts a kind keeps beside `value` (the sliding window's previous window); absent
-/// ones are 0. A fixed array, so that `State` stays `Copy`.
+/// Token counts a kind keeps beside `value` (the sliding window's previous window, the
+/// rolling window's cells); absent ones are 0. A fixed array, so that `State` stays `Copy`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Counts {
     len: usize,
@@ -173,11 +190,11 @@ impl Reason {
 /// The state of a shard nobody has touched yet: full, and for a window kind in the window
 /// that contains `now`, aligned to `start` or else to `phase`.
 pub fn fresh_state(config: &Config, now: f64, phase: f64) -> State {
-    let ts = if config.kind.has_windows() {
-        let anchor = config.start.unwrap_or(phase);
-        anchor + ((now - anchor) / config.period).floor() * config.period
-    } else {
-        now
+    let anchor = config.start.unwrap_or(phase);
+    let ts = match config.kind {
+        Kind::TokenBucket => now,
+        Kind::FixedWindow | Kind::SlidingWindow => anchor + ((now - anchor) / config.period).floor() * config.period,
+        Kind::RollingWindow => rolling_window::cell_start(config, anchor, now),
     };
     State::new(config.capacity, ts)
 }
@@ -212,7 +229,8 @@ impl Check {
 pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
     let mut c = match config.kind {
         Kind::SlidingWindow => sliding_window::check(state, config, now, count),
-        _ => convex_check(state, config, now, count, reserve),
+        Kind::RollingWindow => rolling_window::check(state, config, now, count),
+        Kind::TokenBucket | Kind::FixedWindow => convex_check(state, config, now, count, reserve),
     };
     // A gap that has passed is forgotten, so the row can expire.
     let gap_end = state.granted_at.zip(config.min_gap).map(|(at, gap)| at + gap).filter(|end| now < *end);
@@ -233,7 +251,7 @@ pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool)
 fn convex_check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
     let elapsed = (now - state.ts).max(0.0);
     let (value, ts, retry_after) = match config.kind {
-        Kind::SlidingWindow => unreachable!("not a Convex kind"),
+        Kind::SlidingWindow | Kind::RollingWindow => unreachable!("not a Convex kind"),
         Kind::TokenBucket => {
             let rate = config.rate / config.period;
             let value = (state.value + elapsed * rate).min(config.capacity) - count;
@@ -346,15 +364,12 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
 /// Milliseconds until a shard holding `state` at `now` is full again.
 pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
     let missing = config.capacity - state.value;
-    if missing <= 0.0 {
-        return 0.0;
-    }
     match config.kind {
-        Kind::TokenBucket => missing / (config.rate / config.period),
-        Kind::FixedWindow => {
-            (state.ts + config.period * (missing / config.rate).ceil() - now).max(0.0)
-        }
         Kind::SlidingWindow => sliding_window::reset_after(state, config, now),
+        Kind::RollingWindow => rolling_window::reset_after(state, config, now),
+        _ if missing <= 0.0 => 0.0,
+        Kind::TokenBucket => missing / (config.rate / config.period),
+        Kind::FixedWindow => (state.ts + config.period * (missing / config.rate).ceil() - now).max(0.0),
     }
 }
 
@@ -378,11 +393,16 @@ pub fn expires(state: State, config: &Config) -> f64 {
             state.ts + windows * config.period
         }
         Kind::SlidingWindow => sliding_window::expires(state, config),
+        Kind::RollingWindow => rolling_window::expires(state, config),
     }
     .max(state.granted_at.zip(config.min_gap).map_or(f64::NEG_INFINITY, |(at, gap)| at + gap))
     .ceil();
     // Later by a growing step until `check` agrees: rarely more than one round.
-    let unit = if config.kind == Kind::TokenBucket { 1.0 } else { config.period };
+    let unit = match config.kind {
+        Kind::TokenBucket => 1.0,
+        Kind::RollingWindow => config.period / f64::from(config.buckets),
+        Kind::FixedWindow | Kind::SlidingWindow => config.period,
+    };
     let mut step = unit;
     for _ in 0..64 {
         if full(at) {
@@ -427,7 +447,7 @@ mod tests {
     const NOW: f64 = 1_700_000_000_000.0;
     /// The Convex component's kinds, whose vectors these are.
     const KINDS: [Kind; 2] = [Kind::TokenBucket, Kind::FixedWindow];
-    const ALL_KINDS: [Kind; 3] = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow];
+    const ALL_KINDS: [Kind; 4] = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow, Kind::RollingWindow];
 
     fn config(kind: Kind, rate: f64, period: f64) -> Config {
         Config {
@@ -440,6 +460,7 @@ mod tests {
             start: None,
             min_gap: None,
             mode: Mode::All,
+            buckets: if kind == Kind::RollingWindow { DEFAULT_BUCKETS } else { 0 },
         }
     }
 
@@ -660,8 +681,8 @@ mod tests {
     fn pruning_expired_state_changes_no_decision() {
         use rand::{rngs::StdRng, Rng, SeedableRng};
         let mut rng = StdRng::seed_from_u64(8);
-        for round in 0..3_000 {
-            let kind = ALL_KINDS[round % 3];
+        for round in 0..4_000 {
+            let kind = ALL_KINDS[round % 4];
             let rate = f64::from(rng.gen_range(1..20));
             let period = f64::from(rng.gen_range(1..5_000));
             let c = Config {
@@ -669,6 +690,7 @@ mod tests {
                 max_reserved: (kind.can_reserve() && rng.gen_bool(0.3)).then(|| f64::from(rng.gen_range(0..10))),
                 min_gap: rng.gen_bool(0.3).then(|| f64::from(rng.gen_range(0..period as u32))),
                 mode: [Mode::All, Mode::Partial, Mode::Penalize][rng.gen_range(0..3)],
+                buckets: if kind == Kind::RollingWindow { rng.gen_range(1..=MAX_BUCKETS) } else { 0 },
                 start: rng.gen_bool(0.5).then(|| NOW - f64::from(rng.gen_range(0..100_000))),
                 ..config(kind, rate, period)
             };
@@ -832,5 +854,62 @@ mod tests {
         let over = plan(&[full], &sliding, NOW, 25.0 - 15.0, false);
         assert_eq!(over.after[0].0.value, -10.0, "at most 2 x rate taken in a window");
         assert_eq!(over.retry_after, Some(2.0 * MINUTE), "10 more need the 20 taken to weigh nothing");
+    }
+
+    /// The vector: rate 3 per 1000 ms in 10 cells from T0.
+    #[test]
+    fn rolling_window_vector() {
+        let c = Config { start: Some(NOW), ..config(Kind::RollingWindow, 3.0, SECOND) };
+        let mut state = fresh_state(&c, NOW, 0.0);
+        let mut call = |at: f64| {
+            let outcome = plan(&[state], &c, NOW + at, 1.0, false);
+            if outcome.ok {
+                state = outcome.after[0].0;
+            }
+            (outcome.ok, outcome.retry_after)
+        };
+        for at in [0.0, 100.0, 500.0] {
+            assert_eq!(call(at), (true, None));
+        }
+        assert_eq!(call(900.0), (false, Some(200.0)), "the token of 0 counts until 1100");
+        assert_eq!(call(1100.0), (true, None));
+        assert_eq!(call(1150.0), (false, Some(50.0)), "the token of 100 counts until 1200");
+        assert_eq!(state.counts.as_slice().len(), 11);
+        assert_eq!(reset_after(state, &c, NOW + 1150.0), 1050.0, "the token of 1100 counts until 2200");
+        assert_eq!(expires(state, &c), NOW + 2200.0);
+    }
+
+    /// Random sequences: no interval of `period` ever holds more than `rate` granted tokens,
+    /// and a denial's `retry_after` is the earliest instant (to 1 ms) at which it passes.
+    #[test]
+    fn rolling_window_bound_holds_and_retry_after_is_exact() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(10);
+        for round in 0..2_000 {
+            let rate = f64::from(rng.gen_range(1..20));
+            let period = f64::from(rng.gen_range(100..5_000));
+            let buckets = rng.gen_range(1..=MAX_BUCKETS);
+            let c = Config { buckets, start: rng.gen_bool(0.5).then_some(NOW), ..config(Kind::RollingWindow, rate, period) };
+            let mut state = fresh_state(&c, NOW, 7.0);
+            let mut now = NOW;
+            let mut grants: Vec<(f64, f64)> = Vec::new();
+            for _ in 0..60 {
+                now += f64::from(rng.gen_range(0..(period / 2.0) as u32));
+                let count = f64::from(rng.gen_range(0..=rate as u32)) * if rng.gen_bool(0.3) { 0.5 } else { 1.0 };
+                let outcome = plan(&[state], &c, now, count, false);
+                if outcome.ok {
+                    state = outcome.after[0].0;
+                    grants.push((now, count));
+                    let recent: f64 = grants.iter().filter(|(t, _)| now - t < period).map(|(_, n)| n).sum();
+                    assert!(recent <= rate, "round {round}: {recent} in one period");
+                    continue;
+                }
+                let retry = outcome.retry_after.expect("a denial says when");
+                assert!(plan(&[state], &c, now + retry, count, false).ok, "round {round}: passes at retry_after");
+                if retry > 1.0 {
+                    assert!(!plan(&[state], &c, now + retry - 1.0, count, false).ok, "round {round}: not 1 ms earlier");
+                }
+            }
+        }
     }
 }

@@ -5,7 +5,7 @@
 use pgrx::prelude::*;
 use serde_json::{Map, Value};
 
-use crate::bucket::{Config, Kind, Mode};
+use crate::bucket::{Config, Kind, Mode, DEFAULT_BUCKETS, MAX_BUCKETS};
 use crate::clock;
 use crate::error::{Error, Result};
 
@@ -71,6 +71,7 @@ pub struct LimitRow {
     pub start: Option<TimestampWithTimeZone>,
     pub min_gap: Option<Interval>,
     pub mode: String,
+    pub buckets: Option<i32>,
 }
 
 impl TryFrom<&LimitRow> for Config {
@@ -79,8 +80,10 @@ impl TryFrom<&LimitRow> for Config {
     fn try_from(row: &LimitRow) -> Result<Config> {
         let shards = u32::try_from(row.shards)
             .map_err(|_| Error::InvalidConfig(format!("shards must be >= 1, not {}", row.shards)))?;
+        let kind = parse_kind(&row.kind)?;
+        let buckets = row.buckets.map(|b| buckets_number(f64::from(b))).transpose()?;
         validate(Config {
-            kind: parse_kind(&row.kind)?,
+            kind,
             rate: row.rate,
             period: clock::interval_ms(row.period),
             capacity: row.capacity.unwrap_or(row.rate),
@@ -89,6 +92,7 @@ impl TryFrom<&LimitRow> for Config {
             start: row.start.map(clock::timestamptz_ms),
             min_gap: row.min_gap.map(clock::interval_ms),
             mode: parse_mode(&row.mode)?,
+            buckets: buckets_for(kind, buckets)?,
         })
     }
 }
@@ -107,6 +111,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
     let mut start = None;
     let mut min_gap = None;
     let mut mode = None;
+    let mut buckets = None;
     for (field, v) in object {
         match field.as_str() {
             "kind" => kind = Some(parse_kind(text_field(field, v)?)?),
@@ -118,10 +123,11 @@ pub fn from_json(value: &Value) -> Result<Config> {
             "start" => start = optional(v, |v| start_field(field, v))?,
             "minGap" | "min_gap" => min_gap = optional(v, |v| duration_field(field, v))?,
             "mode" => mode = optional(v, |v| parse_mode(text_field(field, v)?))?,
+            "buckets" => buckets = optional(v, |v| buckets_number(number_field(field, v)?))?,
             other => {
                 return Err(Error::InvalidConfig(format!(
                     "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, \
-                     start, minGap, mode)"
+                     start, minGap, mode, buckets)"
                 )))
             }
         }
@@ -139,6 +145,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
         start,
         min_gap,
         mode: mode.unwrap_or(Mode::All),
+        buckets: buckets_for(kind, buckets)?,
     })
 }
 
@@ -161,6 +168,9 @@ pub fn to_json(config: &Config) -> Value {
         object.insert("minGap".into(), number(min_gap));
     }
     object.insert("mode".into(), config.mode.as_str().into());
+    if config.kind == Kind::RollingWindow {
+        object.insert("buckets".into(), config.buckets.into());
+    }
     Value::Object(object)
 }
 
@@ -209,20 +219,21 @@ fn validate(config: Config) -> Result<Config> {
             if config.min_gap.is_some() { "minGap".to_owned() } else { format!("mode '{}'", config.mode.as_str()) }
         )));
     }
-    if config.kind == Kind::SlidingWindow {
+    if config.kind.capacity_is_rate() {
+        let kind = config.kind.as_str();
         if config.capacity != config.rate {
             return Err(Error::InvalidConfig(format!(
-                "a sliding window holds rate tokens: capacity must be NULL or equal to rate ({}), not {}",
+                "a {kind} holds rate tokens: capacity must be NULL or equal to rate ({}), not {}",
                 config.rate, config.capacity
             )));
         }
         if config.max_reserved.is_some() {
-            return Err(Error::NotSupported("a sliding window has no reservations: leave maxReserved out".into()));
+            return Err(Error::NotSupported(format!("a {kind} has no reservations: leave maxReserved out")));
         }
     }
     match config.start {
         Some(_) if !config.kind.has_windows() => {
-            Err(Error::InvalidConfig("start applies only to a fixed or sliding window".into()))
+            Err(Error::InvalidConfig("start applies only to a fixed, sliding or rolling window".into()))
         }
         Some(start) if clock::ms_to_pg_us(start).is_none() => Err(Error::TimeOutOfRange(format!(
             "start must be a finite instant PostgreSQL can store, not {start} ms since the epoch"
@@ -236,9 +247,27 @@ fn parse_kind(kind: &str) -> Result<Kind> {
         "token bucket" => Ok(Kind::TokenBucket),
         "fixed window" => Ok(Kind::FixedWindow),
         "sliding window" => Ok(Kind::SlidingWindow),
+        "rolling window" => Ok(Kind::RollingWindow),
         other => Err(Error::InvalidConfig(format!(
-            "unknown kind \"{other}\" (expected \"token bucket\", \"fixed window\" or \"sliding window\")"
+            "unknown kind \"{other}\" (expected \"token bucket\", \"fixed window\", \"sliding window\" or \
+             \"rolling window\")"
         ))),
+    }
+}
+
+fn buckets_number(n: f64) -> Result<u32> {
+    if n.fract() != 0.0 || !(1.0..=f64::from(MAX_BUCKETS)).contains(&n) {
+        return Err(Error::InvalidConfig(format!("buckets must be an integer between 1 and {MAX_BUCKETS}, not {n}")));
+    }
+    Ok(n as u32)
+}
+
+/// A rolling window's cells (the default when not given); the other kinds have none.
+fn buckets_for(kind: Kind, buckets: Option<u32>) -> Result<u32> {
+    match (kind, buckets) {
+        (Kind::RollingWindow, b) => Ok(b.unwrap_or(DEFAULT_BUCKETS)),
+        (_, None) => Ok(0),
+        (_, Some(_)) => Err(Error::InvalidConfig("buckets applies only to a rolling window".into())),
     }
 }
 

@@ -235,7 +235,7 @@ mod tests {
         fails(
             "INSERT INTO rate_limiter.limits (name, kind, rate, period, max_reserved) VALUES ('y', 'sliding window', 1, '1 hour', 1)",
             "23514",
-            "limits_sliding_window_reserves_nothing",
+            "limits_reservations_are_for_token_bucket_and_fixed_window",
         );
         fails(r#"SELECT rate_limiter.rate_limit('x', 'k', 11, config => '{"kind":"sliding window","rate":10,"period":1000}')"#, "22023", "exceeds");
         // Sharded: each of 2 shards holds 5; one call takes from one shard or levels both.
@@ -305,6 +305,51 @@ mod tests {
             "INSERT INTO rate_limiter.limits (name, kind, rate, period, shards, mode) VALUES ('y', 'token bucket', 1, '1 hour', 2, 'penalize')",
             "23514",
             "limits_one_row_per_key_for_min_gap_and_modes",
+        );
+    }
+
+    /// The issue's vector through SQL, the row size at the most buckets, and refusals.
+    #[pg_test]
+    fn rolling_window_vector_row_size_and_refusals() {
+        run(&format!("SELECT rate_limiter.define('rw', 'rolling window', 3, '1 second', start => '{T0}')"));
+        let take = || decide("rate_limiter.rate_limit('rw', 'k')");
+        for offset in ["0", "100 ms", "500 ms"] {
+            at(offset);
+            assert!(take().ok, "{offset}");
+        }
+        at("900 ms");
+        assert_eq!((take().ok, take().retry_after), (false, Some(200.0)));
+        at("1100 ms");
+        assert!(take().ok);
+        at("1150 ms");
+        let denied = take();
+        assert_eq!((denied.ok, denied.retry_after, denied.remaining), (false, Some(50.0), 0.0));
+        let (value, ts, cfg) = Spi::get_three::<f64, String, pgrx::JsonB>(
+            "SELECT value, ts::text, effective_config FROM rate_limiter.rate_limit_value('rw', 'k')",
+        )
+        .unwrap();
+        assert_eq!((value, ts.as_deref()), (Some(0.0), Some("2026-01-01 00:00:01.1+00")), "3 count, newest cell at 1.1 s");
+        assert_eq!(cfg.unwrap().0["buckets"], 10, "the default");
+        assert_eq!(one::<i32>("SELECT array_length(counts, 1) FROM rate_limiter.state WHERE name = 'rw'"), Some(11));
+
+        // The longest name and key with the most cells stay below 2,032 bytes: no TOAST.
+        let key = "k".repeat(1024);
+        let name = "n".repeat(128);
+        let most = r#"'{"kind":"rolling window","rate":1000,"period":"1 hour","buckets":64}'"#;
+        run(&format!("SELECT rate_limiter.rate_limit('{name}', '{key}', config => {most})"));
+        let size = one::<i32>(&format!("SELECT pg_column_size(s.*) FROM rate_limiter.state s WHERE name = '{name}'"));
+        assert!(size.unwrap() < 2032, "{size:?} bytes");
+
+        fails("SELECT rate_limiter.rate_limit('rw', reserve => true)", "0A000", "no reservations");
+        fails("SELECT rate_limiter.define('x', 'rolling window', 1, '1 hour', capacity => 2)", "22023", "capacity");
+        fails("SELECT rate_limiter.define('x', 'rolling window', 1, '1 hour', buckets => 65)", "22023", "between 1 and 64");
+        fails("SELECT rate_limiter.define('x', 'rolling window', 1, '1 hour', buckets => 0)", "22023", "between 1 and 64");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', buckets => 4)", "22023", "only to a rolling window");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"rolling window","rate":1,"period":1000,"buckets":2.5}')"#, "22023", "integer");
+        fails(
+            "INSERT INTO rate_limiter.limits (name, kind, rate, period, buckets) VALUES ('y', 'fixed window', 1, '1 hour', 3)",
+            "23514",
+            "limits_buckets_are_for_rolling_window",
         );
     }
 

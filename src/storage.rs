@@ -696,7 +696,7 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
 }
 
 /// Columns of rate_limiter.limits, in order: name, kind, rate, period, capacity,
-/// max_reserved, shards, start, min_gap, mode; NOT NULL where `required`.
+/// max_reserved, shards, start, min_gap, mode, buckets; NOT NULL where `required`.
 ///
 /// # Safety
 /// `tuple_slot` holds a row of `rate_limiter.limits`.
@@ -722,6 +722,7 @@ unsafe fn limit_row(tuple_slot: *mut pg_sys::TupleTableSlot) -> LimitRow {
         start: from(column(8)),
         min_gap: from(column(9)),
         mode: from(column(10)).expect(required),
+        buckets: from(column(11)),
     }
 }
 
@@ -779,13 +780,13 @@ fn limits_held_still() -> bool {
 /// Insert or replace a named limit.
 pub fn upsert_limit(row: &LimitRow, name: &str) {
     let sql = "INSERT INTO rate_limiter.limits AS l \
-               (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+               (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
                ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
                period = excluded.period, capacity = excluded.capacity, \
                max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
-               min_gap = excluded.min_gap, mode = excluded.mode";
-    let args: [pgrx::datum::DatumWithOid<'_>; 10] = [
+               min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets";
+    let args: [pgrx::datum::DatumWithOid<'_>; 11] = [
         name.into(),
         row.kind.as_str().into(),
         row.rate.into(),
@@ -796,6 +797,7 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
         row.start.into(),
         row.min_gap.into(),
         row.mode.as_str().into(),
+        row.buckets.into(),
     ];
     Spi::run_with_args(sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -172,6 +172,17 @@ def test_concurrent_sessions_on_a_sliding_window_admit_exactly_what_the_weight_l
     assert total == 550
 
 
+def test_concurrent_sessions_on_a_rolling_window_admit_exactly_what_the_period_leaves(db, name):
+    define(db, name, kind="rolling window", rate=500, period="1 hour", start="2026-01-01 00:00:00+00", buckets=10)
+    db.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
+    assert limit(db, name, "hot", count=200)[0]
+    # The 200 count until the end of their 6-minute cell plus an hour.
+    total, errs = hammer(name, sessions=8, calls=60, fake_now="2026-01-01 01:05:59+00")
+    assert (errs, total) == ([], 300)
+    total, errs = hammer(name, sessions=8, calls=60, fake_now="2026-01-01 01:06:00+00")
+    assert (errs, total) == ([], 200)
+
+
 def test_concurrent_partial_calls_take_exactly_the_capacity(db, name):
     define(db, name, rate=1000, period="1 hour", mode="partial")
     # 1000 is not a multiple of 3: one call gets the last token alone.

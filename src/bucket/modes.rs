@@ -48,14 +48,19 @@ pub(super) fn instead_of_denial(state: State, denied: Check, config: &Config, no
             part.ok.then_some(Instead::Partial(part, amount))
         }
         Mode::Penalize => {
-            let penalized = State { value: denied.value.max(-config.capacity), ..denied.state() };
+            // Take as much of count as keeps the value at -capacity or above; the call stays
+            // denied, and the gap keeps counting from the last granted call.
+            let before = check(state, config, now, 0.0, false);
+            let penalty = count.min(before.value + config.capacity).max(0.0);
+            let penalized = Check { granted_at: denied.granted_at, ..check(state, config, now, penalty, false) };
             // When the same call would pass, now that this one has been counted.
-            let again = check(penalized, config, now, count, false);
+            let again = check(penalized.state(), config, now, count, false);
             Some(Instead::Penalty(Check {
-                value: penalized.value,
-                available: check(penalized, config, now, 0.0, false).available,
+                ok: false,
                 retry_after: again.retry_after,
-                ..denied
+                reason: denied.reason,
+                available: check(penalized.state(), config, now, 0.0, false).available,
+                ..penalized
             }))
         }
     }
