@@ -28,6 +28,22 @@ CREATE FUNCTION rate_limiter.check_rate_limit(
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'check_rate_limit_fmgr';
 
+CREATE FUNCTION rate_limiter.rate_limit_all(
+    requests jsonb,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false
+) RETURNS rate_limiter.decision
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'rate_limit_all_fmgr';
+
+CREATE FUNCTION rate_limiter.check_rate_limit_all(
+    requests jsonb,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false
+) RETURNS rate_limiter.decision
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'check_rate_limit_all_fmgr';
+
 -- Every backend caches named configs; these tell them all to forget them at each change,
 -- also when a logical replication apply worker or a restore (session_replication_role =
 -- replica) makes it. Row-level, because an apply worker fires row triggers only.
@@ -44,6 +60,10 @@ COMMENT ON FUNCTION rate_limiter.rate_limit(text, text, double precision, boolea
     'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';
 COMMENT ON FUNCTION rate_limiter.check_rate_limit(text, text, double precision, boolean, boolean, jsonb) IS
     'The answer rate_limit would give, without writing or locking anything.';
+COMMENT ON FUNCTION rate_limiter.rate_limit_all(jsonb, boolean, boolean) IS
+    'Take from several limits at once, all or none: requests is a JSON array of {"name", "key", "count", "config"}.';
+COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) IS
+    'The answer rate_limit_all would give, without writing or locking anything.';
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit(text, text) IS
     'Forget the state of (name, key), every shard: it is full again.';
 COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS

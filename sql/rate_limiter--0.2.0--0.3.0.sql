@@ -119,3 +119,26 @@ BEGIN
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer) TO %I', grantee);
     END LOOP;
 END $$;
+
+-- Several limits at once, all or none.
+CREATE FUNCTION rate_limiter.rate_limit_all(
+    requests jsonb,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false
+) RETURNS rate_limiter.decision
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'rate_limit_all_fmgr';
+
+CREATE FUNCTION rate_limiter.check_rate_limit_all(
+    requests jsonb,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false
+) RETURNS rate_limiter.decision
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'check_rate_limit_all_fmgr';
+REVOKE ALL ON FUNCTION rate_limiter.rate_limit_all(jsonb, boolean, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.rate_limit_all(jsonb, boolean, boolean) IS
+    'Take from several limits at once, all or none: requests is a JSON array of {"name", "key", "count", "config"}.';
+COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) IS
+    'The answer rate_limit_all would give, without writing or locking anything.';

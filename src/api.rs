@@ -20,7 +20,7 @@ use crate::cache;
 use crate::clock;
 use crate::config::{self, JsonbArg, LimitRow};
 use crate::error::{self, Error, Result};
-use crate::limiter::{self, Decision, Request};
+use crate::limiter::{self, Decision, Part, Request};
 use crate::storage::{self, StateTable};
 
 pub const MAX_NAME_BYTES: usize = 128;
@@ -72,11 +72,29 @@ fn request<'a>(
 fn resolve(name: &str, inline: Option<JsonbArg>) -> Result<Config> {
     match inline {
         Some(arg) => config::from_json(&arg.parse()?),
-        None => cache::config(name, || {
+        None => resolve_named(name),
+    }
+}
+
+fn resolve_named(name: &str) -> Result<Config> {
+    cache::config(name, || {
             storage::load_limit(name)
                 .ok_or_else(|| Error::UnknownLimit(name.to_owned()))
-                .and_then(|row| Config::try_from(&row))
-        }),
+            .and_then(|row| Config::try_from(&row))
+    })
+}
+
+/// Whether `config` can answer `req` at all.
+fn usable(req: &Request<'_>, config: &Config) -> Result<()> {
+    if req.reserve && !config.kind.can_reserve() {
+        return Err(Error::NotSupported(format!("a {} has no reservations", config.kind.as_str())));
+    }
+    if req.reserve && config.mode != Mode::All {
+        return Err(Error::NotSupported(format!("mode '{}' has no reservations", config.mode.as_str())));
+    }
+    match config.impossible_count(req.count, req.reserve) {
+        Some(max) => Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max }),
+        None => Ok(()),
     }
 }
 
@@ -84,15 +102,7 @@ fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<
     // Open the table first: its lock takes in pending invalidations of cached configs.
     let table = StateTable::open(consume.then_some(c"rate_limit()"));
     let config = resolve(req.name, inline)?;
-    if req.reserve && !config.kind.can_reserve() {
-        return Err(Error::NotSupported(format!("a {} has no reservations", config.kind.as_str())));
-    }
-    if req.reserve && config.mode != Mode::All {
-        return Err(Error::NotSupported(format!("mode '{}' has no reservations", config.mode.as_str())));
-    }
-    if let Some(max) = config.impossible_count(req.count, req.reserve) {
-        return Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max });
-    }
+    usable(req, &config)?;
     Ok(if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) })
 }
 
@@ -155,6 +165,7 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> A
     let req = request(name, key, count, reserve, inline.is_some()).unwrap_or_else(|e| e.raise());
     let d = decide(&req, inline, consume).unwrap_or_else(|e| e.raise());
     let datum = decision_datum(&d);
+    // As the Convex component does, a reservation that must wait throws too.
     let throw = match d.retry_after {
         Some(retry_after) if throws == Some(true) => denial(req.name, req.key, retry_after),
         _ => Denial { message: null_mut(), detail: null_mut(), hint: null_mut() },
@@ -199,12 +210,7 @@ fn decision_datum(d: &Decision) -> Datum {
 
 /// Runs the guarded body, then raises `RL429` from this frame, which pgrx does not guard
 /// and which holds nothing to drop: pgrx would turn a custom SQLSTATE into XX000.
-///
-/// # Safety
-/// `fcinfo` is the call of `rate_limit` or `check_rate_limit`.
-unsafe fn entry(fcinfo: FunctionCallInfo, consume: bool) -> Datum {
-    // SAFETY: the caller's promise.
-    let answer = unsafe { answer(fcinfo, consume) };
+fn entry(answer: Answer) -> Datum {
     let d = answer.throw;
     if !d.message.is_null() {
         // SAFETY: this frame holds nothing to drop; the texts were allocated by PostgreSQL.
@@ -224,7 +230,7 @@ pub extern "C" fn pg_finfo_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record
 #[no_mangle]
 pub unsafe extern "C-unwind" fn rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
     // SAFETY: fmgr calls this for rate_limiter.rate_limit only.
-    unsafe { entry(fcinfo, true) }
+    entry(unsafe { answer(fcinfo, true) })
 }
 
 #[no_mangle]
@@ -236,7 +242,102 @@ pub extern "C" fn pg_finfo_check_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_
 #[no_mangle]
 pub unsafe extern "C-unwind" fn check_rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
     // SAFETY: fmgr calls this for rate_limiter.check_rate_limit only.
-    unsafe { entry(fcinfo, false) }
+    entry(unsafe { answer(fcinfo, false) })
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_rate_limit_all_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.rate_limit_all(requests, reserve, throws)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn rate_limit_all_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: fmgr calls this for rate_limiter.rate_limit_all only.
+    entry(unsafe { answer_all(fcinfo, true) })
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_check_rate_limit_all_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.check_rate_limit_all(requests, reserve, throws)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn check_rate_limit_all_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: fmgr calls this for rate_limiter.check_rate_limit_all only.
+    entry(unsafe { answer_all(fcinfo, false) })
+}
+
+/// The requests of `rate_limit_all`: a JSON array of `{"name", "key", "count", "config"}`.
+fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
+    let bad = |what: String| Error::InvalidArgument(format!("requests: {what}"));
+    let list = requests.as_array().ok_or_else(|| bad(format!("expected a JSON array of objects, got {requests}")))?;
+    if list.is_empty() {
+        return Err(bad("name at least one limit".into()));
+    }
+    let mut parts: Vec<Part<'_>> = Vec::with_capacity(list.len());
+    for item in list {
+        let object = item.as_object().ok_or_else(|| bad(format!("expected an object, got {item}")))?;
+        let (mut name, mut key, mut count, mut inline) = (None, None, Some(1.0), None);
+        for (field, v) in object {
+            let wrong = |expected: &str| bad(format!("\"{field}\" must be {expected}, got {v}"));
+            match field.as_str() {
+                "name" => name = Some(v.as_str().ok_or_else(|| wrong("a string"))?),
+                "key" if v.is_null() => key = None,
+                "key" => key = Some(v.as_str().ok_or_else(|| wrong("a string or null"))?),
+                "count" => count = Some(v.as_f64().ok_or_else(|| wrong("a number"))?),
+                "config" if v.is_null() => inline = None,
+                "config" => inline = Some(v),
+                other => return Err(bad(format!("unknown member \"{other}\" (known: name, key, count, config)"))),
+            }
+        }
+        let req = request(name, key, count, Some(reserve), inline.is_some())?;
+        if parts.iter().any(|p| p.req.name == req.name && p.req.key == req.key) {
+            return Err(bad(format!("({}, {:?}) appears twice; add the counts instead", req.name, req.key)));
+        }
+        let config = match inline {
+            Some(v) => config::from_json(v)?,
+            None => resolve_named(req.name)?,
+        };
+        if config.mode != Mode::All {
+            return Err(Error::NotSupported(format!(
+                "rate_limit_all takes all or nothing: \"{}\" has mode '{}'",
+                req.name,
+                config.mode.as_str()
+            )));
+        }
+        usable(&req, &config)?;
+        parts.push(Part { req, config });
+    }
+    Ok(parts)
+}
+
+/// The body of `rate_limit_all` and `check_rate_limit_all`; see `answer`.
+///
+/// # Safety
+/// `fcinfo` is a call of `rate_limit_all` or `check_rate_limit_all`.
+#[pg_guard]
+unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) -> Answer {
+    // SAFETY: fmgr passes the three arguments declared in sql/finalize.sql, in this order.
+    let (requests, reserve, throws) = unsafe {
+        (pg_getarg::<JsonbArg>(fcinfo, 0), pg_getarg::<bool>(fcinfo, 1), pg_getarg::<bool>(fcinfo, 2))
+    };
+    let requests = requests
+        .ok_or_else(|| Error::InvalidArgument("requests must not be NULL".into()))
+        .and_then(|r| r.parse())
+        .unwrap_or_else(|e| e.raise());
+    // Open the table first: its lock takes in pending invalidations of cached configs.
+    let table = StateTable::open(consume.then_some(c"rate_limit_all()"));
+    let parts = parts(&requests, reserve.unwrap_or(false)).unwrap_or_else(|e| e.raise());
+    let (d, limiting) = limiter::decide_all(&table, &parts, consume);
+    drop(table);
+    let datum = decision_datum(&d);
+    let throw = match d.retry_after {
+        Some(retry_after) if throws == Some(true) => denial(parts[limiting].req.name, parts[limiting].req.key, retry_after),
+        _ => Denial { message: null_mut(), detail: null_mut(), hint: null_mut() },
+    };
+    Answer { datum, throw }
 }
 
 /// Forget the state of (name, key), every shard.

@@ -14,6 +14,9 @@ use crate::bucket::{self, Config, Outcome, State, MIN_CHOOSE_TWO};
 use crate::clock;
 use crate::storage::{Created, Locked, Row, Slot, StateTable, Written};
 
+mod all;
+pub use all::{decide_all, Part};
+
 /// How many times a call re-picks shards when those it chose are locked by other
 /// transactions, before it queues for its choice.
 const SKIP_LOCKED_ROUNDS: usize = 3;
@@ -187,32 +190,38 @@ fn lock_all(
     let mut locked: Vec<Option<Row>> = vec![None; looked.shards.len()];
     for i in order {
         let slot = slot(req, looked.shards[i]);
-        let mut known = looked.rows[i];
-        locked[i] = Some(loop {
-            check_for_interrupts!();
-            match known {
-                Some(row) => match table.lock(&row, wait) {
-                    Locked::Row(row) => break row,
-                    Locked::Busy => return None,
-                    Locked::Gone => known = None,
-                },
-                // Missing (never written, or reset meanwhile): create it full; ours until
-                // commit. If a concurrent transaction created it first, lock theirs.
-                None => {
-                    let state = fresh(req, per_shard, clock::now_ms());
-                    match table.create(slot, state, bucket::expires(state, per_shard), wait) {
-                        Created::Done(row) => break row,
-                        Created::Exists(row) => known = Some(row),
-                        Created::Busy => return None,
-                    }
-                }
-            }
-        });
+        locked[i] = Some(lock_one(table, req, per_shard, slot, looked.rows[i], wait)?);
         if !held.contains(&slot.shard) {
             held.push(slot.shard);
         }
     }
     Some(taking.iter().map(|i| locked[*i].expect("every taken shard was locked")).collect())
+}
+
+/// Lock the row of `slot` (`known` when it was read), creating it full when missing; `None`
+/// when another transaction holds it (only without `wait`).
+fn lock_one(table: &StateTable, req: &Request<'_>, per_shard: &Config, slot: Slot<'_>, known: Option<Row>, wait: bool) -> Option<Row> {
+    let mut known = known;
+    loop {
+        check_for_interrupts!();
+        match known {
+            Some(row) => match table.lock(&row, wait) {
+                Locked::Row(row) => return Some(row),
+                Locked::Busy => return None,
+                Locked::Gone => known = None,
+            },
+            // Missing (never written, or reset meanwhile): create it full; ours until
+            // commit. If a concurrent transaction created it first, lock theirs.
+            None => {
+                let state = fresh(req, per_shard, clock::now_ms());
+                match table.create(slot, state, bucket::expires(state, per_shard), wait) {
+                    Created::Done(row) => return Some(row),
+                    Created::Exists(row) => known = Some(row),
+                    Created::Busy => return None,
+                }
+            }
+        }
+    }
 }
 
 /// Decide again on the locked rows with the clock read after locking, and write.
@@ -230,11 +239,7 @@ fn apply(
     let outcome = bucket::plan(&states, per_shard, now, req.count, req.reserve);
     for ((&i, row), (state, changed)) in taking.iter().zip(&locked).zip(&outcome.after) {
         if *changed {
-            let expires = bucket::expires(*state, per_shard);
-            match table.update(row, slot(req, looked.shards[i]), *state, expires, true) {
-                Written::Done => {}
-                _ => unreachable!("a row this transaction holds locked cannot change"),
-            }
+            table.write_locked(row, slot(req, looked.shards[i]), *state, bucket::expires(*state, per_shard));
         }
     }
     decision(req, &outcome, config, per_shard, now)

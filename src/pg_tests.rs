@@ -354,6 +354,62 @@ mod tests {
     }
 
     #[pg_test]
+    fn rate_limit_all_takes_all_or_nothing() {
+        at("0");
+        run("SELECT rate_limiter.define('per_min', 'token bucket', 3, '1 minute')");
+        run("SELECT rate_limiter.define('per_hour', 'token bucket', 4, '1 hour')");
+        let both = |count: u32| {
+            format!(r#"'[{{"name":"per_min","key":"u","count":{count}}},{{"name":"per_hour","key":"u","count":{count}}}]'"#)
+        };
+        let all = |count: u32| decide(&format!("rate_limiter.rate_limit_all({})", both(count)));
+        let d = all(2);
+        assert_eq!((d.ok, d.remaining, d.granted), (true, 1.0, 2.0), "the least remaining");
+        let d = all(2);
+        assert_eq!((d.ok, d.retry_after, d.granted), (false, Some(20_000.0), 0.0), "per_min lacks 1: 20 s");
+        let values = || one::<String>("SELECT string_agg(name || '=' || value, ',' ORDER BY name) FROM rate_limiter.state");
+        assert_eq!(values().as_deref(), Some("per_hour=2,per_min=1"), "neither was taken");
+        assert_eq!(
+            Spi::get_two::<String, String>(&format!("SELECT reason, limited_by FROM rate_limiter.check_rate_limit_all({})", both(2)))
+                .unwrap(),
+            (Some("exhausted".into()), Some("per_min".into()))
+        );
+        at("1 minute");
+        // per_min is full again (3); per_hour has 2 and a fifteenth: it lacks most and waits longest.
+        let d = all(3);
+        assert!(!d.ok && d.retry_after.unwrap() > 800_000.0, "{d:?}");
+        assert_eq!(one::<String>(&format!("SELECT limited_by FROM rate_limiter.rate_limit_all({})", both(3))).as_deref(), Some("per_hour"));
+        run(r#"DO $$ DECLARE det text; BEGIN
+                 PERFORM rate_limiter.rate_limit_all('[{"name":"per_min","key":"u"},{"name":"per_hour","key":"u","count":3}]', throws => true);
+               EXCEPTION WHEN SQLSTATE 'RL429' THEN
+                 GET STACKED DIAGNOSTICS det = PG_EXCEPTION_DETAIL;
+                 IF det::jsonb->>'name' <> 'per_hour' OR det::jsonb->>'key' <> 'u' THEN RAISE 'detail %', det; END IF;
+               END $$"#);
+        // Inline configs, default count and key.
+        let inline = r#"'[{"name":"a","config":{"kind":"fixed window","rate":1,"period":1000}},{"name":"per_min"}]'"#;
+        assert!(decide(&format!("rate_limiter.rate_limit_all({inline})")).ok);
+        assert!(!decide(&format!("rate_limiter.check_rate_limit_all({inline})")).ok);
+
+        fails("SELECT rate_limiter.rate_limit_all('{}')", "22023", "JSON array");
+        fails("SELECT rate_limiter.rate_limit_all('[]')", "22023", "at least one");
+        fails("SELECT rate_limiter.rate_limit_all(NULL)", "22023", "must not be NULL");
+        fails(r#"SELECT rate_limiter.rate_limit_all('[{"name":"per_min","limit":1}]')"#, "22023", "unknown member");
+        fails(r#"SELECT rate_limiter.rate_limit_all('[{"key":"u"}]')"#, "22023", "name must not be NULL");
+        fails(r#"SELECT rate_limiter.rate_limit_all('[{"name":"per_min"},{"name":"per_min"}]')"#, "22023", "twice");
+        fails(r#"SELECT rate_limiter.rate_limit_all('[{"name":"nope"}]')"#, "42704", "does not exist");
+        fails(r#"SELECT rate_limiter.rate_limit_all('[{"name":"per_min","count":-1}]')"#, "22023", "count");
+        fails(
+            r#"SELECT rate_limiter.rate_limit_all('[{"name":"p","config":{"kind":"token bucket","rate":1,"period":1,"mode":"partial"}}]')"#,
+            "0A000",
+            "all or nothing",
+        );
+        fails(
+            r#"SELECT rate_limiter.rate_limit_all('[{"name":"s","config":{"kind":"sliding window","rate":1,"period":1}}]', reserve => true)"#,
+            "0A000",
+            "no reservations",
+        );
+    }
+
+    #[pg_test]
     fn inline_config_spellings() {
         at("0");
         for cfg in [

@@ -34,7 +34,13 @@ pub struct Slot<'a> {
     pub inline: bool,
 }
 
-impl Slot<'_> {
+impl<'a> Slot<'a> {
+    /// Where the slot's row sorts in the unique index: calls that lock several rows lock
+    /// them in this order, so that they never deadlock on each other.
+    pub fn order_key(&self) -> (Option<&'a str>, &'a str, i16) {
+        (self.key, self.name, self.stored_shard())
+    }
+
     /// The `shard` column: `shard` for named limits, `-1 - shard` for inline configs, so
     /// that prune() can tell rows of deleted named limits apart without a column of its own.
     fn stored_shard(&self) -> i16 {
@@ -338,6 +344,14 @@ impl StateTable {
             }
             TM_Result::TM_Updated | TM_Result::TM_Deleted => Written::Moved,
             other => error!("rate_limiter: unexpected heap_update result {other}"),
+        }
+    }
+
+    /// Write `state` over `row`, which this transaction holds locked.
+    pub fn write_locked(&self, row: &Row, slot: Slot<'_>, state: State, expires: f64) {
+        match self.update(row, slot, state, expires, true) {
+            Written::Done => {}
+            _ => unreachable!("a row this transaction holds locked cannot change"),
         }
     }
 

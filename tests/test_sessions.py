@@ -183,6 +183,37 @@ def test_concurrent_sessions_on_a_rolling_window_admit_exactly_what_the_period_l
     assert (errs, total) == ([], 200)
 
 
+def test_rate_limit_all_in_reversed_orders_never_deadlocks_and_holds_every_bound(db, name):
+    a, b = name + "_a", name + "_b"
+    define(db, a, rate=100, period="1 hour")
+    define(db, b, rate=150, period="1 hour")
+    orders = [json.dumps([{"name": a, "key": "k"}, {"name": b, "key": "k"}]),
+              json.dumps([{"name": b, "key": "k"}, {"name": a, "key": "k"}])]
+    granted, errors_seen = [], []
+
+    def worker(requests):
+        got = 0
+        try:
+            with connect(autocommit=False) as c:
+                c.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
+                for _ in range(40):
+                    got += c.execute("SELECT granted FROM rate_limiter.rate_limit_all(%s)", (requests,)).fetchone()[0]
+                    time.sleep(0.001)  # hold both rows a moment, so that orders cross
+                    c.commit()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors_seen.append(e)
+        granted.append(got)
+
+    threads = [threading.Thread(target=worker, args=(orders[i % 2],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors_seen == [], "no 40P01"
+    assert sum(granted) == 100, "a binds; b gave no more than a allowed"
+    assert db.execute("SELECT value FROM rate_limiter.state WHERE name = %s", (b,)).fetchone() == (50,)
+
+
 def test_concurrent_partial_calls_take_exactly_the_capacity(db, name):
     define(db, name, rate=1000, period="1 hour", mode="partial")
     # 1000 is not a multiple of 3: one call gets the last token alone.

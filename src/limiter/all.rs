@@ -1,0 +1,112 @@
+//! Several limits decided at once (`rate_limit_all`): all are taken or none.
+//!
+//! Each request is read and decided as a single call is, without locks, and a denial
+//! returns there. Otherwise every row to be taken from is locked in one global order, that
+//! of the unique index (key, name, shard), so that calls naming the same limits in another
+//! order queue instead of deadlocking; then every request is decided again on its locked
+//! rows with the clock read after locking, and all are written or none.
+
+use crate::bucket::{self, Config};
+use crate::clock;
+use crate::storage::StateTable;
+
+use super::{decision, lock_one, look, pick_shards, slot, Decision, Request};
+
+/// One request of the call, with its config.
+pub struct Part<'a> {
+    pub req: Request<'a>,
+    pub config: Config,
+}
+
+/// The decision for all parts, and the index of the part that limits it (on a denial, the
+/// one that waits longest).
+pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> (Decision, usize) {
+    let now = clock::now_ms();
+    let per_shard: Vec<Config> = parts.iter().map(|p| p.config.per_shard()).collect();
+    let looked: Vec<_> = parts
+        .iter()
+        .zip(&per_shard)
+        .map(|(p, per)| {
+            let all: Vec<i32> = (0..p.config.shards as i32).collect();
+            look(table, &p.req, per, pick_shards(p.config.shards, &all, &[]), now)
+        })
+        .collect();
+    let outcomes: Vec<_> = parts
+        .iter()
+        .zip(&per_shard)
+        .zip(&looked)
+        .map(|((p, per), l)| bucket::plan(&l.states, per, now, p.req.count, p.req.reserve))
+        .collect();
+    let decisions = |outcomes: &[bucket::Outcome], now: f64| -> Vec<Decision> {
+        parts
+            .iter()
+            .zip(&per_shard)
+            .zip(outcomes)
+            .map(|((p, per), o)| decision(&p.req, o, &p.config, per, now))
+            .collect()
+    };
+    if !consume || outcomes.iter().any(|o| !o.ok) {
+        return combine(decisions(&outcomes, now));
+    }
+
+    // (part, looked-at shard) of every row to take from, in the unique index's order.
+    let mut order: Vec<(usize, usize)> = outcomes
+        .iter()
+        .enumerate()
+        .flat_map(|(p, o)| (0..o.after.len()).filter(move |i| o.after[*i].1).map(move |i| (p, i)))
+        .collect();
+    order.sort_by(|a, b| {
+        let key = |(p, i): (usize, usize)| slot(&parts[p].req, looked[p].shards[i]).order_key();
+        key(*a).cmp(&key(*b))
+    });
+    let mut locked = vec![Vec::new(); parts.len()];
+    for &(p, i) in &order {
+        let row = lock_one(table, &parts[p].req, &per_shard[p], slot(&parts[p].req, looked[p].shards[i]), looked[p].rows[i], true)
+            .expect("a waiting lock is always obtained");
+        locked[p].push((i, row));
+    }
+    let now = clock::now_ms();
+    let outcomes: Vec<_> = parts
+        .iter()
+        .zip(&per_shard)
+        .zip(&mut locked)
+        .map(|((p, per), rows)| {
+            rows.sort_by_key(|(i, _)| *i);
+            let states: Vec<_> = rows.iter().map(|(_, r)| r.state).collect();
+            bucket::plan(&states, per, now, p.req.count, p.req.reserve)
+        })
+        .collect();
+    if outcomes.iter().all(|o| o.ok) {
+        for (p, (o, rows)) in outcomes.iter().zip(&locked).enumerate() {
+            for ((state, changed), (i, row)) in o.after.iter().zip(rows) {
+                if *changed {
+                    let slot = slot(&parts[p].req, looked[p].shards[*i]);
+                    table.write_locked(row, slot, *state, bucket::expires(*state, &per_shard[p]));
+                }
+            }
+        }
+    }
+    combine(decisions(&outcomes, now))
+}
+
+/// One decision for all: ok only if every one is; the largest wait and reset, the least
+/// remaining and granted; a denial names the request that waits longest.
+fn combine(decisions: Vec<Decision>) -> (Decision, usize) {
+    let ok = decisions.iter().all(|d| d.ok);
+    let (index, limiting) = decisions
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.ok == ok)
+        .max_by(|(_, a), (_, b)| a.retry_after.unwrap_or(0.0).total_cmp(&b.retry_after.unwrap_or(0.0)))
+        .expect("at least one request");
+    let combined = Decision {
+        ok,
+        retry_after: decisions.iter().filter_map(|d| if d.ok == ok { d.retry_after } else { None }).reduce(f64::max),
+        remaining: decisions.iter().map(|d| d.remaining).fold(f64::INFINITY, f64::min),
+        reset_after: decisions.iter().map(|d| d.reset_after).fold(0.0, f64::max),
+        granted: if ok { decisions.iter().map(|d| d.granted).fold(f64::INFINITY, f64::min) } else { 0.0 },
+        reason: limiting.reason,
+        limited_by: limiting.limited_by.clone(),
+    };
+    (combined, index)
+}
