@@ -409,6 +409,35 @@ mod tests {
         );
     }
 
+    /// Boundary instants and shards of the new kinds.
+    #[pg_test]
+    fn window_kinds_at_their_boundaries_and_sharded() {
+        let sliding = format!(r#"'{{"kind":"sliding window","rate":4,"period":1000,"start":"{T0}"}}'"#);
+        let take = |cfg: &str, count: u32| decide(&format!("rate_limiter.rate_limit('b', 'k', {count}, config => {cfg})"));
+        at("999 ms");
+        assert!(take(&sliding, 4).ok, "the last instant of window 0");
+        at("1 second");
+        let d = take(&sliding, 1);
+        assert_eq!((d.ok, d.retry_after), (false, Some(250.0)), "at the boundary the 4 weigh fully");
+        at("1250 ms");
+        assert!(take(&sliding, 1).ok);
+        at("3 seconds");
+        assert_eq!(take(&sliding, 4).remaining, 0.0, "two windows later nothing weighs");
+
+        let rolling = format!(r#"'{{"kind":"rolling window","rate":2,"period":1000,"buckets":4,"start":"{T0}"}}'"#);
+        at("249 ms");
+        assert!(take(&rolling, 2).ok, "the last instant of cell 0");
+        at("1249 ms");
+        assert_eq!(take(&rolling, 1).retry_after, Some(1.0), "cell 0 counts until 1250");
+        at("1250 ms");
+        assert!(take(&rolling, 2).ok);
+
+        // Sharded rolling window: 2 shards of 5; the sum never exceeds the rate.
+        let sharded = r#"'{"kind":"rolling window","rate":10,"period":"1 hour","shards":2}'"#;
+        let granted: f64 = (0..40).map(|_| decide(&format!("rate_limiter.rate_limit('rws', config => {sharded})")).granted).sum();
+        assert_eq!(granted, 10.0);
+    }
+
     #[pg_test]
     fn inline_config_spellings() {
         at("0");
