@@ -65,6 +65,9 @@ pub enum Written {
     Moved,
 }
 
+// A `Row` holds its `State` by value (a rolling window's cells included): boxing it would
+// allocate on every call to spare a copy.
+#[allow(clippy::large_enum_variant)]
 pub enum Locked {
     Row(Row),
     Busy,
