@@ -64,6 +64,10 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_all(jsonb, boolean, boolean) IS
     'Take from several limits at once, all or none: requests is a JSON array of {"name", "key", "count", "config"}.';
 COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) IS
     'The answer rate_limit_all would give, without writing or locking anything.';
+COMMENT ON FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb) IS
+    'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
+COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) IS
+    'The HTTP headers for a decision of rate_limit_all(requests): one policy per limit.';
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit(text, text) IS
     'Forget the state of (name, key), every shard: it is full again.';
 COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS

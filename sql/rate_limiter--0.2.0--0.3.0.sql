@@ -142,3 +142,26 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_all(jsonb, boolean, boolean) IS
     'Take from several limits at once, all or none: requests is a JSON array of {"name", "key", "count", "config"}.';
 COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) IS
     'The answer rate_limit_all would give, without writing or locking anything.';
+
+-- HTTP headers for a decision (draft-ietf-httpapi-ratelimit-headers).
+CREATE FUNCTION rate_limiter."http_headers"(
+	"name" TEXT,
+	"d" rate_limiter.decision,
+	"config" jsonb DEFAULT NULL
+) RETURNS jsonb
+STABLE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'http_headers_wrapper';
+CREATE FUNCTION rate_limiter."http_headers_all"(
+	"requests" jsonb,
+	"d" rate_limiter.decision
+) RETURNS jsonb
+STABLE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'http_headers_all_wrapper';
+REVOKE ALL ON FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb) IS
+    'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
+COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) IS
+    'The HTTP headers for a decision of rate_limit_all(requests): one policy per limit.';

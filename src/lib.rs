@@ -1,4 +1,5 @@
-//! rate_limiter: transactional rate limits (token bucket, fixed window) inside PostgreSQL.
+//! rate_limiter: transactional rate limits (token bucket, fixed, sliding and rolling window)
+//! inside PostgreSQL.
 //! This file wires the modules, the settings and the SQL scripts together.
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -13,6 +14,7 @@ mod cache;
 mod clock;
 mod config;
 mod error;
+mod http;
 mod limiter;
 mod prune_worker;
 mod storage;

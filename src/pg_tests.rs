@@ -443,6 +443,35 @@ mod tests {
     }
 
     #[pg_test]
+    fn http_headers_for_single_and_several_limits() {
+        at("0");
+        run("SELECT rate_limiter.define('api', 'token bucket', 10, '1 minute')");
+        let headers = |sql: &str| one::<pgrx::JsonB>(sql).unwrap().0;
+        assert_eq!(
+            headers("SELECT rate_limiter.http_headers('api', rate_limiter.rate_limit('api', 'k', 7))"),
+            serde_json::json!({"RateLimit-Policy": "\"api\";q=10;w=60", "RateLimit": "\"api\";r=3;t=42"})
+        );
+        assert_eq!(
+            headers("SELECT rate_limiter.http_headers('api', d) FROM rate_limiter.rate_limit('api', 'k', 5) d"),
+            serde_json::json!({"RateLimit-Policy": "\"api\";q=10;w=60", "RateLimit": "\"api\";r=3;t=12", "Retry-After": "12"})
+        );
+        let inline = r#"'{"kind":"fixed window","rate":2,"period":"1 second"}'"#;
+        let h = headers(&format!(
+            "SELECT rate_limiter.http_headers('w', rate_limiter.rate_limit('w', config => {inline}), {inline})"
+        ));
+        assert_eq!(h["RateLimit-Policy"], "\"w\";q=2;w=1");
+        let requests = r#"'[{"name":"api","key":"k","count":4},{"name":"w","config":{"kind":"fixed window","rate":2,"period":1000}}]'"#;
+        let h = headers(&format!("SELECT rate_limiter.http_headers_all({requests}, rate_limiter.rate_limit_all({requests}))"));
+        assert_eq!(h["RateLimit-Policy"], "\"api\";q=10;w=60, \"w\";q=2;w=1");
+        assert_eq!(h["RateLimit"], "\"api\";r=1;t=6", "api denied 4 of its 3; w keeps its 1: the least remaining, api's wait");
+        assert_eq!(h["Retry-After"], "6");
+        fails("SELECT rate_limiter.http_headers('api', NULL)", "22023", "d must not be NULL");
+        fails("SELECT rate_limiter.http_headers('nope', rate_limiter.check_rate_limit('api'))", "42704", "does not exist");
+        run("SELECT rate_limiter.define('é', 'token bucket', 1, '1 minute')");
+        fails("SELECT rate_limiter.http_headers('é', rate_limiter.check_rate_limit('é'))", "22023", "printable ASCII");
+    }
+
+    #[pg_test]
     fn inline_config_spellings() {
         at("0");
         for cfg in [
@@ -794,9 +823,12 @@ mod tests {
 
     #[pg_test]
     fn functions_are_volatile_parallel_unsafe_and_private() {
+        // Only the header formatters are STABLE (they read configs, write nothing) and
+        // PARALLEL RESTRICTED (they use the backend's config cache).
         let wrong = one::<i64>(
             "SELECT count(*) FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace
-               AND (provolatile <> 'v' OR proparallel <> 'u')",
+               AND (provolatile, proparallel) <> CASE WHEN proname LIKE 'http_headers%'
+                                                     THEN ('s'::\"char\", 'r'::\"char\") ELSE ('v'::\"char\", 'u'::\"char\") END",
         );
         assert_eq!(wrong, Some(0));
         let public = one::<i64>(

@@ -102,7 +102,11 @@ fn combine(decisions: Vec<Decision>) -> (Decision, usize) {
     let combined = Decision {
         ok,
         retry_after: decisions.iter().filter_map(|d| if d.ok == ok { d.retry_after } else { None }).reduce(f64::max),
-        remaining: decisions.iter().map(|d| d.remaining).fold(f64::INFINITY, f64::min),
+        // When none is taken, a request that would pass still has what it would have taken.
+        remaining: decisions
+            .iter()
+            .map(|d| if ok { d.remaining } else { d.remaining + d.granted })
+            .fold(f64::INFINITY, f64::min),
         reset_after: decisions.iter().map(|d| d.reset_after).fold(0.0, f64::max),
         granted: if ok { decisions.iter().map(|d| d.granted).fold(f64::INFINITY, f64::min) } else { 0.0 },
         reason: limiting.reason,
