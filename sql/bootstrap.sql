@@ -47,6 +47,27 @@ COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a pe
 -- Keep user configuration in pg_dump output.
 SELECT pg_catalog.pg_extension_config_dump('rate_limiter.limits', '');
 
+-- Keys denied without their state being read (rate_limiter.block()). The unique index leads
+-- with key, as the state's does; a NULL name blocks the key under every limit.
+CREATE TABLE rate_limiter.blocks (
+    name text COLLATE "C"
+        CHECK (name <> '' AND octet_length(name) <= 128),
+    key text COLLATE "C"
+        CHECK (octet_length(key) <= 1024),
+    until timestamptz NOT NULL DEFAULT 'infinity',
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT blocks_key_name_key UNIQUE NULLS NOT DISTINCT (key, name)
+);
+COMMENT ON TABLE rate_limiter.blocks IS
+    'Blocked keys: a call for (name, key) is denied with reason ''blocked'' until until. Manage with rate_limiter.block() and unblock().';
+COMMENT ON COLUMN rate_limiter.blocks.name IS 'The limit whose key is blocked; NULL blocks the key under every limit.';
+COMMENT ON COLUMN rate_limiter.blocks.key IS 'The blocked key; NULL is the limit''s shared NULL key.';
+COMMENT ON COLUMN rate_limiter.blocks.until IS 'Denied until this instant; ''infinity'' until unblocked. rate_limiter.prune() deletes blocks that have ended.';
+COMMENT ON COLUMN rate_limiter.blocks.note IS 'Why, for the operator.';
+COMMENT ON COLUMN rate_limiter.blocks.created IS 'When the block was made or last changed.';
+SELECT pg_catalog.pg_extension_config_dump('rate_limiter.blocks', '');
+
 -- One small row per (name, key, shard). fillfactor leaves room on each page so updates
 -- stay HOT (no indexed column ever changes). COLLATE "C": equality is byte equality under
 -- any deterministic collation anyway, and the index compares bytes instead of calling strcoll.
@@ -94,5 +115,5 @@ COMMENT ON COLUMN rate_limiter.decision.retry_after IS 'Milliseconds until a ret
 COMMENT ON COLUMN rate_limiter.decision.remaining IS 'Tokens left after this call, as of now (negative while reservations are owed).';
 COMMENT ON COLUMN rate_limiter.decision.reset_after IS 'Milliseconds until the limit is full again.';
 COMMENT ON COLUMN rate_limiter.decision.granted IS 'Tokens this call took (0 when denied).';
-COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it) or ''min_gap'' (too soon after the last granted call); NULL when ok.';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call) or ''blocked'' (see rate_limiter.blocks); NULL when ok.';
 COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';

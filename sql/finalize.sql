@@ -44,7 +44,7 @@ CREATE FUNCTION rate_limiter.check_rate_limit_all(
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'check_rate_limit_all_fmgr';
 
--- Every backend caches named configs; these tell them all to forget them at each change,
+-- Every backend caches named configs (and whether any block exists); these tell them all to forget them at each change,
 -- also when a logical replication apply worker or a restore (session_replication_role =
 -- replica) makes it. Row-level, because an apply worker fires row triggers only.
 CREATE TRIGGER limits_changed
@@ -55,6 +55,14 @@ CREATE TRIGGER limits_truncated
     FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
 ALTER TABLE rate_limiter.limits ENABLE ALWAYS TRIGGER limits_changed;
 ALTER TABLE rate_limiter.limits ENABLE ALWAYS TRIGGER limits_truncated;
+CREATE TRIGGER blocks_changed
+    AFTER INSERT OR UPDATE OR DELETE ON rate_limiter.blocks
+    FOR EACH ROW EXECUTE FUNCTION rate_limiter._limits_changed();
+CREATE TRIGGER blocks_truncated
+    AFTER TRUNCATE ON rate_limiter.blocks
+    FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
+ALTER TABLE rate_limiter.blocks ENABLE ALWAYS TRIGGER blocks_changed;
+ALTER TABLE rate_limiter.blocks ENABLE ALWAYS TRIGGER blocks_truncated;
 
 COMMENT ON FUNCTION rate_limiter.rate_limit(text, text, double precision, boolean, boolean, jsonb) IS
     'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';
@@ -68,6 +76,10 @@ COMMENT ON FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb
     'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
 COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) IS
     'The HTTP headers for a decision of rate_limit_all(requests): one policy per limit.';
+COMMENT ON FUNCTION rate_limiter.block(text, text, timestamptz, text) IS
+    'Deny (name, key) until until (NULL name: under every limit), with reason ''blocked''; replaces an earlier block of the pair.';
+COMMENT ON FUNCTION rate_limiter.unblock(text, text) IS
+    'Lift the block of (name, key); returns whether there was one.';
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit(text, text) IS
     'Forget the state of (name, key), every shard: it is full again.';
 COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS
@@ -75,9 +87,9 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS
 COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer) IS
     'Create or replace a named limit in rate_limiter.limits.';
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
-    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist; returns how many. Skips rows in use.';
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks that have ended; returns how many. Skips rows in use.';
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
-    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits.';
+    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits and rate_limiter.blocks.';
 
 -- Nothing is open to PUBLIC: grant USAGE on the schema and EXECUTE on the functions a role
 -- needs (see the README). The tables stay private; the functions are the only way in.

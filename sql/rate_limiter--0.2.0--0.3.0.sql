@@ -82,7 +82,7 @@ COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted
 COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
 ALTER TABLE rate_limiter.state ADD COLUMN granted_at timestamptz;
 COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
-COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it) or ''min_gap'' (too soon after the last granted call); NULL when ok.';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call) or ''blocked'' (see rate_limiter.blocks); NULL when ok.';
 
 -- define() takes the new settings. A function's arguments cannot change in place: create it
 -- again, and give back the EXECUTE grants it had.
@@ -165,3 +165,60 @@ COMMENT ON FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb
     'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
 COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) IS
     'The HTTP headers for a decision of rate_limit_all(requests): one policy per limit.';
+
+-- Block lists.
+-- Keys denied without their state being read (rate_limiter.block()). The unique index leads
+-- with key, as the state's does; a NULL name blocks the key under every limit.
+CREATE TABLE rate_limiter.blocks (
+    name text COLLATE "C"
+        CHECK (name <> '' AND octet_length(name) <= 128),
+    key text COLLATE "C"
+        CHECK (octet_length(key) <= 1024),
+    until timestamptz NOT NULL DEFAULT 'infinity',
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT blocks_key_name_key UNIQUE NULLS NOT DISTINCT (key, name)
+);
+COMMENT ON TABLE rate_limiter.blocks IS
+    'Blocked keys: a call for (name, key) is denied with reason ''blocked'' until until. Manage with rate_limiter.block() and unblock().';
+COMMENT ON COLUMN rate_limiter.blocks.name IS 'The limit whose key is blocked; NULL blocks the key under every limit.';
+COMMENT ON COLUMN rate_limiter.blocks.key IS 'The blocked key; NULL is the limit''s shared NULL key.';
+COMMENT ON COLUMN rate_limiter.blocks.until IS 'Denied until this instant; ''infinity'' until unblocked. rate_limiter.prune() deletes blocks that have ended.';
+COMMENT ON COLUMN rate_limiter.blocks.note IS 'Why, for the operator.';
+COMMENT ON COLUMN rate_limiter.blocks.created IS 'When the block was made or last changed.';
+SELECT pg_catalog.pg_extension_config_dump('rate_limiter.blocks', '');
+CREATE TRIGGER blocks_changed
+    AFTER INSERT OR UPDATE OR DELETE ON rate_limiter.blocks
+    FOR EACH ROW EXECUTE FUNCTION rate_limiter._limits_changed();
+CREATE TRIGGER blocks_truncated
+    AFTER TRUNCATE ON rate_limiter.blocks
+    FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
+ALTER TABLE rate_limiter.blocks ENABLE ALWAYS TRIGGER blocks_changed;
+ALTER TABLE rate_limiter.blocks ENABLE ALWAYS TRIGGER blocks_truncated;
+CREATE FUNCTION rate_limiter."block"(
+	"name" TEXT,
+	"key" TEXT,
+	"until" timestamp with time zone DEFAULT 'infinity',
+	"note" TEXT DEFAULT NULL
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'block_wrapper';
+CREATE FUNCTION rate_limiter."unblock"(
+	"name" TEXT,
+	"key" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'unblock_wrapper';
+REVOKE ALL ON TABLE rate_limiter.blocks FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.block(text, text, timestamptz, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.unblock(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.block(text, text, timestamptz, text) IS
+    'Deny (name, key) until until (NULL name: under every limit), with reason ''blocked''; replaces an earlier block of the pair.';
+COMMENT ON FUNCTION rate_limiter.unblock(text, text) IS
+    'Lift the block of (name, key); returns whether there was one.';
+COMMENT ON FUNCTION rate_limiter._limits_changed() IS
+    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits and rate_limiter.blocks.';
+COMMENT ON FUNCTION rate_limiter.prune(integer) IS
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks that have ended; returns how many. Skips rows in use.';

@@ -15,6 +15,7 @@ use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
+use crate::blocks;
 use crate::bucket::{Config, Mode};
 use crate::cache;
 use crate::clock;
@@ -104,6 +105,10 @@ fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<
     let table = StateTable::open(consume.then_some(c"rate_limit()"));
     let config = resolve(req.name, inline)?;
     usable(req, &config)?;
+    let now = clock::now_ms();
+    if let Some(until) = blocks::blocked_until(req.name, req.key, now) {
+        return Ok(limiter::blocked(req, until, now));
+    }
     Ok(if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) })
 }
 
@@ -131,19 +136,36 @@ fn pstrdup(text: &str) -> *mut c_char {
     unsafe { pg_sys::pstrdup(c.as_ptr()) }
 }
 
-fn denial(name: &str, key: Option<&str>, retry_after: f64) -> Denial {
+/// The `RL429` of a decision that throws: a denial, or a reservation that must wait (as the
+/// Convex component does); `None` otherwise.
+fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Denial> {
+    if d.ok && d.retry_after.is_none() {
+        return None;
+    }
     let quoted = |s: Option<&str>| serde_json::Value::from(s).to_string();
+    let retry_after = d.retry_after.map_or("null".to_owned(), |r| r.to_string());
+    // Denials other than for want of tokens say why; the usual one keeps Convex's shape.
+    let reason = match d.reason {
+        Some(reason) if reason != "exhausted" => format!(r#","reason":"{reason}""#),
+        _ => String::new(),
+    };
     let detail = format!(
-        r#"{{"kind":"RateLimited","name":{},"key":{},"retryAfter":{retry_after}}}"#,
+        r#"{{"kind":"RateLimited","name":{},"key":{},"retryAfter":{retry_after}{reason}}}"#,
         quoted(Some(name)),
         quoted(key)
     );
-    Denial {
+    let hint = match d.retry_after {
+        Some(r) => format!("Retry after {r} ms."),
+        None => "The key is blocked until further notice: see rate_limiter.blocks.".to_owned(),
+    };
+    Some(Denial {
         message: pstrdup(&format!("rate limit \"{name}\" exceeded")),
         detail: pstrdup(&detail),
-        hint: pstrdup(&format!("Retry after {retry_after} ms.")),
-    }
+        hint: pstrdup(&hint),
+    })
 }
+
+const NO_DENIAL: Denial = Denial { message: null_mut(), detail: null_mut(), hint: null_mut() };
 
 /// The body of `rate_limit` and `check_rate_limit`, guarded by pgrx: Rust panics and
 /// PostgreSQL errors inside it are raised as errors with their own SQLSTATE.
@@ -166,10 +188,9 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> A
     let req = request(name, key, count, reserve, inline.is_some()).unwrap_or_else(|e| e.raise());
     let d = decide(&req, inline, consume).unwrap_or_else(|e| e.raise());
     let datum = decision_datum(&d);
-    // As the Convex component does, a reservation that must wait throws too.
-    let throw = match d.retry_after {
-        Some(retry_after) if throws == Some(true) => denial(req.name, req.key, retry_after),
-        _ => Denial { message: null_mut(), detail: null_mut(), hint: null_mut() },
+    let throw = match throws {
+        Some(true) => denial(&d, req.name, req.key).unwrap_or(NO_DENIAL),
+        _ => NO_DENIAL,
     };
     Answer { datum, throw }
 }
@@ -334,9 +355,9 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
     let (d, limiting) = limiter::decide_all(&table, &parts, consume);
     drop(table);
     let datum = decision_datum(&d);
-    let throw = match d.retry_after {
-        Some(retry_after) if throws == Some(true) => denial(parts[limiting].req.name, parts[limiting].req.key, retry_after),
-        _ => Denial { message: null_mut(), detail: null_mut(), hint: null_mut() },
+    let throw = match throws {
+        Some(true) => denial(&d, parts[limiting].req.name, parts[limiting].req.key).unwrap_or(NO_DENIAL),
+        _ => NO_DENIAL,
     };
     Answer { datum, throw }
 }
@@ -349,9 +370,35 @@ fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
     storage::delete(name, key);
 }
 
+/// Deny `name`'s `key` (every limit's when `name` is NULL) until `until`, with `note`.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+fn block(
+    name: Option<&str>,
+    key: Option<&str>,
+    until: default!(Option<TimestampWithTimeZone>, "'infinity'"),
+    note: default!(Option<&str>, "NULL"),
+) {
+    storage::prevent_writes_unless_allowed(c"block()");
+    (|| -> Result<()> {
+        let name = name.map(|n| valid_name(Some(n))).transpose()?;
+        let key = valid_key(key)?;
+        let until = until.ok_or_else(|| Error::InvalidArgument("until must not be NULL; use 'infinity'".into()))?;
+        storage::upsert_block(name, key, until, note);
+        Ok(())
+    })()
+    .unwrap_or_else(|e| e.raise())
+}
+
+/// Lift the block of (`name`, `key`); whether there was one.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+fn unblock(name: Option<&str>, key: Option<&str>) -> bool {
+    storage::prevent_writes_unless_allowed(c"unblock()");
+    storage::delete_block(name, key)
+}
+
 /// Delete up to `max_rows` rows of `rate_limiter.state` that hold what a fresh state would
-/// (for named and inline limits alike), or belong to named limits that no longer exist;
-/// returns how many. Skips rows that running
+/// (for named and inline limits alike), or belong to named limits that no longer exist,
+/// and blocks that have ended; returns how many. Skips rows that running
 /// transactions hold, so it never waits for them and can run beside calls and itself.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
 fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {

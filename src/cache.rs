@@ -1,7 +1,8 @@
-//! Per-backend caches: the OIDs of the extension's tables, indexes and row type, and the
-//! configs of named limits. A relcache invalidation of one of those relations empties them.
-//! PostgreSQL sends one on DDL and DROP EXTENSION, and the trigger on `rate_limiter.limits`
-//! sends one at every change to it, delivered to each backend once the change commits.
+//! Per-backend caches: the OIDs of the extension's tables, indexes and row type, the
+//! configs of named limits, and whether any block exists. A relcache invalidation of one of
+//! those relations empties them. PostgreSQL sends one on DDL and DROP EXTENSION, and the
+//! triggers on `rate_limiter.limits` and `rate_limiter.blocks` send one at every change to
+//! them, delivered to each backend once the change commits.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -18,6 +19,8 @@ pub struct Relations {
     pub state_key: pg_sys::Oid,
     pub limits: pg_sys::Oid,
     pub limits_key: pg_sys::Oid,
+    pub blocks: pg_sys::Oid,
+    pub blocks_key: pg_sys::Oid,
     pub decision_type: pg_sys::Oid,
     decision: pg_sys::Oid,
 }
@@ -25,6 +28,7 @@ pub struct Relations {
 thread_local! {
     static RELATIONS: Cell<Option<Relations>> = const { Cell::new(None) };
     static CONFIGS: RefCell<HashMap<String, Config>> = RefCell::new(HashMap::new());
+    static ANY_BLOCKS: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 pub fn relations() -> Relations {
@@ -59,6 +63,8 @@ fn look_up() -> Relations {
             state_key,
             limits: oid(c"limits"),
             limits_key: oid(c"limits_pkey"),
+            blocks: oid(c"blocks"),
+            blocks_key: oid(c"blocks_key_name_key"),
             decision_type: pg_sys::get_rel_type_id(decision),
             decision,
         }
@@ -75,17 +81,27 @@ pub fn config<E>(name: &str, load: impl FnOnce() -> Result<Config, E>) -> Result
     Ok(config)
 }
 
+/// Whether `rate_limiter.blocks` has any row, from the cache or from `load`.
+pub fn any_blocks(load: impl FnOnce() -> bool) -> bool {
+    ANY_BLOCKS.get().unwrap_or_else(|| {
+        let any = load();
+        ANY_BLOCKS.set(Some(any));
+        any
+    })
+}
+
 /// The relcache invalidation callback: forgets this backend's caches when one of the
 /// extension's relations (or everything) is invalidated. Reads nothing through pointers.
 #[pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     let ours = match RELATIONS.get() {
-        Some(r) => [r.state, r.state_key, r.limits, r.limits_key, r.decision].contains(&relid),
+        Some(r) => [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, r.decision].contains(&relid),
         None => true,
     };
     if relid == pg_sys::InvalidOid || ours {
         RELATIONS.set(None);
         CONFIGS.with_borrow_mut(HashMap::clear);
+        ANY_BLOCKS.set(None);
     }
 }
 
@@ -95,7 +111,8 @@ pub fn register_invalidation() {
     unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0)) }
 }
 
-/// Trigger on `rate_limiter.limits`: tell every backend to drop its cached configs.
+/// Trigger on `rate_limiter.limits` and `rate_limiter.blocks`: tell every backend to drop
+/// its cached configs and block flag.
 #[pg_trigger]
 fn _limits_changed<'a>(
     trigger: &'a PgTrigger<'a>,

@@ -9,6 +9,7 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
 mod api;
+mod blocks;
 mod bucket;
 mod cache;
 mod clock;

@@ -113,6 +113,24 @@ fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &C
     }
 }
 
+/// `Decision::reason` of a blocked (name, key).
+pub const BLOCKED: &str = "blocked";
+
+/// The denial of a (name, key) blocked until `until` (ms; infinite for ever): its state is
+/// neither read nor written, so `remaining` is 0.
+pub fn blocked(req: &Request<'_>, until: f64, now: f64) -> Decision {
+    let retry_after = until.is_finite().then(|| until - now);
+    Decision {
+        ok: false,
+        retry_after,
+        remaining: 0.0,
+        reset_after: retry_after.unwrap_or(0.0),
+        granted: 0.0,
+        reason: Some(BLOCKED),
+        limited_by: Some(req.name.to_owned()),
+    }
+}
+
 /// Answer without writing or locking anything (`check_rate_limit`).
 pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     let per_shard = config.per_shard();

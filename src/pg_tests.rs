@@ -472,6 +472,45 @@ mod tests {
     }
 
     #[pg_test]
+    fn blocked_keys_are_denied_without_their_state() {
+        at("0");
+        run("SELECT rate_limiter.define('api', 'token bucket', 10, '1 minute')");
+        run(&format!("SELECT rate_limiter.block('api', 'bad', '{T0}'::timestamptz + interval '10 seconds', 'scraper')"));
+        let why = |call: &str| {
+            Spi::get_three::<f64, String, String>(&format!("SELECT retry_after, reason, limited_by FROM {call}")).unwrap()
+        };
+        let blocked = (Some(10_000.0), Some("blocked".into()), Some("api".into()));
+        assert_eq!(why("rate_limiter.rate_limit('api', 'bad')"), blocked);
+        assert_eq!(why("rate_limiter.check_rate_limit('api', 'bad')"), blocked);
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state"), Some(0), "no state read or written");
+        assert!(decide("rate_limiter.rate_limit('api', 'good')").ok);
+        // A block without a name covers every limit, inline ones too; without an end, no retry_after.
+        run("SELECT rate_limiter.block(NULL, 'evil')");
+        let inline = r#"'{"kind":"fixed window","rate":5,"period":1000}'"#;
+        assert_eq!(why(&format!("rate_limiter.rate_limit('x', 'evil', config => {inline})")), (None, Some("blocked".into()), Some("x".into())));
+        run(r#"DO $$ DECLARE det text; BEGIN
+                 PERFORM rate_limiter.rate_limit('api', 'evil', throws => true);
+                 RAISE 'no RL429';
+               EXCEPTION WHEN SQLSTATE 'RL429' THEN
+                 GET STACKED DIAGNOSTICS det = PG_EXCEPTION_DETAIL;
+                 IF det::jsonb <> '{"kind":"RateLimited","name":"api","key":"evil","retryAfter":null,"reason":"blocked"}'::jsonb
+                   THEN RAISE 'detail %', det; END IF;
+               END $$"#);
+        let all = r#"'[{"name":"api","key":"good"},{"name":"api","key":"evil"}]'"#;
+        assert_eq!(why(&format!("rate_limiter.rate_limit_all({all})")), (None, Some("blocked".into()), Some("api".into())));
+        // Ended blocks are ignored, and prune() removes them.
+        at("10 seconds");
+        assert!(decide("rate_limiter.rate_limit('api', 'bad')").ok);
+        assert_eq!(one::<i64>("SELECT rate_limiter.prune()"), Some(2), "the ended block, and good's refilled row");
+        assert_eq!(one::<bool>("SELECT rate_limiter.unblock(NULL, 'evil')"), Some(true));
+        assert_eq!(one::<bool>("SELECT rate_limiter.unblock(NULL, 'evil')"), Some(false));
+        assert!(decide("rate_limiter.rate_limit('api', 'evil')").ok);
+        fails("SELECT rate_limiter.block('api', 'k', NULL)", "22023", "until must not be NULL");
+        fails(&format!("SELECT rate_limiter.block('api', '{}')", "k".repeat(1025)), "22023", "1024");
+        fails("SELECT rate_limiter.block('', 'k')", "22023", "empty");
+    }
+
+    #[pg_test]
     fn inline_config_spellings() {
         at("0");
         for cfg in [
@@ -620,6 +659,8 @@ mod tests {
         fails("SELECT rate_limiter.reset_rate_limit('ro')", "25006", "read-only");
         fails("SELECT rate_limiter.define('ro', 'token bucket', 2, '1 second')", "25006", "read-only");
         fails("SELECT rate_limiter.prune()", "25006", "read-only");
+        fails("SELECT rate_limiter.block('ro', 'k')", "25006", "read-only");
+        fails("SELECT rate_limiter.unblock('ro', 'k')", "25006", "read-only");
         fails("SELECT rate_limiter.rate_limit('ro')", "25006", "read-only");
         assert!(decide("rate_limiter.check_rate_limit('ro')").ok);
     }

@@ -618,7 +618,7 @@ unsafe fn is_key_copy(index: pg_sys::Relation) -> bool {
 /// # Safety
 /// `index` is an open index of the open `heap`; `tuple_slot` is a slot of `heap`; `snapshot`
 /// is valid for the scan.
-unsafe fn probe(
+pub(crate) unsafe fn probe(
     heap: pg_sys::Relation,
     index: pg_sys::Relation,
     snapshot: pg_sys::Snapshot,
@@ -658,22 +658,22 @@ unsafe fn equal_key(index: pg_sys::Relation, attno: i16, procedure: u32, value: 
     }
 }
 
-/// Equality keys on (key, name, shard); a NULL key matches the NULL key (the index is
-/// NULLS NOT DISTINCT).
+/// `index` column `attno` equals the text `value`, or IS NULL for `None` (a NULLS NOT
+/// DISTINCT index finds its NULL that way).
 ///
 /// # Safety
-/// `index` is the open unique index of the state table.
-unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKeyData; 3] {
-    let key = match slot.key {
+/// `index` is open and has a text column `attno`.
+pub(crate) unsafe fn text_key(index: pg_sys::Relation, attno: i16, value: Option<&str>) -> pg_sys::ScanKeyData {
+    match value {
         // SAFETY: the caller's promise.
-        Some(k) => unsafe { equal_key(index, INDEX_KEY, pg_sys::F_TEXTEQ, text(k)) },
+        Some(v) => unsafe { equal_key(index, attno, pg_sys::F_TEXTEQ, text(v)) },
         // SAFETY: plain-old-data, initialized as an IS NULL search key.
         None => unsafe {
             let mut is_null: pg_sys::ScanKeyData = std::mem::zeroed();
             pg_sys::ScanKeyEntryInitialize(
                 &mut is_null,
                 (pg_sys::SK_ISNULL | pg_sys::SK_SEARCHNULL) as i32,
-                INDEX_KEY,
+                attno,
                 0,
                 pg_sys::InvalidOid,
                 pg_sys::InvalidOid,
@@ -682,12 +682,20 @@ unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKey
             );
             is_null
         },
-    };
+    }
+}
+
+/// Equality keys on (key, name, shard); a NULL key matches the NULL key (the index is
+/// NULLS NOT DISTINCT).
+///
+/// # Safety
+/// `index` is the open unique index of the state table.
+unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKeyData; 3] {
     // SAFETY: the caller's promise.
     unsafe {
         [
-            key,
-            equal_key(index, INDEX_NAME, pg_sys::F_TEXTEQ, text(slot.name)),
+            text_key(index, INDEX_KEY, slot.key),
+            text_key(index, INDEX_NAME, Some(slot.name)),
             equal_key(index, INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.stored_shard())),
         ]
     }
@@ -759,6 +767,27 @@ pub fn delete(name: &str, key: Option<&str>) {
 /// lock re-checks `expires` on the newest version, so a row a call has just written again
 /// is kept.
 pub fn prune(now: f64, max_rows: i32) -> i64 {
+    let ended = delete_ended_blocks(now, max_rows);
+    let max_rows = max_rows - ended as i32;
+    if max_rows == 0 {
+        return ended;
+    }
+    ended + prune_state(now, max_rows)
+}
+
+/// Delete up to `max_rows` blocks whose `until` has passed at `now`.
+fn delete_ended_blocks(now: f64, max_rows: i32) -> i64 {
+    let sql = "WITH ended AS ( \
+                   SELECT ctid FROM rate_limiter.blocks WHERE until OPERATOR(pg_catalog.<=) $2 \
+                   LIMIT $1 FOR UPDATE SKIP LOCKED) \
+               DELETE FROM rate_limiter.blocks \
+               WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended))";
+    let now = clock::ms_timestamptz(now);
+    Spi::connect_mut(|client| client.update(sql, None, &[max_rows.into(), now.into()]).map(|t| t.len() as i64))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+fn prune_state(now: f64, max_rows: i32) -> i64 {
     let expired = delete_some("expires OPERATOR(pg_catalog.<=) $2", clock::ms_timestamptz(now), max_rows);
     let left = max_rows - expired as i32;
     if left == 0 || !limits_held_still() {
@@ -792,6 +821,27 @@ fn limits_held_still() -> bool {
     let limits = cache::relations().limits;
     // SAFETY: locks a relation by the OID that the cache resolved for this database.
     !xact_snapshot_isolation() && unsafe { pg_sys::ConditionalLockRelationOid(limits, pg_sys::ShareLock as pg_sys::LOCKMODE) }
+}
+
+/// `IS NOT DISTINCT FROM` without an operator looked up by name (these run as SECURITY
+/// DEFINER): `column` equals `$n`, or both are NULL.
+fn same(column: &str, n: u8) -> String {
+    format!("({column} OPERATOR(pg_catalog.=) ${n} OR ({column} IS NULL AND ${n}::pg_catalog.text IS NULL))")
+}
+
+/// Insert or replace the block of (name, key).
+pub fn upsert_block(name: Option<&str>, key: Option<&str>, until: TimestampWithTimeZone, note: Option<&str>) {
+    let sql = "INSERT INTO rate_limiter.blocks AS b (name, key, until, note) VALUES ($1, $2, $3, $4) \
+               ON CONFLICT ON CONSTRAINT blocks_key_name_key DO UPDATE \
+               SET until = excluded.until, note = excluded.note, created = pg_catalog.now()";
+    Spi::run_with_args(sql, &[name.into(), key.into(), until.into(), note.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Delete the block of (name, key); whether there was one.
+pub fn delete_block(name: Option<&str>, key: Option<&str>) -> bool {
+    let sql = format!("DELETE FROM rate_limiter.blocks WHERE {} AND {}", same("name", 1), same("key", 2));
+    Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), key.into()]).map(|t| t.len() > 0))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// Insert or replace a named limit.

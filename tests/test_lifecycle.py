@@ -38,7 +38,7 @@ FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid, ns WHERE c.relnamespace =
 UNION ALL
 SELECT 'constraint', c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c, ns WHERE c.connamespace = ns.oid
 UNION ALL
-SELECT 'trigger', tgname, concat_ws(' ', pg_get_triggerdef(oid), tgenabled) FROM pg_trigger WHERE tgrelid = 'rate_limiter.limits'::regclass AND NOT tgisinternal
+SELECT 'trigger', tgname, concat_ws(' ', pg_get_triggerdef(oid), tgenabled) FROM pg_trigger WHERE tgrelid IN ('rate_limiter.limits'::regclass, 'rate_limiter.blocks'::regclass) AND NOT tgisinternal
 UNION ALL
 SELECT 'config dump', extconfig::regclass[]::text, extcondition::text FROM pg_extension WHERE extname = 'rate_limiter'
 ORDER BY 1, 2

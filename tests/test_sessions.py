@@ -369,6 +369,17 @@ def test_a_changed_limit_reaches_sessions_that_cached_it(db, name):
             limit(other, name, "k")
 
 
+def test_a_block_reaches_sessions_that_saw_none(db, name):
+    define(db, name, rate=100)
+    with connect() as other:
+        assert limit(other, name, "k")[0]  # its backend now knows there are no blocks
+        db.execute("SELECT rate_limiter.block(%s, 'k', now() + interval '1 hour')", (name,))
+        row = other.execute("SELECT ok, reason FROM rate_limiter.rate_limit(%s, 'k')", (name,)).fetchone()
+        assert row == (False, "blocked")
+        db.execute("SELECT rate_limiter.unblock(%s, 'k')", (name,))
+        assert limit(other, name, "k")[0]
+
+
 def test_sixteen_sessions_creating_one_fresh_key_see_no_error(db, name):
     define(db, name, rate=1000)
     total, errs = hammer(name, sessions=16, calls=1, key="fresh")

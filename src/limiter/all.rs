@@ -6,11 +6,12 @@
 //! order queue instead of deadlocking; then every request is decided again on its locked
 //! rows with the clock read after locking, and all are written or none.
 
+use crate::blocks;
 use crate::bucket::{self, Config};
 use crate::clock;
 use crate::storage::StateTable;
 
-use super::{decision, lock_one, look, pick_shards, slot, Decision, Request};
+use super::{blocked, decision, lock_one, look, pick_shards, slot, Decision, Request};
 
 /// One request of the call, with its config.
 pub struct Part<'a> {
@@ -22,6 +23,17 @@ pub struct Part<'a> {
 /// one that waits longest).
 pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> (Decision, usize) {
     let now = clock::now_ms();
+    // A blocked request denies all, with no state read.
+    let blocked: Vec<Decision> = parts
+        .iter()
+        .map(|p| match blocks::blocked_until(p.req.name, p.req.key, now) {
+            Some(until) => blocked(&p.req, until, now),
+            None => Decision { ok: true, retry_after: None, remaining: f64::INFINITY, reset_after: 0.0, granted: 0.0, reason: None, limited_by: None },
+        })
+        .collect();
+    if blocked.iter().any(|d| !d.ok) {
+        return combine(blocked);
+    }
     let per_shard: Vec<Config> = parts.iter().map(|p| p.config.per_shard()).collect();
     let looked: Vec<_> = parts
         .iter()
@@ -93,15 +105,21 @@ pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> (Dec
 /// remaining and granted; a denial names the request that waits longest.
 fn combine(decisions: Vec<Decision>) -> (Decision, usize) {
     let ok = decisions.iter().all(|d| d.ok);
+    // A denial without a retry_after (an indefinite block) waits longest of all.
+    let wait = |d: &Decision| d.retry_after.unwrap_or(if d.ok { 0.0 } else { f64::INFINITY });
     let (index, limiting) = decisions
         .iter()
         .enumerate()
         .filter(|(_, d)| d.ok == ok)
-        .max_by(|(_, a), (_, b)| a.retry_after.unwrap_or(0.0).total_cmp(&b.retry_after.unwrap_or(0.0)))
+        .max_by(|(_, a), (_, b)| wait(a).total_cmp(&wait(b)))
         .expect("at least one request");
     let combined = Decision {
         ok,
-        retry_after: decisions.iter().filter_map(|d| if d.ok == ok { d.retry_after } else { None }).reduce(f64::max),
+        retry_after: if ok {
+            decisions.iter().filter_map(|d| d.retry_after).reduce(f64::max)
+        } else {
+            limiting.retry_after
+        },
         // When none is taken, a request that would pass still has what it would have taken.
         remaining: decisions
             .iter()
