@@ -119,7 +119,7 @@ pub const BLOCKED: &str = "blocked";
 /// The denial of a (name, key) blocked until `until` (ms; infinite for ever): its state is
 /// neither read nor written, so `remaining` is 0.
 pub fn blocked(req: &Request<'_>, until: f64, now: f64) -> Decision {
-    let retry_after = until.is_finite().then(|| until - now);
+    let retry_after = until.is_finite().then_some(until - now);
     Decision {
         ok: false,
         retry_after,

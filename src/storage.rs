@@ -840,7 +840,7 @@ pub fn upsert_block(name: Option<&str>, key: Option<&str>, until: TimestampWithT
 /// Delete the block of (name, key); whether there was one.
 pub fn delete_block(name: Option<&str>, key: Option<&str>) -> bool {
     let sql = format!("DELETE FROM rate_limiter.blocks WHERE {} AND {}", same("name", 1), same("key", 2));
-    Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), key.into()]).map(|t| t.len() > 0))
+    Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), key.into()]).map(|t| !t.is_empty()))
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
