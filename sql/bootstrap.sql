@@ -115,5 +115,5 @@ COMMENT ON COLUMN rate_limiter.decision.retry_after IS 'Milliseconds until a ret
 COMMENT ON COLUMN rate_limiter.decision.remaining IS 'Tokens left after this call, as of now (negative while reservations are owed).';
 COMMENT ON COLUMN rate_limiter.decision.reset_after IS 'Milliseconds until the limit is full again.';
 COMMENT ON COLUMN rate_limiter.decision.granted IS 'Tokens this call took (0 when denied).';
-COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call) or ''blocked'' (see rate_limiter.blocks); NULL when ok.';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call), ''blocked'' (see rate_limiter.blocks) or ''timeout'' (wait_rate_limit waited and its timeout came first); NULL when ok.';
 COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';

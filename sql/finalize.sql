@@ -44,6 +44,16 @@ CREATE FUNCTION rate_limiter.check_rate_limit_all(
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'check_rate_limit_all_fmgr';
 
+CREATE FUNCTION rate_limiter.wait_rate_limit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    timeout interval DEFAULT '30 seconds',
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter.decision
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'wait_rate_limit_fmgr';
+
 -- Every backend caches named configs (and whether any block exists); these tell them all to forget them at each change,
 -- also when a logical replication apply worker or a restore (session_replication_role =
 -- replica) makes it. Row-level, because an apply worker fires row triggers only.
@@ -80,6 +90,8 @@ COMMENT ON FUNCTION rate_limiter.block(text, text, timestamptz, text) IS
     'Deny (name, key) until until (NULL name: under every limit), with reason ''blocked''; replaces an earlier block of the pair.';
 COMMENT ON FUNCTION rate_limiter.unblock(text, text) IS
     'Lift the block of (name, key); returns whether there was one.';
+COMMENT ON FUNCTION rate_limiter.wait_rate_limit(text, text, double precision, interval, jsonb) IS
+    'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit(text, text) IS
     'Forget the state of (name, key), every shard: it is full again.';
 COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS

@@ -82,7 +82,7 @@ COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted
 COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
 ALTER TABLE rate_limiter.state ADD COLUMN granted_at timestamptz;
 COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
-COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call) or ''blocked'' (see rate_limiter.blocks); NULL when ok.';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call), ''blocked'' (see rate_limiter.blocks) or ''timeout'' (wait_rate_limit waited and its timeout came first); NULL when ok.';
 
 -- define() takes the new settings. A function's arguments cannot change in place: create it
 -- again, and give back the EXECUTE grants it had.
@@ -222,3 +222,17 @@ COMMENT ON FUNCTION rate_limiter._limits_changed() IS
     'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits and rate_limiter.blocks.';
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
     'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks that have ended; returns how many. Skips rows in use.';
+
+-- Waiting until ready.
+CREATE FUNCTION rate_limiter.wait_rate_limit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    timeout interval DEFAULT '30 seconds',
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter.decision
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'wait_rate_limit_fmgr';
+REVOKE ALL ON FUNCTION rate_limiter.wait_rate_limit(text, text, double precision, interval, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.wait_rate_limit(text, text, double precision, interval, jsonb) IS
+    'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';

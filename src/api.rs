@@ -9,6 +9,7 @@
 
 use std::ffi::{c_char, CString};
 use std::ptr::null_mut;
+use std::time::{Duration, Instant};
 
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
@@ -268,6 +269,18 @@ pub unsafe extern "C-unwind" fn check_rate_limit_fmgr(fcinfo: FunctionCallInfo) 
 }
 
 #[no_mangle]
+pub extern "C" fn pg_finfo_wait_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.wait_rate_limit(name, key, count, timeout, config)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn wait_rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: fmgr calls this for rate_limiter.wait_rate_limit only.
+    entry(unsafe { answer_wait(fcinfo) })
+}
+
+#[no_mangle]
 pub extern "C" fn pg_finfo_rate_limit_all_fmgr() -> &'static pg_sys::Pg_finfo_record {
     &FMGR_V1
 }
@@ -333,6 +346,71 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
         parts.push(Part { req, config });
     }
     Ok(parts)
+}
+
+/// `Decision::reason` of `wait_rate_limit` when it waited and the deadline came first.
+const TIMEOUT: &str = "timeout";
+
+/// Sleep on the process latch for `ms`, waking early only to serve interrupts (which
+/// `statement_timeout` and `pg_cancel_backend` raise here).
+fn sleep_ms(ms: f64) {
+    let until = Instant::now() + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+    loop {
+        check_for_interrupts!();
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        let events = (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32;
+        // SAFETY: this backend's own latch, waited on and reset as PostgreSQL's own waits do.
+        unsafe {
+            pg_sys::WaitLatch(pg_sys::MyLatch, events, left.as_millis().max(1) as i64, pg_sys::PG_WAIT_EXTENSION);
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+    }
+}
+
+/// The body of `wait_rate_limit`: `rate_limit` again after each `retry_after` until it is
+/// granted or the next wait would pass `timeout` (real time, also under `fake_now`). Denied
+/// calls hold no row lock, so nothing of this call is held while it sleeps.
+///
+/// # Safety
+/// `fcinfo` is a call of `wait_rate_limit`.
+#[pg_guard]
+unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
+    // SAFETY: fmgr passes the five arguments declared in sql/finalize.sql, in this order.
+    let (name, key, count, timeout, inline) = unsafe {
+        (
+            pg_getarg::<&str>(fcinfo, 0),
+            pg_getarg::<&str>(fcinfo, 1),
+            pg_getarg::<f64>(fcinfo, 2),
+            pg_getarg::<Interval>(fcinfo, 3),
+            pg_getarg::<JsonbArg>(fcinfo, 4),
+        )
+    };
+    let d = (|| -> Result<Decision> {
+        let req = request(name, key, count, None, inline.is_some())?;
+        let timeout = timeout.map(clock::interval_ms).unwrap_or(f64::NAN);
+        if !(timeout.is_finite() && timeout >= 0.0) {
+            return Err(Error::InvalidArgument(format!("timeout must be a finite interval >= 0, not {timeout} ms")));
+        }
+        let started = Instant::now();
+        let mut waited = false;
+        loop {
+            let d = decide(&req, inline, true)?;
+            let left = timeout - started.elapsed().as_secs_f64() * 1000.0;
+            match d.retry_after {
+                Some(retry_after) if !d.ok && retry_after <= left => {
+                    sleep_ms(retry_after);
+                    waited = true;
+                }
+                _ if !d.ok && waited => return Ok(Decision { reason: Some(TIMEOUT), ..d }),
+                _ => return Ok(d),
+            }
+        }
+    })()
+    .unwrap_or_else(|e| e.raise());
+    Answer { datum: decision_datum(&d), throw: NO_DENIAL }
 }
 
 /// The body of `rate_limit_all` and `check_rate_limit_all`; see `answer`.

@@ -14,6 +14,7 @@ pub const MAX_SHARDS: u32 = 1024;
 
 /// An inline config argument (SQL `jsonb`), parsed here rather than by pgrx's `JsonB`, which
 /// panics (XX000) on numbers jsonb accepts but a double cannot hold, such as 1e400.
+#[derive(Clone, Copy)]
 pub struct JsonbArg(pg_sys::Datum);
 
 impl FromDatum for JsonbArg {

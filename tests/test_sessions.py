@@ -380,6 +380,57 @@ def test_a_block_reaches_sessions_that_saw_none(db, name):
         assert limit(other, name, "k")[0]
 
 
+def wait(conn, name, key="k", timeout="30 seconds"):
+    return conn.execute(
+        "SELECT ok, granted, reason FROM rate_limiter.wait_rate_limit(%s, %s, timeout => %s::interval)",
+        (name, key, timeout),
+    ).fetchone()
+
+
+def test_wait_rate_limit_sleeps_until_retry_after_then_takes(db, name):
+    define(db, name, rate=10, period="1 second", capacity=1)
+    assert limit(db, name, "k")[0]
+    started = time.monotonic()
+    assert wait(db, name) == (True, 1, None)
+    assert time.monotonic() - started >= 0.05, "it slept until the token came back"
+
+
+def test_wait_rate_limit_returns_the_denial_when_the_wait_would_pass_the_timeout(db, name):
+    define(db, name, rate=1, period="1 hour")
+    assert limit(db, name, "k")[0]
+    assert wait(db, name, timeout="1 second") == (False, 0, "exhausted"), "did not wait"
+    # Under a pinned clock the token never comes back: it waits once (100 ms), then times out.
+    define(db, name + "_pinned", rate=10, period="1 second", capacity=1)
+    db.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
+    assert limit(db, name + "_pinned", "k")[0]
+    assert wait(db, name + "_pinned", timeout="150 milliseconds") == (False, 0, "timeout")
+
+
+def test_statement_timeout_ends_a_waiting_call(db, name):
+    define(db, name, rate=1, period="1 hour")
+    assert limit(db, name, "k")[0]
+    db.execute("SET statement_timeout = '200ms'")
+    with pytest.raises(errors.QueryCanceled):
+        wait(db, name, timeout="2 hours")
+
+
+def test_a_waiting_call_holds_no_row_lock(db, name):
+    define(db, name, rate=10, period="1 second", capacity=1)
+    result = []
+    with connect(autocommit=False) as waiter:
+        waiter.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
+        assert limit(waiter, name, "k")[0]
+        waiter.commit()
+        thread = threading.Thread(target=lambda: result.append(wait(waiter, name, timeout="5 seconds")))
+        thread.start()
+        time.sleep(0.3)  # the waiter is asleep between tries
+        db.execute("SET lock_timeout = '100ms'")
+        db.execute("SELECT rate_limiter.reset_rate_limit(%s, 'k')", (name,))  # needs the row's lock
+        thread.join()
+        waiter.commit()
+    assert result == [(True, 1, None)], "the reset refilled it, and the next try took it"
+
+
 def test_sixteen_sessions_creating_one_fresh_key_see_no_error(db, name):
     define(db, name, rate=1000)
     total, errs = hammer(name, sessions=16, calls=1, key="fresh")
