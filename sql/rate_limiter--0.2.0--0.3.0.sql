@@ -76,13 +76,18 @@ ALTER TABLE rate_limiter.limits
     ADD COLUMN mode text NOT NULL DEFAULT 'all' CHECK (mode IN ('all', 'partial', 'penalize')),
     ADD CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes CHECK (shards = 1 OR (min_gap IS NULL AND mode = 'all')),
     ADD COLUMN buckets integer CHECK (buckets BETWEEN 1 AND 64),
-    ADD CONSTRAINT limits_buckets_are_for_rolling_window CHECK (kind = 'rolling window' OR buckets IS NULL);
+    ADD CONSTRAINT limits_buckets_are_for_rolling_window CHECK (kind = 'rolling window' OR buckets IS NULL),
+    ADD COLUMN lock_timeout interval CHECK (lock_timeout >= interval '0'),
+    ADD COLUMN on_lock_timeout text NOT NULL DEFAULT 'deny' CHECK (on_lock_timeout IN ('deny', 'allow')),
+    ADD CONSTRAINT limits_one_row_per_key_for_lock_timeout CHECK (shards = 1 OR lock_timeout IS NULL);
+COMMENT ON COLUMN rate_limiter.limits.lock_timeout IS 'Most time a consuming call waits for a row another transaction holds; NULL waits as UPDATE does.';
+COMMENT ON COLUMN rate_limiter.limits.on_lock_timeout IS 'When lock_timeout passes: ''deny'' (ok = false) or ''allow'' (ok, granted = 0, unmetered); reason is ''lock_timeout'' either way.';
 COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a period is cut into, 1 to 64; NULL means 10.';
 COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted calls of one (name, key); NULL for none.';
 COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
 ALTER TABLE rate_limiter.state ADD COLUMN granted_at timestamptz;
 COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
-COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call), ''blocked'' (see rate_limiter.blocks) or ''timeout'' (wait_rate_limit waited and its timeout came first); NULL when ok.';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call), ''blocked'' (see rate_limiter.blocks), ''timeout'' (wait_rate_limit waited and its timeout came first) or ''lock_timeout'' (the row stayed locked past the limit''s lock_timeout; also with ok when on_lock_timeout is ''allow''); otherwise NULL.';
 
 -- define() takes the new settings. A function's arguments cannot change in place: create it
 -- again, and give back the EXECUTE grants it had.
@@ -107,16 +112,18 @@ BEGIN
         "start" timestamp with time zone DEFAULT NULL,
         "min_gap" interval DEFAULT NULL,
         "mode" TEXT DEFAULT 'all',
-        "buckets" INT DEFAULT NULL
+        "buckets" INT DEFAULT NULL,
+        "lock_timeout" interval DEFAULT NULL,
+        "on_lock_timeout" TEXT DEFAULT 'deny'
     ) RETURNS void
     VOLATILE SECURITY DEFINER PARALLEL UNSAFE
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'define_limit_wrapper';
-    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer) FROM PUBLIC;
-    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer) IS
+    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text) IS
         'Create or replace a named limit in rate_limiter.limits.';
     FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer) TO %I', grantee);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text) TO %I', grantee);
     END LOOP;
 END $$;
 

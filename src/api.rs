@@ -9,7 +9,7 @@
 
 use std::ffi::{c_char, CString};
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
@@ -351,25 +351,6 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
 /// `Decision::reason` of `wait_rate_limit` when it waited and the deadline came first.
 const TIMEOUT: &str = "timeout";
 
-/// Sleep on the process latch for `ms`, waking early only to serve interrupts (which
-/// `statement_timeout` and `pg_cancel_backend` raise here).
-fn sleep_ms(ms: f64) {
-    let until = Instant::now() + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
-    loop {
-        check_for_interrupts!();
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        let events = (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32;
-        // SAFETY: this backend's own latch, waited on and reset as PostgreSQL's own waits do.
-        unsafe {
-            pg_sys::WaitLatch(pg_sys::MyLatch, events, left.as_millis().max(1) as i64, pg_sys::PG_WAIT_EXTENSION);
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-        }
-    }
-}
-
 /// The body of `wait_rate_limit`: `rate_limit` again after each `retry_after` until it is
 /// granted or the next wait would pass `timeout` (real time, also under `fake_now`). Denied
 /// calls hold no row lock, so nothing of this call is held while it sleeps.
@@ -401,7 +382,7 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
             let left = timeout - started.elapsed().as_secs_f64() * 1000.0;
             match d.retry_after {
                 Some(retry_after) if !d.ok && retry_after <= left => {
-                    sleep_ms(retry_after);
+                    clock::sleep_ms(retry_after);
                     waited = true;
                 }
                 _ if !d.ok && waited => return Ok(Decision { reason: Some(TIMEOUT), ..d }),
@@ -603,6 +584,8 @@ fn define_limit(
     min_gap: default!(Option<Interval>, "NULL"),
     mode: default!(Option<&str>, "'all'"),
     buckets: default!(Option<i32>, "NULL"),
+    lock_timeout: default!(Option<Interval>, "NULL"),
+    on_lock_timeout: default!(Option<&str>, "'deny'"),
 ) {
     storage::prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
@@ -619,6 +602,8 @@ fn define_limit(
             min_gap,
             mode: mode.ok_or_else(|| required("mode"))?.to_owned(),
             buckets,
+            lock_timeout,
+            on_lock_timeout: on_lock_timeout.ok_or_else(|| required("on_lock_timeout"))?.to_owned(),
         };
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;

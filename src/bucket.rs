@@ -68,6 +68,28 @@ pub struct Config {
     pub mode: Mode,
     /// Rolling window: the cells a period is cut into (0 for the other kinds).
     pub buckets: u32,
+    /// Most milliseconds a consuming call waits for another transaction's row lock; `None`
+    /// waits as `UPDATE` does. Not arithmetic, but part of the limit's config.
+    pub lock_timeout: Option<f64>,
+    pub on_lock_timeout: OnLockTimeout,
+}
+
+/// What a call answers when `lock_timeout` passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnLockTimeout {
+    /// Denied, `reason = 'lock_timeout'`.
+    Deny,
+    /// Let through unmetered: ok, `granted = 0`, `reason = 'lock_timeout'`.
+    Allow,
+}
+
+impl OnLockTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnLockTimeout::Deny => "deny",
+            OnLockTimeout::Allow => "allow",
+        }
+    }
 }
 
 /// A rolling window's cells per period when not given: RisingStack's sampling is finer, but
@@ -461,6 +483,8 @@ mod tests {
             min_gap: None,
             mode: Mode::All,
             buckets: if kind == Kind::RollingWindow { DEFAULT_BUCKETS } else { 0 },
+            lock_timeout: None,
+            on_lock_timeout: OnLockTimeout::Deny,
         }
     }
 

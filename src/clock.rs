@@ -3,6 +3,8 @@
 
 use std::ffi::{CStr, CString};
 
+use std::time::{Duration, Instant};
+
 use pgrx::prelude::*;
 use pgrx::{direct_function_call, IntoDatum};
 
@@ -96,4 +98,23 @@ pub fn parse_timestamptz(text: &CStr) -> TimestampWithTimeZone {
         )
     }
     .expect("timestamptz_in never returns NULL")
+}
+
+/// Sleep on the process latch for `ms`, waking early only to serve interrupts (which
+/// `statement_timeout` and `pg_cancel_backend` raise here).
+pub fn sleep_ms(ms: f64) {
+    let until = Instant::now() + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+    loop {
+        check_for_interrupts!();
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        let events = (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32;
+        // SAFETY: this backend's own latch, waited on and reset as PostgreSQL's own waits do.
+        unsafe {
+            pg_sys::WaitLatch(pg_sys::MyLatch, events, left.as_millis().max(1) as i64, pg_sys::PG_WAIT_EXTENSION);
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+    }
 }

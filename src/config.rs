@@ -5,7 +5,7 @@
 use pgrx::prelude::*;
 use serde_json::{Map, Value};
 
-use crate::bucket::{Config, Kind, Mode, DEFAULT_BUCKETS, MAX_BUCKETS};
+use crate::bucket::{Config, Kind, Mode, OnLockTimeout, DEFAULT_BUCKETS, MAX_BUCKETS};
 use crate::clock;
 use crate::error::{Error, Result};
 
@@ -73,6 +73,8 @@ pub struct LimitRow {
     pub min_gap: Option<Interval>,
     pub mode: String,
     pub buckets: Option<i32>,
+    pub lock_timeout: Option<Interval>,
+    pub on_lock_timeout: String,
 }
 
 impl TryFrom<&LimitRow> for Config {
@@ -94,6 +96,8 @@ impl TryFrom<&LimitRow> for Config {
             min_gap: row.min_gap.map(clock::interval_ms),
             mode: parse_mode(&row.mode)?,
             buckets: buckets_for(kind, buckets)?,
+            lock_timeout: row.lock_timeout.map(clock::interval_ms),
+            on_lock_timeout: parse_on_lock_timeout(&row.on_lock_timeout)?,
         })
     }
 }
@@ -113,6 +117,8 @@ pub fn from_json(value: &Value) -> Result<Config> {
     let mut min_gap = None;
     let mut mode = None;
     let mut buckets = None;
+    let mut lock_timeout = None;
+    let mut on_lock_timeout = None;
     for (field, v) in object {
         match field.as_str() {
             "kind" => kind = Some(parse_kind(text_field(field, v)?)?),
@@ -125,10 +131,14 @@ pub fn from_json(value: &Value) -> Result<Config> {
             "minGap" | "min_gap" => min_gap = optional(v, |v| duration_field(field, v))?,
             "mode" => mode = optional(v, |v| parse_mode(text_field(field, v)?))?,
             "buckets" => buckets = optional(v, |v| buckets_number(number_field(field, v)?))?,
+            "lockTimeout" | "lock_timeout" => lock_timeout = optional(v, |v| duration_field(field, v))?,
+            "onLockTimeout" | "on_lock_timeout" => {
+                on_lock_timeout = optional(v, |v| parse_on_lock_timeout(text_field(field, v)?))?
+            }
             other => {
                 return Err(Error::InvalidConfig(format!(
                     "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, \
-                     start, minGap, mode, buckets)"
+                     start, minGap, mode, buckets, lockTimeout, onLockTimeout)"
                 )))
             }
         }
@@ -147,6 +157,8 @@ pub fn from_json(value: &Value) -> Result<Config> {
         min_gap,
         mode: mode.unwrap_or(Mode::All),
         buckets: buckets_for(kind, buckets)?,
+        lock_timeout,
+        on_lock_timeout: on_lock_timeout.unwrap_or(OnLockTimeout::Deny),
     })
 }
 
@@ -171,6 +183,10 @@ pub fn to_json(config: &Config) -> Value {
     object.insert("mode".into(), config.mode.as_str().into());
     if config.kind == Kind::RollingWindow {
         object.insert("buckets".into(), config.buckets.into());
+    }
+    if let Some(lock_timeout) = config.lock_timeout {
+        object.insert("lockTimeout".into(), number(lock_timeout));
+        object.insert("onLockTimeout".into(), config.on_lock_timeout.as_str().into());
     }
     Value::Object(object)
 }
@@ -213,6 +229,13 @@ fn validate(config: Config) -> Result<Config> {
     }
     if let Some(min_gap) = config.min_gap {
         non_negative("minGap", min_gap)?;
+    }
+    if let Some(lock_timeout) = config.lock_timeout {
+        non_negative("lockTimeout", lock_timeout)?;
+        if config.shards > 1 {
+            // A sharded call may hold one shard when it gives up on another.
+            return Err(Error::NotSupported("lockTimeout needs one row per key: use shards = 1".into()));
+        }
     }
     if config.shards > 1 && (config.mode != Mode::All || config.min_gap.is_some()) {
         return Err(Error::NotSupported(format!(
@@ -269,6 +292,14 @@ fn buckets_for(kind: Kind, buckets: Option<u32>) -> Result<u32> {
         (Kind::RollingWindow, b) => Ok(b.unwrap_or(DEFAULT_BUCKETS)),
         (_, None) => Ok(0),
         (_, Some(_)) => Err(Error::InvalidConfig("buckets applies only to a rolling window".into())),
+    }
+}
+
+fn parse_on_lock_timeout(policy: &str) -> Result<OnLockTimeout> {
+    match policy {
+        "deny" => Ok(OnLockTimeout::Deny),
+        "allow" => Ok(OnLockTimeout::Allow),
+        other => Err(Error::InvalidConfig(format!("unknown on_lock_timeout \"{other}\" (expected \"deny\" or \"allow\")"))),
     }
 }
 

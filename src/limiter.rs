@@ -10,8 +10,10 @@
 use pgrx::check_for_interrupts;
 use rand::seq::index::sample;
 
-use crate::bucket::{self, Config, Outcome, State, MIN_CHOOSE_TWO};
-use crate::clock;
+use std::time::{Duration, Instant};
+
+use crate::bucket::{self, Config, OnLockTimeout, Outcome, State, MIN_CHOOSE_TWO};
+use crate::clock::{self, sleep_ms};
 use crate::storage::{Created, Locked, Row, Slot, StateTable, Written};
 
 mod all;
@@ -148,11 +150,17 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     // gave up keep what they locked or created until the transaction ends).
     let mut busy: Vec<i32> = Vec::new();
     let mut held: Vec<i32> = Vec::new();
-    for round in 0..=SKIP_LOCKED_ROUNDS {
+    // With a lock_timeout, a call that must wait tries without waiting until the deadline
+    // instead, so that giving up aborts nothing and leaves no lock queued.
+    let deadline = config.lock_timeout.map(|ms| (Instant::now() + Duration::from_secs_f64(ms / 1000.0), ms));
+    let mut pause = LOCK_POLL_FIRST_MS;
+    let mut round = 0;
+    loop {
         check_for_interrupts!();
         // One shard has no other to turn to: queue for it at once.
-        let wait = round == SKIP_LOCKED_ROUNDS || config.shards == 1;
-        let pool = if wait { waitable(config.shards, &held) } else { (0..config.shards as i32).collect() };
+        let must_wait = round >= SKIP_LOCKED_ROUNDS || config.shards == 1;
+        let wait = must_wait && deadline.is_none();
+        let pool = if must_wait { waitable(config.shards, &held) } else { (0..config.shards as i32).collect() };
         let now = clock::now_ms();
         let looked = look(table, req, &per_shard, pick_shards(config.shards, &pool, &busy), now);
         let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
@@ -161,6 +169,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
         if taking.is_empty() {
             return decision(req, &outcome, config, &per_shard, now);
         }
+        let mut try_locking = true;
         if let [i] = taking[..] {
             // The common case, one row to write: write it without locking it first.
             let slot = slot(req, looked.shards[i]);
@@ -178,17 +187,50 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
                 Written::Done => return decision(req, &outcome, config, &per_shard, now),
                 Written::Busy => {
                     busy.push(slot.shard);
-                    continue;
+                    try_locking = false;
                 }
                 Written::Moved => {} // decide again on the newest version, locked
             }
         }
-        match lock_all(table, req, &per_shard, &looked, &taking, wait, &mut held) {
-            Some(locked) => return apply(table, req, config, &per_shard, &looked, &taking, locked),
-            None => busy.extend(taking.iter().map(|i| looked.shards[*i])),
+        if try_locking {
+            match lock_all(table, req, &per_shard, &looked, &taking, wait, &mut held) {
+                Some(locked) => return apply(table, req, config, &per_shard, &looked, &taking, locked),
+                None => busy.extend(taking.iter().map(|i| looked.shards[*i])),
+            }
+        }
+        match deadline {
+            Some((at, ms)) if must_wait => {
+                if Instant::now() >= at {
+                    return lock_timed_out(req, config, &decision(req, &outcome, config, &per_shard, now), ms);
+                }
+                sleep_ms(pause.min(at.saturating_duration_since(Instant::now()).as_secs_f64() * 1000.0));
+                pause = (pause * 2.0).min(LOCK_POLL_MAX_MS);
+            }
+            _ => round += 1,
         }
     }
-    unreachable!("the last round waits for its locks")
+}
+
+/// A lock_timeout's first pause between tries, doubled up to the last.
+const LOCK_POLL_FIRST_MS: f64 = 1.0;
+const LOCK_POLL_MAX_MS: f64 = 20.0;
+
+/// `Decision::reason` when the row stayed locked by another transaction past `lock_timeout`.
+pub const LOCK_TIMEOUT: &str = "lock_timeout";
+
+/// What a call whose row stayed locked past `lock_timeout` (`waited` ms) answers, by the
+/// limit's policy: denied, to retry after as long again; or let through unmetered.
+fn lock_timed_out(req: &Request<'_>, config: &Config, planned: &Decision, waited: f64) -> Decision {
+    let allow = config.on_lock_timeout == OnLockTimeout::Allow;
+    Decision {
+        ok: allow,
+        retry_after: (!allow).then_some(waited.max(1.0)),
+        remaining: planned.remaining,
+        reset_after: planned.reset_after,
+        granted: 0.0,
+        reason: Some(LOCK_TIMEOUT),
+        limited_by: Some(req.name.to_owned()),
+    }
 }
 
 /// Lock the rows of the shards at `taking` in ascending shard order, creating missing ones,

@@ -296,6 +296,11 @@ mod tests {
         assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'pen'"), Some(-10.0), "check writes nothing");
 
         fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', mode => 'some')", "22023", "unknown mode");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', on_lock_timeout => 'maybe')", "22023", "on_lock_timeout");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', shards => 2, lock_timeout => '1 s')", "0A000", "shards = 1");
+        let lt = r#"'{"kind":"token bucket","rate":1,"period":1000,"lockTimeout":"250 ms","onLockTimeout":"allow"}'"#;
+        let cfg = one::<pgrx::JsonB>(&format!("SELECT effective_config FROM rate_limiter.rate_limit_value('lt', config => {lt})")).unwrap();
+        assert_eq!((cfg.0["lockTimeout"].as_f64(), cfg.0["onLockTimeout"].as_str()), (Some(250.0), Some("allow")));
         fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', min_gap => '-1 s')", "22023", "minGap");
         fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', shards => 2, mode => 'partial')", "0A000", "shards = 1");
         fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', shards => 2, min_gap => '1 s')", "0A000", "shards = 1");

@@ -721,7 +721,8 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
 }
 
 /// Columns of rate_limiter.limits, in order: name, kind, rate, period, capacity,
-/// max_reserved, shards, start, min_gap, mode, buckets; NOT NULL where `required`.
+/// max_reserved, shards, start, min_gap, mode, buckets, lock_timeout, on_lock_timeout; NOT
+/// NULL where `required`.
 ///
 /// # Safety
 /// `tuple_slot` holds a row of `rate_limiter.limits`.
@@ -748,6 +749,8 @@ unsafe fn limit_row(tuple_slot: *mut pg_sys::TupleTableSlot) -> LimitRow {
         min_gap: from(column(9)),
         mode: from(column(10)).expect(required),
         buckets: from(column(11)),
+        lock_timeout: from(column(12)),
+        on_lock_timeout: from(column(13)).expect(required),
     }
 }
 
@@ -847,13 +850,15 @@ pub fn delete_block(name: Option<&str>, key: Option<&str>) -> bool {
 /// Insert or replace a named limit.
 pub fn upsert_limit(row: &LimitRow, name: &str) {
     let sql = "INSERT INTO rate_limiter.limits AS l \
-               (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+               (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, \
+                lock_timeout, on_lock_timeout) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
                ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
                period = excluded.period, capacity = excluded.capacity, \
                max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
-               min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets";
-    let args: [pgrx::datum::DatumWithOid<'_>; 11] = [
+               min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
+               lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout";
+    let args: [pgrx::datum::DatumWithOid<'_>; 13] = [
         name.into(),
         row.kind.as_str().into(),
         row.rate.into(),
@@ -865,6 +870,8 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
         row.min_gap.into(),
         row.mode.as_str().into(),
         row.buckets.into(),
+        row.lock_timeout.into(),
+        row.on_lock_timeout.as_str().into(),
     ];
     Spi::run_with_args(sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

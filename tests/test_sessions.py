@@ -431,6 +431,26 @@ def test_a_waiting_call_holds_no_row_lock(db, name):
     assert result == [(True, 1, None)], "the reset refilled it, and the next try took it"
 
 
+@pytest.mark.parametrize("policy", ["deny", "allow"])
+def test_lock_timeout_answers_by_policy_without_aborting_or_leaving_a_lock(db, name, policy):
+    define(db, name, rate=100, lock_timeout="200 milliseconds", on_lock_timeout=policy)
+    with connect(autocommit=False) as holder, connect(autocommit=False) as caller, connect() as third:
+        assert limit(holder, name, "k")[0]  # holds the row until it ends
+        row = caller.execute(
+            "SELECT ok, granted, reason, retry_after FROM rate_limiter.rate_limit(%s, 'k')", (name,)
+        ).fetchone()
+        expected = (False, 0, "lock_timeout", 200) if policy == "deny" else (True, 0, "lock_timeout", None)
+        assert row == expected
+        assert caller.execute("SELECT 1").fetchone() == (1,), "the caller's transaction goes on"
+        holder.commit()
+        # The caller, still in its transaction, holds no lock on the row.
+        third.execute("SET lock_timeout = '100ms'")
+        third.execute("SELECT rate_limiter.reset_rate_limit(%s, 'k')", (name,))
+        caller.commit()
+    with pytest.raises(errors.FeatureNotSupported):
+        define(db, name, rate=100, lock_timeout="1 second", shards=2)
+
+
 def test_sixteen_sessions_creating_one_fresh_key_see_no_error(db, name):
     define(db, name, rate=1000)
     total, errs = hammer(name, sessions=16, calls=1, key="fresh")
