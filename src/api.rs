@@ -16,8 +16,7 @@ use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
-use crate::blocks;
-use crate::bucket::{Config, Mode};
+use crate::bucket::{Config, Mode, Reason};
 use crate::cache;
 use crate::clock;
 use crate::config::{self, JsonbArg, LimitRow};
@@ -81,8 +80,8 @@ fn resolve(name: &str, inline: Option<JsonbArg>) -> Result<Config> {
 
 fn resolve_named(name: &str) -> Result<Config> {
     cache::config(name, || {
-            storage::load_limit(name)
-                .ok_or_else(|| Error::UnknownLimit(name.to_owned()))
+        storage::load_limit(name)
+            .ok_or_else(|| Error::UnknownLimit(name.to_owned()))
             .and_then(|row| Config::try_from(&row))
     })
 }
@@ -106,9 +105,8 @@ fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<
     let table = StateTable::open(consume.then_some(c"rate_limit()"));
     let config = resolve(req.name, inline)?;
     usable(req, &config)?;
-    let now = clock::now_ms();
-    if let Some(until) = blocks::blocked_until(req.name, req.key, now) {
-        return Ok(limiter::blocked(req, until, now));
+    if let Some(d) = limiter::blocked(req, clock::now_ms()) {
+        return Ok(d);
     }
     Ok(if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) })
 }
@@ -147,7 +145,7 @@ fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Denial> {
     let retry_after = d.retry_after.map_or("null".to_owned(), |r| r.to_string());
     // Denials other than for want of tokens say why; the usual one keeps Convex's shape.
     let reason = match d.reason {
-        Some(reason) if reason != "exhausted" => format!(r#","reason":"{reason}""#),
+        Some(reason) if reason != Reason::Exhausted.as_str() => format!(r#","reason":"{reason}""#),
         _ => String::new(),
     };
     let detail = format!(
@@ -348,9 +346,6 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
     Ok(parts)
 }
 
-/// `Decision::reason` of `wait_rate_limit` when it waited and the deadline came first.
-const TIMEOUT: &str = "timeout";
-
 /// The body of `wait_rate_limit`: `rate_limit` again after each `retry_after` until it is
 /// granted or the next wait would pass `timeout` (real time, also under `fake_now`). Denied
 /// calls hold no row lock, so nothing of this call is held while it sleeps.
@@ -385,7 +380,7 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
                     clock::sleep_ms(retry_after);
                     waited = true;
                 }
-                _ if !d.ok && waited => return Ok(Decision { reason: Some(TIMEOUT), ..d }),
+                _ if !d.ok && waited => return Ok(Decision { reason: Some(limiter::TIMEOUT), ..d }),
                 _ => return Ok(d),
             }
         }

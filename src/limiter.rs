@@ -12,6 +12,7 @@ use rand::seq::index::sample;
 
 use std::time::{Duration, Instant};
 
+use crate::blocks;
 use crate::bucket::{self, Config, OnLockTimeout, Outcome, State, MIN_CHOOSE_TWO};
 use crate::clock::{self, sleep_ms};
 use crate::storage::{Created, Locked, Row, Slot, StateTable, Written};
@@ -45,7 +46,6 @@ pub struct Decision {
     /// The name of the limit that denied it.
     pub limited_by: Option<String>,
 }
-
 
 /// The shards one call looks at, their rows when they exist and their states (fresh when
 /// never written).
@@ -118,11 +118,15 @@ fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &C
 /// `Decision::reason` of a blocked (name, key).
 pub const BLOCKED: &str = "blocked";
 
-/// The denial of a (name, key) blocked until `until` (ms; infinite for ever): its state is
-/// neither read nor written, so `remaining` is 0.
-pub fn blocked(req: &Request<'_>, until: f64, now: f64) -> Decision {
+/// `Decision::reason` of `wait_rate_limit` when it waited and the deadline came first.
+pub const TIMEOUT: &str = "timeout";
+
+/// The denial of `req` if its (name, key) is blocked at `now`: its state is neither read nor
+/// written, so `remaining` is 0; an indefinite block has no `retry_after`.
+pub fn blocked(req: &Request<'_>, now: f64) -> Option<Decision> {
+    let until = blocks::blocked_until(req.name, req.key, now)?;
     let retry_after = until.is_finite().then_some(until - now);
-    Decision {
+    Some(Decision {
         ok: false,
         retry_after,
         remaining: 0.0,
@@ -130,7 +134,7 @@ pub fn blocked(req: &Request<'_>, until: f64, now: f64) -> Decision {
         granted: 0.0,
         reason: Some(BLOCKED),
         limited_by: Some(req.name.to_owned()),
-    }
+    })
 }
 
 /// Answer without writing or locking anything (`check_rate_limit`).

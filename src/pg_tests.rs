@@ -66,6 +66,22 @@ mod tests {
         ));
     }
 
+    /// Run `sql`, assert it raises `RL429`, and return that error's DETAIL as JSON.
+    fn rl429_detail(sql: &str) -> serde_json::Value {
+        let escaped = sql.replace('\'', "''");
+        run(&format!(
+            "DO $t$ DECLARE det text; BEGIN
+                 EXECUTE '{escaped}';
+                 RAISE 'expected RL429 from {escaped}';
+             EXCEPTION WHEN SQLSTATE 'RL429' THEN
+                 GET STACKED DIAGNOSTICS det = PG_EXCEPTION_DETAIL;
+                 PERFORM set_config('rate_limiter_test.detail', det, true);
+             END $t$"
+        ));
+        let detail = one::<String>("SELECT current_setting('rate_limiter_test.detail')").unwrap();
+        serde_json::from_str(&detail).unwrap_or_else(|e| panic!("{detail}: {e}"))
+    }
+
     const TB: &str = r#"'{"kind":"token bucket","rate":10,"period":60000}'"#;
     const FW: &str = r#"'{"kind":"fixed window","rate":10,"period":60000,"start":1767225600000}'"#;
 
@@ -383,12 +399,10 @@ mod tests {
         let d = all(3);
         assert!(!d.ok && d.retry_after.unwrap() > 800_000.0, "{d:?}");
         assert_eq!(one::<String>(&format!("SELECT limited_by FROM rate_limiter.rate_limit_all({})", both(3))).as_deref(), Some("per_hour"));
-        run(r#"DO $$ DECLARE det text; BEGIN
-                 PERFORM rate_limiter.rate_limit_all('[{"name":"per_min","key":"u"},{"name":"per_hour","key":"u","count":3}]', throws => true);
-               EXCEPTION WHEN SQLSTATE 'RL429' THEN
-                 GET STACKED DIAGNOSTICS det = PG_EXCEPTION_DETAIL;
-                 IF det::jsonb->>'name' <> 'per_hour' OR det::jsonb->>'key' <> 'u' THEN RAISE 'detail %', det; END IF;
-               END $$"#);
+        let detail = rl429_detail(
+            r#"SELECT rate_limiter.rate_limit_all('[{"name":"per_min","key":"u"},{"name":"per_hour","key":"u","count":3}]', throws => true)"#,
+        );
+        assert_eq!((&detail["name"], &detail["key"]), (&serde_json::json!("per_hour"), &serde_json::json!("u")), "{detail}");
         // Inline configs, default count and key.
         let inline = r#"'[{"name":"a","config":{"kind":"fixed window","rate":1,"period":1000}},{"name":"per_min"}]'"#;
         assert!(decide(&format!("rate_limiter.rate_limit_all({inline})")).ok);
@@ -493,14 +507,10 @@ mod tests {
         run("SELECT rate_limiter.block(NULL, 'evil')");
         let inline = r#"'{"kind":"fixed window","rate":5,"period":1000}'"#;
         assert_eq!(why(&format!("rate_limiter.rate_limit('x', 'evil', config => {inline})")), (None, Some("blocked".into()), Some("x".into())));
-        run(r#"DO $$ DECLARE det text; BEGIN
-                 PERFORM rate_limiter.rate_limit('api', 'evil', throws => true);
-                 RAISE 'no RL429';
-               EXCEPTION WHEN SQLSTATE 'RL429' THEN
-                 GET STACKED DIAGNOSTICS det = PG_EXCEPTION_DETAIL;
-                 IF det::jsonb <> '{"kind":"RateLimited","name":"api","key":"evil","retryAfter":null,"reason":"blocked"}'::jsonb
-                   THEN RAISE 'detail %', det; END IF;
-               END $$"#);
+        assert_eq!(
+            rl429_detail("SELECT rate_limiter.rate_limit('api', 'evil', throws => true)"),
+            serde_json::json!({"kind":"RateLimited","name":"api","key":"evil","retryAfter":null,"reason":"blocked"})
+        );
         let all = r#"'[{"name":"api","key":"good"},{"name":"api","key":"evil"}]'"#;
         assert_eq!(why(&format!("rate_limiter.rate_limit_all({all})")), (None, Some("blocked".into()), Some("api".into())));
         // Ended blocks are ignored, and prune() removes them.
@@ -537,14 +547,10 @@ mod tests {
         fails("SELECT rate_limiter.check_rate_limit('t', 'k', throws => true)", "RL429", "exceeded");
         // With reserve, it raises whenever the caller would have to wait.
         fails("SELECT rate_limiter.rate_limit('t', 'k', reserve => true, throws => true)", "RL429", "exceeded");
-        run(r#"DO $$ DECLARE det text; BEGIN
-                 PERFORM rate_limiter.rate_limit('t', 'k', throws => true);
-               EXCEPTION WHEN SQLSTATE 'RL429' THEN
-                 GET STACKED DIAGNOSTICS det = PG_EXCEPTION_DETAIL;
-                 IF det::jsonb <> '{"kind":"RateLimited","name":"t","key":"k","retryAfter":1000}'::jsonb THEN
-                   RAISE 'detail %', det;
-                 END IF;
-               END $$"#);
+        assert_eq!(
+            rl429_detail("SELECT rate_limiter.rate_limit('t', 'k', throws => true)"),
+            serde_json::json!({"kind":"RateLimited","name":"t","key":"k","retryAfter":1000})
+        );
         // The raise rolled the reservation back.
         assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 't'"), Some(0.0));
     }

@@ -618,7 +618,7 @@ unsafe fn is_key_copy(index: pg_sys::Relation) -> bool {
 /// # Safety
 /// `index` is an open index of the open `heap`; `tuple_slot` is a slot of `heap`; `snapshot`
 /// is valid for the scan.
-pub(crate) unsafe fn probe(
+unsafe fn probe(
     heap: pg_sys::Relation,
     index: pg_sys::Relation,
     snapshot: pg_sys::Snapshot,
@@ -663,7 +663,7 @@ unsafe fn equal_key(index: pg_sys::Relation, attno: i16, procedure: u32, value: 
 ///
 /// # Safety
 /// `index` is open and has a text column `attno`.
-pub(crate) unsafe fn text_key(index: pg_sys::Relation, attno: i16, value: Option<&str>) -> pg_sys::ScanKeyData {
+unsafe fn text_key(index: pg_sys::Relation, attno: i16, value: Option<&str>) -> pg_sys::ScanKeyData {
     match value {
         // SAFETY: the caller's promise.
         Some(v) => unsafe { equal_key(index, attno, pg_sys::F_TEXTEQ, text(v)) },
@@ -701,56 +701,80 @@ unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKey
     }
 }
 
-/// The named limit's row, if any, as committed now (the config cache is refilled from here
-/// after every change, so it must not see an older snapshot's version).
-pub fn load_limit(name: &str) -> Option<LimitRow> {
-    let relations = cache::relations();
-    let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-    // SAFETY: the extension's table and its primary key, opened, scanned and closed here.
-    unsafe {
-        let heap = pg_sys::table_open(relations.limits, lockmode);
-        let index = pg_sys::index_open(relations.limits_key, lockmode);
-        let mut keys = [equal_key(index, 1, pg_sys::F_TEXTEQ, text(name))];
-        let tuple_slot = pg_sys::table_slot_create(heap, null_mut());
-        let row = probe(heap, index, pg_sys::GetLatestSnapshot(), &mut keys, tuple_slot).then(|| limit_row(tuple_slot));
-        pg_sys::ExecDropSingleTupleTableSlot(tuple_slot);
-        pg_sys::index_close(index, pg_sys::NoLock as _);
-        pg_sys::table_close(heap, pg_sys::NoLock as _);
-        row
+/// One of the extension's small tables (limits, blocks) opened for lookups through its
+/// unique index, as committed now: configs and blocks are read at their newest, never as of
+/// an older snapshot (their caches are refilled from here after every change). Closed on
+/// drop.
+pub struct Lookup {
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    tuple_slot: *mut pg_sys::TupleTableSlot,
+}
+
+impl Lookup {
+    pub fn open(table: pg_sys::Oid, index: pg_sys::Oid) -> Lookup {
+        let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        // SAFETY: the extension's table and its index (OIDs from the cache), closed on drop.
+        unsafe {
+            let heap = pg_sys::table_open(table, lockmode);
+            let index = pg_sys::index_open(index, lockmode);
+            Lookup { heap, index, tuple_slot: pg_sys::table_slot_create(heap, null_mut()) }
+        }
+    }
+
+    /// Whether a row has these values (`None`: NULL) in the index's leading text columns;
+    /// it is then the current row. No values: whether there is any row.
+    pub fn find(&self, values: &[Option<&str>]) -> bool {
+        // SAFETY: the index is open and its leading columns are text (the callers' tables).
+        let mut keys: Vec<pg_sys::ScanKeyData> =
+            values.iter().zip(1..).map(|(v, attno)| unsafe { text_key(self.index, attno, *v) }).collect();
+        // SAFETY: relations and slot are open; the latest snapshot outlives the scan.
+        unsafe { probe(self.heap, self.index, pg_sys::GetLatestSnapshot(), &mut keys, self.tuple_slot) }
+    }
+
+    /// Column `attno` of the current row, of type `T` (the tables are the extension's).
+    pub fn column<T: FromDatum>(&self, attno: i32) -> Option<T> {
+        let mut isnull = false;
+        // SAFETY: the slot holds the row `find` found; `T` is the column's type.
+        unsafe { T::from_datum(pg_sys::slot_getattr(self.tuple_slot, attno, &mut isnull), isnull) }
     }
 }
 
-/// Columns of rate_limiter.limits, in order: name, kind, rate, period, capacity,
-/// max_reserved, shards, start, min_gap, mode, buckets, lock_timeout, on_lock_timeout; NOT
-/// NULL where `required`.
-///
-/// # Safety
-/// `tuple_slot` holds a row of `rate_limiter.limits`.
-unsafe fn limit_row(tuple_slot: *mut pg_sys::TupleTableSlot) -> LimitRow {
-    let column = |attno: i32| {
-        let mut isnull = false;
-        // SAFETY: the caller's promise; every attno below is a column of limits.
-        let datum = unsafe { pg_sys::slot_getattr(tuple_slot, attno, &mut isnull) };
-        (datum, isnull)
-    };
-    fn from<T: FromDatum>((datum, isnull): (Datum, bool)) -> Option<T> {
-        // SAFETY: the column's type is T's (the table is the extension's).
-        unsafe { T::from_datum(datum, isnull) }
+impl Drop for Lookup {
+    fn drop(&mut self) {
+        // SAFETY: opened in `open`, closed once; the locks stay to the end of the transaction.
+        unsafe {
+            pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
+            pg_sys::index_close(self.index, pg_sys::NoLock as _);
+            pg_sys::table_close(self.heap, pg_sys::NoLock as _);
+        }
     }
+}
+
+/// The named limit's row, if any, as committed now.
+pub fn load_limit(name: &str) -> Option<LimitRow> {
+    let relations = cache::relations();
+    let limits = Lookup::open(relations.limits, relations.limits_key);
+    limits.find(&[Some(name)]).then(|| limit_row(&limits))
+}
+
+/// The current row of `limits`: name, kind, rate, period, capacity, max_reserved, shards,
+/// start, min_gap, mode, buckets, lock_timeout, on_lock_timeout; NOT NULL where `required`.
+fn limit_row(limits: &Lookup) -> LimitRow {
     let required = "NOT NULL column of rate_limiter.limits";
     LimitRow {
-        kind: from(column(2)).expect(required),
-        rate: from(column(3)).expect(required),
-        period: from(column(4)).expect(required),
-        capacity: from(column(5)),
-        max_reserved: from(column(6)),
-        shards: from(column(7)).expect(required),
-        start: from(column(8)),
-        min_gap: from(column(9)),
-        mode: from(column(10)).expect(required),
-        buckets: from(column(11)),
-        lock_timeout: from(column(12)),
-        on_lock_timeout: from(column(13)).expect(required),
+        kind: limits.column(2).expect(required),
+        rate: limits.column(3).expect(required),
+        period: limits.column(4).expect(required),
+        capacity: limits.column(5),
+        max_reserved: limits.column(6),
+        shards: limits.column(7).expect(required),
+        start: limits.column(8),
+        min_gap: limits.column(9),
+        mode: limits.column(10).expect(required),
+        buckets: limits.column(11),
+        lock_timeout: limits.column(12),
+        on_lock_timeout: limits.column(13).expect(required),
     }
 }
 

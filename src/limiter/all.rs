@@ -6,7 +6,6 @@
 //! order queue instead of deadlocking; then every request is decided again on its locked
 //! rows with the clock read after locking, and all are written or none.
 
-use crate::blocks;
 use crate::bucket::{self, Config};
 use crate::clock;
 use crate::storage::StateTable;
@@ -24,15 +23,11 @@ pub struct Part<'a> {
 pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> (Decision, usize) {
     let now = clock::now_ms();
     // A blocked request denies all, with no state read.
-    let blocked: Vec<Decision> = parts
-        .iter()
-        .map(|p| match blocks::blocked_until(p.req.name, p.req.key, now) {
-            Some(until) => blocked(&p.req, until, now),
-            None => Decision { ok: true, retry_after: None, remaining: f64::INFINITY, reset_after: 0.0, granted: 0.0, reason: None, limited_by: None },
-        })
-        .collect();
-    if blocked.iter().any(|d| !d.ok) {
-        return combine(blocked);
+    let (blocked_parts, denials): (Vec<usize>, Vec<Decision>) =
+        parts.iter().enumerate().filter_map(|(i, p)| blocked(&p.req, now).map(|d| (i, d))).unzip();
+    if !denials.is_empty() {
+        let (d, j) = combine(denials);
+        return (d, blocked_parts[j]);
     }
     let per_shard: Vec<Config> = parts.iter().map(|p| p.config.per_shard()).collect();
     let looked: Vec<_> = parts
