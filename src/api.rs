@@ -105,7 +105,7 @@ fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<
     let table = StateTable::open(consume.then_some(c"rate_limit()"));
     let config = resolve(req.name, inline)?;
     usable(req, &config)?;
-    if let Some(d) = limiter::blocked(req, clock::now_ms()) {
+    if let Some(d) = limiter::blocked(req) {
         return Ok(d);
     }
     Ok(if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) })

@@ -11,9 +11,10 @@ use crate::storage::Lookup;
 /// sql/bootstrap.sql). Its unique index is on (key, name).
 const UNTIL: i32 = 3;
 
-/// Until when (ms; infinite for ever) `name`'s `key` is blocked at `now`, if it is: the later
-/// of its own block and the key's block under every limit. As committed now, as configs are.
-pub fn blocked_until(name: &str, key: Option<&str>, now: f64) -> Option<f64> {
+/// Until when (ms; infinite for ever) `name`'s `key` has a block, if it has one, ended or
+/// not: the later of its own block and the key's block under every limit. As committed now,
+/// as configs are.
+pub fn blocked_until(name: &str, key: Option<&str>) -> Option<f64> {
     let relations = cache::relations();
     let open = || Lookup::open(relations.blocks, relations.blocks_key);
     if !cache::any_blocks(|| open().find(&[])) {
@@ -25,5 +26,4 @@ pub fn blocked_until(name: &str, key: Option<&str>, now: f64) -> Option<f64> {
         .filter_map(|n| blocks.find(&[key, n]).then(|| blocks.column(UNTIL)).flatten())
         .map(clock::timestamptz_ms)
         .reduce(f64::max)
-        .filter(|until| *until > now)
 }

@@ -121,10 +121,15 @@ pub const BLOCKED: &str = "blocked";
 /// `Decision::reason` of `wait_rate_limit` when it waited and the deadline came first.
 pub const TIMEOUT: &str = "timeout";
 
-/// The denial of `req` if its (name, key) is blocked at `now`: its state is neither read nor
-/// written, so `remaining` is 0; an indefinite block has no `retry_after`.
-pub fn blocked(req: &Request<'_>, now: f64) -> Option<Decision> {
-    let until = blocks::blocked_until(req.name, req.key, now)?;
+/// The denial of `req` if its (name, key) is blocked now: its state is neither read nor
+/// written, so `remaining` is 0; an indefinite block has no `retry_after`. Reads the clock
+/// only when there is a block.
+pub fn blocked(req: &Request<'_>) -> Option<Decision> {
+    let until = blocks::blocked_until(req.name, req.key)?;
+    let now = clock::now_ms();
+    if until <= now {
+        return None;
+    }
     let retry_after = until.is_finite().then_some(until - now);
     Some(Decision {
         ok: false,

@@ -21,14 +21,14 @@ pub struct Part<'a> {
 /// The decision for all parts, and the index of the part that limits it (on a denial, the
 /// one that waits longest).
 pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> (Decision, usize) {
-    let now = clock::now_ms();
     // A blocked request denies all, with no state read.
     let (blocked_parts, denials): (Vec<usize>, Vec<Decision>) =
-        parts.iter().enumerate().filter_map(|(i, p)| blocked(&p.req, now).map(|d| (i, d))).unzip();
+        parts.iter().enumerate().filter_map(|(i, p)| blocked(&p.req).map(|d| (i, d))).unzip();
     if !denials.is_empty() {
         let (d, j) = combine(denials);
         return (d, blocked_parts[j]);
     }
+    let now = clock::now_ms();
     let per_shard: Vec<Config> = parts.iter().map(|p| p.config.per_shard()).collect();
     let looked: Vec<_> = parts
         .iter()
