@@ -232,16 +232,16 @@ fn validate(config: Config) -> Result<Config> {
     }
     if let Some(lock_timeout) = config.lock_timeout {
         non_negative("lockTimeout", lock_timeout)?;
-        if config.shards > 1 {
-            // A sharded call may hold one shard when it gives up on another.
-            return Err(Error::NotSupported("lockTimeout needs one row per key: use shards = 1".into()));
-        }
     }
-    if config.shards > 1 && (config.mode != Mode::All || config.min_gap.is_some()) {
-        return Err(Error::NotSupported(format!(
-            "{} needs one row per key: use shards = 1",
-            if config.min_gap.is_some() { "minGap".to_owned() } else { format!("mode '{}'", config.mode.as_str()) }
-        )));
+    // Settings that need one row per key: a sharded call spreads a key over rows (and may
+    // hold one shard when it gives up on another).
+    let per_key = [
+        config.min_gap.map(|_| "minGap".to_owned()),
+        (config.mode != Mode::All).then(|| format!("mode '{}'", config.mode.as_str())),
+        config.lock_timeout.map(|_| "lockTimeout".to_owned()),
+    ];
+    if let Some(setting) = per_key.into_iter().flatten().next().filter(|_| config.shards > 1) {
+        return Err(Error::NotSupported(format!("{setting} needs one row per key: use shards = 1")));
     }
     if config.kind.capacity_is_rate() {
         let kind = config.kind.as_str();

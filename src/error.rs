@@ -96,8 +96,9 @@ impl Error {
                  ALTER TYPE."
             }
             Error::NotSupported(_) => {
-                "Reservations (reserve => true, maxReserved) need a token bucket or a fixed window, \
-                 whose value can go below zero; call without reserve, or use one of those kinds."
+                "Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in \
+                 mode 'all'; minGap, modes other than 'all' and lockTimeout need shards = 1; \
+                 rate_limit_all takes limits in mode 'all' only."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \
