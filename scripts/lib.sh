@@ -63,7 +63,10 @@ start_cluster() {
 }
 
 # Room for the benchmark's million-row tables in memory, and checkpoints only when asked.
-CLUSTER_SETTINGS="-c shared_buffers=1GB -c max_wal_size=16GB -c checkpoint_timeout=1h"
+# The library is preloaded for its statistics; the prune worker stays off so that it never
+# changes state rows under a test or a benchmark.
+CLUSTER_SETTINGS="-c shared_buffers=1GB -c max_wal_size=16GB -c checkpoint_timeout=1h \
+    -c shared_preload_libraries=rate_limiter -c rate_limiter.prune_interval=0"
 
 # Restart so that the current CLUSTER_SETTINGS apply.
 restart_cluster() {

@@ -10,7 +10,8 @@ as_root chown postgres: /tmp/rate_limiter_pgrx_test
 (cd "$ROOT" && cargo pgrx test pg15 --runas postgres --pgdata /tmp/rate_limiter_pgrx_test/pg15)
 # cargo pgrx test installed its test build; install the real one for the cluster tests.
 build_and_install
-start_cluster
+# A preloading server keeps the library it started with: restart it.
+restart_cluster
 step "tier 3: deterministic interleavings (pg_isolation_regress)"
 ISOLATION_OUT=/tmp/rate_limiter_isolation
 rm -rf "$ISOLATION_OUT" && mkdir -p "$ISOLATION_OUT"

@@ -103,6 +103,31 @@ COMMENT ON FUNCTION rate_limiter.prune(integer) IS
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
     'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits and rate_limiter.blocks.';
 
+-- Statistics (shared memory; see src/stats.rs).
+CREATE VIEW rate_limiter.stats AS SELECT * FROM rate_limiter._stats();
+COMMENT ON VIEW rate_limiter.stats IS
+    'Consuming calls per limit name since the server started or stats_reset (attempts: calls whose transaction rolls back count too). Needs shared_preload_libraries = ''rate_limiter''; empty otherwise.';
+COMMENT ON COLUMN rate_limiter.stats.name IS 'Limit name; ''*other*'' counts every name beyond rate_limiter.stats_max_names.';
+COMMENT ON COLUMN rate_limiter.stats.calls IS 'Consuming calls (rate_limit, wait_rate_limit, each limit of rate_limit_all); allowed + denied.';
+COMMENT ON COLUMN rate_limiter.stats.allowed IS 'Calls answered ok (reservations and on_lock_timeout = ''allow'' included).';
+COMMENT ON COLUMN rate_limiter.stats.denied IS 'Calls answered not ok, whatever the reason.';
+COMMENT ON COLUMN rate_limiter.stats.tokens_granted IS 'Tokens taken by allowed calls that may go now.';
+COMMENT ON COLUMN rate_limiter.stats.tokens_reserved IS 'Tokens taken by reservations that must wait (ok with retry_after).';
+COMMENT ON COLUMN rate_limiter.stats.last_allowed_at IS 'When the last allowed call was counted; NULL if none since stats_reset.';
+COMMENT ON COLUMN rate_limiter.stats.last_denied_at IS 'When the last denied call was counted; NULL if none since stats_reset.';
+COMMENT ON COLUMN rate_limiter.stats.stats_reset IS 'When this row started counting: its first call, or the last stats_reset of it.';
+CREATE VIEW rate_limiter.top_denied AS SELECT * FROM rate_limiter._top_denied();
+COMMENT ON VIEW rate_limiter.top_denied IS
+    'The most denied keys per limit name, approximately: a space-saving sketch of 64 keys per name. Needs shared_preload_libraries = ''rate_limiter''.';
+COMMENT ON COLUMN rate_limiter.top_denied.name IS 'Limit name, as in rate_limiter.stats.';
+COMMENT ON COLUMN rate_limiter.top_denied.key IS 'The key (NULL for the global key); keys over 62 bytes are shown cut, ending in …';
+COMMENT ON COLUMN rate_limiter.top_denied.denied IS 'Denials counted for the key: at least the true count, at most approximate_error more.';
+COMMENT ON COLUMN rate_limiter.top_denied.approximate_error IS 'How many of denied may belong to keys this one replaced in the sketch; 0 means exact.';
+COMMENT ON FUNCTION rate_limiter._stats() IS 'Internal: the rows of rate_limiter.stats.';
+COMMENT ON FUNCTION rate_limiter._top_denied() IS 'Internal: the rows of rate_limiter.top_denied.';
+COMMENT ON FUNCTION rate_limiter.stats_reset(text) IS
+    'Zero the statistics and top denied keys of one limit name, or of all when NULL; returns how many rows of rate_limiter.stats were reset.';
+
 -- Nothing is open to PUBLIC: grant USAGE on the schema and EXECUTE on the functions a role
 -- needs (see the README). The tables stay private; the functions are the only way in.
 REVOKE ALL ON ALL TABLES IN SCHEMA rate_limiter FROM PUBLIC;

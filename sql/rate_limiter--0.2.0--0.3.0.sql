@@ -243,3 +243,58 @@ AS 'MODULE_PATHNAME', 'wait_rate_limit_fmgr';
 REVOKE ALL ON FUNCTION rate_limiter.wait_rate_limit(text, text, double precision, interval, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION rate_limiter.wait_rate_limit(text, text, double precision, interval, jsonb) IS
     'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';
+
+-- Statistics.
+CREATE FUNCTION rate_limiter._stats() RETURNS TABLE (
+    name text,
+    calls bigint,
+    allowed bigint,
+    denied bigint,
+    tokens_granted double precision,
+    tokens_reserved double precision,
+    last_allowed_at timestamptz,
+    last_denied_at timestamptz,
+    stats_reset timestamptz
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', '_stats_wrapper';
+CREATE FUNCTION rate_limiter._top_denied() RETURNS TABLE (
+    name text,
+    key text,
+    denied bigint,
+    approximate_error bigint
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', '_top_denied_wrapper';
+CREATE FUNCTION rate_limiter.stats_reset(name text DEFAULT NULL) RETURNS bigint
+VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
+
+CREATE VIEW rate_limiter.stats AS SELECT * FROM rate_limiter._stats();
+COMMENT ON VIEW rate_limiter.stats IS
+    'Consuming calls per limit name since the server started or stats_reset (attempts: calls whose transaction rolls back count too). Needs shared_preload_libraries = ''rate_limiter''; empty otherwise.';
+COMMENT ON COLUMN rate_limiter.stats.name IS 'Limit name; ''*other*'' counts every name beyond rate_limiter.stats_max_names.';
+COMMENT ON COLUMN rate_limiter.stats.calls IS 'Consuming calls (rate_limit, wait_rate_limit, each limit of rate_limit_all); allowed + denied.';
+COMMENT ON COLUMN rate_limiter.stats.allowed IS 'Calls answered ok (reservations and on_lock_timeout = ''allow'' included).';
+COMMENT ON COLUMN rate_limiter.stats.denied IS 'Calls answered not ok, whatever the reason.';
+COMMENT ON COLUMN rate_limiter.stats.tokens_granted IS 'Tokens taken by allowed calls that may go now.';
+COMMENT ON COLUMN rate_limiter.stats.tokens_reserved IS 'Tokens taken by reservations that must wait (ok with retry_after).';
+COMMENT ON COLUMN rate_limiter.stats.last_allowed_at IS 'When the last allowed call was counted; NULL if none since stats_reset.';
+COMMENT ON COLUMN rate_limiter.stats.last_denied_at IS 'When the last denied call was counted; NULL if none since stats_reset.';
+COMMENT ON COLUMN rate_limiter.stats.stats_reset IS 'When this row started counting: its first call, or the last stats_reset of it.';
+CREATE VIEW rate_limiter.top_denied AS SELECT * FROM rate_limiter._top_denied();
+COMMENT ON VIEW rate_limiter.top_denied IS
+    'The most denied keys per limit name, approximately: a space-saving sketch of 64 keys per name. Needs shared_preload_libraries = ''rate_limiter''.';
+COMMENT ON COLUMN rate_limiter.top_denied.name IS 'Limit name, as in rate_limiter.stats.';
+COMMENT ON COLUMN rate_limiter.top_denied.key IS 'The key (NULL for the global key); keys over 62 bytes are shown cut, ending in …';
+COMMENT ON COLUMN rate_limiter.top_denied.denied IS 'Denials counted for the key: at least the true count, at most approximate_error more.';
+COMMENT ON COLUMN rate_limiter.top_denied.approximate_error IS 'How many of denied may belong to keys this one replaced in the sketch; 0 means exact.';
+COMMENT ON FUNCTION rate_limiter._stats() IS 'Internal: the rows of rate_limiter.stats.';
+COMMENT ON FUNCTION rate_limiter._top_denied() IS 'Internal: the rows of rate_limiter.top_denied.';
+COMMENT ON FUNCTION rate_limiter.stats_reset(text) IS
+    'Zero the statistics and top denied keys of one limit name, or of all when NULL; returns how many rows of rate_limiter.stats were reset.';
+REVOKE ALL ON TABLE rate_limiter.stats, rate_limiter.top_denied FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter._stats(), rate_limiter._top_denied(), rate_limiter.stats_reset(text) FROM PUBLIC;

@@ -12,6 +12,7 @@ use std::ptr::null_mut;
 use std::time::Instant;
 
 use pgrx::fcinfo::pg_getarg;
+use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -22,7 +23,8 @@ use crate::clock;
 use crate::config::{self, JsonbArg, LimitRow};
 use crate::error::{self, Error, Result};
 use crate::http;
-use crate::limiter::{self, Decision, Part, Request};
+use crate::limiter::{self, Decided, Decision, Part, Request};
+use crate::stats;
 use crate::storage::{self, StateTable};
 
 pub const MAX_NAME_BYTES: usize = 128;
@@ -186,6 +188,9 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> A
     };
     let req = request(name, key, count, reserve, inline.is_some()).unwrap_or_else(|e| e.raise());
     let d = decide(&req, inline, consume).unwrap_or_else(|e| e.raise());
+    if consume {
+        stats::record(req.name, req.key, &d, true);
+    }
     let datum = decision_datum(&d);
     let throw = match throws {
         Some(true) => denial(&d, req.name, req.key).unwrap_or(NO_DENIAL),
@@ -386,6 +391,8 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
         }
     })()
     .unwrap_or_else(|e| e.raise());
+    // Counted once, as its last try answered.
+    stats::record(name.unwrap_or_default(), key, &d, true);
     Answer { datum: decision_datum(&d), throw: NO_DENIAL }
 }
 
@@ -406,8 +413,16 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
     // Open the table first: its lock takes in pending invalidations of cached configs.
     let table = StateTable::open(consume.then_some(c"rate_limit_all()"));
     let parts = parts(&requests, reserve.unwrap_or(false)).unwrap_or_else(|e| e.raise());
-    let (d, limiting) = limiter::decide_all(&table, &parts, consume);
+    let Decided { all: d, limiting, parts: decisions } = limiter::decide_all(&table, &parts, consume);
     drop(table);
+    if consume {
+        // A call counts under every limit it names: allowed with what each granted, or
+        // denied under all, with the key in the sketch of the one that limited it.
+        for (i, part) in parts.iter().enumerate() {
+            let own = decisions.get(i).filter(|_| d.ok).unwrap_or(&d);
+            stats::record(part.req.name, part.req.key, own, i == limiting);
+        }
+    }
     let datum = decision_datum(&d);
     let throw = match throws {
         Some(true) => denial(&d, parts[limiting].req.name, parts[limiting].req.key).unwrap_or(NO_DENIAL),
@@ -632,4 +647,80 @@ pub extern "C" fn pg_finfo_define_wrapper() -> &'static pg_sys::Pg_finfo_record 
 #[pg_guard]
 pub unsafe extern "C-unwind" fn define_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
     error::Error::ExtensionOutdated.raise()
+}
+
+thread_local! {
+    static TOLD_STATS_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Without the shared area: say once per session how to get statistics.
+fn stats_available() -> bool {
+    if stats::enabled() {
+        return true;
+    }
+    if !TOLD_STATS_OFF.replace(true) {
+        ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "rate_limiter statistics are off: the library is not in shared_preload_libraries",
+            "rate_limiter",
+        )
+        .set_hint("Add rate_limiter to shared_preload_libraries in postgresql.conf and restart the server.")
+        .report(PgLogLevel::NOTICE);
+    }
+    false
+}
+
+fn timestamptz(pg_us: i64) -> TimestampWithTimeZone {
+    clock::ms_timestamptz(clock::pg_us_to_ms(pg_us))
+}
+
+/// The rows of the view `rate_limiter.stats`.
+#[pg_extern(volatile, parallel_restricted)]
+fn _stats() -> TableIterator<
+    'static,
+    (
+        name!(name, String),
+        name!(calls, i64),
+        name!(allowed, i64),
+        name!(denied, i64),
+        name!(tokens_granted, f64),
+        name!(tokens_reserved, f64),
+        name!(last_allowed_at, Option<TimestampWithTimeZone>),
+        name!(last_denied_at, Option<TimestampWithTimeZone>),
+        name!(stats_reset, TimestampWithTimeZone),
+    ),
+> {
+    let rows = if stats_available() { stats::rows() } else { Vec::new() };
+    TableIterator::new(rows.into_iter().map(|r| {
+        (
+            r.name,
+            r.calls,
+            r.allowed,
+            r.denied,
+            r.tokens_granted,
+            r.tokens_reserved,
+            r.last_allowed_at.map(timestamptz),
+            r.last_denied_at.map(timestamptz),
+            timestamptz(r.stats_reset),
+        )
+    }))
+}
+
+/// The rows of the view `rate_limiter.top_denied`.
+#[pg_extern(volatile, parallel_restricted)]
+fn _top_denied() -> TableIterator<
+    'static,
+    (name!(name, String), name!(key, Option<String>), name!(denied, i64), name!(approximate_error, i64)),
+> {
+    let sketches = if stats_available() { stats::top_denied() } else { Vec::new() };
+    TableIterator::new(sketches.into_iter().flat_map(|(name, heavy)| {
+        heavy.into_iter().map(move |h| (name.clone(), h.key, h.count as i64, h.error as i64))
+    }))
+}
+
+/// Zero the statistics of limit `name`, or of every name when NULL; returns how many rows
+/// of `rate_limiter.stats` were reset.
+#[pg_extern(volatile, parallel_restricted)]
+fn stats_reset(name: default!(Option<&str>, "NULL")) -> i64 {
+    if stats_available() { stats::reset(name) } else { 0 }
 }

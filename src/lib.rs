@@ -18,6 +18,7 @@ mod error;
 mod http;
 mod limiter;
 mod prune_worker;
+mod stats;
 mod storage;
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -40,6 +41,7 @@ pub extern "C-unwind" fn _PG_init() {
     );
     cache::register_invalidation();
     prune_worker::register();
+    stats::register();
 }
 
 extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);

@@ -18,7 +18,7 @@ use crate::clock::{self, sleep_ms};
 use crate::storage::{Created, Locked, Row, Slot, StateTable, Written};
 
 mod all;
-pub use all::{decide_all, Part};
+pub use all::{decide_all, Decided, Part};
 
 /// How many times a call re-picks shards when those it chose are locked by other
 /// transactions, before it queues for its choice.

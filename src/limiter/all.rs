@@ -18,15 +18,23 @@ pub struct Part<'a> {
     pub config: Config,
 }
 
-/// The decision for all parts, and the index of the part that limits it (on a denial, the
-/// one that waits longest).
-pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> (Decision, usize) {
+/// What `decide_all` answers.
+pub struct Decided {
+    /// The decision for all parts.
+    pub all: Decision,
+    /// The part that limits it (on a denial, the one that waits longest).
+    pub limiting: usize,
+    /// Each part's own decision; empty when a block denied the call before any was made.
+    pub parts: Vec<Decision>,
+}
+
+pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> Decided {
     // A blocked request denies all, with no state read.
     let (blocked_parts, denials): (Vec<usize>, Vec<Decision>) =
         parts.iter().enumerate().filter_map(|(i, p)| blocked(&p.req).map(|d| (i, d))).unzip();
     if !denials.is_empty() {
-        let (d, j) = combine(denials);
-        return (d, blocked_parts[j]);
+        let (all, j) = combine(&denials);
+        return Decided { all, limiting: blocked_parts[j], parts: Vec::new() };
     }
     let now = clock::now_ms();
     let per_shard: Vec<Config> = parts.iter().map(|p| p.config.per_shard()).collect();
@@ -53,7 +61,7 @@ pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> (Dec
             .collect()
     };
     if !consume || outcomes.iter().any(|o| !o.ok) {
-        return combine(decisions(&outcomes, now));
+        return decided(decisions(&outcomes, now));
     }
 
     // (part, looked-at shard) of every row to take from, in the unique index's order.
@@ -93,12 +101,17 @@ pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> (Dec
             }
         }
     }
-    combine(decisions(&outcomes, now))
+    decided(decisions(&outcomes, now))
+}
+
+fn decided(parts: Vec<Decision>) -> Decided {
+    let (all, limiting) = combine(&parts);
+    Decided { all, limiting, parts }
 }
 
 /// One decision for all: ok only if every one is; the largest wait and reset, the least
 /// remaining and granted; a denial names the request that waits longest.
-fn combine(decisions: Vec<Decision>) -> (Decision, usize) {
+fn combine(decisions: &[Decision]) -> (Decision, usize) {
     let ok = decisions.iter().all(|d| d.ok);
     // A denial without a retry_after (an indefinite block) waits longest of all.
     let wait = |d: &Decision| d.retry_after.unwrap_or(if d.ok { 0.0 } else { f64::INFINITY });

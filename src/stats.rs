@@ -1,0 +1,396 @@
+//! Statistics per limit name in shared memory (`rate_limiter.stats`, `rate_limiter.top_denied`).
+//!
+//! With `shared_preload_libraries = 'rate_limiter'` the postmaster sets aside one entry per
+//! name for up to `rate_limiter.stats_max_names` names, plus entry 0 (`*other*`) that counts
+//! every name beyond them. A name keeps its entry until the server stops, so a backend
+//! remembers which entry is whose and counts with atomic adds, taking no lock; only a denial
+//! takes its entry's lock, to count the key in the entry's `TopKeys` sketch. Nothing is
+//! written to tables, and the counters start from zero when the server starts.
+
+use std::cell::{RefCell, UnsafeCell};
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+
+use crate::api::MAX_NAME_BYTES;
+use crate::limiter::Decision;
+
+mod top_keys;
+pub use top_keys::{Heavy, TopKeys};
+
+/// `rate_limiter.stats_max_names`: names with an entry of their own.
+pub static MAX_NAMES: GucSetting<i32> = GucSetting::<i32>::new(1000);
+/// `rate_limiter.track_stats`: count calls (when preloaded).
+pub static TRACK: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// The row under which names beyond `stats_max_names` are counted.
+pub const OTHER: &str = "*other*";
+
+const TRANCHE: &CStr = c"rate_limiter_stats";
+const SHMEM_NAME: &CStr = c"rate_limiter stats";
+
+/// One name's counters. All zeros is an unused entry.
+#[repr(C)]
+struct Entry {
+    /// Bytes of `name`; written with the name before the entry is published.
+    name_len: AtomicU32,
+    name: UnsafeCell<[u8; MAX_NAME_BYTES]>,
+    calls: AtomicU64,
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    /// f64 bits, added with compare-and-swap.
+    tokens_granted: AtomicU64,
+    tokens_reserved: AtomicU64,
+    /// PostgreSQL timestamps (µs since 2000); 0 for never.
+    last_allowed_at: AtomicI64,
+    last_denied_at: AtomicI64,
+    stats_reset: AtomicI64,
+    /// Guarded by the entry's lock.
+    top_denied: UnsafeCell<TopKeys>,
+}
+
+/// The shared area: this header, then `slots` hash slots, then `max_names + 1` entries.
+#[repr(C)]
+struct Header {
+    max_names: u32,
+    /// A power of two, at least twice the entries: open addressing stays short.
+    slots: u32,
+    /// Entries handed out, `*other*` included; entries below it are published.
+    used: AtomicU32,
+    /// `max_names + 2` locks: one per entry, then the one that hands out entries.
+    locks: *mut pg_sys::LWLockPadded,
+}
+
+struct Shared {
+    header: &'static Header,
+    /// 1 + the index of the entry whose name hashes there; 0 for free.
+    slots: &'static [AtomicU32],
+    entries: &'static [Entry],
+}
+
+// SAFETY: the shared area is mapped at the same address in every backend (forked from the
+// postmaster, which set this pointer up).
+static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
+
+fn shared() -> Option<Shared> {
+    let header = AREA.load(Acquire);
+    if header.is_null() {
+        return None;
+    }
+    // SAFETY: set by `startup` to an area laid out by `layout` for this header's sizes,
+    // which lives as long as the server.
+    unsafe {
+        let header = &*header;
+        let (slots_at, entries_at, _) = layout(header.max_names);
+        let base = (header as *const Header).cast::<u8>();
+        Some(Shared {
+            header,
+            slots: std::slice::from_raw_parts(base.add(slots_at).cast(), header.slots as usize),
+            entries: std::slice::from_raw_parts(base.add(entries_at).cast(), header.max_names as usize + 1),
+        })
+    }
+}
+
+fn slot_count(max_names: u32) -> u32 {
+    (2 * (max_names + 1)).next_power_of_two()
+}
+
+/// Offsets of the slots and entries, and the area's size, for `max_names`.
+fn layout(max_names: u32) -> (usize, usize, usize) {
+    let align = |n: usize, to: usize| n.div_ceil(to) * to;
+    let slots_at = align(size_of::<Header>(), align_of::<AtomicU32>());
+    let entries_at = align(slots_at + slot_count(max_names) as usize * size_of::<AtomicU32>(), align_of::<Entry>());
+    (slots_at, entries_at, entries_at + (max_names as usize + 1) * size_of::<Entry>())
+}
+
+static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
+static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
+
+/// From `_PG_init`: the settings always, the shared area only when preloaded.
+pub fn register() {
+    GucRegistry::define_bool_guc(
+        c"rate_limiter.track_stats",
+        c"Count rate limit calls in rate_limiter.stats and rate_limiter.top_denied.",
+        c"Needs shared_preload_libraries = 'rate_limiter'.",
+        &TRACK,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    // SAFETY: a plain read of a postmaster-set flag.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    // PostgreSQL refuses (FATAL) a postmaster setting defined after startup.
+    GucRegistry::define_int_guc(
+        c"rate_limiter.stats_max_names",
+        c"Limit names counted in rate_limiter.stats each under its own row; more are counted under *other*.",
+        c"Each name takes about 6 kB of shared memory.",
+        &MAX_NAMES,
+        1,
+        10_000,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    // SAFETY: _PG_init runs once, single-threaded, in the postmaster when preloading; the
+    // previous hooks are kept and called first, as every extension does.
+    unsafe {
+        PREV_REQUEST = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request);
+        PREV_STARTUP = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(startup);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn request() {
+    // SAFETY: called by the postmaster in its shmem request phase.
+    unsafe {
+        if let Some(previous) = PREV_REQUEST {
+            previous();
+        }
+        let max_names = MAX_NAMES.get() as u32;
+        pg_sys::RequestAddinShmemSpace(layout(max_names).2);
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), max_names as i32 + 2);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn startup() {
+    // SAFETY: called by the postmaster (at start and after a crash) while no backend runs;
+    // AddinShmemInitLock serializes it with other extensions' startups, as they all do.
+    unsafe {
+        if let Some(previous) = PREV_STARTUP {
+            previous();
+        }
+        let max_names = MAX_NAMES.get() as u32;
+        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let size = layout(max_names).2;
+        let area = pg_sys::ShmemInitStruct(SHMEM_NAME.as_ptr(), size, &mut found);
+        if !found {
+            // All zeros: every entry unused, every slot free, every sketch empty.
+            std::ptr::write_bytes(area.cast::<u8>(), 0, size);
+            area.cast::<Header>().write(Header {
+                max_names,
+                slots: slot_count(max_names),
+                used: AtomicU32::new(0),
+                locks: pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()),
+            });
+        }
+        pg_sys::LWLockRelease(init_lock);
+        AREA.store(area.cast::<Header>(), Release);
+        let shared = shared().expect("just set");
+        if !found {
+            shared.publish(0, OTHER);
+        }
+    }
+}
+
+/// An LWLock held until dropped.
+struct Held(*mut pg_sys::LWLock);
+
+impl Held {
+    fn take(lock: *mut pg_sys::LWLock, exclusive: bool) -> Held {
+        let mode = if exclusive { pg_sys::LWLockMode::LW_EXCLUSIVE } else { pg_sys::LWLockMode::LW_SHARED };
+        // SAFETY: one of the tranche's locks, initialized by the postmaster.
+        unsafe { pg_sys::LWLockAcquire(lock, mode) };
+        Held(lock)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // SAFETY: this backend holds it (taken in `Held::take`).
+        unsafe { pg_sys::LWLockRelease(self.0) }
+    }
+}
+
+fn add_f64(cell: &AtomicU64, n: f64) {
+    let _ = cell.fetch_update(Relaxed, Relaxed, |bits| Some((f64::from_bits(bits) + n).to_bits()));
+}
+
+fn hash(name: &str) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    name.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl Shared {
+    fn lock(&self, i: usize) -> *mut pg_sys::LWLock {
+        // SAFETY: the tranche has max_names + 2 locks; i is at most max_names + 1.
+        unsafe { &raw mut (*self.header.locks.add(i)).lock }
+    }
+
+    fn name(&self, i: usize) -> String {
+        let entry = &self.entries[i];
+        let len = entry.name_len.load(Acquire) as usize;
+        // SAFETY: the name was written before name_len was published and is never rewritten.
+        String::from_utf8_lossy(unsafe { &(&*entry.name.get())[..len] }).into_owned()
+    }
+
+    /// Give entry `i` to `name`. Under the lock that hands out entries (or in the postmaster).
+    fn publish(&self, i: usize, name: &str) {
+        let entry = &self.entries[i];
+        // SAFETY: entry i is not published yet, so no one else reads or writes its name.
+        unsafe { (&mut *entry.name.get())[..name.len()].copy_from_slice(name.as_bytes()) };
+        entry.stats_reset.store(now(), Relaxed);
+        entry.name_len.store(name.len() as u32, Release);
+        self.header.used.store(i as u32 + 1, Release);
+    }
+
+    /// The entry of `name`: its own, a new one while there are free ones, else `*other*`.
+    fn find_or_add(&self, name: &str) -> usize {
+        let _held = Held::take(self.lock(self.header.max_names as usize + 1), true);
+        let mask = self.header.slots as usize - 1;
+        let mut at = hash(name) as usize & mask;
+        loop {
+            match self.slots[at].load(Relaxed) as usize {
+                0 => break,
+                taken if self.name(taken - 1) == name => return taken - 1,
+                _ => at = (at + 1) & mask,
+            }
+        }
+        let i = self.header.used.load(Relaxed) as usize;
+        if i > self.header.max_names as usize {
+            return 0;
+        }
+        self.publish(i, name);
+        self.slots[at].store(i as u32 + 1, Relaxed);
+        i
+    }
+}
+
+fn now() -> i64 {
+    // SAFETY: reads the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+thread_local! {
+    /// This backend's map from names to entries (entries are never given back).
+    static ENTRIES: RefCell<HashMap<String, usize>> = RefCell::new(HashMap::new());
+}
+
+fn entry_of(shared: &Shared, name: &str) -> usize {
+    if let Some(i) = ENTRIES.with_borrow(|e| e.get(name).copied()) {
+        return i;
+    }
+    let i = shared.find_or_add(name);
+    ENTRIES.with_borrow_mut(|e| e.insert(name.to_owned(), i));
+    i
+}
+
+/// Count one consuming call of limit `name` for `key` that `d` answered. `denied_here`:
+/// this limit itself denied it (its key goes in the sketch), not only a call it was part of.
+pub fn record(name: &str, key: Option<&str>, d: &Decision, denied_here: bool) {
+    let Some(shared) = shared() else { return };
+    if !TRACK.get() {
+        return;
+    }
+    let i = entry_of(&shared, name);
+    let entry = &shared.entries[i];
+    entry.calls.fetch_add(1, Relaxed);
+    if d.ok {
+        entry.allowed.fetch_add(1, Relaxed);
+        let tokens = if d.retry_after.is_some() { &entry.tokens_reserved } else { &entry.tokens_granted };
+        add_f64(tokens, d.granted);
+        entry.last_allowed_at.store(now(), Relaxed);
+    } else {
+        entry.denied.fetch_add(1, Relaxed);
+        entry.last_denied_at.store(now(), Relaxed);
+        if denied_here {
+            let _held = Held::take(shared.lock(i), true);
+            // SAFETY: the sketch is only touched under its entry's lock, held here.
+            unsafe { (*entry.top_denied.get()).add(key, 1) };
+        }
+    }
+}
+
+/// One row of `rate_limiter.stats`.
+pub struct Row {
+    pub name: String,
+    pub calls: i64,
+    pub allowed: i64,
+    pub denied: i64,
+    pub tokens_granted: f64,
+    pub tokens_reserved: f64,
+    pub last_allowed_at: Option<i64>,
+    pub last_denied_at: Option<i64>,
+    pub stats_reset: i64,
+}
+
+/// Whether the shared area exists (the library was preloaded).
+pub fn enabled() -> bool {
+    shared().is_some()
+}
+
+/// Every published entry; `*other*` first.
+pub fn rows() -> Vec<Row> {
+    let Some(shared) = shared() else { return Vec::new() };
+    let used = shared.header.used.load(Acquire) as usize;
+    let at = |t: &AtomicI64| Some(t.load(Relaxed)).filter(|t| *t != 0);
+    (0..used)
+        .map(|i| {
+            let e = &shared.entries[i];
+            Row {
+                name: shared.name(i),
+                calls: e.calls.load(Relaxed) as i64,
+                allowed: e.allowed.load(Relaxed) as i64,
+                denied: e.denied.load(Relaxed) as i64,
+                tokens_granted: f64::from_bits(e.tokens_granted.load(Relaxed)),
+                tokens_reserved: f64::from_bits(e.tokens_reserved.load(Relaxed)),
+                last_allowed_at: at(&e.last_allowed_at),
+                last_denied_at: at(&e.last_denied_at),
+                stats_reset: e.stats_reset.load(Relaxed),
+            }
+        })
+        .collect()
+}
+
+/// The sketch of every published entry, by name.
+pub fn top_denied() -> Vec<(String, Vec<Heavy>)> {
+    let Some(shared) = shared() else { return Vec::new() };
+    let used = shared.header.used.load(Acquire) as usize;
+    (0..used)
+        .map(|i| {
+            let _held = Held::take(shared.lock(i), false);
+            // SAFETY: read under the entry's lock.
+            let heavy = unsafe { (*shared.entries[i].top_denied.get()).heavy() };
+            (shared.name(i), heavy)
+        })
+        .collect()
+}
+
+/// Zero the counters and sketch of `name` (every entry when `None`); names keep their entries.
+/// Returns how many entries were reset.
+pub fn reset(name: Option<&str>) -> i64 {
+    let Some(shared) = shared() else { return 0 };
+    let used = shared.header.used.load(Acquire) as usize;
+    let mut reset = 0;
+    for i in (0..used).filter(|i| name.is_none_or(|n| shared.name(*i) == n)) {
+        let e = &shared.entries[i];
+        for counter in [&e.calls, &e.allowed, &e.denied, &e.tokens_granted, &e.tokens_reserved] {
+            counter.store(0, Relaxed);
+        }
+        e.last_allowed_at.store(0, Relaxed);
+        e.last_denied_at.store(0, Relaxed);
+        {
+            let _held = Held::take(shared.lock(i), true);
+            // SAFETY: written under the entry's lock.
+            unsafe { (*e.top_denied.get()).clear() };
+        }
+        e.stats_reset.store(now(), Relaxed);
+        reset += 1;
+    }
+    reset
+}
+
+// SAFETY: Entry's cells are written only as documented on each (under a lock, or before
+// publication), and the header's lock pointer is into shared memory set up once.
+unsafe impl Sync for Entry {}
+unsafe impl Sync for Header {}

@@ -1,0 +1,190 @@
+//! The most denied keys of one limit, approximately: a space-saving sketch (Metwally,
+//! Agrawal, El Abbadi 2005) of `TOP_KEYS` counters. A key not counted yet takes a free
+//! counter, or else replaces the smallest one and inherits its count as its error bound.
+//! So `count - error <= true count <= count`, and every key denied more than
+//! `total / TOP_KEYS` times is in the sketch. Fixed size and no pointers: it lives in
+//! shared memory, and all zeros is an empty sketch.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// Counters per limit.
+pub const TOP_KEYS: usize = 64;
+/// Bytes of a key kept for display; longer keys are told apart by their hash.
+pub const KEY_BYTES: usize = 62;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Counter {
+    hash: u64,
+    count: u64,
+    error: u64,
+    /// Bytes of `key` in use; `NULL_KEY` for a NULL key.
+    len: u16,
+    key: [u8; KEY_BYTES],
+}
+
+const NULL_KEY: u16 = u16::MAX;
+
+#[repr(C)]
+pub struct TopKeys {
+    used: u32,
+    counters: [Counter; TOP_KEYS],
+}
+
+/// One key of the sketch as shown: the key (cut to `KEY_BYTES` and ending in `…` when
+/// longer), its count and how much of it may belong to keys it replaced.
+#[derive(Debug, PartialEq)]
+pub struct Heavy {
+    pub key: Option<String>,
+    pub count: u64,
+    pub error: u64,
+}
+
+fn identity(key: Option<&str>) -> u64 {
+    // DefaultHasher::new() has fixed keys, so every process hashes a key alike.
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The longest prefix of `key` of at most `KEY_BYTES` bytes that ends on a char boundary.
+fn shown(key: &str) -> &str {
+    let mut end = key.len().min(KEY_BYTES);
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    &key[..end]
+}
+
+impl Counter {
+    fn holds(&self, hash: u64, key: Option<&str>) -> bool {
+        self.hash == hash
+            && match key {
+                None => self.len == NULL_KEY,
+                Some(k) => self.len != NULL_KEY && &self.key[..self.len as usize] == shown(k).as_bytes(),
+            }
+    }
+
+    fn new(hash: u64, key: Option<&str>, count: u64, error: u64) -> Counter {
+        let mut counter = Counter { hash, count, error, len: NULL_KEY, key: [0; KEY_BYTES] };
+        if let Some(k) = key {
+            let kept = shown(k).as_bytes();
+            counter.key[..kept.len()].copy_from_slice(kept);
+            counter.len = kept.len() as u16;
+        }
+        counter
+    }
+}
+
+impl TopKeys {
+    /// Count `n` more denials of `key`.
+    pub fn add(&mut self, key: Option<&str>, n: u64) {
+        let hash = identity(key);
+        let used = &mut self.counters[..self.used as usize];
+        if let Some(counter) = used.iter_mut().find(|c| c.holds(hash, key)) {
+            counter.count += n;
+        } else if (self.used as usize) < TOP_KEYS {
+            self.counters[self.used as usize] = Counter::new(hash, key, n, 0);
+            self.used += 1;
+        } else {
+            let smallest = used.iter_mut().min_by_key(|c| c.count).expect("the sketch is full");
+            *smallest = Counter::new(hash, key, smallest.count + n, smallest.count);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.used = 0;
+    }
+
+    /// The keys held, most denied first.
+    pub fn heavy(&self) -> Vec<Heavy> {
+        let mut heavy: Vec<Heavy> = self.counters[..self.used as usize]
+            .iter()
+            .map(|c| Heavy {
+                key: (c.len != NULL_KEY).then(|| {
+                    let kept = String::from_utf8_lossy(&c.key[..c.len as usize]).into_owned();
+                    // A key cut short shows it; a key of exactly KEY_BYTES may be either.
+                    if c.hash == identity(Some(&kept)) { kept } else { kept + "…" }
+                }),
+                count: c.count,
+                error: c.error,
+            })
+            .collect();
+        heavy.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+        heavy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn empty() -> Box<TopKeys> {
+        // All zeros is an empty sketch, as in fresh shared memory.
+        // SAFETY: TopKeys is plain integers and bytes, valid at all zeros.
+        unsafe { Box::new(std::mem::zeroed()) }
+    }
+
+    #[test]
+    fn counts_exactly_while_there_is_room() {
+        let mut top = empty();
+        for i in 0..TOP_KEYS as u64 {
+            top.add(Some(&format!("user-{i}")), i + 1);
+        }
+        top.add(None, 3);
+        top.clear();
+        top.add(None, 3);
+        top.add(Some("a"), 2);
+        top.add(None, 1);
+        assert_eq!(
+            top.heavy(),
+            vec![Heavy { key: None, count: 4, error: 0 }, Heavy { key: Some("a".into()), count: 2, error: 0 }]
+        );
+    }
+
+    #[test]
+    fn bounds_hold_and_heavy_hitters_stay() {
+        // A skewed stream of 200,000 denials over 5,000 keys, in a fixed pseudo-random order.
+        let mut top = empty();
+        let mut truth: HashMap<String, u64> = HashMap::new();
+        let mut x: u64 = 42;
+        let total = 200_000u64;
+        for _ in 0..total {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let r = (x >> 33) % 1000;
+            // Keys 0..4 take 40% of the stream, the rest spreads over 5,000 keys.
+            let key = if r < 400 { format!("hot-{}", r % 5) } else { format!("cold-{}", (x >> 20) % 5000) };
+            top.add(Some(&key), 1);
+            *truth.entry(key).or_default() += 1;
+        }
+        let heavy = top.heavy();
+        assert_eq!(heavy.len(), TOP_KEYS);
+        for h in &heavy {
+            let actual = truth[h.key.as_deref().unwrap()];
+            assert!(h.count - h.error <= actual && actual <= h.count, "{h:?} but {actual}");
+        }
+        for (key, count) in &truth {
+            if *count > total / TOP_KEYS as u64 {
+                assert!(heavy.iter().any(|h| h.key.as_deref() == Some(key)), "{key} ({count}) is missing");
+            }
+        }
+        assert!(heavy[..5].iter().all(|h| h.key.as_deref().unwrap().starts_with("hot-")));
+    }
+
+    #[test]
+    fn long_keys_are_cut_and_told_apart() {
+        let mut top = empty();
+        let long = "é".repeat(40); // 80 bytes
+        let other = format!("{long}x");
+        top.add(Some(&long), 2);
+        top.add(Some(&other), 1);
+        top.add(Some(&"k".repeat(KEY_BYTES)), 1);
+        let heavy = top.heavy();
+        let shown = format!("{}…", "é".repeat(31));
+        assert_eq!(heavy[0], Heavy { key: Some(shown.clone()), count: 2, error: 0 });
+        let mut rest: Vec<_> = heavy[1..].iter().map(|h| (h.key.clone().unwrap(), h.count)).collect();
+        rest.sort();
+        assert_eq!(rest, vec![("k".repeat(KEY_BYTES), 1), (shown, 1)]);
+    }
+}
