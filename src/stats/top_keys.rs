@@ -12,23 +12,20 @@ pub const TOP_KEYS: usize = 64;
 /// Bytes of a key kept for display; longer keys are told apart by their hash.
 pub const KEY_BYTES: usize = 62;
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Counter {
-    hash: u64,
-    count: u64,
-    error: u64,
-    /// Bytes of `key` in use; `NULL_KEY` for a NULL key.
-    len: u16,
-    key: [u8; KEY_BYTES],
-}
-
+/// `len` of a NULL key.
 const NULL_KEY: u16 = u16::MAX;
 
+/// The counters, column by column: a lookup scans `hashes` and a replacement `counts`, each
+/// a few contiguous cache lines.
 #[repr(C)]
 pub struct TopKeys {
     used: u32,
-    counters: [Counter; TOP_KEYS],
+    hashes: [u64; TOP_KEYS],
+    counts: [u64; TOP_KEYS],
+    errors: [u64; TOP_KEYS],
+    /// Bytes of `keys[i]` in use; `NULL_KEY` for a NULL key.
+    lens: [u16; TOP_KEYS],
+    keys: [[u8; KEY_BYTES]; TOP_KEYS],
 }
 
 /// One key of the sketch as shown: the key (cut to `KEY_BYTES` and ending in `…` when
@@ -56,39 +53,39 @@ fn shown(key: &str) -> &str {
     &key[..end]
 }
 
-impl Counter {
-    fn holds(&self, hash: u64, key: Option<&str>) -> bool {
-        self.hash == hash
-            && match key {
-                None => self.len == NULL_KEY,
-                Some(k) => self.len != NULL_KEY && &self.key[..self.len as usize] == shown(k).as_bytes(),
-            }
+impl TopKeys {
+    fn holds(&self, i: usize, key: Option<&str>) -> bool {
+        match key {
+            None => self.lens[i] == NULL_KEY,
+            Some(k) => self.lens[i] != NULL_KEY && &self.keys[i][..self.lens[i] as usize] == shown(k).as_bytes(),
+        }
     }
 
-    fn new(hash: u64, key: Option<&str>, count: u64, error: u64) -> Counter {
-        let mut counter = Counter { hash, count, error, len: NULL_KEY, key: [0; KEY_BYTES] };
+    fn set(&mut self, i: usize, hash: u64, key: Option<&str>, count: u64, error: u64) {
+        self.hashes[i] = hash;
+        self.counts[i] = count;
+        self.errors[i] = error;
+        self.lens[i] = NULL_KEY;
         if let Some(k) = key {
             let kept = shown(k).as_bytes();
-            counter.key[..kept.len()].copy_from_slice(kept);
-            counter.len = kept.len() as u16;
+            self.keys[i][..kept.len()].copy_from_slice(kept);
+            self.lens[i] = kept.len() as u16;
         }
-        counter
     }
-}
 
-impl TopKeys {
     /// Count `n` more denials of `key`.
     pub fn add(&mut self, key: Option<&str>, n: u64) {
         let hash = identity(key);
-        let used = &mut self.counters[..self.used as usize];
-        if let Some(counter) = used.iter_mut().find(|c| c.holds(hash, key)) {
-            counter.count += n;
-        } else if (self.used as usize) < TOP_KEYS {
-            self.counters[self.used as usize] = Counter::new(hash, key, n, 0);
+        let used = self.used as usize;
+        if let Some(i) = (0..used).find(|&i| self.hashes[i] == hash && self.holds(i, key)) {
+            self.counts[i] += n;
+        } else if used < TOP_KEYS {
+            self.set(used, hash, key, n, 0);
             self.used += 1;
         } else {
-            let smallest = used.iter_mut().min_by_key(|c| c.count).expect("the sketch is full");
-            *smallest = Counter::new(hash, key, smallest.count + n, smallest.count);
+            let smallest = (0..TOP_KEYS).min_by_key(|&i| self.counts[i]).expect("the sketch is full");
+            let floor = self.counts[smallest];
+            self.set(smallest, hash, key, floor + n, floor);
         }
     }
 
@@ -98,16 +95,15 @@ impl TopKeys {
 
     /// The keys held, most denied first.
     pub fn heavy(&self) -> Vec<Heavy> {
-        let mut heavy: Vec<Heavy> = self.counters[..self.used as usize]
-            .iter()
-            .map(|c| Heavy {
-                key: (c.len != NULL_KEY).then(|| {
-                    let kept = String::from_utf8_lossy(&c.key[..c.len as usize]).into_owned();
+        let mut heavy: Vec<Heavy> = (0..self.used as usize)
+            .map(|i| Heavy {
+                key: (self.lens[i] != NULL_KEY).then(|| {
+                    let kept = String::from_utf8_lossy(&self.keys[i][..self.lens[i] as usize]).into_owned();
                     // A key cut short shows it; a key of exactly KEY_BYTES may be either.
-                    if c.hash == identity(Some(&kept)) { kept } else { kept + "…" }
+                    if self.hashes[i] == identity(Some(&kept)) { kept } else { kept + "…" }
                 }),
-                count: c.count,
-                error: c.error,
+                count: self.counts[i],
+                error: self.errors[i],
             })
             .collect();
         heavy.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
