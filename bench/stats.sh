@@ -2,13 +2,14 @@
 # What statistics cost: the in-process time per call with rate_limiter.track_stats on and
 # off, on the allowed path (every call writes its row) and the denied path (no write, and
 # with statistics on, the key goes into the top_denied sketch under its name's lock).
-# KEYS calls in one statement per pass, timed inside one session per round (no connection
-# or checkpoint in the measure); ROUNDS rounds that alternate which setting goes first, so
-# drift (bloat, autovacuum, the page cache) falls on both alike; medians.
-# Writes bench/stats.md. About 4 minutes.
+# One session per path runs PAIRS pairs of passes of KEYS calls each (one statement per
+# pass), on and off back to back in alternating order, timed inside the server; the
+# figure is the median of the pairs' ratios, so drift slower than a pair (bloat,
+# autovacuum, a busy neighbour on the host) cancels out.
+# Writes bench/stats.md. About 3 minutes.
 source "$(dirname "$0")/../scripts/lib.sh"
-KEYS=${KEYS:-50000}
-ROUNDS=${ROUNDS:-21}
+KEYS=${KEYS:-10000}
+PAIRS=${PAIRS:-81}
 DB=rate_limiter_bench_stats
 OUT=$ROOT/bench/stats.md
 
@@ -25,26 +26,37 @@ sql -c "SELECT rate_limiter.define('allowed', 'token bucket', 1e12, '1 hour')" \
 call() { echo "SELECT count(*) FROM generate_series(1, $KEYS) g, LATERAL rate_limiter.rate_limit('$1', g::text)"; }
 sql -c "$(call allowed)" -c "$(call denied)" -c "VACUUM ANALYZE rate_limiter.state" >/dev/null
 
-sql -c "CREATE FUNCTION timed(setting text, q text) RETURNS double precision LANGUAGE plpgsql AS \$\$
-        DECLARE t0 timestamptz;
+# A procedure, so that each pass commits (an allowed pass's updates become prunable, as in
+# an application's own transactions).
+sql -c "CREATE TABLE timings (path text, pair int, setting text, seconds double precision)" \
+    -c "CREATE PROCEDURE pairs(path text, q text, pairs int) LANGUAGE plpgsql AS \$\$
+        DECLARE t0 timestamptz; seconds double precision; setting text;
         BEGIN
-            PERFORM set_config('rate_limiter.track_stats', setting, false);
-            t0 := clock_timestamp();
-            EXECUTE q;
-            RETURN extract(epoch FROM clock_timestamp() - t0);
+            FOR p IN 1 .. pairs LOOP
+                FOREACH setting IN ARRAY CASE WHEN p % 2 = 1 THEN '{on,off}'::text[] ELSE '{off,on}' END LOOP
+                    PERFORM set_config('rate_limiter.track_stats', setting, false);
+                    t0 := clock_timestamp();
+                    EXECUTE q;
+                    seconds := extract(epoch FROM clock_timestamp() - t0);
+                    INSERT INTO timings VALUES (path, p, setting, seconds);
+                    COMMIT;
+                END LOOP;
+            END LOOP;
         END \$\$"
 
-step "track_stats on and off, $KEYS calls per pass, $ROUNDS rounds"
-RAW=$(mktemp)
-for round in $(seq 1 "$ROUNDS"); do
-    if [ $((round % 2)) = 1 ]; then order="'on', 'off'"; else order="'off', 'on'"; fi
-    sql -c CHECKPOINT
-    for path in allowed denied; do
-        sql -F ' ' -c "SELECT '$path', s, timed(s, \$q\$$(call "$path")\$q\$) FROM unnest(ARRAY[$order]) s" >> "$RAW"
-    done
+step "track_stats on and off, $PAIRS pairs of $KEYS calls per path"
+for path in allowed denied; do
+    sql -c CHECKPOINT -c "CALL pairs('$path', \$q\$$(call "$path")\$q\$, $PAIRS)"
 done
-median() { grep "^$1 $2 " "$RAW" | awk '{print $3}' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
-us() { echo "scale=2; $1 * 1000000 / $KEYS" | bc -l; }
+RAW=$(mktemp)
+sql -F ' ' -c "SELECT path, pair, setting, seconds FROM timings ORDER BY path, pair, setting" > "$RAW"
+# Per path: median µs per call for each setting, and the median of the pairs' on/off ratios.
+summary() {
+    awk -v keys="$KEYS" -v path="$1" '$1 == path { t[$2 " " $3] = $4 }
+        END { for (k in t) { split(k, a, " "); if (a[2] == "on") print t[k] * 1e6 / keys, t[a[1] " off"] * 1e6 / keys, t[k] / t[a[1] " off"] } }' "$RAW" |
+    python3 -c 'import sys, statistics as s; r = [list(map(float, l.split())) for l in sys.stdin]
+print("%.2f %.2f %.3f" % tuple(s.median(c[i] for c in r) for i in (1, 0, 2)))'
+}
 counted=$(sql -c "SELECT calls FROM rate_limiter.stats WHERE name = 'denied'")
 {
     echo "# What statistics cost per call"
@@ -52,23 +64,23 @@ counted=$(sql -c "SELECT calls FROM rate_limiter.stats WHERE name = 'denied'")
     echo "Written by \`bash bench/stats.sh\` on $(nproc) cores, PostgreSQL $(sql -c 'SHOW server_version'),"
     echo "library preloaded: $KEYS calls in one statement (\`SELECT count(*) FROM generate_series(1, $KEYS) g,"
     echo "LATERAL rate_limiter.rate_limit(name, g::text)\`) over rows that exist, with"
-    echo "\`rate_limiter.track_stats\` on and off in turns, median of $ROUNDS rounds. On the allowed path"
-    echo "every call writes its row; on the denied path nothing is written and, with statistics on, the"
-    echo "key is counted in the name's top_denied sketch. (The denied limit counted $counted calls"
-    echo "with statistics on: the first pass and the rounds with track_stats on.)"
+    echo "\`rate_limiter.track_stats\` on and off back to back, in alternating order, $PAIRS pairs of passes"
+    echo "per path in one session, each pass its own transaction, timed inside the server. On the allowed"
+    echo "path every call writes its row; on the denied path nothing is written and, with statistics on,"
+    echo "the key is counted in the name's top_denied sketch. (The denied limit counted $counted calls:"
+    echo "the first pass and the passes with track_stats on.)"
     echo
-    echo "| path | off µs/call | on µs/call | on / off |"
+    echo "| path | off µs/call | on µs/call | on / off (median of the pairs) |"
     echo "|---|---:|---:|---:|"
     for path in allowed denied; do
-        off=$(us "$(median $path off)")
-        on=$(us "$(median $path on)")
-        printf '| %s | %s | %s | %s |\n' "$path" "$off" "$on" "$(echo "scale=3; $on / $off" | bc -l)"
+        read -r off on ratio <<< "$(summary $path)"
+        echo "| $path | $off | $on | $ratio |"
     done
     echo
-    echo "Every pass, in µs per call (path, setting, round order):"
+    echo "Every pass, in µs per call (path, pair, setting):"
     echo
     echo '```'
-    awk -v keys="$KEYS" '{printf "%s %s %.2f\n", $1, $2, $3 * 1000000 / keys}' "$RAW"
+    awk -v keys="$KEYS" '{printf "%s %s %s %.2f\n", $1, $2, $3, $4 * 1000000 / keys}' "$RAW"
     echo '```'
 } > "$OUT"
 rm -f "$RAW"

@@ -4,7 +4,8 @@
 //! name for up to `rate_limiter.stats_max_names` names, plus entry 0 (`*other*`) that counts
 //! every name beyond them. A name keeps its entry until the server stops, so a backend
 //! remembers which entry is whose and counts with atomic adds, taking no lock; only a denial
-//! takes its entry's lock, to count the key in the entry's `TopKeys` sketch. Nothing is
+//! takes its entry's spinlock, for the few instructions that count the key in the entry's
+//! `TopKeys` sketch. Nothing is
 //! written to tables, and the counters start from zero when the server starts.
 
 use std::cell::{RefCell, UnsafeCell};
@@ -15,6 +16,7 @@ use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering::*}
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
+use pgrx::spinlock::PgSpinLock;
 
 use crate::api::MAX_NAME_BYTES;
 use crate::limiter::Decision;
@@ -33,23 +35,25 @@ pub const OTHER: &str = "*other*";
 const TRANCHE: &CStr = c"rate_limiter_stats";
 const SHMEM_NAME: &CStr = c"rate_limiter stats";
 
-/// One name's counters. All zeros is an unused entry.
-#[repr(C)]
+/// One name's counters, the ones every call touches in its first cache line. All zeros is
+/// an unused entry (and a free spinlock; `startup` initializes it anyway).
+#[repr(C, align(64))]
 struct Entry {
-    /// Bytes of `name`; written with the name before the entry is published.
-    name_len: AtomicU32,
-    name: UnsafeCell<[u8; MAX_NAME_BYTES]>,
-    calls: AtomicU64,
     allowed: AtomicU64,
     denied: AtomicU64,
-    /// f64 bits, added with compare-and-swap.
-    tokens_granted: AtomicU64,
-    tokens_reserved: AtomicU64,
     /// PostgreSQL timestamps (µs since 2000); 0 for never.
     last_allowed_at: AtomicI64,
     last_denied_at: AtomicI64,
+    /// f64 bits, added with compare-and-swap.
+    tokens_granted: AtomicU64,
+    tokens_reserved: AtomicU64,
+    /// Guards `top_denied`: held for one sketch update or copy, as pg_stat_statements
+    /// guards its counters.
+    sketch_lock: PgSpinLock<()>,
+    /// Bytes of `name`; written with the name before the entry is published.
+    name_len: AtomicU32,
     stats_reset: AtomicI64,
-    /// Guarded by the entry's lock.
+    name: UnsafeCell<[u8; MAX_NAME_BYTES]>,
     top_denied: UnsafeCell<TopKeys>,
 }
 
@@ -61,8 +65,8 @@ struct Header {
     slots: u32,
     /// Entries handed out, `*other*` included; entries below it are published.
     used: AtomicU32,
-    /// `max_names + 2` locks: one per entry, then the one that hands out entries.
-    locks: *mut pg_sys::LWLockPadded,
+    /// The lock that hands out entries.
+    registry: *mut pg_sys::LWLock,
 }
 
 struct Shared {
@@ -154,7 +158,7 @@ unsafe extern "C-unwind" fn request() {
         }
         let max_names = MAX_NAMES.get() as u32;
         pg_sys::RequestAddinShmemSpace(layout(max_names).2);
-        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), max_names as i32 + 2);
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
     }
 }
 
@@ -175,11 +179,15 @@ unsafe extern "C-unwind" fn startup() {
         if !found {
             // All zeros: every entry unused, every slot free, every sketch empty.
             std::ptr::write_bytes(area.cast::<u8>(), 0, size);
+            let entries = area.cast::<u8>().add(layout(max_names).1).cast::<Entry>();
+            for i in 0..=max_names as usize {
+                (&raw mut (*entries.add(i)).sketch_lock).write(PgSpinLock::new(()));
+            }
             area.cast::<Header>().write(Header {
                 max_names,
                 slots: slot_count(max_names),
                 used: AtomicU32::new(0),
-                locks: pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()),
+                registry: &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock,
             });
         }
         pg_sys::LWLockRelease(init_lock);
@@ -222,11 +230,6 @@ fn hash(name: &str) -> u64 {
 }
 
 impl Shared {
-    fn lock(&self, i: usize) -> *mut pg_sys::LWLock {
-        // SAFETY: the tranche has max_names + 2 locks; i is at most max_names + 1.
-        unsafe { &raw mut (*self.header.locks.add(i)).lock }
-    }
-
     fn name(&self, i: usize) -> String {
         let entry = &self.entries[i];
         let len = entry.name_len.load(Acquire) as usize;
@@ -246,7 +249,7 @@ impl Shared {
 
     /// The entry of `name`: its own, a new one while there are free ones, else `*other*`.
     fn find_or_add(&self, name: &str) -> usize {
-        let _held = Held::take(self.lock(self.header.max_names as usize + 1), true);
+        let _held = Held::take(self.header.registry, true);
         let mask = self.header.slots as usize - 1;
         let mut at = hash(name) as usize & mask;
         loop {
@@ -272,16 +275,29 @@ fn now() -> i64 {
 }
 
 thread_local! {
-    /// This backend's map from names to entries (entries are never given back).
+    /// This backend's map from names to entries (entries are never given back), and the
+    /// last name it counted, which most calls repeat.
     static ENTRIES: RefCell<HashMap<String, usize>> = RefCell::new(HashMap::new());
+    static LAST: RefCell<(String, usize)> = const { RefCell::new((String::new(), 0)) };
 }
 
 fn entry_of(shared: &Shared, name: &str) -> usize {
-    if let Some(i) = ENTRIES.with_borrow(|e| e.get(name).copied()) {
+    if let Some(i) = LAST.with_borrow(|(last, i)| (last == name).then_some(*i)) {
         return i;
     }
-    let i = shared.find_or_add(name);
-    ENTRIES.with_borrow_mut(|e| e.insert(name.to_owned(), i));
+    let i = match ENTRIES.with_borrow(|e| e.get(name).copied()) {
+        Some(i) => i,
+        None => {
+            let i = shared.find_or_add(name);
+            ENTRIES.with_borrow_mut(|e| e.insert(name.to_owned(), i));
+            i
+        }
+    };
+    LAST.with_borrow_mut(|last| {
+        last.0.clear();
+        last.0.push_str(name);
+        last.1 = i;
+    });
     i
 }
 
@@ -294,7 +310,6 @@ pub fn record(name: &str, key: Option<&str>, d: &Decision, denied_here: bool) {
     }
     let i = entry_of(&shared, name);
     let entry = &shared.entries[i];
-    entry.calls.fetch_add(1, Relaxed);
     if d.ok {
         entry.allowed.fetch_add(1, Relaxed);
         let tokens = if d.retry_after.is_some() { &entry.tokens_reserved } else { &entry.tokens_granted };
@@ -304,7 +319,7 @@ pub fn record(name: &str, key: Option<&str>, d: &Decision, denied_here: bool) {
         entry.denied.fetch_add(1, Relaxed);
         entry.last_denied_at.store(now(), Relaxed);
         if denied_here {
-            let _held = Held::take(shared.lock(i), true);
+            let _held = entry.sketch_lock.lock();
             // SAFETY: the sketch is only touched under its entry's lock, held here.
             unsafe { (*entry.top_denied.get()).add(key, 1) };
         }
@@ -337,11 +352,13 @@ pub fn rows() -> Vec<Row> {
     (0..used)
         .map(|i| {
             let e = &shared.entries[i];
+            let (allowed, denied) = (e.allowed.load(Relaxed) as i64, e.denied.load(Relaxed) as i64);
             Row {
                 name: shared.name(i),
-                calls: e.calls.load(Relaxed) as i64,
-                allowed: e.allowed.load(Relaxed) as i64,
-                denied: e.denied.load(Relaxed) as i64,
+                // Not counted apart: one atomic add less per call.
+                calls: allowed + denied,
+                allowed,
+                denied,
                 tokens_granted: f64::from_bits(e.tokens_granted.load(Relaxed)),
                 tokens_reserved: f64::from_bits(e.tokens_reserved.load(Relaxed)),
                 last_allowed_at: at(&e.last_allowed_at),
@@ -356,12 +373,17 @@ pub fn rows() -> Vec<Row> {
 pub fn top_denied() -> Vec<(String, Vec<Heavy>)> {
     let Some(shared) = shared() else { return Vec::new() };
     let used = shared.header.used.load(Acquire) as usize;
+    // SAFETY: TopKeys is integers and bytes, valid at all zeros.
+    let mut copy: Box<TopKeys> = unsafe { Box::new(std::mem::zeroed()) };
     (0..used)
         .map(|i| {
-            let _held = Held::take(shared.lock(i), false);
-            // SAFETY: read under the entry's lock.
-            let heavy = unsafe { (*shared.entries[i].top_denied.get()).heavy() };
-            (shared.name(i), heavy)
+            let entry = &shared.entries[i];
+            {
+                let _held = entry.sketch_lock.lock();
+                // SAFETY: read under the entry's lock, which is held only for the copy.
+                unsafe { std::ptr::copy_nonoverlapping(entry.top_denied.get(), &mut *copy, 1) };
+            }
+            (shared.name(i), copy.heavy())
         })
         .collect()
 }
@@ -374,13 +396,13 @@ pub fn reset(name: Option<&str>) -> i64 {
     let mut reset = 0;
     for i in (0..used).filter(|i| name.is_none_or(|n| shared.name(*i) == n)) {
         let e = &shared.entries[i];
-        for counter in [&e.calls, &e.allowed, &e.denied, &e.tokens_granted, &e.tokens_reserved] {
+        for counter in [&e.allowed, &e.denied, &e.tokens_granted, &e.tokens_reserved] {
             counter.store(0, Relaxed);
         }
         e.last_allowed_at.store(0, Relaxed);
         e.last_denied_at.store(0, Relaxed);
         {
-            let _held = Held::take(shared.lock(i), true);
+            let _held = e.sketch_lock.lock();
             // SAFETY: written under the entry's lock.
             unsafe { (*e.top_denied.get()).clear() };
         }

@@ -5,8 +5,6 @@
 //! `total / TOP_KEYS` times is in the sketch. Fixed size and no pointers: it lives in
 //! shared memory, and all zeros is an empty sketch.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
-
 /// Counters per limit.
 pub const TOP_KEYS: usize = 64;
 /// Bytes of a key kept for display; longer keys are told apart by their hash.
@@ -15,11 +13,17 @@ pub const KEY_BYTES: usize = 62;
 /// `len` of a NULL key.
 const NULL_KEY: u16 = u16::MAX;
 
-/// The counters, column by column: a lookup scans `hashes` and a replacement `counts`, each
-/// a few contiguous cache lines.
+/// The counters, column by column, so that an update touches few cache lines: a lookup
+/// scans the 32-bit `fingerprints` (4 lines), and a replacement usually finds a smallest
+/// counter a step or two after `cursor` instead of scanning all `counts`.
 #[repr(C)]
 pub struct TopKeys {
     used: u32,
+    /// At most the smallest count (equal unless a counter at it has grown since).
+    floor: u64,
+    /// Where the search for a counter at `floor` goes on.
+    cursor: u32,
+    fingerprints: [u32; TOP_KEYS],
     hashes: [u64; TOP_KEYS],
     counts: [u64; TOP_KEYS],
     errors: [u64; TOP_KEYS],
@@ -37,11 +41,20 @@ pub struct Heavy {
     pub error: u64,
 }
 
+/// A key's identity: FNV-1a over a tag and the bytes, then splitmix64's finalizer so every
+/// bit (the fingerprint is the low 32) depends on every byte. The same in every process.
 fn identity(key: Option<&str>) -> u64 {
-    // DefaultHasher::new() has fixed keys, so every process hashes a key alike.
-    let mut hasher = DefaultHasher::new();
-    key.hash(&mut hasher);
-    hasher.finish()
+    let (tag, bytes) = match key {
+        None => (0u8, &b""[..]),
+        Some(k) => (1u8, k.as_bytes()),
+    };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in std::iter::once(tag).chain(bytes.iter().copied()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 /// The longest prefix of `key` of at most `KEY_BYTES` bytes that ends on a char boundary.
@@ -62,6 +75,7 @@ impl TopKeys {
     }
 
     fn set(&mut self, i: usize, hash: u64, key: Option<&str>, count: u64, error: u64) {
+        self.fingerprints[i] = hash as u32;
         self.hashes[i] = hash;
         self.counts[i] = count;
         self.errors[i] = error;
@@ -73,17 +87,45 @@ impl TopKeys {
         }
     }
 
+    /// A counter with the smallest count (the sketch is full).
+    fn smallest(&mut self) -> usize {
+        for _ in 0..2 {
+            let start = self.cursor as usize;
+            if let Some(step) = (0..TOP_KEYS).find(|s| self.counts[(start + s) % TOP_KEYS] == self.floor) {
+                let i = (start + step) % TOP_KEYS;
+                self.cursor = ((i + 1) % TOP_KEYS) as u32;
+                return i;
+            }
+            // Every counter at the floor has grown: raise it to the smallest count.
+            self.floor = *self.counts.iter().min().expect("TOP_KEYS > 0");
+        }
+        unreachable!("a counter holds the smallest count")
+    }
+
     /// Count `n` more denials of `key`.
     pub fn add(&mut self, key: Option<&str>, n: u64) {
         let hash = identity(key);
         let used = self.used as usize;
-        if let Some(i) = (0..used).find(|&i| self.hashes[i] == hash && self.holds(i, key)) {
+        // Whether any fingerprint matches, in a loop the compiler vectorizes (a key not in
+        // the sketch, the common case under attack by many keys, stops here); then which.
+        let print = hash as u32;
+        let candidates = self.fingerprints[..used].iter().fold(0u32, |n, f| n + u32::from(*f == print));
+        let found = if candidates == 0 {
+            None
+        } else {
+            (0..used).find(|&i| self.fingerprints[i] == print && self.hashes[i] == hash && self.holds(i, key))
+        };
+        if let Some(i) = found {
             self.counts[i] += n;
         } else if used < TOP_KEYS {
             self.set(used, hash, key, n, 0);
             self.used += 1;
+            if self.used as usize == TOP_KEYS {
+                self.floor = *self.counts.iter().min().expect("TOP_KEYS > 0");
+                self.cursor = 0;
+            }
         } else {
-            let smallest = (0..TOP_KEYS).min_by_key(|&i| self.counts[i]).expect("the sketch is full");
+            let smallest = self.smallest();
             let floor = self.counts[smallest];
             self.set(smallest, hash, key, floor + n, floor);
         }
