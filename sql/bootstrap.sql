@@ -28,6 +28,9 @@ CREATE TABLE rate_limiter.limits (
         CHECK (lock_timeout >= interval '0'),
     on_lock_timeout text NOT NULL DEFAULT 'deny'
         CHECK (on_lock_timeout IN ('deny', 'allow')),
+    deny_cache interval
+        CHECK (deny_cache >= interval '0'),
+    CONSTRAINT limits_deny_cache_is_for_one_row_per_key_in_mode_all CHECK (deny_cache IS NULL OR (shards = 1 AND mode = 'all')),
     CONSTRAINT limits_one_row_per_key_for_lock_timeout CHECK (shards = 1 OR lock_timeout IS NULL),
     CONSTRAINT limits_buckets_are_for_rolling_window CHECK (kind = 'rolling window' OR buckets IS NULL),
     CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes CHECK (shards = 1 OR (min_gap IS NULL AND mode = 'all')),
@@ -48,6 +51,7 @@ COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted
 COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
 COMMENT ON COLUMN rate_limiter.limits.lock_timeout IS 'Most time a consuming call waits for a row another transaction holds; NULL waits as UPDATE does.';
 COMMENT ON COLUMN rate_limiter.limits.on_lock_timeout IS 'When lock_timeout passes: ''deny'' (ok = false) or ''allow'' (ok, granted = 0, unmetered); reason is ''lock_timeout'' either way.';
+COMMENT ON COLUMN rate_limiter.limits.deny_cache IS 'Most time a denial may be answered again from shared memory without reading the state (needs shared_preload_libraries); NULL never.';
 COMMENT ON COLUMN rate_limiter.limits.start IS 'Window kinds: windows (a rolling window''s cells) are aligned to this instant; NULL picks a phase per (name, key).';
 COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a period is cut into, 1 to 64; NULL means 10.';
 

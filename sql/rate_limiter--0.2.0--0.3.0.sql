@@ -83,6 +83,11 @@ ALTER TABLE rate_limiter.limits
 COMMENT ON COLUMN rate_limiter.limits.lock_timeout IS 'Most time a consuming call waits for a row another transaction holds; NULL waits as UPDATE does.';
 COMMENT ON COLUMN rate_limiter.limits.on_lock_timeout IS 'When lock_timeout passes: ''deny'' (ok = false) or ''allow'' (ok, granted = 0, unmetered); reason is ''lock_timeout'' either way.';
 COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a period is cut into, 1 to 64; NULL means 10.';
+ALTER TABLE rate_limiter.limits
+    ADD COLUMN deny_cache interval
+        CHECK (deny_cache >= interval '0'),
+    ADD CONSTRAINT limits_deny_cache_is_for_one_row_per_key_in_mode_all CHECK (deny_cache IS NULL OR (shards = 1 AND mode = 'all'));
+COMMENT ON COLUMN rate_limiter.limits.deny_cache IS 'Most time a denial may be answered again from shared memory without reading the state (needs shared_preload_libraries); NULL never.';
 COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted calls of one (name, key); NULL for none.';
 COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
 ALTER TABLE rate_limiter.state ADD COLUMN granted_at timestamptz;
@@ -114,16 +119,17 @@ BEGIN
         "mode" TEXT DEFAULT 'all',
         "buckets" INT DEFAULT NULL,
         "lock_timeout" interval DEFAULT NULL,
-        "on_lock_timeout" TEXT DEFAULT 'deny'
+        "on_lock_timeout" TEXT DEFAULT 'deny',
+        "deny_cache" interval DEFAULT NULL
     ) RETURNS void
     VOLATILE SECURITY DEFINER PARALLEL UNSAFE
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'define_limit_wrapper';
-    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text) FROM PUBLIC;
-    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text) IS
+    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) IS
         'Create or replace a named limit in rate_limiter.limits.';
     FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text) TO %I', grantee);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) TO %I', grantee);
     END LOOP;
 END $$;
 

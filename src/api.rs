@@ -21,6 +21,7 @@ use crate::bucket::{Config, Mode, Reason};
 use crate::cache;
 use crate::clock;
 use crate::config::{self, JsonbArg, LimitRow};
+use crate::deny_cache;
 use crate::error::{self, Error, Result};
 use crate::http;
 use crate::limiter::{self, Decided, Decision, Part, Request};
@@ -110,7 +111,15 @@ fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<
     if let Some(d) = limiter::blocked(req) {
         return Ok(d);
     }
-    Ok(if consume { limiter::consume(&table, req, &config) } else { limiter::check(&table, req, &config) })
+    if !consume {
+        return Ok(limiter::check(&table, req, &config));
+    }
+    if let Some(d) = deny_cache::answer(req, &config) {
+        return Ok(d);
+    }
+    let d = limiter::consume(&table, req, &config);
+    deny_cache::remember(req, &config, &d);
+    Ok(d)
 }
 
 /// A denial to raise as `RL429`: message, detail and hint, allocated by PostgreSQL (all
@@ -437,6 +446,7 @@ fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
     storage::prevent_writes_unless_allowed(c"reset_rate_limit()");
     let name = valid_name(name).unwrap_or_else(|e| e.raise());
     storage::delete(name, key);
+    deny_cache::forget_all();
 }
 
 /// Deny `name`'s `key` (every limit's when `name` is NULL) until `until`, with `note`.
@@ -596,6 +606,7 @@ fn define_limit(
     buckets: default!(Option<i32>, "NULL"),
     lock_timeout: default!(Option<Interval>, "NULL"),
     on_lock_timeout: default!(Option<&str>, "'deny'"),
+    deny_cache: default!(Option<Interval>, "NULL"),
 ) {
     storage::prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
@@ -614,6 +625,7 @@ fn define_limit(
             buckets,
             lock_timeout,
             on_lock_timeout: on_lock_timeout.ok_or_else(|| required("on_lock_timeout"))?.to_owned(),
+            deny_cache,
         };
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;

@@ -72,6 +72,9 @@ pub struct Config {
     /// waits as `UPDATE` does. Not arithmetic, but part of the limit's config.
     pub lock_timeout: Option<f64>,
     pub on_lock_timeout: OnLockTimeout,
+    /// Most milliseconds a denial may be answered again from memory, without reading the
+    /// state (`deny_cache`); `None` never. Not arithmetic either.
+    pub deny_cache: Option<f64>,
 }
 
 /// What a call answers when `lock_timeout` passes.
@@ -486,6 +489,7 @@ mod tests {
             buckets: if kind == Kind::RollingWindow { DEFAULT_BUCKETS } else { 0 },
             lock_timeout: None,
             on_lock_timeout: OnLockTimeout::Deny,
+            deny_cache: None,
         }
     }
 

@@ -75,6 +75,7 @@ pub struct LimitRow {
     pub buckets: Option<i32>,
     pub lock_timeout: Option<Interval>,
     pub on_lock_timeout: String,
+    pub deny_cache: Option<Interval>,
 }
 
 impl TryFrom<&LimitRow> for Config {
@@ -98,6 +99,7 @@ impl TryFrom<&LimitRow> for Config {
             buckets: buckets_for(kind, buckets)?,
             lock_timeout: row.lock_timeout.map(clock::interval_ms),
             on_lock_timeout: parse_on_lock_timeout(&row.on_lock_timeout)?,
+            deny_cache: row.deny_cache.map(clock::interval_ms),
         })
     }
 }
@@ -119,6 +121,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
     let mut buckets = None;
     let mut lock_timeout = None;
     let mut on_lock_timeout = None;
+    let mut deny_cache = None;
     for (field, v) in object {
         match field.as_str() {
             "kind" => kind = Some(parse_kind(text_field(field, v)?)?),
@@ -135,10 +138,11 @@ pub fn from_json(value: &Value) -> Result<Config> {
             "onLockTimeout" | "on_lock_timeout" => {
                 on_lock_timeout = optional(v, |v| parse_on_lock_timeout(text_field(field, v)?))?
             }
+            "denyCache" | "deny_cache" => deny_cache = optional(v, |v| duration_field(field, v))?,
             other => {
                 return Err(Error::InvalidConfig(format!(
                     "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, \
-                     start, minGap, mode, buckets, lockTimeout, onLockTimeout)"
+                     start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache)"
                 )))
             }
         }
@@ -159,6 +163,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
         buckets: buckets_for(kind, buckets)?,
         lock_timeout,
         on_lock_timeout: on_lock_timeout.unwrap_or(OnLockTimeout::Deny),
+        deny_cache,
     })
 }
 
@@ -187,6 +192,9 @@ pub fn to_json(config: &Config) -> Value {
     if let Some(lock_timeout) = config.lock_timeout {
         object.insert("lockTimeout".into(), number(lock_timeout));
         object.insert("onLockTimeout".into(), config.on_lock_timeout.as_str().into());
+    }
+    if let Some(deny_cache) = config.deny_cache {
+        object.insert("denyCache".into(), number(deny_cache));
     }
     Value::Object(object)
 }
@@ -233,12 +241,21 @@ fn validate(config: Config) -> Result<Config> {
     if let Some(lock_timeout) = config.lock_timeout {
         non_negative("lockTimeout", lock_timeout)?;
     }
+    if let Some(deny_cache) = config.deny_cache {
+        non_negative("denyCache", deny_cache)?;
+        // A cached denial skips what a denial does besides denying: counting it (penalize)
+        // or granting what is left (partial).
+        if config.mode != Mode::All {
+            return Err(Error::NotSupported(format!("denyCache with mode '{}'", config.mode.as_str())));
+        }
+    }
     // Settings that need one row per key: a sharded call spreads a key over rows (and may
     // hold one shard when it gives up on another).
     let per_key = [
         config.min_gap.map(|_| "minGap".to_owned()),
         (config.mode != Mode::All).then(|| format!("mode '{}'", config.mode.as_str())),
         config.lock_timeout.map(|_| "lockTimeout".to_owned()),
+        config.deny_cache.map(|_| "denyCache".to_owned()),
     ];
     if let Some(setting) = per_key.into_iter().flatten().next().filter(|_| config.shards > 1) {
         return Err(Error::NotSupported(format!("{setting} needs one row per key: use shards = 1")));

@@ -97,8 +97,8 @@ impl Error {
             }
             Error::NotSupported(_) => {
                 "Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in \
-                 mode 'all'; minGap, modes other than 'all' and lockTimeout need shards = 1; \
-                 rate_limit_all takes limits in mode 'all' only."
+                 mode 'all'; minGap, modes other than 'all', lockTimeout and denyCache need \
+                 shards = 1; denyCache needs mode 'all'; rate_limit_all takes limits in mode 'all' only."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

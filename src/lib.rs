@@ -14,10 +14,12 @@ mod bucket;
 mod cache;
 mod clock;
 mod config;
+mod deny_cache;
 mod error;
 mod http;
 mod limiter;
 mod prune_worker;
+mod shmem;
 mod stats;
 mod storage;
 
@@ -41,7 +43,13 @@ pub extern "C-unwind" fn _PG_init() {
     );
     cache::register_invalidation();
     prune_worker::register();
-    stats::register();
+    // SAFETY: a plain read of a postmaster-set flag.
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    stats::register(preloading);
+    deny_cache::register(preloading);
+    if preloading {
+        shmem::register();
+    }
 }
 
 extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);

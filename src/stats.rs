@@ -20,6 +20,7 @@ use pgrx::spinlock::PgSpinLock;
 
 use crate::api::MAX_NAME_BYTES;
 use crate::limiter::Decision;
+use crate::shmem;
 
 mod top_keys;
 pub use top_keys::{Heavy, TopKeys};
@@ -111,11 +112,9 @@ fn layout(max_names: u32) -> (usize, usize, usize) {
     (slots_at, entries_at, entries_at + (max_names as usize + 1) * size_of::<Entry>())
 }
 
-static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
-static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
-
-/// From `_PG_init`: the settings always, the shared area only when preloaded.
-pub fn register() {
+/// From `_PG_init`: the settings (the size only when preloading: PostgreSQL refuses, FATAL,
+/// a postmaster setting defined after startup).
+pub fn register(preloading: bool) {
     GucRegistry::define_bool_guc(
         c"rate_limiter.track_stats",
         c"Count rate limit calls in rate_limiter.stats and rate_limiter.top_denied.",
@@ -124,62 +123,43 @@ pub fn register() {
         GucContext::Suset,
         GucFlags::default(),
     );
-    // SAFETY: a plain read of a postmaster-set flag.
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        return;
-    }
-    // PostgreSQL refuses (FATAL) a postmaster setting defined after startup.
-    GucRegistry::define_int_guc(
-        c"rate_limiter.stats_max_names",
-        c"Limit names counted in rate_limiter.stats each under its own row; more are counted under *other*.",
-        c"Each name takes about 6 kB of shared memory.",
-        &MAX_NAMES,
-        1,
-        10_000,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
-    // SAFETY: _PG_init runs once, single-threaded, in the postmaster when preloading; the
-    // previous hooks are kept and called first, as every extension does.
-    unsafe {
-        PREV_REQUEST = pg_sys::shmem_request_hook;
-        pg_sys::shmem_request_hook = Some(request);
-        PREV_STARTUP = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(startup);
+    if preloading {
+        GucRegistry::define_int_guc(
+            c"rate_limiter.stats_max_names",
+            c"Limit names counted in rate_limiter.stats each under its own row; more are counted under *other*.",
+            c"Each name takes about 6 kB of shared memory.",
+            &MAX_NAMES,
+            1,
+            10_000,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
     }
 }
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn request() {
-    // SAFETY: called by the postmaster in its shmem request phase.
+/// The postmaster's shmem request: the area and the lock that hands out entries.
+///
+/// # Safety
+/// Only from `shmem_request_hook`.
+pub unsafe fn request() {
+    // SAFETY: the caller is the shmem request hook.
     unsafe {
-        if let Some(previous) = PREV_REQUEST {
-            previous();
-        }
-        let max_names = MAX_NAMES.get() as u32;
-        pg_sys::RequestAddinShmemSpace(layout(max_names).2);
+        pg_sys::RequestAddinShmemSpace(layout(MAX_NAMES.get() as u32).2);
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
     }
 }
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn startup() {
-    // SAFETY: called by the postmaster (at start and after a crash) while no backend runs;
-    // AddinShmemInitLock serializes it with other extensions' startups, as they all do.
+/// Create the area (at start and after a crash) or attach to it.
+///
+/// # Safety
+/// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
+pub unsafe fn attach() {
+    let max_names = MAX_NAMES.get() as u32;
+    let (area, found) = shmem::area(SHMEM_NAME, layout(max_names).2);
+    // SAFETY: the area is ours, of the size requested; when new, nothing else uses it yet.
     unsafe {
-        if let Some(previous) = PREV_STARTUP {
-            previous();
-        }
-        let max_names = MAX_NAMES.get() as u32;
-        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
-        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let mut found = false;
-        let size = layout(max_names).2;
-        let area = pg_sys::ShmemInitStruct(SHMEM_NAME.as_ptr(), size, &mut found);
         if !found {
-            // All zeros: every entry unused, every slot free, every sketch empty.
-            std::ptr::write_bytes(area.cast::<u8>(), 0, size);
-            let entries = area.cast::<u8>().add(layout(max_names).1).cast::<Entry>();
+            let entries = area.add(layout(max_names).1).cast::<Entry>();
             for i in 0..=max_names as usize {
                 (&raw mut (*entries.add(i)).sketch_lock).write(PgSpinLock::new(()));
             }
@@ -190,12 +170,10 @@ unsafe extern "C-unwind" fn startup() {
                 registry: &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock,
             });
         }
-        pg_sys::LWLockRelease(init_lock);
-        AREA.store(area.cast::<Header>(), Release);
-        let shared = shared().expect("just set");
-        if !found {
-            shared.publish(0, OTHER);
-        }
+    }
+    AREA.store(area.cast::<Header>(), Release);
+    if !found {
+        shared().expect("just set").publish(0, OTHER);
     }
 }
 

@@ -759,7 +759,8 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
 }
 
 /// The current row of `limits`: name, kind, rate, period, capacity, max_reserved, shards,
-/// start, min_gap, mode, buckets, lock_timeout, on_lock_timeout; NOT NULL where `required`.
+/// start, min_gap, mode, buckets, lock_timeout, on_lock_timeout, deny_cache; NOT NULL where
+/// `required`.
 fn limit_row(limits: &Lookup) -> LimitRow {
     let required = "NOT NULL column of rate_limiter.limits";
     LimitRow {
@@ -775,6 +776,7 @@ fn limit_row(limits: &Lookup) -> LimitRow {
         buckets: limits.column(11),
         lock_timeout: limits.column(12),
         on_lock_timeout: limits.column(13).expect(required),
+        deny_cache: limits.column(14),
     }
 }
 
@@ -875,14 +877,15 @@ pub fn delete_block(name: Option<&str>, key: Option<&str>) -> bool {
 pub fn upsert_limit(row: &LimitRow, name: &str) {
     let sql = "INSERT INTO rate_limiter.limits AS l \
                (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, \
-                lock_timeout, on_lock_timeout) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                lock_timeout, on_lock_timeout, deny_cache) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
                ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
                period = excluded.period, capacity = excluded.capacity, \
                max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
                min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
-               lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout";
-    let args: [pgrx::datum::DatumWithOid<'_>; 13] = [
+               lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout, \
+               deny_cache = excluded.deny_cache";
+    let args: [pgrx::datum::DatumWithOid<'_>; 14] = [
         name.into(),
         row.kind.as_str().into(),
         row.rate.into(),
@@ -896,6 +899,7 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
         row.buckets.into(),
         row.lock_timeout.into(),
         row.on_lock_timeout.as_str().into(),
+        row.deny_cache.into(),
     ];
     Spi::run_with_args(sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -1,0 +1,66 @@
+//! Shared memory, for the statistics and the deny cache: with `shared_preload_libraries`,
+//! the postmaster sets aside each one's area at start; backends inherit them.
+
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+
+use crate::{deny_cache, stats};
+
+static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
+static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
+
+/// From `_PG_init` when preloading.
+pub fn register() {
+    // SAFETY: _PG_init runs once, single-threaded, in the postmaster when preloading; the
+    // previous hooks are kept and called first, as every extension does.
+    unsafe {
+        PREV_REQUEST = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request);
+        PREV_STARTUP = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(startup);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn request() {
+    // SAFETY: called by the postmaster in its shmem request phase.
+    unsafe {
+        if let Some(previous) = PREV_REQUEST {
+            previous();
+        }
+        stats::request();
+        deny_cache::request();
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn startup() {
+    // SAFETY: called by the postmaster (at start and after a crash) while no backend runs;
+    // AddinShmemInitLock serializes it with other extensions' startups, as they all do.
+    unsafe {
+        if let Some(previous) = PREV_STARTUP {
+            previous();
+        }
+        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        stats::attach();
+        deny_cache::attach();
+        pg_sys::LWLockRelease(init_lock);
+    }
+}
+
+/// The area called `name` of `size` bytes, and whether it existed (else it is all zeros).
+/// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
+pub fn area(name: &CStr, size: usize) -> (*mut u8, bool) {
+    let mut found = false;
+    // SAFETY: requested in `request` with this size; PostgreSQL raises an ERROR (FATAL in
+    // the postmaster) rather than return too little.
+    unsafe {
+        let area = pg_sys::ShmemInitStruct(name.as_ptr(), size, &mut found).cast::<u8>();
+        if !found {
+            std::ptr::write_bytes(area, 0, size);
+        }
+        (area, found)
+    }
+}

@@ -1,0 +1,97 @@
+"""The deny cache: denials answered from shared memory for at most a limit's deny_cache.
+
+Runs on the test command's cluster, which preloads the library. A cached denial is told
+apart from a read one by changing the state row behind the limiter's back (as superuser):
+the cache keeps denying, a read sees the tokens.
+"""
+
+import psycopg
+import pytest
+
+from test_sessions import connect, db, define, limit, name  # noqa: F401 - fixtures
+
+NOW = "2030-01-01 00:00:00+00"
+
+
+def refill(conn, name):
+    conn.execute("UPDATE rate_limiter.state SET value = 1 WHERE name = %s", (name,))
+
+
+def at(conn, instant):
+    conn.execute(f"SET rate_limiter.fake_now = '{instant}'")
+
+
+def test_a_denial_is_answered_from_the_cache_until_deny_cache_passes(db, name):
+    define(db, name, rate=1, period="1 hour", deny_cache="10 seconds")
+    define(db, name + "_plain", rate=1, period="1 hour")
+    at(db, NOW)
+    for n in (name, name + "_plain"):
+        assert limit(db, n, "k")[0]
+        assert not limit(db, n, "k")[0]  # read, and for `name` cached
+        refill(db, n)
+    assert limit(db, name + "_plain", "k")[0]  # without a cache the tokens are seen at once
+    d = db.execute("SELECT ok, retry_after, reason, limited_by FROM rate_limiter.rate_limit(%s, 'k')", (name,)).fetchone()
+    assert d == (False, 3600000.0, "exhausted", name)
+    at(db, "2030-01-01 00:00:09.999+00")
+    assert not limit(db, name, "k")[0]
+    assert db.execute("SELECT retry_after FROM rate_limiter.rate_limit(%s, 'k')", (name,)).fetchone() == (3590001.0,)
+    at(db, "2030-01-01 00:00:10+00")
+    assert limit(db, name, "k")[0]  # the cache has expired: the state is read again
+
+
+def test_other_keys_and_checks_are_not_answered_from_the_cache(db, name):
+    define(db, name, rate=1, period="1 hour", deny_cache="1 hour")
+    at(db, NOW)
+    limit(db, name, "a")
+    assert not limit(db, name, "a")[0]
+    refill(db, name)
+    assert limit(db, name, "b")[0]
+    assert db.execute("SELECT ok FROM rate_limiter.check_rate_limit(%s, 'a')", (name,)).fetchone() == (True,)
+    assert not limit(db, name, "a")[0]
+
+
+@pytest.mark.parametrize("change", [
+    "SELECT rate_limiter.reset_rate_limit(%(n)s, 'other')",
+    "SELECT rate_limiter.define(%(n)s, 'token bucket', 1, '1 hour', deny_cache => '1 hour')",
+    "UPDATE rate_limiter.limits SET rate = 1 WHERE name = %(n)s",
+    "SELECT rate_limiter.block(NULL, 'someone else')",
+])
+def test_reset_define_and_block_changes_empty_the_cache(db, name, change):
+    define(db, name, rate=1, period="1 hour", deny_cache="1 hour")
+    at(db, NOW)
+    limit(db, name, "k")
+    assert not limit(db, name, "k")[0]
+    refill(db, name)
+    assert not limit(db, name, "k")[0]
+    db.execute(change, {"n": name})
+    assert limit(db, name, "k")[0]
+    db.execute("DELETE FROM rate_limiter.blocks")
+
+
+def test_a_cached_denial_outlasts_a_rollback_refund_for_at_most_deny_cache(db, name):
+    # Denials read committed state, so only tokens taken and then rolled back by the
+    # denied transaction itself come back under a cached denial: it stays fail-closed,
+    # for at most deny_cache.
+    define(db, name, rate=1, period="1 hour", deny_cache="5 seconds")
+    with connect(autocommit=False) as c:
+        at(c, NOW)
+        assert limit(c, name, "k")[0]
+        assert not limit(c, name, "k")[0]  # cached
+        c.rollback()
+    at(db, NOW)
+    assert db.execute("SELECT ok FROM rate_limiter.check_rate_limit(%s, 'k')", (name,)).fetchone() == (True,)
+    assert not limit(db, name, "k")[0]
+    at(db, "2030-01-01 00:00:05+00")
+    assert limit(db, name, "k")[0]
+
+
+def test_deny_cache_is_refused_where_it_would_skip_work(db, name):
+    for extra, message in ((dict(shards=2), "shards = 1"), (dict(mode="penalize"), "mode 'penalize'"),
+                           (dict(mode="partial"), "mode 'partial'")):
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match=message):
+            define(db, name, rate=1, period="1 hour", deny_cache="1 second", **extra)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        define(db, name, rate=1, period="1 hour", deny_cache="-1 second")
+    cfg = '{"kind": "token bucket", "rate": 1, "period": 1000, "denyCache": "250 ms"}'
+    assert db.execute("SELECT effective_config->'denyCache' FROM rate_limiter.rate_limit_value('x', config => %s)",
+                      (cfg,)).fetchone() == (250,)
