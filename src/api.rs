@@ -687,6 +687,8 @@ fn timestamptz(pg_us: i64) -> TimestampWithTimeZone {
 }
 
 /// The rows of the view `rate_limiter.stats`.
+// pgrx reads the column names from the name! macros, so the type stays spelled out here.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_restricted)]
 fn _stats() -> TableIterator<
     'static,

@@ -19,6 +19,7 @@ use pgrx::pg_sys;
 
 use crate::bucket::{Config, Reason};
 use crate::clock;
+use crate::hash;
 use crate::limiter::{Decision, Request};
 use crate::shmem;
 
@@ -129,28 +130,14 @@ pub fn forget_all() {
     }
 }
 
-/// The slot's tag of `req`: FNV-1a over name, key and kind of config, then splitmix64's
-/// finalizer; odd.
+/// The slot's tag of `req`, odd. Separators no name holds keep (name, key) pairs from
+/// running into each other; inline configs keep rows apart from named ones, and so here.
 fn tag(req: &Request<'_>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
+    let key: [&[u8]; 2] = match req.key {
+        Some(key) => [&[0xff], key.as_bytes()],
+        None => [&[0xfe], &[]],
     };
-    eat(req.name.as_bytes());
-    // Separators no name holds, so (name, key) pairs cannot run into each other.
-    match req.key {
-        Some(key) => {
-            eat(&[0xff]);
-            eat(key.as_bytes());
-        }
-        None => eat(&[0xfe]),
-    }
-    eat(&[u8::from(req.inline)]);
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (h ^ (h >> 31)) | 1
+    hash::of([req.name.as_bytes(), key[0], key[1], &[u8::from(req.inline)]]) | 1
 }
 
 fn load(cell: &AtomicU64) -> f64 {
@@ -196,7 +183,7 @@ pub fn answer(req: &Request<'_>, config: &Config) -> Option<Decision> {
 /// Skipped when another backend is writing the same slot: it is only a cache.
 pub fn remember(req: &Request<'_>, config: &Config, d: &Decision) {
     let (Some(ttl), false, Some(retry_after)) = (config.deny_cache, d.ok, d.retry_after) else { return };
-    if d.reason != Some(Reason::Exhausted.as_str()) || !(retry_after > 0.0) {
+    if d.reason != Some(Reason::Exhausted.as_str()) || retry_after <= 0.0 {
         return;
     }
     let Some((header, slots)) = table() else { return };

@@ -16,6 +16,7 @@ mod clock;
 mod config;
 mod deny_cache;
 mod error;
+mod hash;
 mod http;
 mod limiter;
 mod prune_worker;

@@ -19,6 +19,7 @@ use pgrx::pg_sys;
 use pgrx::spinlock::PgSpinLock;
 
 use crate::api::MAX_NAME_BYTES;
+use crate::hash;
 use crate::limiter::Decision;
 use crate::shmem;
 
@@ -200,13 +201,6 @@ fn add_f64(cell: &AtomicU64, n: f64) {
     let _ = cell.fetch_update(Relaxed, Relaxed, |bits| Some((f64::from_bits(bits) + n).to_bits()));
 }
 
-fn hash(name: &str) -> u64 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut hasher = DefaultHasher::new();
-    name.hash(&mut hasher);
-    hasher.finish()
-}
-
 impl Shared {
     fn name(&self, i: usize) -> String {
         let entry = &self.entries[i];
@@ -229,7 +223,7 @@ impl Shared {
     fn find_or_add(&self, name: &str) -> usize {
         let _held = Held::take(self.header.registry, true);
         let mask = self.header.slots as usize - 1;
-        let mut at = hash(name) as usize & mask;
+        let mut at = hash::of([name.as_bytes()]) as usize & mask;
         loop {
             match self.slots[at].load(Relaxed) as usize {
                 0 => break,

@@ -41,20 +41,12 @@ pub struct Heavy {
     pub error: u64,
 }
 
-/// A key's identity: FNV-1a over a tag and the bytes, then splitmix64's finalizer so every
-/// bit (the fingerprint is the low 32) depends on every byte. The same in every process.
+/// A key's identity; a leading tag tells a NULL key from an empty one.
 fn identity(key: Option<&str>) -> u64 {
-    let (tag, bytes) = match key {
-        None => (0u8, &b""[..]),
-        Some(k) => (1u8, k.as_bytes()),
-    };
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in std::iter::once(tag).chain(bytes.iter().copied()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    match key {
+        None => crate::hash::of([&[0u8][..]]),
+        Some(k) => crate::hash::of([&[1u8][..], k.as_bytes()]),
     }
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
 }
 
 /// The longest prefix of `key` of at most `KEY_BYTES` bytes that ends on a char boundary.
