@@ -23,8 +23,7 @@ specs=$(cd "$ROOT/tests/isolation/specs" && ls *.spec | sed 's/\.spec$//')
     $specs || { cat "$ISOLATION_OUT/regression.diffs" 2>/dev/null; exit 1; }
 fresh_database rate_limiter_test
 step "tier 4: multi-session and operations tests"
-if [ ! -x "$ROOT/.venv/bin/pytest" ]; then
-    python3 -m venv "$ROOT/.venv"
-    "$ROOT/.venv/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
-fi
+[ -x "$ROOT/.venv/bin/pip" ] || python3 -m venv "$ROOT/.venv"
+# Every time: a no-op when the pinned versions are there, an update when they changed.
+"$ROOT/.venv/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
 cd "$ROOT" && PGDATABASE=rate_limiter_test .venv/bin/pytest -q -p no:cacheprovider tests
