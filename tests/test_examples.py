@@ -76,3 +76,38 @@ def test_fastapi_answers_429_with_retry_after_over_real_http():
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.fixture
+def recipes_database():
+    name = "rl_recipes"
+    with psycopg.connect(autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute("DROP ROLE IF EXISTS app_user")
+        admin.execute(f"CREATE DATABASE {name}")
+        try:
+            with psycopg.connect(dbname=name, autocommit=True) as c:
+                c.execute("CREATE EXTENSION rate_limiter")
+                c.execute((EXAMPLES / "sql" / "recipes.sql").read_text())
+            yield name
+        finally:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+            admin.execute("DROP ROLE IF EXISTS app_user")
+
+
+def test_row_level_security_and_trigger_recipes(recipes_database):
+    with psycopg.connect(dbname=recipes_database, user="app_user", autocommit=True) as app:
+        app.execute("INSERT INTO posts (body) VALUES ('one'), ('two')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security policy"):
+            app.execute("INSERT INTO posts (body) VALUES ('three')")
+        # The failed insert rolled back its token too: still none left, still 2 rows.
+        assert app.execute("SELECT count(*) FROM posts").fetchone() == (2,)
+
+        app.execute("INSERT INTO comments (body) VALUES ('one')")
+        with app.transaction():
+            app.execute("INSERT INTO comments (body) VALUES ('two')")
+        with pytest.raises(psycopg.Error) as caught:
+            app.execute("INSERT INTO comments (body) VALUES ('three')")
+        assert caught.value.sqlstate == "RL429"
+        assert '"retryAfter":' in caught.value.diag.message_detail
+        assert app.execute("SELECT body FROM comments ORDER BY id").fetchall() == [("one",), ("two",)]
