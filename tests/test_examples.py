@@ -32,6 +32,21 @@ def test_python_orm_examples(script):
     ]
 
 
+@pytest.fixture(scope="module")
+def node_modules():
+    """The Node examples' packages, as package-lock.json pins them."""
+    run("npm", "ci", "--no-audit", "--no-fund", cwd=EXAMPLES / "node")
+
+
+@pytest.mark.parametrize("script", ["pg_example.js", "knex_example.js"])
+def test_node_examples(node_modules, script):
+    assert run("node", script, cwd=EXAMPLES / "node") == [
+        '1. committed: ok=true, messages=["hello"], remaining=2.00',
+        '2. rolled back: messages=["hello"], remaining=2.00',
+        "3. RateLimited from SQLSTATE RL429: retry after 1200 s",
+    ]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
