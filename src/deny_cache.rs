@@ -130,14 +130,17 @@ pub fn forget_all() {
     }
 }
 
-/// The slot's tag of `req`, odd. Separators no name holds keep (name, key) pairs from
-/// running into each other; inline configs keep rows apart from named ones, and so here.
+/// The slot's tag of `req` in this database, odd. The table serves every database of the
+/// cluster, and each has its own limits. Separators no name holds keep (name, key) pairs
+/// from running into each other; inline configs keep rows apart from named ones, and so here.
 fn tag(req: &Request<'_>) -> u64 {
+    // SAFETY: a plain read of the backend's database, set before any SQL runs.
+    let database = unsafe { pg_sys::MyDatabaseId }.to_u32().to_le_bytes();
     let key: [&[u8]; 2] = match req.key {
         Some(key) => [&[0xff], key.as_bytes()],
         None => [&[0xfe], &[]],
     };
-    hash::of([req.name.as_bytes(), key[0], key[1], &[u8::from(req.inline)]]) | 1
+    hash::of([&database[..], req.name.as_bytes(), key[0], key[1], &[u8::from(req.inline)]]) | 1
 }
 
 fn load(cell: &AtomicU64) -> f64 {

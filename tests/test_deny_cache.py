@@ -95,3 +95,22 @@ def test_deny_cache_is_refused_where_it_would_skip_work(db, name):
     cfg = '{"kind": "token bucket", "rate": 1, "period": 1000, "denyCache": "250 ms"}'
     assert db.execute("SELECT effective_config->'denyCache' FROM rate_limiter.rate_limit_value('x', config => %s)",
                       (cfg,)).fetchone() == (250,)
+
+
+def test_each_database_has_its_own_cached_denials(db, name):
+    # The table in shared memory serves the whole cluster: a denial cached for (name, key)
+    # in one database must not answer for the same (name, key) in another.
+    other = "rl_deny_cache_" + name
+    db.execute(f"CREATE DATABASE {other}")
+    try:
+        with psycopg.connect(dbname=other, autocommit=True) as o:
+            o.execute("CREATE EXTENSION rate_limiter")
+            define(db, name, rate=1, period="1 hour", deny_cache="1 hour")
+            define(o, name, rate=1, period="1 hour", deny_cache="1 hour")
+            at(db, NOW)
+            at(o, NOW)
+            limit(db, name, "k")
+            assert not limit(db, name, "k")[0]  # cached here
+            assert limit(o, name, "k")[0]  # a fresh limit there
+    finally:
+        db.execute(f"DROP DATABASE {other} WITH (FORCE)")
