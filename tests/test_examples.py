@@ -2,9 +2,11 @@
 and print what examples/README.md shows."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -135,3 +137,79 @@ def test_row_level_security_and_trigger_recipes(recipes_database):
         assert caught.value.sqlstate == "RL429"
         assert '"retryAfter":' in caught.value.diag.message_detail
         assert app.execute("SELECT body FROM comments ORDER BY id").fetchall() == [("one",), ("two",)]
+
+
+@pytest.fixture(scope="module")
+def pgbouncer():
+    """Debian's PgBouncer in transaction pooling mode in front of the test cluster, on
+    loopback; the examples reach it through PGHOST and PGPORT."""
+    # Outside pytest's private temporary directory: PgBouncer runs as postgres.
+    directory = Path(tempfile.mkdtemp(prefix="rate_limiter_pgbouncer_"))
+    os.chmod(directory, 0o755)
+    port = free_port()
+    (directory / "userlist.txt").write_text('"postgres" ""\n')
+    (directory / "pgbouncer.ini").write_text(f"""[databases]
+* = host=/tmp port={os.environ.get("PGPORT", "5432")}
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {directory}/userlist.txt
+pool_mode = transaction
+default_pool_size = 4
+ignore_startup_parameters = extra_float_digits
+""")
+    # PgBouncer refuses to run as root.
+    bouncer = subprocess.Popen(["sudo", "-u", "postgres", "pgbouncer", str(directory / "pgbouncer.ini")],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert bouncer.poll() is None and time.time() < deadline, bouncer.stdout.read() if bouncer.poll() else "no start"
+                time.sleep(0.1)
+        yield {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(port)}
+    finally:
+        subprocess.run(["sudo", "-u", "postgres", "kill", str(bouncer.pid)], check=False)
+        subprocess.run(["pkill", "-u", "postgres", "-f", str(directory / "pgbouncer.ini")], check=False)
+        bouncer.wait(timeout=10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.parametrize("cmd,cwd,lines", [
+    ([PYTHON, "sqlalchemy_example.py"], "python", ["1. committed: ok=True, messages=['hello'], remaining=2.0",
+                                                   "2. rolled back: messages=['hello'], remaining=2.0",
+                                                   "3. RateLimited from SQLSTATE RL429: retry after 1200 s"]),
+    ([PYTHON, "django_example.py"], "python", ["1. committed: ok=True, messages=['hello'], remaining=2.0",
+                                               "2. rolled back: messages=['hello'], remaining=2.0",
+                                               "3. RateLimited from SQLSTATE RL429: retry after 1200 s"]),
+    (["node", "pg_example.js"], "node", ['1. committed: ok=true, messages=["hello"], remaining=2.00',
+                                         '2. rolled back: messages=["hello"], remaining=2.00',
+                                         "3. RateLimited from SQLSTATE RL429: retry after 1200 s"]),
+    (["node", "knex_example.js"], "node", ['1. committed: ok=true, messages=["hello"], remaining=2.00',
+                                           '2. rolled back: messages=["hello"], remaining=2.00',
+                                           "3. RateLimited from SQLSTATE RL429: retry after 1200 s"]),
+])
+def test_examples_through_pgbouncer_in_transaction_pooling(pgbouncer, node_modules, cmd, cwd, lines):
+    result = subprocess.run(cmd, cwd=EXAMPLES / cwd, env=pgbouncer, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == lines
+
+
+def test_through_pgbouncer_set_local_holds_for_the_transaction(pgbouncer):
+    conninfo = f"host=127.0.0.1 port={pgbouncer['PGPORT']} dbname={os.environ['PGDATABASE']} user=postgres"
+    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as c:
+        # Another client holds a server connection, so the next transaction may get another.
+        with psycopg.connect(conninfo, autocommit=False, prepare_threshold=None) as other:
+            other.execute("SELECT 1")
+            c.execute("SET rate_limiter.fake_now = '2030-01-01 00:00:00+00'")
+            other.commit()
+        # In transaction pooling a session SET applies to whichever server connection ran it:
+        # what a later transaction sees is luck. SET LOCAL, inside the transaction, is exact.
+        with c.transaction():
+            c.execute("SET LOCAL rate_limiter.fake_now = '2031-01-01 00:00:00+00'")
+            assert c.execute("SHOW rate_limiter.fake_now").fetchone() == ("2031-01-01 00:00:00+00",)
