@@ -49,6 +49,15 @@ def test_node_examples(node_modules, script):
     ]
 
 
+def test_rust_sqlx_example():
+    # Its own Cargo workspace and lock file; the first build takes about a minute.
+    assert run("cargo", "run", "--quiet", "--locked", cwd=EXAMPLES / "rust") == [
+        '1. committed: ok=true, messages=["hello"], remaining=2.00',
+        '2. rolled back: messages=["hello"], remaining=2.00',
+        "3. RateLimited from SQLSTATE RL429: retry after 1200 s",
+    ]
+
+
 def test_java_jdbc_example():
     # Single-file source launch (Java 11+); the driver is Debian's, installed by scripts/lib.sh.
     assert run("java", "-cp", "/usr/share/java/postgresql.jar", "RateLimiterExample.java", cwd=EXAMPLES / "java") == [
