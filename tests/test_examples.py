@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,23 +14,49 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from clusters import wait_for
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PYTHON = sys.executable
 
+# What every example prints, in its language's spelling of booleans, lists and numbers.
+PYTHON_OUTPUT = [
+    "1. committed: ok=True, messages=['hello'], remaining=2.0",
+    "2. rolled back: messages=['hello'], remaining=2.0",
+    "3. RateLimited from SQLSTATE RL429: retry after 1200 s",
+]
+NODE_AND_RUST_OUTPUT = [
+    '1. committed: ok=true, messages=["hello"], remaining=2.00',
+    '2. rolled back: messages=["hello"], remaining=2.00',
+    "3. RateLimited from SQLSTATE RL429: retry after 1200 s",
+]
 
-def run(*cmd, cwd):
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+def run(*cmd, cwd, env=None):
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.splitlines()
 
 
+def listening(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_until_listening(process, port, what):
+    """Until `process` accepts connections on `port`; fails at once if it exited."""
+    def ready():
+        assert process.poll() is None, f"{what} exited: {process.stdout.read()}"
+        return listening(port)
+    wait_for(ready, what, timeout=30)
+
+
 @pytest.mark.parametrize("script", ["sqlalchemy_example.py", "django_example.py"])
 def test_python_orm_examples(script):
-    assert run(PYTHON, script, cwd=EXAMPLES / "python") == [
-        "1. committed: ok=True, messages=['hello'], remaining=2.0",
-        "2. rolled back: messages=['hello'], remaining=2.0",
-        "3. RateLimited from SQLSTATE RL429: retry after 1200 s",
-    ]
+    assert run(PYTHON, script, cwd=EXAMPLES / "python") == PYTHON_OUTPUT
 
 
 @pytest.fixture(scope="module")
@@ -42,20 +67,12 @@ def node_modules():
 
 @pytest.mark.parametrize("script", ["pg_example.js", "knex_example.js"])
 def test_node_examples(node_modules, script):
-    assert run("node", script, cwd=EXAMPLES / "node") == [
-        '1. committed: ok=true, messages=["hello"], remaining=2.00',
-        '2. rolled back: messages=["hello"], remaining=2.00',
-        "3. RateLimited from SQLSTATE RL429: retry after 1200 s",
-    ]
+    assert run("node", script, cwd=EXAMPLES / "node") == NODE_AND_RUST_OUTPUT
 
 
 def test_rust_sqlx_example():
     # Its own Cargo workspace and lock file; the first build takes about a minute.
-    assert run("cargo", "run", "--quiet", "--locked", cwd=EXAMPLES / "rust") == [
-        '1. committed: ok=true, messages=["hello"], remaining=2.00',
-        '2. rolled back: messages=["hello"], remaining=2.00',
-        "3. RateLimited from SQLSTATE RL429: retry after 1200 s",
-    ]
+    assert run("cargo", "run", "--quiet", "--locked", cwd=EXAMPLES / "rust") == NODE_AND_RUST_OUTPUT
 
 
 def test_java_jdbc_example():
@@ -91,14 +108,7 @@ def test_fastapi_answers_429_with_retry_after_over_real_http():
     server = subprocess.Popen([PYTHON, "-m", "uvicorn", "fastapi_app:app", "--host", "127.0.0.1", "--port", str(port)],
                               cwd=EXAMPLES / "python", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert server.poll() is None and time.time() < deadline, server.stdout.read() if server.poll() else "no start"
-                time.sleep(0.1)
+        wait_until_listening(server, port, "uvicorn")
         status, headers = post(port, "/posts/alice?body=one")
         assert status == 200 and headers["ratelimit-policy"] == '"fastapi_post";q=2;w=3600'
         assert headers["ratelimit"].startswith('"fastapi_post";r=1;t=')
@@ -173,14 +183,7 @@ ignore_startup_parameters = extra_float_digits
     bouncer = subprocess.Popen(["sudo", "-u", "postgres", "pgbouncer", str(directory / "pgbouncer.ini")],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert bouncer.poll() is None and time.time() < deadline, bouncer.stdout.read() if bouncer.poll() else "no start"
-                time.sleep(0.1)
+        wait_until_listening(bouncer, port, "pgbouncer")
         yield {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(port)}
     finally:
         subprocess.run(["sudo", "-u", "postgres", "kill", str(bouncer.pid)], check=False)
@@ -190,23 +193,13 @@ ignore_startup_parameters = extra_float_digits
 
 
 @pytest.mark.parametrize("cmd,cwd,lines", [
-    ([PYTHON, "sqlalchemy_example.py"], "python", ["1. committed: ok=True, messages=['hello'], remaining=2.0",
-                                                   "2. rolled back: messages=['hello'], remaining=2.0",
-                                                   "3. RateLimited from SQLSTATE RL429: retry after 1200 s"]),
-    ([PYTHON, "django_example.py"], "python", ["1. committed: ok=True, messages=['hello'], remaining=2.0",
-                                               "2. rolled back: messages=['hello'], remaining=2.0",
-                                               "3. RateLimited from SQLSTATE RL429: retry after 1200 s"]),
-    (["node", "pg_example.js"], "node", ['1. committed: ok=true, messages=["hello"], remaining=2.00',
-                                         '2. rolled back: messages=["hello"], remaining=2.00',
-                                         "3. RateLimited from SQLSTATE RL429: retry after 1200 s"]),
-    (["node", "knex_example.js"], "node", ['1. committed: ok=true, messages=["hello"], remaining=2.00',
-                                           '2. rolled back: messages=["hello"], remaining=2.00',
-                                           "3. RateLimited from SQLSTATE RL429: retry after 1200 s"]),
+    ([PYTHON, "sqlalchemy_example.py"], "python", PYTHON_OUTPUT),
+    ([PYTHON, "django_example.py"], "python", PYTHON_OUTPUT),
+    (["node", "pg_example.js"], "node", NODE_AND_RUST_OUTPUT),
+    (["node", "knex_example.js"], "node", NODE_AND_RUST_OUTPUT),
 ])
 def test_examples_through_pgbouncer_in_transaction_pooling(pgbouncer, node_modules, cmd, cwd, lines):
-    result = subprocess.run(cmd, cwd=EXAMPLES / cwd, env=pgbouncer, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.splitlines() == lines
+    assert run(*cmd, cwd=EXAMPLES / cwd, env=pgbouncer) == lines
 
 
 def test_through_pgbouncer_set_local_holds_for_the_transaction(pgbouncer):
