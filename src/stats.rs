@@ -24,7 +24,8 @@ use crate::limiter::Decision;
 use crate::shmem;
 
 mod top_keys;
-pub use top_keys::{Heavy, TopKeys};
+pub use top_keys::Heavy;
+use top_keys::TopKeys;
 
 /// `rate_limiter.stats_max_names`: names with an entry of their own.
 pub static MAX_NAMES: GucSetting<i32> = GucSetting::<i32>::new(1000);
@@ -178,14 +179,13 @@ pub unsafe fn attach() {
     }
 }
 
-/// An LWLock held until dropped.
+/// An LWLock held exclusively until dropped.
 struct Held(*mut pg_sys::LWLock);
 
 impl Held {
-    fn take(lock: *mut pg_sys::LWLock, exclusive: bool) -> Held {
-        let mode = if exclusive { pg_sys::LWLockMode::LW_EXCLUSIVE } else { pg_sys::LWLockMode::LW_SHARED };
-        // SAFETY: one of the tranche's locks, initialized by the postmaster.
-        unsafe { pg_sys::LWLockAcquire(lock, mode) };
+    fn take(lock: *mut pg_sys::LWLock) -> Held {
+        // SAFETY: the tranche's lock, initialized by the postmaster.
+        unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
         Held(lock)
     }
 }
@@ -221,7 +221,7 @@ impl Shared {
 
     /// The entry of `name`: its own, a new one while there are free ones, else `*other*`.
     fn find_or_add(&self, name: &str) -> usize {
-        let _held = Held::take(self.header.registry, true);
+        let _held = Held::take(self.header.registry);
         let mask = self.header.slots as usize - 1;
         let mut at = hash::of([name.as_bytes()]) as usize & mask;
         loop {
