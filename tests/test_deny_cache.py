@@ -114,3 +114,15 @@ def test_each_database_has_its_own_cached_denials(db, name):
             assert limit(o, name, "k")[0]  # a fresh limit there
     finally:
         db.execute(f"DROP DATABASE {other} WITH (FORCE)")
+
+
+def test_a_cached_denial_never_outlasts_its_own_retry_after(db, name):
+    # deny_cache is an upper bound: a denial is kept only until the call could pass anyway.
+    define(db, name, rate=1, period="10 seconds", deny_cache="1 hour")
+    at(db, NOW)
+    assert limit(db, name, "k")[0]
+    assert not limit(db, name, "k")[0]  # cached, retry_after 10 s
+    at(db, "2030-01-01 00:00:09.999+00")
+    assert not limit(db, name, "k")[0]
+    at(db, "2030-01-01 00:00:10+00")
+    assert limit(db, name, "k")[0]
