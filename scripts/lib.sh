@@ -15,9 +15,9 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_packages() {
     # pg_cron and pg_repack for the operations tests' recipes; the JDBC driver and PgBouncer
-    # for the examples.
+    # for the examples; PL/Proxy for rate_limiter_proxy.
     local wanted=(postgresql-server-dev-15 libclang-dev clang sudo postgresql-15-cron postgresql-15-repack
-                  libpostgresql-jdbc-java pgbouncer) missing=()
+                  libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy) missing=()
     for p in "${wanted[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     if [ ${#missing[@]} -gt 0 ]; then
         step "installing Debian packages: ${missing[*]}"
@@ -48,6 +48,9 @@ build_and_install() {
     test -f "$($PG_CONFIG --sharedir)/extension/rate_limiter.control"
     # Earlier versions' install scripts, so CREATE EXTENSION ... VERSION and upgrades work.
     as_root cp "$ROOT"/sql/archive/rate_limiter--*.sql "$($PG_CONFIG --sharedir)/extension/"
+    # The companion extension for a PL/Proxy router is SQL only.
+    as_root cp "$ROOT"/proxy/rate_limiter_proxy.control "$ROOT"/proxy/rate_limiter_proxy--*.sql \
+        "$($PG_CONFIG --sharedir)/extension/"
 }
 
 start_cluster() {

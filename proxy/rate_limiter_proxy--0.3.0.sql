@@ -1,0 +1,608 @@
+-- rate_limiter_proxy 0.3.0: rate_limiter's calls from a PL/Proxy router database, each run
+-- on the partition database that holds its state.
+--
+-- The partitions are a PL/Proxy cluster named rate_limiter: a plproxy foreign server whose
+-- options p0 .. pN-1 (N a power of two) are the partitions' connection strings, each a
+-- database with the rate_limiter extension. A call for a key goes where PL/Proxy sends
+-- hashtext(key) (the name's hash when the key is NULL), as the application's own PL/Proxy
+-- functions route by that key. A limit with shards > 1 is spread: every partition holds
+-- shards/N of its shards with their share of rate and capacity, and a call goes to a random
+-- partition. Config changes run on every partition.
+--
+-- These functions are SECURITY INVOKER: PL/Proxy connects to the partitions as the user
+-- mapping of the caller says.
+
+\echo Use "CREATE EXTENSION rate_limiter_proxy" to load this file. \quit
+
+CREATE TYPE rate_limiter_proxy.decision AS (
+    ok boolean,
+    retry_after double precision,
+    remaining double precision,
+    reset_after double precision,
+    granted double precision,
+    reason text,
+    limited_by text
+);
+COMMENT ON TYPE rate_limiter_proxy.decision IS
+    'The answer of a partition''s rate_limiter, column for column as rate_limiter.decision.';
+
+-- The router's record of the named limits it defined: their fleet-wide definition, which
+-- routing reads (a spread limit goes to a random partition) and redefine_all() pushes again.
+CREATE TABLE rate_limiter_proxy.limits (
+    name text PRIMARY KEY,
+    kind text NOT NULL,
+    rate double precision NOT NULL,
+    period interval NOT NULL,
+    capacity double precision,
+    max_reserved double precision,
+    shards integer NOT NULL DEFAULT 1 CHECK (shards >= 1),
+    start timestamptz,
+    min_gap interval,
+    mode text NOT NULL DEFAULT 'all',
+    buckets integer,
+    lock_timeout interval,
+    on_lock_timeout text NOT NULL DEFAULT 'deny',
+    deny_cache interval,
+    partitions integer NOT NULL CHECK (partitions >= 1),
+    defined_at timestamptz NOT NULL DEFAULT now()
+);
+SELECT pg_catalog.pg_extension_config_dump('rate_limiter_proxy.limits', '');
+COMMENT ON TABLE rate_limiter_proxy.limits IS
+    'Named limits as defined through the router: the whole limit, before it is shared out. Written by rate_limiter_proxy.define(); each partition''s rate_limiter.limits holds its share.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.name IS 'Limit name, as in rate_limiter.limits.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.kind IS 'token bucket, fixed window, sliding window or rolling window.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.rate IS 'Tokens per period over the whole fleet.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.period IS 'The period of rate.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.capacity IS 'Bucket size over the whole fleet; NULL means rate.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.max_reserved IS 'Most tokens reservations may owe over the whole fleet; NULL means none.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.shards IS 'Shards over the whole fleet; above 1 the limit is spread, shards/partitions on each partition.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.start IS 'Window phase, as in rate_limiter.limits.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.min_gap IS 'Minimum time between allowed calls of one key, as in rate_limiter.limits.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.mode IS 'all, partial or penalize, as in rate_limiter.limits.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.buckets IS 'Buckets of a rolling window, as in rate_limiter.limits.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.lock_timeout IS 'Longest wait for the row lock, as in rate_limiter.limits.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.on_lock_timeout IS 'deny or allow when lock_timeout passes, as in rate_limiter.limits.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.deny_cache IS 'How long a denial may be answered from shared memory, as in rate_limiter.limits.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.partitions IS 'How many partitions the cluster had when the limit was defined; after a change run redefine_all().';
+COMMENT ON COLUMN rate_limiter_proxy.limits.defined_at IS 'When define() last reached every partition.';
+
+-- How many partitions the cluster rate_limiter has.
+CREATE FUNCTION rate_limiter_proxy.partitions() RETURNS integer
+LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    n integer;
+BEGIN
+    SELECT pg_catalog.count(*) INTO n
+      FROM pg_catalog.pg_foreign_server s
+      JOIN pg_catalog.pg_foreign_data_wrapper w ON w.oid = s.srvfdw,
+           pg_catalog.unnest(s.srvoptions) AS option
+     WHERE s.srvname = 'rate_limiter' AND w.fdwname = 'plproxy' AND option ~ '^p[0-9]+=';
+    IF n = 0 THEN
+        RAISE EXCEPTION 'there is no PL/Proxy cluster "rate_limiter"'
+            USING ERRCODE = 'undefined_object',
+                  DETAIL = 'rate_limiter_proxy sends each call to a partition of the foreign server rate_limiter.',
+                  HINT = 'CREATE SERVER rate_limiter FOREIGN DATA WRAPPER plproxy OPTIONS (p0 ''host=... dbname=...'', p1 ''...''); CREATE USER MAPPING FOR PUBLIC SERVER rate_limiter;';
+    END IF;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.partitions() IS
+    'The number of partitions (options p0, p1, ...) of the PL/Proxy cluster rate_limiter.';
+
+CREATE FUNCTION rate_limiter_proxy.partition_of(key text) RETURNS integer
+LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $$
+    SELECT pg_catalog.hashtext(key) & (rate_limiter_proxy.partitions() - 1)
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.partition_of(text) IS
+    'The partition (0 for p0, ...) that holds the state of a key''s unsharded limits: where PL/Proxy sends hashtext(key).';
+
+-- How many of a spread limit's shards each partition holds.
+CREATE FUNCTION rate_limiter_proxy._shards_per_partition(shards integer, partitions integer) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF shards % partitions <> 0 THEN
+        RAISE EXCEPTION 'a limit of % shards cannot be shared evenly over % partitions', shards, partitions
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'Through the router each partition holds shards/partitions of the shards, with that share of rate, capacity and max_reserved.',
+                  HINT = pg_catalog.format('Use a multiple of %s shards, or 1 to keep the limit on the partition of its key.', partitions);
+    END IF;
+    RETURN shards / partitions;
+END
+$$;
+
+-- A partition's effective config of a spread limit, as the whole limit.
+CREATE FUNCTION rate_limiter_proxy._whole(config jsonb, partitions integer) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    whole jsonb := config;
+    field text;
+BEGIN
+    FOREACH field IN ARRAY ARRAY['rate', 'capacity', 'maxReserved', 'shards'] LOOP
+        IF pg_catalog.jsonb_typeof(config -> field) = 'number' THEN
+            whole := whole || pg_catalog.jsonb_build_object(field, (config ->> field)::double precision * partitions);
+        END IF;
+    END LOOP;
+    RETURN whole || pg_catalog.jsonb_build_object('shards', (config ->> 'shards')::integer * partitions);
+END
+$$;
+
+-- An inline config's share on each of the partitions a spread limit is shared over.
+CREATE FUNCTION rate_limiter_proxy._share(config jsonb, shards integer, partitions integer) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    share jsonb := config || pg_catalog.jsonb_build_object('shards', rate_limiter_proxy._shards_per_partition(shards, partitions));
+    field text;
+BEGIN
+    FOREACH field IN ARRAY ARRAY['rate', 'capacity', 'maxReserved', 'max_reserved'] LOOP
+        IF pg_catalog.jsonb_typeof(config -> field) = 'number' THEN
+            -- partitions is a power of two: the division is exact.
+            share := share || pg_catalog.jsonb_build_object(field, (config ->> field)::double precision / partitions);
+        END IF;
+    END LOOP;
+    RETURN share;
+END
+$$;
+
+-- Where a call goes: hash is given to PL/Proxy's RUN ON, share is the inline config to send,
+-- spread the number of partitions a spread limit is shared over (1 for other limits).
+CREATE TYPE rate_limiter_proxy.route_target AS (hash integer, share jsonb, spread integer);
+COMMENT ON TYPE rate_limiter_proxy.route_target IS
+    'Where the router sends a call: the hash for PL/Proxy''s RUN ON, the inline config to send, and over how many partitions the limit is spread.';
+
+CREATE FUNCTION rate_limiter_proxy._route(name text, key text, config jsonb)
+RETURNS rate_limiter_proxy.route_target LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    shards integer := 1;
+    target rate_limiter_proxy.route_target;
+BEGIN
+    target.share := config;
+    IF config IS NULL THEN
+        SELECT l.shards, l.partitions INTO shards, target.spread FROM rate_limiter_proxy.limits l WHERE l.name = _route.name;
+    ELSIF config ->> 'shards' ~ '^[0-9]{1,4}$' THEN
+        -- Anything else is left for the partition to refuse in its own words.
+        shards := (config ->> 'shards')::integer;
+    END IF;
+    IF coalesce(shards, 1) <= 1 THEN
+        target.hash := pg_catalog.hashtext(coalesce(key, name));
+        target.spread := 1;
+        RETURN target;
+    END IF;
+    target.hash := (pg_catalog.random() * 2147483647)::integer;
+    IF config IS NOT NULL THEN
+        target.spread := rate_limiter_proxy.partitions();
+        target.share := rate_limiter_proxy._share(config, shards, target.spread);
+    END IF;
+    RETURN target;
+END
+$$;
+
+-- rate_limit_all's requests and their one partition: limits of one key (or spread limits,
+-- which every partition holds a share of) can be taken all or nothing; limits whose state
+-- is on different partitions cannot, since each partition commits on its own.
+CREATE FUNCTION rate_limiter_proxy._route_all(requests jsonb)
+RETURNS rate_limiter_proxy.route_target LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    request jsonb;
+    r rate_limiter_proxy.route_target;
+    partitions integer;
+    owner text;
+    hash integer;
+    share jsonb;
+BEGIN
+    IF pg_catalog.jsonb_typeof(requests) IS DISTINCT FROM 'array' THEN
+        -- Malformed: the partition says how.
+        RETURN ROW(0, requests, 1);
+    END IF;
+    partitions := rate_limiter_proxy.partitions();
+    share := '[]';
+    FOR request IN SELECT * FROM pg_catalog.jsonb_array_elements(requests) LOOP
+        IF pg_catalog.jsonb_typeof(request) = 'object' THEN
+            r := rate_limiter_proxy._route(request ->> 'name', request ->> 'key', pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object('c', request -> 'config')) -> 'c');
+            IF r.spread > 1 AND request ? 'config' THEN
+                request := request || pg_catalog.jsonb_build_object('config', r.share);
+            ELSIF r.spread = 1 THEN
+                IF hash IS NOT NULL AND (hash & (partitions - 1)) <> (r.hash & (partitions - 1)) THEN
+                    RAISE EXCEPTION 'rate_limit_all through the router takes limits whose state is on one partition'
+                        USING ERRCODE = 'feature_not_supported',
+                              DETAIL = pg_catalog.format('%s is on partition %s, %s on partition %s; each partition commits on its own, so they cannot be taken all or nothing.',
+                                  owner, hash & (partitions - 1),
+                                  pg_catalog.format('(%s, %s)', request ->> 'name', coalesce(request ->> 'key', 'NULL')), r.hash & (partitions - 1)),
+                              HINT = 'Give the limits one key (such as the tenant), use spread limits (shards > 1), or call rate_limiter.rate_limit_all on the partition from an application function routed there by its key.';
+                END IF;
+                hash := r.hash;
+                owner := pg_catalog.format('(%s, %s)', request ->> 'name', coalesce(request ->> 'key', 'NULL'));
+            END IF;
+        END IF;
+        share := share || pg_catalog.jsonb_build_array(request);
+    END LOOP;
+    -- Only spread limits: any partition holds all of them.
+    RETURN ROW(coalesce(hash, (pg_catalog.random() * 2147483647)::integer), share, 1);
+END
+$$;
+
+-- Raises again an error of a call through PL/Proxy, or returns if it is not one.
+-- A partition's error keeps its SQLSTATE, message, detail and hint as the partition raised
+-- them, without PL/Proxy's prefixes, so that RL429 reads as without the router. PL/Proxy's
+-- failure to reach a partition becomes 08001, and losing it during the call 08006.
+CREATE FUNCTION rate_limiter_proxy._raise_again(code text, msg text, det text, hnt text, hash integer)
+RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    remote constant text := '^[^ ]+\(\d+\): \[[^]]*\] REMOTE [A-Z]+: ';
+    which text := 'a partition';
+    -- The partition went away under the call: a FATAL (such as 57P01 when it shuts down), or
+    -- libpq's own words for a broken connection, which carry no SQLSTATE.
+    lost constant boolean := msg ~ '\] REMOTE FATAL: ' OR code LIKE '57P0_'
+        OR (code = 'XX000' AND msg ~ 'server closed the connection|connection to server .* lost|could not receive data');
+BEGIN
+    det := nullif(det, '');
+    hnt := nullif(hnt, '');
+    IF hash IS NOT NULL THEN
+        which := pg_catalog.format('partition %s', hash & (rate_limiter_proxy.partitions() - 1));
+    END IF;
+    IF msg ~ remote AND NOT lost THEN
+        msg := pg_catalog.regexp_replace(msg, remote, '');
+        det := pg_catalog.regexp_replace(det, '^Remote detail: ', '');
+        hnt := pg_catalog.regexp_replace(hnt, '^Remote hint: ', '');
+        -- RAISE refuses NULL options.
+        IF det IS NULL AND hnt IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg;
+        ELSIF hnt IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg, DETAIL = det;
+        ELSIF det IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg, HINT = hnt;
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg, DETAIL = det, HINT = hnt;
+    ELSIF msg ~ '^PL/Proxy function [^ ]+: (\[[^]]*\] PQconnect(Start|Poll)|connect timeout to)' THEN
+        RAISE EXCEPTION '% of PL/Proxy cluster "rate_limiter" is unreachable', which
+            USING ERRCODE = 'sqlclient_unable_to_establish_sqlconnection', DETAIL = msg,
+                  HINT = 'Nothing was counted there. Calls for keys on other partitions go on; start the partition or fix its connection string in SERVER rate_limiter.';
+    ELSIF msg ~ '^PL/Proxy function [^ ]+: (\[[^]]*\] PQ|query timeout)' OR msg ~ remote THEN
+        RAISE EXCEPTION 'lost % of PL/Proxy cluster "rate_limiter" during the call', which
+            USING ERRCODE = 'connection_failure', DETAIL = msg,
+                  HINT = 'The partition may or may not have counted the call: treat it as denied and try again later.';
+    END IF;
+END
+$$;
+
+-- The hops: each runs one statement on one partition (or all), in a transaction of its own there.
+
+CREATE FUNCTION rate_limiter_proxy._rate_limit(hash integer, name text, key text, count double precision, reserve boolean, throws boolean, config jsonb)
+RETURNS rate_limiter_proxy.decision LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT * FROM rate_limiter.rate_limit(name, key, count, reserve, throws, config);
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._check_rate_limit(hash integer, name text, key text, count double precision, reserve boolean, throws boolean, config jsonb)
+RETURNS rate_limiter_proxy.decision LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT * FROM rate_limiter.check_rate_limit(name, key, count, reserve, throws, config);
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._wait_rate_limit(hash integer, name text, key text, count double precision, timeout interval, config jsonb)
+RETURNS rate_limiter_proxy.decision LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT * FROM rate_limiter.wait_rate_limit(name, key, count, timeout, config);
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._rate_limit_all(hash integer, requests jsonb, reserve boolean, throws boolean)
+RETURNS rate_limiter_proxy.decision LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT * FROM rate_limiter.rate_limit_all(requests, reserve, throws);
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._check_rate_limit_all(hash integer, requests jsonb, reserve boolean, throws boolean)
+RETURNS rate_limiter_proxy.decision LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT * FROM rate_limiter.check_rate_limit_all(requests, reserve, throws);
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._rate_limit_value(hash integer, name text, key text, config jsonb, sample_shards integer,
+    OUT value double precision, OUT ts timestamptz, OUT shard integer, OUT effective_config jsonb)
+RETURNS SETOF record LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT * FROM rate_limiter.rate_limit_value(name, key, config, sample_shards);
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._reset_everywhere(name text, key text) RETURNS SETOF integer LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON ALL;
+    SELECT 1 FROM rate_limiter.reset_rate_limit(name, key);
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._define_everywhere(name text, kind text, rate double precision, period interval,
+    capacity double precision, max_reserved double precision, shards integer, start timestamptz, min_gap interval,
+    mode text, buckets integer, lock_timeout interval, on_lock_timeout text, deny_cache interval)
+RETURNS SETOF integer LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON ALL;
+    SELECT 1 FROM rate_limiter.define(name, kind, rate, period, capacity, max_reserved, shards, start, min_gap,
+                                      mode, buckets, lock_timeout, on_lock_timeout, deny_cache);
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._block_everywhere(name text, key text, until timestamptz, note text)
+RETURNS SETOF integer LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON ALL;
+    SELECT 1 FROM rate_limiter.block(name, key, until, note);
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._unblock_everywhere(name text, key text) RETURNS SETOF boolean LANGUAGE plproxy AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON ALL;
+    SELECT rate_limiter.unblock(name, key);
+$$;
+
+-- The SQL surface: rate_limiter's functions with its signatures and results. Each routes
+-- the call, makes the hop, and raises a partition's error again as the partition raised it.
+
+CREATE FUNCTION rate_limiter_proxy.rate_limit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false,
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter_proxy.decision
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    d rate_limiter_proxy.decision;
+    code text; msg text; det text; hnt text;
+BEGIN
+    target := rate_limiter_proxy._route(name, key, config);
+    d := rate_limiter_proxy._rate_limit(target.hash, name, key, count, reserve, throws, target.share);
+    -- A partition estimates remaining over its own shards.
+    d.remaining := d.remaining * target.spread;
+    RETURN d;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.rate_limit(text, text, double precision, boolean, boolean, jsonb) IS
+    'rate_limiter.rate_limit on the partition of the key (a random one for a spread limit), in a transaction of its own there.';
+
+CREATE FUNCTION rate_limiter_proxy.check_rate_limit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false,
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter_proxy.decision
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    d rate_limiter_proxy.decision;
+    code text; msg text; det text; hnt text;
+BEGIN
+    target := rate_limiter_proxy._route(name, key, config);
+    d := rate_limiter_proxy._check_rate_limit(target.hash, name, key, count, reserve, throws, target.share);
+    d.remaining := d.remaining * target.spread;
+    RETURN d;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.check_rate_limit(text, text, double precision, boolean, boolean, jsonb) IS
+    'rate_limiter.check_rate_limit on the partition rate_limit would use.';
+
+CREATE FUNCTION rate_limiter_proxy.wait_rate_limit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    timeout interval DEFAULT '30 seconds',
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter_proxy.decision
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    d rate_limiter_proxy.decision;
+    code text; msg text; det text; hnt text;
+BEGIN
+    target := rate_limiter_proxy._route(name, key, config);
+    d := rate_limiter_proxy._wait_rate_limit(target.hash, name, key, count, timeout, target.share);
+    d.remaining := d.remaining * target.spread;
+    RETURN d;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.wait_rate_limit(text, text, double precision, interval, jsonb) IS
+    'rate_limiter.wait_rate_limit on the partition rate_limit would use; it holds a connection to that partition while it waits.';
+
+CREATE FUNCTION rate_limiter_proxy.rate_limit_all(
+    requests jsonb,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false
+) RETURNS rate_limiter_proxy.decision
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    code text; msg text; det text; hnt text;
+BEGIN
+    target := rate_limiter_proxy._route_all(requests);
+    RETURN rate_limiter_proxy._rate_limit_all(target.hash, target.share, reserve, throws);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.rate_limit_all(jsonb, boolean, boolean) IS
+    'rate_limiter.rate_limit_all on the one partition that holds every limit named (their keys'' partition; any for spread limits); 0A000 if they are on different partitions.';
+
+CREATE FUNCTION rate_limiter_proxy.check_rate_limit_all(
+    requests jsonb,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false
+) RETURNS rate_limiter_proxy.decision
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    code text; msg text; det text; hnt text;
+BEGIN
+    target := rate_limiter_proxy._route_all(requests);
+    RETURN rate_limiter_proxy._check_rate_limit_all(target.hash, target.share, reserve, throws);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.check_rate_limit_all(jsonb, boolean, boolean) IS
+    'rate_limiter.check_rate_limit_all on the partition rate_limit_all would use.';
+
+CREATE FUNCTION rate_limiter_proxy.rate_limit_value(
+    name text,
+    key text DEFAULT NULL,
+    config jsonb DEFAULT NULL,
+    sample_shards integer DEFAULT 1
+) RETURNS TABLE (value double precision, ts timestamptz, shard integer, effective_config jsonb)
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    code text; msg text; det text; hnt text;
+BEGIN
+    target := rate_limiter_proxy._route(name, key, config);
+    FOR value, ts, shard, effective_config IN
+        SELECT * FROM rate_limiter_proxy._rate_limit_value(target.hash, name, key, target.share, sample_shards)
+    LOOP
+        IF target.spread > 1 THEN
+            -- Shards numbered over the whole limit, and the whole limit's config.
+            shard := (target.hash & (target.spread - 1)) * (effective_config ->> 'shards')::integer + shard;
+            effective_config := rate_limiter_proxy._whole(effective_config, target.spread);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.rate_limit_value(text, text, jsonb, integer) IS
+    'rate_limiter.rate_limit_value on the partition rate_limit would use; for a spread limit, shard and effective_config are over the whole limit.';
+
+CREATE FUNCTION rate_limiter_proxy.reset_rate_limit(name text, key text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    code text; msg text; det text; hnt text;
+BEGIN
+    -- On every partition: a spread limit's rows are on all of them.
+    PERFORM rate_limiter_proxy._reset_everywhere(name, key);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, NULL);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.reset_rate_limit(text, text) IS
+    'rate_limiter.reset_rate_limit on every partition.';
+
+CREATE FUNCTION rate_limiter_proxy.define(
+    name text,
+    kind text,
+    rate double precision,
+    period interval,
+    capacity double precision DEFAULT NULL,
+    max_reserved double precision DEFAULT NULL,
+    shards integer DEFAULT 1,
+    start timestamptz DEFAULT NULL,
+    min_gap interval DEFAULT NULL,
+    mode text DEFAULT 'all',
+    buckets integer DEFAULT NULL,
+    lock_timeout interval DEFAULT NULL,
+    on_lock_timeout text DEFAULT 'deny',
+    deny_cache interval DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    partitions integer := rate_limiter_proxy.partitions();
+    spread integer := 1;
+    code text; msg text; det text; hnt text;
+BEGIN
+    IF coalesce(shards, 1) > 1 THEN
+        spread := partitions;
+    END IF;
+    -- Every partition at once, each in a transaction of its own: after an error some may
+    -- have the new definition; define again.
+    PERFORM rate_limiter_proxy._define_everywhere(name, kind, rate / spread, period, capacity / spread,
+        max_reserved / spread, rate_limiter_proxy._shards_per_partition(shards, spread), start, min_gap, mode,
+        buckets, lock_timeout, on_lock_timeout, deny_cache);
+    INSERT INTO rate_limiter_proxy.limits AS l (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap,
+            mode, buckets, lock_timeout, on_lock_timeout, deny_cache, partitions)
+        VALUES (name, kind, rate, period, capacity, max_reserved, coalesce(shards, 1), start, min_gap,
+            coalesce(mode, 'all'), buckets, lock_timeout, coalesce(on_lock_timeout, 'deny'), deny_cache, partitions)
+        ON CONFLICT ON CONSTRAINT limits_pkey DO UPDATE SET
+            kind = EXCLUDED.kind, rate = EXCLUDED.rate, period = EXCLUDED.period, capacity = EXCLUDED.capacity,
+            max_reserved = EXCLUDED.max_reserved, shards = EXCLUDED.shards, start = EXCLUDED.start,
+            min_gap = EXCLUDED.min_gap, mode = EXCLUDED.mode, buckets = EXCLUDED.buckets,
+            lock_timeout = EXCLUDED.lock_timeout, on_lock_timeout = EXCLUDED.on_lock_timeout,
+            deny_cache = EXCLUDED.deny_cache, partitions = EXCLUDED.partitions, defined_at = pg_catalog.now();
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, NULL);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) IS
+    'rate_limiter.define on every partition (a spread limit, shards > 1, with each partition''s share), recorded in rate_limiter_proxy.limits.';
+
+CREATE FUNCTION rate_limiter_proxy.redefine_all() RETURNS integer
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
+DECLARE
+    l rate_limiter_proxy.limits;
+    n integer := 0;
+BEGIN
+    FOR l IN SELECT * FROM rate_limiter_proxy.limits ORDER BY name LOOP
+        PERFORM rate_limiter_proxy.define(l.name, l.kind, l.rate, l.period, l.capacity, l.max_reserved, l.shards,
+            l.start, l.min_gap, l.mode, l.buckets, l.lock_timeout, l.on_lock_timeout, l.deny_cache);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.redefine_all() IS
+    'define() again every limit of rate_limiter_proxy.limits on every partition: after a partition is rebuilt or the partition count changes. Returns how many.';
+
+CREATE FUNCTION rate_limiter_proxy.block(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    code text; msg text; det text; hnt text;
+BEGIN
+    PERFORM rate_limiter_proxy._block_everywhere(name, key, until, note);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, NULL);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.block(text, text, timestamptz, text) IS
+    'rate_limiter.block on every partition.';
+
+CREATE FUNCTION rate_limiter_proxy.unblock(name text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE AS $$
+DECLARE
+    code text; msg text; det text; hnt text;
+BEGIN
+    RETURN (SELECT pg_catalog.bool_or(removed) FROM rate_limiter_proxy._unblock_everywhere(name, key) AS removed);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, NULL);
+    RAISE;
+END
+$$;
+COMMENT ON FUNCTION rate_limiter_proxy.unblock(text, text) IS
+    'rate_limiter.unblock on every partition; true if any partition had the block.';
