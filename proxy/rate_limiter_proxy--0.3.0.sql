@@ -197,7 +197,7 @@ BEGIN
     share := '[]';
     FOR request IN SELECT * FROM pg_catalog.jsonb_array_elements(requests) LOOP
         IF pg_catalog.jsonb_typeof(request) = 'object' THEN
-            r := rate_limiter_proxy._route(request ->> 'name', request ->> 'key', pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object('c', request -> 'config')) -> 'c');
+            r := rate_limiter_proxy._route(request ->> 'name', request ->> 'key', nullif(request -> 'config', 'null'));
             IF r.spread > 1 AND request ? 'config' THEN
                 request := request || pg_catalog.jsonb_build_object('config', r.share);
             ELSIF r.spread = 1 THEN

@@ -229,6 +229,10 @@ def test_rate_limit_all_takes_limits_of_one_partition(fleet2):
         # All or nothing on that partition: the per-user limit denies, the spread one keeps its token.
         assert c.execute("SELECT ok, limited_by FROM rate_limiter_proxy.rate_limit_all(%s)",
                          (both(on_0[0]),)).fetchone() == (False, per_user)
+        # An inline spread config in a request is shared out like rate_limit's.
+        inline = {**HOUR_WINDOW, "rate": 10, "shards": 2}
+        assert c.execute("SELECT ok FROM rate_limiter_proxy.rate_limit_all(%s)", (json.dumps(
+            [{"name": unique("all_inline"), "config": inline}, {"name": per_user, "key": on_0[1]}]),)).fetchone()[0]
         with pytest.raises(errors.FeatureNotSupported):
             c.execute("SELECT rate_limiter_proxy.rate_limit_all(%s)", (json.dumps(
                 [{"name": per_user, "key": on_0[1]}, {"name": per_user, "key": on_1}]),))
