@@ -158,6 +158,15 @@ BEGIN
     target.share := config;
     IF config IS NULL THEN
         SELECT l.shards, l.partitions INTO shards, target.spread FROM rate_limiter_proxy.limits l WHERE l.name = _route.name;
+        IF shards > 1 AND target.spread <> rate_limiter_proxy.partitions() THEN
+            -- The partitions hold shares of 1/spread: routed over another count they would
+            -- not add up to the limit (copies of a partition would admit twice).
+            RAISE EXCEPTION 'spread limit "%" is shared over % partitions, and the PL/Proxy cluster "rate_limiter" has %',
+                    name, target.spread, rate_limiter_proxy.partitions()
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'Each partition holds its share of the limit as define() gave it out over the partitions of that time.',
+                      HINT = 'After changing the partitions of SERVER rate_limiter, run SELECT rate_limiter_proxy.redefine_all(); to share every limit out again.';
+        END IF;
     ELSIF config ->> 'shards' ~ '^[0-9]{1,4}$' THEN
         -- Anything else is left for the partition to refuse in its own words.
         shards := (config ->> 'shards')::integer;
