@@ -2,7 +2,6 @@
 partition clusters of its own, each a separate PostgreSQL on a socket in /tmp."""
 
 import json
-import threading
 import uuid
 
 import psycopg
@@ -10,6 +9,7 @@ import pytest
 from psycopg import errors
 
 from clusters import Cluster
+from together import in_sessions
 
 PARTITION_PORTS = [5620, 5621, 5622, 5623]
 HOUR_WINDOW = {"kind": "fixed window", "period": 3600000}
@@ -90,24 +90,11 @@ def state_rows(fleet, name):
 
 def hammer(fleet, sessions, calls, sql, args):
     """`sessions` router sessions each make `calls` calls of `sql` at once; how many were ok."""
-    allowed, failures = [], []
-    start = threading.Barrier(sessions)
+    def session(_):
+        with fleet.connect() as c:
+            return sum(c.execute(sql, args).fetchone()[0] for _ in range(calls))
 
-    def session():
-        try:
-            with fleet.connect() as c:
-                start.wait()
-                allowed.append(sum(c.execute(sql, args).fetchone()[0] for _ in range(calls)))
-        except Exception as e:  # reported below, in the test's own thread
-            failures.append(e)
-
-    threads = [threading.Thread(target=session) for _ in range(sessions)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not failures, failures
-    return sum(allowed)
+    return sum(in_sessions(sessions, session))
 
 
 def test_keys_spread_evenly_and_land_where_partition_of_says(fleet):

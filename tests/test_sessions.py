@@ -13,6 +13,8 @@ import psycopg
 import pytest
 from psycopg import errors, sql
 
+from together import in_sessions
+
 
 def connect(**kwargs):
     return psycopg.connect(autocommit=kwargs.pop("autocommit", True), **kwargs)
@@ -127,38 +129,27 @@ def test_conflicting_consumption_at_higher_isolation_is_40001(db, name, level):
 
 
 def hammer(name, sessions, calls, fake_now=None, key="hot", hold=0.0, count=1):
-    granted = []
-    errors_seen = []
-
-    def worker():
+    """`sessions` sessions each make `calls` calls at once, a transaction each; tokens granted."""
+    def session(_):
         got = 0
-        try:
-            with connect(autocommit=False) as c:
-                if fake_now:
-                    c.execute(f"SET rate_limiter.fake_now = '{fake_now}'")
-                    c.commit()
-                for _ in range(calls):
-                    got += limit(c, name, key, count=count)[3]
-                    if hold:
-                        time.sleep(hold)
-                    c.commit()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors_seen.append(e)
-        granted.append(got)
+        with connect(autocommit=False) as c:
+            if fake_now:
+                c.execute(f"SET rate_limiter.fake_now = '{fake_now}'")
+                c.commit()
+            for _ in range(calls):
+                got += limit(c, name, key, count=count)[3]
+                if hold:
+                    time.sleep(hold)
+                c.commit()
+        return got
 
-    threads = [threading.Thread(target=worker) for _ in range(sessions)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(granted), errors_seen
+    return sum(in_sessions(sessions, session))
 
 
 def test_concurrent_sessions_never_exceed_the_bound_exactly(db, name):
     # The clock is pinned, so nothing flows in: the bound is the capacity, exactly.
     define(db, name, rate=1000, period="1 hour")
-    total, errs = hammer(name, sessions=8, calls=500, fake_now="2026-01-01 00:00:00+00")
-    assert errs == []
+    total = hammer(name, sessions=8, calls=500, fake_now="2026-01-01 00:00:00+00")
     assert total == 1000
 
 
@@ -167,8 +158,7 @@ def test_concurrent_sessions_on_a_sliding_window_admit_exactly_what_the_weight_l
     db.execute("SET rate_limiter.fake_now = '2026-01-01 00:30:00+00'")
     assert limit(db, name, "hot", count=600)[0]
     # A quarter into the next window the 600 still weigh 450: exactly 550 are left.
-    total, errs = hammer(name, sessions=8, calls=100, fake_now="2026-01-01 01:15:00+00")
-    assert errs == []
+    total = hammer(name, sessions=8, calls=100, fake_now="2026-01-01 01:15:00+00")
     assert total == 550
 
 
@@ -177,10 +167,8 @@ def test_concurrent_sessions_on_a_rolling_window_admit_exactly_what_the_period_l
     db.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
     assert limit(db, name, "hot", count=200)[0]
     # The 200 count until the end of their 6-minute cell plus an hour.
-    total, errs = hammer(name, sessions=8, calls=60, fake_now="2026-01-01 01:05:59+00")
-    assert (errs, total) == ([], 300)
-    total, errs = hammer(name, sessions=8, calls=60, fake_now="2026-01-01 01:06:00+00")
-    assert (errs, total) == ([], 200)
+    assert hammer(name, sessions=8, calls=60, fake_now="2026-01-01 01:05:59+00") == 300
+    assert hammer(name, sessions=8, calls=60, fake_now="2026-01-01 01:06:00+00") == 200
 
 
 def test_rate_limit_all_in_reversed_orders_never_deadlocks_and_holds_every_bound(db, name):
@@ -189,27 +177,18 @@ def test_rate_limit_all_in_reversed_orders_never_deadlocks_and_holds_every_bound
     define(db, b, rate=150, period="1 hour")
     orders = [json.dumps([{"name": a, "key": "k"}, {"name": b, "key": "k"}]),
               json.dumps([{"name": b, "key": "k"}, {"name": a, "key": "k"}])]
-    granted, errors_seen = [], []
 
-    def worker(requests):
+    def session(i):
         got = 0
-        try:
-            with connect(autocommit=False) as c:
-                c.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
-                for _ in range(40):
-                    got += c.execute("SELECT granted FROM rate_limiter.rate_limit_all(%s)", (requests,)).fetchone()[0]
-                    time.sleep(0.001)  # hold both rows a moment, so that orders cross
-                    c.commit()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors_seen.append(e)
-        granted.append(got)
+        with connect(autocommit=False) as c:
+            c.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
+            for _ in range(40):
+                got += c.execute("SELECT granted FROM rate_limiter.rate_limit_all(%s)", (orders[i % 2],)).fetchone()[0]
+                time.sleep(0.001)  # hold both rows a moment, so that orders cross
+                c.commit()
+        return got
 
-    threads = [threading.Thread(target=worker, args=(orders[i % 2],)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors_seen == [], "no 40P01"
+    granted = in_sessions(8, session)  # any error, such as a 40P01, fails here
     assert sum(granted) == 100, "a binds; b gave no more than a allowed"
     assert db.execute("SELECT value FROM rate_limiter.state WHERE name = %s", (b,)).fetchone() == (50,)
 
@@ -217,15 +196,13 @@ def test_rate_limit_all_in_reversed_orders_never_deadlocks_and_holds_every_bound
 def test_concurrent_partial_calls_take_exactly_the_capacity(db, name):
     define(db, name, rate=1000, period="1 hour", mode="partial")
     # 1000 is not a multiple of 3: one call gets the last token alone.
-    total, errs = hammer(name, sessions=8, calls=60, count=3, fake_now="2026-01-01 00:00:00+00")
-    assert errs == []
+    total = hammer(name, sessions=8, calls=60, count=3, fake_now="2026-01-01 00:00:00+00")
     assert total == 1000
 
 
 def test_concurrent_penalized_calls_keep_the_debt_within_capacity(db, name):
     define(db, name, rate=100, period="1 hour", mode="penalize")
-    total, errs = hammer(name, sessions=8, calls=50, fake_now="2026-01-01 00:00:00+00")
-    assert errs == []
+    total = hammer(name, sessions=8, calls=50, fake_now="2026-01-01 00:00:00+00")
     assert total == 100, "denied calls are counted, never granted"
     assert db.execute("SELECT value FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (-100,)
 
@@ -233,9 +210,8 @@ def test_concurrent_penalized_calls_keep_the_debt_within_capacity(db, name):
 def test_concurrent_sessions_real_clock_stay_within_capacity_plus_inflow(db, name):
     define(db, name, rate=50, period="1 second", capacity=100)
     started = time.time()
-    total, errs = hammer(name, sessions=8, calls=300)
+    total = hammer(name, sessions=8, calls=300)
     elapsed = time.time() - started
-    assert errs == []
     assert 100 <= total <= 100 + 50 * elapsed + 1
 
 
@@ -320,8 +296,8 @@ def test_sharded_global_limit_under_16_sessions_no_deadlock_within_bound(db, nam
     # pinned, so the bound is the capacity exactly; sharding may deny a little early (two
     # looked-at shards empty while others are not) but must never grant more.
     define(db, name, rate=400, period="1 hour", shards=16)
-    total, errs = hammer(name, sessions=16, calls=40, fake_now="2026-01-01 00:00:00+00", key=None, hold=0.003)
-    assert errs == [], errs  # no 40P01 deadlock, no other error
+    # Any error, such as a 40P01 deadlock, fails the test.
+    total = hammer(name, sessions=16, calls=40, fake_now="2026-01-01 00:00:00+00", key=None, hold=0.003)
     assert 0.9 * 400 <= total <= 400
     remaining = db.execute(
         "SELECT coalesce(sum(value), 0) FROM rate_limiter.state WHERE name = %s", (name,)
@@ -453,6 +429,5 @@ def test_lock_timeout_answers_by_policy_without_aborting_or_leaving_a_lock(db, n
 
 def test_sixteen_sessions_creating_one_fresh_key_see_no_error(db, name):
     define(db, name, rate=1000)
-    total, errs = hammer(name, sessions=16, calls=1, key="fresh")
-    assert errs == [] and total == 16
+    assert hammer(name, sessions=16, calls=1, key="fresh") == 16
     assert db.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (1,)
