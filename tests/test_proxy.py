@@ -206,6 +206,9 @@ def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(parti
 
 ROUTED = ("rate_limit", "check_rate_limit", "wait_rate_limit", "rate_limit_all", "check_rate_limit_all",
           "rate_limit_value", "reset_rate_limit", "define", "block", "unblock")
+# What the README says stays on each partition; anything new in rate_limiter must be routed
+# or listed here.
+PARTITION_ONLY = {"http_headers", "http_headers_all", "prune", "stats_reset"}
 SIGNATURES = """
 SELECT p.proname, pg_get_function_arguments(p.oid),
        replace(pg_get_function_result(p.oid), %(schema)s || '.decision', 'decision'),
@@ -223,10 +226,13 @@ def test_the_router_has_the_signatures_and_results_of_rate_limiter(fleet2):
     with fleet2.on_partition(0) as c:
         direct = c.execute(SIGNATURES, {"schema": "rate_limiter", "names": list(ROUTED)}).fetchall()
         direct_decision = c.execute(DECISION_COLUMNS, ("rate_limiter.decision",)).fetchall()
+        public = {r[0] for r in c.execute(
+            "SELECT proname FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace AND proname !~ '^_'")}
     with fleet2.connect() as c:
         routed = c.execute(SIGNATURES, {"schema": "rate_limiter_proxy", "names": list(ROUTED)}).fetchall()
         routed_decision = c.execute(DECISION_COLUMNS, ("rate_limiter_proxy.decision",)).fetchall()
     assert sorted({r[0] for r in direct}) == sorted(ROUTED)
+    assert public - set(ROUTED) == PARTITION_ONLY
     # Name, arguments with their defaults, result, volatility, parallel safety and strictness.
     assert routed == direct
     assert routed_decision == direct_decision
