@@ -1,42 +1,72 @@
 -- Tables and the decision type, created before the Rust functions that use them.
--- CREATE EXTENSION creates the schema rate_limiter (see rate_limiter.control).
+-- CREATE EXTENSION creates the schema rate_limiter (see rate_limiter.control), or uses one
+-- that exists already.
+--
+-- This script runs as a superuser with search_path = rate_limiter: every operator and
+-- function it uses, CHECK constraints included, is qualified with pg_catalog, so that none
+-- resolves to a look-alike planted in the schema.
+
+-- A schema that exists already and belongs to another role (one created before
+-- CREATE EXTENSION) is that role's: it could drop or replace the extension's objects.
+DO $$
+DECLARE
+    schema_owner pg_catalog.oid := (SELECT n.nspowner FROM pg_catalog.pg_namespace n
+                                    WHERE n.oid OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace);
+    extension_owner pg_catalog.oid := (SELECT e.extowner FROM pg_catalog.pg_extension e
+                                       WHERE e.extname OPERATOR(pg_catalog.=) 'rate_limiter');
+BEGIN
+    IF schema_owner OPERATOR(pg_catalog.<>) extension_owner
+       AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_authid r WHERE r.oid OPERATOR(pg_catalog.=) schema_owner) THEN
+        RAISE EXCEPTION 'schema @extschema@ is owned by role %, which is not installing the extension',
+            schema_owner::pg_catalog.regrole
+            USING ERRCODE = '42501',
+                  HINT = 'Drop the schema or make the installing role its owner (ALTER SCHEMA @extschema@ OWNER TO ...), then CREATE EXTENSION rate_limiter again.';
+    END IF;
+END $$;
 
 CREATE TABLE rate_limiter.limits (
     name text PRIMARY KEY
-        CHECK (name <> '' AND octet_length(name) <= 128),
+        CONSTRAINT limits_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
     kind text NOT NULL
-        CHECK (kind IN ('token bucket', 'fixed window', 'sliding window', 'rolling window')),
+        CONSTRAINT limits_kind_check CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window', 'sliding window', 'rolling window'])),
     rate double precision NOT NULL
-        CHECK (rate > 0 AND rate < 'Infinity'),
+        CONSTRAINT limits_rate_check CHECK (rate OPERATOR(pg_catalog.>) 0::pg_catalog.float8 AND rate OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
     period interval NOT NULL
-        CHECK (period > interval '0'),
+        CONSTRAINT limits_period_check CHECK (period OPERATOR(pg_catalog.>) '0'::pg_catalog.interval),
     capacity double precision
-        CHECK (capacity >= 0 AND capacity < 'Infinity'),
+        CONSTRAINT limits_capacity_check CHECK (capacity OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND capacity OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
     max_reserved double precision
-        CHECK (max_reserved >= 0 AND max_reserved < 'Infinity'),
+        CONSTRAINT limits_max_reserved_check CHECK (max_reserved OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND max_reserved OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
     shards integer NOT NULL DEFAULT 1
-        CHECK (shards BETWEEN 1 AND 1024),
+        CONSTRAINT limits_shards_check CHECK (shards OPERATOR(pg_catalog.>=) 1 AND shards OPERATOR(pg_catalog.<=) 1024),
     start timestamptz
-        CHECK (isfinite(start)),
+        CONSTRAINT limits_start_check CHECK (pg_catalog.isfinite(start)),
     min_gap interval
-        CHECK (min_gap >= interval '0'),
+        CONSTRAINT limits_min_gap_check CHECK (min_gap OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
     mode text NOT NULL DEFAULT 'all'
-        CHECK (mode IN ('all', 'partial', 'penalize')),
+        CONSTRAINT limits_mode_check CHECK (mode OPERATOR(pg_catalog.=) ANY (ARRAY['all', 'partial', 'penalize'])),
     buckets integer
-        CHECK (buckets BETWEEN 1 AND 64),
+        CONSTRAINT limits_buckets_check CHECK (buckets OPERATOR(pg_catalog.>=) 1 AND buckets OPERATOR(pg_catalog.<=) 64),
     lock_timeout interval
-        CHECK (lock_timeout >= interval '0'),
+        CONSTRAINT limits_lock_timeout_check CHECK (lock_timeout OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
     on_lock_timeout text NOT NULL DEFAULT 'deny'
-        CHECK (on_lock_timeout IN ('deny', 'allow')),
+        CONSTRAINT limits_on_lock_timeout_check CHECK (on_lock_timeout OPERATOR(pg_catalog.=) ANY (ARRAY['deny', 'allow'])),
     deny_cache interval
-        CHECK (deny_cache >= interval '0'),
-    CONSTRAINT limits_deny_cache_is_for_one_row_per_key_in_mode_all CHECK (deny_cache IS NULL OR (shards = 1 AND mode = 'all')),
-    CONSTRAINT limits_one_row_per_key_for_lock_timeout CHECK (shards = 1 OR lock_timeout IS NULL),
-    CONSTRAINT limits_buckets_are_for_rolling_window CHECK (kind = 'rolling window' OR buckets IS NULL),
-    CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes CHECK (shards = 1 OR (min_gap IS NULL AND mode = 'all')),
-    CONSTRAINT limits_start_is_for_windows CHECK (kind <> 'token bucket' OR start IS NULL),
-    CONSTRAINT limits_capacity_is_rate CHECK (kind IN ('token bucket', 'fixed window') OR capacity IS NULL OR capacity = rate),
-    CONSTRAINT limits_reservations_are_for_token_bucket_and_fixed_window CHECK (kind IN ('token bucket', 'fixed window') OR max_reserved IS NULL)
+        CONSTRAINT limits_deny_cache_check CHECK (deny_cache OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    CONSTRAINT limits_deny_cache_is_for_one_row_per_key_in_mode_all
+        CHECK (deny_cache IS NULL OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all')),
+    CONSTRAINT limits_one_row_per_key_for_lock_timeout
+        CHECK (shards OPERATOR(pg_catalog.=) 1 OR lock_timeout IS NULL),
+    CONSTRAINT limits_buckets_are_for_rolling_window
+        CHECK (kind OPERATOR(pg_catalog.=) 'rolling window' OR buckets IS NULL),
+    CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes
+        CHECK (shards OPERATOR(pg_catalog.=) 1 OR (min_gap IS NULL AND mode OPERATOR(pg_catalog.=) 'all')),
+    CONSTRAINT limits_start_is_for_windows
+        CHECK (kind OPERATOR(pg_catalog.<>) 'token bucket' OR start IS NULL),
+    CONSTRAINT limits_capacity_is_rate
+        CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window']) OR capacity IS NULL OR capacity OPERATOR(pg_catalog.=) rate),
+    CONSTRAINT limits_reservations_are_for_token_bucket_and_fixed_window
+        CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window']) OR max_reserved IS NULL)
 );
 COMMENT ON TABLE rate_limiter.limits IS
     'Named rate limits, one row each. Manage with INSERT/UPDATE/DELETE or rate_limiter.define().';
@@ -62,9 +92,9 @@ SELECT pg_catalog.pg_extension_config_dump('rate_limiter.limits', '');
 -- with key, as the state's does; a NULL name blocks the key under every limit.
 CREATE TABLE rate_limiter.blocks (
     name text COLLATE "C"
-        CHECK (name <> '' AND octet_length(name) <= 128),
+        CONSTRAINT blocks_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
     key text COLLATE "C"
-        CHECK (octet_length(key) <= 1024),
+        CONSTRAINT blocks_key_check CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024),
     until timestamptz NOT NULL DEFAULT 'infinity',
     note text,
     created timestamptz NOT NULL DEFAULT pg_catalog.now(),

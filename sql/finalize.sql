@@ -73,6 +73,9 @@ CREATE TRIGGER blocks_truncated
     FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
 ALTER TABLE rate_limiter.blocks ENABLE ALWAYS TRIGGER blocks_changed;
 ALTER TABLE rate_limiter.blocks ENABLE ALWAYS TRIGGER blocks_truncated;
+-- The trigger runs no SQL; its search_path is pinned anyway, as for every function that may
+-- run with more rights than the role whose statement fires it.
+ALTER FUNCTION rate_limiter._limits_changed() SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION rate_limiter.rate_limit(text, text, double precision, boolean, boolean, jsonb) IS
     'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';

@@ -30,6 +30,8 @@ use crate::storage::{self, StateTable};
 
 pub const MAX_NAME_BYTES: usize = 128;
 pub const MAX_KEY_BYTES: usize = 1024;
+/// The most limits one `rate_limit_all` call may name: each is a row lock held to commit.
+pub const MAX_REQUESTS: usize = 1000;
 
 fn valid_name(name: Option<&str>) -> Result<&str> {
     match name {
@@ -39,6 +41,8 @@ fn valid_name(name: Option<&str>) -> Result<&str> {
             "name is {} bytes, more than {MAX_NAME_BYTES}",
             n.len()
         ))),
+        // The statistics count names beyond their room under this one.
+        Some(stats::OTHER) => Err(Error::InvalidArgument(format!("the name {} is reserved", stats::OTHER))),
         Some(n) => Ok(n),
     }
 }
@@ -323,8 +327,13 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
     if list.is_empty() {
         return Err(bad("name at least one limit".into()));
     }
+    if list.len() > MAX_REQUESTS {
+        return Err(bad(format!("{} limits, more than {MAX_REQUESTS}", list.len())));
+    }
     let mut parts: Vec<Part<'_>> = Vec::with_capacity(list.len());
+    let mut seen = std::collections::HashSet::with_capacity(list.len());
     for item in list {
+        pgrx::check_for_interrupts!();
         let object = item.as_object().ok_or_else(|| bad(format!("expected an object, got {item}")))?;
         let (mut name, mut key, mut count, mut inline) = (None, None, Some(1.0), None);
         for (field, v) in object {
@@ -340,7 +349,7 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
             }
         }
         let req = request(name, key, count, Some(reserve), inline.is_some())?;
-        if parts.iter().any(|p| p.req.name == req.name && p.req.key == req.key) {
+        if !seen.insert((req.name, req.key)) {
             return Err(bad(format!("({}, {:?}) appears twice; add the counts instead", req.name, req.key)));
         }
         let config = match inline {
@@ -442,6 +451,7 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
 
 /// Forget the state of (name, key), every shard.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
     storage::prevent_writes_unless_allowed(c"reset_rate_limit()");
     let name = valid_name(name).unwrap_or_else(|e| e.raise());
@@ -451,6 +461,7 @@ fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
 
 /// Deny `name`'s `key` (every limit's when `name` is NULL) until `until`, with `note`.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 fn block(
     name: Option<&str>,
     key: Option<&str>,
@@ -470,6 +481,7 @@ fn block(
 
 /// Lift the block of (`name`, `key`); whether there was one.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 fn unblock(name: Option<&str>, key: Option<&str>) -> bool {
     storage::prevent_writes_unless_allowed(c"unblock()");
     storage::delete_block(name, key)
@@ -480,6 +492,7 @@ fn unblock(name: Option<&str>, key: Option<&str>) -> bool {
 /// and blocks that have ended; returns how many. Skips rows that running
 /// transactions hold, so it never waits for them and can run beside calls and itself.
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {
     storage::prevent_writes_unless_allowed(c"prune()");
     match max_rows {
@@ -591,6 +604,7 @@ fn rate_limit_value(
 /// Create or replace a named limit (an upsert into `rate_limiter.limits`). Its C symbol is
 /// new in 0.3.0, which added arguments: 0.2.0's SQL names `define_wrapper` (see below).
 #[pg_extern(name = "define", security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
 fn define_limit(
     name: Option<&str>,

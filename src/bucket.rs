@@ -272,6 +272,19 @@ pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool)
     c
 }
 
+/// The instant PostgreSQL can no longer store (294277-01-01, its END_TIMESTAMP), in ms since
+/// the Unix epoch.
+pub const END_OF_TIME_MS: f64 = 9_224_318_016_000_000.0;
+
+/// What one (name, key) may owe without `max_reserved`: as much as refills from `now` until
+/// two periods before the last instant PostgreSQL can store, less a capacity. So a wait and a
+/// row's `expires` are always storable instants that `prune()` reaches, however large a count
+/// a caller reserves (Convex's own bound is none).
+pub fn storable_debt(config: &Config, now: f64) -> f64 {
+    let periods = (END_OF_TIME_MS - now) / config.period - 2.0;
+    (periods * config.rate - config.capacity).max(0.0)
+}
+
 /// The token bucket and fixed window, as the Convex component computes them.
 /// Elapsed time never counts negative, so a clock that steps back refills nothing.
 fn convex_check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
@@ -296,7 +309,7 @@ fn convex_check(state: State, config: &Config, now: f64, count: f64, reserve: bo
             (value, ts, retry_after)
         }
     };
-    let over_reserved = config.max_reserved.is_some_and(|max| -value > max);
+    let over_reserved = -value > config.max_reserved.unwrap_or_else(|| storable_debt(config, now));
     let ok = value >= 0.0 || (reserve && !over_reserved);
     Check {
         ok,
@@ -604,6 +617,28 @@ mod tests {
             let followup = check(state_of(reserved), &bounded, NOW, 1.0, true);
             assert!(!followup.ok, "a second reservation would owe 2 > max_reserved 1");
             assert!(followup.retry_after.unwrap() > reserved.retry_after.unwrap());
+        }
+    }
+
+    /// Without max_reserved, a reservation may owe until shortly before PostgreSQL's last
+    /// storable instant and no further: a count of 1e300 is denied, not owed until infinity.
+    #[test]
+    fn reservations_without_max_stay_storable() {
+        for kind in KINDS {
+            let c = config(kind, 1.0, SECOND);
+            let years = check(at(1.0, NOW), &c, NOW, 1e9, true);
+            assert!(years.ok, "31 years of debt is still a reservation");
+            let limit = storable_debt(&c, NOW);
+            let at_limit = check(at(c.capacity, NOW), &c, NOW, c.capacity + limit, true);
+            assert!(at_limit.ok);
+            let end = expires(state_of(at_limit), &c);
+            assert!(end < END_OF_TIME_MS && NOW + at_limit.retry_after.unwrap() < END_OF_TIME_MS, "{kind:?}: {end}");
+            let past = check(at(c.capacity, NOW), &c, NOW, c.capacity + limit * 1.001, true);
+            assert!(!past.ok, "{kind:?}: past the storable debt");
+            let huge = check(at(1.0, NOW), &c, NOW, 1e300, true);
+            assert!(!huge.ok && huge.retry_after.unwrap().is_finite());
+            let bounded = Config { max_reserved: Some(1e300), ..c };
+            assert!(check(at(1.0, NOW), &bounded, NOW, 1e300, true).ok, "an explicit max_reserved is the bound");
         }
     }
 

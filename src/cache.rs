@@ -7,6 +7,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::CStr;
+use std::ptr::null_mut;
 
 use pgrx::prelude::*;
 
@@ -39,35 +40,166 @@ pub fn relations() -> Relations {
     })
 }
 
+/// The extension's relations, found through what the extension owns rather than by name:
+/// the schema is `pg_extension.extnamespace`, every relation must be a member of the
+/// extension (its indexes belong to its tables), and the schema and tables must be owned by
+/// the extension's owner or a superuser. A role that could replace or rename them could
+/// otherwise make this code read and write look-alikes, or run its own operators.
 fn look_up() -> Relations {
-    // SAFETY: catalog lookups by name; each raises an ERROR rather than return garbage.
+    // SAFETY: catalog lookups by OID and by name within the extension's own schema; each
+    // raises an ERROR rather than return garbage.
     unsafe {
-        let schema = pg_sys::get_namespace_oid(c"rate_limiter".as_ptr(), false);
-        let oid = |name: &CStr| {
+        let extension = pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false);
+        let (schema, owner) = extension_row(extension);
+        trusted_owner("schema", schema, namespace_owner(schema), owner);
+        let member = |name: &CStr, class: pg_sys::Oid, oid: pg_sys::Oid| {
+            if pg_sys::getExtensionOfObject(class, oid) != extension {
+                Error::NotAMember(format!("{}.{}", schema_name(schema), name.to_string_lossy())).raise()
+            }
+        };
+        let relation = |name: &CStr| {
             let oid = pg_sys::get_relname_relid(name.as_ptr(), schema);
             if oid == pg_sys::InvalidOid {
                 error!("rate_limiter.{} is missing; reinstall the extension", name.to_string_lossy());
             }
             oid
         };
-        let decision = oid(c"decision");
-        let state = oid(c"state");
+        let table = |name: &CStr| {
+            let oid = relation(name);
+            member(name, pg_sys::RelationRelationId, oid);
+            trusted_owner("table", oid, relation_owner(oid), owner);
+            oid
+        };
+        let index_of = |table: pg_sys::Oid, name: &CStr| {
+            let oid = relation(name);
+            if pg_sys::IndexGetRelation(oid, true) != table {
+                Error::NotAMember(format!("{}.{}", schema_name(schema), name.to_string_lossy())).raise()
+            }
+            oid
+        };
+        let decision = relation(c"decision");
+        let decision_type = pg_sys::get_rel_type_id(decision);
+        member(c"decision", pg_sys::TypeRelationId, decision_type);
+        let state = table(c"state");
         // The library can be newer than the extension's SQL in a database not yet updated:
         // 0.1.0 and 0.2.0 had no expires column.
         if pg_sys::get_attnum(state, c"expires".as_ptr()) == pg_sys::InvalidAttrNumber as i16 {
             Error::ExtensionOutdated.raise()
         }
-        let state_key = oid(c"state_key_name_shard_key");
+        let (limits, blocks) = (table(c"limits"), table(c"blocks"));
         Relations {
             state,
-            state_key,
-            limits: oid(c"limits"),
-            limits_key: oid(c"limits_pkey"),
-            blocks: oid(c"blocks"),
-            blocks_key: oid(c"blocks_key_name_key"),
-            decision_type: pg_sys::get_rel_type_id(decision),
+            state_key: index_of(state, c"state_key_name_shard_key"),
+            limits,
+            limits_key: index_of(limits, c"limits_pkey"),
+            blocks,
+            blocks_key: index_of(blocks, c"blocks_key_name_key"),
+            decision_type,
             decision,
         }
+    }
+}
+
+/// The schema and owner of the extension `extension`, from its pg_extension row.
+///
+/// # Safety
+/// Inside a transaction.
+unsafe fn extension_row(extension: pg_sys::Oid) -> (pg_sys::Oid, pg_sys::Oid) {
+    // SAFETY: a scan of pg_extension by its OID index, as PostgreSQL's own get_extension_*
+    // functions do; the row is read before the scan ends, and the scan and table are closed.
+    unsafe {
+        let catalog = pg_sys::table_open(pg_sys::ExtensionRelationId, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let mut key = pg_sys::ScanKeyData::default();
+        pg_sys::ScanKeyInit(
+            &mut key,
+            pg_sys::Anum_pg_extension_oid as pg_sys::AttrNumber,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::F_OIDEQ.into(),
+            extension.into(),
+        );
+        let scan = pg_sys::systable_beginscan(catalog, pg_sys::ExtensionOidIndexId.into(), true, null_mut(), 1, &mut key);
+        let tuple = pg_sys::systable_getnext(scan);
+        if tuple.is_null() {
+            error!("extension rate_limiter (OID {}) vanished while it was being looked up", extension.to_u32());
+        }
+        let row = &*(pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_extension);
+        let found = (row.extnamespace, row.extowner);
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(catalog, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        found
+    }
+}
+
+/// The owner column of the syscache row of `oid` in `cache`, read as the catalog form `F`.
+///
+/// # Safety
+/// `F` is the form of `cache`'s catalog, and `owner` reads a field of it.
+unsafe fn syscache_owner<F>(cache: pg_sys::SysCacheIdentifier::Type, oid: pg_sys::Oid, owner: fn(&F) -> pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: a syscache lookup by OID; the row is pinned until released just after it is read.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(cache as i32, oid.into());
+        if tuple.is_null() {
+            error!("cache lookup failed for object {}", oid.to_u32());
+        }
+        let found = owner(&*(pg_sys::GETSTRUCT(tuple) as *const F));
+        pg_sys::ReleaseSysCache(tuple);
+        found
+    }
+}
+
+fn namespace_owner(schema: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: NAMESPACEOID rows are pg_namespace forms.
+    unsafe { syscache_owner(pg_sys::SysCacheIdentifier::NAMESPACEOID, schema, |n: &pg_sys::FormData_pg_namespace| n.nspowner) }
+}
+
+fn relation_owner(relation: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: RELOID rows are pg_class forms.
+    unsafe { syscache_owner(pg_sys::SysCacheIdentifier::RELOID, relation, |c: &pg_sys::FormData_pg_class| c.relowner) }
+}
+
+fn schema_name(schema: pg_sys::Oid) -> String {
+    // SAFETY: a palloc'd copy of the name, or NULL for a schema that does not exist.
+    let name = unsafe { pg_sys::get_namespace_name(schema) };
+    if name.is_null() {
+        return format!("schema {}", schema.to_u32());
+    }
+    // SAFETY: a NUL-terminated name.
+    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+}
+
+/// Refuse an object of the extension owned by a role that neither owns the extension nor is
+/// a superuser: such a role could drop, replace or rename what this code trusts.
+fn trusted_owner(what: &str, object: pg_sys::Oid, object_owner: pg_sys::Oid, extension_owner: pg_sys::Oid) {
+    // SAFETY: superuser_arg reads the role's catalog row.
+    if object_owner == extension_owner || unsafe { pg_sys::superuser_arg(object_owner) } {
+        return;
+    }
+    // SAFETY: a palloc'd copy of the role's name (missing_ok: a number if it has none).
+    let role = unsafe { pg_sys::GetUserNameFromId(object_owner, true) };
+    let role = if role.is_null() {
+        object_owner.to_u32().to_string()
+    } else {
+        // SAFETY: a NUL-terminated name.
+        unsafe { CStr::from_ptr(role) }.to_string_lossy().into_owned()
+    };
+    let name = match what {
+        "schema" => schema_name(object),
+        _ => qualified_name(object),
+    };
+    Error::UntrustedOwner { what: format!("{what} {name}"), role }.raise()
+}
+
+/// `schema.relation` of a relation, each part quoted as needed: SQL that names the
+/// extension's tables is built from their OIDs, never from a name someone could shadow.
+pub fn qualified_name(relation: pg_sys::Oid) -> String {
+    // SAFETY: lookups by OID; each returns a palloc'd copy, NULL when the relation is gone.
+    unsafe {
+        let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relation));
+        let name = pg_sys::get_rel_name(relation);
+        if schema.is_null() || name.is_null() {
+            error!("relation {} vanished while it was in use", relation.to_u32());
+        }
+        CStr::from_ptr(pg_sys::quote_qualified_identifier(schema, name)).to_string_lossy().into_owned()
     }
 }
 
@@ -105,10 +237,25 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     }
 }
 
+/// The syscache callback for pg_namespace: a schema renamed or given to another owner may
+/// be the extension's, whose relations were checked against its owner.
+#[pg_guard]
+unsafe extern "C-unwind" fn forget_on_schema_change(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+    // SAFETY: as `forget` for every relation; reads nothing through pointers.
+    unsafe { forget(pg_sys::Datum::from(0), pg_sys::InvalidOid) }
+}
+
 /// Called once from `_PG_init`.
 pub fn register_invalidation() {
-    // SAFETY: registering a callback with static lifetime, once per backend.
-    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0)) }
+    // SAFETY: registering callbacks with static lifetime, once per backend.
+    unsafe {
+        pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0));
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
+            Some(forget_on_schema_change),
+            pg_sys::Datum::from(0),
+        );
+    }
 }
 
 /// Trigger on `rate_limiter.limits` and `rate_limiter.blocks`: tell every backend to drop

@@ -40,6 +40,12 @@ pub enum Error {
 
     #[error("not supported: {0}")]
     NotSupported(String),
+
+    #[error("rate_limiter's {what} is owned by role \"{role}\", which neither owns the extension nor is a superuser")]
+    UntrustedOwner { what: String, role: String },
+
+    #[error("{0} is not an object of the extension rate_limiter")]
+    NotAMember(String),
 }
 
 impl Error {
@@ -56,6 +62,8 @@ impl Error {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             Error::TimeOutOfRange(_) => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
+            Error::UntrustedOwner { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            Error::NotAMember(_) => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         }
     }
 
@@ -69,8 +77,8 @@ impl Error {
                 "Define it with rate_limiter.define(name, kind, rate, period) or pass config => '{...}'::jsonb."
             }
             Error::InvalidArgument(_) => {
-                "name must be a non-empty text of at most 128 bytes, key at most 1024 bytes, \
-                 count a finite number >= 0."
+                "name must be a non-empty text of at most 128 bytes other than *other*, key at \
+                 most 1024 bytes, count a finite number >= 0; rate_limit_all takes at most 1000 limits."
             }
             Error::InvalidConfig(_) | Error::MalformedConfig(_) => {
                 "A config looks like {\"kind\": \"token bucket\", \"rate\": 10, \"period\": 60000}: \
@@ -99,6 +107,17 @@ impl Error {
                 "Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in \
                  mode 'all'; minGap, modes other than 'all', lockTimeout and denyCache need \
                  shards = 1; denyCache needs mode 'all'; rate_limit_all takes limits in mode 'all' only."
+            }
+            Error::UntrustedOwner { .. } => {
+                "A role that owns the extension's schema or tables could replace or rename what \
+                 the extension runs as its callers; give them back with ALTER SCHEMA or ALTER \
+                 TABLE ... OWNER TO the extension's owner, or DROP EXTENSION rate_limiter and \
+                 create it again in a schema the installing role owns."
+            }
+            Error::NotAMember(_) => {
+                "An object of that name exists in the extension's schema but the extension did not \
+                 create it: drop the look-alike and restore the extension's own object, or DROP \
+                 EXTENSION rate_limiter and create it again."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

@@ -3,13 +3,20 @@
 //! `rate_limiter.prune_interval` and, one database at a time, starts a worker that prunes
 //! that database's state table in batches if the extension is installed there, resting
 //! between batches as long as each took, then vacuums it when it deleted anything.
+//!
+//! The workers run as the bootstrap superuser in databases that other roles own: they pin
+//! `search_path` to `pg_catalog, pg_temp` first, find the extension by catalog lookups and
+//! call the pruning code directly, never through SQL that names the extension's objects.
 
+use std::ffi::CString;
 use std::time::Duration;
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use pgrx::PgMemoryContexts;
+
+use crate::{cache, clock, storage};
 
 /// `rate_limiter.prune_interval`, in seconds; 0 turns the worker off.
 pub static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
@@ -47,6 +54,7 @@ pub fn register() {
 pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
+    pin_search_path();
     loop {
         // Off (0): look at the setting again hourly, or at the next reload.
         let interval = match PRUNE_INTERVAL.get() {
@@ -102,11 +110,11 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
     // SAFETY: the launcher passed a database OID as the argument.
     let database = unsafe { pg_sys::Oid::from_datum(arg, false) }.expect("a database OID");
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
-    let installed = BackgroundWorker::transaction(|| {
-        Spi::get_one::<bool>("SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'rate_limiter')")
-            .ok()
-            .flatten()
-            .unwrap_or(false)
+    // This worker is a superuser in a database another role may own.
+    pin_search_path();
+    // SAFETY: a catalog lookup by name through pg_extension's own index; no SQL.
+    let installed = BackgroundWorker::transaction(|| unsafe {
+        pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), true) != pg_sys::InvalidOid
     });
     if !installed {
         return;
@@ -114,12 +122,9 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
     let mut total = 0i64;
     while !BackgroundWorker::sigterm_received() {
         let started = std::time::Instant::now();
-        let deleted = BackgroundWorker::transaction(|| {
-            Spi::get_one_with_args::<i64>("SELECT rate_limiter.prune($1)", &[BATCH.into()])
-                .ok()
-                .flatten()
-                .unwrap_or(0)
-        });
+        // What rate_limiter.prune() does, called directly: the tables are found through the
+        // extension's membership (see `cache`), so there is no function name to resolve.
+        let deleted = BackgroundWorker::transaction(|| storage::prune(clock::now_ms(), BATCH));
         total += deleted;
         if deleted < i64::from(BATCH) {
             break;
@@ -136,10 +141,30 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
     debug1!("rate_limiter: pruned {total} expired rows of rate_limiter.state");
 }
 
-/// `VACUUM rate_limiter.state`: pruned rows are dead tuples until a vacuum makes their
-/// space reusable, and autovacuum may be a minute away; without it, a table whose every
-/// call brings a new key grows by what is written between two autovacuum runs.
+/// `search_path = pg_catalog, pg_temp` for this worker's session, over whatever the
+/// database's or role's settings made it: the worker runs as a superuser in databases that
+/// other roles own, so nothing it runs may resolve a name through their schemas.
+fn pin_search_path() {
+    // SAFETY: sets a GUC of this backend at the highest source, as a superuser may.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
+    }
+}
+
+/// `VACUUM` of the extension's state table, found by OID: pruned rows are dead tuples until
+/// a vacuum makes their space reusable, and autovacuum may be a minute away; without it, a
+/// table whose every call brings a new key grows by what is written between two autovacuum
+/// runs.
 fn vacuum_state() {
+    let (state, name) = BackgroundWorker::transaction(|| {
+        let state = cache::relations().state;
+        (state, CString::new(format!("VACUUM {}", cache::qualified_name(state))).expect("no NUL in names"))
+    });
     // Parse tree and vacuum's own memory live in a portal context, as for a command from a
     // client: VACUUM commits and starts transactions as it goes.
     let mut portal = PgMemoryContexts::new("rate_limiter vacuum");
@@ -147,13 +172,17 @@ fn vacuum_state() {
     // transaction command, with PortalContext set; ExecVacuum ends that transaction and
     // starts a new one, which we commit. The parse tree is allocated in `portal`, which
     // outlives those transactions and is deleted on drop after PortalContext is restored.
+    // The statement's one relation is given by OID, which vacuum then uses instead of the
+    // name (the name only labels its messages).
     unsafe {
         pg_sys::StartTransactionCommand();
         let (statement, pstate) = portal.switch_to(|_| {
-            let parsed =
-                pg_sys::raw_parser(c"VACUUM rate_limiter.state".as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+            let parsed = pg_sys::raw_parser(name.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
             let raw = (*(*parsed).elements).ptr_value as *mut pg_sys::RawStmt;
-            ((*raw).stmt as *mut pg_sys::VacuumStmt, pg_sys::make_parsestate(std::ptr::null_mut()))
+            let statement = (*raw).stmt as *mut pg_sys::VacuumStmt;
+            let relation = (*(*(*statement).rels).elements).ptr_value as *mut pg_sys::VacuumRelation;
+            (*relation).oid = state;
+            (statement, pg_sys::make_parsestate(std::ptr::null_mut()))
         });
         let previous = pg_sys::PortalContext;
         pg_sys::PortalContext = portal.value();

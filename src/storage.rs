@@ -780,13 +780,23 @@ fn limit_row(limits: &Lookup) -> LimitRow {
     }
 }
 
+// The plain SQL below runs in SECURITY DEFINER functions and in the prune worker: tables are
+// named from their OIDs (`cache::qualified_name`) and every operator is qualified.
+fn state_table() -> String {
+    cache::qualified_name(cache::relations().state)
+}
+
+fn blocks_table() -> String {
+    cache::qualified_name(cache::relations().blocks)
+}
+
 /// Forget every shard of (name, key). Plain SQL: rare, and not on the path of a decision.
 pub fn delete(name: &str, key: Option<&str>) {
     let key_where = match key {
         Some(_) => "key OPERATOR(pg_catalog.=) $2",
         None => "$2::pg_catalog.text IS NULL AND key IS NULL",
     };
-    let sql = format!("DELETE FROM rate_limiter.state WHERE name OPERATOR(pg_catalog.=) $1 AND {key_where}");
+    let sql = format!("DELETE FROM {} WHERE name OPERATOR(pg_catalog.=) $1 AND {key_where}", state_table());
     Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
@@ -806,13 +816,16 @@ pub fn prune(now: f64, max_rows: i32) -> i64 {
 
 /// Delete up to `max_rows` blocks whose `until` has passed at `now`.
 fn delete_ended_blocks(now: f64, max_rows: i32) -> i64 {
-    let sql = "WITH ended AS ( \
-                   SELECT ctid FROM rate_limiter.blocks WHERE until OPERATOR(pg_catalog.<=) $2 \
-                   LIMIT $1 FOR UPDATE SKIP LOCKED) \
-               DELETE FROM rate_limiter.blocks \
-               WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended))";
+    let blocks = blocks_table();
+    let sql = format!(
+        "WITH ended AS ( \
+             SELECT ctid FROM {blocks} WHERE until OPERATOR(pg_catalog.<=) $2 \
+             LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         DELETE FROM {blocks} \
+         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended))"
+    );
     let now = clock::ms_timestamptz(now);
-    Spi::connect_mut(|client| client.update(sql, None, &[max_rows.into(), now.into()]).map(|t| t.len() as i64))
+    Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), now.into()]).map(|t| t.len() as i64))
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
@@ -822,18 +835,22 @@ fn prune_state(now: f64, max_rows: i32) -> i64 {
     if left == 0 || !limits_held_still() {
         return expired;
     }
-    let orphaned = "shard OPERATOR(pg_catalog.>=) 0 AND $2::pg_catalog.bool AND NOT EXISTS \
-                    (SELECT FROM rate_limiter.limits l WHERE l.name OPERATOR(pg_catalog.=) s.name)";
-    expired + delete_some(orphaned, true, left)
+    let orphaned = format!(
+        "shard OPERATOR(pg_catalog.>=) 0 AND $2::pg_catalog.bool AND NOT EXISTS \
+         (SELECT FROM {} l WHERE l.name OPERATOR(pg_catalog.=) s.name)",
+        cache::qualified_name(cache::relations().limits)
+    );
+    expired + delete_some(&orphaned, true, left)
 }
 
 /// Delete up to `max_rows` rows of `rate_limiter.state s` where `condition` (on `$2`) holds.
 fn delete_some<'a>(condition: &str, arg: impl Into<pgrx::datum::DatumWithOid<'a>>, max_rows: i32) -> i64 {
+    let state = state_table();
     let sql = format!(
         "WITH doomed AS ( \
-             SELECT ctid FROM rate_limiter.state s WHERE {condition} \
+             SELECT ctid FROM {state} s WHERE {condition} \
              LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         DELETE FROM rate_limiter.state \
+         DELETE FROM {state} \
          WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM doomed))"
     );
     Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), arg.into()]).map(|t| t.len() as i64))
@@ -860,31 +877,37 @@ fn same(column: &str, n: u8) -> String {
 
 /// Insert or replace the block of (name, key).
 pub fn upsert_block(name: Option<&str>, key: Option<&str>, until: TimestampWithTimeZone, note: Option<&str>) {
-    let sql = "INSERT INTO rate_limiter.blocks AS b (name, key, until, note) VALUES ($1, $2, $3, $4) \
-               ON CONFLICT ON CONSTRAINT blocks_key_name_key DO UPDATE \
-               SET until = excluded.until, note = excluded.note, created = pg_catalog.now()";
-    Spi::run_with_args(sql, &[name.into(), key.into(), until.into(), note.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let sql = format!(
+        "INSERT INTO {} AS b (name, key, until, note) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT ON CONSTRAINT blocks_key_name_key DO UPDATE \
+         SET until = excluded.until, note = excluded.note, created = pg_catalog.now()",
+        blocks_table()
+    );
+    Spi::run_with_args(&sql, &[name.into(), key.into(), until.into(), note.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 /// Delete the block of (name, key); whether there was one.
 pub fn delete_block(name: Option<&str>, key: Option<&str>) -> bool {
-    let sql = format!("DELETE FROM rate_limiter.blocks WHERE {} AND {}", same("name", 1), same("key", 2));
+    let sql = format!("DELETE FROM {} WHERE {} AND {}", blocks_table(), same("name", 1), same("key", 2));
     Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), key.into()]).map(|t| !t.is_empty()))
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// Insert or replace a named limit.
 pub fn upsert_limit(row: &LimitRow, name: &str) {
-    let sql = "INSERT INTO rate_limiter.limits AS l \
-               (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, \
-                lock_timeout, on_lock_timeout, deny_cache) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
-               ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
-               period = excluded.period, capacity = excluded.capacity, \
-               max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
-               min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
-               lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout, \
-               deny_cache = excluded.deny_cache";
+    let sql = format!(
+        "INSERT INTO {} AS l \
+         (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, \
+          lock_timeout, on_lock_timeout, deny_cache) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+         ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
+         period = excluded.period, capacity = excluded.capacity, \
+         max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
+         min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
+         lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout, \
+         deny_cache = excluded.deny_cache",
+        cache::qualified_name(cache::relations().limits)
+    );
     let args: [pgrx::datum::DatumWithOid<'_>; 14] = [
         name.into(),
         row.kind.as_str().into(),
@@ -901,5 +924,5 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
         row.on_lock_timeout.as_str().into(),
         row.deny_cache.into(),
     ];
-    Spi::run_with_args(sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
