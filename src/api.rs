@@ -456,7 +456,7 @@ fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
     storage::prevent_writes_unless_allowed(c"reset_rate_limit()");
     let name = valid_name(name).unwrap_or_else(|e| e.raise());
     storage::delete(name, key);
-    deny_cache::forget_all();
+    deny_cache::forget_this_database();
 }
 
 /// Deny `name`'s `key` (every limit's when `name` is NULL) until `until`, with `note`.

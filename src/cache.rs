@@ -267,6 +267,6 @@ fn _limits_changed<'a>(
     let relid = trigger.relation().map(|r| r.oid()).unwrap_or(pg_sys::InvalidOid);
     // SAFETY: queues an invalidation of an existing relation, sent at commit.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
-    crate::deny_cache::forget_all();
+    crate::deny_cache::forget_this_database();
     Ok(None)
 }

@@ -7,12 +7,16 @@
 //! through; what it may do is deny a little longer than the state would: after tokens come
 //! back early (a rollback of another transaction, `reset_rate_limit`, `define`, a direct
 //! write to the tables), for at most the limit's `deny_cache`. `reset_rate_limit` and every
-//! change to `rate_limiter.limits` or `rate_limiter.blocks` empty the whole table (a
-//! generation number), as soon as they run.
+//! change to `rate_limiter.limits` or `rate_limiter.blocks` empty the database's part of the
+//! table (a generation number per database), as soon as they run.
+//!
+//! A slot answers only for the exact (database, name, key) it holds, compared in full, never
+//! by hash alone: no caller can craft a pair whose denial answers for another's. Pairs longer
+//! than a slot holds (`PAIR_BYTES`) are not cached.
 
 use std::ffi::CStr;
 use std::ptr::null_mut;
-use std::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
@@ -24,25 +28,35 @@ use crate::limiter::{Decision, Request};
 use crate::shmem;
 
 /// `rate_limiter.deny_cache_slots`: slots of the table (rounded up to a power of two).
-pub static SLOTS: GucSetting<i32> = GucSetting::<i32>::new(65536);
+pub static SLOTS: GucSetting<i32> = GucSetting::<i32>::new(16384);
 
 const SHMEM_NAME: &CStr = c"rate_limiter deny cache";
 
-/// A slot's `tag` while a writer fills it; tags are odd, so never this.
-const WRITING: u64 = 2;
+/// Generation counters, one per database (by OID modulo this; two databases that share one
+/// only empty each other's slots more often).
+const GENERATIONS: usize = 1024;
+
+/// Bytes of (name, key, inline) a slot holds: any name with a key of up to 125 bytes less
+/// than the name's length.
+const PAIR_BYTES: usize = 128;
+const PAIR_WORDS: usize = PAIR_BYTES / 8;
 
 #[repr(C)]
 struct Header {
     /// A power of two.
     slots: u64,
-    /// Slots written under an older generation are empty.
-    generation: AtomicU64,
+    /// Slots written under an older generation of their database are empty.
+    generations: [AtomicU64; GENERATIONS],
 }
 
-/// One cached denial; f64 fields are stored as bits, instants in the limiter's ms.
-#[repr(C)]
+/// One cached denial; f64 fields are stored as bits, instants in the limiter's ms. Every
+/// field is written between two bumps of `seq` (a seqlock), so a reader that sees the same
+/// even `seq` before and after reading them read one writer's values.
+#[repr(C, align(64))]
 struct Slot {
-    /// The (name, key, inline) hash, odd; 0 for empty, `WRITING` while being filled.
+    /// Even while readable, odd while a writer fills the slot; 0 for never written.
+    seq: AtomicU64,
+    /// The (database, name, key, inline) hash: a quick first comparison.
     tag: AtomicU64,
     generation: AtomicU64,
     /// Until when the slot may answer.
@@ -51,6 +65,11 @@ struct Slot {
     retry_at: AtomicU64,
     remaining: AtomicU64,
     reset_at: AtomicU64,
+    database: AtomicU32,
+    /// Bytes of `pair` in use.
+    len: AtomicU32,
+    /// The (name, key, inline) bytes, compared in full before a slot answers.
+    pair: [AtomicU64; PAIR_WORDS],
 }
 
 static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
@@ -85,7 +104,7 @@ pub fn register(preloading: bool) {
         GucRegistry::define_int_guc(
             c"rate_limiter.deny_cache_slots",
             c"Slots of the deny cache (limits with deny_cache); 0 turns it off.",
-            c"Rounded up to a power of two; each slot takes 48 bytes of shared memory.",
+            c"Rounded up to a power of two; each slot takes 192 bytes of shared memory.",
             &SLOTS,
             0,
             1 << 24,
@@ -118,29 +137,55 @@ pub unsafe fn attach() {
     let (area, found) = shmem::area(SHMEM_NAME, size(slots));
     if !found {
         // SAFETY: a new area of the requested size, all zeros (every slot empty).
-        unsafe { area.cast::<Header>().write(Header { slots, generation: AtomicU64::new(1) }) };
+        unsafe {
+            area.cast::<Header>().write(Header { slots, generations: std::array::from_fn(|_| AtomicU64::new(1)) })
+        };
     }
     AREA.store(area.cast::<Header>(), Release);
 }
 
-/// Empty the table: every slot written before now answers nothing.
-pub fn forget_all() {
-    if let Some((header, _)) = table() {
-        header.generation.fetch_add(1, Release);
+fn this_database() -> u32 {
+    // SAFETY: a plain read of the backend's database, set before any SQL runs.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+impl Header {
+    fn generation(&self, database: u32) -> &AtomicU64 {
+        &self.generations[database as usize % GENERATIONS]
     }
 }
 
-/// The slot's tag of `req` in this database, odd. The table serves every database of the
-/// cluster, and each has its own limits. Separators no name holds keep (name, key) pairs
-/// from running into each other; inline configs keep rows apart from named ones, and so here.
-fn tag(req: &Request<'_>) -> u64 {
-    // SAFETY: a plain read of the backend's database, set before any SQL runs.
-    let database = unsafe { pg_sys::MyDatabaseId }.to_u32().to_le_bytes();
+/// Empty this database's part of the table: every slot it wrote before now answers nothing.
+pub fn forget_this_database() {
+    if let Some((header, _)) = table() {
+        header.generation(this_database()).fetch_add(1, Release);
+    }
+}
+
+/// What a slot holds of `req`, in this database: its hash, and its (name, key, inline)
+/// bytes as words, with their length; `None` when they do not fit a slot. The table serves
+/// every database of the cluster, and each has its own limits. Separators no name holds keep
+/// (name, key) pairs from running into each other; inline configs keep rows apart from
+/// named ones, and so here.
+fn identity(req: &Request<'_>) -> Option<(u64, [u64; PAIR_WORDS], u32)> {
     let key: [&[u8]; 2] = match req.key {
         Some(key) => [&[0xff], key.as_bytes()],
         None => [&[0xfe], &[]],
     };
-    hash::of([&database[..], req.name.as_bytes(), key[0], key[1], &[u8::from(req.inline)]]) | 1
+    let parts = [req.name.as_bytes(), key[0], key[1], &[u8::from(req.inline)]];
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if len > PAIR_BYTES {
+        return None;
+    }
+    let mut bytes = [0u8; PAIR_BYTES];
+    let mut at = 0;
+    for part in parts {
+        bytes[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    let words = std::array::from_fn(|i| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes")));
+    let tag = hash::of([&this_database().to_le_bytes()[..], &bytes[..len]]);
+    Some((tag, words, len as u32))
 }
 
 fn load(cell: &AtomicU64) -> f64 {
@@ -155,16 +200,25 @@ fn store(cell: &AtomicU64, v: f64) {
 pub fn answer(req: &Request<'_>, config: &Config) -> Option<Decision> {
     config.deny_cache?;
     let (header, slots) = table()?;
-    let tag = tag(req);
-    let slot = &slots[(tag >> 1) as usize & (slots.len() - 1)];
-    if slot.tag.load(Acquire) != tag {
+    let (tag, words, len) = identity(req)?;
+    let slot = &slots[tag as usize & (slots.len() - 1)];
+    let seq = slot.seq.load(Acquire);
+    if seq % 2 == 1 || slot.tag.load(Relaxed) != tag {
         return None;
     }
     let (generation, expires, retry_at) = (slot.generation.load(Relaxed), load(&slot.expires), load(&slot.retry_at));
     let (remaining, reset_at) = (load(&slot.remaining), load(&slot.reset_at));
-    // Read again after the fields: a writer that came in between changed the tag.
+    let (database, held_len) = (slot.database.load(Relaxed), slot.len.load(Relaxed));
+    let same_pair = slot.pair.iter().zip(words).all(|(held, word)| held.load(Relaxed) == word);
+    // Read again after the fields: a writer that came in between bumped it.
     fence(Acquire);
-    if slot.tag.load(Relaxed) != tag || generation != header.generation.load(Acquire) {
+    if slot.seq.load(Relaxed) != seq {
+        return None;
+    }
+    let database_now = this_database();
+    if !same_pair || held_len != len || database != database_now
+        || generation != header.generation(database_now).load(Acquire)
+    {
         return None;
     }
     let now = clock::now_ms();
@@ -190,17 +244,26 @@ pub fn remember(req: &Request<'_>, config: &Config, d: &Decision) {
         return;
     }
     let Some((header, slots)) = table() else { return };
-    let tag = tag(req);
-    let slot = &slots[(tag >> 1) as usize & (slots.len() - 1)];
-    let before = slot.tag.load(Relaxed);
-    if before == WRITING || slot.tag.compare_exchange(before, WRITING, Acquire, Relaxed).is_err() {
+    let Some((tag, words, len)) = identity(req) else { return };
+    let slot = &slots[tag as usize & (slots.len() - 1)];
+    let seq = slot.seq.load(Relaxed);
+    if seq % 2 == 1 || slot.seq.compare_exchange(seq, seq + 1, Acquire, Relaxed).is_err() {
         return;
     }
+    // The odd seq is seen before any field written below.
+    fence(Release);
     let now = clock::now_ms();
-    slot.generation.store(header.generation.load(Acquire), Relaxed);
+    let database = this_database();
+    slot.generation.store(header.generation(database).load(Acquire), Relaxed);
+    slot.tag.store(tag, Relaxed);
+    slot.database.store(database, Relaxed);
+    slot.len.store(len, Relaxed);
+    for (held, word) in slot.pair.iter().zip(words) {
+        held.store(word, Relaxed);
+    }
     store(&slot.expires, now + retry_after.min(ttl));
     store(&slot.retry_at, now + retry_after);
     store(&slot.remaining, d.remaining);
     store(&slot.reset_at, now + d.reset_after);
-    slot.tag.store(tag, Release);
+    slot.seq.store(seq + 2, Release);
 }

@@ -1,8 +1,11 @@
 //! Statistics per limit name in shared memory (`rate_limiter.stats`, `rate_limiter.top_denied`).
 //!
 //! With `shared_preload_libraries = 'rate_limiter'` the postmaster sets aside one entry per
-//! name for up to `rate_limiter.stats_max_names` names, plus entry 0 (`*other*`) that counts
-//! every name beyond them. A name keeps its entry until the server stops, so a backend
+//! (database, name) for up to `rate_limiter.stats_max_names` of them, plus entry 0 that
+//! counts what finds no room at all. Each database sees and resets its own entries only, and
+//! holds at most `rate_limiter.stats_max_names_per_database` names, so no database can fill
+//! the room of the others; its names beyond that are counted under its own `*other*` entry.
+//! An entry is kept until the server stops, so a backend
 //! remembers which entry is whose and counts with atomic adds, taking no lock; only a denial
 //! takes its entry's spinlock, for the few instructions that count the key in the entry's
 //! `TopKeys` sketch. Nothing is
@@ -27,13 +30,17 @@ mod top_keys;
 pub use top_keys::Heavy;
 use top_keys::TopKeys;
 
-/// `rate_limiter.stats_max_names`: names with an entry of their own.
+/// `rate_limiter.stats_max_names`: (database, name) pairs with an entry of their own.
 pub static MAX_NAMES: GucSetting<i32> = GucSetting::<i32>::new(1000);
+/// `rate_limiter.stats_max_names_per_database`: the most of them one database may hold.
+pub static MAX_NAMES_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(250);
 /// `rate_limiter.track_stats`: count calls (when preloaded).
 pub static TRACK: GucSetting<bool> = GucSetting::<bool>::new(true);
 
-/// The row under which names beyond `stats_max_names` are counted.
+/// The row under which a database's names beyond its room are counted.
 pub const OTHER: &str = "*other*";
+/// Entries kept apart for the `*other*` rows of databases, beyond `stats_max_names`.
+const OTHER_ROWS: u32 = 64;
 
 const TRANCHE: &CStr = c"rate_limiter_stats";
 const SHMEM_NAME: &CStr = c"rate_limiter stats";
@@ -55,19 +62,24 @@ struct Entry {
     sketch_lock: PgSpinLock<()>,
     /// Bytes of `name`; written with the name before the entry is published.
     name_len: AtomicU32,
+    /// The database whose entry this is (0: entry 0, which no database's view shows);
+    /// written with the name.
+    database: AtomicU32,
     stats_reset: AtomicI64,
     name: UnsafeCell<[u8; MAX_NAME_BYTES]>,
     top_denied: UnsafeCell<TopKeys>,
 }
 
-/// The shared area: this header, then `slots` hash slots, then `max_names + 1` entries.
+/// The shared area: this header, then `slots` hash slots, then `entry_count(max_names)` entries.
 #[repr(C)]
 struct Header {
     max_names: u32,
     /// A power of two, at least twice the entries: open addressing stays short.
     slots: u32,
-    /// Entries handed out, `*other*` included; entries below it are published.
+    /// Entries handed out, `*other*` rows included; entries below it are published.
     used: AtomicU32,
+    /// Entries handed out to names (not `*other*` rows); under the registry lock.
+    names: AtomicU32,
     /// The lock that hands out entries.
     registry: *mut pg_sys::LWLock,
 }
@@ -97,13 +109,18 @@ fn shared() -> Option<Shared> {
         Some(Shared {
             header,
             slots: std::slice::from_raw_parts(base.add(slots_at).cast(), header.slots as usize),
-            entries: std::slice::from_raw_parts(base.add(entries_at).cast(), header.max_names as usize + 1),
+            entries: std::slice::from_raw_parts(base.add(entries_at).cast(), entry_count(header.max_names)),
         })
     }
 }
 
+/// Entry 0, the names' room and the `*other*` rows.
+fn entry_count(max_names: u32) -> usize {
+    (1 + max_names + OTHER_ROWS) as usize
+}
+
 fn slot_count(max_names: u32) -> u32 {
-    (2 * (max_names + 1)).next_power_of_two()
+    (2 * entry_count(max_names) as u32).next_power_of_two()
 }
 
 /// Offsets of the slots and entries, and the area's size, for `max_names`.
@@ -111,7 +128,7 @@ fn layout(max_names: u32) -> (usize, usize, usize) {
     let align = |n: usize, to: usize| n.div_ceil(to) * to;
     let slots_at = align(size_of::<Header>(), align_of::<AtomicU32>());
     let entries_at = align(slots_at + slot_count(max_names) as usize * size_of::<AtomicU32>(), align_of::<Entry>());
-    (slots_at, entries_at, entries_at + (max_names as usize + 1) * size_of::<Entry>())
+    (slots_at, entries_at, entries_at + entry_count(max_names) * size_of::<Entry>())
 }
 
 /// From `_PG_init`: the settings (the size only when preloading: PostgreSQL refuses, FATAL,
@@ -125,10 +142,20 @@ pub fn register(preloading: bool) {
         GucContext::Suset,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"rate_limiter.stats_max_names_per_database",
+        c"Limit names one database may have counted in rate_limiter.stats under their own rows; more are counted under its *other*.",
+        c"So that no database takes the room of rate_limiter.stats_max_names from the others.",
+        &MAX_NAMES_PER_DATABASE,
+        1,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     if preloading {
         GucRegistry::define_int_guc(
             c"rate_limiter.stats_max_names",
-            c"Limit names counted in rate_limiter.stats each under its own row; more are counted under *other*.",
+            c"Limit names counted in rate_limiter.stats each under its own row, over all databases.",
             c"Each name takes about 6 kB of shared memory.",
             &MAX_NAMES,
             1,
@@ -162,20 +189,21 @@ pub unsafe fn attach() {
     unsafe {
         if !found {
             let entries = area.add(layout(max_names).1).cast::<Entry>();
-            for i in 0..=max_names as usize {
+            for i in 0..entry_count(max_names) {
                 (&raw mut (*entries.add(i)).sketch_lock).write(PgSpinLock::new(()));
             }
             area.cast::<Header>().write(Header {
                 max_names,
                 slots: slot_count(max_names),
                 used: AtomicU32::new(0),
+                names: AtomicU32::new(0),
                 registry: &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock,
             });
         }
     }
     AREA.store(area.cast::<Header>(), Release);
     if !found {
-        shared().expect("just set").publish(0, OTHER);
+        shared().expect("just set").publish(0, pg_sys::InvalidOid, OTHER);
     }
 }
 
@@ -202,6 +230,11 @@ fn add_f64(cell: &AtomicU64, n: f64) {
 }
 
 impl Shared {
+    fn database(&self, i: usize) -> pg_sys::Oid {
+        // Published with the name: read after `used` or a slot made the entry visible.
+        pg_sys::Oid::from(self.entries[i].database.load(Relaxed))
+    }
+
     fn name(&self, i: usize) -> String {
         let entry = &self.entries[i];
         let len = entry.name_len.load(Acquire) as usize;
@@ -209,35 +242,76 @@ impl Shared {
         String::from_utf8_lossy(unsafe { &(&*entry.name.get())[..len] }).into_owned()
     }
 
-    /// Give entry `i` to `name`. Under the lock that hands out entries (or in the postmaster).
-    fn publish(&self, i: usize, name: &str) {
+    /// Give entry `i` to `name` of `database`. Under the lock that hands out entries (or in
+    /// the postmaster).
+    fn publish(&self, i: usize, database: pg_sys::Oid, name: &str) {
         let entry = &self.entries[i];
         // SAFETY: entry i is not published yet, so no one else reads or writes its name.
         unsafe { (&mut *entry.name.get())[..name.len()].copy_from_slice(name.as_bytes()) };
+        entry.database.store(database.to_u32(), Relaxed);
         entry.stats_reset.store(now(), Relaxed);
         entry.name_len.store(name.len() as u32, Release);
         self.header.used.store(i as u32 + 1, Release);
     }
 
-    /// The entry of `name`: its own, a new one while there are free ones, else `*other*`.
-    fn find_or_add(&self, name: &str) -> usize {
+    /// The entry of `name` in `database`: its own; a new one while there is room, in the
+    /// database's share of it; else the database's `*other*`; else entry 0.
+    fn find_or_add(&self, database: pg_sys::Oid, name: &str) -> usize {
         let _held = Held::take(self.header.registry);
+        let own = match self.find_slot(database, name) {
+            Ok(i) => return i,
+            Err(at) => at,
+        };
+        let used = self.header.used.load(Relaxed) as usize;
+        let share = MAX_NAMES_PER_DATABASE.get().max(1) as usize;
+        if name != OTHER && (1..used).filter(|i| self.database(*i) == database && self.name(*i) != OTHER).count() < share {
+            if let Some(i) = self.add(own, database, name) {
+                return i;
+            }
+        }
+        match self.find_slot(database, OTHER) {
+            Ok(i) => i,
+            Err(at) => self.add(at, database, OTHER).unwrap_or(0),
+        }
+    }
+
+    /// The entry of (database, name), or the free slot where it would go. Under the lock.
+    fn find_slot(&self, database: pg_sys::Oid, name: &str) -> Result<usize, usize> {
         let mask = self.header.slots as usize - 1;
-        let mut at = hash::of([name.as_bytes()]) as usize & mask;
+        let mut at = hash::of([&database.to_u32().to_le_bytes()[..], name.as_bytes()]) as usize & mask;
         loop {
             match self.slots[at].load(Relaxed) as usize {
-                0 => break,
-                taken if self.name(taken - 1) == name => return taken - 1,
+                0 => return Err(at),
+                taken if self.database(taken - 1) == database && self.name(taken - 1) == name => return Ok(taken - 1),
                 _ => at = (at + 1) & mask,
             }
         }
+    }
+
+    /// A new entry for (database, name) in free slot `at`, if there is room: names have
+    /// `stats_max_names`, `*other*` rows what is left. Under the lock.
+    fn add(&self, at: usize, database: pg_sys::Oid, name: &str) -> Option<usize> {
         let i = self.header.used.load(Relaxed) as usize;
-        if i > self.header.max_names as usize {
-            return 0;
+        if i >= self.entries.len() {
+            return None;
         }
-        self.publish(i, name);
+        if name != OTHER {
+            if self.header.names.load(Relaxed) >= self.header.max_names {
+                return None;
+            }
+            self.header.names.fetch_add(1, Relaxed);
+        }
+        self.publish(i, database, name);
         self.slots[at].store(i as u32 + 1, Relaxed);
-        i
+        Some(i)
+    }
+
+    /// This database's published entries.
+    fn of_this_database(&self) -> impl Iterator<Item = usize> + '_ {
+        let used = self.header.used.load(Acquire) as usize;
+        // SAFETY: a plain read of the backend's database, set before any SQL runs.
+        let database = unsafe { pg_sys::MyDatabaseId };
+        (1..used).filter(move |i| self.database(*i) == database)
     }
 }
 
@@ -260,7 +334,9 @@ fn entry_of(shared: &Shared, name: &str) -> usize {
     let i = match ENTRIES.with_borrow(|e| e.get(name).copied()) {
         Some(i) => i,
         None => {
-            let i = shared.find_or_add(name);
+            // SAFETY: a plain read of the backend's database, set before any SQL runs; a
+            // backend stays in one database, so its maps need not say which.
+            let i = shared.find_or_add(unsafe { pg_sys::MyDatabaseId }, name);
             ENTRIES.with_borrow_mut(|e| e.insert(name.to_owned(), i));
             i
         }
@@ -316,12 +392,12 @@ pub fn enabled() -> bool {
     shared().is_some()
 }
 
-/// Every published entry; `*other*` first.
+/// This database's entries.
 pub fn rows() -> Vec<Row> {
     let Some(shared) = shared() else { return Vec::new() };
-    let used = shared.header.used.load(Acquire) as usize;
     let at = |t: &AtomicI64| Some(t.load(Relaxed)).filter(|t| *t != 0);
-    (0..used)
+    shared
+        .of_this_database()
         .map(|i| {
             let e = &shared.entries[i];
             let (allowed, denied) = (e.allowed.load(Relaxed) as i64, e.denied.load(Relaxed) as i64);
@@ -341,13 +417,13 @@ pub fn rows() -> Vec<Row> {
         .collect()
 }
 
-/// The sketch of every published entry, by name.
+/// The sketch of this database's entries, by name.
 pub fn top_denied() -> Vec<(String, Vec<Heavy>)> {
     let Some(shared) = shared() else { return Vec::new() };
-    let used = shared.header.used.load(Acquire) as usize;
     // SAFETY: TopKeys is integers and bytes, valid at all zeros.
     let mut copy: Box<TopKeys> = unsafe { Box::new(std::mem::zeroed()) };
-    (0..used)
+    shared
+        .of_this_database()
         .map(|i| {
             let entry = &shared.entries[i];
             {
@@ -360,13 +436,12 @@ pub fn top_denied() -> Vec<(String, Vec<Heavy>)> {
         .collect()
 }
 
-/// Zero the counters and sketch of `name` (every entry when `None`); names keep their entries.
-/// Returns how many entries were reset.
+/// Zero the counters and sketch of `name` in this database (every entry of it when `None`);
+/// names keep their entries. Returns how many entries were reset.
 pub fn reset(name: Option<&str>) -> i64 {
     let Some(shared) = shared() else { return 0 };
-    let used = shared.header.used.load(Acquire) as usize;
     let mut reset = 0;
-    for i in (0..used).filter(|i| name.is_none_or(|n| shared.name(*i) == n)) {
+    for i in shared.of_this_database().filter(|i| name.is_none_or(|n| shared.name(*i) == n)) {
         let e = &shared.entries[i];
         for counter in [&e.allowed, &e.denied, &e.tokens_granted, &e.tokens_reserved] {
             counter.store(0, Relaxed);
