@@ -2,6 +2,8 @@
 partition clusters of its own, each a separate PostgreSQL on a socket in /tmp."""
 
 import json
+import os
+import re
 import uuid
 
 import psycopg
@@ -12,6 +14,7 @@ from clusters import Cluster
 from together import in_sessions
 
 PARTITION_PORTS = [5620, 5621, 5622, 5623]
+PROXY_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "proxy")
 HOUR_WINDOW = {"kind": "fixed window", "period": 3600000}
 
 
@@ -22,8 +25,10 @@ class Fleet:
     def __init__(self, router, partitions, dbname):
         self.router, self.partitions, self.dbname = router, partitions, dbname
 
-    def connect(self):
-        return psycopg.connect(dbname=self.router, autocommit=True)
+    def connect(self, user=None, **kwargs):
+        if user is not None:
+            kwargs["user"] = user
+        return psycopg.connect(dbname=self.router, autocommit=True, **kwargs)
 
     def on_partition(self, i):
         return self.partitions[i].connect(self.dbname)
@@ -46,15 +51,19 @@ def partition_clusters():
             cluster.destroy()
 
 
-def make_fleet(partition_clusters, size, router=None):
+def make_fleet(partition_clusters, size, router=None, version=None, owner=None):
+    """A router database made by a superuser; `owner` (a role that is not one) owns it and its
+    schema public when given."""
     router, dbname = router or f"rl_router{size}", f"fleet{size}"
     partitions = partition_clusters[:size]
     options = ", ".join(f"p{i} '{p.conninfo(dbname)}'" for i, p in enumerate(partitions))
     with psycopg.connect(autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {router} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {router}")
+        admin.execute(f"CREATE DATABASE {router}" + (f" OWNER {owner}" if owner else ""))
     with psycopg.connect(dbname=router, autocommit=True) as c:
-        c.execute("CREATE EXTENSION rate_limiter_proxy CASCADE")
+        if owner:
+            c.execute(f"ALTER SCHEMA public OWNER TO {owner}")
+        c.execute("CREATE EXTENSION rate_limiter_proxy" + (f" VERSION '{version}'" if version else "") + " CASCADE")
         c.execute(f"CREATE SERVER rate_limiter FOREIGN DATA WRAPPER plproxy OPTIONS ({options})")
         c.execute("CREATE USER MAPPING FOR PUBLIC SERVER rate_limiter")
     return Fleet(router, partitions, dbname)
@@ -382,3 +391,429 @@ def test_a_down_partition_fails_its_keys_with_a_connection_error_and_not_the_oth
     with fleet2.on_partition(1) as c:
         assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s AND key = %s",
                          (name, down_key)).fetchone()[0] == 1
+
+
+# The router from an attacker's side.
+
+# What README's "Scaling out" tells an administrator to grant a role that calls through the
+# router. Changing the partitions (define, block, ...) needs more, on rate_limiter_proxy.limits.
+ROUTER_USER_GRANTS = """
+GRANT USAGE ON SCHEMA rate_limiter_proxy TO {role};
+GRANT USAGE ON FOREIGN SERVER rate_limiter TO {role};
+GRANT SELECT ON rate_limiter_proxy.limits TO {role};
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA rate_limiter_proxy TO {role};
+"""
+
+
+@pytest.fixture
+def new_role():
+    """Makes roles that log in. After the test it drops them, with the databases they own and
+    what they own or were granted in the other databases."""
+    made = []
+
+    def make(prefix="attacker"):
+        made.append(unique(prefix))
+        with psycopg.connect(autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {made[-1]} LOGIN")
+        return made[-1]
+
+    yield make
+    with psycopg.connect(autocommit=True) as admin:
+        for role in made:
+            for (db,) in admin.execute("SELECT datname FROM pg_database WHERE datdba = %s::regrole", (role,)).fetchall():
+                admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
+        databases = [db for (db,) in admin.execute("SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate")]
+    for db in databases:
+        with psycopg.connect(dbname=db, autocommit=True) as c:
+            for role in made:
+                c.execute(f"DROP OWNED BY {role}")
+    with psycopg.connect(autocommit=True) as admin:
+        for role in made:
+            admin.execute(f"DROP ROLE {role}")
+
+
+FUNCTIONS = """
+SELECT p.oid::regprocedure::text, p.proname, p.proowner::regrole::text, p.proacl IS NULL,
+       array(SELECT a.grantee::regrole::text FROM aclexplode(p.proacl) a ORDER BY 1),
+       has_function_privilege(%(role)s, p.oid, 'EXECUTE'), has_function_privilege('public', p.oid, 'EXECUTE'),
+       array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a(t, i) ORDER BY i)
+  FROM pg_proc p WHERE p.pronamespace = 'rate_limiter_proxy'::regnamespace ORDER BY 1
+"""
+
+
+def test_a_role_without_grants_can_execute_no_router_function(fleet2, new_role):
+    role = new_role()
+    with fleet2.connect() as admin:
+        functions = admin.execute(FUNCTIONS, {"role": role}).fetchall()
+        # What was enough to call everything in 0.3.0, whose functions PUBLIC could execute.
+        admin.execute(f"GRANT USAGE ON SCHEMA rate_limiter_proxy TO {role}; GRANT USAGE ON FOREIGN SERVER rate_limiter "
+                      f"TO {role}; GRANT SELECT ON rate_limiter_proxy.limits TO {role}")
+    assert {f[1] for f in functions} >= set(ROUTED) | {"_define_everywhere", "_block_everywhere", "_gate"}
+    for signature, _, owner, default_acl, grantees, role_may, public_may, _ in functions:
+        # A NULL ACL would mean the default: EXECUTE for PUBLIC.
+        assert (default_acl, grantees, role_may, public_may) == (False, [owner], False, False), signature
+    with fleet2.connect(user=role) as c:
+        for _, name, _, _, _, _, _, types in functions:
+            # (SELECT NULL): a constant NULL would let the planner skip a STRICT function.
+            with pytest.raises(errors.InsufficientPrivilege) as refused:
+                c.execute(f"SELECT rate_limiter_proxy.{name}({', '.join(f'(SELECT NULL::{t})' for t in types)})")
+            assert refused.value.diag.message_primary == f"permission denied for function {name}"
+
+
+def partitions_state(fleet, name):
+    """What each partition holds of `name`: its definition, blocks of it (or of every limit)
+    and its state rows."""
+    held = []
+    for i in range(len(fleet.partitions)):
+        with fleet.on_partition(i) as c:
+            held.append((
+                c.execute("SELECT * FROM rate_limiter.limits WHERE name = %s", (name,)).fetchall(),
+                c.execute("SELECT name, key, until::text, note FROM rate_limiter.blocks WHERE name = %s OR name IS NULL "
+                          "ORDER BY 1, 2", (name,)).fetchall(),
+                c.execute("SELECT key, shard, value, ts FROM rate_limiter.state WHERE name = %s ORDER BY 1, 2",
+                          (name,)).fetchall()))
+    return held
+
+
+DEFINE_HINT = "GRANT INSERT, UPDATE ON rate_limiter_proxy.limits TO "
+UPDATE_HINT = "GRANT UPDATE ON rate_limiter_proxy.limits TO "
+# Each function that changes every partition, and its hop called directly, with the GRANT its
+# refusal names.
+PARTITION_CHANGES = [
+    ("SELECT rate_limiter_proxy.define(%(name)s, 'token bucket', 1000000, '1 second')", DEFINE_HINT),
+    ("SELECT rate_limiter_proxy.define(%(name)s, 'token bucket', 1000000, '1 second', shards => 4)", DEFINE_HINT),
+    ("SELECT rate_limiter_proxy.redefine_all()", DEFINE_HINT),
+    ("SELECT rate_limiter_proxy.block(%(name)s, 'alice')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy.block(NULL, 'alice')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy.unblock(%(name)s, 'victim')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy.reset_rate_limit(%(name)s, 'used')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy._define_everywhere(%(name)s, 'token bucket', 1000000, '1 second', NULL, NULL, 1, "
+     "NULL, NULL, 'all', NULL, NULL, 'deny', NULL)", DEFINE_HINT),
+    ("SELECT rate_limiter_proxy._block_everywhere(%(name)s, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy._block_everywhere(NULL, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy._unblock_everywhere(%(name)s, 'victim')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy._reset_everywhere(%(name)s, 'used')", UPDATE_HINT),
+]
+
+
+def test_a_router_user_cannot_change_the_partitions(fleet2, new_role):
+    name, role = unique("guarded"), new_role()
+    with fleet2.connect() as admin:
+        admin.execute(ROUTER_USER_GRANTS.format(role=role))
+        admin.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 5, '1 hour')", (name,))
+        admin.execute("SELECT rate_limiter_proxy.block(%s, 'victim', note => 'by the operator')", (name,))
+        recorded = admin.execute("SELECT * FROM rate_limiter_proxy.limits WHERE name = %s", (name,)).fetchall()
+    with fleet2.connect(user=role) as c:
+        # The grants are real: the role reaches the partitions.
+        assert c.execute("SELECT ok, remaining FROM rate_limiter_proxy.rate_limit(%s, 'used')", (name,)).fetchone() == (True, 4)
+        before = partitions_state(fleet2, name)
+        for sql, hint in PARTITION_CHANGES:
+            with pytest.raises(errors.InsufficientPrivilege) as refused:
+                c.execute(sql, {"name": name})
+            assert refused.value.diag.message_hint == hint + role + ";", sql
+            assert "Nothing was sent to a partition." in refused.value.diag.message_detail
+    assert partitions_state(fleet2, name) == before
+    with fleet2.connect() as admin:
+        assert admin.execute("SELECT * FROM rate_limiter_proxy.limits WHERE name = %s", (name,)).fetchall() == recorded
+
+
+def test_the_grants_on_limits_allow_what_the_router_says(fleet2, new_role):
+    name, blocker, definer = unique("granted"), new_role("blocker"), new_role("definer")
+    with fleet2.connect() as admin:
+        admin.execute(ROUTER_USER_GRANTS.format(role=blocker) + ROUTER_USER_GRANTS.format(role=definer))
+        admin.execute(f"GRANT UPDATE ON rate_limiter_proxy.limits TO {blocker}")
+        admin.execute(f"GRANT INSERT, UPDATE ON rate_limiter_proxy.limits TO {definer}")
+    with fleet2.connect(user=definer) as c:
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 4, '1 hour', shards => 2)", (name,))
+        assert c.execute("SELECT rate_limiter_proxy.redefine_all() >= 1").fetchone()[0]
+    with fleet2.connect(user=blocker) as c:
+        c.execute("SELECT rate_limiter_proxy.block(%s, 'bob')", (name,))
+        assert c.execute("SELECT reason FROM rate_limiter_proxy.rate_limit(%s, 'bob')", (name,)).fetchone() == ("blocked",)
+        assert c.execute("SELECT rate_limiter_proxy.unblock(%s, 'bob')", (name,)).fetchone() == (True,)
+        c.execute("SELECT rate_limiter_proxy.reset_rate_limit(%s)", (name,))
+        with pytest.raises(errors.InsufficientPrivilege) as refused:
+            c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 400, '1 hour')", (name,))
+        assert refused.value.diag.message_hint == f"GRANT INSERT ON rate_limiter_proxy.limits TO {blocker};"
+    for limits, blocks, _ in partitions_state(fleet2, name):
+        assert [(r[1], r[2]) for r in limits] == [("fixed window", 2)] and [b for b in blocks if b[0] == name] == []
+
+
+# What the owner of a router database (a role that is not a superuser) can plant for a
+# superuser to run: in public, which it owns, a copy of every operator of pg_catalog; of its
+# polymorphic ones at text and text[] (an exact match, which wins wherever it is in the path);
+# of float8-integer arithmetic, which pg_catalog lacks, so that any such expression prefers
+# it; and of every function of pg_catalog that the router's scripts name. Each notes that it
+# ran, then does what the original does. The sequence keeps the note through a rollback.
+PLANT = r"""
+SET search_path = pg_catalog;
+CREATE TABLE public.planted_ran (what text, by_role name DEFAULT current_user);
+CREATE SEQUENCE public.planted_calls;
+GRANT INSERT ON public.planted_ran TO PUBLIC;
+GRANT USAGE ON SEQUENCE public.planted_calls TO PUBLIC;
+CREATE FUNCTION public.planted(what text) RETURNS void LANGUAGE sql AS $$
+    SELECT pg_catalog.nextval('public.planted_calls');
+    INSERT INTO public.planted_ran (what) VALUES (what);
+$$;
+DO $plant$
+DECLARE
+    o record;
+    n integer := 0;
+BEGIN
+    FOR o IN
+        WITH generic(t, concrete) AS (
+            VALUES ('anyarray'::regtype, 'text[]'::regtype), ('anycompatiblearray', 'text[]'), ('anyelement', 'text'),
+                   ('anycompatible', 'text'), ('anynonarray', 'text'), ('anycompatiblenonarray', 'text')),
+        ops(name, l, r, res) AS (
+            SELECT oprname, oprleft::regtype, oprright::regtype, oprresult::regtype
+              FROM pg_operator WHERE oprnamespace = 'pg_catalog'::regnamespace
+            UNION
+            SELECT op, t.l, t.r, 'float8'::regtype FROM unnest(ARRAY['*', '/', '+', '-']) op,
+                   (VALUES ('float8'::regtype, 'int4'::regtype), ('int4', 'float8')) t(l, r))
+        SELECT DISTINCT ON (ops.name, 2, 3) ops.name, coalesce(gl.concrete, ops.l) AS l,
+               coalesce(gr.concrete, ops.r) AS r, coalesce(gres.concrete, ops.res) AS res
+          FROM ops LEFT JOIN generic gl ON gl.t = ops.l LEFT JOIN generic gr ON gr.t = ops.r
+               LEFT JOIN generic gres ON gres.t = ops.res
+    LOOP
+        CONTINUE WHEN EXISTS (SELECT FROM pg_type t WHERE t.oid IN (o.l, o.r, o.res) AND t.typtype = 'p');
+        n := n + 1;
+        IF o.l::oid = 0 THEN
+            EXECUTE format('CREATE FUNCTION public.planted_op_%s(%s) RETURNS %s LANGUAGE plpgsql AS %L', n, o.r, o.res,
+                format('BEGIN PERFORM public.planted(%L); RETURN OPERATOR(pg_catalog.%s) $1; END',
+                       format('%s(%s)', o.name, o.r), o.name));
+            EXECUTE format('CREATE OPERATOR public.%s (RIGHTARG = %s, FUNCTION = public.planted_op_%s)', o.name, o.r, n);
+        ELSE
+            EXECUTE format('CREATE FUNCTION public.planted_op_%s(%s, %s) RETURNS %s LANGUAGE plpgsql AS %L', n, o.l, o.r, o.res,
+                format('BEGIN PERFORM public.planted(%L); RETURN $1 OPERATOR(pg_catalog.%s) $2; END',
+                       format('%s(%s, %s)', o.name, o.l, o.r), o.name));
+            EXECUTE format('CREATE OPERATOR public.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = public.planted_op_%s)',
+                           o.name, o.l, o.r, n);
+        END IF;
+    END LOOP;
+    FOR o IN
+        SELECT p.proname, p.pronargs, p.proretset, pg_get_function_arguments(p.oid) AS args,
+               pg_get_function_result(p.oid) AS result, p.oid::regprocedure::text AS signature
+          FROM pg_proc p
+         WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.prokind = 'f' AND p.proname = ANY(%(names)s)
+           AND NOT EXISTS (SELECT FROM pg_type t WHERE t.typtype = 'p'
+                           AND t.oid = ANY(array_append(coalesce(p.proallargtypes, p.proargtypes::oid[]), p.prorettype)))
+           AND (p.proallargtypes IS NULL OR p.proretset)
+    LOOP
+        EXECUTE format('CREATE FUNCTION public.%I(%s) RETURNS %s LANGUAGE plpgsql AS %L', o.proname, o.args, o.result,
+            format('BEGIN PERFORM public.planted(%L); %s pg_catalog.%I(%s); END', o.signature,
+                   CASE WHEN o.proretset THEN 'RETURN QUERY SELECT * FROM' ELSE 'RETURN' END, o.proname,
+                   (SELECT string_agg('$' || i, ', ') FROM generate_series(1, o.pronargs) i)));
+    END LOOP;
+END
+$plant$;
+"""
+
+
+def planted_runs(fleet):
+    """How many times something planted ran (the sequence survives rollbacks), and what (the
+    table; rolled back with a failed call)."""
+    with fleet.connect(options="-c search_path=pg_catalog") as c:
+        ran = [what for (what,) in c.execute("SELECT what FROM public.planted_ran")]
+        count = c.execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM public.planted_calls").fetchone()[0]
+        c.execute("TRUNCATE public.planted_ran; SELECT setval('public.planted_calls', 1, false)")
+    return count, ran
+
+
+def test_objects_the_database_owner_plants_never_run_in_a_superusers_call(partition_clusters, new_role):
+    owner = new_role("dbowner")
+    hostile = make_fleet(partition_clusters, 2, router=unique("rl_router_hostile"), version="0.3.0", owner=owner)
+    names = sorted(set(re.findall(r"([a-z_][a-z_0-9]*)\s*\(", "\n".join(
+        open(os.path.join(PROXY_DIR, f)).read() for f in ("rate_limiter_proxy--0.4.0.sql", "rate_limiter_proxy--0.3.0--0.4.0.sql")))))
+    with hostile.connect(user=owner) as c:
+        c.execute(PLANT.replace("%(names)s", "ARRAY[" + ", ".join(f"'{n}'" for n in names) + "]"))
+        c.execute(f"ALTER DATABASE {hostile.router} SET search_path = public, pg_catalog")
+    single, spread, inline = unique("single"), unique("spread"), unique("inline")
+    with hostile.connect() as c:
+        keys = c.execute("SELECT k, rate_limiter_proxy.partition_of(k) FROM (SELECT 'user-' || i AS k "
+                         "FROM generate_series(1, 20) i) s").fetchall()
+    apart = [next(k for k, p in keys if p == 0), next(k for k, p in keys if p == 1)]
+    assert planted_runs(hostile)[0] > 0, "the plant works: 0.3.0's partition_of ran it"
+
+    def calls(c):
+        """Every router function, each path a superuser may take (the SQL names no operator)."""
+        c.execute(f"SELECT rate_limiter_proxy.define('{single}', 'fixed window', 100, '1 hour')")
+        c.execute(f"SELECT rate_limiter_proxy.define('{spread}', 'token bucket', 100, '1 hour', capacity => 50, shards => 4)")
+        c.execute(f"SELECT * FROM rate_limiter_proxy.rate_limit('{spread}')")  # remaining * spread
+        c.execute(f"SELECT * FROM rate_limiter_proxy.rate_limit('{single}', 'alice')")
+        c.execute(f"SELECT * FROM rate_limiter_proxy.check_rate_limit('{spread}', 'bob')")
+        c.execute(f"SELECT * FROM rate_limiter_proxy.wait_rate_limit('{single}', 'carol', timeout => '1 second')")
+        config = json.dumps({**HOUR_WINDOW, "rate": 8, "shards": 2})
+        c.execute(f"SELECT * FROM rate_limiter_proxy.rate_limit('{inline}', 'dave', config => '{config}')")
+        requests = json.dumps([{"name": spread}, {"name": single, "key": "erin"}, {"name": inline, "config": json.loads(config)}])
+        c.execute(f"SELECT * FROM rate_limiter_proxy.rate_limit_all('{requests}')")
+        c.execute(f"SELECT * FROM rate_limiter_proxy.check_rate_limit_all('{requests}')")
+        c.execute(f"SELECT * FROM rate_limiter_proxy.rate_limit_value('{spread}')")
+        c.execute(f"SELECT * FROM rate_limiter_proxy.rate_limit_value('{inline}', config => '{config}')")
+        c.execute(f"SELECT rate_limiter_proxy.block('{single}', 'frank')")
+        assert c.execute(f"SELECT rate_limiter_proxy.unblock('{single}', 'frank')").fetchone() == (True,)
+        c.execute(f"SELECT rate_limiter_proxy.reset_rate_limit('{single}', 'alice')")
+        c.execute("SELECT rate_limiter_proxy.redefine_all()")
+        c.execute("SELECT rate_limiter_proxy.partitions(), rate_limiter_proxy.partition_of('alice')")
+        # The errors, raised again by _raise_again.
+        once = json.dumps({**HOUR_WINDOW, "rate": 1})
+        c.execute(f"SELECT * FROM rate_limiter_proxy.rate_limit('{inline}', 'gina', config => '{once}')")
+        with pytest.raises(psycopg.Error) as denied:
+            c.execute(f"SELECT rate_limiter_proxy.rate_limit('{inline}', 'gina', throws => true, config => '{once}')")
+        assert denied.value.diag.sqlstate == "RL429"
+        with pytest.raises(errors.InvalidParameterValue):
+            c.execute(f"SELECT rate_limiter_proxy.define('{single}', 'fixed window', 1, '1 hour', shards => 3)")
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("SELECT rate_limiter_proxy.rate_limit_all('" + json.dumps(
+                [{"name": single, "key": apart[0]}, {"name": single, "key": apart[1]}]) + "')")
+
+    with hostile.connect() as c:
+        assert c.execute("SHOW search_path").fetchone() == ("public, pg_catalog",)
+        calls(c)
+        count, ran = planted_runs(hostile)
+        assert count > 0 and "*(double precision, integer)" in ran, "0.3.0 ran them as the superuser"
+        c.execute("ALTER EXTENSION rate_limiter_proxy UPDATE")
+        assert planted_runs(hostile) == (0, []), "the update script ran them"
+    with hostile.connect() as c:
+        calls(c)
+        assert planted_runs(hostile) == (0, [])
+        c.execute("DROP EXTENSION rate_limiter_proxy")
+        c.execute("CREATE EXTENSION rate_limiter_proxy")
+        assert planted_runs(hostile) == (0, []), "the install script ran them"
+    with hostile.connect() as c:
+        calls(c)
+        assert planted_runs(hostile) == (0, [])
+
+
+# Text of PL/Proxy's error prefixes, in names and keys.
+MARKERS = [
+    "x] REMOTE FATAL: y",
+    "rate_limiter_proxy._rate_limit(7): [fleet2] REMOTE FATAL: z",
+    "PL/Proxy function rate_limiter_proxy._rate_limit(7): [fleet2] PQconnectPoll: down",
+    "server closed the connection unexpectedly] REMOTE PANIC: query timeout",
+]
+
+
+def test_names_and_keys_with_pl_proxy_markers_get_the_partitions_errors(fleet2):
+    key = "k] REMOTE FATAL: Remote detail: PL/Proxy function x(1): query timeout"
+    config = json.dumps({**HOUR_WINDOW, "rate": 1})
+    call = "SELECT rate_limiter_proxy.rate_limit(%s, %s, throws => true, config => %s)"
+    with fleet2.connect() as c:
+        owner = c.execute("SELECT rate_limiter_proxy.partition_of(%s)", (key,)).fetchone()[0]
+        for marker in MARKERS:
+            name = f"{unique('m')} {marker}"
+            c.execute(call, (name, key, config))
+            with pytest.raises(psycopg.Error) as routed:
+                c.execute(call, (name, key, config))
+            with fleet2.on_partition(owner) as p, pytest.raises(psycopg.Error) as direct:
+                p.execute(call.replace("rate_limiter_proxy.", "rate_limiter."), (name, key, config))
+            for error in (routed, direct):
+                diag = error.value.diag
+                assert diag.sqlstate == "RL429", diag.message_primary
+                assert diag.message_primary == f'rate limit "{name}" exceeded'
+                assert re.fullmatch(r"Retry after [0-9.]+ ms\.", diag.message_hint)
+            routed_detail, direct_detail = (json.loads(e.value.diag.message_detail) for e in (routed, direct))
+            assert abs(routed_detail.pop("retryAfter") - direct_detail.pop("retryAfter")) < 5000
+            assert routed_detail == direct_detail and (routed_detail["name"], routed_detail["key"]) == (name, key)
+            # Another error of the partition whose message quotes the caller's text.
+            bad = json.dumps({"kind": marker, "rate": 1, "period": 1000})
+            with pytest.raises(errors.InvalidParameterValue) as routed:
+                c.execute(call, (name, key, bad))
+            with fleet2.on_partition(owner) as p, pytest.raises(errors.InvalidParameterValue) as direct:
+                p.execute(call.replace("rate_limiter_proxy.", "rate_limiter."), (name, key, bad))
+            assert ((routed.value.diag.message_primary, routed.value.diag.message_detail, routed.value.diag.message_hint)
+                    == (direct.value.diag.message_primary, direct.value.diag.message_detail, direct.value.diag.message_hint))
+            assert marker in routed.value.diag.message_primary
+
+
+# Everything rate_limiter_proxy creates, described by value (no OIDs), one row per object.
+PROXY_CATALOG = """
+WITH ns AS (SELECT 'rate_limiter_proxy'::regnamespace AS oid),
+members AS (SELECT d.classid, d.objid, d.objsubid FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+             WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e' AND e.extname = 'rate_limiter_proxy')
+SELECT 'function', p.oid::regprocedure::text,
+       concat_ws(' ', l.lanname, p.proowner::regrole, p.provolatile, p.proparallel, p.prosecdef, p.proisstrict,
+                 p.proleakproof, pg_get_function_result(p.oid), pg_get_function_arguments(p.oid), p.proconfig::text,
+                 p.proacl::text, md5(p.prosrc), obj_description(p.oid, 'pg_proc'))
+FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang, ns WHERE p.pronamespace = ns.oid
+UNION ALL
+SELECT 'relation', c.relname,
+       concat_ws(' ', c.relkind, c.relowner::regrole, c.reloptions::text, c.relreplident, c.relrowsecurity, c.relacl::text,
+                 obj_description(c.oid, 'pg_class'))
+FROM pg_class c, ns WHERE c.relnamespace = ns.oid
+UNION ALL
+SELECT 'type', t.typname, concat_ws(' ', t.typtype, t.typowner::regrole, t.typacl::text, obj_description(t.oid, 'pg_type'))
+FROM pg_type t, ns WHERE t.typnamespace = ns.oid
+UNION ALL
+SELECT 'column', c.relname || '.' || a.attname,
+       concat_ws(' ', format_type(a.atttypid, a.atttypmod), co.collname, a.attnotnull, a.attnum, a.attacl::text,
+                 pg_get_expr(d.adbin, d.adrelid), col_description(c.oid, a.attnum))
+FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_collation co ON co.oid = a.attcollation
+LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum, ns
+WHERE c.relnamespace = ns.oid
+UNION ALL
+SELECT 'index', i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
+FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid, ns WHERE c.relnamespace = ns.oid
+UNION ALL
+SELECT 'constraint', c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c, ns WHERE c.connamespace = ns.oid
+UNION ALL
+SELECT 'member', pg_describe_object(classid, objid, objsubid), '' FROM members
+UNION ALL
+SELECT 'initial privileges', pg_describe_object(i.classoid, i.objoid, i.objsubid), concat_ws(' ', i.privtype, i.initprivs::text)
+FROM pg_init_privs i JOIN members m ON (m.classid, m.objid, m.objsubid) = (i.classoid, i.objoid, i.objsubid)
+UNION ALL
+SELECT 'extension', extname, concat_ws(' ', extversion, extnamespace::regnamespace, extrelocatable,
+                                       extconfig::regclass[]::text, extcondition::text)
+FROM pg_extension WHERE extname = 'rate_limiter_proxy'
+ORDER BY 1, 2, 3
+"""
+
+
+def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_and_grants(new_role):
+    fresh, updated, granted, app = (unique("rl_router_fresh"), unique("rl_router_updated"), unique("rl_router_granted"),
+                                    new_role("app"))
+    everyone = ("SELECT bool_and(has_function_privilege('public', p.oid, 'EXECUTE')) FROM pg_proc p "
+                "WHERE p.pronamespace = 'rate_limiter_proxy'::regnamespace")
+    with psycopg.connect(autocommit=True) as admin:
+        for db in (fresh, updated, granted):
+            admin.execute(f"CREATE DATABASE {db}")
+    try:
+        with psycopg.connect(dbname=fresh, autocommit=True) as f, psycopg.connect(dbname=updated, autocommit=True) as u:
+            f.execute("CREATE EXTENSION rate_limiter_proxy CASCADE")
+            u.execute("CREATE EXTENSION rate_limiter_proxy VERSION '0.3.0' CASCADE")
+            assert u.execute(everyone).fetchone() == (True,), "0.3.0 let PUBLIC execute everything"
+            u.execute("INSERT INTO rate_limiter_proxy.limits (name, kind, rate, period, shards, partitions) "
+                      "VALUES ('kept', 'token bucket', 10, '1 second', 4, 2)")
+            u.execute("ALTER EXTENSION rate_limiter_proxy UPDATE")
+            assert u.execute("SELECT name, rate, shards FROM rate_limiter_proxy.limits").fetchall() == [("kept", 10, 4)]
+            catalog = f.execute(PROXY_CATALOG).fetchall()
+            assert u.execute(PROXY_CATALOG).fetchall() == catalog
+            assert {row[0] for row in catalog} == {"function", "relation", "type", "column", "index", "constraint",
+                                                  "member", "initial privileges", "extension"}
+            assert ("extension", "rate_limiter_proxy") in {row[:2] for row in catalog}
+            assert u.execute(everyone).fetchone() == (False,)
+        with psycopg.connect(dbname=granted, autocommit=True) as g:
+            g.execute("CREATE EXTENSION rate_limiter_proxy VERSION '0.3.0' CASCADE")
+            g.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter_proxy.rate_limit TO {app}")
+            g.execute("ALTER EXTENSION rate_limiter_proxy UPDATE")
+            assert g.execute(f"SELECT has_function_privilege('{app}', 'rate_limiter_proxy.rate_limit(text, text, float8, "
+                             "boolean, boolean, jsonb)', 'EXECUTE')").fetchone() == (True,), "the update kept a grant"
+            assert g.execute(everyone).fetchone() == (False,)
+    finally:
+        with psycopg.connect(autocommit=True) as admin:
+            for db in (fresh, updated, granted):
+                admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def test_a_schema_made_before_create_extension_by_another_role_is_refused(new_role):
+    owner = new_role("dbowner")
+    router = unique("rl_router_squatted")
+    with psycopg.connect(autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {router} OWNER {owner}")
+    with psycopg.connect(dbname=router, user=owner, autocommit=True) as c:
+        # Its owner could drop the router's functions and put its own in their place.
+        c.execute("CREATE SCHEMA rate_limiter_proxy")
+    with psycopg.connect(dbname=router, autocommit=True) as c:
+        with pytest.raises(errors.InsufficientPrivilege) as refused:
+            c.execute("CREATE EXTENSION rate_limiter_proxy CASCADE")
+        assert "ALTER SCHEMA rate_limiter_proxy OWNER TO" in refused.value.diag.message_hint
+        assert c.execute("SELECT count(*) FROM pg_proc WHERE pronamespace = 'rate_limiter_proxy'::regnamespace").fetchone() == (0,)
