@@ -51,7 +51,7 @@ fn look_up() -> Relations {
     unsafe {
         let extension = pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false);
         let (schema, owner) = extension_row(extension);
-        trusted_owner("schema", schema, namespace_owner(schema), owner);
+        trusted_owner(namespace_owner(schema), owner, || format!("schema {}", schema_name(schema)));
         let member = |name: &CStr, class: pg_sys::Oid, oid: pg_sys::Oid| {
             if pg_sys::getExtensionOfObject(class, oid) != extension {
                 Error::NotAMember(format!("{}.{}", schema_name(schema), name.to_string_lossy())).raise()
@@ -67,7 +67,7 @@ fn look_up() -> Relations {
         let table = |name: &CStr| {
             let oid = relation(name);
             member(name, pg_sys::RelationRelationId, oid);
-            trusted_owner("table", oid, relation_owner(oid), owner);
+            trusted_owner(relation_owner(oid), owner, || format!("table {}", qualified_name(oid)));
             oid
         };
         let index_of = |table: pg_sys::Oid, name: &CStr| {
@@ -167,9 +167,10 @@ fn schema_name(schema: pg_sys::Oid) -> String {
     unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
 }
 
-/// Refuse an object of the extension owned by a role that neither owns the extension nor is
-/// a superuser: such a role could drop, replace or rename what this code trusts.
-fn trusted_owner(what: &str, object: pg_sys::Oid, object_owner: pg_sys::Oid, extension_owner: pg_sys::Oid) {
+/// Refuse an object of the extension (`what`, for the message) owned by a role that neither
+/// owns the extension nor is a superuser: such a role could drop, replace or rename what this
+/// code trusts.
+fn trusted_owner(object_owner: pg_sys::Oid, extension_owner: pg_sys::Oid, what: impl FnOnce() -> String) {
     // SAFETY: superuser_arg reads the role's catalog row.
     if object_owner == extension_owner || unsafe { pg_sys::superuser_arg(object_owner) } {
         return;
@@ -182,11 +183,7 @@ fn trusted_owner(what: &str, object: pg_sys::Oid, object_owner: pg_sys::Oid, ext
         // SAFETY: a NUL-terminated name.
         unsafe { CStr::from_ptr(role) }.to_string_lossy().into_owned()
     };
-    let name = match what {
-        "schema" => schema_name(object),
-        _ => qualified_name(object),
-    };
-    Error::UntrustedOwner { what: format!("{what} {name}"), role }.raise()
+    Error::UntrustedOwner { what: what(), role }.raise()
 }
 
 /// `schema.relation` of a relation, each part quoted as needed: SQL that names the
