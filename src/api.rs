@@ -26,6 +26,7 @@ use crate::error::{self, Error, Result};
 use crate::http;
 use crate::limiter::{self, Decided, Decision, Part, Request};
 use crate::stats;
+use crate::shape;
 use crate::storage::{self, StateTable};
 
 pub const MAX_NAME_BYTES: usize = 128;
@@ -224,20 +225,11 @@ fn decision_datum(d: &Decision) -> Datum {
         d.limited_by.as_deref().into_datum().unwrap_or(Datum::from(0)),
     ];
     let mut nulls = [false, d.retry_after.is_none(), false, false, false, d.reason.is_none(), d.limited_by.is_none()];
-    let shape = [
-        pg_sys::BOOLOID,
-        pg_sys::FLOAT8OID,
-        pg_sys::FLOAT8OID,
-        pg_sys::FLOAT8OID,
-        pg_sys::FLOAT8OID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-    ];
     // SAFETY: the type cache's descriptor, pinned until released below; it is read only
     // after checking it has exactly the columns `values` fills.
     unsafe {
         let desc = pg_sys::lookup_rowtype_tupdesc(cache::relations().decision_type, -1);
-        if !storage::has_columns(desc, &shape) {
+        if shape::difference(desc, &shape::DECISION, shape::Columns::Exactly).is_some() {
             pg_sys::DecrTupleDescRefCount(desc);
             Error::DecisionTypeChanged.raise()
         }

@@ -46,6 +46,9 @@ pub enum Error {
 
     #[error("{0} is not an object of the extension rate_limiter")]
     NotAMember(String),
+
+    #[error("{relation} is not shaped as the extension made it: {detail}")]
+    ShapeChanged { relation: String, detail: String },
 }
 
 impl Error {
@@ -63,7 +66,9 @@ impl Error {
             }
             Error::TimeOutOfRange(_) => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
             Error::UntrustedOwner { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            Error::NotAMember(_) => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            Error::NotAMember(_) | Error::ShapeChanged { .. } => {
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            }
         }
     }
 
@@ -118,6 +123,12 @@ impl Error {
                 "An object of that name exists in the extension's schema but the extension did not \
                  create it: drop the look-alike and restore the extension's own object, or DROP \
                  EXTENSION rate_limiter and create it again."
+            }
+            Error::ShapeChanged { .. } => {
+                "The extension reads and writes its tables and type column by column, by position: \
+                 undo the ALTER TABLE or ALTER TYPE (the columns as sql/bootstrap.sql creates them), \
+                 or save rate_limiter.limits and rate_limiter.blocks, DROP EXTENSION rate_limiter \
+                 and create it again."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

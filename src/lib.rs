@@ -20,6 +20,7 @@ mod hash;
 mod http;
 mod limiter;
 mod prune_worker;
+mod shape;
 mod shmem;
 mod stats;
 mod storage;

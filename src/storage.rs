@@ -23,6 +23,7 @@ use crate::cache;
 use crate::clock;
 use crate::config::LimitRow;
 use crate::error::Error;
+use crate::shape;
 
 /// Identifies one shard of one limit.
 #[derive(Clone, Copy)]
@@ -90,17 +91,6 @@ const VALUE: i16 = 4;
 const TS: i16 = 5;
 const COUNTS: i16 = 7;
 const GRANTED_AT: i16 = 8;
-/// The types of the columns, in order: what `form` writes.
-const STATE_SHAPE: [pg_sys::Oid; 8] = [
-    pg_sys::TEXTOID,
-    pg_sys::TEXTOID,
-    pg_sys::INT2OID,
-    pg_sys::FLOAT8OID,
-    pg_sys::TIMESTAMPTZOID,
-    pg_sys::TIMESTAMPTZOID,
-    pg_sys::FLOAT8ARRAYOID,
-    pg_sys::TIMESTAMPTZOID,
-];
 /// The unique index's columns as table column numbers: (key, name, shard).
 const INDEX_COLUMNS: [i16; 3] = [2, 1, 3];
 const INDEX_KEY: i16 = 1;
@@ -578,19 +568,9 @@ impl Drop for StateTable {
 /// `heap` is open and locked.
 unsafe fn check_shape(heap: pg_sys::Relation) {
     // SAFETY: an open relation's descriptor.
-    if !unsafe { has_columns((*heap).rd_att, &STATE_SHAPE) } {
+    if unsafe { shape::difference((*heap).rd_att, &shape::STATE, shape::Columns::Exactly) }.is_some() {
         Error::StateTableChanged.raise()
     }
-}
-
-/// Whether a row descriptor has exactly the columns of `types`, in order, none dropped.
-///
-/// # Safety
-/// `desc` is a valid descriptor.
-pub unsafe fn has_columns(desc: pg_sys::TupleDesc, types: &[pg_sys::Oid]) -> bool {
-    // SAFETY: a descriptor holds `natts` attributes.
-    let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
-    attrs.len() == types.len() && attrs.iter().zip(types).all(|(a, ty)| !a.attisdropped && a.atttypid == *ty)
 }
 
 /// Whether an index is the unique index on (key, name, shard) or an exact copy of it, the

@@ -66,6 +66,17 @@ SHAPE_CHANGES = [
     "ALTER TABLE rate_limiter.state ALTER COLUMN value TYPE numeric",
     "ALTER TYPE rate_limiter.decision ADD ATTRIBUTE extra integer",
     "ALTER TYPE rate_limiter.decision DROP ATTRIBUTE granted",
+    "ALTER TYPE rate_limiter.decision RENAME ATTRIBUTE granted TO taken",
+    # limits and blocks, read column by column, as a determined DBA would change them: CHECK
+    # constraints dropped first.
+    "ALTER TABLE rate_limiter.limits DROP CONSTRAINT limits_period_check, ALTER COLUMN period TYPE text",
+    "ALTER TABLE rate_limiter.limits DROP CONSTRAINT limits_rate_check, DROP CONSTRAINT limits_capacity_is_rate, "
+    "ALTER COLUMN rate TYPE numeric",
+    "ALTER TABLE rate_limiter.limits DROP COLUMN deny_cache CASCADE",
+    "ALTER TABLE rate_limiter.limits DROP COLUMN mode CASCADE, ADD COLUMN mode text NOT NULL DEFAULT 'all'",
+    "ALTER TABLE rate_limiter.limits RENAME COLUMN capacity TO burst",
+    "ALTER TABLE rate_limiter.blocks ALTER COLUMN until TYPE text",
+    "ALTER TABLE rate_limiter.blocks DROP COLUMN until, ADD COLUMN until timestamptz NOT NULL DEFAULT 'infinity'",
 ]
 
 

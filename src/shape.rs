@@ -1,0 +1,107 @@
+//! The shape of every relation the code reads or writes by column position: each column's
+//! name and type, in order. `cache` checks them whenever it looks the relations up (after
+//! every invalidation of one of them), so an `ALTER TABLE` or `ALTER TYPE` gives 55000
+//! instead of a datum read as the wrong type.
+
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+
+use crate::error::Error;
+
+pub type Shape = [(&'static CStr, pg_sys::Oid)];
+
+pub const STATE: [(&CStr, pg_sys::Oid); 8] = [
+    (c"name", pg_sys::TEXTOID),
+    (c"key", pg_sys::TEXTOID),
+    (c"shard", pg_sys::INT2OID),
+    (c"value", pg_sys::FLOAT8OID),
+    (c"ts", pg_sys::TIMESTAMPTZOID),
+    (c"expires", pg_sys::TIMESTAMPTZOID),
+    (c"counts", pg_sys::FLOAT8ARRAYOID),
+    (c"granted_at", pg_sys::TIMESTAMPTZOID),
+];
+
+/// What `storage::limit_row` reads, by position.
+pub const LIMITS: [(&CStr, pg_sys::Oid); 14] = [
+    (c"name", pg_sys::TEXTOID),
+    (c"kind", pg_sys::TEXTOID),
+    (c"rate", pg_sys::FLOAT8OID),
+    (c"period", pg_sys::INTERVALOID),
+    (c"capacity", pg_sys::FLOAT8OID),
+    (c"max_reserved", pg_sys::FLOAT8OID),
+    (c"shards", pg_sys::INT4OID),
+    (c"start", pg_sys::TIMESTAMPTZOID),
+    (c"min_gap", pg_sys::INTERVALOID),
+    (c"mode", pg_sys::TEXTOID),
+    (c"buckets", pg_sys::INT4OID),
+    (c"lock_timeout", pg_sys::INTERVALOID),
+    (c"on_lock_timeout", pg_sys::TEXTOID),
+    (c"deny_cache", pg_sys::INTERVALOID),
+];
+
+/// What `blocks` reads, by position (`note` and `created` are for people).
+pub const BLOCKS: [(&CStr, pg_sys::Oid); 3] =
+    [(c"name", pg_sys::TEXTOID), (c"key", pg_sys::TEXTOID), (c"until", pg_sys::TIMESTAMPTZOID)];
+
+/// What `api` forms a decision from, by position.
+pub const DECISION: [(&CStr, pg_sys::Oid); 7] = [
+    (c"ok", pg_sys::BOOLOID),
+    (c"retry_after", pg_sys::FLOAT8OID),
+    (c"remaining", pg_sys::FLOAT8OID),
+    (c"reset_after", pg_sys::FLOAT8OID),
+    (c"granted", pg_sys::FLOAT8OID),
+    (c"reason", pg_sys::TEXTOID),
+    (c"limited_by", pg_sys::TEXTOID),
+];
+
+/// Whether a relation may have columns after the ones the code uses (a table it only
+/// reads), or must have exactly those (one it forms rows of).
+#[derive(Clone, Copy, PartialEq)]
+pub enum Columns {
+    Exactly,
+    AtLeast,
+}
+
+/// 55000 unless relation `relid` (`shown` in the message) has `shape`'s columns, by name and
+/// type, at their positions, none of them dropped.
+pub fn check(relid: pg_sys::Oid, shown: &str, shape: &Shape, columns: Columns) {
+    // SAFETY: the relation is one of the extension's, found by OID in this transaction; its
+    // descriptor is read while it is open and locked, then it is closed (the lock is kept).
+    let wrong = unsafe {
+        let relation = pg_sys::relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let wrong = difference((*relation).rd_att, shape, columns);
+        pg_sys::relation_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
+        wrong
+    };
+    if let Some(detail) = wrong {
+        Error::ShapeChanged { relation: shown.to_owned(), detail }.raise()
+    }
+}
+
+/// What differs between a row descriptor and `shape`, said for a person; `None` if nothing.
+///
+/// # Safety
+/// `desc` is a valid descriptor.
+pub unsafe fn difference(desc: pg_sys::TupleDesc, shape: &Shape, columns: Columns) -> Option<String> {
+    // SAFETY: a descriptor holds `natts` attributes.
+    let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
+    if attrs.len() < shape.len() || (columns == Columns::Exactly && attrs.len() > shape.len()) {
+        return Some(format!("it has {} columns where the extension made {}", attrs.len(), shape.len()));
+    }
+    shape.iter().zip(attrs).enumerate().find_map(|(i, ((name, ty), attr))| {
+        // SAFETY: attname is a NUL-terminated NameData.
+        let actual = unsafe { CStr::from_ptr(attr.attname.data.as_ptr()) };
+        (attr.attisdropped || actual != *name || attr.atttypid != *ty).then(|| {
+            format!(
+                "column {} should be {} of type OID {}, not {}{} of type OID {}",
+                i + 1,
+                name.to_string_lossy(),
+                ty.to_u32(),
+                if attr.attisdropped { "a dropped column " } else { "" },
+                actual.to_string_lossy(),
+                attr.atttypid.to_u32()
+            )
+        })
+    })
+}
