@@ -73,11 +73,15 @@ start_cluster() {
 CLUSTER_SETTINGS="-c shared_buffers=1GB -c max_wal_size=16GB -c checkpoint_timeout=1h \
     -c shared_preload_libraries=rate_limiter -c rate_limiter.prune_interval=0"
 
-# Restart so that the current CLUSTER_SETTINGS apply.
-restart_cluster() {
-    if sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" status >/dev/null 2>&1; then
+stop_cluster() {
+    if [ -f "$CLUSTER_DIR/PG_VERSION" ] && sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" status >/dev/null 2>&1; then
         sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" -w -m fast stop >/dev/null
     fi
+}
+
+# Restart so that the current CLUSTER_SETTINGS apply.
+restart_cluster() {
+    stop_cluster
     start_cluster
 }
 
