@@ -195,23 +195,7 @@ impl State {
     }
 }
 
-/// Why a call is denied.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Reason {
-    /// Not enough tokens.
-    Exhausted,
-    /// Within `min_gap` of the last granted call.
-    MinGap,
-}
-
-impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Exhausted => "exhausted",
-            Reason::MinGap => "min_gap",
-        }
-    }
-}
+pub use crate::call::Reason;
 
 /// The state of a shard nobody has touched yet: full, and for a window kind in the window
 /// that contains `now`, aligned to `start` or else to `phase`.

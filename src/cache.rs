@@ -261,16 +261,3 @@ pub fn register_invalidation() {
         );
     }
 }
-
-/// Trigger on `rate_limiter.limits` and `rate_limiter.blocks`: tell every backend to drop
-/// its cached configs and block flag.
-#[pg_trigger]
-fn _limits_changed<'a>(
-    trigger: &'a PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, PgHeapTupleError> {
-    let relid = trigger.relation().map(|r| r.oid()).unwrap_or(pg_sys::InvalidOid);
-    // SAFETY: queues an invalidation of an existing relation, sent at commit.
-    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
-    crate::deny_cache::forget_this_database();
-    Ok(None)
-}

@@ -1,15 +1,30 @@
-//! The clock, and conversions between PostgreSQL's time types and the millisecond numbers
-//! the bucket math uses.
+//! The clock (and its setting `rate_limiter.fake_now`), and conversions between PostgreSQL's
+//! time types and the millisecond numbers the bucket math uses.
 
 use std::ffi::{CStr, CString};
 
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{direct_function_call, IntoDatum};
 
 use crate::error::Error;
-use crate::FAKE_NOW;
+
+/// `rate_limiter.fake_now`: a timestamptz the limiter takes as now; empty means the real clock.
+static FAKE_NOW: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+/// From `_PG_init`: the setting.
+pub fn register() {
+    GucRegistry::define_string_guc(
+        c"rate_limiter.fake_now",
+        c"Time the rate limiter takes as now (timestamptz text); empty uses the real clock.",
+        c"For tests: moves the limiter's clock. Superuser only, so it cannot be used to dodge a limit.",
+        &FAKE_NOW,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+}
 
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
 const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;

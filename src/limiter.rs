@@ -13,6 +13,8 @@ use rand::seq::index::sample;
 use std::time::{Duration, Instant};
 
 use crate::blocks;
+use crate::shmem::deny_cache;
+pub use crate::call::{Decision, Reason, Request};
 use crate::bucket::{self, Config, OnLockTimeout, Outcome, State, MIN_CHOOSE_TWO};
 use crate::clock::{self, sleep_ms};
 use crate::storage::{Created, Locked, Row, Slot, StateTable, Written};
@@ -23,29 +25,6 @@ pub use all::{decide_all, Decided, Part};
 /// How many times a call re-picks shards when those it chose are locked by other
 /// transactions, before it queues for its choice.
 const SKIP_LOCKED_ROUNDS: usize = 3;
-
-pub struct Request<'a> {
-    pub name: &'a str,
-    pub key: Option<&'a str>,
-    pub count: f64,
-    pub reserve: bool,
-    /// The config was passed inline (see `Slot::inline`).
-    pub inline: bool,
-}
-
-/// What `rate_limit()` returns, see `rate_limiter.decision`.
-#[derive(Debug, PartialEq)]
-pub struct Decision {
-    pub ok: bool,
-    pub retry_after: Option<f64>,
-    pub remaining: f64,
-    pub reset_after: f64,
-    pub granted: f64,
-    /// Why it was denied (`None` when ok); see `rate_limiter.decision.reason`.
-    pub reason: Option<&'static str>,
-    /// The name of the limit that denied it.
-    pub limited_by: Option<String>,
-}
 
 /// The shards one call looks at, their rows when they exist and their states (fresh when
 /// never written).
@@ -110,16 +89,10 @@ fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &C
         remaining: total * f64::from(config.shards) / looked,
         reset_after,
         granted: outcome.granted,
-        reason: (!outcome.ok).then_some(outcome.reason.as_str()),
+        reason: (!outcome.ok).then_some(outcome.reason),
         limited_by: (!outcome.ok).then(|| req.name.to_owned()),
     }
 }
-
-/// `Decision::reason` of a blocked (name, key).
-pub const BLOCKED: &str = "blocked";
-
-/// `Decision::reason` of `wait_rate_limit` when it waited and the deadline came first.
-pub const TIMEOUT: &str = "timeout";
 
 /// The denial of `req` if its (name, key) is blocked now: its state is neither read nor
 /// written, so `remaining` is 0; an indefinite block has no `retry_after`. Reads the clock
@@ -137,9 +110,27 @@ pub fn blocked(req: &Request<'_>) -> Option<Decision> {
         remaining: 0.0,
         reset_after: retry_after.unwrap_or(0.0),
         granted: 0.0,
-        reason: Some(BLOCKED),
+        reason: Some(Reason::Blocked),
         limited_by: Some(req.name.to_owned()),
     })
+}
+
+/// The whole decision of one call: a block denies it outright; a check reads; a consuming
+/// call is answered from the deny cache when it holds a denial, else consumes, and a denial
+/// it gets is remembered there.
+pub fn decide(table: &StateTable, req: &Request<'_>, config: &Config, consume: bool) -> Decision {
+    if let Some(d) = blocked(req) {
+        return d;
+    }
+    if !consume {
+        return check(table, req, config);
+    }
+    if let Some(d) = deny_cache::answer(req, config) {
+        return d;
+    }
+    let d = self::consume(table, req, config);
+    deny_cache::remember(req, config, &d);
+    d
 }
 
 /// Answer without writing or locking anything (`check_rate_limit`).
@@ -224,9 +215,6 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
 const LOCK_POLL_FIRST_MS: f64 = 1.0;
 const LOCK_POLL_MAX_MS: f64 = 20.0;
 
-/// `Decision::reason` when the row stayed locked by another transaction past `lock_timeout`.
-pub const LOCK_TIMEOUT: &str = "lock_timeout";
-
 /// What a call whose row stayed locked past `lock_timeout` (`waited` ms) answers, by the
 /// limit's policy: denied, to retry after as long again; or let through unmetered.
 fn lock_timed_out(req: &Request<'_>, config: &Config, planned: &Decision, waited: f64) -> Decision {
@@ -237,7 +225,7 @@ fn lock_timed_out(req: &Request<'_>, config: &Config, planned: &Decision, waited
         remaining: planned.remaining,
         reset_after: planned.reset_after,
         granted: 0.0,
-        reason: Some(LOCK_TIMEOUT),
+        reason: Some(Reason::LockTimeout),
         limited_by: Some(req.name.to_owned()),
     }
 }

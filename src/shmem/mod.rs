@@ -1,11 +1,12 @@
 //! Shared memory, for the statistics and the deny cache: with `shared_preload_libraries`,
-//! the postmaster sets aside each one's area at start; backends inherit them.
-
-use std::ffi::CStr;
+//! the postmaster sets aside each one's area at start; backends inherit them. This file
+//! holds the hooks and asks each user for its area; the users call down to `area`, never up.
 
 use pgrx::pg_sys;
 
-use crate::{deny_cache, stats};
+mod area;
+pub mod deny_cache;
+pub mod stats;
 
 static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
 static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
@@ -47,20 +48,5 @@ unsafe extern "C-unwind" fn startup() {
         stats::attach();
         deny_cache::attach();
         pg_sys::LWLockRelease(init_lock);
-    }
-}
-
-/// The area called `name` of `size` bytes, and whether it existed (else it is all zeros).
-/// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
-pub fn area(name: &CStr, size: usize) -> (*mut u8, bool) {
-    let mut found = false;
-    // SAFETY: requested in `request` with this size; PostgreSQL raises an ERROR (FATAL in
-    // the postmaster) rather than return too little.
-    unsafe {
-        let area = pg_sys::ShmemInitStruct(name.as_ptr(), size, &mut found).cast::<u8>();
-        if !found {
-            std::ptr::write_bytes(area, 0, size);
-        }
-        (area, found)
     }
 }

@@ -21,11 +21,11 @@ use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 
-use crate::bucket::{Config, Reason};
+use crate::bucket::Config;
+use crate::call::{Decision, Reason, Request};
 use crate::clock;
 use crate::hash;
-use crate::limiter::{Decision, Request};
-use crate::shmem;
+use super::area;
 
 /// `rate_limiter.deny_cache_slots`: slots of the table (rounded up to a power of two).
 pub static SLOTS: GucSetting<i32> = GucSetting::<i32>::new(16384);
@@ -134,7 +134,7 @@ pub unsafe fn attach() {
     if slots == 0 {
         return;
     }
-    let (area, found) = shmem::area(SHMEM_NAME, size(slots));
+    let (area, found) = area::area(SHMEM_NAME, size(slots));
     if !found {
         // SAFETY: a new area of the requested size, all zeros (every slot empty).
         unsafe {
@@ -231,7 +231,7 @@ pub fn answer(req: &Request<'_>, config: &Config) -> Option<Decision> {
         remaining,
         reset_after: (reset_at - now).max(0.0),
         granted: 0.0,
-        reason: Some(Reason::Exhausted.as_str()),
+        reason: Some(Reason::Exhausted),
         limited_by: Some(req.name.to_owned()),
     })
 }
@@ -240,7 +240,7 @@ pub fn answer(req: &Request<'_>, config: &Config) -> Option<Decision> {
 /// Skipped when another backend is writing the same slot: it is only a cache.
 pub fn remember(req: &Request<'_>, config: &Config, d: &Decision) {
     let (Some(ttl), false, Some(retry_after)) = (config.deny_cache, d.ok, d.retry_after) else { return };
-    if d.reason != Some(Reason::Exhausted.as_str()) || retry_after <= 0.0 {
+    if d.reason != Some(Reason::Exhausted) || retry_after <= 0.0 {
         return;
     }
     let Some((header, slots)) = table() else { return };

@@ -21,10 +21,9 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::spinlock::PgSpinLock;
 
-use crate::api::MAX_NAME_BYTES;
+use crate::call::{Decision, MAX_NAME_BYTES, OTHER};
 use crate::hash;
-use crate::limiter::Decision;
-use crate::shmem;
+use super::area;
 
 mod top_keys;
 pub use top_keys::Heavy;
@@ -37,8 +36,6 @@ pub static MAX_NAMES_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(250)
 /// `rate_limiter.track_stats`: count calls (when preloaded).
 pub static TRACK: GucSetting<bool> = GucSetting::<bool>::new(true);
 
-/// The row under which a database's names beyond its room are counted.
-pub const OTHER: &str = "*other*";
 /// Entries kept apart for the `*other*` rows of databases, beyond `stats_max_names`.
 const OTHER_ROWS: u32 = 64;
 
@@ -184,7 +181,7 @@ pub unsafe fn request() {
 /// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
 pub unsafe fn attach() {
     let max_names = MAX_NAMES.get() as u32;
-    let (area, found) = shmem::area(SHMEM_NAME, layout(max_names).2);
+    let (area, found) = area::area(SHMEM_NAME, layout(max_names).2);
     // SAFETY: the area is ours, of the size requested; when new, nothing else uses it yet.
     unsafe {
         if !found {

@@ -1,0 +1,144 @@
+//! What changes limits, blocks and state: `define`, `block`, `unblock`, `reset_rate_limit`
+//! and `prune`, each SECURITY DEFINER with its search_path pinned (their SQL names tables by
+//! OID and qualifies every operator, see `storage`); and the entry points older versions'
+//! SQL names, which say to update.
+
+
+use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
+use pgrx::prelude::*;
+
+use crate::bucket::Config;
+use crate::clock;
+use crate::config::LimitRow;
+use crate::error::{self, Error, Result};
+use crate::shmem::deny_cache;
+use crate::storage;
+
+use super::{valid_key, valid_name, FMGR_V1};
+
+
+/// Forget the state of (name, key), every shard.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
+    storage::prevent_writes_unless_allowed(c"reset_rate_limit()");
+    let name = valid_name(name).unwrap_or_else(|e| e.raise());
+    storage::delete(name, key);
+    deny_cache::forget_this_database();
+}
+
+/// Deny `name`'s `key` (every limit's when `name` is NULL) until `until`, with `note`.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn block(
+    name: Option<&str>,
+    key: Option<&str>,
+    until: default!(Option<TimestampWithTimeZone>, "'infinity'"),
+    note: default!(Option<&str>, "NULL"),
+) {
+    storage::prevent_writes_unless_allowed(c"block()");
+    (|| -> Result<()> {
+        let name = name.map(|n| valid_name(Some(n))).transpose()?;
+        let key = valid_key(key)?;
+        let until = until.ok_or_else(|| Error::InvalidArgument("until must not be NULL; use 'infinity'".into()))?;
+        storage::upsert_block(name, key, until, note);
+        Ok(())
+    })()
+    .unwrap_or_else(|e| e.raise())
+}
+
+/// Lift the block of (`name`, `key`); whether there was one.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn unblock(name: Option<&str>, key: Option<&str>) -> bool {
+    storage::prevent_writes_unless_allowed(c"unblock()");
+    storage::delete_block(name, key)
+}
+
+/// Delete up to `max_rows` rows of `rate_limiter.state` that hold what a fresh state would
+/// (for named and inline limits alike), or belong to named limits that no longer exist,
+/// and blocks that have ended; returns how many. Skips rows that running
+/// transactions hold, so it never waits for them and can run beside calls and itself.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {
+    storage::prevent_writes_unless_allowed(c"prune()");
+    match max_rows {
+        Some(n) if n >= 0 => storage::prune(clock::now_ms(), n),
+        other => Error::InvalidArgument(format!("max_rows must be >= 0, not {other:?}")).raise(),
+    }
+}
+
+/// Create or replace a named limit (an upsert into `rate_limiter.limits`). Its C symbol is
+/// new in 0.3.0, which added arguments: 0.2.0's SQL names `define_wrapper` (see below).
+#[pg_extern(name = "define", security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::too_many_arguments)]
+fn define_limit(
+    name: Option<&str>,
+    kind: Option<&str>,
+    rate: Option<f64>,
+    period: Option<Interval>,
+    capacity: default!(Option<f64>, "NULL"),
+    max_reserved: default!(Option<f64>, "NULL"),
+    shards: default!(Option<i32>, 1),
+    start: default!(Option<TimestampWithTimeZone>, "NULL"),
+    min_gap: default!(Option<Interval>, "NULL"),
+    mode: default!(Option<&str>, "'all'"),
+    buckets: default!(Option<i32>, "NULL"),
+    lock_timeout: default!(Option<Interval>, "NULL"),
+    on_lock_timeout: default!(Option<&str>, "'deny'"),
+    deny_cache: default!(Option<Interval>, "NULL"),
+) {
+    storage::prevent_writes_unless_allowed(c"define()");
+    let result = (|| -> Result<()> {
+        let name = valid_name(name)?;
+        let required = |what: &str| Error::InvalidConfig(format!("{what} must not be NULL"));
+        let row = LimitRow {
+            kind: kind.ok_or_else(|| required("kind"))?.to_owned(),
+            rate: rate.ok_or_else(|| required("rate"))?,
+            period: period.ok_or_else(|| required("period"))?,
+            capacity,
+            max_reserved,
+            shards: shards.ok_or_else(|| required("shards"))?,
+            start,
+            min_gap,
+            mode: mode.ok_or_else(|| required("mode"))?.to_owned(),
+            buckets,
+            lock_timeout,
+            on_lock_timeout: on_lock_timeout.ok_or_else(|| required("on_lock_timeout"))?.to_owned(),
+            deny_cache,
+        };
+        // Validate here for a clear message; the table's CHECK constraints are the backstop.
+        Config::try_from(&row)?;
+        storage::upsert_limit(&row, name);
+        Ok(())
+    })();
+    result.unwrap_or_else(|e| e.raise())
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_decide_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// 0.1.0's `_decide`: its SQL names this symbol, so a database still on 0.1.0 can load this
+/// library (and be updated); a call says what to do.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn decide_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
+    error::Error::ExtensionOutdated.raise()
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_define_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `define` of 0.1.0 and 0.2.0, which had fewer arguments: the same, for a database not yet
+/// updated.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn define_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
+    error::Error::ExtensionOutdated.raise()
+}

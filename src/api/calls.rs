@@ -1,0 +1,340 @@
+//! The consuming calls and checks: `rate_limit`, `check_rate_limit`, `wait_rate_limit`,
+//! `rate_limit_all`, `check_rate_limit_all` and `rate_limit_value`.
+//!
+//! The first five are plain fmgr functions (declared in `sql/finalize.sql`) rather than
+//! `#[pg_extern]`s, so that `throws => true` can raise the custom SQLSTATE `RL429` (see
+//! `error::raise_rate_limited`). They need no SECURITY DEFINER: `storage` reads and writes
+//! the state without SQL.
+
+use std::ffi::{c_char, CString};
+use std::ptr::null_mut;
+use std::time::Instant;
+
+use pgrx::fcinfo::pg_getarg;
+use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+
+use crate::call::Reason;
+use crate::cache;
+use crate::clock;
+use crate::config::{self, JsonbArg};
+use crate::error::{self, Error, Result};
+use crate::limiter::{self, Decided, Decision, Request};
+use crate::shmem::stats;
+use crate::shape;
+use crate::storage::StateTable;
+
+use super::{parts, request, resolve, usable, FMGR_V1};
+
+
+fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<Decision> {
+    // Open the table first: its lock takes in pending invalidations of cached configs.
+    let table = StateTable::open(consume.then_some(c"rate_limit()"));
+    let config = resolve(req.name, inline)?;
+    usable(req, &config)?;
+    Ok(limiter::decide(&table, req, &config, consume))
+}
+
+/// A denial to raise as `RL429`: message, detail and hint, allocated by PostgreSQL (all
+/// null when there is nothing to raise).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Denial {
+    message: *mut c_char,
+    detail: *mut c_char,
+    hint: *mut c_char,
+}
+
+/// What a call returns to its fmgr entry point: only values with nothing to drop.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Answer {
+    datum: Datum,
+    throw: Denial,
+}
+
+fn pstrdup(text: &str) -> *mut c_char {
+    let c = CString::new(text).unwrap_or_default();
+    // SAFETY: copies a NUL-terminated text into the current memory context.
+    unsafe { pg_sys::pstrdup(c.as_ptr()) }
+}
+
+/// The `RL429` of a decision that throws: a denial, or a reservation that must wait (as the
+/// Convex component does); `None` otherwise.
+fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Denial> {
+    if d.ok && d.retry_after.is_none() {
+        return None;
+    }
+    let quoted = |s: Option<&str>| serde_json::Value::from(s).to_string();
+    let retry_after = d.retry_after.map_or("null".to_owned(), |r| r.to_string());
+    // Denials other than for want of tokens say why; the usual one keeps Convex's shape.
+    let reason = match d.reason {
+        Some(reason) if reason != Reason::Exhausted => format!(r#","reason":"{}""#, reason.as_str()),
+        _ => String::new(),
+    };
+    let detail = format!(
+        r#"{{"kind":"RateLimited","name":{},"key":{},"retryAfter":{retry_after}{reason}}}"#,
+        quoted(Some(name)),
+        quoted(key)
+    );
+    let hint = match d.retry_after {
+        Some(r) => format!("Retry after {r} ms."),
+        None => "The key is blocked until further notice: see rate_limiter.blocks.".to_owned(),
+    };
+    Some(Denial {
+        message: pstrdup(&format!("rate limit \"{name}\" exceeded")),
+        detail: pstrdup(&detail),
+        hint: pstrdup(&hint),
+    })
+}
+
+const NO_DENIAL: Denial = Denial { message: null_mut(), detail: null_mut(), hint: null_mut() };
+
+/// The body of `rate_limit` and `check_rate_limit`, guarded by pgrx: Rust panics and
+/// PostgreSQL errors inside it are raised as errors with their own SQLSTATE.
+///
+/// # Safety
+/// `fcinfo` is a call of `rate_limit` or `check_rate_limit`.
+#[pg_guard]
+unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> Answer {
+    // SAFETY: fmgr passes the six arguments declared in sql/finalize.sql, in this order.
+    let (name, key, count, reserve, throws, inline) = unsafe {
+        (
+            pg_getarg::<&str>(fcinfo, 0),
+            pg_getarg::<&str>(fcinfo, 1),
+            pg_getarg::<f64>(fcinfo, 2),
+            pg_getarg::<bool>(fcinfo, 3),
+            pg_getarg::<bool>(fcinfo, 4),
+            pg_getarg::<JsonbArg>(fcinfo, 5),
+        )
+    };
+    let req = request(name, key, count, reserve, inline.is_some()).unwrap_or_else(|e| e.raise());
+    let d = decide(&req, inline, consume).unwrap_or_else(|e| e.raise());
+    if consume {
+        stats::record(req.name, req.key, &d, true);
+    }
+    let datum = decision_datum(&d);
+    let throw = match throws {
+        Some(true) => denial(&d, req.name, req.key).unwrap_or(NO_DENIAL),
+        _ => NO_DENIAL,
+    };
+    Answer { datum, throw }
+}
+
+/// The decision as a `rate_limiter.decision` datum; 55000 if that type was altered.
+fn decision_datum(d: &Decision) -> Datum {
+    let mut values = [
+        Datum::from(d.ok),
+        d.retry_after.map_or(Datum::from(0), |r| Datum::from(r.to_bits())),
+        Datum::from(d.remaining.to_bits()),
+        Datum::from(d.reset_after.to_bits()),
+        Datum::from(d.granted.to_bits()),
+        d.reason.map(Reason::as_str).into_datum().unwrap_or(Datum::from(0)),
+        d.limited_by.as_deref().into_datum().unwrap_or(Datum::from(0)),
+    ];
+    let mut nulls = [false, d.retry_after.is_none(), false, false, false, d.reason.is_none(), d.limited_by.is_none()];
+    // SAFETY: the type cache's descriptor, pinned until released below; it is read only
+    // after checking it has exactly the columns `values` fills.
+    unsafe {
+        let desc = pg_sys::lookup_rowtype_tupdesc(cache::relations().decision_type, -1);
+        if shape::difference(desc, &shape::DECISION, shape::Columns::Exactly).is_some() {
+            pg_sys::DecrTupleDescRefCount(desc);
+            Error::DecisionTypeChanged.raise()
+        }
+        let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        pg_sys::DecrTupleDescRefCount(desc);
+        pgrx::heap_tuple_get_datum(tuple)
+    }
+}
+
+/// Runs the guarded body, then raises `RL429` from this frame, which pgrx does not guard
+/// and which holds nothing to drop: pgrx would turn a custom SQLSTATE into XX000.
+fn entry(answer: Answer) -> Datum {
+    let d = answer.throw;
+    if !d.message.is_null() {
+        // SAFETY: this frame holds nothing to drop; the texts were allocated by PostgreSQL.
+        unsafe { error::raise_rate_limited(d.message, d.detail, d.hint) };
+    }
+    answer.datum
+}
+
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.rate_limit(name, key, count, reserve, throws, config)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: fmgr calls this for rate_limiter.rate_limit only.
+    entry(unsafe { answer(fcinfo, true) })
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_check_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.check_rate_limit(name, key, count, reserve, throws, config)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn check_rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: fmgr calls this for rate_limiter.check_rate_limit only.
+    entry(unsafe { answer(fcinfo, false) })
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_wait_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.wait_rate_limit(name, key, count, timeout, config)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn wait_rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: fmgr calls this for rate_limiter.wait_rate_limit only.
+    entry(unsafe { answer_wait(fcinfo) })
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_rate_limit_all_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.rate_limit_all(requests, reserve, throws)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn rate_limit_all_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: fmgr calls this for rate_limiter.rate_limit_all only.
+    entry(unsafe { answer_all(fcinfo, true) })
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_check_rate_limit_all_fmgr() -> &'static pg_sys::Pg_finfo_record {
+    &FMGR_V1
+}
+
+/// `rate_limiter.check_rate_limit_all(requests, reserve, throws)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn check_rate_limit_all_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: fmgr calls this for rate_limiter.check_rate_limit_all only.
+    entry(unsafe { answer_all(fcinfo, false) })
+}
+
+/// The body of `wait_rate_limit`: `rate_limit` again after each `retry_after` until it is
+/// granted or the next wait would pass `timeout` (real time, also under `fake_now`). Denied
+/// calls hold no row lock, so nothing of this call is held while it sleeps.
+///
+/// # Safety
+/// `fcinfo` is a call of `wait_rate_limit`.
+#[pg_guard]
+unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
+    // SAFETY: fmgr passes the five arguments declared in sql/finalize.sql, in this order.
+    let (name, key, count, timeout, inline) = unsafe {
+        (
+            pg_getarg::<&str>(fcinfo, 0),
+            pg_getarg::<&str>(fcinfo, 1),
+            pg_getarg::<f64>(fcinfo, 2),
+            pg_getarg::<Interval>(fcinfo, 3),
+            pg_getarg::<JsonbArg>(fcinfo, 4),
+        )
+    };
+    let d = (|| -> Result<Decision> {
+        let req = request(name, key, count, None, inline.is_some())?;
+        let timeout = timeout.map(clock::interval_ms).unwrap_or(f64::NAN);
+        if !(timeout.is_finite() && timeout >= 0.0) {
+            return Err(Error::InvalidArgument(format!("timeout must be a finite interval >= 0, not {timeout} ms")));
+        }
+        let started = Instant::now();
+        let mut waited = false;
+        loop {
+            let d = decide(&req, inline, true)?;
+            let left = timeout - started.elapsed().as_secs_f64() * 1000.0;
+            match d.retry_after {
+                Some(retry_after) if !d.ok && retry_after <= left => {
+                    clock::sleep_ms(retry_after);
+                    waited = true;
+                }
+                _ if !d.ok && waited => return Ok(Decision { reason: Some(Reason::Timeout), ..d }),
+                _ => return Ok(d),
+            }
+        }
+    })()
+    .unwrap_or_else(|e| e.raise());
+    // Counted once, as its last try answered.
+    stats::record(name.unwrap_or_default(), key, &d, true);
+    Answer { datum: decision_datum(&d), throw: NO_DENIAL }
+}
+
+/// The body of `rate_limit_all` and `check_rate_limit_all`; see `answer`.
+///
+/// # Safety
+/// `fcinfo` is a call of `rate_limit_all` or `check_rate_limit_all`.
+#[pg_guard]
+unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) -> Answer {
+    // SAFETY: fmgr passes the three arguments declared in sql/finalize.sql, in this order.
+    let (requests, reserve, throws) = unsafe {
+        (pg_getarg::<JsonbArg>(fcinfo, 0), pg_getarg::<bool>(fcinfo, 1), pg_getarg::<bool>(fcinfo, 2))
+    };
+    let requests = requests
+        .ok_or_else(|| Error::InvalidArgument("requests must not be NULL".into()))
+        .and_then(|r| r.parse())
+        .unwrap_or_else(|e| e.raise());
+    // Open the table first: its lock takes in pending invalidations of cached configs.
+    let table = StateTable::open(consume.then_some(c"rate_limit_all()"));
+    let parts = parts(&requests, reserve.unwrap_or(false)).unwrap_or_else(|e| e.raise());
+    let Decided { all: d, limiting, parts: decisions } = limiter::decide_all(&table, &parts, consume);
+    drop(table);
+    if consume {
+        // A call counts under every limit it names: allowed with what each granted, or
+        // denied under all, with the key in the sketch of the one that limited it.
+        for (i, part) in parts.iter().enumerate() {
+            let own = decisions.get(i).filter(|_| d.ok).unwrap_or(&d);
+            stats::record(part.req.name, part.req.key, own, i == limiting);
+        }
+    }
+    let datum = decision_datum(&d);
+    let throw = match throws {
+        Some(true) => denial(&d, parts[limiting].req.name, parts[limiting].req.key).unwrap_or(NO_DENIAL),
+        _ => NO_DENIAL,
+    };
+    Answer { datum, throw }
+}
+
+/// The stored state of (name, key): the fullest of `sample_shards` random shards.
+#[pg_extern(volatile, parallel_unsafe)]
+fn rate_limit_value(
+    name: Option<&str>,
+    key: default!(Option<&str>, "NULL"),
+    config: default!(Option<JsonbArg>, "NULL"),
+    sample_shards: default!(Option<i32>, 1),
+) -> TableIterator<
+    'static,
+    (
+        name!(value, f64),
+        name!(ts, TimestampWithTimeZone),
+        name!(shard, i32),
+        name!(effective_config, JsonB),
+    ),
+> {
+    let row = (|| -> Result<_> {
+        let req = request(name, key, Some(0.0), None, config.is_some())?;
+        let sample = match sample_shards {
+            Some(n) if n >= 1 => n as u32,
+            other => {
+                return Err(Error::InvalidArgument(format!("sample_shards must be >= 1, not {other:?}")))
+            }
+        };
+        let table = StateTable::open(None);
+        let mut config = resolve(req.name, config)?;
+        let (state, shard) = limiter::value(&table, &req, &config, sample);
+        drop(table);
+        if config.kind.has_windows() && config.start.is_none() {
+            // As the Convex component does: report the window phase in force.
+            config.start = Some(state.ts);
+        }
+        let effective = JsonB(config::to_json(&config));
+        Ok((state.value, clock::ms_timestamptz(state.ts), shard, effective))
+    })()
+    .unwrap_or_else(|e| e.raise());
+    TableIterator::once(row)
+}

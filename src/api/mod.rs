@@ -1,0 +1,150 @@
+//! The SQL surface, split by concern, each entry a thin layer over what it calls:
+//! `calls` the consuming calls and checks (raw fmgr entry points, for RL429), `admin` what
+//! changes limits, blocks and state (SECURITY DEFINER), `headers` the
+//! HTTP headers of a decision, `stats` the statistics views, `trigger` the cache trigger. This file holds what they share:
+//! the checks of names, keys and counts, and finding a call's config.
+//!
+//! Every function is VOLATILE (it reads the clock and writes state) and PARALLEL UNSAFE (it
+//! takes row locks and writes), except where its own file says otherwise.
+
+use pgrx::pg_sys;
+
+use crate::bucket::{Config, Mode};
+use crate::cache;
+use crate::call::{Request, MAX_KEY_BYTES, MAX_NAME_BYTES, MAX_REQUESTS, OTHER};
+use crate::config::{self, JsonbArg};
+use crate::error::{Error, Result};
+use crate::limiter::Part;
+use crate::storage;
+
+mod admin;
+mod calls;
+mod headers;
+mod stats;
+mod trigger;
+
+/// The fmgr info of every raw entry point: version 1 calling convention.
+static FMGR_V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+
+fn valid_name(name: Option<&str>) -> Result<&str> {
+    match name {
+        None => Err(Error::InvalidArgument("name must not be NULL".into())),
+        Some("") => Err(Error::InvalidArgument("name must not be empty".into())),
+        Some(n) if n.len() > MAX_NAME_BYTES => Err(Error::InvalidArgument(format!(
+            "name is {} bytes, more than {MAX_NAME_BYTES}",
+            n.len()
+        ))),
+        // The statistics count names beyond their room under this one.
+        Some(OTHER) => Err(Error::InvalidArgument(format!("the name {OTHER} is reserved"))),
+        Some(n) => Ok(n),
+    }
+}
+
+fn valid_key(key: Option<&str>) -> Result<Option<&str>> {
+    match key {
+        Some(k) if k.len() > MAX_KEY_BYTES => Err(Error::InvalidArgument(format!(
+            "key is {} bytes, more than {MAX_KEY_BYTES}; hash long keys first",
+            k.len()
+        ))),
+        _ => Ok(key),
+    }
+}
+
+fn request<'a>(
+    name: Option<&'a str>,
+    key: Option<&'a str>,
+    count: Option<f64>,
+    reserve: Option<bool>,
+    inline: bool,
+) -> Result<Request<'a>> {
+    let count = count.ok_or_else(|| Error::InvalidArgument("count must not be NULL".into()))?;
+    if !(count.is_finite() && count >= 0.0) {
+        return Err(Error::InvalidArgument(format!("count must be a finite number >= 0, not {count}")));
+    }
+    Ok(Request {
+        name: valid_name(name)?,
+        key: valid_key(key)?,
+        count,
+        reserve: reserve.unwrap_or(false),
+        inline,
+    })
+}
+
+/// The inline config when given, else the named limit's (cached per backend).
+fn resolve(name: &str, inline: Option<JsonbArg>) -> Result<Config> {
+    match inline {
+        Some(arg) => config::from_json(&arg.parse()?),
+        None => resolve_named(name),
+    }
+}
+
+fn resolve_named(name: &str) -> Result<Config> {
+    cache::config(name, || {
+        storage::load_limit(name)
+            .ok_or_else(|| Error::UnknownLimit(name.to_owned()))
+            .and_then(|row| Config::try_from(&row))
+    })
+}
+
+/// Whether `config` can answer `req` at all.
+fn usable(req: &Request<'_>, config: &Config) -> Result<()> {
+    if req.reserve && !config.kind.can_reserve() {
+        return Err(Error::NotSupported(format!("a {} has no reservations", config.kind.as_str())));
+    }
+    if req.reserve && config.mode != Mode::All {
+        return Err(Error::NotSupported(format!("mode '{}' has no reservations", config.mode.as_str())));
+    }
+    match config.impossible_count(req.count, req.reserve) {
+        Some(max) => Err(Error::CountExceedsMax { name: req.name.to_owned(), count: req.count, max }),
+        None => Ok(()),
+    }
+}
+
+/// The requests of `rate_limit_all`: a JSON array of `{"name", "key", "count", "config"}`.
+fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
+    let bad = |what: String| Error::InvalidArgument(format!("requests: {what}"));
+    let list = requests.as_array().ok_or_else(|| bad(format!("expected a JSON array of objects, got {requests}")))?;
+    if list.is_empty() {
+        return Err(bad("name at least one limit".into()));
+    }
+    if list.len() > MAX_REQUESTS {
+        return Err(bad(format!("{} limits, more than {MAX_REQUESTS}", list.len())));
+    }
+    let mut parts: Vec<Part<'_>> = Vec::with_capacity(list.len());
+    let mut seen = std::collections::HashSet::with_capacity(list.len());
+    for item in list {
+        pgrx::check_for_interrupts!();
+        let object = item.as_object().ok_or_else(|| bad(format!("expected an object, got {item}")))?;
+        let (mut name, mut key, mut count, mut inline) = (None, None, Some(1.0), None);
+        for (field, v) in object {
+            let wrong = |expected: &str| bad(format!("\"{field}\" must be {expected}, got {v}"));
+            match field.as_str() {
+                "name" => name = Some(v.as_str().ok_or_else(|| wrong("a string"))?),
+                "key" if v.is_null() => key = None,
+                "key" => key = Some(v.as_str().ok_or_else(|| wrong("a string or null"))?),
+                "count" => count = Some(v.as_f64().ok_or_else(|| wrong("a number"))?),
+                "config" if v.is_null() => inline = None,
+                "config" => inline = Some(v),
+                other => return Err(bad(format!("unknown member \"{other}\" (known: name, key, count, config)"))),
+            }
+        }
+        let req = request(name, key, count, Some(reserve), inline.is_some())?;
+        if !seen.insert((req.name, req.key)) {
+            return Err(bad(format!("({}, {:?}) appears twice; add the counts instead", req.name, req.key)));
+        }
+        let config = match inline {
+            Some(v) => config::from_json(v)?,
+            None => resolve_named(req.name)?,
+        };
+        if config.mode != Mode::All {
+            return Err(Error::NotSupported(format!(
+                "rate_limit_all takes all or nothing: \"{}\" has mode '{}'",
+                req.name,
+                config.mode.as_str()
+            )));
+        }
+        usable(&req, &config)?;
+        parts.push(Part { req, config });
+    }
+    Ok(parts)
+}

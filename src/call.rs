@@ -1,0 +1,76 @@
+//! What one call is, shared by every layer: the request, the decision it gets, why a call
+//! is denied (with each reason's SQL text, in one place), and the bounds on names, keys and
+//! requests. Pure data: no pgrx.
+
+/// Bytes of a limit's name.
+pub const MAX_NAME_BYTES: usize = 128;
+/// Bytes of a key.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// The most limits one `rate_limit_all` call may name: each is a row lock held to commit.
+pub const MAX_REQUESTS: usize = 1000;
+/// The name under which the statistics count a database's names beyond its room: no limit
+/// may have it.
+pub const OTHER: &str = "*other*";
+
+pub struct Request<'a> {
+    pub name: &'a str,
+    pub key: Option<&'a str>,
+    pub count: f64,
+    pub reserve: bool,
+    /// The config was passed inline (see `storage::Slot::inline`).
+    pub inline: bool,
+}
+
+/// Why a call is denied, as `rate_limiter.decision.reason` says it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Reason {
+    /// Not enough tokens.
+    Exhausted,
+    /// Within `min_gap` of the last granted call.
+    MinGap,
+    /// The (name, key) is in `rate_limiter.blocks`.
+    Blocked,
+    /// `wait_rate_limit` waited and its timeout came first.
+    Timeout,
+    /// The row stayed locked by another transaction past the limit's `lock_timeout`.
+    LockTimeout,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Exhausted => "exhausted",
+            Reason::MinGap => "min_gap",
+            Reason::Blocked => "blocked",
+            Reason::Timeout => "timeout",
+            Reason::LockTimeout => "lock_timeout",
+        }
+    }
+}
+
+/// What `rate_limit()` returns, see `rate_limiter.decision`.
+#[derive(Debug, PartialEq)]
+pub struct Decision {
+    pub ok: bool,
+    pub retry_after: Option<f64>,
+    pub remaining: f64,
+    pub reset_after: f64,
+    pub granted: f64,
+    /// Why it was denied (`None` when ok; with `on_lock_timeout = 'allow'`, `LockTimeout`).
+    pub reason: Option<Reason>,
+    /// The name of the limit that denied it.
+    pub limited_by: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    /// The texts `rate_limiter.decision.reason` documents, one per reason.
+    #[test]
+    fn reasons_read_as_documented() {
+        let all = [Reason::Exhausted, Reason::MinGap, Reason::Blocked, Reason::Timeout, Reason::LockTimeout];
+        let texts: Vec<&str> = all.iter().map(|r| r.as_str()).collect();
+        assert_eq!(texts, ["exhausted", "min_gap", "blocked", "timeout", "lock_timeout"]);
+    }
+}
