@@ -94,32 +94,11 @@ fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &C
     }
 }
 
-/// The denial of `req` if its (name, key) is blocked now: its state is neither read nor
-/// written, so `remaining` is 0; an indefinite block has no `retry_after`. Reads the clock
-/// only when there is a block.
-pub fn blocked(req: &Request<'_>) -> Option<Decision> {
-    let until = blocks::blocked_until(req.name, req.key)?;
-    let now = clock::now_ms();
-    if until <= now {
-        return None;
-    }
-    let retry_after = until.is_finite().then_some(until - now);
-    Some(Decision {
-        ok: false,
-        retry_after,
-        remaining: 0.0,
-        reset_after: retry_after.unwrap_or(0.0),
-        granted: 0.0,
-        reason: Some(Reason::Blocked),
-        limited_by: Some(req.name.to_owned()),
-    })
-}
-
 /// The whole decision of one call: a block denies it outright; a check reads; a consuming
 /// call is answered from the deny cache when it holds a denial, else consumes, and a denial
 /// it gets is remembered there.
 pub fn decide(table: &StateTable, req: &Request<'_>, config: &Config, consume: bool) -> Decision {
-    if let Some(d) = blocked(req) {
+    if let Some(d) = blocks::blocked(req) {
         return d;
     }
     if !consume {

@@ -10,7 +10,8 @@ use crate::bucket::{self, Config};
 use crate::clock;
 use crate::storage::StateTable;
 
-use super::{blocked, decision, lock_one, look, pick_shards, slot, Decision, Request};
+use super::{decision, lock_one, look, pick_shards, slot, Decision, Request};
+use crate::blocks::blocked;
 
 /// One request of the call, with its config.
 pub struct Part<'a> {

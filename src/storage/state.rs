@@ -1,15 +1,13 @@
-//! Finding, locking and writing rows of `rate_limiter.state`, and reading
-//! `rate_limiter.limits`, through PostgreSQL's index and heap access methods rather than SQL.
-//! A call is one index probe and, when it takes tokens, one heap update (HOT: no indexed
-//! column changes): what `UPDATE ... WHERE key = $1` does, without parsing, planning or
-//! executor start-up. The limiter's functions are the only way into these tables, so no
-//! table privilege is checked here; EXECUTE on the function is the permission.
+//! Finding, locking and writing rows of `rate_limiter.state` through PostgreSQL's index and
+//! heap access methods rather than SQL. A call is one index probe and, when it takes tokens,
+//! one heap update (HOT: no indexed column changes): what `UPDATE ... WHERE key = $1` does,
+//! without parsing, planning or executor start-up.
 //!
 //! Visibility is what an UPDATE in the caller's transaction would see: reads use a fresh
 //! snapshot at READ COMMITTED, the transaction's otherwise, and see this transaction's
-//! earlier writes; a row changed by a transaction
-//! that committed after the snapshot is waited for and its newest version used at READ
-//! COMMITTED, and is a serialization failure at REPEATABLE READ and SERIALIZABLE.
+//! earlier writes; a row changed by a transaction that committed after the snapshot is
+//! waited for and its newest version used at READ COMMITTED, and is a serialization failure
+//! at REPEATABLE READ and SERIALIZABLE.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::ptr::null_mut;
@@ -21,9 +19,11 @@ use pgrx::IntoDatum;
 use crate::bucket::{Counts, State};
 use crate::cache;
 use crate::clock;
-use crate::config::LimitRow;
 use crate::error::Error;
 use crate::shape;
+
+use super::scan::{equal_key, probe, text_key};
+use super::{instant, prevent_writes_unless_allowed, text, xact_snapshot_isolation};
 
 /// Identifies one shard of one limit.
 #[derive(Clone, Copy)]
@@ -99,33 +99,6 @@ const INDEX_SHARD: i16 = 3;
 /// `field4` of the advisory lock tag that serializes creators of one row; `pg_advisory_lock`
 /// uses 1 and 2, so user locks never collide with it.
 const CREATE_LOCK_SPACE: u16 = 0x524c; // "RL"
-
-/// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
-/// parallel worker, before anything is attempted.
-pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
-    // SAFETY: both only read backend state and raise an ERROR.
-    unsafe {
-        pg_sys::PreventCommandIfReadOnly(command.as_ptr());
-        pg_sys::PreventCommandIfParallelMode(command.as_ptr());
-    }
-}
-
-fn xact_snapshot_isolation() -> bool {
-    // SAFETY: a plain read of a backend-global integer.
-    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
-}
-
-fn text(s: &str) -> Datum {
-    s.into_datum().expect("text is never NULL")
-}
-
-/// A timestamptz datum for `ms`, or 22008 when PostgreSQL cannot store that instant.
-fn instant(ms: f64, what: &str) -> Datum {
-    match clock::ms_to_pg_us(ms) {
-        Some(us) => Datum::from(us),
-        None => Error::TimeOutOfRange(format!("the state's {what} would be {ms} ms since the epoch")).raise(),
-    }
-}
 
 /// One index of `rate_limiter.state` that writes keep up to date: the unique index, or a
 /// copy of it that `REINDEX CONCURRENTLY` or a repack is building or retiring.
@@ -592,79 +565,6 @@ unsafe fn is_key_copy(index: pg_sys::Relation) -> bool {
     }
 }
 
-/// Look `keys` up in `index` as of `snapshot`; true when a visible row was found, which is
-/// then in `tuple_slot`. Each index is unique, so the first match is the only one.
-///
-/// # Safety
-/// `index` is an open index of the open `heap`; `tuple_slot` is a slot of `heap`; `snapshot`
-/// is valid for the scan.
-unsafe fn probe(
-    heap: pg_sys::Relation,
-    index: pg_sys::Relation,
-    snapshot: pg_sys::Snapshot,
-    keys: &mut [pg_sys::ScanKeyData],
-    tuple_slot: *mut pg_sys::TupleTableSlot,
-) -> bool {
-    // SAFETY: the caller's promises; the scan is ended before returning.
-    unsafe {
-        let scan = pg_sys::index_beginscan(heap, index, snapshot, keys.len() as _, 0);
-        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
-        let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot);
-        pg_sys::index_endscan(scan);
-        found
-    }
-}
-
-/// `index` column `attno` equals `value`, compared by `procedure` in the column's collation.
-///
-/// # Safety
-/// `index` is open and has a column `attno`.
-unsafe fn equal_key(index: pg_sys::Relation, attno: i16, procedure: u32, value: Datum) -> pg_sys::ScanKeyData {
-    // SAFETY: plain-old-data, initialized by ScanKeyEntryInitialize; the collation array
-    // has one entry per index column.
-    unsafe {
-        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyEntryInitialize(
-            &mut key,
-            0,
-            attno,
-            pg_sys::BTEqualStrategyNumber as u16,
-            pg_sys::InvalidOid,
-            *(*index).rd_indcollation.add(attno as usize - 1),
-            procedure.into(),
-            value,
-        );
-        key
-    }
-}
-
-/// `index` column `attno` equals the text `value`, or IS NULL for `None` (a NULLS NOT
-/// DISTINCT index finds its NULL that way).
-///
-/// # Safety
-/// `index` is open and has a text column `attno`.
-unsafe fn text_key(index: pg_sys::Relation, attno: i16, value: Option<&str>) -> pg_sys::ScanKeyData {
-    match value {
-        // SAFETY: the caller's promise.
-        Some(v) => unsafe { equal_key(index, attno, pg_sys::F_TEXTEQ, text(v)) },
-        // SAFETY: plain-old-data, initialized as an IS NULL search key.
-        None => unsafe {
-            let mut is_null: pg_sys::ScanKeyData = std::mem::zeroed();
-            pg_sys::ScanKeyEntryInitialize(
-                &mut is_null,
-                (pg_sys::SK_ISNULL | pg_sys::SK_SEARCHNULL) as i32,
-                attno,
-                0,
-                pg_sys::InvalidOid,
-                pg_sys::InvalidOid,
-                pg_sys::InvalidOid,
-                Datum::from(0),
-            );
-            is_null
-        },
-    }
-}
-
 /// Equality keys on (key, name, shard); a NULL key matches the NULL key (the index is
 /// NULLS NOT DISTINCT).
 ///
@@ -679,230 +579,4 @@ unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKey
             equal_key(index, INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.stored_shard())),
         ]
     }
-}
-
-/// One of the extension's small tables (limits, blocks) opened for lookups through its
-/// unique index, as committed now: configs and blocks are read at their newest, never as of
-/// an older snapshot (their caches are refilled from here after every change). Closed on
-/// drop.
-pub struct Lookup {
-    heap: pg_sys::Relation,
-    index: pg_sys::Relation,
-    tuple_slot: *mut pg_sys::TupleTableSlot,
-}
-
-impl Lookup {
-    pub fn open(table: pg_sys::Oid, index: pg_sys::Oid) -> Lookup {
-        let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-        // SAFETY: the extension's table and its index (OIDs from the cache), closed on drop.
-        unsafe {
-            let heap = pg_sys::table_open(table, lockmode);
-            let index = pg_sys::index_open(index, lockmode);
-            Lookup { heap, index, tuple_slot: pg_sys::table_slot_create(heap, null_mut()) }
-        }
-    }
-
-    /// Whether a row has these values (`None`: NULL) in the index's leading text columns;
-    /// it is then the current row. No values: whether there is any row.
-    pub fn find(&self, values: &[Option<&str>]) -> bool {
-        // SAFETY: the index is open and its leading columns are text (the callers' tables).
-        let mut keys: Vec<pg_sys::ScanKeyData> =
-            values.iter().zip(1..).map(|(v, attno)| unsafe { text_key(self.index, attno, *v) }).collect();
-        // SAFETY: relations and slot are open; the latest snapshot outlives the scan.
-        unsafe { probe(self.heap, self.index, pg_sys::GetLatestSnapshot(), &mut keys, self.tuple_slot) }
-    }
-
-    /// Column `attno` of the current row, of type `T` (the tables are the extension's).
-    pub fn column<T: FromDatum>(&self, attno: i32) -> Option<T> {
-        let mut isnull = false;
-        // SAFETY: the slot holds the row `find` found; `T` is the column's type.
-        unsafe { T::from_datum(pg_sys::slot_getattr(self.tuple_slot, attno, &mut isnull), isnull) }
-    }
-}
-
-impl Drop for Lookup {
-    fn drop(&mut self) {
-        // SAFETY: opened in `open`, closed once; the locks stay to the end of the transaction.
-        unsafe {
-            pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
-            pg_sys::index_close(self.index, pg_sys::NoLock as _);
-            pg_sys::table_close(self.heap, pg_sys::NoLock as _);
-        }
-    }
-}
-
-/// The named limit's row, if any, as committed now.
-pub fn load_limit(name: &str) -> Option<LimitRow> {
-    let relations = cache::relations();
-    let limits = Lookup::open(relations.limits, relations.limits_key);
-    limits.find(&[Some(name)]).then(|| limit_row(&limits))
-}
-
-/// The current row of `limits`: name, kind, rate, period, capacity, max_reserved, shards,
-/// start, min_gap, mode, buckets, lock_timeout, on_lock_timeout, deny_cache; NOT NULL where
-/// `required`.
-fn limit_row(limits: &Lookup) -> LimitRow {
-    let required = "NOT NULL column of rate_limiter.limits";
-    LimitRow {
-        kind: limits.column(2).expect(required),
-        rate: limits.column(3).expect(required),
-        period: limits.column(4).expect(required),
-        capacity: limits.column(5),
-        max_reserved: limits.column(6),
-        shards: limits.column(7).expect(required),
-        start: limits.column(8),
-        min_gap: limits.column(9),
-        mode: limits.column(10).expect(required),
-        buckets: limits.column(11),
-        lock_timeout: limits.column(12),
-        on_lock_timeout: limits.column(13).expect(required),
-        deny_cache: limits.column(14),
-    }
-}
-
-// The plain SQL below runs in SECURITY DEFINER functions and in the prune worker: tables are
-// named from their OIDs (`cache::qualified_name`) and every operator is qualified.
-fn state_table() -> String {
-    cache::qualified_name(cache::relations().state)
-}
-
-fn blocks_table() -> String {
-    cache::qualified_name(cache::relations().blocks)
-}
-
-/// Forget every shard of (name, key). Plain SQL: rare, and not on the path of a decision.
-pub fn delete(name: &str, key: Option<&str>) {
-    let key_where = match key {
-        Some(_) => "key OPERATOR(pg_catalog.=) $2",
-        None => "$2::pg_catalog.text IS NULL AND key IS NULL",
-    };
-    let sql = format!("DELETE FROM {} WHERE name OPERATOR(pg_catalog.=) $1 AND {key_where}", state_table());
-    Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
-/// Delete up to `max_rows` rows whose expiry has passed at `now` (ms), then rows of named
-/// limits that no longer exist, skipping rows other transactions hold; how many were
-/// deleted. Plain SQL: the executor keeps every index and publication informed. The row
-/// lock re-checks `expires` on the newest version, so a row a call has just written again
-/// is kept.
-pub fn prune(now: f64, max_rows: i32) -> i64 {
-    let ended = delete_ended_blocks(now, max_rows);
-    let max_rows = max_rows - ended as i32;
-    if max_rows == 0 {
-        return ended;
-    }
-    ended + prune_state(now, max_rows)
-}
-
-/// Delete up to `max_rows` blocks whose `until` has passed at `now`.
-fn delete_ended_blocks(now: f64, max_rows: i32) -> i64 {
-    let blocks = blocks_table();
-    let sql = format!(
-        "WITH ended AS ( \
-             SELECT ctid FROM {blocks} WHERE until OPERATOR(pg_catalog.<=) $2 \
-             LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         DELETE FROM {blocks} \
-         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended))"
-    );
-    let now = clock::ms_timestamptz(now);
-    Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), now.into()]).map(|t| t.len() as i64))
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-fn prune_state(now: f64, max_rows: i32) -> i64 {
-    let expired = delete_some("expires OPERATOR(pg_catalog.<=) $2", clock::ms_timestamptz(now), max_rows);
-    let left = max_rows - expired as i32;
-    if left == 0 || !limits_held_still() {
-        return expired;
-    }
-    let orphaned = format!(
-        "shard OPERATOR(pg_catalog.>=) 0 AND $2::pg_catalog.bool AND NOT EXISTS \
-         (SELECT FROM {} l WHERE l.name OPERATOR(pg_catalog.=) s.name)",
-        cache::qualified_name(cache::relations().limits)
-    );
-    expired + delete_some(&orphaned, true, left)
-}
-
-/// Delete up to `max_rows` rows of `rate_limiter.state s` where `condition` (on `$2`) holds.
-fn delete_some<'a>(condition: &str, arg: impl Into<pgrx::datum::DatumWithOid<'a>>, max_rows: i32) -> i64 {
-    let state = state_table();
-    let sql = format!(
-        "WITH doomed AS ( \
-             SELECT ctid FROM {state} s WHERE {condition} \
-             LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         DELETE FROM {state} \
-         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM doomed))"
-    );
-    Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), arg.into()]).map(|t| t.len() as i64))
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-/// Whether the set of named limits is sure to stay as the next statement's snapshot sees
-/// it until this transaction ends. Otherwise a limit deleted and created again while
-/// prune() runs could lose the state written in between. Takes a SHARE lock on
-/// `rate_limiter.limits` (held to the end of the transaction) without waiting; false when a
-/// transaction is changing limits, or when the snapshot is the transaction's (REPEATABLE
-/// READ, SERIALIZABLE), which may predate the lock.
-fn limits_held_still() -> bool {
-    let limits = cache::relations().limits;
-    // SAFETY: locks a relation by the OID that the cache resolved for this database.
-    !xact_snapshot_isolation() && unsafe { pg_sys::ConditionalLockRelationOid(limits, pg_sys::ShareLock as pg_sys::LOCKMODE) }
-}
-
-/// `IS NOT DISTINCT FROM` without an operator looked up by name (these run as SECURITY
-/// DEFINER): `column` equals `$n`, or both are NULL.
-fn same(column: &str, n: u8) -> String {
-    format!("({column} OPERATOR(pg_catalog.=) ${n} OR ({column} IS NULL AND ${n}::pg_catalog.text IS NULL))")
-}
-
-/// Insert or replace the block of (name, key).
-pub fn upsert_block(name: Option<&str>, key: Option<&str>, until: TimestampWithTimeZone, note: Option<&str>) {
-    let sql = format!(
-        "INSERT INTO {} AS b (name, key, until, note) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT ON CONSTRAINT blocks_key_name_key DO UPDATE \
-         SET until = excluded.until, note = excluded.note, created = pg_catalog.now()",
-        blocks_table()
-    );
-    Spi::run_with_args(&sql, &[name.into(), key.into(), until.into(), note.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
-/// Delete the block of (name, key); whether there was one.
-pub fn delete_block(name: Option<&str>, key: Option<&str>) -> bool {
-    let sql = format!("DELETE FROM {} WHERE {} AND {}", blocks_table(), same("name", 1), same("key", 2));
-    Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), key.into()]).map(|t| !t.is_empty()))
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-/// Insert or replace a named limit.
-pub fn upsert_limit(row: &LimitRow, name: &str) {
-    let sql = format!(
-        "INSERT INTO {} AS l \
-         (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, \
-          lock_timeout, on_lock_timeout, deny_cache) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
-         ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
-         period = excluded.period, capacity = excluded.capacity, \
-         max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
-         min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
-         lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout, \
-         deny_cache = excluded.deny_cache",
-        cache::qualified_name(cache::relations().limits)
-    );
-    let args: [pgrx::datum::DatumWithOid<'_>; 14] = [
-        name.into(),
-        row.kind.as_str().into(),
-        row.rate.into(),
-        row.period.into(),
-        row.capacity.into(),
-        row.max_reserved.into(),
-        row.shards.into(),
-        row.start.into(),
-        row.min_gap.into(),
-        row.mode.as_str().into(),
-        row.buckets.into(),
-        row.lock_timeout.into(),
-        row.on_lock_timeout.as_str().into(),
-        row.deny_cache.into(),
-    ];
-    Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -1,0 +1,91 @@
+//! Committed rows of the small tables (`rate_limiter.limits`, `rate_limiter.blocks`), read
+//! through their unique indexes.
+
+use std::ptr::null_mut;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::cache;
+use crate::config::LimitRow;
+
+use super::scan::{probe, text_key};
+
+/// One of the extension's small tables (limits, blocks) opened for lookups through its
+/// unique index, as committed now: configs and blocks are read at their newest, never as of
+/// an older snapshot (their caches are refilled from here after every change). Closed on
+/// drop.
+pub struct Lookup {
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    tuple_slot: *mut pg_sys::TupleTableSlot,
+}
+
+impl Lookup {
+    pub fn open(table: pg_sys::Oid, index: pg_sys::Oid) -> Lookup {
+        let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        // SAFETY: the extension's table and its index (OIDs from the cache), closed on drop.
+        unsafe {
+            let heap = pg_sys::table_open(table, lockmode);
+            let index = pg_sys::index_open(index, lockmode);
+            Lookup { heap, index, tuple_slot: pg_sys::table_slot_create(heap, null_mut()) }
+        }
+    }
+
+    /// Whether a row has these values (`None`: NULL) in the index's leading text columns;
+    /// it is then the current row. No values: whether there is any row.
+    pub fn find(&self, values: &[Option<&str>]) -> bool {
+        // SAFETY: the index is open and its leading columns are text (the callers' tables).
+        let mut keys: Vec<pg_sys::ScanKeyData> =
+            values.iter().zip(1..).map(|(v, attno)| unsafe { text_key(self.index, attno, *v) }).collect();
+        // SAFETY: relations and slot are open; the latest snapshot outlives the scan.
+        unsafe { probe(self.heap, self.index, pg_sys::GetLatestSnapshot(), &mut keys, self.tuple_slot) }
+    }
+
+    /// Column `attno` of the current row, of type `T` (the tables are the extension's).
+    pub fn column<T: FromDatum>(&self, attno: i32) -> Option<T> {
+        let mut isnull = false;
+        // SAFETY: the slot holds the row `find` found; `T` is the column's type.
+        unsafe { T::from_datum(pg_sys::slot_getattr(self.tuple_slot, attno, &mut isnull), isnull) }
+    }
+}
+
+impl Drop for Lookup {
+    fn drop(&mut self) {
+        // SAFETY: opened in `open`, closed once; the locks stay to the end of the transaction.
+        unsafe {
+            pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
+            pg_sys::index_close(self.index, pg_sys::NoLock as _);
+            pg_sys::table_close(self.heap, pg_sys::NoLock as _);
+        }
+    }
+}
+
+/// The named limit's row, if any, as committed now.
+pub fn load_limit(name: &str) -> Option<LimitRow> {
+    let relations = cache::relations();
+    let limits = Lookup::open(relations.limits, relations.limits_key);
+    limits.find(&[Some(name)]).then(|| limit_row(&limits))
+}
+
+/// The current row of `limits`: name, kind, rate, period, capacity, max_reserved, shards,
+/// start, min_gap, mode, buckets, lock_timeout, on_lock_timeout, deny_cache; NOT NULL where
+/// `required`.
+fn limit_row(limits: &Lookup) -> LimitRow {
+    let required = "NOT NULL column of rate_limiter.limits";
+    LimitRow {
+        kind: limits.column(2).expect(required),
+        rate: limits.column(3).expect(required),
+        period: limits.column(4).expect(required),
+        capacity: limits.column(5),
+        max_reserved: limits.column(6),
+        shards: limits.column(7).expect(required),
+        start: limits.column(8),
+        min_gap: limits.column(9),
+        mode: limits.column(10).expect(required),
+        buckets: limits.column(11),
+        lock_timeout: limits.column(12),
+        on_lock_timeout: limits.column(13).expect(required),
+        deny_cache: limits.column(14),
+    }
+}

@@ -1,0 +1,51 @@
+//! The extension's tables through PostgreSQL's access methods and plain SQL, split by job:
+//! `state` finds, locks and writes rows of `rate_limiter.state` (the executor's work, done
+//! here); `lookup` reads committed rows of `rate_limiter.limits` and `rate_limiter.blocks`;
+//! `sql` runs the plain SPI statements of prune, blocks and define; `scan` holds the index
+//! probes they share. This file holds what the writers share.
+//!
+//! The limiter's functions are the only way into these tables, so no table privilege is
+//! checked on the access-method paths; EXECUTE on the function is the permission.
+
+
+use pgrx::pg_sys::{self, Datum};
+use pgrx::IntoDatum;
+
+use crate::clock;
+use crate::error::Error;
+
+mod lookup;
+mod scan;
+mod sql;
+mod state;
+
+pub use lookup::{load_limit, Lookup};
+pub use sql::{delete, delete_block, prune, upsert_block, upsert_limit};
+pub use state::{Created, Locked, Row, Slot, StateTable, Written};
+
+/// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
+/// parallel worker, before anything is attempted.
+pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
+    // SAFETY: both only read backend state and raise an ERROR.
+    unsafe {
+        pg_sys::PreventCommandIfReadOnly(command.as_ptr());
+        pg_sys::PreventCommandIfParallelMode(command.as_ptr());
+    }
+}
+
+fn xact_snapshot_isolation() -> bool {
+    // SAFETY: a plain read of a backend-global integer.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+fn text(s: &str) -> Datum {
+    s.into_datum().expect("text is never NULL")
+}
+
+/// A timestamptz datum for `ms`, or 22008 when PostgreSQL cannot store that instant.
+fn instant(ms: f64, what: &str) -> Datum {
+    match clock::ms_to_pg_us(ms) {
+        Some(us) => Datum::from(us),
+        None => Error::TimeOutOfRange(format!("the state's {what} would be {ms} ms since the epoch")).raise(),
+    }
+}

@@ -1,0 +1,160 @@
+//! The plain SQL statements: forgetting state, pruning, blocks and defining limits. Rare,
+//! and not on the path of a decision; the executor keeps every index and publication
+//! informed.
+
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::cache;
+use crate::clock;
+use crate::config::LimitRow;
+
+use super::xact_snapshot_isolation;
+
+// The plain SQL below runs in SECURITY DEFINER functions and in the prune worker: tables are
+// named from their OIDs (`cache::qualified_name`) and every operator is qualified.
+fn state_table() -> String {
+    cache::qualified_name(cache::relations().state)
+}
+
+fn blocks_table() -> String {
+    cache::qualified_name(cache::relations().blocks)
+}
+
+/// Forget every shard of (name, key). Plain SQL: rare, and not on the path of a decision.
+pub fn delete(name: &str, key: Option<&str>) {
+    let key_where = match key {
+        Some(_) => "key OPERATOR(pg_catalog.=) $2",
+        None => "$2::pg_catalog.text IS NULL AND key IS NULL",
+    };
+    let sql = format!("DELETE FROM {} WHERE name OPERATOR(pg_catalog.=) $1 AND {key_where}", state_table());
+    Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Delete up to `max_rows` rows whose expiry has passed at `now` (ms), then rows of named
+/// limits that no longer exist, skipping rows other transactions hold; how many were
+/// deleted. Plain SQL: the executor keeps every index and publication informed. The row
+/// lock re-checks `expires` on the newest version, so a row a call has just written again
+/// is kept.
+pub fn prune(now: f64, max_rows: i32) -> i64 {
+    let ended = delete_ended_blocks(now, max_rows);
+    let max_rows = max_rows - ended as i32;
+    if max_rows == 0 {
+        return ended;
+    }
+    ended + prune_state(now, max_rows)
+}
+
+/// Delete up to `max_rows` blocks whose `until` has passed at `now`.
+fn delete_ended_blocks(now: f64, max_rows: i32) -> i64 {
+    let blocks = blocks_table();
+    let sql = format!(
+        "WITH ended AS ( \
+             SELECT ctid FROM {blocks} WHERE until OPERATOR(pg_catalog.<=) $2 \
+             LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         DELETE FROM {blocks} \
+         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended))"
+    );
+    let now = clock::ms_timestamptz(now);
+    Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), now.into()]).map(|t| t.len() as i64))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+fn prune_state(now: f64, max_rows: i32) -> i64 {
+    let expired = delete_some("expires OPERATOR(pg_catalog.<=) $2", clock::ms_timestamptz(now), max_rows);
+    let left = max_rows - expired as i32;
+    if left == 0 || !limits_held_still() {
+        return expired;
+    }
+    let orphaned = format!(
+        "shard OPERATOR(pg_catalog.>=) 0 AND $2::pg_catalog.bool AND NOT EXISTS \
+         (SELECT FROM {} l WHERE l.name OPERATOR(pg_catalog.=) s.name)",
+        cache::qualified_name(cache::relations().limits)
+    );
+    expired + delete_some(&orphaned, true, left)
+}
+
+/// Delete up to `max_rows` rows of `rate_limiter.state s` where `condition` (on `$2`) holds.
+fn delete_some<'a>(condition: &str, arg: impl Into<pgrx::datum::DatumWithOid<'a>>, max_rows: i32) -> i64 {
+    let state = state_table();
+    let sql = format!(
+        "WITH doomed AS ( \
+             SELECT ctid FROM {state} s WHERE {condition} \
+             LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         DELETE FROM {state} \
+         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM doomed))"
+    );
+    Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), arg.into()]).map(|t| t.len() as i64))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Whether the set of named limits is sure to stay as the next statement's snapshot sees
+/// it until this transaction ends. Otherwise a limit deleted and created again while
+/// prune() runs could lose the state written in between. Takes a SHARE lock on
+/// `rate_limiter.limits` (held to the end of the transaction) without waiting; false when a
+/// transaction is changing limits, or when the snapshot is the transaction's (REPEATABLE
+/// READ, SERIALIZABLE), which may predate the lock.
+fn limits_held_still() -> bool {
+    let limits = cache::relations().limits;
+    // SAFETY: locks a relation by the OID that the cache resolved for this database.
+    !xact_snapshot_isolation() && unsafe { pg_sys::ConditionalLockRelationOid(limits, pg_sys::ShareLock as pg_sys::LOCKMODE) }
+}
+
+/// `IS NOT DISTINCT FROM` without an operator looked up by name (these run as SECURITY
+/// DEFINER): `column` equals `$n`, or both are NULL.
+fn same(column: &str, n: u8) -> String {
+    format!("({column} OPERATOR(pg_catalog.=) ${n} OR ({column} IS NULL AND ${n}::pg_catalog.text IS NULL))")
+}
+
+/// Insert or replace the block of (name, key).
+pub fn upsert_block(name: Option<&str>, key: Option<&str>, until: TimestampWithTimeZone, note: Option<&str>) {
+    let sql = format!(
+        "INSERT INTO {} AS b (name, key, until, note) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT ON CONSTRAINT blocks_key_name_key DO UPDATE \
+         SET until = excluded.until, note = excluded.note, created = pg_catalog.now()",
+        blocks_table()
+    );
+    Spi::run_with_args(&sql, &[name.into(), key.into(), until.into(), note.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Delete the block of (name, key); whether there was one.
+pub fn delete_block(name: Option<&str>, key: Option<&str>) -> bool {
+    let sql = format!("DELETE FROM {} WHERE {} AND {}", blocks_table(), same("name", 1), same("key", 2));
+    Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), key.into()]).map(|t| !t.is_empty()))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Insert or replace a named limit.
+pub fn upsert_limit(row: &LimitRow, name: &str) {
+    let sql = format!(
+        "INSERT INTO {} AS l \
+         (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, \
+          lock_timeout, on_lock_timeout, deny_cache) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+         ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
+         period = excluded.period, capacity = excluded.capacity, \
+         max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
+         min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
+         lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout, \
+         deny_cache = excluded.deny_cache",
+        cache::qualified_name(cache::relations().limits)
+    );
+    let args: [pgrx::datum::DatumWithOid<'_>; 14] = [
+        name.into(),
+        row.kind.as_str().into(),
+        row.rate.into(),
+        row.period.into(),
+        row.capacity.into(),
+        row.max_reserved.into(),
+        row.shards.into(),
+        row.start.into(),
+        row.min_gap.into(),
+        row.mode.as_str().into(),
+        row.buckets.into(),
+        row.lock_timeout.into(),
+        row.on_lock_timeout.as_str().into(),
+        row.deny_cache.into(),
+    ];
+    Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
