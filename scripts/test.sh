@@ -15,6 +15,8 @@ setup
 # stopped too; build_and_install itself replaces the file (a new inode) when run as root.
 stop_cluster
 if wants 1 2; then
+    step "clippy, with undocumented unsafe denied (Cargo.toml [lints])"
+    (cd "$ROOT" && cargo clippy --all-targets)
     step "tiers 1 and 2: unit tests and #[pg_test]s"
     as_root mkdir -p /tmp/rate_limiter_pgrx_test
     as_root chown postgres: /tmp/rate_limiter_pgrx_test

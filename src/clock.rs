@@ -39,6 +39,8 @@ pub fn now_ms() -> f64 {
     // SAFETY: the setting's value is a C string PostgreSQL owns, or null; read in place, as
     // copying it out would allocate on every call. Its first byte is read only when non-null.
     let fake = unsafe { *FAKE_NOW.as_ptr() };
+    // SAFETY: `fake` is non-null here (checked first), so it points at PostgreSQL's
+    // NUL-terminated copy of the setting, whose first byte is always readable.
     if fake.is_null() || unsafe { *fake } == 0 {
         // SAFETY: reads the system clock.
         return pg_us_to_ms(unsafe { pg_sys::GetCurrentTimestamp() });

@@ -184,10 +184,31 @@ fn vacuum_state() {
             (*relation).oid = state;
             (statement, pg_sys::make_parsestate(std::ptr::null_mut()))
         });
-        let previous = pg_sys::PortalContext;
-        pg_sys::PortalContext = portal.value();
+        let _portal_set = PortalContextSet::to(portal.value());
         pg_sys::ExecVacuum(pstate, statement, true);
         pg_sys::CommitTransactionCommand();
-        pg_sys::PortalContext = previous;
+    }
+}
+
+/// `PortalContext` set to a context of ours until dropped, then restored (before the
+/// context itself is deleted: declared after it, so dropped first).
+struct PortalContextSet(pg_sys::MemoryContext);
+
+impl PortalContextSet {
+    fn to(context: pg_sys::MemoryContext) -> PortalContextSet {
+        // SAFETY: a backend-global pointer, read and set by this single-threaded process;
+        // the previous value is restored on drop.
+        unsafe {
+            let previous = pg_sys::PortalContext;
+            pg_sys::PortalContext = context;
+            PortalContextSet(previous)
+        }
+    }
+}
+
+impl Drop for PortalContextSet {
+    fn drop(&mut self) {
+        // SAFETY: restores the value `to` found, once.
+        unsafe { pg_sys::PortalContext = self.0 }
     }
 }

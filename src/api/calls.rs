@@ -134,17 +134,31 @@ fn decision_datum(d: &Decision) -> Datum {
         d.limited_by.as_deref().into_datum().unwrap_or(Datum::from(0)),
     ];
     let mut nulls = [false, d.retry_after.is_none(), false, false, false, d.reason.is_none(), d.limited_by.is_none()];
-    // SAFETY: the type cache's descriptor, pinned until released below; it is read only
-    // after checking it has exactly the columns `values` fills.
-    unsafe {
-        let desc = pg_sys::lookup_rowtype_tupdesc(cache::relations().decision_type, -1);
-        if shape::difference(desc, &shape::DECISION, shape::Columns::Exactly).is_some() {
-            pg_sys::DecrTupleDescRefCount(desc);
-            Error::DecisionTypeChanged.raise()
-        }
-        let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-        pg_sys::DecrTupleDescRefCount(desc);
-        pgrx::heap_tuple_get_datum(tuple)
+    let desc = PinnedRowType::of(cache::relations().decision_type);
+    // SAFETY: a pinned descriptor of the type cache.
+    if unsafe { shape::difference(desc.0, &shape::DECISION, shape::Columns::Exactly) }.is_some() {
+        Error::DecisionTypeChanged.raise()
+    }
+    // SAFETY: the descriptor has exactly the columns `values` and `nulls` fill (checked
+    // above), and stays pinned while the tuple is formed.
+    unsafe { pgrx::heap_tuple_get_datum(pg_sys::heap_form_tuple(desc.0, values.as_mut_ptr(), nulls.as_mut_ptr())) }
+}
+
+/// A row type's descriptor from the type cache, pinned until dropped (on error paths too).
+struct PinnedRowType(pg_sys::TupleDesc);
+
+impl PinnedRowType {
+    fn of(row_type: pg_sys::Oid) -> PinnedRowType {
+        // SAFETY: looks up a composite type by OID (raises if it is gone); the reference
+        // count it takes is given back once, on drop.
+        PinnedRowType(unsafe { pg_sys::lookup_rowtype_tupdesc(row_type, -1) })
+    }
+}
+
+impl Drop for PinnedRowType {
+    fn drop(&mut self) {
+        // SAFETY: pinned in `of`, released once.
+        unsafe { pg_sys::DecrTupleDescRefCount(self.0) }
     }
 }
 

@@ -209,7 +209,7 @@ fn fresh_state_is_full_and_window_aligned() {
     assert_eq!(fresh_state(&tb, NOW, 0.0), at(3.0, NOW));
     let fw = Config { start: Some(NOW - 2.5 * MINUTE), ..config(Kind::FixedWindow, 3.0, MINUTE) };
     assert_eq!(fresh_state(&fw, NOW, 0.0).ts, NOW - 30.0 * SECOND);
-    let future = Config { start: Some(NOW + 10.0 * SECOND), ..fw.clone() };
+    let future = Config { start: Some(NOW + 10.0 * SECOND), ..fw };
     assert_eq!(fresh_state(&future, NOW, 0.0).ts, NOW - 50.0 * SECOND);
     let phased = Config { start: None, ..fw };
     let ts = fresh_state(&phased, NOW, 12_345.0).ts;
@@ -245,7 +245,7 @@ fn impossible_counts_match_convex_messages() {
     assert_eq!(c.impossible_count(2.0, false).as_deref(), Some("1"));
     assert_eq!(c.impossible_count(1.0, false), None);
     assert_eq!(c.impossible_count(1e9, true), None, "unbounded reservations");
-    let bounded = Config { max_reserved: Some(2.0), ..c.clone() };
+    let bounded = Config { max_reserved: Some(2.0), ..c };
     assert_eq!(bounded.impossible_count(4.0, true).as_deref(), Some("3.00"));
     assert_eq!(bounded.impossible_count(3.0, true), None);
     let sharded = Config { shards: 4, capacity: 40.0, ..c };

@@ -1,12 +1,15 @@
-//! The one thing the users of shared memory share: their named area.
+//! What the users of shared memory share: their named area, and holding an LWLock.
 
 use std::ffi::CStr;
 
 use pgrx::pg_sys;
 
 /// The area called `name` of `size` bytes, and whether it existed (else it is all zeros).
-/// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
-pub fn area(name: &CStr, size: usize) -> (*mut u8, bool) {
+///
+/// # Safety
+/// Only from `shmem_startup_hook`, holding AddinShmemInitLock, for an area requested with
+/// this size in `shmem_request_hook`.
+pub unsafe fn area(name: &CStr, size: usize) -> (*mut u8, bool) {
     let mut found = false;
     // SAFETY: requested in `request` with this size; PostgreSQL raises an ERROR (FATAL in
     // the postmaster) rather than return too little.
@@ -16,5 +19,26 @@ pub fn area(name: &CStr, size: usize) -> (*mut u8, bool) {
             std::ptr::write_bytes(area, 0, size);
         }
         (area, found)
+    }
+}
+
+/// An LWLock held exclusively until dropped, on error paths too.
+pub struct Held(*mut pg_sys::LWLock);
+
+impl Held {
+    /// # Safety
+    /// `lock` is an initialized LWLock in shared memory that this backend does not hold.
+    pub unsafe fn take(lock: *mut pg_sys::LWLock) -> Held {
+        // SAFETY: the caller promises an initialized lock not held here; LWLockAcquire waits
+        // or raises, and the guard releases it exactly once.
+        unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
+        Held(lock)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // SAFETY: this backend holds it (taken in `Held::take`), and releases it once.
+        unsafe { pg_sys::LWLockRelease(self.0) }
     }
 }

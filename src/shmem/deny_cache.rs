@@ -134,7 +134,9 @@ pub unsafe fn attach() {
     if slots == 0 {
         return;
     }
-    let (area, found) = area::area(SHMEM_NAME, size(slots));
+    // SAFETY: this function's own contract: from the startup hook, holding
+    // AddinShmemInitLock; `request` asked for this size.
+    let (area, found) = unsafe { area::area(SHMEM_NAME, size(slots)) };
     if !found {
         // SAFETY: a new area of the requested size, all zeros (every slot empty).
         unsafe {

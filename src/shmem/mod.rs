@@ -44,9 +44,8 @@ unsafe extern "C-unwind" fn startup() {
             previous();
         }
         let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
-        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let _held = area::Held::take(init_lock);
         stats::attach();
         deny_cache::attach();
-        pg_sys::LWLockRelease(init_lock);
     }
 }

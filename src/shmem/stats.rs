@@ -23,7 +23,7 @@ use pgrx::spinlock::PgSpinLock;
 
 use crate::call::{Decision, MAX_NAME_BYTES, OTHER};
 use crate::hash;
-use super::area;
+use super::area::{self, Held};
 
 mod top_keys;
 pub use top_keys::Heavy;
@@ -181,7 +181,9 @@ pub unsafe fn request() {
 /// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
 pub unsafe fn attach() {
     let max_names = MAX_NAMES.get() as u32;
-    let (area, found) = area::area(SHMEM_NAME, layout(max_names).2);
+    // SAFETY: this function's own contract: from the startup hook, holding
+    // AddinShmemInitLock; `request` asked for this size.
+    let (area, found) = unsafe { area::area(SHMEM_NAME, layout(max_names).2) };
     // SAFETY: the area is ours, of the size requested; when new, nothing else uses it yet.
     unsafe {
         if !found {
@@ -201,24 +203,6 @@ pub unsafe fn attach() {
     AREA.store(area.cast::<Header>(), Release);
     if !found {
         shared().expect("just set").publish(0, pg_sys::InvalidOid, OTHER);
-    }
-}
-
-/// An LWLock held exclusively until dropped.
-struct Held(*mut pg_sys::LWLock);
-
-impl Held {
-    fn take(lock: *mut pg_sys::LWLock) -> Held {
-        // SAFETY: the tranche's lock, initialized by the postmaster.
-        unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
-        Held(lock)
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        // SAFETY: this backend holds it (taken in `Held::take`).
-        unsafe { pg_sys::LWLockRelease(self.0) }
     }
 }
 
@@ -254,7 +238,8 @@ impl Shared {
     /// The entry of `name` in `database`: its own; a new one while there is room, in the
     /// database's share of it; else the database's `*other*`; else entry 0.
     fn find_or_add(&self, database: pg_sys::Oid, name: &str) -> usize {
-        let _held = Held::take(self.header.registry);
+        // SAFETY: the tranche's lock, initialized by the postmaster before any backend runs.
+        let _held = unsafe { Held::take(self.header.registry) };
         let own = match self.find_slot(database, name) {
             Ok(i) => return i,
             Err(at) => at,
@@ -457,6 +442,8 @@ pub fn reset(name: Option<&str>) -> i64 {
 }
 
 // SAFETY: Entry's cells are written only as documented on each (under a lock, or before
-// publication), and the header's lock pointer is into shared memory set up once.
+// publication), so sharing references between threads is as sound as between backends.
 unsafe impl Sync for Entry {}
+// SAFETY: the header's counters are atomics and its lock pointer is into shared memory
+// set up once, before any backend reads it, and never written again.
 unsafe impl Sync for Header {}

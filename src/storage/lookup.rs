@@ -24,12 +24,15 @@ pub struct Lookup {
 impl Lookup {
     pub fn open(table: pg_sys::Oid, index: pg_sys::Oid) -> Lookup {
         let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-        // SAFETY: the extension's table and its index (OIDs from the cache), closed on drop.
-        unsafe {
-            let heap = pg_sys::table_open(table, lockmode);
-            let index = pg_sys::index_open(index, lockmode);
-            Lookup { heap, index, tuple_slot: pg_sys::table_slot_create(heap, null_mut()) }
-        }
+        // Each resource goes into the struct as soon as it is opened, so that `drop` closes
+        // what was opened if a later step raises.
+        // SAFETY: the extension's table (OID from the cache), closed on drop.
+        let mut lookup = Lookup { heap: unsafe { pg_sys::table_open(table, lockmode) }, index: null_mut(), tuple_slot: null_mut() };
+        // SAFETY: the table's unique index (OID from the cache), closed on drop.
+        lookup.index = unsafe { pg_sys::index_open(index, lockmode) };
+        // SAFETY: a slot of the open table, dropped on drop.
+        lookup.tuple_slot = unsafe { pg_sys::table_slot_create(lookup.heap, null_mut()) };
+        lookup
     }
 
     /// Whether a row has these values (`None`: NULL) in the index's leading text columns;
@@ -52,10 +55,15 @@ impl Lookup {
 
 impl Drop for Lookup {
     fn drop(&mut self) {
-        // SAFETY: opened in `open`, closed once; the locks stay to the end of the transaction.
+        // SAFETY: each was opened in `open` (null if it was not reached) and is closed once;
+        // the locks stay to the end of the transaction, as the executor keeps them.
         unsafe {
-            pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
-            pg_sys::index_close(self.index, pg_sys::NoLock as _);
+            if !self.tuple_slot.is_null() {
+                pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
+            }
+            if !self.index.is_null() {
+                pg_sys::index_close(self.index, pg_sys::NoLock as _);
+            }
             pg_sys::table_close(self.heap, pg_sys::NoLock as _);
         }
     }
