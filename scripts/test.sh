@@ -7,6 +7,8 @@
 source "$(dirname "$0")/lib.sh"
 tiers=" ${*:-1 2 3 4} "
 wants() { for t in "$@"; do [[ $tiers == *" $t "* ]] && return 0; done; return 1; }
+step "links between the Markdown files (README.md, docs/, examples/, bench/)"
+python3 "$ROOT/scripts/check_links.py" "$ROOT"
 setup
 # cargo pgrx test --runas copies its build over the installed library with `sudo cp`, which
 # rewrites the file that a running server has mapped (a backend of a preloading server died

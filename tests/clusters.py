@@ -13,6 +13,21 @@ import psycopg
 PG_BIN = "/usr/lib/postgresql/15/bin"
 BASE = "/tmp/rate_limiter_clusters"
 
+# Every port a test cluster listens on (on a socket in /tmp only), in one place. The test
+# command's own cluster is PGPORT (scripts/lib.sh).
+PORTS = {
+    "publisher": 5491, "subscriber": 5492, "primary": 5493, "standby": 5494, "crash": 5495,
+    "worker": 5496, "cron": 5497, "stats": 5498, "stats_unloaded": 5499, "security": 5511,
+    "partitions": [5620, 5621, 5622, 5623],
+}
+
+
+def connect(**kwargs):
+    """A session on the test command's cluster (the PG* environment it sets), autocommit
+    unless told otherwise; keyword arguments as psycopg.connect's (dbname, user, ...)."""
+    kwargs.setdefault("autocommit", True)
+    return psycopg.connect(**kwargs)
+
 
 def as_postgres(*args, check=True):
     return subprocess.run(["sudo", "-u", "postgres", *args], check=check, capture_output=True, text=True)
@@ -71,7 +86,8 @@ class Cluster:
 
     def connect(self, dbname="postgres", **kwargs):
         kwargs.setdefault("autocommit", True)
-        return psycopg.connect(host="/tmp", port=self.port, user="postgres", dbname=dbname, **kwargs)
+        kwargs.setdefault("user", "postgres")
+        return psycopg.connect(host="/tmp", port=self.port, dbname=dbname, **kwargs)
 
     def conninfo(self, dbname="postgres"):
         return f"host=/tmp port={self.port} user=postgres dbname={dbname}"

@@ -8,7 +8,8 @@ the cache keeps denying, a read sees the tokens.
 import psycopg
 import pytest
 
-from test_sessions import connect, db, define, limit, name  # noqa: F401 - fixtures
+from calls import define, limit
+from clusters import connect
 
 NOW = "2030-01-01 00:00:00+00"
 
@@ -103,7 +104,7 @@ def test_each_database_has_its_own_cached_denials(db, name):
     other = "rl_deny_cache_" + name
     db.execute(f"CREATE DATABASE {other}")
     try:
-        with psycopg.connect(dbname=other, autocommit=True) as o:
+        with connect(dbname=other) as o:
             o.execute("CREATE EXTENSION rate_limiter")
             define(db, name, rate=1, period="1 hour", deny_cache="1 hour")
             define(o, name, rate=1, period="1 hour", deny_cache="1 hour")

@@ -12,6 +12,8 @@ import uuid
 import psycopg
 import pytest
 
+from clusters import connect
+
 # Everything the extension creates, described by value (no OIDs), one row per object.
 CATALOG = """
 WITH ns AS (SELECT 'rate_limiter'::regnamespace AS oid)
@@ -48,7 +50,7 @@ ORDER BY 1, 2
 @pytest.fixture
 def databases():
     names = {kind: f"rl_{kind}_{uuid.uuid4().hex[:8]}" for kind in ("fresh", "upgraded")}
-    with psycopg.connect(autocommit=True) as admin:
+    with connect() as admin:
         for n in names.values():
             admin.execute(f"CREATE DATABASE {n}")
         try:
@@ -61,8 +63,8 @@ def databases():
 @pytest.mark.parametrize("released", ["0.1.0", "0.2.0", "0.3.0"])
 def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, released):
     role = "app_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(dbname=databases["fresh"], autocommit=True) as fresh, \
-            psycopg.connect(dbname=databases["upgraded"], autocommit=True) as old:
+    with connect(dbname=databases["fresh"]) as fresh, \
+            connect(dbname=databases["upgraded"]) as old:
         fresh.execute("CREATE EXTENSION rate_limiter")
         old.execute(f"CREATE EXTENSION rate_limiter VERSION '{released}'")
         old.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES ('kept', 'token bucket', 10, '1 second')")
@@ -131,7 +133,7 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, rel
 
 def test_a_session_survives_the_extension_being_dropped_and_created_again(databases):
     dsn = {"dbname": databases["fresh"], "autocommit": True}
-    with psycopg.connect(**dsn) as admin, psycopg.connect(**dsn) as app:
+    with connect(**dsn) as admin, connect(**dsn) as app:
         admin.execute("CREATE EXTENSION rate_limiter")
         admin.execute("SELECT rate_limiter.define('l', 'token bucket', 1, '1 hour')")
         call = "SELECT ok, remaining FROM rate_limiter.rate_limit('l', 'k')"
@@ -145,7 +147,7 @@ def test_a_session_survives_the_extension_being_dropped_and_created_again(databa
 
 def test_an_index_or_trigger_added_to_the_state_table_is_refused_but_a_copy_of_the_key_is_kept(databases):
     dsn = {"dbname": databases["fresh"], "autocommit": True}
-    with psycopg.connect(**dsn) as admin, psycopg.connect(**dsn) as app:
+    with connect(**dsn) as admin, connect(**dsn) as app:
         admin.execute("CREATE EXTENSION rate_limiter")
         admin.execute("SELECT rate_limiter.define('l', 'token bucket', 5, '1 hour')")
         call = "SELECT ok FROM rate_limiter.rate_limit('l', 'k')"

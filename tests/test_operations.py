@@ -8,46 +8,12 @@ import threading
 import time
 import uuid
 
-import psycopg
 import pytest
 from psycopg import errors
 
-from clusters import PG_BIN, Cluster, as_postgres, wait_for
+from clusters import PG_BIN, PORTS, as_postgres, connect, wait_for
 
 NOW = "2030-01-01 00:00:00+00"
-
-
-@pytest.fixture
-def database():
-    """A fresh database with the extension, on the test command's cluster."""
-    name = "rl_ops_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-        try:
-            with psycopg.connect(dbname=name, autocommit=True) as c:
-                c.execute("CREATE EXTENSION rate_limiter")
-            yield name
-        finally:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-
-
-@pytest.fixture
-def clusters():
-    made = []
-
-    def make(name, port, settings=()):
-        cluster = Cluster(f"{name}_{uuid.uuid4().hex[:6]}", port, settings)
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        cluster.destroy()
-
-
-def connect(dbname, **kwargs):
-    kwargs.setdefault("autocommit", True)
-    return psycopg.connect(dbname=dbname, **kwargs)
 
 
 def amcheck_clean(conn):
@@ -82,7 +48,7 @@ SHAPE_CHANGES = [
 
 @pytest.mark.parametrize("ddl", SHAPE_CHANGES)
 def test_a_shape_change_is_55000_with_a_hint_never_a_crash(database, ddl):
-    with connect(database) as admin, connect(database) as app:
+    with connect(dbname=database) as admin, connect(dbname=database) as app:
         admin.execute("SELECT rate_limiter.define('s', 'token bucket', 5, '1 hour')")
         call = "SELECT ok FROM rate_limiter.rate_limit('s', 'k')"
         assert app.execute(call).fetchone() == (True,)  # the row exists; app has cached everything
@@ -101,7 +67,7 @@ def pg_repack(database, *args):
 
 
 def test_reindex_vacuum_full_cluster_and_pg_repack_under_load_keep_every_token(database):
-    with connect(database) as admin:
+    with connect(dbname=database) as admin:
         admin.execute("CREATE EXTENSION pg_repack")
         admin.execute(f"ALTER DATABASE {database} SET rate_limiter.fake_now = '{NOW}'")
         admin.execute("SELECT rate_limiter.define('m', 'token bucket', 1000000, '1 hour')")
@@ -113,7 +79,7 @@ def test_reindex_vacuum_full_cluster_and_pg_repack_under_load_keep_every_token(d
 
     def work(n):
         try:
-            with connect(database) as c:
+            with connect(dbname=database) as c:
                 i = n
                 while not stop.is_set():
                     key = keys[i % len(keys)]
@@ -128,7 +94,7 @@ def test_reindex_vacuum_full_cluster_and_pg_repack_under_load_keep_every_token(d
     threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
     for t in threads:
         t.start()
-    with connect(database) as admin:
+    with connect(dbname=database) as admin:
         for sql in ("REINDEX INDEX CONCURRENTLY rate_limiter.state_key_name_shard_key",
                     "REINDEX TABLE rate_limiter.state",
                     "REINDEX TABLE CONCURRENTLY rate_limiter.state",
@@ -154,7 +120,7 @@ def test_reindex_vacuum_full_cluster_and_pg_repack_under_load_keep_every_token(d
 
 
 def test_the_cache_trigger_fires_under_session_replication_role_replica(database):
-    with connect(database) as admin, connect(database) as app:
+    with connect(dbname=database) as admin, connect(dbname=database) as app:
         admin.execute("SELECT rate_limiter.define('r', 'token bucket', 1, '1 hour')")
         call = "SELECT remaining FROM rate_limiter.check_rate_limit('r', 'k')"
         assert app.execute(call).fetchone() == (0,)  # cached: rate 1
@@ -164,10 +130,10 @@ def test_the_cache_trigger_fires_under_session_replication_role_replica(database
 
 
 def test_a_call_waiting_for_a_row_lock_ends_at_statement_timeout(database):
-    with connect(database) as admin:
+    with connect(dbname=database) as admin:
         admin.execute("SELECT rate_limiter.define('w', 'token bucket', 10, '1 hour')")
         admin.execute("SELECT rate_limiter.rate_limit('w', 'k')")
-    with connect(database, autocommit=False) as holder, connect(database) as waiter:
+    with connect(dbname=database, autocommit=False) as holder, connect(dbname=database) as waiter:
         holder.execute("SELECT rate_limiter.rate_limit('w', 'k')")  # holds the row until it ends
         waiter.execute("SET statement_timeout = '300ms'")
         started = time.time()
@@ -178,7 +144,7 @@ def test_a_call_waiting_for_a_row_lock_ends_at_statement_timeout(database):
 
 
 def test_a_parallel_safe_wrapper_in_a_parallel_query_gets_25000(database):
-    with connect(database) as c:
+    with connect(dbname=database) as c:
         c.execute("SELECT rate_limiter.define('par', 'token bucket', 10, '1 hour')")
         c.execute("""CREATE FUNCTION public.wrongly_safe() RETURNS boolean LANGUAGE plpgsql PARALLEL SAFE
                      AS $$ BEGIN RETURN (rate_limiter.rate_limit('par')).ok; END $$""")
@@ -188,7 +154,7 @@ def test_a_parallel_safe_wrapper_in_a_parallel_query_gets_25000(database):
 
 
 def test_pg_dump_and_restore_bring_limits_back_and_start_state_full(database, tmp_path):
-    with connect(database) as c:
+    with connect(dbname=database) as c:
         c.execute("SELECT rate_limiter.define('d1', 'token bucket', 3, '1 hour', capacity => 5)")
         c.execute("SELECT rate_limiter.define('d2', 'fixed window', 2, '1 minute', shards => 4, start => '2030-01-01')")
         c.execute("SELECT rate_limiter.rate_limit('d1', 'k', 5)")
@@ -198,14 +164,14 @@ def test_pg_dump_and_restore_bring_limits_back_and_start_state_full(database, tm
         dump = f"{tmp_path}/dump.{fmt}"
         subprocess.run(["pg_dump", "-F", fmt, "-f", dump, database], check=True)
         target = f"rl_restored_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(autocommit=True) as admin:
+        with connect() as admin:
             admin.execute(f"CREATE DATABASE {target}")
             try:
                 if fmt == "c":
                     subprocess.run([*restore, target, dump], check=True)
                 else:
                     subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", target, "-f", dump], check=True)
-                with connect(target) as r:
+                with connect(dbname=target) as r:
                     assert r.execute("SELECT * FROM rate_limiter.limits ORDER BY name").fetchall() == limits
                     assert r.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (0,), "state is not dumped"
                     assert r.execute("SELECT remaining FROM rate_limiter.rate_limit('d1', 'k')").fetchone() == (4,)
@@ -214,8 +180,8 @@ def test_pg_dump_and_restore_bring_limits_back_and_start_state_full(database, tm
 
 
 def test_logical_replication_publisher_keeps_working_and_subscriber_applies(clusters):
-    publisher = clusters("pub", 5491, ["-c wal_level=logical"]).init().start()
-    subscriber = clusters("sub", 5492).init().start()
+    publisher = clusters("pub", PORTS["publisher"], ["-c wal_level=logical"]).init().start()
+    subscriber = clusters("sub", PORTS["subscriber"]).init().start()
     for cluster in (publisher, subscriber):
         with cluster.connect() as c:
             c.execute("CREATE DATABASE app")
@@ -245,8 +211,8 @@ def test_logical_replication_publisher_keeps_working_and_subscriber_applies(clus
 
 
 def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clusters):
-    primary = clusters("primary", 5493).init().start()
-    standby = clusters("standby", 5494)
+    primary = clusters("primary", PORTS["primary"]).init().start()
+    standby = clusters("standby", PORTS["standby"])
     with primary.connect() as c:
         c.execute("CREATE EXTENSION rate_limiter")
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
@@ -290,7 +256,7 @@ COMMIT;
 
 
 def test_kill_9_under_load_three_times_loses_nothing(clusters, tmp_path):
-    cluster = clusters("crash", 5495).init().start()
+    cluster = clusters("crash", PORTS["crash"]).init().start()
     with cluster.connect() as c:
         c.execute("CREATE EXTENSION rate_limiter")
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
@@ -328,7 +294,7 @@ def expired_rows(conn, n):
 
 
 def test_the_background_worker_prunes_and_vacuums_every_database_that_has_the_extension(clusters):
-    cluster = clusters("worker", 5496, ["-c shared_preload_libraries=rate_limiter",
+    cluster = clusters("worker", PORTS["worker"], ["-c shared_preload_libraries=rate_limiter",
                                         "-c rate_limiter.prune_interval=1s"]).init().start()
     with cluster.connect() as c:
         c.execute("CREATE DATABASE other")
@@ -352,7 +318,7 @@ def test_the_background_worker_prunes_and_vacuums_every_database_that_has_the_ex
 
 
 def test_the_pg_cron_recipe_prunes(clusters):
-    cluster = clusters("cron", 5497, ["-c shared_preload_libraries=pg_cron", "-c cron.database_name=postgres",
+    cluster = clusters("cron", PORTS["cron"], ["-c shared_preload_libraries=pg_cron", "-c cron.database_name=postgres",
                                       "-c cron.host=/tmp"]).init().start()
     with cluster.connect() as c:
         c.execute("CREATE DATABASE app")

@@ -11,8 +11,7 @@ import uuid
 import psycopg
 import pytest
 
-from clusters import Cluster, wait_for
-from test_sessions import connect
+from clusters import PORTS, Cluster, connect, wait_for
 
 INLINE = '{"kind": "token bucket", "rate": 1, "period": "1 hour"}'
 
@@ -87,7 +86,7 @@ def attacker():
 
 
 @pytest.fixture
-def database():
+def empty_database():
     """A fresh database on the test command's cluster, without the extension."""
     name = "rl_sec_" + uuid.uuid4().hex[:8]
     with connect(dbname="postgres") as admin:
@@ -98,13 +97,13 @@ def database():
             admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
-# --- The prune worker: a superuser in every database --------------------------------------
+# --- The prune worker: a superuser in every database ---------------------------------------
 
 @pytest.fixture(scope="module")
 def preloading():
     """A cluster that preloads the library: the prune worker every second, a small room for
     statistics names, and a deny cache."""
-    cluster = Cluster(f"security_{uuid.uuid4().hex[:6]}", 5511, [
+    cluster = Cluster(f"security_{uuid.uuid4().hex[:6]}", PORTS["security"], [
         "-c shared_preload_libraries=rate_limiter", "-c rate_limiter.prune_interval=1s",
         "-c rate_limiter.stats_max_names=30", "-c rate_limiter.stats_max_names_per_database=10"]).init().start()
     yield cluster
@@ -112,7 +111,7 @@ def preloading():
 
 
 def as_role(cluster, role, dbname):
-    return psycopg.connect(host="/tmp", port=cluster.port, user=role, dbname=dbname, autocommit=True)
+    return cluster.connect(dbname, user=role)
 
 
 def expired_rows(conn, n, name="old"):
@@ -209,11 +208,11 @@ def test_a_renamed_schema_and_its_look_alike_are_never_used(preloading):
 
 # --- Install and update scripts: run as a superuser in the extension's schema --------------
 
-def test_create_extension_refuses_a_schema_another_role_owns_and_runs_none_of_its_operators(database, attacker):
-    with connect(dbname=database) as admin:
+def test_create_extension_refuses_a_schema_another_role_owns_and_runs_none_of_its_operators(empty_database, attacker):
+    with connect(dbname=empty_database) as admin:
         role = attacker
-        admin.execute(f"GRANT CREATE ON DATABASE {database} TO {role}")
-        with connect(dbname=database, user=role) as t:
+        admin.execute(f"GRANT CREATE ON DATABASE {empty_database} TO {role}")
+        with connect(dbname=empty_database, user=role) as t:
             t.execute("CREATE SCHEMA rate_limiter")
             counter = plant(t, "rate_limiter", role)
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="schema rate_limiter is owned by role"):
@@ -222,12 +221,12 @@ def test_create_extension_refuses_a_schema_another_role_owns_and_runs_none_of_it
         assert not is_superuser(admin, role)
 
 
-def test_a_role_that_may_create_in_the_schema_takes_over_neither_the_install_nor_any_function(database, attacker):
-    with connect(dbname=database) as admin:
+def test_a_role_that_may_create_in_the_schema_takes_over_neither_the_install_nor_any_function(empty_database, attacker):
+    with connect(dbname=empty_database) as admin:
         role = attacker
         admin.execute("CREATE SCHEMA rate_limiter")
         admin.execute(f"GRANT USAGE, CREATE ON SCHEMA rate_limiter TO {role}")
-        with connect(dbname=database, user=role) as t:
+        with connect(dbname=empty_database, user=role) as t:
             counter = plant(t, "rate_limiter", role)
         admin.execute("CREATE EXTENSION rate_limiter")
         # Everything a superuser may call, under the schema's search_path.
@@ -249,8 +248,8 @@ def test_a_role_that_may_create_in_the_schema_takes_over_neither_the_install_nor
 
 
 @pytest.mark.parametrize("released", ["0.1.0", "0.2.0", "0.3.0"])
-def test_updating_from_each_release_runs_none_of_the_operators_the_schemas_owner_planted(database, attacker, released):
-    with connect(dbname=database) as admin:
+def test_updating_from_each_release_runs_none_of_the_operators_the_schemas_owner_planted(empty_database, attacker, released):
+    with connect(dbname=empty_database) as admin:
         role = attacker
         admin.execute(f"CREATE EXTENSION rate_limiter VERSION '{released}'")
         admin.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES ('kept', 'token bucket', 10, '1 second')")
@@ -262,7 +261,7 @@ def test_updating_from_each_release_runs_none_of_the_operators_the_schemas_owner
         admin.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.define TO {role}")
         # The schema is handed to a role that is not a superuser, as a trusted install would.
         admin.execute(f"ALTER SCHEMA rate_limiter OWNER TO {role}")
-        with connect(dbname=database, user=role) as t:
+        with connect(dbname=empty_database, user=role) as t:
             counter = plant(t, "rate_limiter", role)
         admin.execute("ALTER EXTENSION rate_limiter UPDATE")
         assert trap_runs(admin, counter) == 0
@@ -280,9 +279,9 @@ def test_updating_from_each_release_runs_none_of_the_operators_the_schemas_owner
                              "'EXECUTE')", (role,)).fetchone() == (True,)
 
 
-def test_updating_from_020_keeps_the_grants_of_a_role_whose_name_needs_quoting(database):
+def test_updating_from_020_keeps_the_grants_of_a_role_whose_name_needs_quoting(empty_database):
     role = f"App-User-{uuid.uuid4().hex[:6]}"
-    with connect(dbname=database) as admin:
+    with connect(dbname=empty_database) as admin:
         admin.execute(f'CREATE ROLE "{role}"')
         try:
             admin.execute("CREATE EXTENSION rate_limiter VERSION '0.2.0'")
@@ -299,8 +298,8 @@ def test_updating_from_020_keeps_the_grants_of_a_role_whose_name_needs_quoting(d
 
 # --- Bounds no caller can break -------------------------------------------------------------
 
-def test_a_reservation_without_max_reserved_cannot_leave_a_debt_that_never_expires(database):
-    with connect(dbname=database) as admin:
+def test_a_reservation_without_max_reserved_cannot_leave_a_debt_that_never_expires(empty_database):
+    with connect(dbname=empty_database) as admin:
         admin.execute("CREATE EXTENSION rate_limiter")
         admin.execute("SELECT rate_limiter.define('b_only', 'token bucket', 10, '1 minute')")
         # The attack of the review: a key owed until infinity, which prune never frees.
@@ -314,8 +313,8 @@ def test_a_reservation_without_max_reserved_cannot_leave_a_debt_that_never_expir
         assert admin.execute("SELECT count(*) FROM rate_limiter.state WHERE NOT isfinite(expires)").fetchone() == (0,)
 
 
-def test_rate_limit_all_takes_at_most_1000_limits_and_finds_a_duplicate_among_them(database):
-    with connect(dbname=database) as admin:
+def test_rate_limit_all_takes_at_most_1000_limits_and_finds_a_duplicate_among_them(empty_database):
+    with connect(dbname=empty_database) as admin:
         admin.execute("CREATE EXTENSION rate_limiter")
         admin.execute("SET statement_timeout = '10s'")
         requests = [{"name": f"n{i}", "key": "k", "config": {"kind": "token bucket", "rate": 1, "period": 1000}}
@@ -330,8 +329,8 @@ def test_rate_limit_all_takes_at_most_1000_limits_and_finds_a_duplicate_among_th
             admin.execute("SELECT rate_limiter.rate_limit_all(%s)", (psycopg.types.json.Jsonb(many),))
 
 
-def test_the_statistics_overflow_name_is_reserved(database):
-    with connect(dbname=database) as admin:
+def test_the_statistics_overflow_name_is_reserved(empty_database):
+    with connect(dbname=empty_database) as admin:
         admin.execute("CREATE EXTENSION rate_limiter")
         for call in ("rate_limiter.rate_limit('*other*', 'k', config => %s)",
                      "rate_limiter.define('*other*', 'token bucket', 1, '1 hour')"):
@@ -339,7 +338,7 @@ def test_the_statistics_overflow_name_is_reserved(database):
                 admin.execute(f"SELECT {call}", (INLINE,) if "%s" in call else ())
 
 
-# --- Shared memory: one database must not reach another's ----------------------------------
+# --- Shared memory: one empty_database must not reach another's ----------------------------------
 
 def test_another_database_can_neither_poison_nor_reset_nor_crowd_out_the_statistics(preloading):
     victim, other = (f"stats_{kind}_{uuid.uuid4().hex[:6]}" for kind in ("victim", "attacker"))

@@ -13,39 +13,9 @@ import psycopg
 import pytest
 from psycopg import errors, sql
 
+from calls import define, hammer, limit
+from clusters import connect
 from together import in_sessions
-
-
-def connect(**kwargs):
-    return psycopg.connect(autocommit=kwargs.pop("autocommit", True), **kwargs)
-
-
-@pytest.fixture
-def name():
-    return "t_" + uuid.uuid4().hex[:12]
-
-
-@pytest.fixture
-def db():
-    with connect() as conn:
-        yield conn
-
-
-def define(conn, name, kind="token bucket", rate=1, period="1 hour", **extra):
-    args = ", ".join(f"{k} => %({k})s" for k in extra)
-    conn.execute(
-        f"SELECT rate_limiter.define(%(n)s, %(kind)s, %(rate)s, %(period)s{', ' + args if args else ''})",
-        {"n": name, "kind": kind, "rate": rate, "period": period, **extra},
-    )
-
-
-def limit(conn, name, key=None, count=1, **kw):
-    extra = "".join(f", {k} => %({k})s" for k in kw)
-    row = conn.execute(
-        f"SELECT ok, retry_after, remaining, granted FROM rate_limiter.rate_limit(%(n)s, %(k)s, %(c)s{extra})",
-        {"n": name, "k": key, "c": count, **kw},
-    ).fetchone()
-    return row
 
 
 def waiting_on_lock(conn, pid):
@@ -126,24 +96,6 @@ def test_conflicting_consumption_at_higher_isolation_is_40001(db, name, level):
         with pytest.raises(errors.SerializationFailure):
             limit(b, name, "k")
         b.rollback()
-
-
-def hammer(name, sessions, calls, fake_now=None, key="hot", hold=0.0, count=1):
-    """`sessions` sessions each make `calls` calls at once, a transaction each; tokens granted."""
-    def session(_):
-        got = 0
-        with connect(autocommit=False) as c:
-            if fake_now:
-                c.execute(f"SET rate_limiter.fake_now = '{fake_now}'")
-                c.commit()
-            for _ in range(calls):
-                got += limit(c, name, key, count=count)[3]
-                if hold:
-                    time.sleep(hold)
-                c.commit()
-        return got
-
-    return sum(in_sessions(sessions, session))
 
 
 def test_concurrent_sessions_never_exceed_the_bound_exactly(db, name):

@@ -9,8 +9,8 @@ import uuid
 import psycopg
 import pytest
 
-from clusters import Cluster
-from test_sessions import connect, db, define, hammer, limit, name  # noqa: F401 - fixtures
+from calls import define, hammer, limit
+from clusters import PORTS, Cluster, connect
 
 FIELDS = "calls, allowed, denied, tokens_granted, tokens_reserved"
 
@@ -47,6 +47,7 @@ def test_what_each_entry_point_counts(db, name):
     define(db, name, rate=2, period="1 hour")
     other = name + "_b"
     define(db, other, rate=1, period="1 hour")
+    db.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")  # nothing refills meanwhile
     # A reservation that must wait is allowed, and its tokens are reserved, not granted.
     assert limit(db, name, "r", 2)[0]
     assert limit(db, name, "r", 1, reserve=True)[:2] == (True, pytest.approx(1800000.0))
@@ -135,7 +136,7 @@ def cluster():
 
 
 def test_names_beyond_stats_max_names_are_counted_under_other(cluster):
-    c = cluster(5498, ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.stats_max_names=2",
+    c = cluster(PORTS["stats"], ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.stats_max_names=2",
                        "-c rate_limiter.prune_interval=0"])
     config = '{"kind": "token bucket", "rate": 1, "period": "1 hour"}'
     with c.connect() as conn:
@@ -151,7 +152,7 @@ def test_names_beyond_stats_max_names_are_counted_under_other(cluster):
 
 
 def test_without_preload_the_views_are_empty_and_say_once_how_to_enable_them(cluster):
-    c = cluster(5499, [])
+    c = cluster(PORTS["stats_unloaded"], [])
     with c.connect() as conn:
         notices = []
         conn.add_notice_handler(lambda d: notices.append((d.sqlstate, d.message_primary, d.message_hint)))
