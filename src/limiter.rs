@@ -300,3 +300,43 @@ pub fn value(table: &StateTable, req: &Request<'_>, config: &Config, sample_shar
         .unwrap_or(0);
     (looked.states[fullest], looked.shards[fullest])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{pick_shards, MIN_CHOOSE_TWO};
+
+    #[test]
+    fn one_shard_is_always_shard_zero() {
+        assert_eq!(pick_shards(1, &[0], &[]), vec![0]);
+        assert_eq!(pick_shards(1, &[0], &[0]), vec![0]);
+    }
+
+    #[test]
+    fn from_min_choose_two_shards_two_distinct_ones_are_picked_from_the_pool() {
+        let pool: Vec<i32> = (0..8).collect();
+        for _ in 0..200 {
+            let two = pick_shards(8, &pool, &[]);
+            assert_eq!(two.len(), 2);
+            assert_ne!(two[0], two[1]);
+            assert!(two.iter().all(|s| pool.contains(s)));
+        }
+        assert_eq!(pick_shards(MIN_CHOOSE_TWO - 1, &[0, 1], &[]).len(), 1, "below it, one");
+    }
+
+    #[test]
+    fn busy_shards_are_avoided_while_enough_others_are_left() {
+        let pool: Vec<i32> = (0..8).collect();
+        for _ in 0..200 {
+            let picked = pick_shards(8, &pool, &[0, 1, 2, 3, 4, 5]);
+            assert!(picked.iter().all(|s| *s >= 6), "{picked:?}");
+        }
+        // One free shard is not enough for two: the whole pool is used again.
+        let mut seen_busy = false;
+        for _ in 0..200 {
+            let picked = pick_shards(8, &pool, &[0, 1, 2, 3, 4, 5, 6]);
+            assert_eq!(picked.len(), 2);
+            seen_busy |= picked.iter().any(|s| *s < 7);
+        }
+        assert!(seen_busy);
+    }
+}

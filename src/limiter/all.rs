@@ -141,3 +141,49 @@ fn combine(decisions: &[Decision]) -> (Decision, usize) {
     };
     (combined, index)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::combine;
+    use crate::call::{Decision, Reason};
+
+    fn d(ok: bool, retry_after: Option<f64>, remaining: f64, granted: f64, by: &str) -> Decision {
+        Decision {
+            ok,
+            retry_after,
+            remaining,
+            reset_after: remaining * 10.0,
+            granted,
+            reason: (!ok).then_some(Reason::Exhausted),
+            limited_by: (!ok).then(|| by.to_owned()),
+        }
+    }
+
+    #[test]
+    fn all_granted_takes_the_least_remaining_and_the_longest_reservation_wait() {
+        let (all, _) = combine(&[d(true, None, 4.0, 1.0, "a"), d(true, Some(500.0), 2.0, 1.0, "b")]);
+        assert!(all.ok);
+        assert_eq!((all.retry_after, all.remaining, all.granted, all.reset_after), (Some(500.0), 2.0, 1.0, 40.0));
+        assert_eq!((all.reason, all.limited_by), (None, None));
+    }
+
+    #[test]
+    fn a_denial_names_the_request_that_waits_longest_and_takes_nothing() {
+        let parts = [d(true, None, 3.0, 1.0, "a"), d(false, Some(100.0), 0.0, 0.0, "b"), d(false, Some(900.0), 0.0, 0.0, "c")];
+        let (all, limiting) = combine(&parts);
+        assert_eq!(limiting, 2);
+        assert_eq!((all.ok, all.retry_after, all.granted), (false, Some(900.0), 0.0));
+        assert_eq!((all.reason, all.limited_by.as_deref()), (Some(Reason::Exhausted), Some("c")));
+        // What the granted request would have taken is still there.
+        assert_eq!(all.remaining, 0.0);
+        let (all, _) = combine(&[d(true, None, 3.0, 1.0, "a"), d(false, Some(1.0), 5.0, 0.0, "b")]);
+        assert_eq!(all.remaining, 4.0, "3 left after taking 1, so 4 while nothing is taken");
+    }
+
+    #[test]
+    fn an_indefinite_block_waits_longest_of_all() {
+        let blocked = Decision { reason: Some(Reason::Blocked), ..d(false, None, 0.0, 0.0, "blocked") };
+        let (all, limiting) = combine(&[d(false, Some(1e9), 0.0, 0.0, "slow"), blocked]);
+        assert_eq!((limiting, all.retry_after, all.reason), (1, None, Some(Reason::Blocked)));
+    }
+}

@@ -169,7 +169,7 @@ pub fn forget_this_database() {
 /// every database of the cluster, and each has its own limits. Separators no name holds keep
 /// (name, key) pairs from running into each other; inline configs keep rows apart from
 /// named ones, and so here.
-fn identity(req: &Request<'_>) -> Option<(u64, [u64; PAIR_WORDS], u32)> {
+fn identity(database: u32, req: &Request<'_>) -> Option<(u64, [u64; PAIR_WORDS], u32)> {
     let key: [&[u8]; 2] = match req.key {
         Some(key) => [&[0xff], key.as_bytes()],
         None => [&[0xfe], &[]],
@@ -186,7 +186,7 @@ fn identity(req: &Request<'_>) -> Option<(u64, [u64; PAIR_WORDS], u32)> {
         at += part.len();
     }
     let words = std::array::from_fn(|i| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes")));
-    let tag = hash::of([&this_database().to_le_bytes()[..], &bytes[..len]]);
+    let tag = hash::of([&database.to_le_bytes()[..], &bytes[..len]]);
     Some((tag, words, len as u32))
 }
 
@@ -202,7 +202,7 @@ fn store(cell: &AtomicU64, v: f64) {
 pub fn answer(req: &Request<'_>, config: &Config) -> Option<Decision> {
     config.deny_cache?;
     let (header, slots) = table()?;
-    let (tag, words, len) = identity(req)?;
+    let (tag, words, len) = identity(this_database(), req)?;
     let slot = &slots[tag as usize & (slots.len() - 1)];
     let seq = slot.seq.load(Acquire);
     if seq % 2 == 1 || slot.tag.load(Relaxed) != tag {
@@ -246,7 +246,7 @@ pub fn remember(req: &Request<'_>, config: &Config, d: &Decision) {
         return;
     }
     let Some((header, slots)) = table() else { return };
-    let Some((tag, words, len)) = identity(req) else { return };
+    let Some((tag, words, len)) = identity(this_database(), req) else { return };
     let slot = &slots[tag as usize & (slots.len() - 1)];
     let seq = slot.seq.load(Relaxed);
     if seq % 2 == 1 || slot.seq.compare_exchange(seq, seq + 1, Acquire, Relaxed).is_err() {
@@ -268,4 +268,43 @@ pub fn remember(req: &Request<'_>, config: &Config, d: &Decision) {
     store(&slot.remaining, d.remaining);
     store(&slot.reset_at, now + d.reset_after);
     slot.seq.store(seq + 2, Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{identity, PAIR_BYTES};
+    use crate::call::Request;
+
+    fn req<'a>(name: &'a str, key: Option<&'a str>, inline: bool) -> Request<'a> {
+        Request { name, key, count: 1.0, reserve: false, inline }
+    }
+
+    #[test]
+    fn pairs_that_could_run_into_each_other_are_told_apart() {
+        let of = |r: Request<'_>| identity(7, &r).map(|(_, words, len)| (words, len));
+        let pairs = [
+            req("ab", Some("c"), false),
+            req("a", Some("bc"), false),
+            req("abc", None, false),
+            req("abc", Some(""), false),
+            req("ab", Some("c"), true),
+        ];
+        for (i, a) in pairs.iter().enumerate() {
+            for b in &pairs[i + 1..] {
+                let (a, b) = (req(a.name, a.key, a.inline), req(b.name, b.key, b.inline));
+                assert_ne!(of(a), of(b));
+            }
+        }
+    }
+
+    #[test]
+    fn the_database_is_part_of_the_tag_and_long_pairs_are_not_held() {
+        let r = req("login", Some("alice"), false);
+        assert_ne!(identity(1, &r).unwrap().0, identity(2, &r).unwrap().0);
+        assert_eq!(identity(1, &r).unwrap().1, identity(2, &r).unwrap().1, "the bytes are the pair's alone");
+        let fits = "k".repeat(PAIR_BYTES - "login".len() - 2);
+        assert!(identity(1, &req("login", Some(&fits), false)).is_some());
+        let longer = fits + "k";
+        assert!(identity(1, &req("login", Some(&longer), false)).is_none());
+    }
 }
