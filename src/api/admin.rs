@@ -4,7 +4,7 @@
 //! SQL names, which say to update.
 
 
-use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
+use pgrx::pg_sys::{Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 
 use crate::bucket::Config;
@@ -14,7 +14,7 @@ use crate::error::{self, Error, Result};
 use crate::shmem::deny_cache;
 use crate::storage;
 
-use super::{valid_key, valid_name, FMGR_V1};
+use super::{fmgr_v1_info, valid_key, valid_name};
 
 
 /// Forget the state of (name, key), every shard.
@@ -117,10 +117,7 @@ fn define_limit(
     result.unwrap_or_else(|e| e.raise())
 }
 
-#[no_mangle]
-pub extern "C" fn pg_finfo_decide_wrapper() -> &'static pg_sys::Pg_finfo_record {
-    &FMGR_V1
-}
+fmgr_v1_info!(pg_finfo_decide_wrapper);
 
 /// 0.1.0's `_decide`: its SQL names this symbol, so a database still on 0.1.0 can load this
 /// library (and be updated); a call says what to do.
@@ -130,10 +127,7 @@ pub unsafe extern "C-unwind" fn decide_wrapper(_fcinfo: FunctionCallInfo) -> Dat
     error::Error::ExtensionOutdated.raise()
 }
 
-#[no_mangle]
-pub extern "C" fn pg_finfo_define_wrapper() -> &'static pg_sys::Pg_finfo_record {
-    &FMGR_V1
-}
+fmgr_v1_info!(pg_finfo_define_wrapper);
 
 /// `define` of 0.1.0 and 0.2.0, which had fewer arguments: the same, for a database not yet
 /// updated.

@@ -25,7 +25,7 @@ use crate::shmem::stats;
 use crate::shape;
 use crate::storage::StateTable;
 
-use super::{parts, request, resolve, usable, FMGR_V1};
+use super::{fmgr_v1_info, parts, request, resolve, usable};
 
 
 fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<Decision> {
@@ -174,10 +174,7 @@ fn entry(answer: Answer) -> Datum {
 }
 
 
-#[no_mangle]
-pub extern "C" fn pg_finfo_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record {
-    &FMGR_V1
-}
+fmgr_v1_info!(pg_finfo_rate_limit_fmgr);
 
 /// `rate_limiter.rate_limit(name, key, count, reserve, throws, config)`.
 #[no_mangle]
@@ -186,10 +183,7 @@ pub unsafe extern "C-unwind" fn rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Dat
     entry(unsafe { answer(fcinfo, true) })
 }
 
-#[no_mangle]
-pub extern "C" fn pg_finfo_check_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record {
-    &FMGR_V1
-}
+fmgr_v1_info!(pg_finfo_check_rate_limit_fmgr);
 
 /// `rate_limiter.check_rate_limit(name, key, count, reserve, throws, config)`.
 #[no_mangle]
@@ -198,10 +192,7 @@ pub unsafe extern "C-unwind" fn check_rate_limit_fmgr(fcinfo: FunctionCallInfo) 
     entry(unsafe { answer(fcinfo, false) })
 }
 
-#[no_mangle]
-pub extern "C" fn pg_finfo_wait_rate_limit_fmgr() -> &'static pg_sys::Pg_finfo_record {
-    &FMGR_V1
-}
+fmgr_v1_info!(pg_finfo_wait_rate_limit_fmgr);
 
 /// `rate_limiter.wait_rate_limit(name, key, count, timeout, config)`.
 #[no_mangle]
@@ -210,10 +201,7 @@ pub unsafe extern "C-unwind" fn wait_rate_limit_fmgr(fcinfo: FunctionCallInfo) -
     entry(unsafe { answer_wait(fcinfo) })
 }
 
-#[no_mangle]
-pub extern "C" fn pg_finfo_rate_limit_all_fmgr() -> &'static pg_sys::Pg_finfo_record {
-    &FMGR_V1
-}
+fmgr_v1_info!(pg_finfo_rate_limit_all_fmgr);
 
 /// `rate_limiter.rate_limit_all(requests, reserve, throws)`.
 #[no_mangle]
@@ -222,10 +210,7 @@ pub unsafe extern "C-unwind" fn rate_limit_all_fmgr(fcinfo: FunctionCallInfo) ->
     entry(unsafe { answer_all(fcinfo, true) })
 }
 
-#[no_mangle]
-pub extern "C" fn pg_finfo_check_rate_limit_all_fmgr() -> &'static pg_sys::Pg_finfo_record {
-    &FMGR_V1
-}
+fmgr_v1_info!(pg_finfo_check_rate_limit_all_fmgr);
 
 /// `rate_limiter.check_rate_limit_all(requests, reserve, throws)`.
 #[no_mangle]

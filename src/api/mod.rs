@@ -26,6 +26,17 @@ mod trigger;
 /// The fmgr info of every raw entry point: version 1 calling convention.
 static FMGR_V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
 
+/// The `pg_finfo_<symbol>` function PostgreSQL looks up beside a raw entry point's symbol.
+macro_rules! fmgr_v1_info {
+    ($info:ident) => {
+        #[no_mangle]
+        pub extern "C" fn $info() -> &'static pgrx::pg_sys::Pg_finfo_record {
+            &super::FMGR_V1
+        }
+    };
+}
+use fmgr_v1_info;
+
 fn valid_name(name: Option<&str>) -> Result<&str> {
     match name {
         None => Err(Error::InvalidArgument("name must not be NULL".into())),
