@@ -50,6 +50,8 @@ pub mod pg_test {
 
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec![]
+        // Shared memory (statistics, the deny cache) gets #[pg_test]s too; the prune worker
+        // stays off so that it never changes state rows under a test.
+        vec!["shared_preload_libraries = 'rate_limiter'", "rate_limiter.prune_interval = 0"]
     }
 }

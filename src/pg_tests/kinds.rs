@@ -1,0 +1,368 @@
+//! The kinds' arithmetic through SQL: the Convex component's vectors, reservations, the
+//! sliding and rolling windows, minimum gap and modes, windows at their boundaries, sharding.
+
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    use crate::pg_tests::helpers::*;
+
+    /// Seed every shard of the NULL key of `name` with `value(shard)` at T0.
+    /// Store the shards of an inline config (whose rows have shard numbers -1 - shard).
+    fn seed(name: &str, shards: i32, value: impl Fn(i32) -> f64) {
+        run(&format!("DELETE FROM rate_limiter.state WHERE name = '{name}'"));
+        for shard in 0..shards {
+            run(&format!(
+                "INSERT INTO rate_limiter.state VALUES ('{name}', NULL, -1 - {shard}, {}, '{T0}', 'infinity')",
+                value(shard)
+            ));
+        }
+    }
+
+    fn sharded_config(shards: i32, extra: &str) -> String {
+        format!(r#"'{{"kind":"token bucket","rate":1,"period":1000,"shards":{shards},"capacity":{}{extra}}}'"#, 10 * shards)
+    }
+
+    /// Sum of an inline config's shards' values and how many rows differ from `seeded`.
+    fn shard_changes(name: &str, seeded: impl Fn(i32) -> f64) -> (f64, usize) {
+        Spi::connect(|c| {
+            let rows = c
+                .select(&format!("SELECT -1 - shard, value FROM rate_limiter.state WHERE name = '{name}'"), None, &[])
+                .unwrap();
+            let mut sum = 0.0;
+            let mut changed = 0;
+            for row in rows {
+                let shard: i32 = row.get(1).unwrap().unwrap();
+                let value: f64 = row.get(2).unwrap().unwrap();
+                sum += value;
+                changed += usize::from(value != seeded(shard));
+            }
+            (sum, changed)
+        })
+    }
+
+    #[pg_test]
+    fn token_bucket_convex_vectors() {
+        at("0");
+        let d = decide(&format!("rate_limiter.rate_limit('tb', count => 5, config => {TB})"));
+        assert_eq!(d, D { ok: true, retry_after: None, remaining: 5.0, reset_after: 30_000.0, granted: 5.0 });
+        at("6 seconds");
+        let d = decide(&format!("rate_limiter.rate_limit('tb', count => 6, config => {TB})"));
+        assert!(d.ok);
+        assert_eq!(d.remaining, 0.0);
+        let d = decide(&format!("rate_limiter.rate_limit('tb', count => 10, config => {TB})"));
+        assert_eq!(d, D { ok: false, retry_after: Some(60_000.0), remaining: 0.0, reset_after: 60_000.0, granted: 0.0 });
+    }
+
+    #[pg_test]
+    fn fixed_window_convex_vectors() {
+        at("0");
+        assert!(decide(&format!("rate_limiter.rate_limit('fw', count => 5, config => {FW})")).ok);
+        at("6 seconds");
+        let d = decide(&format!("rate_limiter.rate_limit('fw', count => 6, config => {FW})"));
+        assert_eq!((d.ok, d.retry_after, d.remaining), (false, Some(54_000.0), 5.0));
+        at("1 minute");
+        let d = decide(&format!("rate_limiter.rate_limit('fw', count => 6, config => {FW})"));
+        assert_eq!((d.ok, d.remaining), (true, 4.0));
+        let d = decide(&format!("rate_limiter.rate_limit('fw', count => 10, config => {FW})"));
+        assert_eq!((d.ok, d.retry_after), (false, Some(60_000.0)));
+    }
+
+    #[pg_test]
+    fn reservations_match_convex() {
+        for (kind, later, plus30, first, second, second_wait) in [
+            ("token bucket", "6 seconds", "36 seconds", -10.0, -10.0, 60_000.0),
+            ("fixed window", "1 minute", "90 seconds", -6.0, -11.0, 90_000.0),
+        ] {
+            let cfg = format!(r#"'{{"kind":"{kind}","rate":10,"period":60000,"start":{}}}'"#,
+                if kind == "fixed window" { "1767225600000" } else { "null" });
+            let name = kind.replace(' ', "_");
+            at("0");
+            decide(&format!("rate_limiter.rate_limit('{name}', count => 5, config => {cfg})"));
+            at(later);
+            let d = decide(&format!("rate_limiter.rate_limit('{name}', count => 16, reserve => true, config => {cfg})"));
+            assert_eq!((d.ok, d.retry_after, d.remaining, d.granted), (true, Some(60_000.0), first, 16.0), "{kind}");
+            at(plus30);
+            let d = decide(&format!("rate_limiter.rate_limit('{name}', count => 5, reserve => true, config => {cfg})"));
+            assert_eq!((d.ok, d.retry_after, d.remaining), (true, Some(second_wait), second), "{kind}");
+        }
+    }
+
+    #[pg_test]
+    fn max_reserved_denies_without_writing() {
+        at("0");
+        let cfg = r#"'{"kind":"token bucket","rate":1,"period":"1 hour","max_reserved":1}'"#;
+        assert!(decide(&format!("rate_limiter.rate_limit('mr', count => 2, reserve => true, config => {cfg})")).ok);
+        let d = decide(&format!("rate_limiter.rate_limit('mr', count => 1, reserve => true, config => {cfg})"));
+        assert!(!d.ok);
+        assert_eq!(d.remaining, -1.0);
+        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'mr'"), Some(-1.0));
+        fails(
+            &format!("SELECT rate_limiter.rate_limit('mr', count => 3, reserve => true, config => {cfg})"),
+            "22023",
+            "Rate limit mr count 3 exceeds 2.00.",
+        );
+    }
+
+    /// The issue's vector through SQL, named and inline, and what a sliding window refuses.
+    #[pg_test]
+    fn sliding_window_vector_and_refusals() {
+        run(&format!("SELECT rate_limiter.define('sw', 'sliding window', 10, '1 minute', start => '{T0}')"));
+        let inline = format!(r#"'{{"kind":"sliding window","rate":10,"period":"1 minute","start":"{T0}"}}'"#);
+        for (name, config) in [("sw", String::new()), ("swi", format!(", config => {inline}"))] {
+            let take = |count: u32| decide(&format!("rate_limiter.rate_limit('{name}', 'k', {count}{config})"));
+            at("30 seconds");
+            assert_eq!(take(4), D { ok: true, retry_after: None, remaining: 6.0, reset_after: 90_000.0, granted: 4.0 });
+            at("75 seconds");
+            let five = take(5);
+            assert_eq!((five.ok, five.remaining), (true, 2.0), "{name}: 4 * 3/4 + 5 weigh");
+            assert_eq!(take(2).remaining, 0.0);
+            assert_eq!(take(1), D { ok: false, retry_after: Some(15_000.0), remaining: 0.0, reset_after: 105_000.0, granted: 0.0 });
+            assert_eq!(take(0).granted, 0.0, "count 0 is answered");
+            at("90 seconds");
+            assert!(take(1).ok);
+            let (value, ts) = Spi::get_two::<f64, String>(&format!(
+                "SELECT value, ts::text FROM rate_limiter.rate_limit_value('{name}', 'k'{config})"
+            ))
+            .unwrap();
+            assert_eq!((value, ts.as_deref()), (Some(2.0), Some("2026-01-01 00:01:00+00")), "10 - 8 in this window");
+        }
+        let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('sw')").unwrap();
+        assert_eq!(cfg.0["kind"], "sliding window");
+        fails("SELECT rate_limiter.rate_limit('sw', reserve => true)", "0A000", "no reservations");
+        fails(
+            r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"sliding window","rate":10,"period":1000,"capacity":5}')"#,
+            "22023",
+            "capacity must be NULL or equal to rate",
+        );
+        fails(
+            r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"sliding window","rate":10,"period":1000,"maxReserved":1}')"#,
+            "0A000",
+            "maxReserved",
+        );
+        fails("SELECT rate_limiter.define('y', 'sliding window', 10, '1 minute', capacity => 20)", "22023", "capacity");
+        fails(
+            "INSERT INTO rate_limiter.limits (name, kind, rate, period, max_reserved) VALUES ('y', 'sliding window', 1, '1 hour', 1)",
+            "23514",
+            "limits_reservations_are_for_token_bucket_and_fixed_window",
+        );
+        fails(r#"SELECT rate_limiter.rate_limit('x', 'k', 11, config => '{"kind":"sliding window","rate":10,"period":1000}')"#, "22023", "exceeds");
+        // Sharded: each of 2 shards holds 5; one call takes from one shard or levels both.
+        let sharded = r#"'{"kind":"sliding window","rate":10,"period":"1 hour","shards":2}'"#;
+        let granted: f64 = (0..40).map(|_| decide(&format!("rate_limiter.rate_limit('sws', config => {sharded})")).granted).sum();
+        assert_eq!(granted, 10.0, "the shards' sum is the rate");
+    }
+
+    #[pg_test]
+    fn min_gap_and_modes_through_sql() {
+        at("0");
+        run("SELECT rate_limiter.define('gap', 'token bucket', 100, '1 second', min_gap => '250 ms')");
+        let why = |call: &str| {
+            Spi::get_three::<bool, f64, String>(&format!("SELECT ok, retry_after, reason FROM {call}")).unwrap()
+        };
+        assert_eq!(why("rate_limiter.rate_limit('gap', 'k')").0, Some(true));
+        at("100 milliseconds");
+        assert_eq!(why("rate_limiter.rate_limit('gap', 'k')"), (Some(false), Some(150.0), Some("min_gap".into())));
+        assert_eq!(one::<String>("SELECT limited_by FROM rate_limiter.rate_limit('gap', 'k')").as_deref(), Some("gap"));
+        assert_eq!(why("rate_limiter.rate_limit('gap', 'other')").0, Some(true), "per key");
+        at("250 milliseconds");
+        assert_eq!(why("rate_limiter.rate_limit('gap', 'k')").0, Some(true));
+        let inline = format!(
+            r#"'{{"kind":"fixed window","rate":10,"period":"1 minute","start":"{T0}","minGap":"1 second","mode":"partial"}}'"#
+        );
+        assert!(decide(&format!("rate_limiter.rate_limit('gi', 'k', 4, config => {inline})")).ok);
+        at("2 seconds");
+        let d = decide(&format!("rate_limiter.rate_limit('gi', 'k', 8, config => {inline})"));
+        assert_eq!((d.ok, d.granted, d.remaining, d.retry_after), (true, 6.0, 0.0, Some(58_000.0)), "partial");
+        fails(&format!("SELECT rate_limiter.rate_limit('gi', 'k', 11, config => {inline})"), "22023", "exceeds 10");
+        let cfg = one::<pgrx::JsonB>(&format!("SELECT effective_config FROM rate_limiter.rate_limit_value('gi', config => {inline})")).unwrap();
+        assert_eq!((cfg.0["minGap"].as_f64(), cfg.0["mode"].as_str()), (Some(1000.0), Some("partial")));
+
+        run("SELECT rate_limiter.define('pen', 'token bucket', 10, '10 seconds', mode => 'penalize')");
+        assert!(decide("rate_limiter.rate_limit('pen', 'k', 10)").ok);
+        let denied = decide("rate_limiter.rate_limit('pen', 'k', 4)");
+        assert_eq!((denied.ok, denied.remaining, denied.retry_after), (false, -4.0, Some(8_000.0)), "counted");
+        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'pen'"), Some(-4.0), "written");
+        for _ in 0..5 {
+            decide("rate_limiter.rate_limit('pen', 'k', 4)");
+        }
+        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'pen'"), Some(-10.0), "capped");
+        assert!(!decide("rate_limiter.check_rate_limit('pen', 'k', 4)").ok);
+        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'pen'"), Some(-10.0), "check writes nothing");
+
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', mode => 'some')", "22023", "unknown mode");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', on_lock_timeout => 'maybe')", "22023", "on_lock_timeout");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', shards => 2, lock_timeout => '1 s')", "0A000", "shards = 1");
+        let lt = r#"'{"kind":"token bucket","rate":1,"period":1000,"lockTimeout":"250 ms","onLockTimeout":"allow"}'"#;
+        let cfg = one::<pgrx::JsonB>(&format!("SELECT effective_config FROM rate_limiter.rate_limit_value('lt', config => {lt})")).unwrap();
+        assert_eq!((cfg.0["lockTimeout"].as_f64(), cfg.0["onLockTimeout"].as_str()), (Some(250.0), Some("allow")));
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', min_gap => '-1 s')", "22023", "minGap");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', shards => 2, mode => 'partial')", "0A000", "shards = 1");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', shards => 2, min_gap => '1 s')", "0A000", "shards = 1");
+        fails("SELECT rate_limiter.rate_limit('pen', reserve => true)", "0A000", "no reservations");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":1,"minGap":-5}')"#, "22023", "minGap");
+        fails(
+            "INSERT INTO rate_limiter.limits (name, kind, rate, period, shards, mode) VALUES ('y', 'token bucket', 1, '1 hour', 2, 'penalize')",
+            "23514",
+            "limits_one_row_per_key_for_min_gap_and_modes",
+        );
+    }
+
+    /// The issue's vector through SQL, the row size at the most buckets, and refusals.
+    #[pg_test]
+    fn rolling_window_vector_row_size_and_refusals() {
+        run(&format!("SELECT rate_limiter.define('rw', 'rolling window', 3, '1 second', start => '{T0}')"));
+        let take = || decide("rate_limiter.rate_limit('rw', 'k')");
+        for offset in ["0", "100 ms", "500 ms"] {
+            at(offset);
+            assert!(take().ok, "{offset}");
+        }
+        at("900 ms");
+        assert_eq!((take().ok, take().retry_after), (false, Some(200.0)));
+        at("1100 ms");
+        assert!(take().ok);
+        at("1150 ms");
+        let denied = take();
+        assert_eq!((denied.ok, denied.retry_after, denied.remaining), (false, Some(50.0), 0.0));
+        let (value, ts, cfg) = Spi::get_three::<f64, String, pgrx::JsonB>(
+            "SELECT value, ts::text, effective_config FROM rate_limiter.rate_limit_value('rw', 'k')",
+        )
+        .unwrap();
+        assert_eq!((value, ts.as_deref()), (Some(0.0), Some("2026-01-01 00:00:01.1+00")), "3 count, newest cell at 1.1 s");
+        assert_eq!(cfg.unwrap().0["buckets"], 10, "the default");
+        assert_eq!(one::<i32>("SELECT array_length(counts, 1) FROM rate_limiter.state WHERE name = 'rw'"), Some(11));
+
+        // The longest name and key with the most cells stay below 2,032 bytes: no TOAST.
+        let key = "k".repeat(1024);
+        let name = "n".repeat(128);
+        let most = r#"'{"kind":"rolling window","rate":1000,"period":"1 hour","buckets":64}'"#;
+        run(&format!("SELECT rate_limiter.rate_limit('{name}', '{key}', config => {most})"));
+        let size = one::<i32>(&format!("SELECT pg_column_size(s.*) FROM rate_limiter.state s WHERE name = '{name}'"));
+        assert!(size.unwrap() < 2032, "{size:?} bytes");
+
+        fails("SELECT rate_limiter.rate_limit('rw', reserve => true)", "0A000", "no reservations");
+        fails("SELECT rate_limiter.define('x', 'rolling window', 1, '1 hour', capacity => 2)", "22023", "capacity");
+        fails("SELECT rate_limiter.define('x', 'rolling window', 1, '1 hour', buckets => 65)", "22023", "between 1 and 64");
+        fails("SELECT rate_limiter.define('x', 'rolling window', 1, '1 hour', buckets => 0)", "22023", "between 1 and 64");
+        fails("SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour', buckets => 4)", "22023", "only to a rolling window");
+        fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"rolling window","rate":1,"period":1000,"buckets":2.5}')"#, "22023", "integer");
+        fails(
+            "INSERT INTO rate_limiter.limits (name, kind, rate, period, buckets) VALUES ('y', 'fixed window', 1, '1 hour', 3)",
+            "23514",
+            "limits_buckets_are_for_rolling_window",
+        );
+    }
+
+    /// Boundary instants and shards of the new kinds.
+    #[pg_test]
+    fn window_kinds_at_their_boundaries_and_sharded() {
+        let sliding = format!(r#"'{{"kind":"sliding window","rate":4,"period":1000,"start":"{T0}"}}'"#);
+        // Each config under a name of its own: inline configs of one name share rows.
+        let take = |cfg: &str, count: u32| {
+            let name = if cfg.contains("sliding") { "bs" } else { "br" };
+            decide(&format!("rate_limiter.rate_limit('{name}', 'k', {count}, config => {cfg})"))
+        };
+        at("999 ms");
+        assert!(take(&sliding, 4).ok, "the last instant of window 0");
+        at("1 second");
+        let d = take(&sliding, 1);
+        assert_eq!((d.ok, d.retry_after), (false, Some(250.0)), "at the boundary the 4 weigh fully");
+        at("1250 ms");
+        assert!(take(&sliding, 1).ok);
+        at("3 seconds");
+        assert_eq!(take(&sliding, 4).remaining, 0.0, "two windows later nothing weighs");
+
+        let rolling = format!(r#"'{{"kind":"rolling window","rate":2,"period":1000,"buckets":4,"start":"{T0}"}}'"#);
+        at("249 ms");
+        assert!(take(&rolling, 2).ok, "the last instant of cell 0");
+        at("1249 ms");
+        assert_eq!(take(&rolling, 1).retry_after, Some(1.0), "cell 0 counts until 1250");
+        at("1250 ms");
+        assert!(take(&rolling, 2).ok);
+
+        // Sharded rolling window: 2 shards of 5; the sum never exceeds the rate.
+        let sharded = r#"'{"kind":"rolling window","rate":10,"period":"1 hour","shards":2}'"#;
+        let granted: f64 = (0..40).map(|_| decide(&format!("rate_limiter.rate_limit('rws', config => {sharded})")).granted).sum();
+        assert_eq!(granted, 10.0);
+    }
+
+    /// The Convex component's sharding cases, for 1 to 4 shards.
+    #[pg_test]
+    fn sharding_convex_cases() {
+        at("0");
+        for shards in 1..=4 {
+            let cfg = sharded_config(shards, "");
+            let call = |extra: &str| decide(&format!("rate_limiter.rate_limit('s', config => {cfg}{extra})"));
+
+            // Success when all shards have enough: one shard pays.
+            seed("s", shards, |_| 1.0);
+            let d = call("");
+            assert_eq!((d.ok, d.retry_after), (true, None), "{shards} shards");
+            assert_eq!(shard_changes("s", |_| 1.0), (f64::from(shards) - 1.0, 1));
+
+            // Unbounded reservations work.
+            seed("s", shards, |_| 0.0);
+            let d = call(", reserve => true");
+            assert!(d.ok && d.retry_after.unwrap() >= 1000.0, "{shards}: {d:?}");
+            assert_eq!(shard_changes("s", |_| 0.0), (-1.0, 1));
+
+            // Failure when no shard has enough, with throws.
+            fails(&format!("SELECT rate_limiter.rate_limit('s', throws => true, config => {cfg})"), "RL429", "exceeded");
+            assert_eq!(shard_changes("s", |_| 0.0), (-1.0, 1), "the failed call wrote nothing");
+
+            // Success when at least one of the two has enough.
+            let third_short = |shard: i32| if shard == 2 { -1.0 } else { 1.0 };
+            seed("s", shards, third_short);
+            let d = call("");
+            assert_eq!((d.ok, d.retry_after), (true, None), "{shards} shards");
+            assert_eq!(shard_changes("s", third_short).1, 1);
+
+            // Reservations fail when maxed out.
+            seed("s", shards, |_| 1.0);
+            let d = decide(&format!(
+                "rate_limiter.rate_limit('s', count => 3, reserve => true, config => {})",
+                sharded_config(shards, r#","maxReserved":1"#)
+            ));
+            assert!(!d.ok && d.retry_after.unwrap() >= 1000.0, "{shards}: {d:?}");
+            assert_eq!(shard_changes("s", |_| 1.0), (f64::from(shards), 0));
+
+            // Reservations work if one of the shards has capacity.
+            seed("s", shards, third_short);
+            let cfg_rate = format!(
+                r#"'{{"kind":"token bucket","rate":{shards},"period":1000,"shards":{shards},"capacity":{},"maxReserved":{shards}}}'"#,
+                10 * shards
+            );
+            let d = decide(&format!("rate_limiter.rate_limit('s', count => 2, reserve => true, config => {cfg_rate})"));
+            assert_eq!((d.ok, d.retry_after), (true, Some(1000.0)), "{shards} shards");
+            assert_eq!(shard_changes("s", third_short).1, 1);
+
+            // From 3 shards: two half-full shards together serve one token and end level.
+            if shards >= 3 {
+                seed("s", shards, |_| 0.5);
+                let d = call("");
+                assert_eq!((d.ok, d.retry_after), (true, None), "{shards} shards");
+                assert_eq!(shard_changes("s", |_| 0.5), (f64::from(shards) * 0.5 - 1.0, 2));
+            }
+        }
+    }
+
+    #[pg_test]
+    fn sharded_counts_values_and_reset() {
+        at("0");
+        let cfg = r#"'{"kind":"token bucket","rate":40,"period":1000,"shards":4}'"#;
+        fails(
+            &format!("SELECT rate_limiter.rate_limit('sh', count => 21, config => {cfg})"),
+            "22023",
+            "Rate limit sh count 21 exceeds 20 per 4 shards.",
+        );
+        // count 20 = two whole shards: taken from both, which end level at 0.
+        let d = decide(&format!("rate_limiter.rate_limit('sh', count => 20, config => {cfg})"));
+        assert!(d.ok, "{d:?}");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE name = 'sh' AND value = 0"), Some(2));
+        // Sampling every shard reports the fullest: a full one (fresh shards are full).
+        let fullest = one::<f64>(&format!("SELECT value FROM rate_limiter.rate_limit_value('sh', config => {cfg}, sample_shards => 4)"));
+        assert_eq!(fullest, Some(10.0));
+        run("SELECT rate_limiter.reset_rate_limit('sh')");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE name = 'sh'"), Some(0));
+    }
+}

@@ -1,0 +1,9 @@
+//! `#[pg_test]` tests of the SQL surface, run inside PostgreSQL by `cargo pgrx test`, by
+//! concern. The test server preloads the library (`lib.rs`), so shared memory is tested here
+//! too.
+
+mod helpers;
+mod kinds;
+mod shmem;
+mod surface;
+mod transactions;

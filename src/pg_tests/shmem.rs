@@ -1,0 +1,46 @@
+//! Shared memory through SQL (the test server preloads the library): the statistics views
+//! and `stats_reset`, and the deny cache. Names are the tests' own: the counters outlive
+//! the transactions the tests run in.
+
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    use crate::pg_tests::helpers::*;
+
+    #[pg_test]
+    fn statistics_count_calls_denials_and_keys_of_this_database() {
+        at("0");
+        run("SELECT rate_limiter.define('st_login', 'token bucket', 1, '1 hour')");
+        run("SELECT rate_limiter.rate_limit('st_login', 'alice')");
+        run("SELECT rate_limiter.rate_limit('st_login', 'alice')");
+        run("SELECT rate_limiter.check_rate_limit('st_login', 'alice')");
+        let row = "SELECT calls || '/' || allowed || '/' || denied || '/' || tokens_granted
+                   FROM rate_limiter.stats WHERE name = 'st_login'";
+        assert_eq!(one::<String>(row).as_deref(), Some("2/1/1/1"), "a check is not a call");
+        assert_eq!(
+            one::<String>("SELECT key || ':' || denied FROM rate_limiter.top_denied WHERE name = 'st_login'").as_deref(),
+            Some("alice:1")
+        );
+        assert_eq!(one::<i64>("SELECT rate_limiter.stats_reset('st_login')"), Some(1));
+        assert_eq!(one::<String>(row).as_deref(), Some("0/0/0/0"));
+        fails("SELECT rate_limiter.define('*other*', 'token bucket', 1, '1 hour')", "22023", "is reserved");
+    }
+
+    #[pg_test]
+    fn a_denial_is_answered_from_the_deny_cache_until_a_change_to_the_limits() {
+        at("0");
+        run("SELECT rate_limiter.define('dc_login', 'token bucket', 1, '1 hour', deny_cache => '1 minute')");
+        assert!(decide("rate_limiter.rate_limit('dc_login', 'k')").ok);
+        assert!(!decide("rate_limiter.rate_limit('dc_login', 'k')").ok);
+        // Tokens come back behind the limiter's back: the cached denial still answers ...
+        run("UPDATE rate_limiter.state SET value = 1 WHERE name = 'dc_login'");
+        let cached = decide("rate_limiter.rate_limit('dc_login', 'k')");
+        assert!(!cached.ok && cached.retry_after.is_some(), "{cached:?}");
+        // ... a check reads the state ...
+        assert!(decide("rate_limiter.check_rate_limit('dc_login', 'k')").ok);
+        // ... and a change to the limits empties this database's cache at once.
+        run("SELECT rate_limiter.define('dc_other', 'token bucket', 1, '1 hour')");
+        assert!(decide("rate_limiter.rate_limit('dc_login', 'k')").ok);
+    }
+}
