@@ -19,7 +19,7 @@ use pgrx::PgMemoryContexts;
 use crate::{cache, clock, storage};
 
 /// `rate_limiter.prune_interval`, in seconds; 0 turns the worker off.
-pub static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
+static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
 
 /// Rows deleted per transaction: short transactions, so the worker never holds many row
 /// locks or a snapshot for long.

@@ -28,7 +28,7 @@ use crate::hash;
 use super::area;
 
 /// `rate_limiter.deny_cache_slots`: slots of the table (rounded up to a power of two).
-pub static SLOTS: GucSetting<i32> = GucSetting::<i32>::new(16384);
+static SLOTS: GucSetting<i32> = GucSetting::<i32>::new(16384);
 
 const SHMEM_NAME: &CStr = c"rate_limiter deny cache";
 

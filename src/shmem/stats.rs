@@ -30,11 +30,11 @@ pub use top_keys::Heavy;
 use top_keys::TopKeys;
 
 /// `rate_limiter.stats_max_names`: (database, name) pairs with an entry of their own.
-pub static MAX_NAMES: GucSetting<i32> = GucSetting::<i32>::new(1000);
+static MAX_NAMES: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// `rate_limiter.stats_max_names_per_database`: the most of them one database may hold.
-pub static MAX_NAMES_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(250);
+static MAX_NAMES_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(250);
 /// `rate_limiter.track_stats`: count calls (when preloaded).
-pub static TRACK: GucSetting<bool> = GucSetting::<bool>::new(true);
+static TRACK: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 /// Entries kept apart for the `*other*` rows of databases, beyond `stats_max_names`.
 const OTHER_ROWS: u32 = 64;
