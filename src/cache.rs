@@ -47,8 +47,9 @@ pub fn relations() -> Relations {
 /// the extension's owner or a superuser. A role that could replace or rename them could
 /// otherwise make this code read and write look-alikes, or run its own operators.
 fn look_up() -> Relations {
-    // SAFETY: catalog lookups by OID and by name within the extension's own schema; each
-    // raises an ERROR rather than return garbage.
+    // SAFETY: reached only through `relations()`, which runs inside a transaction (SQL calls,
+    // the worker's transactions), as catalog lookups and `extension_row` require; the lookups
+    // raise an ERROR or return InvalidOid, which is checked, never a dangling pointer.
     unsafe {
         let extension = pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false);
         let (schema, owner) = extension_row(extension);
@@ -112,8 +113,9 @@ fn look_up() -> Relations {
 /// # Safety
 /// Inside a transaction.
 unsafe fn extension_row(extension: pg_sys::Oid) -> (pg_sys::Oid, pg_sys::Oid) {
-    // SAFETY: a scan of pg_extension by its OID index, as PostgreSQL's own get_extension_*
-    // functions do; the row is read before the scan ends, and the scan and table are closed.
+    // SAFETY: the caller guarantees a transaction, which table_open and the catalog scan need;
+    // the tuple is checked non-null before GETSTRUCT and read before the scan ends, as
+    // PostgreSQL's own get_extension_* functions do.
     unsafe {
         let catalog = pg_sys::table_open(pg_sys::ExtensionRelationId, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let mut key = pg_sys::ScanKeyData::default();
@@ -142,7 +144,8 @@ unsafe fn extension_row(extension: pg_sys::Oid) -> (pg_sys::Oid, pg_sys::Oid) {
 /// # Safety
 /// `F` is the form of `cache`'s catalog, and `owner` reads a field of it.
 unsafe fn syscache_owner<F>(cache: pg_sys::SysCacheIdentifier::Type, oid: pg_sys::Oid, owner: fn(&F) -> pg_sys::Oid) -> pg_sys::Oid {
-    // SAFETY: a syscache lookup by OID; the row is pinned until released just after it is read.
+    // SAFETY: NULL is checked before GETSTRUCT; the caller guarantees `F` is the catalog's
+    // form, so the cast matches the row, which stays pinned until ReleaseSysCache below.
     unsafe {
         let tuple = pg_sys::SearchSysCache1(cache as i32, oid.into());
         if tuple.is_null() {
@@ -165,12 +168,14 @@ fn relation_owner(relation: pg_sys::Oid) -> pg_sys::Oid {
 }
 
 fn schema_name(schema: pg_sys::Oid) -> String {
-    // SAFETY: a palloc'd copy of the name, or NULL for a schema that does not exist.
+    // SAFETY: get_namespace_name takes any OID and returns NULL for a missing schema (handled
+    // below); it runs only in `look_up`'s transaction, where syscache lookups are allowed.
     let name = unsafe { pg_sys::get_namespace_name(schema) };
     if name.is_null() {
         return format!("schema {}", schema.to_u32());
     }
-    // SAFETY: a NUL-terminated name.
+    // SAFETY: `name` is non-null (checked above), and get_namespace_name returns a
+    // NUL-terminated palloc'd copy, live until this memory context is reset.
     unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
 }
 
@@ -178,16 +183,19 @@ fn schema_name(schema: pg_sys::Oid) -> String {
 /// owns the extension nor is a superuser: such a role could drop, replace or rename what this
 /// code trusts.
 fn trusted_owner(object_owner: pg_sys::Oid, extension_owner: pg_sys::Oid, what: impl FnOnce() -> String) {
-    // SAFETY: superuser_arg reads the role's catalog row.
+    // SAFETY: superuser_arg takes any role OID (a missing role is no superuser) and only reads
+    // the syscache, inside `look_up`'s transaction.
     if object_owner == extension_owner || unsafe { pg_sys::superuser_arg(object_owner) } {
         return;
     }
-    // SAFETY: a palloc'd copy of the role's name (missing_ok: a number if it has none).
+    // SAFETY: with missing_ok, GetUserNameFromId returns NULL for an unknown role instead of
+    // raising (handled below); it reads the syscache inside `look_up`'s transaction.
     let role = unsafe { pg_sys::GetUserNameFromId(object_owner, true) };
     let role = if role.is_null() {
         object_owner.to_u32().to_string()
     } else {
-        // SAFETY: a NUL-terminated name.
+        // SAFETY: `role` is non-null here, and GetUserNameFromId returns a NUL-terminated
+        // palloc'd copy, live until this memory context is reset.
         unsafe { CStr::from_ptr(role) }.to_string_lossy().into_owned()
     };
     Error::UntrustedOwner { what: what(), role }.raise()
@@ -196,7 +204,9 @@ fn trusted_owner(object_owner: pg_sys::Oid, extension_owner: pg_sys::Oid, what: 
 /// `schema.relation` of a relation, each part quoted as needed: SQL that names the
 /// extension's tables is built from their OIDs, never from a name someone could shadow.
 pub fn qualified_name(relation: pg_sys::Oid) -> String {
-    // SAFETY: lookups by OID; each returns a palloc'd copy, NULL when the relation is gone.
+    // SAFETY: in a transaction (callers are SQL calls and the worker's), each lookup takes any
+    // OID and gives NULL for a missing relation, checked before quote_qualified_identifier
+    // reads the names; it returns a NUL-terminated palloc'd string.
     unsafe {
         let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relation));
         let name = pg_sys::get_rel_name(relation);
@@ -228,6 +238,9 @@ pub fn any_blocks(load: impl FnOnce() -> bool) -> bool {
 
 /// The relcache invalidation callback: forgets this backend's caches when one of the
 /// extension's relations (or everything) is invalidated. Reads nothing through pointers.
+///
+/// # Safety
+/// None: it ignores `_arg` and dereferences nothing, so any call is sound.
 #[pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     let ours = match RELATIONS.get() {
@@ -243,6 +256,9 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
 
 /// The syscache callback for pg_namespace: a schema renamed or given to another owner may
 /// be the extension's, whose relations were checked against its owner.
+///
+/// # Safety
+/// None: it dereferences nothing, as `forget`.
 #[pg_guard]
 unsafe extern "C-unwind" fn forget_on_schema_change(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
     // SAFETY: as `forget` for every relation; reads nothing through pointers.
@@ -251,7 +267,9 @@ unsafe extern "C-unwind" fn forget_on_schema_change(_arg: pg_sys::Datum, _cache:
 
 /// Called once from `_PG_init`.
 pub fn register_invalidation() {
-    // SAFETY: registering callbacks with static lifetime, once per backend.
+    // SAFETY: the callbacks are static functions, valid for the process's life, and this runs
+    // once per process (from `_PG_init`), so PostgreSQL's fixed-size callback tables never
+    // fill up with repeats.
     unsafe {
         pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0));
         pg_sys::CacheRegisterSyscacheCallback(

@@ -36,16 +36,19 @@ const PG_US_RANGE: std::ops::Range<i64> = -211_813_488_000_000_000..9_223_371_33
 /// Now in ms since the Unix epoch: `rate_limiter.fake_now` when set, else the real clock
 /// (not the transaction's start time, which a long transaction would hold in the past).
 pub fn now_ms() -> f64 {
-    // SAFETY: the setting's value is a C string PostgreSQL owns, or null; read in place, as
-    // copying it out would allocate on every call. Its first byte is read only when non-null.
+    // SAFETY: PostgreSQL writes this variable only when the setting is assigned, never during
+    // this read (backends are single-threaded); read in place, as copying it out would
+    // allocate on every call. Its first byte is read only when non-null.
     let fake = unsafe { *FAKE_NOW.as_ptr() };
     // SAFETY: `fake` is non-null here (checked first), so it points at PostgreSQL's
     // NUL-terminated copy of the setting, whose first byte is always readable.
     if fake.is_null() || unsafe { *fake } == 0 {
-        // SAFETY: reads the system clock.
+        // SAFETY: GetCurrentTimestamp only reads the system clock and has no preconditions; it
+        // never raises.
         return pg_us_to_ms(unsafe { pg_sys::GetCurrentTimestamp() });
     }
-    // SAFETY: non-null and NUL-terminated, checked above.
+    // SAFETY: non-null (checked above); a string setting is a NUL-terminated copy that
+    // PostgreSQL frees only at the next assignment, which cannot happen during this call.
     let now = timestamptz_ms(parse_timestamptz(unsafe { CStr::from_ptr(fake) }));
     if !now.is_finite() {
         Error::TimeOutOfRange("rate_limiter.fake_now must be a finite timestamp".into()).raise()
@@ -128,7 +131,9 @@ pub fn sleep_ms(ms: f64) {
             return;
         }
         let events = (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32;
-        // SAFETY: this backend's own latch, waited on and reset as PostgreSQL's own waits do.
+        // SAFETY: MyLatch is this process's own latch, set up at process start, and only its
+        // owner may wait on it; it is reset after each wakeup, before the next check for
+        // interrupts, the order latch.h prescribes.
         unsafe {
             pg_sys::WaitLatch(pg_sys::MyLatch, events, left.as_millis().max(1) as i64, pg_sys::PG_WAIT_EXTENSION);
             pg_sys::ResetLatch(pg_sys::MyLatch);

@@ -18,6 +18,8 @@ pub const MAX_SHARDS: u32 = 1024;
 pub struct JsonbArg(pg_sys::Datum);
 
 impl FromDatum for JsonbArg {
+    /// # Safety
+    /// As `FromDatum`: unless `is_null`, `datum` is a jsonb datum of the current call.
     unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
         (!is_null).then_some(JsonbArg(datum))
     }
@@ -40,11 +42,15 @@ unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for JsonbArg 
 
 // SAFETY: read through `FromDatum` above, as pgrx reads its own datum types.
 unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbArg {
+    /// # Safety
+    /// As `ArgAbi`: `arg` is a live argument of the current call, declared jsonb.
     unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
         // SAFETY: pgrx's calling convention hands over a live argument.
         unsafe { arg.unbox_arg_using_from_datum() }.expect("the config argument is declared nullable")
     }
 
+    /// # Safety
+    /// As `unbox_arg_unchecked`.
     unsafe fn unbox_nullable_arg(arg: pgrx::callconv::Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
         // SAFETY: as above.
         unsafe { arg.unbox_arg_using_from_datum() }.into()

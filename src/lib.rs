@@ -31,7 +31,8 @@ pub extern "C-unwind" fn _PG_init() {
     clock::register();
     cache::register_invalidation();
     prune_worker::register();
-    // SAFETY: a plain read of a postmaster-set flag.
+    // SAFETY: a plain bool the postmaster sets only while loading shared_preload_libraries;
+    // this process is single-threaded, so no write can race this read.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     shmem::stats::register(preloading);
     shmem::deny_cache::register(preloading);

@@ -37,7 +37,8 @@ pub fn register() {
         GucContext::Sighup,
         GucFlags::UNIT_S,
     );
-    // SAFETY: a plain read of a postmaster-set flag.
+    // SAFETY: a plain bool the postmaster sets only while loading shared_preload_libraries;
+    // this process is single-threaded, so no write can race this read.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         BackgroundWorkerBuilder::new("rate_limiter prune launcher")
             .set_type("rate_limiter prune launcher")
@@ -65,7 +66,9 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
             break;
         }
         if BackgroundWorker::sighup_received() {
-            // SAFETY: re-reads postgresql.conf, as every worker does on SIGHUP.
+            // SAFETY: the launcher's main loop, between transactions and outside any signal
+            // handler, is where ProcessConfigFile(PGC_SIGHUP) may run, as PostgreSQL's own
+            // workers call it.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
             continue; // start the new interval afresh
         }
@@ -90,7 +93,8 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
                 .set_function("rate_limiter_prune_database")
                 .set_argument(database.into_datum())
                 .enable_spi_access()
-                // SAFETY: a plain read of this process's pid.
+                // SAFETY: MyProcPid is set once at process start, before this entry point
+                // runs, and never written again; the process is single-threaded.
                 .set_notify_pid(unsafe { pg_sys::MyProcPid })
                 .load_dynamic();
             match started {
@@ -112,7 +116,9 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     // This worker is a superuser in a database another role may own.
     pin_search_path();
-    // SAFETY: a catalog lookup by name through pg_extension's own index; no SQL.
+    // SAFETY: inside the transaction BackgroundWorker::transaction starts, as the catalog scan
+    // needs; with missing_ok it returns InvalidOid rather than raise. No SQL, so no name
+    // resolves through another role's schemas.
     let installed = BackgroundWorker::transaction(|| unsafe {
         pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), true) != pg_sys::InvalidOid
     });
@@ -145,7 +151,8 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
 /// database's or role's settings made it: the worker runs as a superuser in databases that
 /// other roles own, so nothing it runs may resolve a name through their schemas.
 fn pin_search_path() {
-    // SAFETY: sets a GUC of this backend at the highest source, as a superuser may.
+    // SAFETY: both strings are static and NUL-terminated; the worker runs as the bootstrap
+    // superuser, so PGC_SUSET is a context it holds, and a bad value would raise, not corrupt.
     unsafe {
         pg_sys::SetConfigOption(
             c"search_path".as_ptr(),

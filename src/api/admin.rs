@@ -121,6 +121,9 @@ fmgr_v1_info!(pg_finfo_decide_wrapper);
 
 /// 0.1.0's `_decide`: its SQL names this symbol, so a database still on 0.1.0 can load this
 /// library (and be updated); a call says what to do.
+///
+/// # Safety
+/// None: it reads no argument and only raises.
 #[no_mangle]
 #[pg_guard]
 pub unsafe extern "C-unwind" fn decide_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
@@ -131,6 +134,9 @@ fmgr_v1_info!(pg_finfo_define_wrapper);
 
 /// `define` of 0.1.0 and 0.2.0, which had fewer arguments: the same, for a database not yet
 /// updated.
+///
+/// # Safety
+/// None: it reads no argument and only raises.
 #[no_mangle]
 #[pg_guard]
 pub unsafe extern "C-unwind" fn define_wrapper(_fcinfo: FunctionCallInfo) -> Datum {

@@ -56,7 +56,8 @@ struct Answer {
 
 fn pstrdup(text: &str) -> *mut c_char {
     let c = CString::new(text).unwrap_or_default();
-    // SAFETY: copies a NUL-terminated text into the current memory context.
+    // SAFETY: `c` is NUL-terminated and outlives the call; pstrdup copies it into the current
+    // memory context and raises on out-of-memory rather than return NULL.
     unsafe { pg_sys::pstrdup(c.as_ptr()) }
 }
 
@@ -98,7 +99,9 @@ const NO_DENIAL: Denial = Denial { message: null_mut(), detail: null_mut(), hint
 /// `fcinfo` is a call of `rate_limit` or `check_rate_limit`.
 #[pg_guard]
 unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> Answer {
-    // SAFETY: fmgr passes the six arguments declared in sql/finalize.sql, in this order.
+    // SAFETY: the caller guarantees a call of rate_limit or check_rate_limit, whose SQL
+    // declaration (sql/finalize.sql and the upgrade scripts alike) has these six argument
+    // types in this order.
     let (name, key, count, reserve, throws, inline) = unsafe {
         (
             pg_getarg::<&str>(fcinfo, 0),
@@ -135,7 +138,8 @@ fn decision_datum(d: &Decision) -> Datum {
     ];
     let mut nulls = [false, d.retry_after.is_none(), false, false, false, d.reason.is_none(), d.limited_by.is_none()];
     let desc = PinnedRowType::of(cache::relations().decision_type);
-    // SAFETY: a pinned descriptor of the type cache.
+    // SAFETY: `desc` holds a reference count on the type cache's descriptor from `of` until it
+    // drops at the end of this function, so the descriptor stays valid throughout.
     if unsafe { shape::difference(desc.0, &shape::DECISION, shape::Columns::Exactly) }.is_some() {
         Error::DecisionTypeChanged.raise()
     }
@@ -157,7 +161,8 @@ impl PinnedRowType {
 
 impl Drop for PinnedRowType {
     fn drop(&mut self) {
-        // SAFETY: pinned in `of`, released once.
+        // SAFETY: `self.0` carries the one reference count `of` took (nothing else builds a
+        // PinnedRowType), and drop runs once, so it is given back exactly once.
         unsafe { pg_sys::DecrTupleDescRefCount(self.0) }
     }
 }
@@ -167,7 +172,9 @@ impl Drop for PinnedRowType {
 fn entry(answer: Answer) -> Datum {
     let d = answer.throw;
     if !d.message.is_null() {
-        // SAFETY: this frame holds nothing to drop; the texts were allocated by PostgreSQL.
+        // SAFETY: as raise_rate_limited requires, `entry` runs only in the unguarded fmgr entry
+        // points below and holds only Copy values, so the longjmp skips no drop; `denial` made
+        // all three texts with pstrdup, so they are NUL-terminated.
         unsafe { error::raise_rate_limited(d.message, d.detail, d.hint) };
     }
     answer.datum
@@ -177,45 +184,65 @@ fn entry(answer: Answer) -> Datum {
 fmgr_v1_info!(pg_finfo_rate_limit_fmgr);
 
 /// `rate_limiter.rate_limit(name, key, count, reserve, throws, config)`.
+///
+/// # Safety
+/// Only for fmgr, calling `rate_limiter.rate_limit` as sql/finalize.sql declares it.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
-    // SAFETY: fmgr calls this for rate_limiter.rate_limit only.
+    // SAFETY: by this function's contract `fcinfo` is a call of rate_limit, as `answer`
+    // requires (binding the symbol to other SQL takes a superuser).
     entry(unsafe { answer(fcinfo, true) })
 }
 
 fmgr_v1_info!(pg_finfo_check_rate_limit_fmgr);
 
 /// `rate_limiter.check_rate_limit(name, key, count, reserve, throws, config)`.
+///
+/// # Safety
+/// Only for fmgr, calling `rate_limiter.check_rate_limit` as sql/finalize.sql declares it.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn check_rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
-    // SAFETY: fmgr calls this for rate_limiter.check_rate_limit only.
+    // SAFETY: by this function's contract `fcinfo` is a call of check_rate_limit, as `answer`
+    // requires (binding the symbol to other SQL takes a superuser).
     entry(unsafe { answer(fcinfo, false) })
 }
 
 fmgr_v1_info!(pg_finfo_wait_rate_limit_fmgr);
 
 /// `rate_limiter.wait_rate_limit(name, key, count, timeout, config)`.
+///
+/// # Safety
+/// Only for fmgr, calling `rate_limiter.wait_rate_limit` as sql/finalize.sql declares it.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn wait_rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
-    // SAFETY: fmgr calls this for rate_limiter.wait_rate_limit only.
+    // SAFETY: by this function's contract `fcinfo` is a call of wait_rate_limit, as `answer_wait`
+    // requires (binding the symbol to other SQL takes a superuser).
     entry(unsafe { answer_wait(fcinfo) })
 }
 
 fmgr_v1_info!(pg_finfo_rate_limit_all_fmgr);
 
 /// `rate_limiter.rate_limit_all(requests, reserve, throws)`.
+///
+/// # Safety
+/// Only for fmgr, calling `rate_limiter.rate_limit_all` as sql/finalize.sql declares it.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn rate_limit_all_fmgr(fcinfo: FunctionCallInfo) -> Datum {
-    // SAFETY: fmgr calls this for rate_limiter.rate_limit_all only.
+    // SAFETY: by this function's contract `fcinfo` is a call of rate_limit_all, as `answer_all`
+    // requires (binding the symbol to other SQL takes a superuser).
     entry(unsafe { answer_all(fcinfo, true) })
 }
 
 fmgr_v1_info!(pg_finfo_check_rate_limit_all_fmgr);
 
 /// `rate_limiter.check_rate_limit_all(requests, reserve, throws)`.
+///
+/// # Safety
+/// Only for fmgr, calling `rate_limiter.check_rate_limit_all` as sql/finalize.sql declares it.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn check_rate_limit_all_fmgr(fcinfo: FunctionCallInfo) -> Datum {
-    // SAFETY: fmgr calls this for rate_limiter.check_rate_limit_all only.
+    // SAFETY: by this function's contract `fcinfo` is a call of check_rate_limit_all, as
+    // `answer_all` requires (binding the symbol to other SQL takes a superuser).
     entry(unsafe { answer_all(fcinfo, false) })
 }
 
@@ -227,7 +254,8 @@ pub unsafe extern "C-unwind" fn check_rate_limit_all_fmgr(fcinfo: FunctionCallIn
 /// `fcinfo` is a call of `wait_rate_limit`.
 #[pg_guard]
 unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
-    // SAFETY: fmgr passes the five arguments declared in sql/finalize.sql, in this order.
+    // SAFETY: the caller guarantees a call of wait_rate_limit, whose SQL declaration has these
+    // five argument types in this order.
     let (name, key, count, timeout, inline) = unsafe {
         (
             pg_getarg::<&str>(fcinfo, 0),
@@ -270,7 +298,8 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
 /// `fcinfo` is a call of `rate_limit_all` or `check_rate_limit_all`.
 #[pg_guard]
 unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) -> Answer {
-    // SAFETY: fmgr passes the three arguments declared in sql/finalize.sql, in this order.
+    // SAFETY: the caller guarantees a call of rate_limit_all or check_rate_limit_all, whose SQL
+    // declaration has these three argument types in this order.
     let (requests, reserve, throws) = unsafe {
         (pg_getarg::<JsonbArg>(fcinfo, 0), pg_getarg::<bool>(fcinfo, 1), pg_getarg::<bool>(fcinfo, 2))
     };

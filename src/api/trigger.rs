@@ -13,7 +13,9 @@ fn _limits_changed<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, PgHeapTupleError> {
     let relid = trigger.relation().map(|r| r.oid()).unwrap_or(pg_sys::InvalidOid);
-    // SAFETY: queues an invalidation of an existing relation, sent at commit.
+    // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
+    // transaction (InvalidOid would only raise "cache lookup failed"); the message is queued
+    // and sent at commit.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
     deny_cache::forget_this_database();
     Ok(None)

@@ -120,7 +120,8 @@ pub fn register(preloading: bool) {
 /// Only from `shmem_request_hook`.
 pub unsafe fn request() {
     if slot_count() > 0 {
-        // SAFETY: the caller is the shmem request hook.
+        // SAFETY: the caller is the shmem request hook, where PostgreSQL 15 accepts this request
+        // (elsewhere it raises FATAL).
         unsafe { pg_sys::RequestAddinShmemSpace(size(slot_count())) };
     }
 }
@@ -147,7 +148,8 @@ pub unsafe fn attach() {
 }
 
 fn this_database() -> u32 {
-    // SAFETY: a plain read of the backend's database, set before any SQL runs.
+    // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL runs,
+    // and backends are single-threaded, so this read cannot race a write.
     unsafe { pg_sys::MyDatabaseId }.to_u32()
 }
 

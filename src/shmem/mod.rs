@@ -23,9 +23,13 @@ pub fn register() {
     }
 }
 
+/// # Safety
+/// Only as `shmem_request_hook`, installed by `register`.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn request() {
-    // SAFETY: called by the postmaster in its shmem request phase.
+    // SAFETY: this function's contract makes it the shmem request hook, the only caller
+    // stats::request and deny_cache::request allow; PREV_REQUEST was set before the hook could
+    // run and is never written again.
     unsafe {
         if let Some(previous) = PREV_REQUEST {
             previous();
@@ -35,6 +39,8 @@ unsafe extern "C-unwind" fn request() {
     }
 }
 
+/// # Safety
+/// Only as `shmem_startup_hook`, installed by `register`.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn startup() {
     // SAFETY: called by the postmaster (at start and after a crash) while no backend runs;

@@ -168,7 +168,8 @@ pub fn register(preloading: bool) {
 /// # Safety
 /// Only from `shmem_request_hook`.
 pub unsafe fn request() {
-    // SAFETY: the caller is the shmem request hook.
+    // SAFETY: the caller is the shmem request hook, where PostgreSQL 15 accepts these requests
+    // (elsewhere it raises FATAL); MAX_NAMES cannot change after postmaster start.
     unsafe {
         pg_sys::RequestAddinShmemSpace(layout(MAX_NAMES.get() as u32).2);
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
@@ -184,7 +185,9 @@ pub unsafe fn attach() {
     // SAFETY: this function's own contract: from the startup hook, holding
     // AddinShmemInitLock; `request` asked for this size.
     let (area, found) = unsafe { area::area(SHMEM_NAME, layout(max_names).2) };
-    // SAFETY: the area is ours, of the size requested; when new, nothing else uses it yet.
+    // SAFETY: the caller holds AddinShmemInitLock, so nothing else touches a new area; it is
+    // `layout(max_names).2` bytes, cache-line aligned by ShmemInitStruct, so the header and
+    // each entry's spinlock written below lie inside it, aligned.
     unsafe {
         if !found {
             let entries = area.add(layout(max_names).1).cast::<Entry>();
@@ -227,7 +230,8 @@ impl Shared {
     /// the postmaster).
     fn publish(&self, i: usize, database: pg_sys::Oid, name: &str) {
         let entry = &self.entries[i];
-        // SAFETY: entry i is not published yet, so no one else reads or writes its name.
+        // SAFETY: entry i is not published yet (`used` is still i), so no reader looks at its
+        // name; callers hold the registry lock (or are the postmaster), so no other writer does.
         unsafe { (&mut *entry.name.get())[..name.len()].copy_from_slice(name.as_bytes()) };
         entry.database.store(database.to_u32(), Relaxed);
         entry.stats_reset.store(now(), Relaxed);
@@ -238,7 +242,8 @@ impl Shared {
     /// The entry of `name` in `database`: its own; a new one while there is room, in the
     /// database's share of it; else the database's `*other*`; else entry 0.
     fn find_or_add(&self, database: pg_sys::Oid, name: &str) -> usize {
-        // SAFETY: the tranche's lock, initialized by the postmaster before any backend runs.
+        // SAFETY: the tranche's lock, initialized by the postmaster before any backend runs;
+        // this backend takes it only here and releases it on return, so it does not hold it yet.
         let _held = unsafe { Held::take(self.header.registry) };
         let own = match self.find_slot(database, name) {
             Ok(i) => return i,
@@ -291,14 +296,16 @@ impl Shared {
     /// This database's published entries.
     fn of_this_database(&self) -> impl Iterator<Item = usize> + '_ {
         let used = self.header.used.load(Acquire) as usize;
-        // SAFETY: a plain read of the backend's database, set before any SQL runs.
+        // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL
+        // runs, and backends are single-threaded, so this read cannot race a write.
         let database = unsafe { pg_sys::MyDatabaseId };
         (1..used).filter(move |i| self.database(*i) == database)
     }
 }
 
 fn now() -> i64 {
-    // SAFETY: reads the clock.
+    // SAFETY: GetCurrentTimestamp only reads the system clock and has no preconditions; it
+    // never raises.
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
@@ -316,8 +323,9 @@ fn entry_of(shared: &Shared, name: &str) -> usize {
     let i = match ENTRIES.with_borrow(|e| e.get(name).copied()) {
         Some(i) => i,
         None => {
-            // SAFETY: a plain read of the backend's database, set before any SQL runs; a
-            // backend stays in one database, so its maps need not say which.
+            // SAFETY: MyDatabaseId is written only while connecting, before any SQL runs, and
+            // backends are single-threaded, so the read cannot race; a backend stays in one
+            // database, so its maps need not say which.
             let i = shared.find_or_add(unsafe { pg_sys::MyDatabaseId }, name);
             ENTRIES.with_borrow_mut(|e| e.insert(name.to_owned(), i));
             i

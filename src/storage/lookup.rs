@@ -26,11 +26,14 @@ impl Lookup {
         let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         // Each resource goes into the struct as soon as it is opened, so that `drop` closes
         // what was opened if a later step raises.
-        // SAFETY: the extension's table (OID from the cache), closed on drop.
+        // SAFETY: callers run inside a transaction with the cached OID; table_open locks it or
+        // raises if it is gone, never returning a dangling relation. Closed once, on drop.
         let mut lookup = Lookup { heap: unsafe { pg_sys::table_open(table, lockmode) }, index: null_mut(), tuple_slot: null_mut() };
-        // SAFETY: the table's unique index (OID from the cache), closed on drop.
+        // SAFETY: the cached unique index of that table; index_open raises rather than open a
+        // relation that is gone or not an index. Closed once, on drop.
         lookup.index = unsafe { pg_sys::index_open(index, lockmode) };
-        // SAFETY: a slot of the open table, dropped on drop.
+        // SAFETY: `lookup.heap` is open, which is all table_slot_create needs; the slot is
+        // dropped once, on drop.
         lookup.tuple_slot = unsafe { pg_sys::table_slot_create(lookup.heap, null_mut()) };
         lookup
     }
@@ -41,7 +44,9 @@ impl Lookup {
         // SAFETY: the index is open and its leading columns are text (the callers' tables).
         let mut keys: Vec<pg_sys::ScanKeyData> =
             values.iter().zip(1..).map(|(v, attno)| unsafe { text_key(self.index, attno, *v) }).collect();
-        // SAFETY: relations and slot are open; the latest snapshot outlives the scan.
+        // SAFETY: relations and slot stay open until drop; GetLatestSnapshot's snapshot stays
+        // valid until the next such call, none of which happens during the probe, and the
+        // transaction's own snapshot keeps the rows it sees from being pruned.
         unsafe { probe(self.heap, self.index, pg_sys::GetLatestSnapshot(), &mut keys, self.tuple_slot) }
     }
 

@@ -26,7 +26,8 @@ pub use state::{Created, Locked, Row, Slot, StateTable, Written};
 /// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
 /// parallel worker, before anything is attempted.
 pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
-    // SAFETY: both only read backend state and raise an ERROR.
+    // SAFETY: `command` is a CStr, NUL-terminated and alive for both calls; they only read
+    // this backend's transaction state and raise an ERROR when writing is not allowed.
     unsafe {
         pg_sys::PreventCommandIfReadOnly(command.as_ptr());
         pg_sys::PreventCommandIfParallelMode(command.as_ptr());
@@ -34,7 +35,8 @@ pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
 }
 
 fn xact_snapshot_isolation() -> bool {
-    // SAFETY: a plain read of a backend-global integer.
+    // SAFETY: XactIsoLevel is a plain int of this single-threaded backend, set at transaction
+    // start or by SET TRANSACTION, never while this reads it.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
 }
 

@@ -60,9 +60,11 @@ pub(super) unsafe fn equal_key(index: pg_sys::Relation, attno: i16, procedure: u
 /// `index` is open and has a text column `attno`.
 pub(super) unsafe fn text_key(index: pg_sys::Relation, attno: i16, value: Option<&str>) -> pg_sys::ScanKeyData {
     match value {
-        // SAFETY: the caller's promise.
+        // SAFETY: this function's contract (an open index with a text column `attno`) covers
+        // equal_key's, and texteq is text's equality.
         Some(v) => unsafe { equal_key(index, attno, pg_sys::F_TEXTEQ, text(v)) },
-        // SAFETY: plain-old-data, initialized as an IS NULL search key.
+        // SAFETY: ScanKeyData is plain data, valid zeroed; an SK_SEARCHNULL key needs no
+        // procedure, so ScanKeyEntryInitialize looks nothing up; `attno` exists per the contract.
         None => unsafe {
             let mut is_null: pg_sys::ScanKeyData = std::mem::zeroed();
             pg_sys::ScanKeyEntryInitialize(

@@ -113,7 +113,8 @@ struct StateIndex {
 impl StateIndex {
     fn info(&self) -> *mut pg_sys::IndexInfo {
         if self.info.get().is_null() {
-            // SAFETY: an open index relation.
+            // SAFETY: `relation` was opened by StateTable::open and stays open until the table
+            // drops, and BuildIndexInfo needs only an open index.
             self.info.set(unsafe { pg_sys::BuildIndexInfo(self.relation) });
         }
         self.info.get()
@@ -216,7 +217,8 @@ impl StateTable {
             if !form.indisready {
                 // Being dropped (REINDEX CONCURRENTLY's last step): no new entries.
                 self.indexes.pop();
-                // SAFETY: opened above, closed once.
+                // SAFETY: opened above and just popped from `indexes`, so drop will not close
+                // it again.
                 unsafe { pg_sys::index_close(relation, lockmode) };
             }
         }
@@ -286,7 +288,9 @@ impl StateTable {
         // SAFETY: plain-old-data out parameters.
         let mut failure: pg_sys::TM_FailureData = unsafe { std::mem::zeroed() };
         let mut lockmode = pg_sys::LockTupleMode::LockTupleNoKeyExclusive;
-        // SAFETY: `tuple` was formed for this table; `tid` points into it.
+        // SAFETY: `tuple` was formed from this table's descriptor; `tid` is a version this call
+        // read or locked, so pruning cannot have removed it; only consuming calls update, and
+        // they open the table for writing (RowExclusiveLock, every index open).
         let result = unsafe {
             let cid = pg_sys::GetCurrentCommandId(true);
             pg_sys::heap_update(self.heap, &mut tid, tuple, cid, null_mut(), wait, &mut failure, &mut lockmode)
@@ -373,7 +377,8 @@ impl StateTable {
         (slot.name, slot.key, slot.stored_shard()).hash(&mut hasher);
         let hash = hasher.finish();
         let tag = pg_sys::LOCKTAG {
-            // SAFETY: a plain read of a backend-global OID.
+            // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL
+            // runs, and backends are single-threaded, so this read cannot race a write.
             locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
             locktag_field2: (hash >> 32) as u32,
             locktag_field3: hash as u32,
@@ -571,7 +576,8 @@ unsafe fn is_key_copy(index: pg_sys::Relation) -> bool {
 /// # Safety
 /// `index` is the open unique index of the state table.
 unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKeyData; 3] {
-    // SAFETY: the caller's promise.
+    // SAFETY: the caller promises the state table's open unique index, (key text, name text,
+    // shard int2), which is what text_key and equal_key require of columns 1 to 3.
     unsafe {
         [
             text_key(index, INDEX_KEY, slot.key),
