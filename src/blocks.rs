@@ -16,8 +16,7 @@ const UNTIL: i32 = 3;
 /// not: the later of its own block and the key's block under every limit. As committed now,
 /// as configs are.
 fn blocked_until(name: &str, key: Option<&str>) -> Option<f64> {
-    let relations = cache::relations();
-    let open = || Lookup::open(relations.blocks, relations.blocks_key);
+    let open = Lookup::blocks;
     if !cache::any_blocks(|| open().find(&[])) {
         return None;
     }

@@ -43,6 +43,10 @@ SHAPE_CHANGES = [
     "ALTER TABLE rate_limiter.limits RENAME COLUMN capacity TO burst",
     "ALTER TABLE rate_limiter.blocks ALTER COLUMN until TYPE text",
     "ALTER TABLE rate_limiter.blocks DROP COLUMN until, ADD COLUMN until timestamptz NOT NULL DEFAULT 'infinity'",
+    # ... and their unique indexes, looked up by their names, on other columns.
+    "ALTER TABLE rate_limiter.limits DROP CONSTRAINT limits_pkey, ADD CONSTRAINT limits_pkey PRIMARY KEY (kind, name)",
+    "ALTER TABLE rate_limiter.blocks DROP CONSTRAINT blocks_key_name_key, "
+    "ADD CONSTRAINT blocks_key_name_key UNIQUE NULLS NOT DISTINCT (name, key)",
 ]
 
 

@@ -8,6 +8,8 @@ use pgrx::prelude::*;
 
 use crate::cache;
 use crate::config::LimitRow;
+use crate::error::Error;
+use crate::shape::{self, Columns, Shape};
 
 use super::scan::{probe, text_key};
 
@@ -22,7 +24,22 @@ pub struct Lookup {
 }
 
 impl Lookup {
-    pub fn open(table: pg_sys::Oid, index: pg_sys::Oid) -> Lookup {
+    /// `rate_limiter.limits`, looked up by name.
+    pub fn limits() -> Lookup {
+        let relations = cache::relations();
+        Lookup::open(relations.limits, relations.limits_key, "rate_limiter.limits", &shape::LIMITS, &[1])
+    }
+
+    /// `rate_limiter.blocks`, looked up by (key, name).
+    pub fn blocks() -> Lookup {
+        let relations = cache::relations();
+        Lookup::open(relations.blocks, relations.blocks_key, "rate_limiter.blocks", &shape::BLOCKS, &[2, 1])
+    }
+
+    /// Open `table` and its unique `index` on `key_columns`, then check both as they are now,
+    /// locked: an ALTER that committed while this call waited for the lock is seen here
+    /// (`cache` checked them when it looked them up, before the lock).
+    fn open(table: pg_sys::Oid, index: pg_sys::Oid, shown: &str, columns: &Shape, key_columns: &[i16]) -> Lookup {
         let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         // Each resource goes into the struct as soon as it is opened, so that `drop` closes
         // what was opened if a later step raises.
@@ -35,7 +52,24 @@ impl Lookup {
         // SAFETY: `lookup.heap` is open, which is all table_slot_create needs; the slot is
         // dropped once, on drop.
         lookup.tuple_slot = unsafe { pg_sys::table_slot_create(lookup.heap, null_mut()) };
-        lookup
+        // SAFETY: the heap is open and locked, so its descriptor is current.
+        let changed = unsafe { shape::difference((*lookup.heap).rd_att, columns, Columns::AtLeast) };
+        // SAFETY: an open index has its pg_index row, whose `indkey` holds `indnatts` columns;
+        // its expressions are a NULL column of that row when it has none.
+        let index_changed = unsafe {
+            let form = &*(*lookup.index).rd_index;
+            let plain = pg_sys::heap_attisnull((*lookup.index).rd_indextuple, pg_sys::Anum_pg_index_indexprs as i32, null_mut());
+            !(form.indisunique && plain && form.indkey.values.as_slice(form.indnatts as usize) == key_columns)
+        };
+        match (changed, index_changed) {
+            (Some(detail), _) => Error::ShapeChanged { relation: shown.to_owned(), detail }.raise(),
+            (None, true) => Error::ShapeChanged {
+                relation: shown.to_owned(),
+                detail: "its unique index is not the one the extension made".to_owned(),
+            }
+            .raise(),
+            (None, false) => lookup,
+        }
     }
 
     /// Whether a row has these values (`None`: NULL) in the index's leading text columns;
@@ -76,8 +110,7 @@ impl Drop for Lookup {
 
 /// The named limit's row, if any, as committed now.
 pub fn load_limit(name: &str) -> Option<LimitRow> {
-    let relations = cache::relations();
-    let limits = Lookup::open(relations.limits, relations.limits_key);
+    let limits = Lookup::limits();
     limits.find(&[Some(name)]).then(|| limit_row(&limits))
 }
 
