@@ -1,12 +1,12 @@
 //! The extension's tables through PostgreSQL's access methods and plain SQL, split by job:
 //! `state` finds, locks and writes rows of `rate_limiter.state` (the executor's work, done
-//! here); `lookup` reads committed rows of `rate_limiter.limits` and `rate_limiter.blocks`;
-//! `sql` runs the plain SPI statements of prune, blocks and define; `scan` holds the index
-//! probes they share. This file holds what the writers share.
+//! here), with `row` what it deals in; `lookup` reads committed rows of
+//! `rate_limiter.limits` and `rate_limiter.blocks`; `sql` runs the plain SPI statements of
+//! prune, blocks and define; `scan` holds the index probes they share. This file holds what
+//! the writers share.
 //!
 //! The limiter's functions are the only way into these tables, so no table privilege is
 //! checked on the access-method paths; EXECUTE on the function is the permission.
-
 
 use pgrx::pg_sys::{self, Datum};
 use pgrx::IntoDatum;
@@ -15,13 +15,15 @@ use crate::clock;
 use crate::error::Error;
 
 mod lookup;
+mod row;
 mod scan;
 mod sql;
 mod state;
 
 pub use lookup::{load_limit, Lookup};
 pub use sql::{delete, delete_block, prune, upsert_block, upsert_limit};
-pub use state::{Created, Locked, Row, Slot, StateTable, Written};
+pub use row::{Created, Locked, Row, Slot, Written};
+pub use state::StateTable;
 
 /// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
 /// parallel worker, before anything is attempted.
