@@ -40,6 +40,8 @@ if wants 3; then
         $specs || { cat "$ISOLATION_OUT/regression.diffs" 2>/dev/null; exit 1; }
 fi
 if wants 4; then
+    # The Debian packages, for tests/test_package.py.
+    bash "$ROOT/scripts/package.sh" >/dev/null
     fresh_database rate_limiter_test
     step "tier 4: multi-session and operations tests"
     [ -x "$ROOT/.venv/bin/pip" ] || python3 -m venv "$ROOT/.venv"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Debian packages for each supported PostgreSQL major NN, laid out as PGDG's are:
+#   postgresql-NN-rate-limiter_<version>_<arch>.deb        the library, its control file, the
+#       install script and every upgrade and released install script (so CREATE EXTENSION
+#       ... VERSION and ALTER EXTENSION UPDATE from any release work); Depends: postgresql-NN
+#   postgresql-NN-rate-limiter-proxy_<version>_<arch>.deb  the PL/Proxy router's SQL files;
+#       Depends: postgresql-NN, postgresql-NN-plproxy
+# Written to target/packages/. dpkg installs a package's files by rename, so installing one
+# under a running server never rewrites a library a backend has mapped. Safe to run again.
+source "$(dirname "$0")/lib.sh"
+setup
+VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1)
+PROXY_VERSION=$(sed -n "s/^default_version = '\(.*\)'$/\1/p" "$ROOT/proxy/rate_limiter_proxy.control")
+ARCH=$(dpkg --print-architecture)
+MAINTAINER=$(git -C "$ROOT" log -1 --format='%an <%ae>' 2>/dev/null || echo "rate_limiter maintainers")
+OUT=$ROOT/target/packages
+mkdir -p "$OUT"
+
+control() { # package version depends description
+    cat <<CONTROL
+Package: $1
+Version: $2
+Architecture: $ARCH
+Maintainer: $MAINTAINER
+Section: database
+Priority: optional
+Depends: $3
+Description: $4
+CONTROL
+}
+
+for NN in 15; do
+    pg_config=/usr/lib/postgresql/$NN/bin/pg_config
+    stage=$(mktemp -d)
+    step "postgresql-$NN-rate-limiter $VERSION"
+    (cd "$ROOT" && cargo pgrx package --pg-config "$pg_config" --out-dir "$stage/main" 2>&1 | grep -E 'error' || true)
+    extension=$stage/main$($pg_config --sharedir)/extension
+    test -f "$extension/rate_limiter--$VERSION.sql"
+    cp "$ROOT"/sql/archive/rate_limiter--*.sql "$extension/"
+    mkdir -p "$stage/main/DEBIAN"
+    control "postgresql-$NN-rate-limiter" "$VERSION" "postgresql-$NN" \
+        "transactional rate limits inside PostgreSQL $NN
+ rate_limiter keeps the state of token buckets and fixed, sliding and rolling
+ windows in one small row per (name, key), taken inside the caller's transaction." \
+        > "$stage/main/DEBIAN/control"
+    dpkg-deb --root-owner-group --build "$stage/main" "$OUT/postgresql-$NN-rate-limiter_${VERSION}_$ARCH.deb" >/dev/null
+
+    step "postgresql-$NN-rate-limiter-proxy $PROXY_VERSION"
+    mkdir -p "$stage/proxy$($pg_config --sharedir)/extension" "$stage/proxy/DEBIAN"
+    cp "$ROOT"/proxy/rate_limiter_proxy.control "$ROOT"/proxy/rate_limiter_proxy--*.sql \
+        "$stage/proxy$($pg_config --sharedir)/extension/"
+    control "postgresql-$NN-rate-limiter-proxy" "$PROXY_VERSION" "postgresql-$NN, postgresql-$NN-plproxy" \
+        "PL/Proxy router for rate_limiter on PostgreSQL $NN
+ rate_limiter_proxy routes rate_limiter's calls to the partition of their key." \
+        > "$stage/proxy/DEBIAN/control"
+    dpkg-deb --root-owner-group --build "$stage/proxy" "$OUT/postgresql-$NN-rate-limiter-proxy_${PROXY_VERSION}_$ARCH.deb" >/dev/null
+    rm -rf "$stage"
+done
+ls "$OUT"
