@@ -17,7 +17,7 @@ BASE = "/tmp/rate_limiter_clusters"
 # command's own cluster is PGPORT (scripts/lib.sh).
 PORTS = {
     "publisher": 5491, "subscriber": 5492, "primary": 5493, "standby": 5494, "crash": 5495,
-    "worker": 5496, "cron": 5497, "stats": 5498, "stats_unloaded": 5499, "security": 5511,
+    "worker": 5496, "cron": 5497, "stats": 5498, "stats_unloaded": 5499, "security": 5511, "in_place": 5512,
     "partitions": [5620, 5621, 5622, 5623],
 }
 

@@ -1,56 +1,25 @@
-"""The Debian package (scripts/package.sh, run by the test command before this tier): it
+"""The Debian packages (scripts/package.sh, run by the test command before this tier): each
 installs with dpkg into the machine's PostgreSQL 15 in place of what `cargo pgrx install`
 put there, the extension works from it (also created at a released version and updated),
 and `dpkg -r` removes every file it installed. What was there before is put back."""
 
 import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from clusters import connect
-
-PACKAGES = Path(__file__).resolve().parent.parent / "target" / "packages"
-
-
-def package(name):
-    found = sorted(PACKAGES.glob(f"{name}_*.deb"))
-    assert found, f"no {name} package in {PACKAGES}: run scripts/package.sh"
-    return found[-1]
-
-
-def files_of(deb):
-    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], check=True, capture_output=True, text=True).stdout
-    paths = [line.split()[-1].lstrip(".") for line in listing.splitlines()]
-    return [p for p in paths if not p.endswith("/")]
-
-
-def dpkg(*args):
-    result = subprocess.run(["dpkg", *args], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+from packages import dpkg, in_place_of_cargo_pgrx
 
 
 @pytest.mark.parametrize("name", ["postgresql-15-rate-limiter", "postgresql-15-rate-limiter-proxy"])
 def test_the_package_installs_works_and_removes_every_file_it_installed(database, tmp_path, name):
-    deb = package(name)
-    files = files_of(deb)
-    assert files, "the package is empty"
-    # What `cargo pgrx install` (or scripts/lib.sh) put there is kept aside, and removed, as
-    # a DBA would before installing the package.
-    kept = tmp_path / "kept"
-    for f in files:
-        if os.path.exists(f):
-            (kept / f.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(f, kept / f.lstrip("/"))
-    try:
+    with in_place_of_cargo_pgrx(name, tmp_path) as (deb, files):
+        assert files, "the package is empty"
         dpkg("-i", str(deb))
         assert all(os.path.exists(f) for f in files)
         assert f"ii  {name}" in dpkg("-l", name)
-        if name == "postgresql-15-rate-limiter":
-            with connect(dbname=database) as c:
+        with connect(dbname=database) as c:
+            if name == "postgresql-15-rate-limiter":
                 c.execute("DROP EXTENSION rate_limiter")
                 c.execute("CREATE EXTENSION rate_limiter")
                 assert c.execute("SELECT ok FROM rate_limiter.rate_limit('pkg', 'k', config => "
@@ -62,8 +31,7 @@ def test_the_package_installs_works_and_removes_every_file_it_installed(database
                     c.execute("ALTER EXTENSION rate_limiter UPDATE")
                     assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'"
                                      ).fetchone() == (deb.name.split("_")[1],)
-        else:
-            with connect(dbname=database) as c:
+            else:
                 c.execute("CREATE EXTENSION rate_limiter_proxy CASCADE")
                 assert c.execute("SELECT count(*) FROM pg_proc WHERE pronamespace = 'rate_limiter_proxy'::regnamespace"
                                  ).fetchone()[0] > 10
@@ -71,12 +39,3 @@ def test_the_package_installs_works_and_removes_every_file_it_installed(database
         dpkg("-r", name)
         left = [f for f in files if os.path.exists(f)]
         assert left == [], f"dpkg -r left {left}"
-    finally:
-        status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", name], capture_output=True, text=True).stdout
-        if "installed" in status.split():
-            subprocess.run(["dpkg", "-r", name], capture_output=True)
-        for f in files:
-            saved = kept / f.lstrip("/")
-            if saved.exists():
-                Path(f).parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(saved, f)

@@ -1,0 +1,56 @@
+"""The project's Debian packages (built by scripts/package.sh into target/packages) installed
+with dpkg in place of what `cargo pgrx install` put there, and everything put back after."""
+
+import contextlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+PACKAGES = Path(__file__).resolve().parent.parent / "target" / "packages"
+
+
+def package(name):
+    found = sorted(PACKAGES.glob(f"{name}_*.deb"))
+    assert found, f"no {name} package in {PACKAGES}: run scripts/package.sh"
+    return found[-1]
+
+
+def files_of(deb):
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], check=True, capture_output=True, text=True).stdout
+    paths = [line.split()[-1].lstrip(".") for line in listing.splitlines()]
+    return [p for p in paths if not p.endswith("/")]
+
+
+def dpkg(*args):
+    result = subprocess.run(["dpkg", *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def installed(name):
+    status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", name], capture_output=True, text=True).stdout
+    return "installed" in status.split()
+
+
+@contextlib.contextmanager
+def in_place_of_cargo_pgrx(name, keep):
+    """Moves the files package `name` would install into `keep` (as a DBA removes what a
+    source install left), yields the package's path and files; then removes the package if
+    it is still installed and puts the files back."""
+    deb = package(name)
+    files = files_of(deb)
+    for f in files:
+        if os.path.exists(f):
+            (keep / f.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(f, keep / f.lstrip("/"))
+    try:
+        yield deb, files
+    finally:
+        if installed(name):
+            subprocess.run(["dpkg", "-r", name], capture_output=True)
+        for f in files:
+            saved = keep / f.lstrip("/")
+            if saved.exists():
+                Path(f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(saved, f)
