@@ -12,40 +12,8 @@ import uuid
 import psycopg
 import pytest
 
+from catalog import catalog_of
 from clusters import connect
-
-# Everything the extension creates, described by value (no OIDs), one row per object.
-CATALOG = """
-WITH ns AS (SELECT 'rate_limiter'::regnamespace AS oid)
-SELECT 'function', p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
-       concat_ws(' ', l.lanname, p.provolatile, p.proparallel, p.prosecdef, p.proisstrict,
-                 pg_get_function_result(p.oid), pg_get_function_arguments(p.oid), p.proacl::text,
-                 obj_description(p.oid, 'pg_proc'))
-FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang, ns WHERE p.pronamespace = ns.oid
-UNION ALL
-SELECT 'relation', c.relname,
-       concat_ws(' ', c.relkind, c.reloptions::text, c.relreplident, c.relacl::text, obj_description(c.oid, 'pg_class'))
-FROM pg_class c, ns WHERE c.relnamespace = ns.oid
-UNION ALL
-SELECT 'column', c.relname || '.' || a.attname,
-       concat_ws(' ', format_type(a.atttypid, a.atttypmod), co.collname, a.attnotnull, a.attnum,
-                 pg_get_expr(d.adbin, d.adrelid), col_description(c.oid, a.attnum))
-FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-LEFT JOIN pg_collation co ON co.oid = a.attcollation
-LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum, ns
-WHERE c.relnamespace = ns.oid
-UNION ALL
-SELECT 'index', i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
-FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid, ns WHERE c.relnamespace = ns.oid
-UNION ALL
-SELECT 'constraint', c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c, ns WHERE c.connamespace = ns.oid
-UNION ALL
-SELECT 'trigger', tgname, concat_ws(' ', pg_get_triggerdef(oid), tgenabled) FROM pg_trigger WHERE tgrelid IN ('rate_limiter.limits'::regclass, 'rate_limiter.blocks'::regclass) AND NOT tgisinternal
-UNION ALL
-SELECT 'config dump', extconfig::regclass[]::text, extcondition::text FROM pg_extension WHERE extname = 'rate_limiter'
-ORDER BY 1, 2
-"""
-
 
 @pytest.fixture
 def databases():
@@ -95,15 +63,15 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(databases, rel
 
             assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == (
                 fresh.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone())
-            upgraded = old.execute(CATALOG).fetchall()
+            upgraded = catalog_of(old, "rate_limiter", initial_privileges=False)
             old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.rate_limit FROM {role}")
             # define() was created again with more arguments; its grant came along.
             assert old.execute(f"SELECT has_function_privilege('{role}', 'rate_limiter.define(text, text, float8, "
                                "interval, float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval)', 'EXECUTE')"
                                ).fetchone() == (True,)
             old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.define FROM {role}")
-            assert old.execute(CATALOG).fetchall() == fresh.execute(CATALOG).fetchall()
-            assert upgraded != fresh.execute(CATALOG).fetchall(), "the grant showed in the catalog"
+            assert catalog_of(old, "rate_limiter", initial_privileges=False) == catalog_of(fresh, "rate_limiter", initial_privileges=False)
+            assert upgraded != catalog_of(fresh, "rate_limiter", initial_privileges=False), "the grant showed in the catalog"
 
             # The row the update found got a conservative expiry: refilled (0.7 s) plus a period.
             assert old.execute("SELECT expires - ts FROM rate_limiter.state WHERE name = 'kept' AND key = 'k'").fetchone() == (

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from catalog import catalog_of
 from clusters import PORTS, Cluster
 from together import in_sessions
 
@@ -727,50 +728,6 @@ def test_names_and_keys_with_pl_proxy_markers_get_the_partitions_errors(fleet2):
             assert marker in routed.value.diag.message_primary
 
 
-# Everything rate_limiter_proxy creates, described by value (no OIDs), one row per object.
-PROXY_CATALOG = """
-WITH ns AS (SELECT 'rate_limiter_proxy'::regnamespace AS oid),
-members AS (SELECT d.classid, d.objid, d.objsubid FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
-             WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e' AND e.extname = 'rate_limiter_proxy')
-SELECT 'function', p.oid::regprocedure::text,
-       concat_ws(' ', l.lanname, p.proowner::regrole, p.provolatile, p.proparallel, p.prosecdef, p.proisstrict,
-                 p.proleakproof, pg_get_function_result(p.oid), pg_get_function_arguments(p.oid), p.proconfig::text,
-                 p.proacl::text, md5(p.prosrc), obj_description(p.oid, 'pg_proc'))
-FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang, ns WHERE p.pronamespace = ns.oid
-UNION ALL
-SELECT 'relation', c.relname,
-       concat_ws(' ', c.relkind, c.relowner::regrole, c.reloptions::text, c.relreplident, c.relrowsecurity, c.relacl::text,
-                 obj_description(c.oid, 'pg_class'))
-FROM pg_class c, ns WHERE c.relnamespace = ns.oid
-UNION ALL
-SELECT 'type', t.typname, concat_ws(' ', t.typtype, t.typowner::regrole, t.typacl::text, obj_description(t.oid, 'pg_type'))
-FROM pg_type t, ns WHERE t.typnamespace = ns.oid
-UNION ALL
-SELECT 'column', c.relname || '.' || a.attname,
-       concat_ws(' ', format_type(a.atttypid, a.atttypmod), co.collname, a.attnotnull, a.attnum, a.attacl::text,
-                 pg_get_expr(d.adbin, d.adrelid), col_description(c.oid, a.attnum))
-FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-LEFT JOIN pg_collation co ON co.oid = a.attcollation
-LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum, ns
-WHERE c.relnamespace = ns.oid
-UNION ALL
-SELECT 'index', i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
-FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid, ns WHERE c.relnamespace = ns.oid
-UNION ALL
-SELECT 'constraint', c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c, ns WHERE c.connamespace = ns.oid
-UNION ALL
-SELECT 'member', pg_describe_object(classid, objid, objsubid), '' FROM members
-UNION ALL
-SELECT 'initial privileges', pg_describe_object(i.classoid, i.objoid, i.objsubid), concat_ws(' ', i.privtype, i.initprivs::text)
-FROM pg_init_privs i JOIN members m ON (m.classid, m.objid, m.objsubid) = (i.classoid, i.objoid, i.objsubid)
-UNION ALL
-SELECT 'extension', extname, concat_ws(' ', extversion, extnamespace::regnamespace, extrelocatable,
-                                       extconfig::regclass[]::text, extcondition::text)
-FROM pg_extension WHERE extname = 'rate_limiter_proxy'
-ORDER BY 1, 2, 3
-"""
-
-
 def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_and_grants(new_role):
     fresh, updated, granted, app = (unique("rl_router_fresh"), unique("rl_router_updated"), unique("rl_router_granted"),
                                     new_role("app"))
@@ -788,8 +745,8 @@ def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_an
                       "VALUES ('kept', 'token bucket', 10, '1 second', 4, 2)")
             u.execute("ALTER EXTENSION rate_limiter_proxy UPDATE")
             assert u.execute("SELECT name, rate, shards FROM rate_limiter_proxy.limits").fetchall() == [("kept", 10, 4)]
-            catalog = f.execute(PROXY_CATALOG).fetchall()
-            assert u.execute(PROXY_CATALOG).fetchall() == catalog
+            catalog = catalog_of(f, "rate_limiter_proxy")
+            assert catalog_of(u, "rate_limiter_proxy") == catalog
             assert {row[0] for row in catalog} == {"function", "relation", "type", "column", "index", "constraint",
                                                   "member", "initial privileges", "extension"}
             assert ("extension", "rate_limiter_proxy") in {row[:2] for row in catalog}
