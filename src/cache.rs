@@ -13,7 +13,6 @@ use pgrx::prelude::*;
 
 use crate::bucket::Config;
 use crate::error::Error;
-use crate::shape;
 
 #[derive(Clone, Copy)]
 pub struct Relations {
@@ -89,12 +88,6 @@ fn look_up() -> Relations {
             Error::ExtensionOutdated.raise()
         }
         let (limits, blocks) = (table(c"limits"), table(c"blocks"));
-        // Read column by column at fixed positions: a column renamed, retyped, dropped or
-        // moved would be read as something else. Checked here, after every invalidation.
-        shape::check(state, "rate_limiter.state", &shape::STATE, shape::Columns::Exactly);
-        shape::check(limits, "rate_limiter.limits", &shape::LIMITS, shape::Columns::AtLeast);
-        shape::check(blocks, "rate_limiter.blocks", &shape::BLOCKS, shape::Columns::AtLeast);
-        shape::check(decision, "rate_limiter.decision", &shape::DECISION, shape::Columns::Exactly);
         Relations {
             state,
             state_key: index_of(state, c"state_key_name_shard_key"),

@@ -32,9 +32,6 @@ pub enum Error {
     #[error("rate_limiter.state has an index, trigger or column the extension did not create")]
     StateTableChanged,
 
-    #[error("the type rate_limiter.decision is not the one the extension created")]
-    DecisionTypeChanged,
-
     #[error("instant out of range: {0}")]
     TimeOutOfRange(String),
 
@@ -61,7 +58,7 @@ impl Error {
             Error::NotSupported(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
             Error::MalformedConfig(_) => PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
             Error::SerializationFailure => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-            Error::ExtensionOutdated | Error::StateTableChanged | Error::DecisionTypeChanged => {
+            Error::ExtensionOutdated | Error::StateTableChanged => {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             Error::TimeOutOfRange(_) => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
@@ -102,11 +99,6 @@ impl Error {
                  Drop the index or trigger that was added, or undo the ALTER TABLE; if that is not \
                  possible, DROP EXTENSION rate_limiter and create it again (state is lost, limits \
                  are not if you save rate_limiter.limits first)."
-            }
-            Error::DecisionTypeChanged => {
-                "rate_limit() returns rate_limiter.decision as the extension created it \
-                 (ok, retry_after, remaining, reset_after, granted, reason, limited_by); undo the \
-                 ALTER TYPE."
             }
             Error::NotSupported(_) => {
                 "Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in \

@@ -1,7 +1,7 @@
 //! The shape of every relation the code reads or writes by column position: each column's
-//! name and type, in order. `cache` checks them whenever it looks the relations up (after
-//! every invalidation of one of them), so an `ALTER TABLE` or `ALTER TYPE` gives 55000
-//! instead of a datum read as the wrong type.
+//! name and type, in order. Each is checked every time it is opened, under its lock, so an
+//! `ALTER TABLE` or `ALTER TYPE` (even one that committed while the call waited for the lock)
+//! gives 55000 instead of a datum read as the wrong type.
 
 use std::ffi::CStr;
 
@@ -63,18 +63,14 @@ pub enum Columns {
     AtLeast,
 }
 
-/// 55000 unless relation `relid` (`shown` in the message) has `shape`'s columns, by name and
-/// type, at their positions, none of them dropped.
-pub fn check(relid: pg_sys::Oid, shown: &str, shape: &Shape, columns: Columns) {
-    // SAFETY: the relation is one of the extension's, found by OID in this transaction; its
-    // descriptor is read while it is open and locked, then it is closed (the lock is kept).
-    let wrong = unsafe {
-        let relation = pg_sys::relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let wrong = difference((*relation).rd_att, shape, columns);
-        pg_sys::relation_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
-        wrong
-    };
-    if let Some(detail) = wrong {
+/// 55000 unless the row descriptor of `shown` has `shape`'s columns, by name and type, at
+/// their positions, none of them dropped.
+///
+/// # Safety
+/// `desc` is a valid descriptor (of an open, locked relation, or pinned from the type cache).
+pub unsafe fn require(desc: pg_sys::TupleDesc, shown: &str, shape: &Shape, columns: Columns) {
+    // SAFETY: the caller's contract.
+    if let Some(detail) = unsafe { difference(desc, shape, columns) } {
         Error::ShapeChanged { relation: shown.to_owned(), detail }.raise()
     }
 }

@@ -140,9 +140,7 @@ fn decision_datum(d: &Decision) -> Datum {
     let desc = PinnedRowType::of(cache::relations().decision_type);
     // SAFETY: `desc` holds a reference count on the type cache's descriptor from `of` until it
     // drops at the end of this function, so the descriptor stays valid throughout.
-    if unsafe { shape::difference(desc.0, &shape::DECISION, shape::Columns::Exactly) }.is_some() {
-        Error::DecisionTypeChanged.raise()
-    }
+    unsafe { shape::require(desc.0, "rate_limiter.decision", &shape::DECISION, shape::Columns::Exactly) };
     // SAFETY: the descriptor has exactly the columns `values` and `nulls` fill (checked
     // above), and stays pinned while the tuple is formed.
     unsafe { pgrx::heap_tuple_get_datum(pg_sys::heap_form_tuple(desc.0, values.as_mut_ptr(), nulls.as_mut_ptr())) }

@@ -53,7 +53,7 @@ impl Lookup {
         // dropped once, on drop.
         lookup.tuple_slot = unsafe { pg_sys::table_slot_create(lookup.heap, null_mut()) };
         // SAFETY: the heap is open and locked, so its descriptor is current.
-        let changed = unsafe { shape::difference((*lookup.heap).rd_att, columns, Columns::AtLeast) };
+        unsafe { shape::require((*lookup.heap).rd_att, shown, columns, Columns::AtLeast) };
         // SAFETY: an open index has its pg_index row, whose `indkey` holds `indnatts` columns;
         // its expressions are a NULL column of that row when it has none.
         let index_changed = unsafe {
@@ -61,15 +61,11 @@ impl Lookup {
             let plain = pg_sys::heap_attisnull((*lookup.index).rd_indextuple, pg_sys::Anum_pg_index_indexprs as i32, null_mut());
             !(form.indisunique && plain && form.indkey.values.as_slice(form.indnatts as usize) == key_columns)
         };
-        match (changed, index_changed) {
-            (Some(detail), _) => Error::ShapeChanged { relation: shown.to_owned(), detail }.raise(),
-            (None, true) => Error::ShapeChanged {
-                relation: shown.to_owned(),
-                detail: "its unique index is not the one the extension made".to_owned(),
-            }
-            .raise(),
-            (None, false) => lookup,
+        if index_changed {
+            let detail = "its unique index is not the one the extension made".to_owned();
+            Error::ShapeChanged { relation: shown.to_owned(), detail }.raise()
         }
+        lookup
     }
 
     /// Whether a row has these values (`None`: NULL) in the index's leading text columns;

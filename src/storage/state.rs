@@ -488,9 +488,7 @@ impl Drop for StateTable {
 /// `heap` is open and locked.
 unsafe fn check_shape(heap: pg_sys::Relation) {
     // SAFETY: an open relation's descriptor.
-    if unsafe { shape::difference((*heap).rd_att, &shape::STATE, shape::Columns::Exactly) }.is_some() {
-        Error::StateTableChanged.raise()
-    }
+    unsafe { shape::require((*heap).rd_att, "rate_limiter.state", &shape::STATE, shape::Columns::Exactly) };
 }
 
 /// Whether an index is the unique index on (key, name, shard) or an exact copy of it, the
