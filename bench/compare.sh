@@ -33,14 +33,6 @@ install_from() { # tree: a release build of that tree, installed; the cluster re
         -c "SELECT bench.seed('bench', 100000, 10)" -c "VACUUM ANALYZE"
 }
 
-seconds() {
-    local t0
-    sql -c CHECKPOINT
-    t0=$(date +%s.%N)
-    sql -c "$1" >/dev/null
-    awk -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN { print t1 - t0 }'
-}
-
 measure() { # label
     printf '\\set k random(1, 100000)\nSELECT * FROM rate_limiter.rate_limit('"'bench'"', CAST(:k AS text));\n' > "$OUT/a.sql"
     for commit in on off; do
@@ -54,7 +46,7 @@ measure() { # label
     sql -c "SELECT rate_limiter.define('inproc_$2', 'token bucket', 10, '1 second', 10)"
     for pass in insert update; do
         local s
-        s=$(seconds "SELECT count(*) FROM generate_series(1, 1000000) g, LATERAL rate_limiter.rate_limit('inproc_$2', g::text)")
+        s=$(seconds_in $DB "SELECT count(*) FROM generate_series(1, 1000000) g, LATERAL rate_limiter.rate_limit('inproc_$2', g::text)")
         printf '%s\tinproc_%s_us\t%s\n' "$1" "$pass" "$(awk -v s="$s" 'BEGIN { print s }')" >> "$OUT/raw.tsv"
     done
 }

@@ -27,14 +27,6 @@ penalize|'token bucket', 2, '1 hour', mode => 'penalize'
 min_gap|'token bucket', 2, '1 hour', min_gap => '1 ms'
 blocks_100k|'token bucket', 2, '1 hour'"
 
-seconds() {
-    local t0
-    sql -c CHECKPOINT
-    t0=$(date +%s.%N)
-    sql -c "$1" >/dev/null
-    echo "$(date +%s.%N) - $t0" | bc -l
-}
-
 step "in-process cost, $KEYS keys per pass, $ROUNDS rounds"
 RAW=$(mktemp)
 # Rounds take turns over the limits, so drift (autovacuum, the page cache) spreads evenly.
@@ -48,7 +40,7 @@ for round in $(seq 1 "$ROUNDS"); do
         sql -c "SELECT rate_limiter.define('$limit', $args)"
         call="SELECT count(*) FROM generate_series(1, $KEYS) g, LATERAL rate_limiter.rate_limit('$limit', g::text)"
         for pass in create allowed denied; do
-            echo "$name $pass $(seconds "$call")" >> "$RAW"
+            echo "$name $pass $(seconds_in $DB "$call")" >> "$RAW"
         done
         echo "$name bytes $(sql -c "SELECT avg(pg_column_size(s.*)) FROM rate_limiter.state s WHERE name = '$limit'")" >> "$RAW"
         sql -c "DELETE FROM rate_limiter.state WHERE name = '$limit'" -c "VACUUM rate_limiter.state"

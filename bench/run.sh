@@ -121,17 +121,9 @@ rm -rf "$REDIS_DIR"
 
 step "in-process cost: 1,000,000 calls in one statement, no network"
 sql -c "SELECT rate_limiter.define('inproc', 'token bucket', 10, '1 second', 10)"
-# Each timing starts from a checkpoint, so neither competitor pays the other's full-page writes.
-seconds() {
-    local t0
-    sql -c CHECKPOINT
-    t0=$(date +%s.%N)
-    sql -c "$1" >/dev/null
-    awk -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN { print t1 - t0 }'
-}
 for pass in insert update; do
-    record inproc rate_limiter "$pass" "$(seconds "SELECT count(*) FROM generate_series(1, 1000000) g, LATERAL rate_limiter.rate_limit('inproc', g::text)")"
-    record inproc plpgsql "$pass" "$(seconds "SELECT count(*) FROM generate_series(1, 1000000) g, LATERAL bench.plpgsql_limit('inproc', g::text, 10, 10)")"
+    record inproc rate_limiter "$pass" "$(seconds_in $DB "SELECT count(*) FROM generate_series(1, 1000000) g, LATERAL rate_limiter.rate_limit('inproc', g::text)")"
+    record inproc plpgsql "$pass" "$(seconds_in $DB "SELECT count(*) FROM generate_series(1, 1000000) g, LATERAL bench.plpgsql_limit('inproc', g::text, 10, 10)")"
     if [ $pass = insert ]; then
         record storage rate_limiter "$(sql -c "SELECT pg_total_relation_size('rate_limiter.state'), pg_relation_size('rate_limiter.state'), (SELECT count(*) FROM rate_limiter.state)" | tr '|' '\t')"
     fi

@@ -90,3 +90,13 @@ fresh_database() {
     psql -X -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
     psql -X -q -d "$1" -c "CREATE EXTENSION rate_limiter"
 }
+
+# Seconds one statement takes in database $1, from a checkpoint (so that no timing pays
+# another's full-page writes); for the benchmarks.
+seconds_in() {
+    local t0
+    psql -X -q -At -v ON_ERROR_STOP=1 -d "$1" -c CHECKPOINT
+    t0=$(date +%s.%N)
+    psql -X -q -At -v ON_ERROR_STOP=1 -d "$1" -c "$2" >/dev/null
+    awk -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN { print t1 - t0 }'
+}
