@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from calls import define, hammer, limit
-from clusters import PORTS, Cluster, connect
+from clusters import PORTS, connect
 
 FIELDS = "calls, allowed, denied, tokens_granted, tokens_reserved"
 
@@ -120,19 +120,15 @@ def test_track_stats_off_counts_nothing_and_is_superuser_only(db, name):
 
 
 @pytest.fixture
-def cluster():
-    made = []
-
+def cluster(clusters):
+    """A cluster of the test's own with the extension, from conftest's `clusters`."""
     def make(port, settings):
-        c = Cluster(f"stats_{uuid.uuid4().hex[:6]}", port, settings).init().start()
-        made.append(c)
+        c = clusters("stats", port, settings).init().start()
         with c.connect() as conn:
             conn.execute("CREATE EXTENSION rate_limiter")
         return c
 
-    yield make
-    for c in made:
-        c.destroy()
+    return make
 
 
 def test_names_beyond_stats_max_names_are_counted_under_other(cluster):
