@@ -2,12 +2,17 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PG_BIN=/usr/lib/postgresql/15/bin
-PG_CONFIG=$PG_BIN/pg_config
 PGRX_VERSION=0.18.1
-# The throwaway cluster: owned by postgres (initdb refuses root), loopback and a socket in /tmp.
+source "$ROOT/scripts/servers.sh"
+# The PostgreSQL the benchmarks, the demo and the single-version steps use.
+PG_BIN=$(pg_bin 15)
+PG_CONFIG=$PG_BIN/pg_config
+# The throwaway cluster of each version: owned by postgres (initdb refuses root), loopback
+# and a socket in /tmp. 15's is the default one (PGPORT); 17's and 18's have their own.
 CLUSTER_DIR=${RATE_LIMITER_CLUSTER_DIR:-/tmp/rate_limiter_cluster}
 export PGHOST=/tmp PGPORT=${RATE_LIMITER_PORT:-5488} PGUSER=postgres
+cluster_dir() { if [ "${1:-15}" = 15 ]; then echo "$CLUSTER_DIR"; else echo "${CLUSTER_DIR}_$1"; fi; }
+cluster_port() { case ${1:-15} in 15) echo "$PGPORT" ;; *) echo $((5400 + $1)) ;; esac; }
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -31,39 +36,65 @@ install_pgrx() {
         step "installing cargo-pgrx $PGRX_VERSION (about 8 minutes, once)"
         cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
     fi
-    if ! grep -qs '^pg15' "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-        step "pointing pgrx at $PG_CONFIG"
-        cargo pgrx init --pg15 "$PG_CONFIG"
+    local config=${PGRX_HOME:-$HOME/.pgrx}/config.toml args=() NN
+    for NN in "${SUPPORTED_MAJORS[@]}"; do args+=("--pg$NN" "$(pg_bin "$NN")/pg_config"); done
+    local wanted
+    wanted=$(for NN in "${SUPPORTED_MAJORS[@]}"; do echo "pg$NN = \"$(pg_bin "$NN")/pg_config\""; done | sort)
+    if [ "$(grep -s '^pg' "$config" | sort)" != "$wanted" ]; then
+        step "pointing pgrx at PostgreSQL ${SUPPORTED_MAJORS[*]}"
+        cargo pgrx init "${args[@]}" >/dev/null
     fi
+}
+
+# Every supported PostgreSQL, and 15.18 for the major-version upgrade test.
+obtain_every_postgres() {
+    install_build_packages
+    local NN
+    for NN in "${SUPPORTED_MAJORS[@]}" 15.18; do obtain_postgres "$NN"; done
 }
 
 setup() {
     install_packages
+    obtain_every_postgres
     install_pgrx
 }
 
+# Build for PostgreSQL $1 (15 by default) and install into it, or into 15.18's prefix the
+# library built for 15 (one major, one ABI).
 build_and_install() {
-    step "building and installing rate_limiter into PostgreSQL 15"
-    (cd "$ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" 2>&1 | grep -E 'Installing|Finished|error' || true)
-    test -f "$($PG_CONFIG --sharedir)/extension/rate_limiter.control"
+    local NN=${1:-15} pg_config
+    pg_config=$(pg_bin "$NN")/pg_config
+    step "building and installing rate_limiter into PostgreSQL $NN"
+    if [ "$NN" = 15.18 ]; then
+        as_root install -m 755 "$($PG_CONFIG --pkglibdir)/rate_limiter.so" "$($pg_config --pkglibdir)/"
+        as_root cp "$($PG_CONFIG --sharedir)"/extension/rate_limiter*.{control,sql} "$($pg_config --sharedir)/extension/"
+        return
+    fi
+    (cd "$ROOT" && cargo pgrx install --release --pg-config "$pg_config" --no-default-features --features "pg$NN" 2>&1 \
+        | grep -E 'Installing|Finished|error' || true)
+    test -f "$($pg_config --sharedir)/extension/rate_limiter.control"
     # Earlier versions' install scripts, so CREATE EXTENSION ... VERSION and upgrades work.
-    as_root cp "$ROOT"/sql/archive/rate_limiter--*.sql "$($PG_CONFIG --sharedir)/extension/"
+    as_root cp "$ROOT"/sql/archive/rate_limiter--*.sql "$($pg_config --sharedir)/extension/"
     # The companion extension for a PL/Proxy router is SQL only.
     as_root cp "$ROOT"/proxy/rate_limiter_proxy.control "$ROOT"/proxy/rate_limiter_proxy--*.sql \
-        "$($PG_CONFIG --sharedir)/extension/"
+        "$($pg_config --sharedir)/extension/"
 }
 
+# The throwaway cluster of PostgreSQL $1 (15 by default), created and started if need be.
 start_cluster() {
-    if [ ! -f "$CLUSTER_DIR/PG_VERSION" ]; then
-        step "creating a throwaway cluster in $CLUSTER_DIR"
-        as_root mkdir -p "$CLUSTER_DIR"
-        as_root chown postgres: "$CLUSTER_DIR"
-        sudo -u postgres "$PG_BIN/initdb" -D "$CLUSTER_DIR" -A trust -U postgres >/dev/null
+    local NN=${1:-15} bin dir port
+    bin=$(pg_bin "$NN") dir=$(cluster_dir "$NN") port=$(cluster_port "$NN")
+    if [ -f "$dir/PG_VERSION" ] && [ "$(cat "$dir/PG_VERSION")" != "$NN" ]; then as_root rm -rf "$dir"; fi
+    if [ ! -f "$dir/PG_VERSION" ]; then
+        step "creating a throwaway PostgreSQL $NN cluster in $dir"
+        as_root mkdir -p "$dir"
+        as_root chown postgres: "$dir"
+        sudo -u postgres "$bin/initdb" -D "$dir" -A trust -U postgres >/dev/null
     fi
-    if ! sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" status >/dev/null 2>&1; then
-        step "starting it on 127.0.0.1:$PGPORT and $PGHOST"
-        sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" -l "$CLUSTER_DIR/server.log" -w start \
-            -o "-p $PGPORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 $CLUSTER_SETTINGS" >/dev/null
+    if ! sudo -u postgres "$bin/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
+        step "starting it on 127.0.0.1:$port and $PGHOST"
+        sudo -u postgres "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w start \
+            -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 $CLUSTER_SETTINGS" >/dev/null
     fi
 }
 
@@ -74,21 +105,26 @@ CLUSTER_SETTINGS="-c shared_buffers=1GB -c max_wal_size=16GB -c checkpoint_timeo
     -c shared_preload_libraries=rate_limiter -c rate_limiter.prune_interval=0"
 
 stop_cluster() {
-    if [ -f "$CLUSTER_DIR/PG_VERSION" ] && sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" status >/dev/null 2>&1; then
-        sudo -u postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR" -w -m fast stop >/dev/null
+    local NN=${1:-15} dir
+    dir=$(cluster_dir "$NN")
+    if [ -f "$dir/PG_VERSION" ] && sudo -u postgres "$(pg_bin "$NN")/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
+        sudo -u postgres "$(pg_bin "$NN")/pg_ctl" -D "$dir" -w -m fast stop >/dev/null
     fi
 }
 
 # Restart so that the current CLUSTER_SETTINGS apply.
 restart_cluster() {
-    stop_cluster
-    start_cluster
+    stop_cluster "$@"
+    start_cluster "$@"
 }
 
 # A fresh database with the extension just installed, so a rebuilt library is picked up.
+# On the cluster of PostgreSQL $2 (15 by default).
 fresh_database() {
-    psql -X -q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
-    psql -X -q -d "$1" -c "CREATE EXTENSION rate_limiter"
+    local port
+    port=$(cluster_port "${2:-15}")
+    psql -X -q -p "$port" -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
+    psql -X -q -p "$port" -d "$1" -c "CREATE EXTENSION rate_limiter"
 }
 
 # Seconds one statement takes in database $1, from a checkpoint (so that no timing pays

@@ -17,7 +17,6 @@ mod hash;
 mod http;
 mod limiter;
 mod prune_worker;
-mod shape;
 mod shmem;
 mod storage;
 

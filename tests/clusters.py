@@ -2,6 +2,7 @@
 to crash, one with the library preloaded. Each is owned by postgres (initdb refuses root),
 listens only on a socket in /tmp, and is removed when its test ends."""
 
+import functools
 import os
 import shutil
 import signal
@@ -9,15 +10,38 @@ import subprocess
 import time
 
 import psycopg
+import pytest
 
-PG_BIN = "/usr/lib/postgresql/15/bin"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = "/tmp/rate_limiter_clusters"
+# The PostgreSQL majors the test command installed the extension into (scripts/test.sh).
+VERSIONS = os.environ.get("RATE_LIMITER_PG_VERSIONS", "15").split()
+
+
+@functools.cache
+def from_scripts(function, argument):
+    """What a function of scripts/lib.sh prints for one argument: where each version lives is
+    said once, there."""
+    return subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/lib.sh" && {function} "$1"', "-", argument],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def pg_bin(version="15"):
+    return from_scripts("pg_bin", version)
+
+
+PG_BIN = pg_bin("15")
+
+# A test of what differs between PostgreSQL versions (the write path, upgrades) runs on each
+# by this parameter, which overrides conftest's `pg` fixture (15).
+every_version = pytest.mark.parametrize("pg", VERSIONS)
 
 # Every port a test cluster listens on (on a socket in /tmp only), in one place. The test
 # command's own cluster is PGPORT (scripts/lib.sh).
 PORTS = {
     "publisher": 5491, "subscriber": 5492, "primary": 5493, "standby": 5494, "crash": 5495,
     "worker": 5496, "cron": 5497, "stats": 5498, "stats_unloaded": 5499, "security": 5511, "in_place": 5512,
+    "upgrade_old": 5513, "upgrade_new": 5514,
     "partitions": [5620, 5621, 5622, 5623],
 }
 
@@ -34,28 +58,37 @@ def as_postgres(*args, check=True):
 
 
 class Cluster:
-    def __init__(self, name, port, settings=()):
-        self.name, self.port, self.settings = name, port, list(settings)
+    def __init__(self, name, port, settings=(), version="15"):
+        self.name, self.port, self.settings, self.version = name, port, list(settings), version
+        self.bin = pg_bin(version)
         self.dir = f"{BASE}/{name}"
 
-    def init(self):
+    @classmethod
+    def of_test_command(cls, version="15"):
+        """The cluster of `version` that the test command started (scripts/lib.sh), not to
+        be destroyed."""
+        cluster = cls("main", int(from_scripts("cluster_port", version)), version=version)
+        cluster.dir = from_scripts("cluster_dir", version)
+        return cluster
+
+    def init(self, *options):
         self.destroy()
         os.makedirs(BASE, exist_ok=True)
         os.makedirs(self.dir)
         shutil.chown(BASE, "postgres")
         shutil.chown(self.dir, "postgres")
-        as_postgres(f"{PG_BIN}/initdb", "-D", self.dir, "-A", "trust", "-U", "postgres")
+        as_postgres(f"{self.bin}/initdb", "-D", self.dir, "-A", "trust", "-U", "postgres", *options)
         return self
 
     def start(self):
         options = " ".join([f"-p {self.port}", "-k /tmp", "-c listen_addresses=''", *self.settings])
-        result = as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.dir, "-l", f"{self.dir}/server.log", "-w", "start",
+        result = as_postgres(f"{self.bin}/pg_ctl", "-D", self.dir, "-l", f"{self.dir}/server.log", "-w", "start",
                              "-o", options, check=False)
         assert result.returncode == 0, f"{self.name} did not start: {result.stderr}\n{self.log()}"
         return self
 
     def stop(self, mode="fast"):
-        as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.dir, "-w", "-m", mode, "stop", check=False)
+        as_postgres(f"{self.bin}/pg_ctl", "-D", self.dir, "-w", "-m", mode, "stop", check=False)
 
     def kill9(self):
         """Crash: SIGKILL the postmaster and every process it started, as a power cut would."""

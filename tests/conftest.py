@@ -10,6 +10,19 @@ from clusters import Cluster, connect
 
 
 @pytest.fixture
+def pg():
+    """The PostgreSQL major a test runs on: 15, unless the test is marked
+    `clusters.every_version`."""
+    return "15"
+
+
+@pytest.fixture
+def main(pg):
+    """The test command's cluster of the test's version."""
+    return Cluster.of_test_command(pg)
+
+
+@pytest.fixture
 def name():
     """A limit name of the test's own, so tests on one cluster never interfere."""
     return "t_" + uuid.uuid4().hex[:12]
@@ -22,13 +35,14 @@ def db():
 
 
 @pytest.fixture
-def database():
-    """A fresh database with the extension, on the test command's cluster."""
+def database(main):
+    """A fresh database with the extension, on the test command's cluster of the test's
+    version."""
     dbname = "rl_test_" + uuid.uuid4().hex[:8]
-    with connect() as admin:
+    with main.connect() as admin:
         admin.execute(f"CREATE DATABASE {dbname}")
         try:
-            with connect(dbname=dbname) as c:
+            with main.connect(dbname) as c:
                 c.execute("CREATE EXTENSION rate_limiter")
             yield dbname
         finally:
@@ -36,12 +50,13 @@ def database():
 
 
 @pytest.fixture
-def clusters():
-    """Makes clusters of the test's own (`make(name, port, settings)`), removed when it ends."""
+def clusters(pg):
+    """Makes clusters of the test's own and version (`make(name, port, settings)`), removed
+    when it ends."""
     made = []
 
-    def make(kind, port, settings=()):
-        cluster = Cluster(f"{kind}_{uuid.uuid4().hex[:6]}", port, settings)
+    def make(kind, port, settings=(), version=None):
+        cluster = Cluster(f"{kind}_{uuid.uuid4().hex[:6]}", port, settings, version or pg)
         made.append(cluster)
         return cluster
 

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from psycopg import errors
 
-from clusters import PG_BIN, PORTS, as_postgres, connect, wait_for
+from clusters import PG_BIN, PORTS, as_postgres, connect, every_version, wait_for
 
 NOW = "2030-01-01 00:00:00+00"
 
@@ -70,57 +70,131 @@ def pg_repack(database, *args):
                           capture_output=True, text=True, check=True).stderr
 
 
-def test_reindex_vacuum_full_cluster_and_pg_repack_under_load_keep_every_token(database):
-    with connect(dbname=database) as admin:
+class Load:
+    """4 sessions calling rate_limit on 20 keys of one limit until stopped; `granted` is what
+    each key was granted."""
+
+    def __init__(self, cluster, database, limit):
+        self.cluster, self.database, self.limit = cluster, database, limit
+        self.keys = [f"k{i}" for i in range(20)]
+        self.granted = {k: 0 for k in self.keys}
+        self.lock, self.stop, self.failures = threading.Lock(), threading.Event(), []
+        self.threads = [threading.Thread(target=self.work, args=(n,)) for n in range(4)]
+
+    def work(self, n):
+        try:
+            with self.cluster.connect(self.database) as c:
+                i = n
+                while not self.stop.is_set():
+                    key = self.keys[i % len(self.keys)]
+                    i += 1
+                    ok, got = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit(%s, %s)",
+                                        (self.limit, key)).fetchone()
+                    assert ok
+                    with self.lock:
+                        self.granted[key] += got
+        except Exception as e:  # noqa: BLE001 - reported by finish
+            self.failures.append(e)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def check(self, admin, capacity):
+        """Stop; the state shows exactly what was granted."""
+        self.__exit__()
+        assert not self.failures, self.failures
+        assert sum(self.granted.values()) > 100, "the load ran"
+        stored = dict(admin.execute("SELECT key, %s - value FROM rate_limiter.state WHERE name = %s",
+                                    (capacity, self.limit)).fetchall())
+        assert stored == {k: v for k, v in self.granted.items() if v}, "state shows exactly what was granted"
+
+
+@every_version
+def test_reindex_vacuum_full_and_cluster_under_load_keep_every_token(main, database):
+    with main.connect(database) as admin:
+        admin.execute(f"ALTER DATABASE {database} SET rate_limiter.fake_now = '{NOW}'")
+        admin.execute("SELECT rate_limiter.define('m', 'token bucket', 1000000, '1 hour')")
+        with Load(main, database, "m") as load:
+            for sql in ("REINDEX INDEX CONCURRENTLY rate_limiter.state_key_name_shard_key",
+                        "REINDEX TABLE rate_limiter.state",
+                        "REINDEX TABLE CONCURRENTLY rate_limiter.state",
+                        "VACUUM FULL rate_limiter.state",
+                        "CLUSTER rate_limiter.state USING state_key_name_shard_key",
+                        "VACUUM rate_limiter.state"):
+                time.sleep(0.3)
+                admin.execute(sql)
+            time.sleep(0.3)
+            load.check(admin, 1000000)
+        assert admin.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'rate_limiter.state'::regclass").fetchone() == (1,)
+        amcheck_clean(admin)
+
+
+def test_pg_repack_under_load_rebuilds_the_index_and_refuses_the_table(main, database):
+    # pg_repack (Debian's package exists for 15 only) rebuilds the index beside the calls
+    # (they keep its copy up to date) and refuses to repack the table itself, whose unique
+    # key has a nullable column.
+    with main.connect(database) as admin:
         admin.execute("CREATE EXTENSION pg_repack")
         admin.execute(f"ALTER DATABASE {database} SET rate_limiter.fake_now = '{NOW}'")
         admin.execute("SELECT rate_limiter.define('m', 'token bucket', 1000000, '1 hour')")
-    keys = [f"k{i}" for i in range(20)]
-    granted = {k: 0 for k in keys}
-    lock = threading.Lock()
-    stop = threading.Event()
-    failures = []
-
-    def work(n):
-        try:
-            with connect(dbname=database) as c:
-                i = n
-                while not stop.is_set():
-                    key = keys[i % len(keys)]
-                    i += 1
-                    ok, got = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit('m', %s)", (key,)).fetchone()
-                    assert ok
-                    with lock:
-                        granted[key] += got
-        except Exception as e:  # noqa: BLE001 - reported below
-            failures.append(e)
-
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    with connect(dbname=database) as admin:
-        for sql in ("REINDEX INDEX CONCURRENTLY rate_limiter.state_key_name_shard_key",
-                    "REINDEX TABLE rate_limiter.state",
-                    "REINDEX TABLE CONCURRENTLY rate_limiter.state",
-                    "VACUUM FULL rate_limiter.state",
-                    "CLUSTER rate_limiter.state USING state_key_name_shard_key",
-                    "VACUUM rate_limiter.state"):
+        with Load(main, database, "m") as load:
             time.sleep(0.3)
-            admin.execute(sql)
-        # pg_repack rebuilds the index beside the calls (they keep its copy up to date) and
-        # refuses to repack the table itself, whose unique key has a nullable column.
-        assert 'repacking index "rate_limiter.state_key_name_shard_key"' in pg_repack(database, "--only-indexes")
-        assert "must have a primary key or not-null unique keys" in pg_repack(database)
-        time.sleep(0.3)
-        stop.set()
-        for t in threads:
-            t.join(30)
-        assert not failures, failures
-        assert sum(granted.values()) > 100
-        stored = dict(admin.execute("SELECT key, 1000000 - value FROM rate_limiter.state WHERE name = 'm'").fetchall())
-        assert stored == {k: v for k, v in granted.items() if v}, "state shows exactly what was granted"
-        assert admin.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'rate_limiter.state'::regclass").fetchone() == (1,)
+            assert 'repacking index "rate_limiter.state_key_name_shard_key"' in pg_repack(database, "--only-indexes")
+            assert "must have a primary key or not-null unique keys" in pg_repack(database)
+            time.sleep(0.3)
+            load.check(admin, 1000000)
         amcheck_clean(admin)
+
+
+def update_counts(conn):
+    """(updates, HOT updates) of the state table so far, this session's flushed first."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                        "WHERE relid = 'rate_limiter.state'::regclass").fetchone()
+
+
+@every_version
+def test_updates_are_hot_when_the_page_has_room_and_enter_the_index_when_not(main, database):
+    """The update path does what the executor does on each version: a HOT update (15's
+    heap-only flag, 16's TU_None) adds no index entry; one that had to move the row to another
+    page (TU_All) adds one, or the row could no longer be found through the index."""
+    keys = 200
+    calls = f"SELECT count(*) FROM generate_series(1, {keys}) g, LATERAL rate_limiter.rate_limit('h', g::text)"
+    with main.connect(database) as c, main.connect(database) as holder:
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        c.execute("SELECT rate_limiter.define('h', 'token bucket', 1000000, '1 hour')")
+        c.execute(calls)
+        # An open snapshot keeps every dead version: pages fill, and updates must move rows.
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM rate_limiter.state")
+        start = update_counts(c)
+        for _ in range(20):
+            c.execute(calls)
+        wait_for(lambda: update_counts(c)[0] >= start[0] + 20 * keys, "the statistics", interval=0.5)
+        updates, hot = (n - s for n, s in zip(update_counts(c), start))
+        assert updates - hot > keys, f"only {updates - hot} of {updates} updates moved a row"
+        holder.execute("COMMIT")
+        c.execute("VACUUM rate_limiter.state")
+        # With room on the page, nearly every update is HOT.
+        start = update_counts(c)
+        for _ in range(20):
+            c.execute(calls)
+        wait_for(lambda: update_counts(c)[0] >= start[0] + 20 * keys, "the statistics", interval=0.5)
+        updates, hot = (n - s for n, s in zip(update_counts(c), start))
+        assert hot / updates > 0.9, f"{hot} of {updates} updates were HOT"
+        # Every row is found through the index and holds what was taken from it.
+        remaining = c.execute("SELECT array_agg(DISTINCT remaining) FROM generate_series(1, %s) g, "
+                              "LATERAL rate_limiter.check_rate_limit('h', g::text)", (keys,)).fetchone()[0]
+        assert remaining == [1000000 - 41]
+        amcheck_clean(c)
 
 
 def test_the_cache_trigger_fires_under_session_replication_role_replica(database):
@@ -183,6 +257,7 @@ def test_pg_dump_and_restore_bring_limits_back_and_start_state_full(database, tm
                 admin.execute(f"DROP DATABASE {target} WITH (FORCE)")
 
 
+@every_version
 def test_logical_replication_publisher_keeps_working_and_subscriber_applies(clusters):
     publisher = clusters("pub", PORTS["publisher"], ["-c wal_level=logical"]).init().start()
     subscriber = clusters("sub", PORTS["subscriber"]).init().start()
@@ -214,6 +289,7 @@ def test_logical_replication_publisher_keeps_working_and_subscriber_applies(clus
         sub.execute("DROP SUBSCRIPTION s")
 
 
+@every_version
 def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clusters):
     primary = clusters("primary", PORTS["primary"]).init().start()
     standby = clusters("standby", PORTS["standby"])
@@ -226,7 +302,7 @@ def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clu
     os.makedirs(standby.dir, exist_ok=True)
     as_postgres("chown", "postgres:", standby.dir, check=False)
     subprocess.run(["chown", "postgres:", standby.dir], check=True)
-    as_postgres(f"{PG_BIN}/pg_basebackup", "-h", "/tmp", "-p", str(primary.port), "-U", "postgres",
+    as_postgres(f"{standby.bin}/pg_basebackup", "-h", "/tmp", "-p", str(primary.port), "-U", "postgres",
                 "-D", standby.dir, "-R", "-X", "stream")
     os.chmod(standby.dir, 0o700)
     standby.start()
@@ -242,7 +318,7 @@ def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clu
             with pytest.raises(errors.ReadOnlySqlTransaction):
                 s.execute(sql)
     primary.stop()
-    as_postgres(f"{PG_BIN}/pg_ctl", "-D", standby.dir, "-w", "promote")
+    as_postgres(f"{standby.bin}/pg_ctl", "-D", standby.dir, "-w", "promote")
     with standby.connect() as s:
         assert s.execute("SELECT remaining FROM rate_limiter.rate_limit('l', 'k')").fetchone() == (4,), "10 - 3 - 2 - 1"
 
@@ -259,6 +335,7 @@ COMMIT;
 """
 
 
+@every_version
 def test_kill_9_under_load_three_times_loses_nothing(clusters, tmp_path):
     cluster = clusters("crash", PORTS["crash"]).init().start()
     with cluster.connect() as c:
@@ -270,7 +347,7 @@ def test_kill_9_under_load_three_times_loses_nothing(clusters, tmp_path):
     script.write_text(LOAD)
     os.chmod(tmp_path, 0o755)
     for crash in range(3):
-        load = subprocess.Popen([f"{PG_BIN}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
+        load = subprocess.Popen([f"{cluster.bin}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
                                  "-n", "-c", "4", "-T", "20", "-f", str(script), "postgres"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(3)

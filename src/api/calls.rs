@@ -22,7 +22,7 @@ use crate::config::{self, JsonbArg};
 use crate::error::{self, Error, Result};
 use crate::limiter::{self, Decided, Decision, Request};
 use crate::shmem::stats;
-use crate::shape;
+use crate::storage::shape;
 use crate::storage::StateTable;
 
 use super::{fmgr_v1_info, parts, request, resolve, usable};

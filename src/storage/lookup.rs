@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use crate::cache;
 use crate::config::LimitRow;
 use crate::error::Error;
-use crate::shape::{self, Columns, Shape};
+use super::shape::{self, Columns, Shape};
 
 use super::scan::{probe, text_key};
 

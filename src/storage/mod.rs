@@ -2,8 +2,9 @@
 //! `state` finds, locks and writes rows of `rate_limiter.state` (the executor's work, done
 //! here), with `row` what it deals in; `lookup` reads committed rows of
 //! `rate_limiter.limits` and `rate_limiter.blocks`; `sql` runs the plain SPI statements of
-//! prune, blocks and define; `scan` holds the index probes they share. This file holds what
-//! the writers share.
+//! prune, blocks and define; `scan` holds the index probes they share; `shape` the columns of
+//! every relation read by position; `server` every server call whose signature differs
+//! between the supported PostgreSQL majors. This file holds what the writers share.
 //!
 //! The limiter's functions are the only way into these tables, so no table privilege is
 //! checked on the access-method paths; EXECUTE on the function is the permission.
@@ -17,6 +18,8 @@ use crate::error::Error;
 mod lookup;
 mod row;
 mod scan;
+mod server;
+pub mod shape;
 mod sql;
 mod state;
 

@@ -4,8 +4,7 @@ use std::ptr::null_mut;
 
 use pgrx::pg_sys::{self, Datum};
 
-
-use super::text;
+use super::{server, text};
 
 /// Look `keys` up in `index` as of `snapshot`; true when a visible row was found, which is
 /// then in `tuple_slot`. Each index is unique, so the first match is the only one.
@@ -22,7 +21,7 @@ pub(super) unsafe fn probe(
 ) -> bool {
     // SAFETY: the caller's promises; the scan is ended before returning.
     unsafe {
-        let scan = pg_sys::index_beginscan(heap, index, snapshot, keys.len() as _, 0);
+        let scan = server::index_beginscan(heap, index, snapshot, keys.len() as _);
         pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
         let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot);
         pg_sys::index_endscan(scan);

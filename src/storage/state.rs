@@ -20,10 +20,11 @@ use crate::bucket::{Counts, State};
 use crate::cache;
 use crate::clock;
 use crate::error::Error;
-use crate::shape;
 
 use super::row::{Created, Locked, Row, Slot, Written};
 use super::scan::{equal_key, probe, text_key};
+use super::server::{self, NewIndexEntries};
+use super::shape;
 use super::{instant, prevent_writes_unless_allowed, text, xact_snapshot_isolation};
 
 // Columns of rate_limiter.state (name, key, shard, value, ts, expires, counts, granted_at;
@@ -227,25 +228,28 @@ impl StateTable {
     pub fn update(&self, row: &Row, slot: Slot<'_>, state: State, expires: f64, wait: bool) -> Written {
         let tuple = self.form(slot, state, expires);
         let mut tid = row.tid;
-        // SAFETY: plain-old-data out parameters.
+        // SAFETY: plain-old-data out parameter.
         let mut failure: pg_sys::TM_FailureData = unsafe { std::mem::zeroed() };
-        let mut lockmode = pg_sys::LockTupleMode::LockTupleNoKeyExclusive;
         // SAFETY: `tuple` was formed from this table's descriptor; `tid` is a version this call
         // read or locked, so pruning cannot have removed it; only consuming calls update, and
         // they open the table for writing (RowExclusiveLock, every index open).
-        let result = unsafe {
+        let (result, entries) = unsafe {
             let cid = pg_sys::GetCurrentCommandId(true);
-            pg_sys::heap_update(self.heap, &mut tid, tuple, cid, null_mut(), wait, &mut failure, &mut lockmode)
+            server::heap_update(self.heap, &mut tid, tuple, cid, wait, &mut failure)
         };
         match result {
             TM_Result::TM_Ok => {
-                // A HOT update needs no new index entry; one that moved to another page
-                // does. It skips the uniqueness check: the slot is unchanged and this
+                // The new entries skip the uniqueness check: the slot is unchanged and this
                 // transaction holds its only live version.
-                // SAFETY: heap_update filled in the new version's header.
-                let heap_only = unsafe { (*(*tuple).t_data).t_infomask2 } & pg_sys::HEAP_ONLY_TUPLE as u16 != 0;
-                if !heap_only {
-                    self.index_insert(slot, tuple, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO, true);
+                let check = pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO;
+                match entries {
+                    NewIndexEntries::None => {}
+                    NewIndexEntries::All => {
+                        self.index_insert(slot, tuple, check, true, false);
+                    }
+                    NewIndexEntries::SummarizingOnly => {
+                        self.index_insert(slot, tuple, check, true, true);
+                    }
                 }
                 self.next_command();
                 Written::Done
@@ -392,7 +396,7 @@ impl StateTable {
             ctid.ip_posid = pg_sys::SpecTokenOffsetNumber as u16;
             let cid = pg_sys::GetCurrentCommandId(true);
             pg_sys::heap_insert(self.heap, tuple, cid, pg_sys::HEAP_INSERT_SPECULATIVE as i32, null_mut());
-            let unique = self.index_insert(slot, tuple, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL, false);
+            let unique = self.index_insert(slot, tuple, pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL, false, false);
             if unique {
                 pg_sys::heap_finish_speculative(self.heap, &mut (*tuple).t_self);
             } else {
@@ -428,20 +432,24 @@ impl StateTable {
         unsafe { pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr()) }
     }
 
-    /// Enter a new row version of `slot` in every index; false if an index found another
-    /// live or uncommitted row of the slot (only with `UNIQUE_CHECK_PARTIAL`).
+    /// Enter a new row version of `slot` in every index (only the summarizing ones with
+    /// `only_summarizing`); false if an index found another live or uncommitted row of the
+    /// slot (only with `UNIQUE_CHECK_PARTIAL`).
     fn index_insert(
         &self,
         slot: Slot<'_>,
         tuple: pg_sys::HeapTuple,
         check: pg_sys::IndexUniqueCheck::Type,
         unchanged: bool,
+        only_summarizing: bool,
     ) -> bool {
         // Every index has the columns (key, name, shard): see `is_key_copy`.
         let mut values = [slot.key.map(text).unwrap_or(Datum::from(0)), text(slot.name), Datum::from(slot.stored_shard())];
         let mut nulls = [slot.key.is_none(), false, false];
         let mut unique = true;
-        for index in &self.indexes {
+        // SAFETY: each index is open for this call.
+        let wanted = |index: &&StateIndex| !only_summarizing || unsafe { server::is_summarizing(index.relation) };
+        for index in self.indexes.iter().filter(wanted) {
             // SAFETY: `tuple` is a stored version of this table; each index and its info are
             // open for this call; the arrays match the index's three columns.
             unique &= unsafe {
@@ -473,6 +481,10 @@ impl Drop for StateTable {
                 pg_sys::PopActiveSnapshot();
             }
             for index in &self.indexes {
+                // Not while unwinding from an error: the abort frees what the inserts cached.
+                if !index.info.get().is_null() && !std::thread::panicking() {
+                    server::index_insert_cleanup(index.relation, index.info.get());
+                }
                 pg_sys::index_close(index.relation, pg_sys::NoLock as _);
             }
             pg_sys::table_close(self.heap, pg_sys::NoLock as _);

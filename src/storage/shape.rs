@@ -9,6 +9,8 @@ use pgrx::pg_sys;
 
 use crate::error::Error;
 
+use super::server;
+
 pub type Shape = [(&'static CStr, pg_sys::Oid)];
 
 pub const STATE: [(&CStr, pg_sys::Oid); 8] = [
@@ -81,7 +83,8 @@ pub unsafe fn require(desc: pg_sys::TupleDesc, shown: &str, shape: &Shape, colum
 /// `desc` is a valid descriptor.
 pub unsafe fn difference(desc: pg_sys::TupleDesc, shape: &Shape, columns: Columns) -> Option<String> {
     // SAFETY: a descriptor holds `natts` attributes.
-    let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
+    let attrs: Vec<&pg_sys::FormData_pg_attribute> =
+        unsafe { (0..(*desc).natts as usize).map(|i| server::attribute(desc, i)).collect() };
     if attrs.len() < shape.len() || (columns == Columns::Exactly && attrs.len() > shape.len()) {
         return Some(format!("it has {} columns where the extension made {}", attrs.len(), shape.len()));
     }
