@@ -14,50 +14,29 @@ DB=rate_limiter_bench_compare
 OUT=$ROOT/bench/out/compare
 mkdir -p "$OUT"
 : > "$OUT/raw.tsv"
-sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d $DB "$@"; }
 
 setup
 BASE_TREE=$(mktemp -d)
 git -C "$ROOT" worktree add -f "$BASE_TREE" "$BASE" >/dev/null
 trap 'git -C "$ROOT" worktree remove --force "$BASE_TREE"' EXIT
 
+source "$ROOT/bench/measure.sh"
+
 install_from() { # tree: a release build of that tree, installed; the cluster restarted on it
     stop_cluster
     (cd "$1" && CARGO_TARGET_DIR="$ROOT/target/compare" cargo pgrx install --release --pg-config "$PG_CONFIG" 2>&1 \
         | grep -E 'error' || true)
     start_cluster
-    psql -X -q -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
-    sql -c "CREATE EXTENSION rate_limiter"
-    sql -f "$ROOT/bench/competitors.sql"
-    sql -c "SELECT rate_limiter.define('bench', 'token bucket', 10, '1 second', 10)" \
-        -c "SELECT bench.seed('bench', 100000, 10)" -c "VACUUM ANALYZE"
-}
-
-measure() { # label
-    printf '\\set k random(1, 100000)\nSELECT * FROM rate_limiter.rate_limit('"'bench'"', CAST(:k AS text));\n' > "$OUT/a.sql"
-    for commit in on off; do
-        local result tps
-        result=$(PGOPTIONS="-c synchronous_commit=$commit" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
-            -T "$DURATION" -f "$OUT/a.sql" $DB 2>&1)
-        tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$result")
-        [ -n "$tps" ] || { echo "$result"; exit 1; }
-        printf '%s\ta_%s\t%s\n' "$1" "$commit" "$tps" >> "$OUT/raw.tsv"
-    done
-    sql -c "SELECT rate_limiter.define('inproc_$2', 'token bucket', 10, '1 second', 10)"
-    for pass in insert update; do
-        local s
-        s=$(seconds_in $DB "SELECT count(*) FROM generate_series(1, 1000000) g, LATERAL rate_limiter.rate_limit('inproc_$2', g::text)")
-        printf '%s\tinproc_%s_us\t%s\n' "$1" "$pass" "$(awk -v s="$s" 'BEGIN { print s }')" >> "$OUT/raw.tsv"
-    done
+    prepare_bench_database
 }
 
 for round in $(seq "$ROUNDS"); do
     step "round $round: $BASE"
     install_from "$BASE_TREE"
-    measure before "$round"
+    measure_a_and_in_process "$OUT/raw.tsv" before "$round"
     step "round $round: the working tree"
     install_from "$ROOT"
-    measure after "$round"
+    measure_a_and_in_process "$OUT/raw.tsv" after "$round"
 done
 build_and_install >/dev/null
 restart_cluster

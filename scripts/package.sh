@@ -29,14 +29,23 @@ Description: $4
 CONTROL
 }
 
-for NN in 15; do
-    pg_config=/usr/lib/postgresql/$NN/bin/pg_config
+# Debian's layout for PostgreSQL NN, whatever prefix the NN built against has (17's and 18's
+# here are built into a cache, see scripts/servers.sh).
+debian_lib() { echo "/usr/lib/postgresql/$1/lib"; }
+debian_extension() { echo "/usr/share/postgresql/$1/extension"; }
+
+for NN in "${SUPPORTED_MAJORS[@]}"; do
+    pg_config=$(pg_bin "$NN")/pg_config
     stage=$(mktemp -d)
     step "postgresql-$NN-rate-limiter $VERSION"
-    (cd "$ROOT" && cargo pgrx package --pg-config "$pg_config" --out-dir "$stage/main" 2>&1 | grep -E 'error' || true)
-    extension=$stage/main$($pg_config --sharedir)/extension
-    test -f "$extension/rate_limiter--$VERSION.sql"
-    cp "$ROOT"/sql/archive/rate_limiter--*.sql "$extension/"
+    (cd "$ROOT" && cargo pgrx package --pg-config "$pg_config" --no-default-features --features "pg$NN" \
+        --out-dir "$stage/built" 2>&1 | grep -E 'error' || true)
+    built_extension=$stage/built$($pg_config --sharedir)/extension
+    test -f "$built_extension/rate_limiter--$VERSION.sql"
+    extension=$stage/main$(debian_extension "$NN")
+    mkdir -p "$extension" "$stage/main$(debian_lib "$NN")"
+    cp "$built_extension"/* "$ROOT"/sql/archive/rate_limiter--*.sql "$extension/"
+    cp "$stage/built$($pg_config --pkglibdir)/rate_limiter.so" "$stage/main$(debian_lib "$NN")/"
     mkdir -p "$stage/main/DEBIAN"
     control "postgresql-$NN-rate-limiter" "$VERSION" "postgresql-$NN" \
         "transactional rate limits inside PostgreSQL $NN
@@ -46,9 +55,9 @@ for NN in 15; do
     dpkg-deb --root-owner-group --build "$stage/main" "$OUT/postgresql-$NN-rate-limiter_${VERSION}_$ARCH.deb" >/dev/null
 
     step "postgresql-$NN-rate-limiter-proxy $PROXY_VERSION"
-    mkdir -p "$stage/proxy$($pg_config --sharedir)/extension" "$stage/proxy/DEBIAN"
+    mkdir -p "$stage/proxy$(debian_extension "$NN")" "$stage/proxy/DEBIAN"
     cp "$ROOT"/proxy/rate_limiter_proxy.control "$ROOT"/proxy/rate_limiter_proxy--*.sql \
-        "$stage/proxy$($pg_config --sharedir)/extension/"
+        "$stage/proxy$(debian_extension "$NN")/"
     control "postgresql-$NN-rate-limiter-proxy" "$PROXY_VERSION" "postgresql-$NN, postgresql-$NN-plproxy" \
         "PL/Proxy router for rate_limiter on PostgreSQL $NN
  rate_limiter_proxy routes rate_limiter's calls to the partition of their key." \

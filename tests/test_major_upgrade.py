@@ -49,10 +49,11 @@ CHECKS = [
     """SELECT * FROM rate_limiter.check_rate_limit('inline', 'k',
          config => '{"kind": "token bucket", "rate": 5, "period": "1 hour"}')""",
 ]
+# Rows as PostgreSQL's own text, which every value (infinity too) has.
 TABLES = {
-    "limits": "SELECT * FROM rate_limiter.limits ORDER BY name",
-    "blocks": "SELECT name, key, until, note, created FROM rate_limiter.blocks ORDER BY name, key",
-    "state": "SELECT * FROM rate_limiter.state ORDER BY name, key, shard",
+    "limits": "SELECT t::text FROM rate_limiter.limits t ORDER BY name",
+    "blocks": "SELECT t::text FROM rate_limiter.blocks t ORDER BY name, key",
+    "state": "SELECT t::text FROM rate_limiter.state t ORDER BY name, key, shard",
     "extension": "SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'",
 }
 
@@ -60,7 +61,7 @@ TABLES = {
 def snapshot(conn):
     conn.execute(f"SET rate_limiter.fake_now = '{NOW}'")
     seen = {name: conn.execute(sql).fetchall() for name, sql in TABLES.items()}
-    seen["checks"] = [conn.execute(sql).fetchall() for sql in CHECKS]
+    seen["checks"] = [conn.execute(f"SELECT d::text FROM ({sql}) d").fetchall() for sql in CHECKS]
     return seen
 
 

@@ -1,0 +1,34 @@
+# What bench/compare.sh and bench/versions.sh measure, sourced by both: bench/run.sh's workload
+# (a) (CLIENTS clients over 100,000 keys of a 10/s token bucket, synchronous_commit on and
+# off, DURATION seconds each) and the in-process cost (1,000,000 calls in one statement,
+# creating rows, then updating them), on database $DB of the cluster at PGPORT.
+
+# A fresh database $DB with the extension, the benchmark's helpers and 100,000 seeded keys.
+prepare_bench_database() {
+    psql -X -q -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
+    bench_sql -c "CREATE EXTENSION rate_limiter"
+    bench_sql -f "$ROOT/bench/competitors.sql"
+    bench_sql -c "SELECT rate_limiter.define('bench', 'token bucket', 10, '1 second', 10)" \
+        -c "SELECT bench.seed('bench', 100000, 10)" -c "VACUUM ANALYZE"
+}
+
+bench_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
+
+# Appends "label<TAB>metric<TAB>value" lines to $1 for label $2; $3 names this round's
+# in-process limit.
+measure_a_and_in_process() {
+    local raw=$1 label=$2 round=$3 result tps commit pass s
+    printf '\\set k random(1, 100000)\nSELECT * FROM rate_limiter.rate_limit('"'bench'"', CAST(:k AS text));\n' > "$raw.a.sql"
+    for commit in on off; do
+        result=$(PGOPTIONS="-c synchronous_commit=$commit" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
+            -T "$DURATION" -f "$raw.a.sql" "$DB" 2>&1)
+        tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$result")
+        [ -n "$tps" ] || { echo "$result"; exit 1; }
+        printf '%s\ta_%s\t%s\n' "$label" "$commit" "$tps" >> "$raw"
+    done
+    bench_sql -c "SELECT rate_limiter.define('inproc_$round', 'token bucket', 10, '1 second', 10)"
+    for pass in insert update; do
+        s=$(seconds_in "$DB" "SELECT count(*) FROM generate_series(1, 1000000) g, LATERAL rate_limiter.rate_limit('inproc_$round', g::text)")
+        printf '%s\tinproc_%s_us\t%s\n' "$label" "$pass" "$s" >> "$raw"
+    done
+}
