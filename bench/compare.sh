@@ -15,7 +15,7 @@ OUT=$ROOT/bench/out/compare
 mkdir -p "$OUT"
 : > "$OUT/raw.tsv"
 
-setup
+setup 15
 BASE_TREE=$(mktemp -d)
 git -C "$ROOT" worktree add -f "$BASE_TREE" "$BASE" >/dev/null
 trap 'git -C "$ROOT" worktree remove --force "$BASE_TREE"' EXIT

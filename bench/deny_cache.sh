@@ -12,7 +12,7 @@ PAIRS=${PAIRS:-41}
 DB=rate_limiter_bench_deny_cache
 OUT=$ROOT/bench/deny_cache.md
 
-setup
+setup 15
 build_and_install
 CLUSTER_SETTINGS="$CLUSTER_SETTINGS -c rate_limiter.deny_cache_slots=1048576" restart_cluster
 fresh_database $DB

@@ -10,7 +10,7 @@ CLIENTS=${CLIENTS:-8}
 DB=rate_limiter_expiry
 OUT=$ROOT/bench/expiry.md
 
-setup
+setup 15
 build_and_install
 restart_cluster
 sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d $DB "$@"; }

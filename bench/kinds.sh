@@ -10,7 +10,7 @@ ROUNDS=${ROUNDS:-3}
 DB=rate_limiter_bench_kinds
 OUT=$ROOT/bench/kinds.md
 
-setup
+setup 15
 build_and_install
 restart_cluster
 fresh_database $DB

@@ -12,7 +12,7 @@ BASE=/tmp/rate_limiter_bench_partitions
 PORTS=(5640 5641 5642 5643)
 OUT=$ROOT/bench/proxy.md
 
-setup
+setup 15
 build_and_install
 restart_cluster
 

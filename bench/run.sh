@@ -17,7 +17,7 @@ BENCH=$ROOT/bench
 OUT=$BENCH/out
 RAW=$OUT/raw.tsv
 
-setup
+setup 15
 build_and_install
 restart_cluster
 if ! command -v redis-server >/dev/null; then

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/../scripts/lib.sh"
 DURATION=${DURATION:-10}
 CLIENTS=16
-setup
+setup 15
 build_and_install
 start_cluster
 fresh_database rate_limiter_bench

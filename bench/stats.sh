@@ -13,7 +13,7 @@ PAIRS=${PAIRS:-81}
 DB=rate_limiter_bench_stats
 OUT=$ROOT/bench/stats.md
 
-setup
+setup 15
 build_and_install
 restart_cluster
 fresh_database $DB

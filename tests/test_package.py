@@ -3,12 +3,14 @@ installs with dpkg into the machine's PostgreSQL 15 in place of what `cargo pgrx
 put there, the extension works from it (also created at a released version and updated),
 and `dpkg -r` removes every file it installed. What was there before is put back."""
 
+import glob
 import os
+import subprocess
 
 import pytest
 
-from clusters import connect
-from packages import dpkg, in_place_of_cargo_pgrx
+from clusters import ROOT, VERSIONS, connect
+from packages import dpkg, files_of, in_place_of_cargo_pgrx, package
 
 
 @pytest.mark.parametrize("name", ["postgresql-15-rate-limiter", "postgresql-15-rate-limiter-proxy"])
@@ -39,3 +41,24 @@ def test_the_package_installs_works_and_removes_every_file_it_installed(database
         dpkg("-r", name)
         left = [f for f in files if os.path.exists(f)]
         assert left == [], f"dpkg -r left {left}"
+
+
+@pytest.mark.parametrize("major", VERSIONS)
+def test_each_version_has_its_packages_in_debians_layout(major):
+    """A package per supported major, laid out where Debian's and PGDG's postgresql-NN look
+    (whatever prefix the build machine's NN has), with every install and upgrade script."""
+    main, proxy = package(f"postgresql-{major}-rate-limiter"), package(f"postgresql-{major}-rate-limiter-proxy")
+    library, extension = f"/usr/lib/postgresql/{major}/lib/rate_limiter.so", f"/usr/share/postgresql/{major}/extension"
+    version = main.name.split("_")[1]
+    scripts = {os.path.basename(p) for p in glob.glob(f"{ROOT}/sql/archive/rate_limiter--*.sql")
+               + glob.glob(f"{ROOT}/sql/rate_limiter--*--*.sql")}
+    scripts |= {"rate_limiter.control", f"rate_limiter--{version}.sql"}
+    assert sorted(files_of(main)) == sorted([library] + [f"{extension}/{s}" for s in scripts])
+    proxy_files = {os.path.basename(p) for p in glob.glob(f"{ROOT}/proxy/rate_limiter_proxy*")}
+    assert sorted(files_of(proxy)) == sorted(f"{extension}/{s}" for s in proxy_files)
+    assert field(main, "Depends") == f"postgresql-{major}"
+    assert field(proxy, "Depends") == f"postgresql-{major}, postgresql-{major}-plproxy"
+
+
+def field(deb, name):
+    return subprocess.run(["dpkg-deb", "-f", str(deb), name], check=True, capture_output=True, text=True).stdout.strip()
