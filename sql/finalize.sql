@@ -54,7 +54,7 @@ CREATE FUNCTION rate_limiter.wait_rate_limit(
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'wait_rate_limit_fmgr';
 
--- Every backend caches named configs (and whether any block exists); these tell them all to forget them at each change,
+-- Every backend caches named configs (and whether any block or allow exists); these tell them all to forget them at each change,
 -- also when a logical replication apply worker or a restore (session_replication_role =
 -- replica) makes it. Row-level, because an apply worker fires row triggers only.
 CREATE TRIGGER limits_changed
@@ -73,6 +73,14 @@ CREATE TRIGGER blocks_truncated
     FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
 ALTER TABLE rate_limiter.blocks ENABLE ALWAYS TRIGGER blocks_changed;
 ALTER TABLE rate_limiter.blocks ENABLE ALWAYS TRIGGER blocks_truncated;
+CREATE TRIGGER allows_changed
+    AFTER INSERT OR UPDATE OR DELETE ON rate_limiter.allows
+    FOR EACH ROW EXECUTE FUNCTION rate_limiter._limits_changed();
+CREATE TRIGGER allows_truncated
+    AFTER TRUNCATE ON rate_limiter.allows
+    FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
+ALTER TABLE rate_limiter.allows ENABLE ALWAYS TRIGGER allows_changed;
+ALTER TABLE rate_limiter.allows ENABLE ALWAYS TRIGGER allows_truncated;
 -- The trigger runs no SQL; its search_path is pinned anyway, as for every function that may
 -- run with more rights than the role whose statement fires it.
 ALTER FUNCTION rate_limiter._limits_changed() SET search_path = pg_catalog, pg_temp;
@@ -93,6 +101,10 @@ COMMENT ON FUNCTION rate_limiter.block(text, text, timestamptz, text) IS
     'Deny (name, key) until until (NULL name: under every limit), with reason ''blocked''; replaces an earlier block of the pair.';
 COMMENT ON FUNCTION rate_limiter.unblock(text, text) IS
     'Lift the block of (name, key); returns whether there was one.';
+COMMENT ON FUNCTION rate_limiter.allow(text, text, timestamptz, text) IS
+    'Never limit (name, key) until until (NULL name: under every limit): calls are ok with reason ''allowed'', state untouched; a block wins. Replaces an earlier allow of the pair.';
+COMMENT ON FUNCTION rate_limiter.disallow(text, text) IS
+    'Lift the allow of (name, key); returns whether there was one.';
 COMMENT ON FUNCTION rate_limiter.wait_rate_limit(text, text, double precision, interval, jsonb) IS
     'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit(text, text) IS
@@ -102,7 +114,7 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS
 COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) IS
     'Create or replace a named limit in rate_limiter.limits.';
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
-    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks that have ended; returns how many. Skips rows in use.';
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks and allows that have ended; returns how many. Skips rows in use.';
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
     'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits and rate_limiter.blocks.';
 
@@ -130,6 +142,36 @@ COMMENT ON FUNCTION rate_limiter._stats() IS 'Internal: the rows of rate_limiter
 COMMENT ON FUNCTION rate_limiter._top_denied() IS 'Internal: the rows of rate_limiter.top_denied.';
 COMMENT ON FUNCTION rate_limiter.stats_reset(text) IS
     'Zero the statistics and top denied keys of one limit name, or of all when NULL; returns how many rows of rate_limiter.stats were reset.';
+
+-- A stable key for a client address. An IPv4-mapped IPv6 address (::ffff:0:0/96, decided by
+-- its bits, however it was written) is the IPv4 address it maps; the address, its own mask
+-- dropped, is masked to v4_prefix or v6_prefix, and the key is that network as cidr text.
+-- In SQL so that the text is PostgreSQL's own cidr output.
+CREATE FUNCTION rate_limiter.ip_key(addr inet, v4_prefix integer DEFAULT 32, v6_prefix integer DEFAULT 56)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+AS $function$
+DECLARE
+    address inet := pg_catalog.set_masklen(addr, CASE pg_catalog.family(addr) WHEN 4 THEN 32 ELSE 128 END);
+BEGIN
+    IF v4_prefix OPERATOR(pg_catalog.<) 0 OR v4_prefix OPERATOR(pg_catalog.>) 32 THEN
+        RAISE EXCEPTION 'rate_limiter: v4_prefix must be between 0 and 32, not %', v4_prefix
+            USING ERRCODE = 'invalid_parameter_value', HINT = '32 keys each IPv4 address on its own; 24 keys its /24.';
+    END IF;
+    IF v6_prefix OPERATOR(pg_catalog.<) 0 OR v6_prefix OPERATOR(pg_catalog.>) 128 THEN
+        RAISE EXCEPTION 'rate_limiter: v6_prefix must be between 0 and 128, not %', v6_prefix
+            USING ERRCODE = 'invalid_parameter_value', HINT = '56 (the default) keys a typical customer''s whole IPv6 allocation; 64 keys one subnet.';
+    END IF;
+    IF address OPERATOR(pg_catalog.<<=) '::ffff:0.0.0.0/96'::inet THEN
+        address := '0.0.0.0'::inet OPERATOR(pg_catalog.+) (address OPERATOR(pg_catalog.-) '::ffff:0.0.0.0'::inet);
+    END IF;
+    RETURN pg_catalog.network(pg_catalog.set_masklen(address,
+        CASE pg_catalog.family(address) WHEN 4 THEN v4_prefix ELSE v6_prefix END))::text;
+END
+$function$;
+COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
+    'A rate-limit key for a client address: IPv4-mapped IPv6 as its IPv4 address, IPv4 masked to v4_prefix, IPv6 to v6_prefix, as cidr text.';
 
 -- Nothing is open to PUBLIC: grant USAGE on the schema and EXECUTE on the functions a role
 -- needs (see the README). The tables stay private; the functions are the only way in.

@@ -74,3 +74,93 @@ ALTER FUNCTION rate_limiter.unblock(text, text) SET search_path TO pg_catalog, p
 ALTER FUNCTION rate_limiter.reset_rate_limit(text, text) SET search_path TO pg_catalog, pg_temp;
 ALTER FUNCTION rate_limiter.prune(integer) SET search_path TO pg_catalog, pg_temp;
 ALTER FUNCTION rate_limiter._limits_changed() SET search_path = pg_catalog, pg_temp;
+
+-- A stable key for a client address. An IPv4-mapped IPv6 address (::ffff:0:0/96, decided by
+-- its bits, however it was written) is the IPv4 address it maps; the address, its own mask
+-- dropped, is masked to v4_prefix or v6_prefix, and the key is that network as cidr text.
+-- In SQL so that the text is PostgreSQL's own cidr output.
+CREATE FUNCTION rate_limiter.ip_key(addr inet, v4_prefix integer DEFAULT 32, v6_prefix integer DEFAULT 56)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+AS $function$
+DECLARE
+    address inet := pg_catalog.set_masklen(addr, CASE pg_catalog.family(addr) WHEN 4 THEN 32 ELSE 128 END);
+BEGIN
+    IF v4_prefix OPERATOR(pg_catalog.<) 0 OR v4_prefix OPERATOR(pg_catalog.>) 32 THEN
+        RAISE EXCEPTION 'rate_limiter: v4_prefix must be between 0 and 32, not %', v4_prefix
+            USING ERRCODE = 'invalid_parameter_value', HINT = '32 keys each IPv4 address on its own; 24 keys its /24.';
+    END IF;
+    IF v6_prefix OPERATOR(pg_catalog.<) 0 OR v6_prefix OPERATOR(pg_catalog.>) 128 THEN
+        RAISE EXCEPTION 'rate_limiter: v6_prefix must be between 0 and 128, not %', v6_prefix
+            USING ERRCODE = 'invalid_parameter_value', HINT = '56 (the default) keys a typical customer''s whole IPv6 allocation; 64 keys one subnet.';
+    END IF;
+    IF address OPERATOR(pg_catalog.<<=) '::ffff:0.0.0.0/96'::inet THEN
+        address := '0.0.0.0'::inet OPERATOR(pg_catalog.+) (address OPERATOR(pg_catalog.-) '::ffff:0.0.0.0'::inet);
+    END IF;
+    RETURN pg_catalog.network(pg_catalog.set_masklen(address,
+        CASE pg_catalog.family(address) WHEN 4 THEN v4_prefix ELSE v6_prefix END))::text;
+END
+$function$;
+COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
+    'A rate-limit key for a client address: IPv4-mapped IPv6 as its IPv4 address, IPv4 masked to v4_prefix, IPv6 to v6_prefix, as cidr text.';
+REVOKE ALL ON FUNCTION rate_limiter.ip_key(inet, integer, integer) FROM PUBLIC;
+
+-- The allow list (0.4.0).
+-- Keys never limited (rate_limiter.allow()): a call for an allowed pair is ok without its
+-- state being read. Shaped as rate_limiter.blocks; a NULL name allows the key under every
+-- limit. A block of the same pair wins.
+CREATE TABLE rate_limiter.allows (
+    name text COLLATE "C"
+        CONSTRAINT allows_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    key text COLLATE "C"
+        CONSTRAINT allows_key_check CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024),
+    until timestamptz NOT NULL DEFAULT 'infinity',
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT allows_key_name_key UNIQUE NULLS NOT DISTINCT (key, name)
+);
+COMMENT ON TABLE rate_limiter.allows IS
+    'Allowed keys: a call for (name, key) is ok with reason ''allowed'', its state neither read nor written, until until; a block of the same pair wins. Manage with rate_limiter.allow() and disallow().';
+COMMENT ON COLUMN rate_limiter.allows.name IS 'The limit whose key is allowed; NULL allows the key under every limit.';
+COMMENT ON COLUMN rate_limiter.allows.key IS 'The allowed key; NULL is the limit''s shared NULL key.';
+COMMENT ON COLUMN rate_limiter.allows.until IS 'Allowed until this instant; ''infinity'' until disallowed. rate_limiter.prune() deletes allows that have ended.';
+COMMENT ON COLUMN rate_limiter.allows.note IS 'Why, for the operator.';
+COMMENT ON COLUMN rate_limiter.allows.created IS 'When the allow was made or last changed.';
+SELECT pg_catalog.pg_extension_config_dump('rate_limiter.allows', '');
+CREATE TRIGGER allows_changed
+    AFTER INSERT OR UPDATE OR DELETE ON rate_limiter.allows
+    FOR EACH ROW EXECUTE FUNCTION rate_limiter._limits_changed();
+CREATE TRIGGER allows_truncated
+    AFTER TRUNCATE ON rate_limiter.allows
+    FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
+ALTER TABLE rate_limiter.allows ENABLE ALWAYS TRIGGER allows_changed;
+ALTER TABLE rate_limiter.allows ENABLE ALWAYS TRIGGER allows_truncated;
+CREATE FUNCTION rate_limiter."allow"(
+	"name" TEXT,
+	"key" TEXT,
+	"until" timestamp with time zone DEFAULT 'infinity',
+	"note" TEXT DEFAULT NULL
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'allow_wrapper';
+CREATE FUNCTION rate_limiter."disallow"(
+	"name" TEXT,
+	"key" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'disallow_wrapper';
+REVOKE ALL ON TABLE rate_limiter.allows FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.allow(text, text, timestamptz, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.disallow(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.allow(text, text, timestamptz, text) IS
+    'Never limit (name, key) until until (NULL name: under every limit): calls are ok with reason ''allowed'', state untouched; a block wins. Replaces an earlier allow of the pair.';
+COMMENT ON FUNCTION rate_limiter.disallow(text, text) IS
+    'Lift the allow of (name, key); returns whether there was one.';
+COMMENT ON FUNCTION rate_limiter.prune(integer) IS
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks and allows that have ended; returns how many. Skips rows in use.';
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call), ''blocked'' (see rate_limiter.blocks), ''timeout'' (wait_rate_limit waited and its timeout came first) or ''lock_timeout'' (the row stayed locked past the limit''s lock_timeout; also with ok when on_lock_timeout is ''allow''); ''allowed'' with ok when the key is in rate_limiter.allows; otherwise NULL.';

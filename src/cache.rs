@@ -1,8 +1,8 @@
 //! Per-backend caches: the OIDs of the extension's tables, indexes and row type, the
-//! configs of named limits, and whether any block exists. A relcache invalidation of one of
-//! those relations empties them. PostgreSQL sends one on DDL and DROP EXTENSION, and the
-//! triggers on `rate_limiter.limits` and `rate_limiter.blocks` send one at every change to
-//! them, delivered to each backend once the change commits.
+//! configs of named limits, and whether any block or allow exists. A relcache invalidation
+//! of one of those relations empties them. PostgreSQL sends one on DDL and DROP EXTENSION,
+//! and the triggers on `rate_limiter.limits`, `blocks` and `allows` send one at every change
+//! to them, delivered to each backend once the change commits.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -22,14 +22,25 @@ pub struct Relations {
     pub limits_key: pg_sys::Oid,
     pub blocks: pg_sys::Oid,
     pub blocks_key: pg_sys::Oid,
+    /// `rate_limiter.allows` and its unique index; None in a database whose extension is
+    /// older than 0.4.0 (not yet updated to this library): it has no allow list.
+    pub allows: Option<(pg_sys::Oid, pg_sys::Oid)>,
     pub decision_type: pg_sys::Oid,
     decision: pg_sys::Oid,
+}
+
+/// The two lists of keys looked up before any state: denied, and never limited.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum List {
+    Blocks,
+    Allows,
 }
 
 thread_local! {
     static RELATIONS: Cell<Option<Relations>> = const { Cell::new(None) };
     static CONFIGS: RefCell<HashMap<String, Config>> = RefCell::new(HashMap::new());
     static ANY_BLOCKS: Cell<Option<bool>> = const { Cell::new(None) };
+    static ANY_ALLOWS: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 pub fn relations() -> Relations {
@@ -88,6 +99,10 @@ fn look_up() -> Relations {
             Error::ExtensionOutdated.raise()
         }
         let (limits, blocks) = (table(c"limits"), table(c"blocks"));
+        let allows = (pg_sys::get_relname_relid(c"allows".as_ptr(), schema) != pg_sys::InvalidOid).then(|| {
+            let allows = table(c"allows");
+            (allows, index_of(allows, c"allows_key_name_key"))
+        });
         Relations {
             state,
             state_key: index_of(state, c"state_key_name_shard_key"),
@@ -95,6 +110,7 @@ fn look_up() -> Relations {
             limits_key: index_of(limits, c"limits_pkey"),
             blocks,
             blocks_key: index_of(blocks, c"blocks_key_name_key"),
+            allows,
             decision_type,
             decision,
         }
@@ -220,11 +236,15 @@ pub fn config<E>(name: &str, load: impl FnOnce() -> Result<Config, E>) -> Result
     Ok(config)
 }
 
-/// Whether `rate_limiter.blocks` has any row, from the cache or from `load`.
-pub fn any_blocks(load: impl FnOnce() -> bool) -> bool {
-    ANY_BLOCKS.get().unwrap_or_else(|| {
+/// Whether `list` has any row, from the cache or from `load`.
+pub fn any_listed(list: List, load: impl FnOnce() -> bool) -> bool {
+    let flag = match list {
+        List::Blocks => &ANY_BLOCKS,
+        List::Allows => &ANY_ALLOWS,
+    };
+    flag.get().unwrap_or_else(|| {
         let any = load();
-        ANY_BLOCKS.set(Some(any));
+        flag.set(Some(any));
         any
     })
 }
@@ -237,13 +257,18 @@ pub fn any_blocks(load: impl FnOnce() -> bool) -> bool {
 #[pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     let ours = match RELATIONS.get() {
-        Some(r) => [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, r.decision].contains(&relid),
+        Some(r) => {
+            let (allows, allows_key) = r.allows.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
+            [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, r.decision]
+                .contains(&relid)
+        }
         None => true,
     };
     if relid == pg_sys::InvalidOid || ours {
         RELATIONS.set(None);
         CONFIGS.with_borrow_mut(HashMap::clear);
         ANY_BLOCKS.set(None);
+        ANY_ALLOWS.set(None);
     }
 }
 

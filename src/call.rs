@@ -21,7 +21,8 @@ pub struct Request<'a> {
     pub inline: bool,
 }
 
-/// Why a call is denied, as `rate_limiter.decision.reason` says it.
+/// Why a call is denied (or, for `Allowed` and an allowing `LockTimeout`, let through
+/// unmetered), as `rate_limiter.decision.reason` says it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Reason {
     /// Not enough tokens.
@@ -34,6 +35,8 @@ pub enum Reason {
     Timeout,
     /// The row stayed locked by another transaction past the limit's `lock_timeout`.
     LockTimeout,
+    /// The (name, key) is in `rate_limiter.allows`: ok, unmetered.
+    Allowed,
 }
 
 impl Reason {
@@ -44,6 +47,7 @@ impl Reason {
             Reason::Blocked => "blocked",
             Reason::Timeout => "timeout",
             Reason::LockTimeout => "lock_timeout",
+            Reason::Allowed => "allowed",
         }
     }
 }
@@ -56,7 +60,8 @@ pub struct Decision {
     pub remaining: f64,
     pub reset_after: f64,
     pub granted: f64,
-    /// Why it was denied (`None` when ok; with `on_lock_timeout = 'allow'`, `LockTimeout`).
+    /// Why it was denied (`None` when ok, but `Allowed` for an allowed key and `LockTimeout`
+    /// with `on_lock_timeout = 'allow'`).
     pub reason: Option<Reason>,
     /// The name of the limit that denied it.
     pub limited_by: Option<String>,
@@ -69,8 +74,8 @@ mod tests {
     /// The texts `rate_limiter.decision.reason` documents, one per reason.
     #[test]
     fn reasons_read_as_documented() {
-        let all = [Reason::Exhausted, Reason::MinGap, Reason::Blocked, Reason::Timeout, Reason::LockTimeout];
+        let all = [Reason::Exhausted, Reason::MinGap, Reason::Blocked, Reason::Timeout, Reason::LockTimeout, Reason::Allowed];
         let texts: Vec<&str> = all.iter().map(|r| r.as_str()).collect();
-        assert_eq!(texts, ["exhausted", "min_gap", "blocked", "timeout", "lock_timeout"]);
+        assert_eq!(texts, ["exhausted", "min_gap", "blocked", "timeout", "lock_timeout", "allowed"]);
     }
 }

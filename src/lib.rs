@@ -6,7 +6,6 @@
 use pgrx::prelude::*;
 
 mod api;
-mod blocks;
 mod bucket;
 mod cache;
 mod call;
@@ -16,6 +15,7 @@ mod error;
 mod hash;
 mod http;
 mod limiter;
+mod lists;
 mod prune_worker;
 mod shmem;
 mod storage;

@@ -12,7 +12,7 @@ use rand::seq::index::sample;
 
 use std::time::{Duration, Instant};
 
-use crate::blocks;
+use crate::lists;
 use crate::shmem::deny_cache;
 pub use crate::call::{Decision, Reason, Request};
 use crate::bucket::{self, Config, OnLockTimeout, Outcome, State, MIN_CHOOSE_TWO};
@@ -94,11 +94,11 @@ fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &C
     }
 }
 
-/// The whole decision of one call: a block denies it outright; a check reads; a consuming
-/// call is answered from the deny cache when it holds a denial, else consumes, and a denial
-/// it gets is remembered there.
+/// The whole decision of one call: a block denies it outright and an allow lets it through;
+/// a check reads; a consuming call is answered from the deny cache when it holds a denial,
+/// else consumes, and a denial it gets is remembered there.
 pub fn decide(table: &StateTable, req: &Request<'_>, config: &Config, consume: bool) -> Decision {
-    if let Some(d) = blocks::blocked(req) {
+    if let Some(d) = lists::listed(req, config.capacity) {
         return d;
     }
     if !consume {

@@ -1,5 +1,5 @@
-"""Calling the extension from tests: define a limit, take from it, and many sessions taking
-at once."""
+"""Calling the extension from tests: define a limit, take from it, many sessions taking at
+once, and checking the state table with amcheck."""
 
 import time
 
@@ -40,3 +40,13 @@ def hammer(name, sessions, calls, fake_now=None, key="hot", hold=0.0, count=1):
         return got
 
     return sum(in_sessions(sessions, session))
+
+
+def amcheck_clean(conn):
+    """The state table and each of its indexes pass amcheck (every heap tuple in each index)."""
+    conn.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+    for (index,) in conn.execute(
+            "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'rate_limiter.state'::regclass").fetchall():
+        conn.execute("SELECT bt_index_check(%s::regclass, heapallindexed => true)", (index,))
+    problems = conn.execute("SELECT count(*) FROM verify_heapam('rate_limiter.state')").fetchone()[0]
+    assert problems == 0

@@ -10,12 +10,16 @@ import pwd
 
 import pytest
 
+from calls import amcheck_clean
 from clusters import BASE, PORTS, VERSIONS, as_postgres
 
 NOW = "2030-01-01 00:00:00+00"
 LATER = "2030-01-01 00:00:30+00"
 
-PATHS = [("15.18", "17"), ("15.18", "18"), ("17", "18")]
+# (from, to, pg_upgrade's mode, the extension's version in the old cluster). The last case
+# is a DBA who did not update the extension first: it is updated on the new cluster.
+PATHS = [("15.18", "17", "--copy", "0.4.0"), ("15.18", "18", "--link", "0.4.0"),
+         ("17", "18", "--copy", "0.4.0"), ("15.18", "17", "--copy", "0.3.0")]
 
 # Named limits of every kind, and what each key is left with before the upgrade.
 SETUP = [
@@ -65,9 +69,10 @@ def snapshot(conn):
     return seen
 
 
-@pytest.mark.parametrize("old,new", PATHS, ids=[f"{a}-to-{b}" for a, b in PATHS])
-def test_pg_upgrade_keeps_every_limit_block_and_state_row(clusters, old, new):
-    if new not in VERSIONS or (old != "15.18" and old not in VERSIONS):
+@pytest.mark.parametrize("old,new,mode,extension", PATHS, ids=[f"{a}-to-{b}{m}-from-{e}" for a, b, m, e in PATHS])
+def test_pg_upgrade_keeps_every_limit_block_and_state_row(clusters, old, new, mode, extension):
+    # 15.18 gets the library built for 15 (scripts/test.sh).
+    if new not in VERSIONS or old.split(".")[0] not in VERSIONS:
         pytest.skip(f"the test command did not install PostgreSQL {old} and {new}")
     # One locale for both (pg_upgrade requires it); 18's initdb turns data checksums on by
     # default, which an older cluster without them cannot be upgraded to.
@@ -78,7 +83,7 @@ def test_pg_upgrade_keeps_every_limit_block_and_state_row(clusters, old, new):
     with before.connect() as c:
         c.execute("CREATE DATABASE app")
     with before.connect("app") as c:
-        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"CREATE EXTENSION rate_limiter VERSION '{extension}'")
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         for sql in SETUP + CALLS:
             c.execute(sql)
@@ -92,12 +97,16 @@ def test_pg_upgrade_keeps_every_limit_block_and_state_row(clusters, old, new):
     os.chown(work, pwd.getpwnam("postgres").pw_uid, pwd.getpwnam("postgres").pw_gid)
     result = as_postgres("env", "-C", work, f"{after.bin}/pg_upgrade", "-b", before.bin, "-B", after.bin,
                          "-d", before.dir, "-D", after.dir, "-p", str(before.port), "-P", str(after.port),
-                         "--socketdir", "/tmp", check=False)
+                         "--socketdir", "/tmp", mode, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     after.start()
 
     with after.connect("app") as c:
+        if extension != "0.4.0":
+            c.execute("ALTER EXTENSION rate_limiter UPDATE")
+            expected["extension"] = [("0.4.0",)]
         assert snapshot(c) == expected, "limits, blocks, state rows and what callers see are unchanged"
+        amcheck_clean(c)
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         # Calls continue where they were: 3 of 10 left, then 2; the debt is still owed.
         assert c.execute("SELECT ok, remaining FROM rate_limiter.rate_limit('bucket', 'k')").fetchone() == (True, 2)

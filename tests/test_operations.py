@@ -11,18 +11,10 @@ import uuid
 import pytest
 from psycopg import errors
 
+from calls import amcheck_clean
 from clusters import PG_BIN, PORTS, as_postgres, connect, every_version, wait_for
 
 NOW = "2030-01-01 00:00:00+00"
-
-
-def amcheck_clean(conn):
-    conn.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
-    for (index,) in conn.execute(
-            "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'rate_limiter.state'::regclass").fetchall():
-        conn.execute("SELECT bt_index_check(%s::regclass, heapallindexed => true)", (index,))
-    problems = conn.execute("SELECT count(*) FROM verify_heapam('rate_limiter.state')").fetchone()[0]
-    assert problems == 0
 
 
 SHAPE_CHANGES = [

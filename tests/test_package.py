@@ -6,10 +6,11 @@ and `dpkg -r` removes every file it installed. What was there before is put back
 import glob
 import os
 import subprocess
+import tempfile
 
 import pytest
 
-from clusters import ROOT, VERSIONS, connect
+from clusters import ROOT, VERSIONS, connect, pg_bin
 from packages import dpkg, files_of, in_place_of_cargo_pgrx, package
 
 
@@ -58,6 +59,25 @@ def test_each_version_has_its_packages_in_debians_layout(major):
     assert sorted(files_of(proxy)) == sorted(f"{extension}/{s}" for s in proxy_files)
     assert field(main, "Depends") == f"postgresql-{major}"
     assert field(proxy, "Depends") == f"postgresql-{major}, postgresql-{major}-plproxy"
+    # Its library is the one built for this major, which the tests load into its servers.
+    installed = subprocess.run([f"{pg_bin(major)}/pg_config", "--pkglibdir"], check=True, capture_output=True,
+                               text=True).stdout.strip() + "/rate_limiter.so"
+    with open(installed, "rb") as f:
+        assert library_of(main) == f.read(), f"the package's library is not the one installed into {major}"
+
+
+def test_each_versions_package_has_its_own_library():
+    libraries = {major: library_of(package(f"postgresql-{major}-rate-limiter")) for major in VERSIONS}
+    assert len(set(libraries.values())) == len(VERSIONS), "each major's package has a library of its own"
+
+
+def library_of(deb):
+    """The bytes of the library in package `deb`."""
+    with tempfile.TemporaryDirectory() as unpacked:
+        subprocess.run(["dpkg-deb", "-x", str(deb), unpacked], check=True)
+        (found,) = glob.glob(f"{unpacked}/usr/lib/postgresql/*/lib/rate_limiter.so")
+        with open(found, "rb") as f:
+            return f.read()
 
 
 def field(deb, name):

@@ -1,13 +1,13 @@
-//! What changes limits, blocks and state: `define`, `block`, `unblock`, `reset_rate_limit`
-//! and `prune`, each SECURITY DEFINER with its search_path pinned (their SQL names tables by
+//! What changes limits, lists and state: `define`, `block`, `unblock`, `allow`, `disallow`,
+//! `reset_rate_limit` and `prune`, each SECURITY DEFINER with its search_path pinned (their SQL names tables by
 //! OID and qualifies every operator, see `storage`); and the entry points older versions'
 //! SQL names, which say to update.
-
 
 use pgrx::pg_sys::{Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 
 use crate::bucket::Config;
+use crate::cache::List;
 use crate::clock;
 use crate::config::LimitRow;
 use crate::error::{self, Error, Result};
@@ -37,14 +37,7 @@ fn block(
     note: default!(Option<&str>, "NULL"),
 ) {
     storage::prevent_writes_unless_allowed(c"block()");
-    (|| -> Result<()> {
-        let name = name.map(|n| valid_name(Some(n))).transpose()?;
-        let key = valid_key(key)?;
-        let until = until.ok_or_else(|| Error::InvalidArgument("until must not be NULL; use 'infinity'".into()))?;
-        storage::upsert_block(name, key, until, note);
-        Ok(())
-    })()
-    .unwrap_or_else(|e| e.raise())
+    list(List::Blocks, name, key, until, note)
 }
 
 /// Lift the block of (`name`, `key`); whether there was one.
@@ -52,7 +45,40 @@ fn block(
 #[search_path(pg_catalog, pg_temp)]
 fn unblock(name: Option<&str>, key: Option<&str>) -> bool {
     storage::prevent_writes_unless_allowed(c"unblock()");
-    storage::delete_block(name, key)
+    storage::delete_listed(List::Blocks, name, key)
+}
+
+/// Never limit `name`'s `key` (every limit's when `name` is NULL) until `until`, with `note`.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn allow(
+    name: Option<&str>,
+    key: Option<&str>,
+    until: default!(Option<TimestampWithTimeZone>, "'infinity'"),
+    note: default!(Option<&str>, "NULL"),
+) {
+    storage::prevent_writes_unless_allowed(c"allow()");
+    list(List::Allows, name, key, until, note)
+}
+
+/// Lift the allow of (`name`, `key`); whether there was one.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn disallow(name: Option<&str>, key: Option<&str>) -> bool {
+    storage::prevent_writes_unless_allowed(c"disallow()");
+    storage::delete_listed(List::Allows, name, key)
+}
+
+/// Put (name, key) on `list` until `until`, checked as every name and key is.
+fn list(list: List, name: Option<&str>, key: Option<&str>, until: Option<TimestampWithTimeZone>, note: Option<&str>) {
+    (|| -> Result<()> {
+        let name = name.map(|n| valid_name(Some(n))).transpose()?;
+        let key = valid_key(key)?;
+        let until = until.ok_or_else(|| Error::InvalidArgument("until must not be NULL; use 'infinity'".into()))?;
+        storage::upsert_listed(list, name, key, until, note);
+        Ok(())
+    })()
+    .unwrap_or_else(|e| e.raise())
 }
 
 /// Delete up to `max_rows` rows of `rate_limiter.state` that hold what a fresh state would

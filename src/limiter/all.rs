@@ -11,7 +11,7 @@ use crate::clock;
 use crate::storage::StateTable;
 
 use super::{decision, lock_one, look, pick_shards, slot, Decision, Request};
-use crate::blocks::blocked;
+use crate::lists::listed;
 
 /// One request of the call, with its config.
 pub struct Part<'a> {
@@ -26,17 +26,37 @@ pub struct Decided {
     /// The part that limits it (on a denial, the one that waits longest).
     pub limiting: usize,
     /// Each part's own decision; empty when a block denied the call before any was made.
+    /// An allowed part's is ok with reason `allowed`, and plays no part in `all`.
     pub parts: Vec<Decision>,
 }
 
 pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> Decided {
-    // A blocked request denies all, with no state read.
-    let (blocked_parts, denials): (Vec<usize>, Vec<Decision>) =
-        parts.iter().enumerate().filter_map(|(i, p)| blocked(&p.req).map(|d| (i, d))).unzip();
-    if !denials.is_empty() {
+    // A blocked request denies all; an allowed one is ok and takes no further part; neither
+    // has its state read.
+    let mut listed: Vec<Option<Decision>> = parts.iter().map(|p| listed(&p.req, p.config.capacity)).collect();
+    let blocked: Vec<usize> = (0..parts.len()).filter(|i| listed[*i].as_ref().is_some_and(|d| !d.ok)).collect();
+    if !blocked.is_empty() {
+        let denials: Vec<Decision> = blocked.iter().map(|i| listed[*i].take().expect("blocked")).collect();
         let (all, j) = combine(&denials);
-        return Decided { all, limiting: blocked_parts[j], parts: Vec::new() };
+        return Decided { all, limiting: blocked[j], parts: Vec::new() };
     }
+    let metered: Vec<usize> = (0..parts.len()).filter(|i| listed[*i].is_none()).collect();
+    if metered.is_empty() {
+        return decided(listed.into_iter().map(|d| d.expect("allowed")).collect());
+    }
+    let decided_metered = decide_metered(table, &metered.iter().map(|i| &parts[*i]).collect::<Vec<_>>(), consume);
+    for (i, d) in metered.iter().zip(decided_metered.parts) {
+        listed[*i] = Some(d);
+    }
+    Decided {
+        all: decided_metered.all,
+        limiting: metered[decided_metered.limiting],
+        parts: listed.into_iter().map(|d| d.expect("decided")).collect(),
+    }
+}
+
+/// `decide_all` for requests that are neither blocked nor allowed.
+fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Decided {
     let now = clock::now_ms();
     let per_shard: Vec<Config> = parts.iter().map(|p| p.config.per_shard()).collect();
     let looked: Vec<_> = parts

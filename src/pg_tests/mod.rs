@@ -3,6 +3,7 @@
 //! too.
 
 mod helpers;
+mod keys;
 mod kinds;
 mod shmem;
 mod surface;

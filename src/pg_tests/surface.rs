@@ -204,6 +204,55 @@ mod tests {
     }
 
     #[pg_test]
+    fn allowed_keys_are_let_through_without_their_state_and_a_block_wins() {
+        at("0");
+        run("SELECT rate_limiter.define('api', 'token bucket', 2, '1 minute')");
+        run(&format!("SELECT rate_limiter.allow('api', 'health', '{T0}'::timestamptz + interval '10 seconds', 'probe')"));
+        let answer = |call: &str| {
+            let d = decide(call);
+            let reason = one::<String>(&format!("SELECT reason FROM {call}"));
+            (d.ok, d.granted, d.remaining, d.retry_after, reason)
+        };
+        // ok, granted what was asked, remaining the limit's capacity (nothing of it used).
+        let allowed = |count: f64, capacity: f64| (true, count, capacity, None, Some("allowed".to_owned()));
+        for _ in 0..5 {
+            assert_eq!(answer("rate_limiter.rate_limit('api', 'health', 3)"), allowed(3.0, 2.0), "never limited");
+        }
+        assert_eq!(answer("rate_limiter.check_rate_limit('api', 'health')"), allowed(1.0, 2.0));
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state"), Some(0), "no state read or written");
+        // Other keys and limits are metered as usual.
+        assert!(decide("rate_limiter.rate_limit('api', 'other', 2)").ok);
+        assert!(!decide("rate_limiter.rate_limit('api', 'other')").ok);
+        // Without a name, the key under every limit, inline ones too.
+        run("SELECT rate_limiter.allow(NULL, 'internal')");
+        let inline = r#"'{"kind":"fixed window","rate":1,"period":1000}'"#;
+        for _ in 0..3 {
+            assert_eq!(answer(&format!("rate_limiter.rate_limit('x', 'internal', config => {inline})")), allowed(1.0, 1.0));
+        }
+        // An allowed request of rate_limit_all is ok and takes no part; the others decide.
+        let all = r#"'[{"name":"api","key":"health","count":50},{"name":"api","key":"third"}]'"#;
+        let d = decide(&format!("rate_limiter.rate_limit_all({all})"));
+        assert_eq!((d.ok, d.granted, d.remaining), (true, 1.0, 1.0), "the metered request's numbers");
+        assert_eq!(one::<f64>("SELECT 2 - value FROM rate_limiter.state WHERE key = 'third'"), Some(1.0));
+        // A block of the same pair wins over the allow, under its name or every name.
+        run("SELECT rate_limiter.block(NULL, 'health')");
+        assert_eq!(one::<String>("SELECT reason FROM rate_limiter.rate_limit('api', 'health')").as_deref(), Some("blocked"));
+        run("SELECT rate_limiter.unblock(NULL, 'health')");
+        // Ended allows are ignored, and prune() removes them; disallow says whether there was one.
+        at("10 seconds");
+        assert_eq!(answer("rate_limiter.check_rate_limit('api', 'health')").4, None, "metered again");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.allows"), Some(2));
+        run("SELECT rate_limiter.prune()");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.allows"), Some(1), "the ended allow is gone");
+        assert_eq!(one::<bool>("SELECT rate_limiter.disallow(NULL, 'internal')"), Some(true));
+        assert_eq!(one::<bool>("SELECT rate_limiter.disallow(NULL, 'internal')"), Some(false));
+        assert!(!decide(&format!("rate_limiter.rate_limit('x', 'internal', 2, config => {inline})")).ok, "limited again");
+        fails("SELECT rate_limiter.allow('api', 'k', NULL)", "22023", "until must not be NULL");
+        fails(&format!("SELECT rate_limiter.allow('api', '{}')", "k".repeat(1025)), "22023", "1024");
+        fails("SELECT rate_limiter.allow('', 'k')", "22023", "empty");
+    }
+
+    #[pg_test]
     fn inline_config_spellings() {
         at("0");
         for cfg in [
@@ -312,12 +361,14 @@ mod tests {
     fn functions_are_volatile_parallel_unsafe_and_private() {
         // Only the header formatters are STABLE (they read configs, write nothing) and
         // PARALLEL RESTRICTED (they use the backend's config cache); the statistics'
-        // functions are VOLATILE and PARALLEL RESTRICTED (their NOTICE is the leader's).
+        // functions are VOLATILE and PARALLEL RESTRICTED (their NOTICE is the leader's);
+        // ip_key is arithmetic on its arguments: IMMUTABLE, PARALLEL SAFE.
         let wrong = one::<i64>(
             "SELECT count(*) FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace
                AND (provolatile, proparallel) <> CASE
                    WHEN proname LIKE 'http_headers%' THEN ('s'::\"char\", 'r'::\"char\")
                    WHEN proname IN ('_stats', '_top_denied', 'stats_reset') THEN ('v'::\"char\", 'r'::\"char\")
+                   WHEN proname = 'ip_key' THEN ('i'::\"char\", 's'::\"char\")
                    ELSE ('v'::\"char\", 'u'::\"char\") END",
         );
         assert_eq!(wrong, Some(0));

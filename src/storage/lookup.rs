@@ -1,4 +1,4 @@
-//! Committed rows of the small tables (`rate_limiter.limits`, `rate_limiter.blocks`), read
+//! Committed rows of the small tables (`rate_limiter.limits`, `blocks`, `allows`), read
 //! through their unique indexes.
 
 use std::ptr::null_mut;
@@ -6,14 +6,14 @@ use std::ptr::null_mut;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::cache;
+use crate::cache::{self, List};
 use crate::config::LimitRow;
 use crate::error::Error;
 use super::shape::{self, Columns, Shape};
 
 use super::scan::{probe, text_key};
 
-/// One of the extension's small tables (limits, blocks) opened for lookups through its
+/// One of the extension's small tables (limits, blocks, allows) opened for lookups through its
 /// unique index, as committed now: configs and blocks are read at their newest, never as of
 /// an older snapshot (their caches are refilled from here after every change). Closed on
 /// drop.
@@ -30,10 +30,18 @@ impl Lookup {
         Lookup::open(relations.limits, relations.limits_key, "rate_limiter.limits", &shape::LIMITS, &[1])
     }
 
-    /// `rate_limiter.blocks`, looked up by (key, name).
-    pub fn blocks() -> Lookup {
+    /// `rate_limiter.blocks` or `rate_limiter.allows`, looked up by (key, name); None for the
+    /// allow list of a database not yet updated to 0.4.0.
+    pub fn list(list: List) -> Option<Lookup> {
         let relations = cache::relations();
-        Lookup::open(relations.blocks, relations.blocks_key, "rate_limiter.blocks", &shape::BLOCKS, &[2, 1])
+        let (table, index, shown) = match list {
+            List::Blocks => (relations.blocks, relations.blocks_key, "rate_limiter.blocks"),
+            List::Allows => {
+                let (table, index) = relations.allows?;
+                (table, index, "rate_limiter.allows")
+            }
+        };
+        Some(Lookup::open(table, index, shown, &shape::LISTS, &[2, 1]))
     }
 
     /// Open `table` and its unique `index` on `key_columns`, then check both as they are now,

@@ -24,7 +24,7 @@ mod sql;
 mod state;
 
 pub use lookup::{load_limit, Lookup};
-pub use sql::{delete, delete_block, prune, upsert_block, upsert_limit};
+pub use sql::{delete, delete_listed, prune, upsert_limit, upsert_listed};
 pub use row::{Created, Locked, Row, Slot, Written};
 pub use state::StateTable;
 

@@ -42,8 +42,8 @@ pub const LIMITS: [(&CStr, pg_sys::Oid); 14] = [
     (c"deny_cache", pg_sys::INTERVALOID),
 ];
 
-/// What `blocks` reads, by position (`note` and `created` are for people).
-pub const BLOCKS: [(&CStr, pg_sys::Oid); 3] =
+/// What the block and allow lists read, by position (`note` and `created` are for people).
+pub const LISTS: [(&CStr, pg_sys::Oid); 3] =
     [(c"name", pg_sys::TEXTOID), (c"key", pg_sys::TEXTOID), (c"until", pg_sys::TIMESTAMPTZOID)];
 
 /// What `api` forms a decision from, by position.

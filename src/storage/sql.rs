@@ -1,4 +1,5 @@
-//! The plain SQL statements: forgetting state, pruning, blocks and defining limits. Rare,
+//! The plain SQL statements: forgetting state, pruning, the block and allow lists and
+//! defining limits. Rare,
 //! and not on the path of a decision; the executor keeps every index and publication
 //! informed.
 
@@ -6,9 +7,10 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::cache;
+use crate::cache::{self, List};
 use crate::clock;
 use crate::config::LimitRow;
+use crate::error::Error;
 
 use super::xact_snapshot_isolation;
 
@@ -18,8 +20,14 @@ fn state_table() -> String {
     cache::qualified_name(cache::relations().state)
 }
 
-fn blocks_table() -> String {
-    cache::qualified_name(cache::relations().blocks)
+/// The list's table, with the name of its unique constraint; None for the allow list of a
+/// database whose extension is older than 0.4.0.
+fn list_table(list: List) -> Option<(String, &'static str)> {
+    let relations = cache::relations();
+    match list {
+        List::Blocks => Some((cache::qualified_name(relations.blocks), "blocks_key_name_key")),
+        List::Allows => relations.allows.map(|(table, _)| (cache::qualified_name(table), "allows_key_name_key")),
+    }
 }
 
 /// Forget every shard of (name, key). Plain SQL: rare, and not on the path of a decision.
@@ -38,22 +46,24 @@ pub fn delete(name: &str, key: Option<&str>) {
 /// lock re-checks `expires` on the newest version, so a row a call has just written again
 /// is kept.
 pub fn prune(now: f64, max_rows: i32) -> i64 {
-    let ended = delete_ended_blocks(now, max_rows);
-    let max_rows = max_rows - ended as i32;
-    if max_rows == 0 {
-        return ended;
+    let mut deleted = 0;
+    for list in [List::Blocks, List::Allows] {
+        deleted += delete_ended(list, now, max_rows - deleted as i32);
+        if deleted == max_rows as i64 {
+            return deleted;
+        }
     }
-    ended + prune_state(now, max_rows)
+    deleted + prune_state(now, max_rows - deleted as i32)
 }
 
-/// Delete up to `max_rows` blocks whose `until` has passed at `now`.
-fn delete_ended_blocks(now: f64, max_rows: i32) -> i64 {
-    let blocks = blocks_table();
+/// Delete up to `max_rows` blocks or allows whose `until` has passed at `now`.
+fn delete_ended(list: List, now: f64, max_rows: i32) -> i64 {
+    let Some((table, _)) = list_table(list) else { return 0 };
     let sql = format!(
         "WITH ended AS ( \
-             SELECT ctid FROM {blocks} WHERE until OPERATOR(pg_catalog.<=) $2 \
+             SELECT ctid FROM {table} WHERE until OPERATOR(pg_catalog.<=) $2 \
              LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         DELETE FROM {blocks} \
+         DELETE FROM {table} \
          WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended))"
     );
     let now = clock::ms_timestamptz(now);
@@ -107,20 +117,26 @@ fn same(column: &str, n: u8) -> String {
     format!("({column} OPERATOR(pg_catalog.=) ${n} OR ({column} IS NULL AND ${n}::pg_catalog.text IS NULL))")
 }
 
-/// Insert or replace the block of (name, key).
-pub fn upsert_block(name: Option<&str>, key: Option<&str>, until: TimestampWithTimeZone, note: Option<&str>) {
+/// The list's table, or 55000 for the allow list of a database not yet updated.
+fn list_table_or_outdated(list: List) -> (String, &'static str) {
+    list_table(list).unwrap_or_else(|| Error::ExtensionOutdated.raise())
+}
+
+/// Insert or replace the block or allow of (name, key).
+pub fn upsert_listed(list: List, name: Option<&str>, key: Option<&str>, until: TimestampWithTimeZone, note: Option<&str>) {
+    let (table, constraint) = list_table_or_outdated(list);
     let sql = format!(
-        "INSERT INTO {} AS b (name, key, until, note) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT ON CONSTRAINT blocks_key_name_key DO UPDATE \
-         SET until = excluded.until, note = excluded.note, created = pg_catalog.now()",
-        blocks_table()
+        "INSERT INTO {table} AS b (name, key, until, note) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT ON CONSTRAINT {constraint} DO UPDATE \
+         SET until = excluded.until, note = excluded.note, created = pg_catalog.now()"
     );
     Spi::run_with_args(&sql, &[name.into(), key.into(), until.into(), note.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-/// Delete the block of (name, key); whether there was one.
-pub fn delete_block(name: Option<&str>, key: Option<&str>) -> bool {
-    let sql = format!("DELETE FROM {} WHERE {} AND {}", blocks_table(), same("name", 1), same("key", 2));
+/// Delete the block or allow of (name, key); whether there was one.
+pub fn delete_listed(list: List, name: Option<&str>, key: Option<&str>) -> bool {
+    let (table, _) = list_table_or_outdated(list);
+    let sql = format!("DELETE FROM {table} WHERE {} AND {}", same("name", 1), same("key", 2));
     Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), key.into()]).map(|t| !t.is_empty()))
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }

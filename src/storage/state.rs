@@ -481,7 +481,8 @@ impl Drop for StateTable {
                 pg_sys::PopActiveSnapshot();
             }
             for index in &self.indexes {
-                // Not while unwinding from an error: the abort frees what the inserts cached.
+                // Not while unwinding from an error: the (sub)transaction abort that follows
+                // releases what the inserts cached, as it does for the executor.
                 if !index.info.get().is_null() && !std::thread::panicking() {
                     server::index_insert_cleanup(index.relation, index.info.get());
                 }
