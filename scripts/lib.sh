@@ -20,9 +20,9 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_packages() {
     # pg_cron and pg_repack for the operations tests' recipes; the JDBC driver and PgBouncer
-    # for the examples; PL/Proxy for rate_limiter_proxy.
+    # for the examples; PL/Proxy for rate_limiter_proxy; postgres_exporter for monitoring/.
     local wanted=(postgresql-server-dev-15 libclang-dev clang sudo postgresql-15-cron postgresql-15-repack
-                  libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy) missing=()
+                  libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy prometheus-postgres-exporter) missing=()
     for p in "${wanted[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     if [ ${#missing[@]} -gt 0 ]; then
         step "installing Debian packages: ${missing[*]}"

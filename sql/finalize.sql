@@ -54,6 +54,15 @@ CREATE FUNCTION rate_limiter.wait_rate_limit(
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'wait_rate_limit_fmgr';
 
+CREATE FUNCTION rate_limiter.credit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter.decision
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'credit_fmgr';
+
 -- Every backend caches named configs (and whether any block or allow exists); these tell them all to forget them at each change,
 -- also when a logical replication apply worker or a restore (session_replication_role =
 -- replica) makes it. Row-level, because an apply worker fires row triggers only.
@@ -107,6 +116,8 @@ COMMENT ON FUNCTION rate_limiter.disallow(text, text) IS
     'Lift the allow of (name, key); returns whether there was one.';
 COMMENT ON FUNCTION rate_limiter.wait_rate_limit(text, text, double precision, interval, jsonb) IS
     'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';
+COMMENT ON FUNCTION rate_limiter.credit(text, text, double precision, jsonb) IS
+    'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit(text, text) IS
     'Forget the state of (name, key), every shard: it is full again.';
 COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS

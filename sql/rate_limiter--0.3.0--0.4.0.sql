@@ -164,3 +164,16 @@ COMMENT ON FUNCTION rate_limiter.disallow(text, text) IS
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
     'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks and allows that have ended; returns how many. Skips rows in use.';
 COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call), ''blocked'' (see rate_limiter.blocks), ''timeout'' (wait_rate_limit waited and its timeout came first) or ''lock_timeout'' (the row stayed locked past the limit''s lock_timeout; also with ok when on_lock_timeout is ''allow''); ''allowed'' with ok when the key is in rate_limiter.allows; otherwise NULL.';
+
+-- Credits (0.4.0).
+CREATE FUNCTION rate_limiter.credit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter.decision
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'credit_fmgr';
+REVOKE ALL ON FUNCTION rate_limiter.credit(text, text, double precision, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.credit(text, text, double precision, jsonb) IS
+    'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';

@@ -5,6 +5,7 @@
 //! operation for operation (so floating point rounding matches too). Each later kind is a
 //! module of its own.
 
+mod credit;
 mod modes;
 mod rolling_window;
 mod sliding_window;
@@ -381,6 +382,27 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
             }
         }
         _ => unreachable!("a call looks at one or two shards"),
+    }
+}
+
+/// Give `count` tokens back to the looked-at shards, as the Convex component does: to the
+/// emptiest of them (the fewest tokens available now), up to what it takes back (see
+/// `credit`). `config` is the per-shard config. Always ok; `granted` is minus what was given.
+pub fn plan_credit(states: &[State], config: &Config, now: f64, count: f64) -> Outcome {
+    let refilled: Vec<Check> = states.iter().map(|s| check(*s, config, now, 0.0, false)).collect();
+    let emptiest = (0..states.len())
+        .min_by(|a, b| refilled[*a].available.total_cmp(&refilled[*b].available))
+        .expect("a call looks at a shard");
+    let (credited, given) = credit::credit(states[emptiest], config, now, count);
+    let after_credit = check(credited, config, now, 0.0, false);
+    let after = |i: usize| if i == emptiest { (after_credit, given > 0.0) } else { (refilled[i], false) };
+    Outcome {
+        ok: true,
+        retry_after: None,
+        after: (0..states.len()).map(|i| (after(i).0.state(), after(i).1)).collect(),
+        available: (0..states.len()).map(|i| after(i).0.available).collect(),
+        granted: 0.0 - given,
+        reason: Reason::Exhausted,
     }
 }
 

@@ -122,8 +122,29 @@ pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision
     decision(req, &outcome, config, &per_shard, now)
 }
 
+/// What a writing call does to the states of the shards it looked at (per-shard config, now).
+type Plan<'p> = &'p dyn Fn(&[State], &Config, f64) -> Outcome;
+
 /// Consume (`rate_limit`).
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    write(table, req, config, &|states, per_shard, now| bucket::plan(states, per_shard, now, req.count, req.reserve))
+}
+
+/// Give `req.count` tokens back (`credit`), to the emptiest shard looked at. It waits for a
+/// row that another transaction holds, whatever the limit's `lock_timeout`: a give-back
+/// is never dropped. A denial cached for the key is forgotten.
+pub fn credit(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    let config = Config { lock_timeout: None, ..*config };
+    let d = write(table, req, &config, &|states, per_shard, now| bucket::plan_credit(states, per_shard, now, req.count));
+    if d.granted < 0.0 {
+        deny_cache::forget_this_database();
+    }
+    d
+}
+
+/// Plan on the shards' states and write what the plan changed: the write path that
+/// consuming and crediting share.
+fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>) -> Decision {
     let per_shard = config.per_shard();
     // Shards other transactions were seen holding, and shards this call holds (rounds that
     // gave up keep what they locked or created until the transaction ends).
@@ -142,7 +163,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
         let pool = if must_wait { waitable(config.shards, &held) } else { (0..config.shards as i32).collect() };
         let now = clock::now_ms();
         let looked = look(table, req, &per_shard, pick_shards(config.shards, &pool, &busy), now);
-        let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
+        let outcome = plan(&looked.states, &per_shard, now);
         // What the call changes: nothing when denied, except in the penalize mode.
         let taking: Vec<usize> = (0..looked.shards.len()).filter(|i| outcome.after[*i].1).collect();
         if taking.is_empty() {
@@ -173,7 +194,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
         }
         if try_locking {
             match lock_all(table, req, &per_shard, &looked, &taking, wait, &mut held) {
-                Some(locked) => return apply(table, req, config, &per_shard, &looked, &taking, locked),
+                Some(locked) => return apply(table, req, config, &looked, &taking, locked, plan),
                 None => busy.extend(taking.iter().map(|i| looked.shards[*i])),
             }
         }
@@ -265,14 +286,15 @@ fn apply(
     table: &StateTable,
     req: &Request<'_>,
     config: &Config,
-    per_shard: &Config,
     looked: &Looked,
     taking: &[usize],
     locked: Vec<Row>,
+    plan: Plan<'_>,
 ) -> Decision {
+    let per_shard = &config.per_shard();
     let now = clock::now_ms();
     let states: Vec<State> = locked.iter().map(|r| r.state).collect();
-    let outcome = bucket::plan(&states, per_shard, now, req.count, req.reserve);
+    let outcome = plan(&states, per_shard, now);
     for ((&i, row), (state, changed)) in taking.iter().zip(&locked).zip(&outcome.after) {
         if *changed {
             table.write_locked(row, slot(req, looked.shards[i]), *state, bucket::expires(*state, per_shard));

@@ -5,6 +5,7 @@ PG* environment the test command sets (socket in /tmp, user postgres, a fresh da
 """
 
 import json
+import random
 import threading
 import time
 import uuid
@@ -383,3 +384,38 @@ def test_sixteen_sessions_creating_one_fresh_key_see_no_error(db, name):
     define(db, name, rate=1000)
     assert hammer(name, sessions=16, calls=1, key="fresh") == 16
     assert db.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (1,)
+
+
+def test_concurrent_takes_and_credits_stay_exact(db, name):
+    """8 sessions take and give back on one key at once, some of them rolling back: the state
+    is exactly the capacity minus what committed takes took plus what committed credits gave.
+    The clock is pinned, so nothing refills in between."""
+    capacity = 1_000_000
+    pin = "SET rate_limiter.fake_now = '2030-01-01'"
+    db.execute(pin)
+    db.execute(f"SELECT rate_limiter.define('{name}', 'token bucket', {capacity}, '1 hour')")
+    db.execute(f"SELECT rate_limiter.rate_limit('{name}', 'k', {capacity // 2})")  # room both ways
+
+    def session(i):
+        committed = 0.0
+        rng = random.Random(i)
+        with connect(dbname=db.info.dbname, autocommit=False) as c:
+            c.execute(pin)
+            c.commit()
+            for _ in range(150):
+                if rng.random() < 0.5:
+                    call = f"SELECT granted FROM rate_limiter.rate_limit('{name}', 'k', {rng.randint(1, 50)})"
+                else:
+                    call = f"SELECT granted FROM rate_limiter.credit('{name}', 'k', {rng.randint(0, 50)})"
+                (granted,) = c.execute(call).fetchone()
+                if rng.random() < 0.2:
+                    c.rollback()
+                else:
+                    c.commit()
+                    committed += granted
+        return committed
+
+    net = sum(in_sessions(8, session))
+    value = db.execute(f"SELECT value FROM rate_limiter.state WHERE name = '{name}' AND key = 'k'").fetchone()[0]
+    assert value == capacity - capacity // 2 - net
+    assert net != 0, "the sessions took and gave"

@@ -1,7 +1,7 @@
 //! The consuming calls and checks: `rate_limit`, `check_rate_limit`, `wait_rate_limit`,
-//! `rate_limit_all`, `check_rate_limit_all` and `rate_limit_value`.
+//! `rate_limit_all`, `check_rate_limit_all`, `credit` and `rate_limit_value`.
 //!
-//! The first five are plain fmgr functions (declared in `sql/finalize.sql`) rather than
+//! The first six are plain fmgr functions (declared in `sql/finalize.sql`) rather than
 //! `#[pg_extern]`s, so that `throws => true` can raise the custom SQLSTATE `RL429` (see
 //! `error::raise_rate_limited`). They need no SECURITY DEFINER: `storage` reads and writes
 //! the state without SQL.
@@ -242,6 +242,48 @@ pub unsafe extern "C-unwind" fn check_rate_limit_all_fmgr(fcinfo: FunctionCallIn
     // SAFETY: by this function's contract `fcinfo` is a call of check_rate_limit_all, as
     // `answer_all` requires (binding the symbol to other SQL takes a superuser).
     entry(unsafe { answer_all(fcinfo, false) })
+}
+
+fmgr_v1_info!(pg_finfo_credit_fmgr);
+
+/// `rate_limiter.credit(name, key, count, config)`.
+///
+/// # Safety
+/// Only for fmgr, calling `rate_limiter.credit` as sql/finalize.sql declares it.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn credit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: by this function's contract `fcinfo` is a call of credit, as `answer_credit`
+    // requires (binding the symbol to other SQL takes a superuser).
+    entry(unsafe { answer_credit(fcinfo) })
+}
+
+/// The body of `credit`: gives tokens back in the caller's transaction, whatever the lists
+/// say (a give-back admits nothing by itself). Not counted in the statistics, which count
+/// consuming calls.
+///
+/// # Safety
+/// `fcinfo` is a call of `credit`.
+#[pg_guard]
+unsafe extern "C-unwind" fn answer_credit(fcinfo: FunctionCallInfo) -> Answer {
+    // SAFETY: the caller guarantees a call of credit, whose SQL declaration has these four
+    // argument types in this order.
+    let (name, key, count, inline) = unsafe {
+        (
+            pg_getarg::<&str>(fcinfo, 0),
+            pg_getarg::<&str>(fcinfo, 1),
+            pg_getarg::<f64>(fcinfo, 2),
+            pg_getarg::<JsonbArg>(fcinfo, 3),
+        )
+    };
+    let d = (|| -> Result<Decision> {
+        let req = request(name, key, count, None, inline.is_some())?;
+        // Open the table first: its lock takes in pending invalidations of cached configs.
+        let table = StateTable::open(Some(c"credit()"));
+        let config = resolve(req.name, inline)?;
+        Ok(limiter::credit(&table, &req, &config))
+    })()
+    .unwrap_or_else(|e| e.raise());
+    Answer { datum: decision_datum(&d), throw: NO_DENIAL }
 }
 
 /// The body of `wait_rate_limit`: `rate_limit` again after each `retry_after` until it is

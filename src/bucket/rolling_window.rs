@@ -71,6 +71,11 @@ pub(super) fn check(state: State, config: &Config, now: f64, count: f64) -> Chec
     }
 }
 
+/// What is left of the rate when the counting cells hold `cells`.
+pub(super) fn left(cells: &[f64], config: &Config) -> f64 {
+    config.rate - cells.iter().sum::<f64>()
+}
+
 /// The earliest instant from `now` on at which taking `count` is allowed: the start of the
 /// first later cell from which enough of the oldest cells no longer count.
 fn retry_at(state: State, config: &Config, now: f64, count: f64) -> f64 {

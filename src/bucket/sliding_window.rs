@@ -30,6 +30,12 @@ fn windows(state: State, config: &Config, at: f64) -> Windows {
     Windows { start: state.ts + elapsed * config.period, current, previous }
 }
 
+/// The tokens taken in the window a state belongs to, and in the window before it (for a
+/// state moved to the present by `check`: those that still weigh).
+pub(super) fn taken(state: State, config: &Config) -> (f64, f64) {
+    (config.rate - state.value, state.counts.get(0))
+}
+
 /// Tokens that count against the rate at `at`.
 fn weighted(w: &Windows, config: &Config, at: f64) -> f64 {
     let fraction = ((at - w.start) / config.period).clamp(0.0, 1.0);

@@ -253,6 +253,38 @@ mod tests {
     }
 
     #[pg_test]
+    fn credit_gives_back_what_the_limit_still_counts_and_returns_the_state_after() {
+        at("0");
+        run("SELECT rate_limiter.define('llm', 'token bucket', 10000, '1 hour')");
+        // Reserve the estimate, do the work, give back what was not used.
+        assert_eq!(decide("rate_limiter.rate_limit('llm', 'team', 2000)").remaining, 8000.0);
+        let back = decide("rate_limiter.credit('llm', 'team', 800)");
+        assert_eq!((back.ok, back.granted, back.remaining, back.retry_after), (true, -800.0, 8800.0, None));
+        assert_eq!(one::<String>("SELECT coalesce(reason, 'none') FROM rate_limiter.credit('llm', 'team', 0)").as_deref(), Some("none"));
+        // More than was taken is clamped at the capacity, the excess discarded.
+        let back = decide("rate_limiter.credit(name => 'llm', key => 'team', count => 5000)");
+        assert_eq!((back.granted, back.remaining), (-1200.0, 10000.0));
+        assert_eq!(decide("rate_limiter.credit('llm', 'nobody', 10)").granted, 0.0, "a full key takes nothing back");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE key = 'nobody'"), Some(0), "and writes nothing");
+        // Inline configs and sharded limits (the emptiest shard looked at).
+        let inline = r#"'{"kind":"fixed window","rate":5,"period":1000}'"#;
+        run(&format!("SELECT rate_limiter.rate_limit('inl', 'k', 5, config => {inline})"));
+        assert!(!decide(&format!("rate_limiter.rate_limit('inl', 'k', config => {inline})")).ok);
+        assert_eq!(decide(&format!("rate_limiter.credit('inl', 'k', 2, config => {inline})")).granted, -2.0);
+        assert!(decide(&format!("rate_limiter.rate_limit('inl', 'k', 2, config => {inline})")).ok);
+        run("SELECT rate_limiter.define('wide', 'token bucket', 40, '1 hour', shards => 4)");
+        run("SELECT rate_limiter.rate_limit('wide', 'k', 8)");
+        let back = decide("rate_limiter.credit('wide', 'k', 100)");
+        assert!(back.granted < 0.0 && back.granted >= -8.0, "at most what one shard took: {}", back.granted);
+        // Counts are checked as rate_limit checks them; rate_limit still refuses negatives.
+        fails("SELECT rate_limiter.credit('llm', 'team', -1)", "22023", "count must be a finite number >= 0");
+        fails("SELECT rate_limiter.credit('llm', 'team', NULL)", "22023", "must not be NULL");
+        fails("SELECT rate_limiter.credit('llm', 'team', 'NaN')", "22023", "finite");
+        fails("SELECT rate_limiter.rate_limit('llm', 'team', -1)", "22023", "count must be a finite number >= 0");
+        fails("SELECT rate_limiter.credit('undefined', 'k')", "42704", "does not exist");
+    }
+
+    #[pg_test]
     fn inline_config_spellings() {
         at("0");
         for cfg in [
