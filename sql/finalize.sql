@@ -151,6 +151,10 @@ COMMENT ON COLUMN rate_limiter.top_denied.denied IS 'Denials counted for the key
 COMMENT ON COLUMN rate_limiter.top_denied.approximate_error IS 'How many of denied may belong to keys this one replaced in the sketch; 0 means exact.';
 COMMENT ON FUNCTION rate_limiter._stats() IS 'Internal: the rows of rate_limiter.stats.';
 COMMENT ON FUNCTION rate_limiter._top_denied() IS 'Internal: the rows of rate_limiter.top_denied.';
+COMMENT ON FUNCTION rate_limiter.stats_every_database() IS
+    'The rows of rate_limiter.stats of every database, with its name (superusers and pg_monitor members only).';
+COMMENT ON FUNCTION rate_limiter.top_denied_every_database() IS
+    'The rows of rate_limiter.top_denied of every database, with its name (superusers and pg_monitor members only).';
 COMMENT ON FUNCTION rate_limiter.stats_reset(text) IS
     'Zero the statistics and top denied keys of one limit name, or of all when NULL; returns how many rows of rate_limiter.stats were reset.';
 

@@ -457,3 +457,36 @@ AS 'MODULE_PATHNAME', 'credit_fmgr';
 REVOKE ALL ON FUNCTION rate_limiter.credit(text, text, double precision, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION rate_limiter.credit(text, text, double precision, jsonb) IS
     'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';
+
+-- Every database's statistics, for superusers and pg_monitor (0.4.0).
+CREATE FUNCTION rate_limiter.stats_every_database() RETURNS TABLE (
+    database text,
+    name text,
+    calls bigint,
+    allowed bigint,
+    denied bigint,
+    tokens_granted double precision,
+    tokens_reserved double precision,
+    last_allowed_at timestamptz,
+    last_denied_at timestamptz,
+    stats_reset timestamptz
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'stats_every_database_wrapper';
+CREATE FUNCTION rate_limiter.top_denied_every_database() RETURNS TABLE (
+    database text,
+    name text,
+    key text,
+    denied bigint,
+    approximate_error bigint
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'top_denied_every_database_wrapper';
+REVOKE ALL ON FUNCTION rate_limiter.stats_every_database() FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.top_denied_every_database() FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.stats_every_database() IS
+    'The rows of rate_limiter.stats of every database, with its name (superusers and pg_monitor members only).';
+COMMENT ON FUNCTION rate_limiter.top_denied_every_database() IS
+    'The rows of rate_limiter.top_denied of every database, with its name (superusers and pg_monitor members only).';

@@ -44,6 +44,9 @@ pub enum Error {
     #[error("{0} is not an object of the extension rate_limiter")]
     NotAMember(String),
 
+    #[error("permission denied for {0}: it shows every database's limit names and keys")]
+    NotAMonitor(String),
+
     #[error("{relation} is not shaped as the extension made it: {detail}")]
     ShapeChanged { relation: String, detail: String },
 }
@@ -62,7 +65,7 @@ impl Error {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             Error::TimeOutOfRange(_) => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
-            Error::UntrustedOwner { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            Error::UntrustedOwner { .. } | Error::NotAMonitor(_) => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             Error::NotAMember(_) | Error::ShapeChanged { .. } => {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
@@ -110,6 +113,11 @@ impl Error {
                  the extension runs as its callers; give them back with ALTER SCHEMA or ALTER \
                  TABLE ... OWNER TO the extension's owner, or DROP EXTENSION rate_limiter and \
                  create it again in a schema the installing role owns."
+            }
+            Error::NotAMonitor(_) => {
+                "Only superusers and members of pg_monitor may read every database's statistics: \
+                 GRANT pg_monitor TO the role, or read rate_limiter.stats and rate_limiter.top_denied \
+                 in each database."
             }
             Error::NotAMember(_) => {
                 "An object of that name exists in the extension's schema but the extension did not \

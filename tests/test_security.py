@@ -371,6 +371,49 @@ def test_another_database_can_neither_poison_nor_reset_nor_crowd_out_the_statist
         assert v.execute("SELECT count(*) FROM rate_limiter.top_denied WHERE key = 'fake key'").fetchone() == (0,)
 
 
+def test_a_non_superuser_sees_only_its_databases_statistics_and_pg_monitor_sees_every_one(preloading):
+    databases = [f"seen_{kind}_{uuid.uuid4().hex[:6]}" for kind in ("a", "b")]
+    role, monitor = (f"{kind}_{uuid.uuid4().hex[:6]}" for kind in ("reader", "monitor"))
+    with preloading.connect() as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"CREATE ROLE {monitor} LOGIN IN ROLE pg_monitor")
+        for db, secret in zip(databases, ("alice@a", "bob@b")):
+            admin.execute(f"CREATE DATABASE {db}")
+            with preloading.connect(db) as c:
+                c.execute("CREATE EXTENSION rate_limiter")
+                c.execute(f"SELECT rate_limiter.define('login_{db}', 'token bucket', 1, '1 hour')")
+                c.execute(f"SELECT rate_limiter.rate_limit('login_{db}', '{secret}') FROM generate_series(1, 3)")
+                c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}, {monitor}")
+                c.execute(f"GRANT SELECT ON rate_limiter.stats, rate_limiter.top_denied TO {role}, {monitor}")
+                c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter._stats(), rate_limiter._top_denied(), "
+                          f"rate_limiter.stats_every_database(), rate_limiter.top_denied_every_database() "
+                          f"TO {role}, {monitor}")
+    try:
+        a, b = databases
+        with preloading.connect(a, user=role) as c:
+            # The views: this database's names and keys only.
+            assert c.execute("SELECT name FROM rate_limiter.stats").fetchall() == [(f"login_{a}",)]
+            assert c.execute("SELECT key FROM rate_limiter.top_denied").fetchall() == [("alice@a",)]
+            # The every-database functions: not even with EXECUTE granted.
+            for function in ("stats_every_database", "top_denied_every_database"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="every database") as raised:
+                    c.execute(f"SELECT * FROM rate_limiter.{function}()")
+                assert "pg_monitor" in raised.value.diag.message_hint
+        with preloading.connect(a, user=monitor) as c:
+            rows = c.execute("SELECT database, name, calls, denied FROM rate_limiter.stats_every_database() "
+                             "WHERE name LIKE 'login_seen_%' ORDER BY database").fetchall()
+            assert rows == [(a, f"login_{a}", 3, 2), (b, f"login_{b}", 3, 2)]
+            keys = c.execute("SELECT database, key, denied FROM rate_limiter.top_denied_every_database() "
+                             "WHERE name LIKE 'login_seen_%' ORDER BY database").fetchall()
+            assert keys == [(a, "alice@a", 2), (b, "bob@b", 2)]
+    finally:
+        with preloading.connect() as admin:
+            for db in databases:
+                admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
+            admin.execute(f"DROP ROLE {role}")
+            admin.execute(f"DROP ROLE {monitor}")
+
+
 def test_a_change_in_one_database_leaves_the_deny_cache_of_another_and_long_pairs_are_never_cached(preloading):
     databases = [f"deny_{kind}_{uuid.uuid4().hex[:6]}" for kind in ("a", "b")]
     with preloading.connect() as admin:

@@ -1,15 +1,16 @@
-//! The statistics views' functions (`_stats`, `_top_denied`) and `stats_reset`: VOLATILE
-//! (the counters move) and PARALLEL RESTRICTED (their once-per-session NOTICE is the
-//! leader's).
+//! The statistics views' functions (`_stats`, `_top_denied`), their every-database
+//! counterparts for superusers and `pg_monitor` (`stats_every_database`,
+//! `top_denied_every_database`) and `stats_reset`: VOLATILE (the counters move) and PARALLEL
+//! RESTRICTED (their once-per-session NOTICE is the leader's).
 
+use std::ffi::CStr;
 
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 use crate::clock;
-use crate::shmem::stats;
-
-
+use crate::error::Error;
+use crate::shmem::stats::{self, Scope};
 
 thread_local! {
     static TOLD_STATS_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -54,7 +55,7 @@ fn _stats() -> TableIterator<
         name!(stats_reset, TimestampWithTimeZone),
     ),
 > {
-    let rows = if stats_available() { stats::rows() } else { Vec::new() };
+    let rows = if stats_available() { stats::rows(Scope::ThisDatabase) } else { Vec::new() };
     TableIterator::new(rows.into_iter().map(|r| {
         (
             r.name,
@@ -76,8 +77,8 @@ fn _top_denied() -> TableIterator<
     'static,
     (name!(name, String), name!(key, Option<String>), name!(denied, i64), name!(approximate_error, i64)),
 > {
-    let sketches = if stats_available() { stats::top_denied() } else { Vec::new() };
-    TableIterator::new(sketches.into_iter().flat_map(|(name, heavy)| {
+    let sketches = if stats_available() { stats::top_denied(Scope::ThisDatabase) } else { Vec::new() };
+    TableIterator::new(sketches.into_iter().flat_map(|(_, name, heavy)| {
         heavy.into_iter().map(move |h| (name.clone(), h.key, h.count as i64, h.error as i64))
     }))
 }
@@ -87,4 +88,89 @@ fn _top_denied() -> TableIterator<
 #[pg_extern(volatile, parallel_restricted)]
 fn stats_reset(name: default!(Option<&str>, "NULL")) -> i64 {
     if stats_available() { stats::reset(name) } else { 0 }
+}
+
+/// Every database's rows (superusers and members of `pg_monitor` only: names and keys of one
+/// database are not another's to read), with the database's name; NULL for the row that
+/// counts names no database had room for.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_restricted)]
+fn stats_every_database() -> TableIterator<
+    'static,
+    (
+        name!(database, Option<String>),
+        name!(name, String),
+        name!(calls, i64),
+        name!(allowed, i64),
+        name!(denied, i64),
+        name!(tokens_granted, f64),
+        name!(tokens_reserved, f64),
+        name!(last_allowed_at, Option<TimestampWithTimeZone>),
+        name!(last_denied_at, Option<TimestampWithTimeZone>),
+        name!(stats_reset, TimestampWithTimeZone),
+    ),
+> {
+    require_monitor("stats_every_database()");
+    let rows = if stats_available() { stats::rows(Scope::EveryDatabase) } else { Vec::new() };
+    TableIterator::new(rows.into_iter().map(|r| {
+        (
+            database_name(r.database),
+            r.name,
+            r.calls,
+            r.allowed,
+            r.denied,
+            r.tokens_granted,
+            r.tokens_reserved,
+            r.last_allowed_at.map(timestamptz),
+            r.last_denied_at.map(timestamptz),
+            timestamptz(r.stats_reset),
+        )
+    }))
+}
+
+/// Every database's most denied keys (superusers and members of `pg_monitor` only).
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_restricted)]
+fn top_denied_every_database() -> TableIterator<
+    'static,
+    (
+        name!(database, Option<String>),
+        name!(name, String),
+        name!(key, Option<String>),
+        name!(denied, i64),
+        name!(approximate_error, i64),
+    ),
+> {
+    require_monitor("top_denied_every_database()");
+    let sketches = if stats_available() { stats::top_denied(Scope::EveryDatabase) } else { Vec::new() };
+    TableIterator::new(sketches.into_iter().flat_map(|(database, name, heavy)| {
+        let database = database_name(database);
+        heavy.into_iter().map(move |h| (database.clone(), name.clone(), h.key, h.count as i64, h.error as i64))
+    }))
+}
+
+/// 42501 unless the current user is a superuser or has the privileges of `pg_monitor`.
+fn require_monitor(function: &str) {
+    // SAFETY: reads this backend's current user and the role catalog's cache, inside the
+    // calling transaction; neither keeps a pointer.
+    let allowed = unsafe {
+        let user = pg_sys::GetUserId();
+        pg_sys::superuser_arg(user) || pg_sys::has_privs_of_role(user, pg_sys::Oid::from(pg_sys::ROLE_PG_MONITOR))
+    };
+    if !allowed {
+        Error::NotAMonitor(format!("rate_limiter.{function}")).raise()
+    }
+}
+
+/// The database's name, if it still exists.
+fn database_name(database: pg_sys::Oid) -> Option<String> {
+    if database == pg_sys::InvalidOid {
+        return None;
+    }
+    // SAFETY: get_database_name takes any OID and returns a palloc'd NUL-terminated name, or
+    // NULL for one that is gone (checked).
+    unsafe {
+        let name = pg_sys::get_database_name(database);
+        (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned())
+    }
 }

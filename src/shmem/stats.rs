@@ -293,13 +293,17 @@ impl Shared {
         Some(i)
     }
 
-    /// This database's published entries.
-    fn of_this_database(&self) -> impl Iterator<Item = usize> + '_ {
+    /// The published entries of this database, or of every database.
+    fn of(&self, scope: Scope) -> impl Iterator<Item = usize> + '_ {
         let used = self.header.used.load(Acquire) as usize;
         // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL
         // runs, and backends are single-threaded, so this read cannot race a write.
         let database = unsafe { pg_sys::MyDatabaseId };
-        (1..used).filter(move |i| self.database(*i) == database)
+        (1..used).filter(move |i| scope == Scope::EveryDatabase || self.database(*i) == database)
+    }
+
+    fn of_this_database(&self) -> impl Iterator<Item = usize> + '_ {
+        self.of(Scope::ThisDatabase)
     }
 }
 
@@ -365,7 +369,17 @@ pub fn record(name: &str, key: Option<&str>, d: &Decision, denied_here: bool) {
 }
 
 /// One row of `rate_limiter.stats`.
+/// Whose entries to read: the views show this database's; a superuser or a `pg_monitor`
+/// member may read every database's.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Scope {
+    ThisDatabase,
+    EveryDatabase,
+}
+
 pub struct Row {
+    /// InvalidOid for the row that counts what no database had room for.
+    pub database: pg_sys::Oid,
     pub name: String,
     pub calls: i64,
     pub allowed: i64,
@@ -382,16 +396,17 @@ pub fn enabled() -> bool {
     shared().is_some()
 }
 
-/// This database's entries.
-pub fn rows() -> Vec<Row> {
+/// The entries of `scope`.
+pub fn rows(scope: Scope) -> Vec<Row> {
     let Some(shared) = shared() else { return Vec::new() };
     let at = |t: &AtomicI64| Some(t.load(Relaxed)).filter(|t| *t != 0);
     shared
-        .of_this_database()
+        .of(scope)
         .map(|i| {
             let e = &shared.entries[i];
             let (allowed, denied) = (e.allowed.load(Relaxed) as i64, e.denied.load(Relaxed) as i64);
             Row {
+                database: shared.database(i),
                 name: shared.name(i),
                 // Not counted apart: one atomic add less per call.
                 calls: allowed + denied,
@@ -407,13 +422,13 @@ pub fn rows() -> Vec<Row> {
         .collect()
 }
 
-/// The sketch of this database's entries, by name.
-pub fn top_denied() -> Vec<(String, Vec<Heavy>)> {
+/// The sketch of the entries of `scope`, by database and name.
+pub fn top_denied(scope: Scope) -> Vec<(pg_sys::Oid, String, Vec<Heavy>)> {
     let Some(shared) = shared() else { return Vec::new() };
     // SAFETY: TopKeys is integers and bytes, valid at all zeros.
     let mut copy: Box<TopKeys> = unsafe { Box::new(std::mem::zeroed()) };
     shared
-        .of_this_database()
+        .of(scope)
         .map(|i| {
             let entry = &shared.entries[i];
             {
@@ -421,7 +436,7 @@ pub fn top_denied() -> Vec<(String, Vec<Heavy>)> {
                 // SAFETY: read under the entry's lock, which is held only for the copy.
                 unsafe { std::ptr::copy_nonoverlapping(entry.top_denied.get(), &mut *copy, 1) };
             }
-            (shared.name(i), copy.heavy())
+            (shared.database(i), shared.name(i), copy.heavy())
         })
         .collect()
 }
