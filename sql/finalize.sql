@@ -127,7 +127,7 @@ COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, 
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
     'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks and allows that have ended; returns how many. Skips rows in use.';
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
-    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits and rate_limiter.blocks.';
+    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits, rate_limiter.blocks and rate_limiter.allows.';
 
 -- Statistics (shared memory; see src/stats.rs).
 CREATE VIEW rate_limiter.stats AS SELECT * FROM rate_limiter._stats();

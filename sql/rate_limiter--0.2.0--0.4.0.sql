@@ -277,7 +277,7 @@ COMMENT ON FUNCTION rate_limiter.block(text, text, timestamptz, text) IS
 COMMENT ON FUNCTION rate_limiter.unblock(text, text) IS
     'Lift the block of (name, key); returns whether there was one.';
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
-    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits and rate_limiter.blocks.';
+    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits, rate_limiter.blocks and rate_limiter.allows.';
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
     'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks that have ended; returns how many. Skips rows in use.';
 

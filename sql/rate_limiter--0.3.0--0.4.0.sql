@@ -210,3 +210,5 @@ COMMENT ON FUNCTION rate_limiter.stats_every_database() IS
     'The rows of rate_limiter.stats of every database, with its name (superusers and pg_monitor members only).';
 COMMENT ON FUNCTION rate_limiter.top_denied_every_database() IS
     'The rows of rate_limiter.top_denied of every database, with its name (superusers and pg_monitor members only).';
+COMMENT ON FUNCTION rate_limiter._limits_changed() IS
+    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits, rate_limiter.blocks and rate_limiter.allows.';

@@ -216,9 +216,10 @@ def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(parti
 
 ROUTED = ("rate_limit", "check_rate_limit", "wait_rate_limit", "rate_limit_all", "check_rate_limit_all",
           "rate_limit_value", "reset_rate_limit", "define", "block", "unblock")
-# What the README says stays on each partition; anything new in rate_limiter must be routed
-# or listed here.
-PARTITION_ONLY = {"http_headers", "http_headers_all", "prune", "stats_reset"}
+# What docs/scaling-out.md says stays on each partition; anything new in rate_limiter must be
+# routed or listed here (0.4.0's additions are not routed yet: see that page).
+PARTITION_ONLY = {"http_headers", "http_headers_all", "prune", "stats_reset",
+                  "credit", "allow", "disallow", "ip_key", "stats_every_database", "top_denied_every_database"}
 SIGNATURES = """
 SELECT p.proname, pg_get_function_arguments(p.oid),
        replace(pg_get_function_result(p.oid), %(schema)s || '.decision', 'decision'),

@@ -354,9 +354,10 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
     drop(table);
     if consume {
         // A call counts under every limit it names: allowed with what each granted, or
-        // denied under all, with the key in the sketch of the one that limited it.
+        // denied under all, with the key in the sketch of the one that limited it; an
+        // allowed key's part is allowed whatever the others got.
         for (i, part) in parts.iter().enumerate() {
-            let own = decisions.get(i).filter(|_| d.ok).unwrap_or(&d);
+            let own = decisions.get(i).filter(|p| d.ok || p.reason == Some(Reason::Allowed)).unwrap_or(&d);
             stats::record(part.req.name, part.req.key, own, i == limiting);
         }
     }

@@ -112,9 +112,11 @@ fn stats_every_database() -> TableIterator<
 > {
     require_monitor("stats_every_database()");
     let rows = if stats_available() { stats::rows(Scope::EveryDatabase) } else { Vec::new() };
-    TableIterator::new(rows.into_iter().map(|r| {
+    // Rows of databases dropped since are left out; entry 0 has no database.
+    let rows = rows.into_iter().filter_map(|r| Some((of_database(r.database)?, r)));
+    TableIterator::new(rows.map(|(database, r)| {
         (
-            database_name(r.database),
+            database,
             r.name,
             r.calls,
             r.allowed,
@@ -143,13 +145,14 @@ fn top_denied_every_database() -> TableIterator<
 > {
     require_monitor("top_denied_every_database()");
     let sketches = if stats_available() { stats::top_denied(Scope::EveryDatabase) } else { Vec::new() };
-    TableIterator::new(sketches.into_iter().flat_map(|(database, name, heavy)| {
-        let database = database_name(database);
+    let sketches = sketches.into_iter().filter_map(|(database, name, heavy)| Some((of_database(database)?, name, heavy)));
+    TableIterator::new(sketches.flat_map(|(database, name, heavy)| {
         heavy.into_iter().map(move |h| (database.clone(), name.clone(), h.key, h.count as i64, h.error as i64))
     }))
 }
 
-/// 42501 unless the current user is a superuser or has the privileges of `pg_monitor`.
+/// 42501 unless the current user is a superuser or has the privileges of `pg_monitor`
+/// (membership with INHERIT, as PostgreSQL's own monitoring views require).
 fn require_monitor(function: &str) {
     // SAFETY: reads this backend's current user and the role catalog's cache, inside the
     // calling transaction; neither keeps a pointer.
@@ -162,15 +165,16 @@ fn require_monitor(function: &str) {
     }
 }
 
-/// The database's name, if it still exists.
-fn database_name(database: pg_sys::Oid) -> Option<String> {
+/// The `database` column of a row: `Some(None)` for entry 0, which has none, the name of a
+/// database that exists, or `None` (leave the row out) for one dropped since.
+fn of_database(database: pg_sys::Oid) -> Option<Option<String>> {
     if database == pg_sys::InvalidOid {
-        return None;
+        return Some(None);
     }
     // SAFETY: get_database_name takes any OID and returns a palloc'd NUL-terminated name, or
-    // NULL for one that is gone (checked).
+    // NULL for one that is gone (checked); the name is copied at once.
     unsafe {
         let name = pg_sys::get_database_name(database);
-        (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned())
+        (!name.is_null()).then(|| Some(CStr::from_ptr(name).to_string_lossy().into_owned()))
     }
 }

@@ -29,6 +29,12 @@ mod tests {
         run("SELECT rate_limiter.rate_limit('st_login', 'monitor')");
         run("SELECT rate_limiter.rate_limit('st_login', 'monitor')");
         assert_eq!(one::<String>(row).as_deref(), Some("2/2/0/2"), "never denied, though the rate is 1");
+        // Also as part of a rate_limit_all that another limit denies.
+        run("SELECT rate_limiter.define('st_other', 'token bucket', 1, '1 hour')");
+        run("SELECT rate_limiter.rate_limit('st_other', 'x')");
+        let all = r#"'[{"name":"st_login","key":"monitor"},{"name":"st_other","key":"x"}]'"#;
+        assert_eq!(one::<bool>(&format!("SELECT ok FROM rate_limiter.rate_limit_all({all})")), Some(false));
+        assert_eq!(one::<String>(row).as_deref(), Some("3/3/0/3"));
         fails("SELECT rate_limiter.define('*other*', 'token bucket', 1, '1 hour')", "22023", "is reserved");
     }
 

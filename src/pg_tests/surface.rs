@@ -234,10 +234,17 @@ mod tests {
         let d = decide(&format!("rate_limiter.rate_limit_all({all})"));
         assert_eq!((d.ok, d.granted, d.remaining), (true, 1.0, 1.0), "the metered request's numbers");
         assert_eq!(one::<f64>("SELECT 2 - value FROM rate_limiter.state WHERE key = 'third'"), Some(1.0));
-        // A block of the same pair wins over the allow, under its name or every name.
+        // A block wins over an allow, whichever of them names the limit.
+        let reason = || one::<String>("SELECT reason FROM rate_limiter.rate_limit('api', 'health')");
         run("SELECT rate_limiter.block(NULL, 'health')");
-        assert_eq!(one::<String>("SELECT reason FROM rate_limiter.rate_limit('api', 'health')").as_deref(), Some("blocked"));
+        assert_eq!(reason().as_deref(), Some("blocked"), "a block under every name, an allow under this one");
         run("SELECT rate_limiter.unblock(NULL, 'health')");
+        run("SELECT rate_limiter.block('api', 'health')");
+        assert_eq!(reason().as_deref(), Some("blocked"), "both under this name");
+        run("SELECT rate_limiter.allow(NULL, 'health')");
+        assert_eq!(reason().as_deref(), Some("blocked"), "an allow under every name too");
+        run("SELECT rate_limiter.unblock('api', 'health')");
+        run("SELECT rate_limiter.disallow(NULL, 'health')");
         // Ended allows are ignored, and prune() removes them; disallow says whether there was one.
         at("10 seconds");
         assert_eq!(answer("rate_limiter.check_rate_limit('api', 'health')").4, None, "metered again");

@@ -299,7 +299,9 @@ impl Shared {
         // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL
         // runs, and backends are single-threaded, so this read cannot race a write.
         let database = unsafe { pg_sys::MyDatabaseId };
-        (1..used).filter(move |i| scope == Scope::EveryDatabase || self.database(*i) == database)
+        // Entry 0 (what no database had room for) belongs to no database's view.
+        let first = if scope == Scope::EveryDatabase { 0 } else { 1 };
+        (first..used).filter(move |i| scope == Scope::EveryDatabase || self.database(*i) == database)
     }
 
     fn of_this_database(&self) -> impl Iterator<Item = usize> + '_ {
