@@ -1,7 +1,7 @@
 -- rate_limiter_proxy 0.3.0 -> 0.4.0: the router hardened. See rate_limiter_proxy--0.4.0.sql.
 -- * Nothing is executable by PUBLIC any more: after the update, GRANT EXECUTE ON ALL
 --   FUNCTIONS IN SCHEMA rate_limiter_proxy TO the roles that call through the router.
--- * define, redefine_all, block, unblock and reset_rate_limit check the caller's privilege
+-- * define, redefine_all, block, unblock, allow, disallow and reset_rate_limit check the caller's privilege
 --   on rate_limiter_proxy.limits (see _gate) before any partition is touched, and their
 --   hops check it again.
 -- * Every function pins search_path = pg_catalog, pg_temp and qualifies every object and
@@ -38,7 +38,8 @@ $$;
 -- caller's own (the functions are SECURITY INVOKER), on the router's table:
 --   define                             INSERT and UPDATE on rate_limiter_proxy.limits, which it writes
 --   redefine_all                       SELECT, INSERT and UPDATE on rate_limiter_proxy.limits
---   block, unblock, reset_rate_limit   UPDATE on rate_limiter_proxy.limits: they change how
+--   block, unblock, allow, disallow,
+--   reset_rate_limit                   UPDATE on rate_limiter_proxy.limits: they change how
 --                                      the recorded limits apply, for every caller
 -- Every other function changes nothing but what a call takes on a partition (routing a named
 -- limit reads rate_limiter_proxy.limits, so it needs SELECT there). Each function above
@@ -56,7 +57,7 @@ BEGIN
         needed := ARRAY['INSERT', 'UPDATE'];
     ELSIF action OPERATOR(pg_catalog.=) 'redefine_all' THEN
         needed := ARRAY['SELECT', 'INSERT', 'UPDATE'];
-    ELSIF action OPERATOR(pg_catalog.=) ANY (ARRAY['block', 'unblock', 'reset_rate_limit']) THEN
+    ELSIF action OPERATOR(pg_catalog.=) ANY (ARRAY['block', 'unblock', 'allow', 'disallow', 'reset_rate_limit']) THEN
         needed := ARRAY['UPDATE'];
     ELSE
         RAISE EXCEPTION 'rate_limiter_proxy has no action "%"', action USING ERRCODE = 'invalid_parameter_value';
@@ -80,7 +81,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION rate_limiter_proxy._gate(text) FROM PUBLIC;
 COMMENT ON FUNCTION rate_limiter_proxy._gate(text) IS
-    'Whether the caller may run a function that changes every partition (define, redefine_all, block, unblock, reset_rate_limit): the PL/Proxy cluster''s name, or 42501 naming the GRANT on rate_limiter_proxy.limits that is missing.';
+    'Whether the caller may run a function that changes every partition (define, redefine_all, block, unblock, allow, disallow, reset_rate_limit): the PL/Proxy cluster''s name, or 42501 naming the GRANT on rate_limiter_proxy.limits that is missing.';
 
 -- How many partitions the cluster rate_limiter has.
 CREATE OR REPLACE FUNCTION rate_limiter_proxy.partitions() RETURNS integer
@@ -705,6 +706,96 @@ $$;
 REVOKE ALL ON FUNCTION rate_limiter_proxy.unblock(text, text) FROM PUBLIC;
 COMMENT ON FUNCTION rate_limiter_proxy.unblock(text, text) IS
     'rate_limiter.unblock on every partition; true if any partition had the block. Needs UPDATE on rate_limiter_proxy.limits.';
+
+-- 0.4.0's additions to rate_limiter: credit goes where rate_limit went for the key; allow and
+-- disallow, as block and unblock, to every partition.
+
+CREATE FUNCTION rate_limiter_proxy._credit(hash integer, name text, key text, count double precision, config jsonb)
+RETURNS rate_limiter_proxy.decision LANGUAGE plproxy SET search_path = pg_catalog, pg_temp AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT * FROM rate_limiter.credit(name, key, count, config);
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy._credit(integer, text, text, double precision, jsonb) FROM PUBLIC;
+
+CREATE FUNCTION rate_limiter_proxy._allow_everywhere(name text, key text, until timestamptz, note text)
+RETURNS SETOF integer LANGUAGE plproxy SET search_path = pg_catalog, pg_temp AS $$
+    CLUSTER rate_limiter_proxy._gate('allow');
+    RUN ON ALL;
+    SELECT 1 FROM rate_limiter.allow(name, key, until, note);
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy._allow_everywhere(text, text, timestamptz, text) FROM PUBLIC;
+
+CREATE FUNCTION rate_limiter_proxy._disallow_everywhere(name text, key text)
+RETURNS SETOF boolean LANGUAGE plproxy SET search_path = pg_catalog, pg_temp AS $$
+    CLUSTER rate_limiter_proxy._gate('disallow');
+    RUN ON ALL;
+    SELECT rate_limiter.disallow(name, key);
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy._disallow_everywhere(text, text) FROM PUBLIC;
+
+CREATE FUNCTION rate_limiter_proxy.credit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter_proxy.decision
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    d rate_limiter_proxy.decision;
+    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+BEGIN
+    target := rate_limiter_proxy._route(name, key, config);
+    d := rate_limiter_proxy._credit(target.hash, name, key, count, target.share);
+    -- A partition estimates remaining over its own shards.
+    d.remaining := d.remaining OPERATOR(pg_catalog.*) target.spread::double precision;
+    RETURN d;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy.credit(text, text, double precision, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.credit(text, text, double precision, jsonb) IS
+    'rate_limiter.credit on the partition of the key (a random one for a spread limit), in a transaction of its own there.';
+
+CREATE FUNCTION rate_limiter_proxy.allow(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+BEGIN
+    -- UPDATE on rate_limiter_proxy.limits (see _gate), before any partition is touched.
+    PERFORM rate_limiter_proxy._gate('allow');
+    PERFORM rate_limiter_proxy._allow_everywhere(name, key, until, note);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, NULL);
+    RAISE;
+END
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy.allow(text, text, timestamptz, text) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.allow(text, text, timestamptz, text) IS
+    'rate_limiter.allow on every partition. Needs UPDATE on rate_limiter_proxy.limits.';
+
+CREATE FUNCTION rate_limiter_proxy.disallow(name text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+BEGIN
+    -- UPDATE on rate_limiter_proxy.limits (see _gate), before any partition is touched.
+    PERFORM rate_limiter_proxy._gate('disallow');
+    RETURN (SELECT pg_catalog.bool_or(removed) FROM rate_limiter_proxy._disallow_everywhere(name, key) AS removed);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, NULL);
+    RAISE;
+END
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy.disallow(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.disallow(text, text) IS
+    'rate_limiter.disallow on every partition; true if any partition had the allow. Needs UPDATE on rate_limiter_proxy.limits.';
 
 -- Every function of the extension: executable by no one but its owner until granted, with
 -- its search_path pinned.

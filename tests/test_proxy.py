@@ -215,11 +215,11 @@ def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(parti
 
 
 ROUTED = ("rate_limit", "check_rate_limit", "wait_rate_limit", "rate_limit_all", "check_rate_limit_all",
-          "rate_limit_value", "reset_rate_limit", "define", "block", "unblock")
+          "rate_limit_value", "reset_rate_limit", "define", "block", "unblock", "credit", "allow", "disallow")
 # What docs/scaling-out.md says stays on each partition; anything new in rate_limiter must be
-# routed or listed here (0.4.0's additions are not routed yet: see that page).
+# routed or listed here.
 PARTITION_ONLY = {"http_headers", "http_headers_all", "prune", "stats_reset",
-                  "credit", "allow", "disallow", "ip_key", "stats_every_database", "top_denied_every_database"}
+                  "ip_key", "stats_every_database", "top_denied_every_database"}
 SIGNATURES = """
 SELECT p.proname, pg_get_function_arguments(p.oid),
        replace(pg_get_function_result(p.oid), %(schema)s || '.decision', 'decision'),
@@ -280,6 +280,18 @@ def test_results_and_errors_read_as_on_a_partition(fleet2):
         assert c.execute("SELECT ok, reason FROM rate_limiter_proxy.rate_limit(%s, 'blocked', config => %s)",
                          (name, config)).fetchone() == (False, "blocked")
         assert c.execute("SELECT rate_limiter_proxy.unblock(%s, 'blocked')", (name,)).fetchone()[0] is True
+        # Credits go to the key's partition, allows to every partition.
+        c.execute("SELECT rate_limiter_proxy.rate_limit(%s, 'spent', 2, config => %s)", (name, config))
+        assert not c.execute("SELECT ok FROM rate_limiter_proxy.rate_limit(%s, 'spent', config => %s)",
+                             (name, config)).fetchone()[0]
+        assert c.execute("SELECT ok, granted FROM rate_limiter_proxy.credit(%s, 'spent', 1, config => %s)",
+                         (name, config)).fetchone() == (True, -1)
+        assert c.execute("SELECT ok FROM rate_limiter_proxy.rate_limit(%s, 'spent', config => %s)",
+                         (name, config)).fetchone()[0]
+        c.execute("SELECT rate_limiter_proxy.allow(%s, 'spent')", (name,))
+        assert c.execute("SELECT ok, reason FROM rate_limiter_proxy.rate_limit(%s, 'spent', config => %s)",
+                         (name, config)).fetchone() == (True, "allowed")
+        assert c.execute("SELECT rate_limiter_proxy.disallow(%s, 'spent')", (name,)).fetchone()[0] is True
 
 
 def test_rate_limit_all_takes_limits_of_one_partition(fleet2):
@@ -491,12 +503,16 @@ PARTITION_CHANGES = [
     ("SELECT rate_limiter_proxy.block(%(name)s, 'alice')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy.block(NULL, 'alice')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy.unblock(%(name)s, 'victim')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy.allow(%(name)s, 'alice')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy.disallow(%(name)s, 'victim')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy.reset_rate_limit(%(name)s, 'used')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._define_everywhere(%(name)s, 'token bucket', 1000000, '1 second', NULL, NULL, 1, "
      "NULL, NULL, 'all', NULL, NULL, 'deny', NULL)", DEFINE_HINT),
     ("SELECT rate_limiter_proxy._block_everywhere(%(name)s, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._block_everywhere(NULL, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._unblock_everywhere(%(name)s, 'victim')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy._allow_everywhere(NULL, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
+    ("SELECT rate_limiter_proxy._disallow_everywhere(%(name)s, 'victim')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._reset_everywhere(%(name)s, 'used')", UPDATE_HINT),
 ]
 
