@@ -16,6 +16,7 @@ DB=rate_limiter_bench_hot
 OUT=$ROOT/bench/out/hot
 mkdir -p "$OUT"
 : > "$OUT/raw.tsv"
+source "$ROOT/bench/measure.sh"
 
 setup 15
 build_and_install >/dev/null
@@ -35,12 +36,7 @@ printf "INSERT INTO debits_seq (name, key, amount) VALUES ('hot', 'k', 1);\n" > 
 for round in $(seq "$ROUNDS"); do
     for w in one_row rate_limit insert insert_seq; do
         psql -X -q -d $DB -c CHECKPOINT
-        if ! result=$(PGOPTIONS="-c synchronous_commit=on" pgbench -n -M prepared -c "$CLIENTS" -j 2 -T "$DURATION" \
-            -f "$OUT/$w.sql" $DB 2>&1); then
-            echo "$result"
-            exit 1
-        fi
-        tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$result")
+        tps=$(pgbench_tps "$OUT/$w.sql" on)
         printf '%s\t%s\n' "$w" "$tps" >> "$OUT/raw.tsv"
         printf 'round %s %-11s %8.0f transactions/s\n' "$round" "$w" "$tps"
     done

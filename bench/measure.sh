@@ -14,18 +14,26 @@ prepare_bench_database() {
 
 bench_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
 
+# Transactions per second of pgbench running script $1 with synchronous_commit $2 on $DB
+# (CLIENTS clients, DURATION s); on failure pgbench's output, and a failing status that
+# stops a caller assigning the result under set -e.
+pgbench_tps() {
+    local result
+    if ! result=$(PGOPTIONS="-c synchronous_commit=$2" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
+        -T "$DURATION" -f "$1" "$DB" 2>&1); then
+        echo "$result" >&2
+        exit 1
+    fi
+    sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$result"
+}
+
 # Appends "label<TAB>metric<TAB>value" lines to $1 for label $2; $3 names this round's
 # in-process limit.
 measure_a_and_in_process() {
-    local raw=$1 label=$2 round=$3 result tps commit pass s
+    local raw=$1 label=$2 round=$3 commit pass s tps
     printf '\\set k random(1, 100000)\nSELECT * FROM rate_limiter.rate_limit('"'bench'"', CAST(:k AS text));\n' > "$raw.a.sql"
     for commit in on off; do
-        if ! result=$(PGOPTIONS="-c synchronous_commit=$commit" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
-            -T "$DURATION" -f "$raw.a.sql" "$DB" 2>&1); then
-            echo "$result"
-            exit 1
-        fi
-        tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$result")
+        tps=$(pgbench_tps "$raw.a.sql" "$commit")  # a failed run stops the script here (set -e)
         printf '%s\ta_%s\t%s\n' "$label" "$commit" "$tps" >> "$raw"
     done
     bench_sql -c "SELECT rate_limiter.define('inproc_$round', 'token bucket', 10, '1 second', 10)"

@@ -18,17 +18,22 @@ step() { printf '\n==> %s\n' "$*"; }
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-install_packages() {
-    # pg_cron and pg_repack for the operations tests' recipes; the JDBC driver and PgBouncer
-    # for the examples; PL/Proxy for rate_limiter_proxy; postgres_exporter for monitoring/.
-    local wanted=(postgresql-server-dev-15 libclang-dev clang sudo postgresql-15-cron postgresql-15-repack
-                  libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy prometheus-postgres-exporter) missing=()
-    for p in "${wanted[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# The Debian packages $@ that are not installed yet.
+install_debian_packages() {
+    local p missing=()
+    for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     if [ ${#missing[@]} -gt 0 ]; then
         step "installing Debian packages: ${missing[*]}"
         as_root apt-get update -qq
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
+}
+
+install_packages() {
+    # pg_cron and pg_repack for the operations tests' recipes; the JDBC driver and PgBouncer
+    # for the examples; PL/Proxy for rate_limiter_proxy; postgres_exporter for monitoring/.
+    install_debian_packages postgresql-server-dev-15 libclang-dev clang sudo postgresql-15-cron postgresql-15-repack \
+        libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy prometheus-postgres-exporter
 }
 
 install_pgrx() {

@@ -101,13 +101,7 @@ obtain_postgres() {
     touch "$prefix/.complete"
 }
 
-# The packages that building PostgreSQL from source needs.
+# The packages that building PostgreSQL from source needs (install_debian_packages: lib.sh).
 install_build_packages() {
-    local missing=()
-    for p in bison flex dpkg-dev zlib1g-dev; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-    if [ ${#missing[@]} -gt 0 ]; then
-        step "installing Debian packages: ${missing[*]}"
-        as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-    fi
+    install_debian_packages bison flex dpkg-dev zlib1g-dev
 }

@@ -394,13 +394,13 @@ pub fn plan_credit(states: &[State], config: &Config, now: f64, count: f64) -> O
         .min_by(|a, b| refilled[*a].available.total_cmp(&refilled[*b].available))
         .expect("a call looks at a shard");
     let (credited, given) = credit::credit(states[emptiest], config, now, count);
-    let after_credit = check(credited, config, now, 0.0, false);
-    let after = |i: usize| if i == emptiest { (after_credit, given > 0.0) } else { (refilled[i], false) };
+    let mut after = refilled;
+    after[emptiest] = check(credited, config, now, 0.0, false);
     Outcome {
         ok: true,
         retry_after: None,
-        after: (0..states.len()).map(|i| (after(i).0.state(), after(i).1)).collect(),
-        available: (0..states.len()).map(|i| after(i).0.available).collect(),
+        after: after.iter().enumerate().map(|(i, c)| (c.state(), i == emptiest && given > 0.0)).collect(),
+        available: after.iter().map(|c| c.available).collect(),
         granted: 0.0 - given,
         reason: Reason::Exhausted,
     }

@@ -6,7 +6,7 @@ option neither 17 nor 18 can restore, see docs/operations.md), or 17; scripts/te
 the extension into each. Skipped where the test command did not install the versions."""
 
 import os
-import pwd
+import shutil
 
 import pytest
 
@@ -94,7 +94,7 @@ def test_pg_upgrade_keeps_every_limit_block_and_state_row(clusters, old, new, mo
     # pg_upgrade writes its logs in the current directory, which postgres must own.
     work = f"{BASE}/upgrade_work"
     os.makedirs(work, exist_ok=True)
-    os.chown(work, pwd.getpwnam("postgres").pw_uid, pwd.getpwnam("postgres").pw_gid)
+    shutil.chown(work, "postgres")
     result = as_postgres("env", "-C", work, f"{after.bin}/pg_upgrade", "-b", before.bin, "-B", after.bin,
                          "-d", before.dir, "-D", after.dir, "-p", str(before.port), "-P", str(after.port),
                          "--socketdir", "/tmp", mode, check=False)

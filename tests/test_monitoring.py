@@ -9,7 +9,7 @@ import subprocess
 import time
 import urllib.request
 
-from clusters import PORTS, ROOT, Cluster
+from clusters import PORTS, ROOT
 
 EXPORTER = "/usr/bin/prometheus-postgres-exporter"
 SAMPLE = re.compile(r'^(\w+)\{(.*)\} (\S+)$')
@@ -30,8 +30,7 @@ def samples(text):
     return found
 
 
-def test_the_exporter_exposes_each_limits_counters_and_top_denied_keys(database, name):
-    main = Cluster.of_test_command("15")
+def test_the_exporter_exposes_each_limits_counters_and_top_denied_keys(main, database, name):
     with main.connect(database) as c:
         c.execute("SELECT rate_limiter.define(%s, 'token bucket', 2, '1 hour')", (name,))
         for _ in range(5):

@@ -33,25 +33,25 @@ pub struct Decided {
 pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> Decided {
     // A blocked request denies all; an allowed one is ok and takes no further part; neither
     // has its state read.
-    let mut listed: Vec<Option<Decision>> = parts.iter().map(|p| listed(&p.req, p.config.capacity)).collect();
-    let blocked: Vec<usize> = (0..parts.len()).filter(|i| listed[*i].as_ref().is_some_and(|d| !d.ok)).collect();
+    let mut answered: Vec<Option<Decision>> = parts.iter().map(|p| listed(&p.req, p.config.capacity)).collect();
+    let blocked: Vec<usize> = (0..parts.len()).filter(|i| answered[*i].as_ref().is_some_and(|d| !d.ok)).collect();
     if !blocked.is_empty() {
-        let denials: Vec<Decision> = blocked.iter().map(|i| listed[*i].take().expect("blocked")).collect();
+        let denials: Vec<Decision> = blocked.iter().map(|i| answered[*i].take().expect("blocked")).collect();
         let (all, j) = combine(&denials);
         return Decided { all, limiting: blocked[j], parts: Vec::new() };
     }
-    let metered: Vec<usize> = (0..parts.len()).filter(|i| listed[*i].is_none()).collect();
+    let metered: Vec<usize> = (0..parts.len()).filter(|i| answered[*i].is_none()).collect();
     if metered.is_empty() {
-        return decided(listed.into_iter().map(|d| d.expect("allowed")).collect());
+        return decided(answered.into_iter().map(|d| d.expect("allowed")).collect());
     }
     let decided_metered = decide_metered(table, &metered.iter().map(|i| &parts[*i]).collect::<Vec<_>>(), consume);
     for (i, d) in metered.iter().zip(decided_metered.parts) {
-        listed[*i] = Some(d);
+        answered[*i] = Some(d);
     }
     Decided {
         all: decided_metered.all,
         limiting: metered[decided_metered.limiting],
-        parts: listed.into_iter().map(|d| d.expect("decided")).collect(),
+        parts: answered.into_iter().map(|d| d.expect("decided")).collect(),
     }
 }
 

@@ -303,10 +303,6 @@ impl Shared {
         let first = if scope == Scope::EveryDatabase { 0 } else { 1 };
         (first..used).filter(move |i| scope == Scope::EveryDatabase || self.database(*i) == database)
     }
-
-    fn of_this_database(&self) -> impl Iterator<Item = usize> + '_ {
-        self.of(Scope::ThisDatabase)
-    }
 }
 
 fn now() -> i64 {
@@ -370,7 +366,6 @@ pub fn record(name: &str, key: Option<&str>, d: &Decision, denied_here: bool) {
     }
 }
 
-/// One row of `rate_limiter.stats`.
 /// Whose entries to read: the views show this database's; a superuser or a `pg_monitor`
 /// member may read every database's.
 #[derive(Clone, Copy, PartialEq)]
@@ -379,6 +374,7 @@ pub enum Scope {
     EveryDatabase,
 }
 
+/// One row of `rate_limiter.stats` (and of `stats_every_database`).
 pub struct Row {
     /// InvalidOid for the row that counts what no database had room for.
     pub database: pg_sys::Oid,
@@ -448,7 +444,7 @@ pub fn top_denied(scope: Scope) -> Vec<(pg_sys::Oid, String, Vec<Heavy>)> {
 pub fn reset(name: Option<&str>) -> i64 {
     let Some(shared) = shared() else { return 0 };
     let mut reset = 0;
-    for i in shared.of_this_database().filter(|i| name.is_none_or(|n| shared.name(*i) == n)) {
+    for i in shared.of(Scope::ThisDatabase).filter(|i| name.is_none_or(|n| shared.name(*i) == n)) {
         let e = &shared.entries[i];
         for counter in [&e.allowed, &e.denied, &e.tokens_granted, &e.tokens_reserved] {
             counter.store(0, Relaxed);
