@@ -6,6 +6,7 @@
 //! module of its own.
 
 mod credit;
+pub mod escrow;
 mod modes;
 mod rolling_window;
 mod sliding_window;
