@@ -69,6 +69,15 @@ def test_reset_define_and_block_changes_empty_the_cache(db, name, change):
     db.execute("DELETE FROM rate_limiter.blocks")
 
 
+def test_a_credit_that_gives_back_empties_the_cache(db, name):
+    define(db, name, rate=1, period="1 hour", deny_cache="1 hour")
+    at(db, NOW)
+    assert limit(db, name, "k")[0]
+    assert not limit(db, name, "k")[0]  # cached for an hour
+    assert db.execute("SELECT granted FROM rate_limiter.credit(%s, 'k', 1)", (name,)).fetchone() == (-1,)
+    assert limit(db, name, "k")[0], "the token given back is seen at once"
+
+
 def test_a_cached_denial_outlasts_a_rollback_refund_for_at_most_deny_cache(db, name):
     # Denials read committed state, so only tokens taken and then rolled back by the
     # denied transaction itself come back under a cached denial: it stays fail-closed,

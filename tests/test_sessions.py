@@ -380,6 +380,31 @@ def test_lock_timeout_answers_by_policy_without_aborting_or_leaving_a_lock(db, n
         define(db, name, rate=100, lock_timeout="1 second", shards=2)
 
 
+def test_a_credit_waits_for_the_row_whatever_the_lock_timeout(db, name):
+    """A give-back is never dropped: with the limit's lock_timeout long passed, a credit is
+    still queued for the row, and gives back once the holder commits."""
+    define(db, name, rate=100, lock_timeout="100 milliseconds")
+    pin = "SET rate_limiter.fake_now = '2030-01-01'"
+    result = []
+    with connect(autocommit=False) as holder, connect(autocommit=False) as giver:
+        holder.execute(pin)
+        giver.execute(pin)
+        assert limit(holder, name, "k", 5)[0]  # holds the row until it ends
+        pid = giver.info.backend_pid
+        thread = threading.Thread(
+            target=lambda: result.append(giver.execute("SELECT granted FROM rate_limiter.credit(%s, 'k', 3)", (name,)).fetchone())
+        )
+        thread.start()
+        time.sleep(0.6)  # six lock_timeouts
+        assert waiting_on_lock(db, pid) and result == [], "still queued for the row"
+        holder.commit()
+        thread.join()
+        giver.commit()
+    assert result == [(-3,)]
+    db.execute(pin)
+    assert db.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, 'k', 0)", (name,)).fetchone() == (98,)
+
+
 def test_sixteen_sessions_creating_one_fresh_key_see_no_error(db, name):
     define(db, name, rate=1000)
     assert hammer(name, sessions=16, calls=1, key="fresh") == 16

@@ -51,10 +51,10 @@ pub struct Escrow<const N: usize> {
     base: State,
     /// The base with every listed debit applied, in order: what calls are admitted against.
     tail: State,
-    /// The latest instant a debit was admitted at: debits are replayed in order, so their
-    /// instants never go back.
+    /// The latest instant of a debit in the base, and of any listed: calls are admitted at
+    /// this instant when their clock is behind it.
+    base_at: f64,
     last_at: f64,
-    next_seq: u64,
     /// The listed debits, oldest at `head`, in ascending `seq`.
     ring: [Debit; N],
     head: usize,
@@ -64,9 +64,10 @@ pub struct Escrow<const N: usize> {
 }
 
 impl<const N: usize> Escrow<N> {
-    /// An escrow over `base` (the committed state), numbering debits from `next_seq`.
-    pub fn new(base: State, next_seq: u64) -> Self {
-        Escrow { base, tail: base, last_at: f64::NEG_INFINITY, next_seq, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0 }
+    /// An escrow over `base`, the committed state.
+    pub fn new(base: State) -> Self {
+        let (base_at, last_at) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
+        Escrow { base, tail: base, base_at, last_at, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0 }
     }
 
     pub fn base(&self) -> State {
@@ -77,10 +78,16 @@ impl<const N: usize> Escrow<N> {
         self.tail
     }
 
-    /// The first sequence number not settled: every debit before it committed, aborted or
-    /// sunk. What the fold may move from the debit log into the base row.
-    pub fn settled_before(&self) -> u64 {
-        if self.len == 0 { self.next_seq } else { self.ring[self.head].seq }
+    /// The instant a call at `now` is admitted at.
+    pub fn admission_instant(&self, now: f64) -> f64 {
+        now.max(self.last_at)
+    }
+
+    /// The first sequence number not settled, if any: every debit before it committed,
+    /// aborted or sunk (`None`: every debit). What the fold may move from the debit log
+    /// into the base row.
+    pub fn unsettled_from(&self) -> Option<u64> {
+        (self.len > 0).then(|| self.at(0).seq)
     }
 
     /// Debits folded into the base while still in flight (an abort of one of them gives
@@ -114,16 +121,28 @@ impl<const N: usize> Escrow<N> {
     fn pop_into_base(&mut self, config: &Config) -> Debit {
         let debit = *self.at(0);
         self.base = apply(self.base, config, &debit);
+        self.base_at = self.base_at.max(debit.at);
         self.head = (self.head + 1) % N;
         self.len -= 1;
         debit
     }
 
     /// Take `count` at `now` (mode `'all'`, one row, no `min_gap`: what the argument
-    /// covers) against the tail; list the debit in flight when it takes tokens.
-    pub fn admit(&mut self, config: &Config, now: f64, count: f64, reserve: bool) -> Admitted {
-        debug_assert!(config.mode == Mode::All && config.shards == 1 && config.min_gap.is_none());
-        let at = now.max(self.last_at);
+    /// covers) against the tail; list the debit in flight as number `seq` when it takes
+    /// tokens. `seq` is above every number listed (the caller draws it under the lock that
+    /// serializes admissions; numbers it does not use are simply skipped).
+    ///
+    /// A call whose clock is behind a listed debit's instant is admitted at that instant:
+    /// admitted at its own, it would be checked against a tail refilled to a later instant,
+    /// which the debit's abort would then take away. So instants never go back along the
+    /// list; an abort takes back the instant of the debit it removes.
+    pub fn admit(&mut self, config: &Config, now: f64, count: f64, reserve: bool, seq: u64) -> Admitted {
+        assert!(
+            config.mode == Mode::All && config.shards == 1 && config.min_gap.is_none(),
+            "an escrow admits in mode 'all', on one row, without min_gap"
+        );
+        assert!(self.len == 0 || self.at(self.len - 1).seq < seq, "debits are numbered in admission order");
+        let at = self.admission_instant(now);
         let outcome = plan(&[self.tail], config, at, count, reserve);
         if !outcome.ok || count <= 0.0 {
             return Admitted { outcome, at, seq: None };
@@ -136,9 +155,8 @@ impl<const N: usize> Escrow<N> {
                     self.sunk += 1;
                 }
             }
+            self.settle(config);
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
         self.tail = outcome.after[0].0;
         self.last_at = at;
         let len = self.len;
@@ -171,10 +189,13 @@ impl<const N: usize> Escrow<N> {
         }
         self.len -= 1;
         let mut tail = self.base;
+        let mut last_at = self.base_at;
         for j in 0..self.len {
             tail = apply(tail, config, self.at(j));
+            last_at = last_at.max(self.at(j).at);
         }
         self.tail = tail;
+        self.last_at = last_at;
         // Committed debits queued behind the aborted one are settled now.
         self.settle(config);
         true
@@ -213,44 +234,68 @@ mod tests {
         check(state, c, now, 0.0, false).available
     }
 
+    /// Whether `a` is no more permissive than `b`: as many tokens or fewer at every instant
+    /// from `now` over two periods, at steps fine enough to see each window and cell.
+    fn no_more_permissive(a: State, b: State, c: &Config, now: f64) -> bool {
+        let steps = 4 * c.buckets.max(2);
+        (0..=2 * steps).all(|j| {
+            let t = now + c.period * f64::from(j) / f64::from(steps);
+            available(a, c, t) <= available(b, c, t) + 1e-9
+        })
+    }
+
     #[test]
     fn an_abort_in_the_middle_recomputes_rather_than_adds_back() {
         let c = config(Kind::TokenBucket, 10.0, 10_000.0);
-        let mut escrow = Escrow::<8>::new(fresh_state(&c, NOW, 0.0), 1);
-        let first = escrow.admit(&c, NOW, 5.0, false).seq.expect("admitted");
+        let mut escrow = Escrow::<8>::new(fresh_state(&c, NOW, 0.0));
+        let first = escrow.admit(&c, NOW, 5.0, false, 1).seq.expect("admitted");
         // Full again 5 s later (the clamp drops what would refill beyond capacity)...
-        let second = escrow.admit(&c, NOW + 5_000.0, 5.0, false).seq.expect("admitted");
+        let second = escrow.admit(&c, NOW + 5_000.0, 5.0, false, 2).seq.expect("admitted");
         assert_eq!(available(escrow.tail(), &c, NOW + 5_000.0), 5.0);
         // ...so without the first call the second still leaves 5, not 10: adding the first
         // call's 5 back would admit 5 tokens the bucket never had.
         assert!(escrow.abort(&c, first));
         assert_eq!(available(escrow.tail(), &c, NOW + 5_000.0), 5.0);
         assert!(escrow.commit(&c, second));
-        assert_eq!(escrow.settled_before(), 3);
+        assert_eq!(escrow.unsettled_from(), None);
     }
 
     #[test]
     fn calls_in_flight_count_until_they_end() {
         let c = config(Kind::FixedWindow, 3.0, 60_000.0);
-        let mut escrow = Escrow::<8>::new(fresh_state(&c, NOW, 0.0), 1);
-        let seqs: Vec<u64> = (0..3).map(|_| escrow.admit(&c, NOW, 1.0, false).seq.expect("admitted")).collect();
-        assert_eq!(escrow.admit(&c, NOW, 1.0, false).seq, None, "three in flight hold all three tokens");
+        let mut escrow = Escrow::<8>::new(fresh_state(&c, NOW, 0.0));
+        let seqs: Vec<u64> = (1..=3).map(|n| escrow.admit(&c, NOW, 1.0, false, n).seq.expect("admitted")).collect();
+        assert_eq!(escrow.admit(&c, NOW, 1.0, false, 4).seq, None, "three in flight hold all three tokens");
         assert!(escrow.commit(&c, seqs[2]));
-        assert_eq!(escrow.settled_before(), 1, "committed behind one in flight: not settled");
+        assert_eq!(escrow.unsettled_from(), Some(1), "committed behind one in flight: not settled");
         assert!(escrow.abort(&c, seqs[0]));
-        assert_eq!(escrow.settled_before(), 2);
-        assert!(escrow.admit(&c, NOW, 1.0, false).seq.is_some(), "the aborted call's token is back");
+        assert_eq!(escrow.unsettled_from(), Some(2));
+        assert!(escrow.admit(&c, NOW, 1.0, false, 5).seq.is_some(), "the aborted call's token is back");
+    }
+
+    #[test]
+    fn a_call_with_a_clock_ahead_that_aborts_leaves_nothing_behind() {
+        let c = config(Kind::TokenBucket, 10.0, 1_000.0);
+        let mut escrow = Escrow::<8>::new(fresh_state(&c, NOW, 0.0));
+        let all = escrow.admit(&c, NOW, 10.0, false, 1).seq.expect("admitted");
+        assert!(escrow.commit(&c, all));
+        // A session whose clock is a second ahead sees a full bucket, and rolls back.
+        let ahead = escrow.admit(&c, NOW + 1_000.0, 1.0, false, 2).seq.expect("refilled, a second on");
+        assert!(escrow.abort(&c, ahead));
+        assert_eq!(escrow.admit(&c, NOW, 1.0, false, 3).seq, None, "now, nothing has refilled");
     }
 
     /// The property the design rests on, over random interleavings of admissions, commits
-    /// and aborts (in any order) on a fake clock, for every kind, with reservations, and with
-    /// a ring small enough to fill:
+    /// and aborts (in any order), with a clock that sometimes steps back or runs ahead, for
+    /// every kind, with reservations (bounded or not), and with a ring small enough to fill:
     /// - exact: the committed calls, replayed one after the other at their instants as a
     ///   single-row limit would see them, are each allowed;
-    /// - conservative at every step: the tail is never more permissive than the committed
-    ///   history alone or with every call still in flight;
+    /// - conservative at every step: the tail is never more permissive, at any instant of
+    ///   the next two periods, than the committed history; and while nothing was sunk it is
+    ///   exactly the committed history with every call still in flight;
     /// - nothing lost: once every call has ended (and none was sunk), the escrow holds the
-    ///   state of the committed history, bit for bit.
+    ///   state of the committed history, bit for bit;
+    /// - the fold's bound: what is unsettled starts at the oldest call in flight.
     #[test]
     fn committed_histories_are_always_admissible_and_aborts_give_back() {
         let mut rng = StdRng::seed_from_u64(23);
@@ -262,7 +307,7 @@ mod tests {
             let reserve_allowed = kind.can_reserve() && rng.gen_bool(0.3);
             let c = Config {
                 capacity: if kind.can_reserve() { rate * f64::from(rng.gen_range(1..4)) } else { rate },
-                max_reserved: reserve_allowed.then(|| rate * f64::from(rng.gen_range(0..3))),
+                max_reserved: (reserve_allowed && rng.gen_bool(0.7)).then(|| rate * f64::from(rng.gen_range(0..3))),
                 buckets: if kind == Kind::RollingWindow { rng.gen_range(1..=20) } else { 0 },
                 ..config(kind, rate, period)
             };
@@ -281,20 +326,28 @@ mod tests {
 
     /// One random sequence; returns how many calls aborted and whether any debit was sunk.
     fn run<const N: usize>(rng: &mut StdRng, c: &Config, base: State, reserve_allowed: bool) -> (usize, bool) {
-        let mut escrow = Escrow::<N>::new(base, 1);
+        let mut escrow = Escrow::<N>::new(base);
         let mut now = NOW;
+        let mut seq = 0;
         // (debit, reserve) of calls in flight, and of those that committed.
         let mut in_flight: Vec<(Debit, bool)> = Vec::new();
         let mut committed: Vec<(Debit, bool)> = Vec::new();
         let mut aborted = 0;
         let replay = |debits: &mut dyn Iterator<Item = &Debit>| debits.fold(base, |s, d| apply(s, c, d));
+        let step = (c.period as u32 / 4).max(1);
         for _ in 0..80 {
-            now += f64::from(rng.gen_range(0..(c.period as u32 / 4).max(1)));
+            now += f64::from(rng.gen_range(0..step));
+            if rng.gen_bool(0.05) {
+                now -= f64::from(rng.gen_range(0..step)); // the clock steps back
+            }
             match rng.gen_range(0..10) {
                 0..=4 => {
                     let count = f64::from(rng.gen_range(1..=(c.capacity as u32 + 1)));
                     let reserve = reserve_allowed && rng.gen_bool(0.5);
-                    let admitted = escrow.admit(c, now, count, reserve);
+                    // Now and then a session whose clock runs ahead.
+                    let at = if rng.gen_bool(0.1) { now + f64::from(rng.gen_range(0..4 * step)) } else { now };
+                    seq += 1 + rng.gen_range(0..2); // numbers drawn and not used are skipped
+                    let admitted = escrow.admit(c, at, count, reserve, seq);
                     assert_eq!(admitted.outcome.ok, admitted.seq.is_some(), "a call is listed exactly when it is admitted");
                     if let Some(seq) = admitted.seq {
                         in_flight.push((Debit { seq, at: admitted.at, count, committed: false }, reserve));
@@ -302,13 +355,13 @@ mod tests {
                 }
                 5..=7 if !in_flight.is_empty() => {
                     let (debit, reserve) = in_flight.swap_remove(rng.gen_range(0..in_flight.len()));
-                    escrow.commit(c, debit.seq);
+                    assert!(escrow.commit(c, debit.seq) || escrow.sunk() > 0, "a listed debit is found");
                     committed.push((debit, reserve));
                 }
                 _ if !in_flight.is_empty() => {
                     // A rollback, or a savepoint's: the same to the escrow.
                     let (debit, _) = in_flight.swap_remove(rng.gen_range(0..in_flight.len()));
-                    escrow.abort(c, debit.seq);
+                    assert!(escrow.abort(c, debit.seq) || escrow.sunk() > 0, "a listed debit is found");
                     aborted += 1;
                 }
                 _ => {}
@@ -316,20 +369,26 @@ mod tests {
             committed.sort_by_key(|(d, _)| d.seq);
             let mut with_in_flight: Vec<&Debit> = committed.iter().chain(&in_flight).map(|(d, _)| d).collect();
             with_in_flight.sort_by_key(|d| d.seq);
-            let tail = available(escrow.tail(), c, now);
-            let committed_only = available(replay(&mut committed.iter().map(|(d, _)| d)), c, now);
-            let everything = available(replay(&mut with_in_flight.into_iter()), c, now);
-            assert!(tail <= committed_only + 1e-9, "{c:?}: tail {tail} > committed {committed_only}");
-            assert!(tail <= everything + 1e-9, "{c:?}: tail {tail} > all {everything}");
+            // Calls are admitted from here on: compared from here on.
+            let from = escrow.admission_instant(now);
+            let committed_only = replay(&mut committed.iter().map(|(d, _)| d));
+            assert!(no_more_permissive(escrow.tail(), committed_only, c, from), "{c:?}: tail more permissive than committed");
+            if escrow.sunk() == 0 {
+                let latest = with_in_flight.iter().map(|d| d.at).fold(now, f64::max);
+                assert_eq!(from, latest, "admitted at the latest instant of a call that has not aborted");
+                assert_eq!(escrow.tail(), replay(&mut with_in_flight.into_iter()), "{c:?}: the tail is every call listed");
+                let oldest = in_flight.iter().map(|(d, _)| d.seq).min();
+                assert_eq!(escrow.unsettled_from(), oldest, "unsettled from the oldest call in flight");
+            }
         }
         // The rest end, in random order.
         in_flight.shuffle(rng);
         for (debit, reserve) in in_flight {
             if rng.gen_bool(0.5) {
-                escrow.commit(c, debit.seq);
+                assert!(escrow.commit(c, debit.seq) || escrow.sunk() > 0);
                 committed.push((debit, reserve));
             } else {
-                escrow.abort(c, debit.seq);
+                assert!(escrow.abort(c, debit.seq) || escrow.sunk() > 0);
                 aborted += 1;
             }
         }
@@ -341,10 +400,11 @@ mod tests {
             serial = one.state();
         }
         if escrow.sunk() == 0 {
-            assert_eq!(escrow.tail(), serial, "{c:?}: the escrow is the committed history {committed:?}");
+            assert_eq!(escrow.tail(), serial, "{c:?}: the escrow is the committed history");
             assert_eq!(escrow.base(), serial);
+            assert_eq!(escrow.unsettled_from(), None);
         } else {
-            assert!(available(escrow.tail(), c, now) <= available(serial, c, now) + 1e-9);
+            assert!(no_more_permissive(escrow.tail(), serial, c, escrow.admission_instant(now)));
         }
         (aborted, escrow.sunk() > 0)
     }
