@@ -6,9 +6,13 @@
 #            the start of the major-version upgrade test (Debian 12's binary 15 stamps columns
 #            with an option neither 17 nor 18 can restore, see docs/operations.md).
 # Nothing touches /etc/apt: the Debian sources come through a private apt configuration.
-# Each is cached outside the clone in a directory named by its exact version, complete once
-# its stamp is written, so a second run (or a second clone) skips it and a changed version
-# is obtained afresh.
+# A Debian suite serves only its latest point release, so a pinned source version vanishes
+# from the mirror at the next one: the pin is preferred, and when the suite no longer has it
+# the newest version it has is built instead, with a warning (the tests need the major, not
+# the point release).
+# Each is cached outside the clone in a directory of its own, complete once its stamp is
+# written; the stamp names the pin it was obtained for and what was obtained, so a second
+# run (or a second clone) skips it and a changed pin is obtained afresh.
 
 SUPPORTED_MAJORS=(15 17 18)
 if [ "$(id -u)" = 0 ]; then PG_CACHE_DEFAULT=/var/cache/rate_limiter; else PG_CACHE_DEFAULT=${XDG_CACHE_HOME:-$HOME/.cache}/rate_limiter; fi
@@ -22,8 +26,8 @@ DEBIAN_MIRROR=http://deb.debian.org/debian
 pg_prefix() {
     case $1 in
         15) echo "" ;;
-        17) echo "$PG_CACHE/postgresql-${PG17_SOURCE[2]%%-*}" ;;
-        15.18) echo "$PG_CACHE/postgresql-${PG15_SOURCE[2]%%-*}" ;;
+        17) echo "$PG_CACHE/postgresql-17-source" ;;
+        15.18) echo "$PG_CACHE/postgresql-15-source" ;;
         18) echo "$PG_CACHE/${PG18_WHEEL[0]}-${PG18_WHEEL[1]}" ;;
         *) echo "unsupported PostgreSQL version: $1" >&2; return 1 ;;
     esac
@@ -38,7 +42,8 @@ pg_bin() {
     esac
 }
 
-# Downloads source package $2 at version $3 of Debian suite $1 into the current directory.
+# Downloads source package $2 of Debian suite $1 into the current directory: version $3 if
+# the suite still has it, else its newest (see above). Prints the version downloaded.
 debian_source() {
     local apt=$PG_CACHE/apt-$1
     mkdir -p "$apt/lists/partial" "$apt/archives/partial"
@@ -47,7 +52,19 @@ debian_source() {
                    -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache::Archives=$apt/archives"
                    -o APT::Sandbox::User=root)
     apt-get -qq "${options[@]}" update
-    apt-get -qq "${options[@]}" source --download-only "$2=$3" >/dev/null
+    local versions version
+    versions=$(apt-cache "${options[@]}" showsrc "$2" | sed -n 's/^Version: //p' | sort -V)
+    if grep -qx -- "$3" <<<"$versions"; then
+        version=$3
+    elif [ -n "$versions" ]; then
+        version=$(tail -n 1 <<<"$versions")
+        echo "warning: $1 no longer has $2 $3; building $version instead (update the pin in scripts/servers.sh)" >&2
+    else
+        echo "$1 has no source package $2" >&2
+        return 1
+    fi
+    apt-get -qq "${options[@]}" source --download-only "$2=$version" >/dev/null
+    echo "$version"
 }
 
 # Builds the upstream tarball in the current directory into prefix $1, with what the tests use
@@ -78,12 +95,21 @@ with zipfile.ZipFile(sys.argv[1]) as wheel:
 PY
 }
 
-# Version $1 into its cache directory, unless it is there and complete.
+# What version $1 is pinned to (the stamp of its cache directory names it).
+pg_pin() {
+    case $1 in
+        17) echo "${PG17_SOURCE[*]}" ;;
+        15.18) echo "${PG15_SOURCE[*]}" ;;
+        18) echo "${PG18_WHEEL[*]}" ;;
+    esac
+}
+
+# Version $1 into its cache directory, unless it is there and complete for the current pin.
 obtain_postgres() {
-    local version=$1 prefix work
+    local version=$1 prefix work obtained
     [ "$version" = 15 ] && return 0
     prefix=$(pg_prefix "$version")
-    [ -f "$prefix/.complete" ] && return 0
+    [ "$(head -n 1 "$prefix/.complete" 2>/dev/null)" = "pin: $(pg_pin "$version")" ] && return 0
     step "obtaining PostgreSQL $version into $prefix (once; up to 3 minutes)"
     rm -rf "$prefix"
     mkdir -p "$PG_CACHE"
@@ -92,13 +118,27 @@ obtain_postgres() {
     (
         cd "$work"
         case $version in
-            17) debian_source "${PG17_SOURCE[@]}" && build_from_tarball "$prefix" ;;
-            15.18) debian_source "${PG15_SOURCE[@]}" && build_from_tarball "$prefix" ;;
+            17) debian_source "${PG17_SOURCE[@]}" >/dev/null && build_from_tarball "$prefix" ;;
+            15.18) debian_source "${PG15_SOURCE[@]}" >/dev/null && build_from_tarball "$prefix" ;;
             18) unpack_wheel "$prefix" ;;
         esac
     )
-    "$(pg_bin "$version")/pg_config" --version
-    touch "$prefix/.complete"
+    obtained=$("$(pg_bin "$version")/pg_config" --version)
+    echo "$obtained"
+    printf 'pin: %s\nobtained: %s\n' "$(pg_pin "$version")" "$obtained" > "$prefix/.complete"
+    forget_old_versions
+}
+
+# Removes what earlier pins left in the cache: directories named by an exact version
+# (before the pins fell back), and wheels of other versions.
+forget_old_versions() {
+    local dir
+    for dir in "$PG_CACHE"/postgresql-1[0-9].[0-9]* "$PG_CACHE"/"${PG18_WHEEL[0]}"-*; do
+        [ -d "$dir" ] || continue
+        [ "$dir" = "$(pg_prefix 18)" ] && continue
+        echo "removing $dir, left by an earlier pin"
+        rm -rf "$dir"
+    done
 }
 
 # The packages that building PostgreSQL from source needs (install_debian_packages: lib.sh).

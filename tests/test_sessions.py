@@ -386,10 +386,12 @@ def test_a_credit_waits_for_the_row_whatever_the_lock_timeout(db, name):
     define(db, name, rate=100, lock_timeout="100 milliseconds")
     pin = "SET rate_limiter.fake_now = '2030-01-01'"
     result = []
+    db.execute(pin)
+    assert limit(db, name, "k", 5)[0]  # committed: there is something to give back
     with connect(autocommit=False) as holder, connect(autocommit=False) as giver:
         holder.execute(pin)
         giver.execute(pin)
-        assert limit(holder, name, "k", 5)[0]  # holds the row until it ends
+        assert limit(holder, name, "k", 1)[0]  # holds the row until it ends
         pid = giver.info.backend_pid
         thread = threading.Thread(
             target=lambda: result.append(giver.execute("SELECT granted FROM rate_limiter.credit(%s, 'k', 3)", (name,)).fetchone())
@@ -401,8 +403,7 @@ def test_a_credit_waits_for_the_row_whatever_the_lock_timeout(db, name):
         thread.join()
         giver.commit()
     assert result == [(-3,)]
-    db.execute(pin)
-    assert db.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, 'k', 0)", (name,)).fetchone() == (98,)
+    assert db.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, 'k', 0)", (name,)).fetchone() == (97,)
 
 
 def test_sixteen_sessions_creating_one_fresh_key_see_no_error(db, name):
