@@ -50,29 +50,9 @@ pub fn credit(state: State, config: &Config, now: f64, count: f64) -> (State, f6
 mod tests {
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
-    use super::super::{check, fresh_state, plan_credit, Config, Kind, Mode, OnLockTimeout, State, DEFAULT_BUCKETS};
+    use super::super::tests::{config, ALL_KINDS, NOW};
+    use super::super::{check, fresh_state, plan_credit, Config, Kind, State};
     use super::credit;
-
-    const NOW: f64 = 1_700_000_000_000.0;
-    const ALL_KINDS: [Kind; 4] = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow, Kind::RollingWindow];
-
-    fn config(kind: Kind, rate: f64, period: f64) -> Config {
-        Config {
-            kind,
-            rate,
-            period,
-            capacity: rate,
-            max_reserved: None,
-            shards: 1,
-            start: None,
-            min_gap: None,
-            mode: Mode::All,
-            buckets: if kind == Kind::RollingWindow { DEFAULT_BUCKETS } else { 0 },
-            lock_timeout: None,
-            on_lock_timeout: OnLockTimeout::Deny,
-            deny_cache: None,
-        }
-    }
 
     fn take(state: State, c: &Config, now: f64, count: f64) -> State {
         let taken = check(state, c, now, count, false);

@@ -51,10 +51,9 @@ pub struct Escrow<const N: usize> {
     base: State,
     /// The base with every listed debit applied, in order: what calls are admitted against.
     tail: State,
-    /// The latest instant of a debit in the base, and of any listed: calls are admitted at
-    /// this instant when their clock is behind it.
+    /// The latest instant of a debit in the base. Listed debits' instants never go back
+    /// (see `admit`), so the last listed one, or else this, is the latest instant of all.
     base_at: f64,
-    last_at: f64,
     /// The listed debits, oldest at `head`, in ascending `seq`.
     ring: [Debit; N],
     head: usize,
@@ -66,8 +65,7 @@ pub struct Escrow<const N: usize> {
 impl<const N: usize> Escrow<N> {
     /// An escrow over `base`, the committed state.
     pub fn new(base: State) -> Self {
-        let (base_at, last_at) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
-        Escrow { base, tail: base, base_at, last_at, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0 }
+        Escrow { base, tail: base, base_at: f64::NEG_INFINITY, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0 }
     }
 
     pub fn base(&self) -> State {
@@ -80,7 +78,8 @@ impl<const N: usize> Escrow<N> {
 
     /// The instant a call at `now` is admitted at.
     pub fn admission_instant(&self, now: f64) -> f64 {
-        now.max(self.last_at)
+        let latest = if self.len > 0 { self.at(self.len - 1).at } else { self.base_at };
+        now.max(latest)
     }
 
     /// The first sequence number not settled, if any: every debit before it committed,
@@ -158,7 +157,6 @@ impl<const N: usize> Escrow<N> {
             self.settle(config);
         }
         self.tail = outcome.after[0].0;
-        self.last_at = at;
         let len = self.len;
         *self.at_mut(len) = Debit { seq, at, count, committed: false };
         self.len += 1;
@@ -189,13 +187,10 @@ impl<const N: usize> Escrow<N> {
         }
         self.len -= 1;
         let mut tail = self.base;
-        let mut last_at = self.base_at;
         for j in 0..self.len {
             tail = apply(tail, config, self.at(j));
-            last_at = last_at.max(self.at(j).at);
         }
         self.tail = tail;
-        self.last_at = last_at;
         // Committed debits queued behind the aborted one are settled now.
         self.settle(config);
         true
@@ -206,29 +201,9 @@ impl<const N: usize> Escrow<N> {
 mod tests {
     use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
-    use super::super::{check, fresh_state, Config, Kind, Mode, OnLockTimeout, State, DEFAULT_BUCKETS};
+    use super::super::tests::{config, ALL_KINDS, NOW};
+    use super::super::{check, fresh_state, Config, Kind, State};
     use super::{apply, Debit, Escrow};
-
-    const NOW: f64 = 1_700_000_000_000.0;
-    const ALL_KINDS: [Kind; 4] = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow, Kind::RollingWindow];
-
-    fn config(kind: Kind, rate: f64, period: f64) -> Config {
-        Config {
-            kind,
-            rate,
-            period,
-            capacity: rate,
-            max_reserved: None,
-            shards: 1,
-            start: None,
-            min_gap: None,
-            mode: Mode::All,
-            buckets: if kind == Kind::RollingWindow { DEFAULT_BUCKETS } else { 0 },
-            lock_timeout: None,
-            on_lock_timeout: OnLockTimeout::Deny,
-            deny_cache: None,
-        }
-    }
 
     fn available(state: State, c: &Config, now: f64) -> f64 {
         check(state, c, now, 0.0, false).available

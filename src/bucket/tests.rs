@@ -6,12 +6,13 @@ use super::*;
 const SECOND: f64 = 1_000.0;
 const MINUTE: f64 = 60.0 * SECOND;
 const HOUR: f64 = 60.0 * MINUTE;
-const NOW: f64 = 1_700_000_000_000.0;
+pub(super) const NOW: f64 = 1_700_000_000_000.0;
 /// The Convex component's kinds, whose vectors these are.
 const KINDS: [Kind; 2] = [Kind::TokenBucket, Kind::FixedWindow];
-const ALL_KINDS: [Kind; 4] = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow, Kind::RollingWindow];
+pub(super) const ALL_KINDS: [Kind; 4] = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow, Kind::RollingWindow];
 
-fn config(kind: Kind, rate: f64, period: f64) -> Config {
+/// A limit of `kind` with every setting at its default; shared with the other kinds' tests.
+pub(super) fn config(kind: Kind, rate: f64, period: f64) -> Config {
     Config {
         kind,
         rate,
