@@ -46,11 +46,8 @@ SQL
 
 REDIS_DIR=$(mktemp -d)
 chmod 777 "$REDIS_DIR"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$REDIS_DIR" --daemonize yes \
-    --save '' --appendonly yes --appendfsync always >/dev/null
 trap 'redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$REDIS_DIR"' EXIT
-for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-SHA=$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "$ROOT/bench/redis_bucket.lua")")
+SHA=$(start_redis "$REDIS_DIR" on)
 
 for round in $(seq "$ROUNDS"); do
     for CLIENTS in 8 32; do

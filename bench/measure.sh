@@ -1,7 +1,8 @@
 # What bench/compare.sh and bench/versions.sh measure, sourced by both: bench/run.sh's workload
 # (a) (CLIENTS clients over 100,000 keys of a 10/s token bucket, synchronous_commit on and
 # off, DURATION seconds each) and the in-process cost (1,000,000 calls in one statement,
-# creating rows, then updating them), on database $DB of the cluster at PGPORT.
+# creating rows, then updating them), on database $DB of the cluster at PGPORT. Also the
+# Redis that bench/run.sh and bench/hot_prototype.sh compare with.
 
 # A fresh database $DB with the extension, the benchmark's helpers and 100,000 seeded keys.
 prepare_bench_database() {
@@ -41,4 +42,15 @@ measure_a_and_in_process() {
         s=$(seconds_in "$DB" "SELECT count(*) FROM generate_series(1, 1000000) g, LATERAL rate_limiter.rate_limit('inproc_$round', g::text)")
         printf '%s\tinproc_%s_us\t%s\n' "$label" "$pass" "$s" >> "$raw"
     done
+}
+
+# Starts Redis on loopback port REDIS_PORT with its files in directory $1, durable
+# (appendonly, appendfsync always) when $2 is on, else without persistence; prints the SHA
+# of bench/redis_bucket.lua, loaded for EVALSHA. Stop it with redis-cli shutdown.
+start_redis() {
+    local persist=(--save '' --appendonly no)
+    [ "$2" = on ] && persist=(--save '' --appendonly yes --appendfsync always)
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$1" --daemonize yes "${persist[@]}" >/dev/null
+    for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "$ROOT/bench/redis_bucket.lua")"
 }

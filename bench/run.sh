@@ -16,15 +16,12 @@ DB=rate_limiter_bench
 BENCH=$ROOT/bench
 OUT=$BENCH/out
 RAW=$OUT/raw.tsv
+source "$BENCH/measure.sh"
 
 setup 15
 build_and_install
 restart_cluster
-if ! command -v redis-server >/dev/null; then
-    step "installing redis-server"
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-fi
+install_debian_packages redis-server redis-tools
 if [ ! -x "$ROOT/.venv-bench/bin/python" ]; then
     step "installing matplotlib into .venv-bench"
     python3 -m venv "$ROOT/.venv-bench"
@@ -92,12 +89,8 @@ step "redis with the same token bucket in Lua (EVALSHA)"
 REDIS_DIR=$(mktemp -d)
 chmod 777 "$REDIS_DIR"
 redis_run() { # durability: on = appendfsync always, off = no persistence
-    local persist=(--save '' --appendonly no)
-    [ "$1" = on ] && persist=(--save '' --appendonly yes --appendfsync always)
-    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$REDIS_DIR" --daemonize yes "${persist[@]}" >/dev/null
-    for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
     local sha
-    sha=$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "$BENCH/redis_bucket.lua")")
+    sha=$(start_redis "$REDIS_DIR" "$1")
     for w in a b c; do
         local args
         case $w in

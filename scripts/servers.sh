@@ -43,7 +43,7 @@ pg_bin() {
 }
 
 # Downloads source package $2 of Debian suite $1 into the current directory: version $3 if
-# the suite still has it, else its newest (see above). Prints the version downloaded.
+# the suite still has it, else its newest (see above).
 debian_source() {
     local apt=$PG_CACHE/apt-$1
     mkdir -p "$apt/lists/partial" "$apt/archives/partial"
@@ -64,7 +64,6 @@ debian_source() {
         return 1
     fi
     apt-get -qq "${options[@]}" source --download-only "$2=$version" >/dev/null
-    echo "$version"
 }
 
 # Builds the upstream tarball in the current directory into prefix $1, with what the tests use
@@ -119,8 +118,8 @@ obtain_postgres() {
     (
         cd "$work"
         case $version in
-            17) debian_source "${PG17_SOURCE[@]}" >/dev/null && build_from_tarball "$prefix" ;;
-            15.18) debian_source "${PG15_SOURCE[@]}" >/dev/null && build_from_tarball "$prefix" ;;
+            17) debian_source "${PG17_SOURCE[@]}" && build_from_tarball "$prefix" ;;
+            15.18) debian_source "${PG15_SOURCE[@]}" && build_from_tarball "$prefix" ;;
             18) unpack_wheel "$prefix" ;;
         esac
     )

@@ -161,26 +161,27 @@ def test_updates_are_hot_when_the_page_has_room_and_enter_the_index_when_not(mai
     keys = 200
     calls = f"SELECT count(*) FROM generate_series(1, {keys}) g, LATERAL rate_limiter.rate_limit('h', g::text)"
     with main.connect(database) as c, main.connect(database) as holder:
+
+        def twenty_rounds():
+            """(updates, HOT updates) of 20 calls on every key, once the statistics show them."""
+            start = update_counts(c)
+            for _ in range(20):
+                c.execute(calls)
+            wait_for(lambda: update_counts(c)[0] >= start[0] + 20 * keys, "the statistics", interval=0.5)
+            return tuple(n - s for n, s in zip(update_counts(c), start))
+
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         c.execute("SELECT rate_limiter.define('h', 'token bucket', 1000000, '1 hour')")
         c.execute(calls)
         # An open snapshot keeps every dead version: pages fill, and updates must move rows.
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT count(*) FROM rate_limiter.state")
-        start = update_counts(c)
-        for _ in range(20):
-            c.execute(calls)
-        wait_for(lambda: update_counts(c)[0] >= start[0] + 20 * keys, "the statistics", interval=0.5)
-        updates, hot = (n - s for n, s in zip(update_counts(c), start))
+        updates, hot = twenty_rounds()
         assert updates - hot > keys, f"only {updates - hot} of {updates} updates moved a row"
         holder.execute("COMMIT")
         c.execute("VACUUM rate_limiter.state")
         # With room on the page, nearly every update is HOT.
-        start = update_counts(c)
-        for _ in range(20):
-            c.execute(calls)
-        wait_for(lambda: update_counts(c)[0] >= start[0] + 20 * keys, "the statistics", interval=0.5)
-        updates, hot = (n - s for n, s in zip(update_counts(c), start))
+        updates, hot = twenty_rounds()
         assert hot / updates > 0.9, f"{hot} of {updates} updates were HOT"
         # Every row is found through the index and holds what was taken from it.
         remaining = c.execute("SELECT array_agg(DISTINCT remaining) FROM generate_series(1, %s) g, "
