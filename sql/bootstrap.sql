@@ -53,6 +53,7 @@ CREATE TABLE rate_limiter.limits (
         CONSTRAINT limits_on_lock_timeout_check CHECK (on_lock_timeout OPERATOR(pg_catalog.=) ANY (ARRAY['deny', 'allow'])),
     deny_cache interval
         CONSTRAINT limits_deny_cache_check CHECK (deny_cache OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    hot boolean NOT NULL DEFAULT false,
     CONSTRAINT limits_deny_cache_is_for_one_row_per_key_in_mode_all
         CHECK (deny_cache IS NULL OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all')),
     CONSTRAINT limits_one_row_per_key_for_lock_timeout
@@ -66,7 +67,9 @@ CREATE TABLE rate_limiter.limits (
     CONSTRAINT limits_capacity_is_rate
         CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window']) OR capacity IS NULL OR capacity OPERATOR(pg_catalog.=) rate),
     CONSTRAINT limits_reservations_are_for_token_bucket_and_fixed_window
-        CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window']) OR max_reserved IS NULL)
+        CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window']) OR max_reserved IS NULL),
+    CONSTRAINT limits_hot_is_one_row_in_mode_all
+        CHECK (NOT hot OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all' AND min_gap IS NULL AND lock_timeout IS NULL))
 );
 COMMENT ON TABLE rate_limiter.limits IS
     'Named rate limits, one row each. Manage with INSERT/UPDATE/DELETE or rate_limiter.define().';
@@ -83,6 +86,7 @@ COMMENT ON COLUMN rate_limiter.limits.lock_timeout IS 'Most time a consuming cal
 COMMENT ON COLUMN rate_limiter.limits.on_lock_timeout IS 'When lock_timeout passes: ''deny'' (ok = false) or ''allow'' (ok, granted = 0, unmetered); reason is ''lock_timeout'' either way.';
 COMMENT ON COLUMN rate_limiter.limits.deny_cache IS 'Most time a denial may be answered again from shared memory without reading the state (needs shared_preload_libraries); NULL never.';
 COMMENT ON COLUMN rate_limiter.limits.start IS 'Window kinds: windows (a rolling window''s cells) are aligned to this instant; NULL picks a phase per (name, key).';
+COMMENT ON COLUMN rate_limiter.limits.hot IS 'Concurrent transactions consume it without queueing on its row: admitted against shared memory, each call logged in rate_limiter.debits (needs shared_preload_libraries; see docs/hot-limits.md).';
 COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a period is cut into, 1 to 64; NULL means 10.';
 
 -- Keep user configuration in pg_dump output.
@@ -162,6 +166,25 @@ COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and
 COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. Rolling window: tokens taken per counting cell, oldest first, the last starting at ts. NULL for the other kinds.';
 COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
 COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
+
+-- The log of hot limits (docs/hot-limits.md): one row per consuming call, inserted by the
+-- caller's transaction, so that calls on one key never wait for each other's row locks;
+-- folded into the key's row of rate_limiter.state now and then. Numbered from one counter
+-- in shared memory, so the primary key is the number alone (and the replica identity).
+CREATE TABLE rate_limiter.debits (
+    seq bigint CONSTRAINT debits_pkey PRIMARY KEY,
+    name text COLLATE "C" NOT NULL,
+    key text COLLATE "C",
+    at timestamptz NOT NULL,
+    count double precision NOT NULL
+);
+COMMENT ON TABLE rate_limiter.debits IS
+    'Calls to hot limits not yet folded into rate_limiter.state: the state of a hot (name, key) is its state row with these applied in seq order. Written only by the rate_limiter functions.';
+COMMENT ON COLUMN rate_limiter.debits.seq IS 'Admission order, from a counter in shared memory.';
+COMMENT ON COLUMN rate_limiter.debits.name IS 'The hot limit''s name.';
+COMMENT ON COLUMN rate_limiter.debits.key IS 'The key; NULL for the NULL key.';
+COMMENT ON COLUMN rate_limiter.debits.at IS 'The instant the call was admitted at.';
+COMMENT ON COLUMN rate_limiter.debits.count IS 'The tokens it took.';
 
 CREATE TYPE rate_limiter.decision AS (
     ok boolean,

@@ -212,3 +212,72 @@ COMMENT ON FUNCTION rate_limiter.top_denied_every_database() IS
     'The rows of rate_limiter.top_denied of every database, with its name (superusers and pg_monitor members only).';
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
     'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits, rate_limiter.blocks and rate_limiter.allows.';
+
+-- Hot limits (docs/hot-limits.md): a limit that concurrent transactions consume without
+-- queueing on its row.
+ALTER TABLE rate_limiter.limits
+    ADD COLUMN hot boolean NOT NULL DEFAULT false,
+    ADD CONSTRAINT limits_hot_is_one_row_in_mode_all
+        CHECK (NOT hot OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all' AND min_gap IS NULL AND lock_timeout IS NULL));
+COMMENT ON COLUMN rate_limiter.limits.hot IS 'Concurrent transactions consume it without queueing on its row: admitted against shared memory, each call logged in rate_limiter.debits (needs shared_preload_libraries; see docs/hot-limits.md).';
+-- The log of hot limits (docs/hot-limits.md): one row per consuming call, inserted by the
+-- caller's transaction, so that calls on one key never wait for each other's row locks;
+-- folded into the key's row of rate_limiter.state now and then. Numbered from one counter
+-- in shared memory, so the primary key is the number alone (and the replica identity).
+CREATE TABLE rate_limiter.debits (
+    seq bigint CONSTRAINT debits_pkey PRIMARY KEY,
+    name text COLLATE "C" NOT NULL,
+    key text COLLATE "C",
+    at timestamptz NOT NULL,
+    count double precision NOT NULL
+);
+COMMENT ON TABLE rate_limiter.debits IS
+    'Calls to hot limits not yet folded into rate_limiter.state: the state of a hot (name, key) is its state row with these applied in seq order. Written only by the rate_limiter functions.';
+COMMENT ON COLUMN rate_limiter.debits.seq IS 'Admission order, from a counter in shared memory.';
+COMMENT ON COLUMN rate_limiter.debits.name IS 'The hot limit''s name.';
+COMMENT ON COLUMN rate_limiter.debits.key IS 'The key; NULL for the NULL key.';
+COMMENT ON COLUMN rate_limiter.debits.at IS 'The instant the call was admitted at.';
+COMMENT ON COLUMN rate_limiter.debits.count IS 'The tokens it took.';
+
+-- define() takes hot. A function's arguments cannot change in place: create it again, and
+-- give back the EXECUTE grants it had.
+DO $$
+DECLARE
+    grantee pg_catalog.regrole;
+    grantees pg_catalog.regrole[];
+BEGIN
+    SELECT pg_catalog.array_agg(a.grantee::pg_catalog.regrole) INTO grantees
+    FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+    WHERE p.oid OPERATOR(pg_catalog.=) 'rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval)'::pg_catalog.regprocedure
+      AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+      AND a.grantee OPERATOR(pg_catalog.<>) p.proowner AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid;
+    DROP FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval);
+    CREATE FUNCTION rate_limiter."define"(
+        "name" TEXT,
+        "kind" TEXT,
+        "rate" double precision,
+        "period" interval,
+        "capacity" double precision DEFAULT NULL,
+        "max_reserved" double precision DEFAULT NULL,
+        "shards" INT DEFAULT 1,
+        "start" timestamp with time zone DEFAULT NULL,
+        "min_gap" interval DEFAULT NULL,
+        "mode" TEXT DEFAULT 'all',
+        "buckets" INT DEFAULT NULL,
+        "lock_timeout" interval DEFAULT NULL,
+        "on_lock_timeout" TEXT DEFAULT 'deny',
+        "deny_cache" interval DEFAULT NULL,
+        "hot" bool DEFAULT false
+    ) RETURNS void
+    VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+    SET search_path TO pg_catalog, pg_temp
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'define_limit_wrapper';
+    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) IS
+        'Create or replace a named limit in rate_limiter.limits.';
+    -- A regrole's text is the role's name quoted as an identifier already: %s, not %I.
+    FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) TO %s', grantee);
+    END LOOP;
+END $$;

@@ -77,6 +77,9 @@ pub struct Config {
     /// Most milliseconds a denial may be answered again from memory, without reading the
     /// state (`deny_cache`); `None` never. Not arithmetic either.
     pub deny_cache: Option<f64>,
+    /// Consumed through an escrow in shared memory and a debit log instead of a row lock
+    /// (`hot`, docs/hot-limits.md). Not arithmetic either.
+    pub hot: bool,
 }
 
 /// What a call answers when `lock_timeout` passes.

@@ -25,6 +25,9 @@ pub struct Relations {
     /// `rate_limiter.allows` and its unique index; None in a database whose extension is
     /// older than 0.4.0 (not yet updated to this library): it has no allow list.
     pub allows: Option<(pg_sys::Oid, pg_sys::Oid)>,
+    /// `rate_limiter.debits` (the log of hot limits) and its primary key; None in a database
+    /// whose extension is older than 0.4.0: it has no hot limits.
+    pub debits: Option<(pg_sys::Oid, pg_sys::Oid)>,
     pub decision_type: pg_sys::Oid,
     decision: pg_sys::Oid,
 }
@@ -103,6 +106,10 @@ fn look_up() -> Relations {
             let allows = table(c"allows");
             (allows, index_of(allows, c"allows_key_name_key"))
         });
+        let debits = (pg_sys::get_relname_relid(c"debits".as_ptr(), schema) != pg_sys::InvalidOid).then(|| {
+            let debits = table(c"debits");
+            (debits, index_of(debits, c"debits_pkey"))
+        });
         Relations {
             state,
             state_key: index_of(state, c"state_key_name_shard_key"),
@@ -111,6 +118,7 @@ fn look_up() -> Relations {
             blocks,
             blocks_key: index_of(blocks, c"blocks_key_name_key"),
             allows,
+            debits,
             decision_type,
             decision,
         }
@@ -259,7 +267,8 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     let ours = match RELATIONS.get() {
         Some(r) => {
             let (allows, allows_key) = r.allows.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
-            [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, r.decision]
+            let (debits, debits_key) = r.debits.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
+            [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, debits, debits_key, r.decision]
                 .contains(&relid)
         }
         None => true,

@@ -82,6 +82,7 @@ pub struct LimitRow {
     pub lock_timeout: Option<Interval>,
     pub on_lock_timeout: String,
     pub deny_cache: Option<Interval>,
+    pub hot: bool,
 }
 
 impl TryFrom<&LimitRow> for Config {
@@ -106,6 +107,7 @@ impl TryFrom<&LimitRow> for Config {
             lock_timeout: row.lock_timeout.map(clock::interval_ms),
             on_lock_timeout: parse_on_lock_timeout(&row.on_lock_timeout)?,
             deny_cache: row.deny_cache.map(clock::interval_ms),
+            hot: row.hot,
         })
     }
 }
@@ -145,10 +147,15 @@ pub fn from_json(value: &Value) -> Result<Config> {
                 on_lock_timeout = optional(v, |v| parse_on_lock_timeout(text_field(field, v)?))?
             }
             "denyCache" | "deny_cache" => deny_cache = optional(v, |v| duration_field(field, v))?,
+            // The escrow of a hot limit is found by a name every backend knows.
+            "hot" if v == &Value::Bool(true) => {
+                return Err(Error::NotSupported("hot with an inline config: define the limit by name".into()))
+            }
+            "hot" if v == &Value::Bool(false) || v.is_null() => {}
             other => {
                 return Err(Error::InvalidConfig(format!(
                     "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, \
-                     start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache)"
+                     start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache, hot)"
                 )))
             }
         }
@@ -170,6 +177,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
         lock_timeout,
         on_lock_timeout: on_lock_timeout.unwrap_or(OnLockTimeout::Deny),
         deny_cache,
+        hot: false,
     })
 }
 
@@ -265,6 +273,19 @@ fn validate(config: Config) -> Result<Config> {
     ];
     if let Some(setting) = per_key.into_iter().flatten().next().filter(|_| config.shards > 1) {
         return Err(Error::NotSupported(format!("{setting} needs one row per key: use shards = 1")));
+    }
+    // What the escrow's argument covers (docs/hot-limits.md): one row, mode 'all', no min_gap,
+    // and calls that never wait for a row.
+    if config.hot {
+        let uncovered = [
+            (config.shards > 1).then(|| "shards > 1 (a hot limit replaces sharding)".to_owned()),
+            config.min_gap.map(|_| "minGap (an abort of the last granted call would make a refusal wrong)".to_owned()),
+            (config.mode != Mode::All).then(|| format!("mode '{}' (it writes on denial)", config.mode.as_str())),
+            config.lock_timeout.map(|_| "lockTimeout (a hot call never waits for a row)".to_owned()),
+        ];
+        if let Some(setting) = uncovered.into_iter().flatten().next() {
+            return Err(Error::NotSupported(format!("a hot limit with {setting}")));
+        }
     }
     if config.kind.capacity_is_rate() {
         let kind = config.kind.as_str();

@@ -49,6 +49,18 @@ pub enum Error {
 
     #[error("{relation} is not shaped as the extension made it: {detail}")]
     ShapeChanged { relation: String, detail: String },
+
+    #[error("hot limits need shared memory: rate_limiter is not in shared_preload_libraries, or rate_limiter.hot_keys is 0")]
+    HotUnavailable,
+
+    #[error("every one of the rate_limiter.hot_keys entries holds a hot (name, key) with calls in flight")]
+    HotKeysFull,
+
+    #[error("the hot limit \"{0}\" changed while calls to it were in flight")]
+    HotConfigRace(String),
+
+    #[error("cannot PREPARE a transaction that called a hot limit")]
+    HotPrepared,
 }
 
 impl Error {
@@ -66,9 +78,11 @@ impl Error {
             }
             Error::TimeOutOfRange(_) => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
             Error::UntrustedOwner { .. } | Error::NotAMonitor(_) => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            Error::NotAMember(_) | Error::ShapeChanged { .. } => {
+            Error::NotAMember(_) | Error::ShapeChanged { .. } | Error::HotUnavailable | Error::HotConfigRace(_) => {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
+            Error::HotKeysFull => PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            Error::HotPrepared => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
         }
     }
 
@@ -106,7 +120,9 @@ impl Error {
             Error::NotSupported(_) => {
                 "Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in \
                  mode 'all'; minGap, modes other than 'all', lockTimeout and denyCache need \
-                 shards = 1; denyCache needs mode 'all'; rate_limit_all takes limits in mode 'all' only."
+                 shards = 1; denyCache needs mode 'all'; rate_limit_all takes limits in mode 'all' only. \
+                 A hot limit is named, shards = 1, mode 'all', without minGap or lockTimeout, and takes \
+                 no credit and no part in rate_limit_all."
             }
             Error::UntrustedOwner { .. } => {
                 "A role that owns the extension's schema or tables could replace or rename what \
@@ -129,6 +145,21 @@ impl Error {
                  undo the ALTER TABLE or ALTER TYPE (the columns as sql/bootstrap.sql creates them), \
                  or save rate_limiter.limits and rate_limiter.blocks, DROP EXTENSION rate_limiter \
                  and create it again."
+            }
+            Error::HotUnavailable => {
+                "Add rate_limiter to shared_preload_libraries with rate_limiter.hot_keys > 0 and \
+                 restart, or define the limit with hot => false (and shards to spread it)."
+            }
+            Error::HotKeysFull => {
+                "Raise rate_limiter.hot_keys (a restart), or end the transactions that hold hot \
+                 calls open (see pg_stat_activity for sessions idle in transaction)."
+            }
+            Error::HotConfigRace(_) => {
+                "A change of a hot limit waits for the calls in flight; retry the call."
+            }
+            Error::HotPrepared => {
+                "A hot call's debit is settled when its own session commits or aborts; commit the \
+                 transaction directly, or call a limit that is not hot before PREPARE TRANSACTION."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

@@ -35,6 +35,7 @@ pub extern "C-unwind" fn _PG_init() {
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     shmem::stats::register(preloading);
     shmem::deny_cache::register(preloading);
+    shmem::hot::register(preloading);
     if preloading {
         shmem::register();
     }

@@ -20,6 +20,7 @@ use crate::clock::{self, sleep_ms};
 use crate::storage::{Created, Locked, Row, Slot, StateTable, Written};
 
 mod all;
+pub mod hot;
 pub use all::{decide_all, Decided, Part};
 
 /// How many times a call re-picks shards when those it chose are locked by other
@@ -114,6 +115,9 @@ pub fn decide(table: &StateTable, req: &Request<'_>, config: &Config, consume: b
 
 /// Answer without writing or locking anything (`check_rate_limit`).
 pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    if config.hot {
+        return hot::check(table, req, config);
+    }
     let per_shard = config.per_shard();
     let now = clock::now_ms();
     let all: Vec<i32> = (0..config.shards as i32).collect();
@@ -127,6 +131,9 @@ type Plan<'p> = &'p dyn Fn(&[State], &Config, f64) -> Outcome;
 
 /// Consume (`rate_limit`).
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    if config.hot {
+        return hot::consume(table, req, config);
+    }
     write(table, req, config, &|states, per_shard, now| bucket::plan(states, per_shard, now, req.count, req.reserve))
 }
 
@@ -247,7 +254,7 @@ fn lock_all(
     let mut locked: Vec<Option<Row>> = vec![None; looked.shards.len()];
     for i in order {
         let slot = slot(req, looked.shards[i]);
-        locked[i] = Some(lock_one(table, req, per_shard, slot, looked.rows[i], wait)?);
+        locked[i] = Some(lock_one(table, req, per_shard, slot, looked.rows[i], wait, &clock::now_ms)?);
         if !held.contains(&slot.shard) {
             held.push(slot.shard);
         }
@@ -255,9 +262,17 @@ fn lock_all(
     Some(taking.iter().map(|i| locked[*i].expect("every taken shard was locked")).collect())
 }
 
-/// Lock the row of `slot` (`known` when it was read), creating it full when missing; `None`
-/// when another transaction holds it (only without `wait`).
-fn lock_one(table: &StateTable, req: &Request<'_>, per_shard: &Config, slot: Slot<'_>, known: Option<Row>, wait: bool) -> Option<Row> {
+/// Lock the row of `slot` (`known` when it was read), creating it full as of `fresh_at` when
+/// missing; `None` when another transaction holds it (only without `wait`).
+fn lock_one(
+    table: &StateTable,
+    req: &Request<'_>,
+    per_shard: &Config,
+    slot: Slot<'_>,
+    known: Option<Row>,
+    wait: bool,
+    fresh_at: &dyn Fn() -> f64,
+) -> Option<Row> {
     let mut known = known;
     loop {
         check_for_interrupts!();
@@ -270,7 +285,7 @@ fn lock_one(table: &StateTable, req: &Request<'_>, per_shard: &Config, slot: Slo
             // Missing (never written, or reset meanwhile): create it full; ours until
             // commit. If a concurrent transaction created it first, lock theirs.
             None => {
-                let state = fresh(req, per_shard, clock::now_ms());
+                let state = fresh(req, per_shard, fresh_at());
                 match table.create(slot, state, bucket::expires(state, per_shard), wait) {
                     Created::Done(row) => return Some(row),
                     Created::Exists(row) => known = Some(row),
@@ -305,6 +320,9 @@ fn apply(
 
 /// The stored state of the fullest of `sample` random shards, as `rate_limit_value` reports it.
 pub fn value(table: &StateTable, req: &Request<'_>, config: &Config, sample_shards: u32) -> (State, i32) {
+    if config.hot {
+        return (hot::value(table, req, config), 0);
+    }
     let per_shard = config.per_shard();
     let now = clock::now_ms();
     let n = sample_shards.clamp(1, config.shards) as usize;

@@ -11,6 +11,7 @@ use crate::cache::List;
 use crate::clock;
 use crate::config::LimitRow;
 use crate::error::{self, Error, Result};
+use crate::limiter;
 use crate::shmem::deny_cache;
 use crate::storage;
 
@@ -23,6 +24,9 @@ use super::{fmgr_v1_info, valid_key, valid_name};
 fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
     storage::prevent_writes_unless_allowed(c"reset_rate_limit()");
     let name = valid_name(name).unwrap_or_else(|e| e.raise());
+    if storage::load_limit(name).is_some_and(|row| row.hot) {
+        limiter::hot::reset(name, key);
+    }
     storage::delete(name, key);
     deny_cache::forget_this_database();
 }
@@ -115,6 +119,7 @@ fn define_limit(
     lock_timeout: default!(Option<Interval>, "NULL"),
     on_lock_timeout: default!(Option<&str>, "'deny'"),
     deny_cache: default!(Option<Interval>, "NULL"),
+    hot: default!(Option<bool>, false),
 ) {
     storage::prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
@@ -134,6 +139,7 @@ fn define_limit(
             lock_timeout,
             on_lock_timeout: on_lock_timeout.ok_or_else(|| required("on_lock_timeout"))?.to_owned(),
             deny_cache,
+            hot: hot.ok_or_else(|| required("hot"))?,
         };
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;

@@ -280,6 +280,11 @@ unsafe extern "C-unwind" fn answer_credit(fcinfo: FunctionCallInfo) -> Answer {
         // Open the table first: its lock takes in pending invalidations of cached configs.
         let table = StateTable::open(Some(c"credit()"));
         let config = resolve(req.name, inline)?;
+        if config.hot {
+            // A give-back in flight would make the escrow more permissive, and its abort
+            // would take that back from calls already admitted.
+            return Err(Error::NotSupported(format!("credit on the hot limit \"{}\"", req.name)));
+        }
         Ok(limiter::credit(&table, &req, &config))
     })()
     .unwrap_or_else(|e| e.raise());

@@ -154,6 +154,10 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
                 config.mode.as_str()
             )));
         }
+        if config.hot {
+            // Its admission would have to be taken back when another part denies.
+            return Err(Error::NotSupported(format!("rate_limit_all with the hot limit \"{}\"", req.name)));
+        }
         usable(&req, &config)?;
         parts.push(Part { req, config });
     }

@@ -1,22 +1,73 @@
-//! The trigger on `rate_limiter.limits` and `rate_limiter.blocks` that tells every backend to
-//! forget what it cached of them. (A file of its own: `#[pg_trigger]` names the standard
+//! The trigger on `rate_limiter.limits`, `blocks` and `allows` that tells every backend to
+//! forget what it cached of them, and that moves a hot limit's debits into its base rows
+//! before the limit changes. (A file of its own: `#[pg_trigger]` names the standard
 //! `Result`, which the other files of `api` shadow with the extension's.)
 
 use pgrx::prelude::*;
 
+use crate::bucket::Config;
+use crate::cache;
+use crate::config::LimitRow;
+use crate::limiter;
 use crate::shmem::deny_cache;
 
-/// Trigger on `rate_limiter.limits` and `rate_limiter.blocks`: tell every backend to drop
-/// its cached configs and block flag.
+/// Trigger on `rate_limiter.limits`, `blocks` and `allows`: tell every backend to drop its
+/// cached configs and block flag; for a limit that is or becomes hot, wait for the calls in
+/// flight first (docs/hot-limits.md, "Moving into and out of the mode under load").
 #[pg_trigger]
 fn _limits_changed<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, PgHeapTupleError> {
     let relid = trigger.relation().map(|r| r.oid()).unwrap_or(pg_sys::InvalidOid);
+    if relid == cache::relations().limits && cache::relations().debits.is_some() {
+        hot_limit_changing(trigger);
+    }
     // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
     // transaction (InvalidOid would only raise "cache lookup failed"); the message is queued
     // and sent at commit.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
     deny_cache::forget_this_database();
     Ok(None)
+}
+
+fn hot_limit_changing(trigger: &PgTrigger<'_>) {
+    if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) {
+        limiter::hot::limits_truncated();
+        return;
+    }
+    let hot = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<bool>("hot").ok().flatten().unwrap_or(false);
+    let name = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<String>("name").ok().flatten().unwrap_or_default();
+    let (old, new) = (trigger.old(), trigger.new());
+    if let Some(old) = old.as_ref().filter(|row| hot(row)) {
+        // Its debits are folded with the config they were admitted under.
+        let was = Config::try_from(&limit_row(old)).unwrap_or_else(|e| e.raise());
+        limiter::hot::limit_changing(&name(old), Some(&was));
+    }
+    if let Some(new) = new.as_ref().filter(|row| hot(row)) {
+        let renamed = old.as_ref().is_none_or(|old| !hot(old) || name(old) != name(new));
+        if renamed {
+            limiter::hot::limit_changing(&name(new), None);
+        }
+    }
+}
+
+/// A row of `rate_limiter.limits` as the trigger gets it.
+fn limit_row(row: &PgHeapTuple<'_, AllocatedByPostgres>) -> LimitRow {
+    let required = "NOT NULL column of rate_limiter.limits";
+    LimitRow {
+        kind: row.get_by_name("kind").ok().flatten().expect(required),
+        rate: row.get_by_name("rate").ok().flatten().expect(required),
+        period: row.get_by_name("period").ok().flatten().expect(required),
+        capacity: row.get_by_name("capacity").ok().flatten(),
+        max_reserved: row.get_by_name("max_reserved").ok().flatten(),
+        shards: row.get_by_name("shards").ok().flatten().expect(required),
+        start: row.get_by_name("start").ok().flatten(),
+        min_gap: row.get_by_name("min_gap").ok().flatten(),
+        mode: row.get_by_name("mode").ok().flatten().expect(required),
+        buckets: row.get_by_name("buckets").ok().flatten(),
+        lock_timeout: row.get_by_name("lock_timeout").ok().flatten(),
+        on_lock_timeout: row.get_by_name("on_lock_timeout").ok().flatten().expect(required),
+        deny_cache: row.get_by_name("deny_cache").ok().flatten(),
+        hot: true,
+    }
 }

@@ -13,9 +13,8 @@
 //! `an_abort_in_the_middle_recomputes_rather_than_adds_back`). Committed debits at the
 //! front of the list are folded into the base.
 //!
-//! Pure and of fixed size (a ring of `N` debits), so that it can live in shared memory.
-//! Not yet wired to SQL: see docs/hot-limits.md for what is built and what is not.
-#![cfg_attr(not(test), allow(dead_code))]
+//! Pure and of fixed size (a ring of `N` debits), so that it lives in shared memory as it
+//! is (`shmem::hot`).
 
 use super::{check, plan, Config, Mode, Outcome, State};
 
@@ -28,6 +27,7 @@ pub struct Debit {
     pub committed: bool,
 }
 
+#[cfg(test)]
 const NO_DEBIT: Debit = Debit { seq: 0, at: 0.0, count: 0.0, committed: false };
 
 /// The state after `debit`: refilled to its instant, its count taken whatever is left (it
@@ -64,10 +64,31 @@ pub struct Escrow<const N: usize> {
 
 impl<const N: usize> Escrow<N> {
     /// An escrow over `base`, the committed state.
+    #[cfg(test)]
     pub fn new(base: State) -> Self {
         Escrow { base, tail: base, base_at: f64::NEG_INFINITY, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0 }
     }
 
+    /// Start over in place from `base`, the committed state, whose latest debit was at
+    /// `base_at`: an escrow in shared memory is too big to build on the stack and move.
+    ///
+    /// # Safety
+    /// `this` points to writable memory of an `Escrow<N>` whose ring holds valid debits
+    /// (memory of all zeros does: numbers and `false`); every other field is written here.
+    pub unsafe fn restart(this: *mut Self, base: State, base_at: f64) {
+        // SAFETY: the caller's promise; only fields are written, through raw pointers, so
+        // nothing reads the fields that may not be valid yet.
+        unsafe {
+            (&raw mut (*this).base).write(base);
+            (&raw mut (*this).tail).write(base);
+            (&raw mut (*this).base_at).write(base_at);
+            (&raw mut (*this).head).write(0);
+            (&raw mut (*this).len).write(0);
+            (&raw mut (*this).sunk).write(0);
+        }
+    }
+
+    #[cfg(test)]
     pub fn base(&self) -> State {
         self.base
     }
@@ -91,6 +112,7 @@ impl<const N: usize> Escrow<N> {
 
     /// Debits folded into the base while still in flight (an abort of one of them gives
     /// nothing back until the escrow is rebuilt from the committed log).
+    #[cfg(test)]
     pub fn sunk(&self) -> u64 {
         self.sunk
     }

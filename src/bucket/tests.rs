@@ -27,6 +27,7 @@ pub(super) fn config(kind: Kind, rate: f64, period: f64) -> Config {
         lock_timeout: None,
         on_lock_timeout: OnLockTimeout::Deny,
         deny_cache: None,
+        hot: false,
     }
 }
 

@@ -97,7 +97,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
     });
     let mut locked = vec![Vec::new(); parts.len()];
     for &(p, i) in &order {
-        let row = lock_one(table, &parts[p].req, &per_shard[p], slot(&parts[p].req, looked[p].shards[i]), looked[p].rows[i], true)
+        let row = lock_one(table, &parts[p].req, &per_shard[p], slot(&parts[p].req, looked[p].shards[i]), looked[p].rows[i], true, &clock::now_ms)
             .expect("a waiting lock is always obtained");
         locked[p].push((i, row));
     }

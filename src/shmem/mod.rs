@@ -1,4 +1,4 @@
-//! Shared memory, for the statistics and the deny cache: with `shared_preload_libraries`,
+//! Shared memory, for the statistics, the deny cache and the escrows of hot limits: with `shared_preload_libraries`,
 //! the postmaster sets aside each one's area at start; backends inherit them. This file
 //! holds the hooks and asks each user for its area; the users call down to `area`, never up.
 
@@ -6,6 +6,7 @@ use pgrx::pg_sys;
 
 mod area;
 pub mod deny_cache;
+pub mod hot;
 pub mod stats;
 
 static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
@@ -36,6 +37,7 @@ unsafe extern "C-unwind" fn request() {
         }
         stats::request();
         deny_cache::request();
+        hot::request();
     }
 }
 
@@ -53,5 +55,6 @@ unsafe extern "C-unwind" fn startup() {
         let _held = area::Held::take(init_lock);
         stats::attach();
         deny_cache::attach();
+        hot::attach();
     }
 }

@@ -88,6 +88,13 @@ impl Lookup {
         unsafe { probe(self.heap, self.index, pg_sys::GetLatestSnapshot(), &mut keys, self.tuple_slot) }
     }
 
+    /// Whether the table has `columns`, in their order (a column newer than the database's
+    /// extension is missing until it is updated).
+    pub fn has(&self, columns: &Shape) -> bool {
+        // SAFETY: the heap is open and locked, so its descriptor is current.
+        unsafe { shape::difference((*self.heap).rd_att, columns, Columns::AtLeast) }.is_none()
+    }
+
     /// Column `attno` of the current row, of type `T` (the tables are the extension's).
     pub fn column<T: FromDatum>(&self, attno: i32) -> Option<T> {
         let mut isnull = false;
@@ -137,5 +144,7 @@ fn limit_row(limits: &Lookup) -> LimitRow {
         lock_timeout: limits.column(12),
         on_lock_timeout: limits.column(13).expect(required),
         deny_cache: limits.column(14),
+        // New in 0.4.0: a database not yet updated has no hot limits.
+        hot: limits.has(&shape::LIMITS_WITH_HOT) && limits.column(15).expect(required),
     }
 }

@@ -15,6 +15,7 @@ use pgrx::IntoDatum;
 use crate::clock;
 use crate::error::Error;
 
+mod debits;
 mod lookup;
 mod row;
 mod scan;
@@ -23,6 +24,7 @@ pub mod shape;
 mod sql;
 mod state;
 
+pub use debits::{DebitLog, Logged, Seen};
 pub use lookup::{load_limit, Lookup};
 pub use sql::{delete, delete_listed, prune, upsert_limit, upsert_listed};
 pub use row::{Created, Locked, Row, Slot, Written};
@@ -39,7 +41,17 @@ pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
     }
 }
 
-fn xact_snapshot_isolation() -> bool {
+/// Wait for every transaction that called a limit to end, and keep new calls out until this
+/// one ends: `SHARE ROW EXCLUSIVE` on `rate_limiter.state`, which every consuming call holds
+/// in `ROW EXCLUSIVE` (what a change of a hot limit needs, docs/hot-limits.md).
+pub fn hold_calls_off() {
+    // SAFETY: locks the extension's table by the OID the cache checked; held to the end of
+    // the transaction, and waited for as any lock is (lock_timeout and cancels apply).
+    unsafe { pg_sys::LockRelationOid(crate::cache::relations().state, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) }
+}
+
+/// Whether the transaction reads with one snapshot (REPEATABLE READ, SERIALIZABLE).
+pub fn xact_snapshot_isolation() -> bool {
     // SAFETY: XactIsoLevel is a plain int of this single-threaded backend, set at transaction
     // start or by SET TRANSACTION, never while this reads it.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }

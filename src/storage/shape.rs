@@ -42,6 +42,26 @@ pub const LIMITS: [(&CStr, pg_sys::Oid); 14] = [
     (c"deny_cache", pg_sys::INTERVALOID),
 ];
 
+/// `LIMITS` and 0.4.0's `hot` after it.
+pub const LIMITS_WITH_HOT: [(&CStr, pg_sys::Oid); 15] = {
+    let mut columns = [(c"hot", pg_sys::BOOLOID); 15];
+    let mut i = 0;
+    while i < LIMITS.len() {
+        columns[i] = LIMITS[i];
+        i += 1;
+    }
+    columns
+};
+
+/// `rate_limiter.debits`, whose rows the hot path forms.
+pub const DEBITS: [(&CStr, pg_sys::Oid); 5] = [
+    (c"seq", pg_sys::INT8OID),
+    (c"name", pg_sys::TEXTOID),
+    (c"key", pg_sys::TEXTOID),
+    (c"at", pg_sys::TIMESTAMPTZOID),
+    (c"count", pg_sys::FLOAT8OID),
+];
+
 /// What the block and allow lists read, by position (`note` and `created` are for people).
 pub const LISTS: [(&CStr, pg_sys::Oid); 3] =
     [(c"name", pg_sys::TEXTOID), (c"key", pg_sys::TEXTOID), (c"until", pg_sys::TIMESTAMPTZOID)];

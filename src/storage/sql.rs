@@ -72,7 +72,16 @@ fn delete_ended(list: List, now: f64, max_rows: i32) -> i64 {
 }
 
 fn prune_state(now: f64, max_rows: i32) -> i64 {
-    let expired = delete_some("expires OPERATOR(pg_catalog.<=) $2", clock::ms_timestamptz(now), max_rows);
+    // A hot limit's base row stays: the debit log is replayed over it, and a fresh state in
+    // its place would count the log's older debits as if taken from a full limit.
+    let not_hot = match cache::relations().debits {
+        Some(_) => format!(
+            " AND NOT EXISTS (SELECT FROM {} l WHERE l.name OPERATOR(pg_catalog.=) s.name AND l.hot)",
+            cache::qualified_name(cache::relations().limits)
+        ),
+        None => String::new(),
+    };
+    let expired = delete_some(&format!("expires OPERATOR(pg_catalog.<=) $2{not_hot}"), clock::ms_timestamptz(now), max_rows);
     let left = max_rows - expired as i32;
     if left == 0 || !limits_held_still() {
         return expired;
@@ -146,17 +155,17 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
     let sql = format!(
         "INSERT INTO {} AS l \
          (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, \
-          lock_timeout, on_lock_timeout, deny_cache) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+          lock_timeout, on_lock_timeout, deny_cache, hot) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
          ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
          period = excluded.period, capacity = excluded.capacity, \
          max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
          min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
          lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout, \
-         deny_cache = excluded.deny_cache",
+         deny_cache = excluded.deny_cache, hot = excluded.hot",
         cache::qualified_name(cache::relations().limits)
     );
-    let args: [pgrx::datum::DatumWithOid<'_>; 14] = [
+    let args: [pgrx::datum::DatumWithOid<'_>; 15] = [
         name.into(),
         row.kind.as_str().into(),
         row.rate.into(),
@@ -171,6 +180,7 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
         row.lock_timeout.into(),
         row.on_lock_timeout.as_str().into(),
         row.deny_cache.into(),
+        row.hot.into(),
     ];
     Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -178,6 +178,17 @@ impl StateTable {
         self.find(slot, self.snapshot)
     }
 
+    /// The row of `slot` as committed now, whatever the call's snapshot.
+    pub fn read_now(&self, slot: Slot<'_>) -> Option<Row> {
+        // SAFETY: the latest snapshot, registered while the probe runs.
+        unsafe {
+            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+            let row = self.find(slot, snapshot);
+            pg_sys::UnregisterSnapshot(snapshot);
+            row
+        }
+    }
+
     fn find(&self, slot: Slot<'_>, snapshot: pg_sys::Snapshot) -> Option<Row> {
         // SAFETY: the relations and slot are open for this call; `snapshot` outlives the scan.
         unsafe {

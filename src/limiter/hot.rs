@@ -1,0 +1,289 @@
+//! Hot limits (docs/hot-limits.md): calls admitted against an escrow in shared memory that
+//! counts every debit still in flight, each debit logged in a row of its own, settled when
+//! its transaction ends (the callbacks below), and folded into the key's base row now and
+//! then by a caller. Transactions on one hot key never wait for each other.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::c_void;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::bucket::escrow::{self, Debit};
+use crate::bucket::{self, Config, State};
+use crate::call::{Decision, Request};
+use crate::clock;
+use crate::error::Error;
+use crate::shmem::hot::{self, Ticket};
+use crate::storage::{self, DebitLog, Logged, Seen, Slot, StateTable};
+
+/// Commits between two folds of a key's log into its base row.
+const FOLD_EVERY: u64 = 1000;
+
+/// What this backend's open transaction did to hot limits, for its end.
+#[derive(Default)]
+struct Open {
+    /// Debits in flight: where, which number, and in which subtransaction.
+    debits: Vec<(Ticket, u64, pg_sys::SubTransactionId)>,
+    /// Escrows to drop at commit: (name, only this key), or every one of the database (None).
+    forget: Vec<(Option<(String, Option<Option<String>>)>, pg_sys::SubTransactionId)>,
+    /// The escrow whose log this transaction folds.
+    folding: Option<Ticket>,
+}
+
+thread_local! {
+    static OPEN: RefCell<Open> = RefCell::new(Open::default());
+    static REGISTERED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn subtransaction() -> pg_sys::SubTransactionId {
+    // SAFETY: reads this backend's transaction state, inside a transaction.
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
+}
+
+fn register_callbacks() {
+    if !REGISTERED.get() {
+        // SAFETY: both callbacks live as long as the library; registered once per backend.
+        unsafe {
+            pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
+            pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
+        }
+        REGISTERED.set(true);
+    }
+}
+
+fn slot<'a>(req: &Request<'a>) -> Slot<'a> {
+    Slot { name: req.name, key: req.key, shard: 0, inline: false }
+}
+
+/// Consume (`rate_limit` on a hot limit): admitted against the escrow, logged if it takes
+/// tokens; every `FOLD_EVERY` commits, the caller also folds the settled log.
+pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    hot::available().unwrap_or_else(|e| e.raise());
+    let mut log = DebitLog::open(Some(c"rate_limit()"));
+    register_callbacks();
+    let now = clock::now_ms();
+    let mut guard = hot::hold(req.name, req.key, config, || load(table, &log, req, config, now)).unwrap_or_else(|e| e.raise());
+    let ticket = guard.ticket();
+    let entry = guard.entry();
+    let admitted = entry.escrow().admit(config, now, req.count, req.reserve, hot::next_seq());
+    // A fold reads with a snapshot of its own, which only READ COMMITTED may use.
+    let fold_below = (admitted.seq.is_some() && !storage::xact_snapshot_isolation() && entry.start_fold(FOLD_EVERY))
+        .then(|| entry.escrow().unsettled_from());
+    drop(guard);
+    if let Some(seq) = admitted.seq {
+        OPEN.with_borrow_mut(|open| open.debits.push((ticket, seq, subtransaction())));
+        log.insert(req.name, req.key, &Debit { seq, at: admitted.at, count: req.count, committed: false });
+    }
+    if let Some(below) = fold_below {
+        OPEN.with_borrow_mut(|open| open.folding = Some(ticket));
+        fold(table, &log, req.name, Some(req.key), config, below);
+    }
+    super::decision(req, &admitted.outcome, config, config, admitted.at)
+}
+
+/// `check_rate_limit` on a hot limit: against the escrow (calls in flight count) when it is
+/// loaded here, else against the committed state the call's snapshot sees.
+pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    let (state, at) = current(table, req, config, clock::now_ms());
+    let outcome = bucket::plan(&[state], config, at, req.count, req.reserve);
+    super::decision(req, &outcome, config, config, at)
+}
+
+/// The state `rate_limit_value` reports for a hot limit (see `check`).
+pub fn value(table: &StateTable, req: &Request<'_>, config: &Config) -> State {
+    current(table, req, config, clock::now_ms()).0
+}
+
+/// The state calls are decided against, and the instant they are decided at.
+fn current(table: &StateTable, req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
+    if let Some(mut guard) = hot::peek(req.name, req.key) {
+        let entry = guard.entry();
+        if entry.config() == config {
+            let escrow = entry.escrow();
+            return (escrow.tail(), escrow.admission_instant(now));
+        }
+    }
+    // Not loaded here (a standby, a subscriber, a server just started): the base row and the
+    // committed log, as a row-based read would see them.
+    let log = DebitLog::open(None);
+    let logged = log.read(Some(req.name), Some(req.key), None, Seen::ByTheCall);
+    let (state, last) = replay(req, config, table.read(slot(req)).map(|r| r.state), &logged, now);
+    (state, now.max(last))
+}
+
+/// The committed state of a key (base row and log, as committed now), and its latest
+/// debit's instant: what an escrow starts from. Also raises the debit numbers above the
+/// log's. No fold of this key can be in flight: a fold is started from a loaded escrow,
+/// which is not given away while it folds.
+fn load(table: &StateTable, log: &DebitLog, req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
+    hot::numbers_above(log.last_seq());
+    let logged = log.read(Some(req.name), Some(req.key), None, Seen::Now);
+    replay(req, config, table.read_now(slot(req)).map(|r| r.state), &logged, now)
+}
+
+/// `base` (fresh at the first debit's instant when there is no row) with `logged` applied in
+/// order, and the latest instant among them.
+fn replay(req: &Request<'_>, config: &Config, base: Option<State>, logged: &[Logged], now: f64) -> (State, f64) {
+    let base = base.unwrap_or_else(|| super::fresh(req, config, first_instant(logged, now)));
+    logged
+        .iter()
+        .fold((base, f64::NEG_INFINITY), |(state, last), l| (escrow::apply(state, config, &l.debit), last.max(l.debit.at)))
+}
+
+/// Where a missing base row starts: the first logged debit's instant, or now.
+fn first_instant(logged: &[Logged], now: f64) -> f64 {
+    logged.first().map_or(now, |l| l.debit.at.min(now))
+}
+
+/// Move the logged debits of `name` (of `key` only, when given) numbered below `below` (all
+/// when `None`) into their keys' base rows, and delete them: in the caller's transaction, so
+/// that the base and the log change together.
+fn fold(table: &StateTable, log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, below: Option<u64>) {
+    let logged = log.read(Some(name), key, below, Seen::Now);
+    let mut keys: Vec<Option<&str>> = Vec::new();
+    for l in &logged {
+        if !keys.contains(&l.key.as_deref()) {
+            keys.push(l.key.as_deref());
+        }
+    }
+    for key in keys {
+        let req = Request { name, key, count: 0.0, reserve: false, inline: false };
+        let of_key: Vec<&Logged> = logged.iter().filter(|l| l.key.as_deref() == key).collect();
+        let first = of_key[0].debit.at;
+        let row = super::lock_one(table, &req, config, slot(&req), table.read(slot(&req)), true, &|| first)
+            .expect("waited for the row");
+        let state = of_key.iter().fold(row.state, |state, l| escrow::apply(state, config, &l.debit));
+        table.write_locked(&row, slot(&req), state, bucket::expires(state, config));
+    }
+    log.delete(&logged);
+}
+
+/// `reset_rate_limit` of a hot limit's key: once no call is in flight, its log goes (the
+/// caller deletes the base row), and its escrow when this transaction commits.
+pub fn reset(name: &str, key: Option<&str>) {
+    storage::hold_calls_off();
+    register_callbacks();
+    let log = DebitLog::open(Some(c"reset_rate_limit()"));
+    log.delete(&log.read(Some(name), Some(key), None, Seen::Now));
+    forget_at_commit(Some((name.to_owned(), Some(key.map(str::to_owned)))));
+}
+
+/// A change of a limit that is or was hot (`rate_limiter.limits`' trigger): once no call is
+/// in flight, a limit that was hot (`was`, its config) has its whole log folded into base
+/// rows, and its escrows go when this transaction commits; calls after it load the new one.
+pub fn limit_changing(name: &str, was: Option<&Config>) {
+    storage::hold_calls_off();
+    register_callbacks();
+    if let Some(config) = was {
+        let table = StateTable::open(Some(c"define()"));
+        let log = DebitLog::open(Some(c"define()"));
+        fold(&table, &log, name, None, config, None);
+    }
+    forget_at_commit(Some((name.to_owned(), None)));
+}
+
+/// `TRUNCATE rate_limiter.limits`: every limit is gone, and with it every log and escrow of
+/// the database.
+pub fn limits_truncated() {
+    storage::hold_calls_off();
+    register_callbacks();
+    let log = DebitLog::open(Some(c"TRUNCATE"));
+    log.delete(&log.read(None, None, None, Seen::Now));
+    forget_at_commit(None);
+}
+
+fn forget_at_commit(what: Option<(String, Option<Option<String>>)>) {
+    OPEN.with_borrow_mut(|open| open.forget.push((what, subtransaction())));
+}
+
+/// Settle this backend's debits: committed, or taken back.
+fn settle(debits: Vec<(Ticket, u64, pg_sys::SubTransactionId)>, committed: bool) {
+    for (ticket, seq, _) in debits {
+        // Gone only when this transaction itself reset or redefined the limit after the call.
+        if let Some(mut guard) = hot::redeem(ticket) {
+            let entry = guard.entry();
+            let config = *entry.config();
+            if committed {
+                if entry.escrow().commit(&config, seq) {
+                    entry.note_committed();
+                }
+            } else {
+                entry.escrow().abort(&config, seq);
+            }
+        }
+    }
+}
+
+/// # Safety
+/// Only as a transaction callback, registered by `register_callbacks`.
+#[pg_guard]
+unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
+    use pg_sys::XactEvent::*;
+    match event {
+        XACT_EVENT_PRE_PREPARE => {
+            // COMMIT PREPARED runs in another backend, whose callbacks know nothing of these.
+            let open = OPEN.with_borrow(|o| !o.debits.is_empty() || !o.forget.is_empty() || o.folding.is_some());
+            if open {
+                Error::HotPrepared.raise()
+            }
+        }
+        // After the commit is durable and visible, before the locks are released: so a
+        // change that waited for calls drops escrows before the next call can load one.
+        XACT_EVENT_COMMIT | XACT_EVENT_ABORT => {
+            let open = OPEN.take();
+            let committed = event == XACT_EVENT_COMMIT;
+            settle(open.debits, committed);
+            if let Some(mut guard) = open.folding.and_then(hot::redeem) {
+                guard.entry().end_fold();
+            }
+            if committed {
+                for (what, _) in open.forget {
+                    match what {
+                        Some((name, key)) => hot::forget(&name, key.as_ref().map(|k| k.as_deref())),
+                        None => hot::forget_database(),
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// # Safety
+/// Only as a subtransaction callback, registered by `register_callbacks`.
+#[pg_guard]
+unsafe extern "C-unwind" fn at_subtransaction_end(
+    event: pg_sys::SubXactEvent::Type,
+    ending: pg_sys::SubTransactionId,
+    parent: pg_sys::SubTransactionId,
+    _arg: *mut c_void,
+) {
+    use pg_sys::SubXactEvent::*;
+    // Subtransactions still open when `ending` ends are nested in it: numbered after it.
+    let inside = |sub: pg_sys::SubTransactionId| sub >= ending;
+    match event {
+        SUBXACT_EVENT_ABORT_SUB => {
+            let aborted = OPEN.with_borrow_mut(|open| {
+                open.forget.retain(|(_, sub)| !inside(*sub));
+                let (aborted, kept) = std::mem::take(&mut open.debits).into_iter().partition(|(_, _, sub)| inside(*sub));
+                open.debits = kept;
+                aborted
+            });
+            settle(aborted, false);
+        }
+        SUBXACT_EVENT_COMMIT_SUB => OPEN.with_borrow_mut(|open| {
+            for (_, _, sub) in open.debits.iter_mut() {
+                if inside(*sub) {
+                    *sub = parent;
+                }
+            }
+            for (_, sub) in open.forget.iter_mut() {
+                if inside(*sub) {
+                    *sub = parent;
+                }
+            }
+        }),
+        _ => {}
+    }
+}

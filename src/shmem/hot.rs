@@ -1,0 +1,387 @@
+//! The escrows of hot limits (docs/hot-limits.md) in shared memory: a fixed table of
+//! `rate_limiter.hot_keys` entries, each the escrow of one (database, name, key) under an
+//! LWLock of its own, and the counter that numbers the debit log.
+//!
+//! An entry's identity changes only while both the table's lock and the entry's lock are
+//! held, so a backend that found an entry and then took its lock checks the identity again.
+//! Lock order: the table's lock, then an entry's; nothing takes the table's lock while it
+//! holds an entry's. An entry is given to another key only when nothing is listed in its
+//! escrow (no debit in flight, none committed and unsettled), so a debit's entry stays its
+//! own until the debit ends; a `Ticket` (entry and generation) finds it again.
+
+use std::ffi::CStr;
+use std::mem::MaybeUninit;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+
+use crate::bucket::escrow::Escrow;
+use crate::bucket::{Config, State};
+use crate::call::{MAX_KEY_BYTES, MAX_NAME_BYTES};
+use crate::error::{Error, Result};
+
+use super::area::{self, Held};
+
+/// Debits an escrow lists before it sinks the older half (docs/hot-limits.md).
+pub const RING: usize = 4096;
+
+/// `rate_limiter.hot_keys`: how many hot (name, key) pairs can be in use at once.
+static ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(16);
+
+const SHMEM_NAME: &CStr = c"rate_limiter hot keys";
+const TRANCHE: &CStr = c"rate_limiter hot keys";
+const IDENTITY_BYTES: usize = MAX_NAME_BYTES + MAX_KEY_BYTES;
+
+#[repr(C)]
+struct Header {
+    entries: u64,
+    /// The last debit number drawn.
+    last_seq: AtomicU64,
+    /// A clock of uses, to give away the entry used longest ago.
+    uses: AtomicU64,
+}
+
+/// One hot (database, name, key) and its escrow.
+#[repr(C)]
+pub struct Entry {
+    used: bool,
+    database: pg_sys::Oid,
+    has_key: bool,
+    name_len: usize,
+    key_len: usize,
+    identity: [u8; IDENTITY_BYTES],
+    /// Raised whenever the entry is given to a key or dropped: tickets of before are void.
+    generation: u64,
+    /// `config` and `escrow` hold the key's limit; else they are to be loaded.
+    loaded: bool,
+    last_used: u64,
+    /// Debits committed since a fold of the log was last started.
+    committed_since_fold: u64,
+    /// A transaction is folding the log of this key (until it ends).
+    folding: bool,
+    config: MaybeUninit<Config>,
+    escrow: MaybeUninit<Escrow<RING>>,
+}
+
+impl Entry {
+    pub fn config(&self) -> &Config {
+        assert!(self.loaded);
+        // SAFETY: written when the entry was loaded, and `loaded` says it was.
+        unsafe { self.config.assume_init_ref() }
+    }
+
+    pub fn escrow(&mut self) -> &mut Escrow<RING> {
+        assert!(self.loaded);
+        // SAFETY: restarted when the entry was loaded; its ring is zeroed memory or debits.
+        unsafe { self.escrow.assume_init_mut() }
+    }
+
+    /// Nothing listed: no debit in flight, none committed and unsettled.
+    fn idle(&mut self) -> bool {
+        !self.loaded || self.escrow().unsettled_from().is_none()
+    }
+
+    pub fn note_committed(&mut self) {
+        self.committed_since_fold += 1;
+    }
+
+    /// Whether to fold the log now (every `every` commits, one folder at a time); if so,
+    /// this caller is the folder until `end_fold`.
+    pub fn start_fold(&mut self, every: u64) -> bool {
+        let start = !self.folding && self.committed_since_fold >= every;
+        if start {
+            self.folding = true;
+            self.committed_since_fold = 0;
+        }
+        start
+    }
+
+    pub fn end_fold(&mut self) {
+        self.folding = false;
+    }
+
+    fn is(&self, database: pg_sys::Oid, name: &str, key: Option<&str>) -> bool {
+        self.used
+            && self.database == database
+            && &self.identity[..self.name_len] == name.as_bytes()
+            && self.has_key == key.is_some()
+            && &self.identity[self.name_len..self.name_len + self.key_len] == key.unwrap_or("").as_bytes()
+    }
+
+    fn name(&self) -> &[u8] {
+        &self.identity[..self.name_len]
+    }
+}
+
+/// Where a debit's escrow is, for the callbacks at its transaction's end.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ticket {
+    index: usize,
+    generation: u64,
+}
+
+static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
+static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(null_mut());
+
+fn entry_count() -> usize {
+    ENTRIES.get().max(0) as usize
+}
+
+fn size(entries: usize) -> usize {
+    size_of::<Header>().next_multiple_of(align_of::<Entry>()) + entries * size_of::<Entry>()
+}
+
+/// The header and entries, when the library was preloaded with entries.
+fn table() -> Option<(&'static Header, *mut Entry)> {
+    // SAFETY: set by `attach` to an area of `size(entries)` bytes that lives as long as the
+    // server, a header and then the entries.
+    unsafe {
+        let header = AREA.load(Acquire).as_ref()?;
+        let first = (header as *const Header as *mut u8).add(size_of::<Header>().next_multiple_of(align_of::<Entry>()));
+        (header.entries > 0).then_some((header, first.cast::<Entry>()))
+    }
+}
+
+/// Lock 0 is the table's, lock `1 + i` entry `i`'s.
+fn lock(i: usize) -> *mut pg_sys::LWLock {
+    // SAFETY: `LOCKS` holds `entries + 1` locks from the named tranche (see `attach`).
+    unsafe { &raw mut (*LOCKS.load(Acquire).add(i)).lock }
+}
+
+/// From `_PG_init`: the setting, only when preloading (a postmaster setting).
+pub fn register(preloading: bool) {
+    if preloading {
+        GucRegistry::define_int_guc(
+            c"rate_limiter.hot_keys",
+            c"How many (name, key) pairs of hot limits can be in use at once; 0 turns hot limits off.",
+            c"Each takes about 140 kB of shared memory.",
+            &ENTRIES,
+            0,
+            1 << 16,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
+}
+
+/// The postmaster's shmem request.
+///
+/// # Safety
+/// Only from `shmem_request_hook`.
+pub unsafe fn request() {
+    // SAFETY: the request hook is where both may be called.
+    unsafe {
+        pg_sys::RequestAddinShmemSpace(size(entry_count()));
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), entry_count() as i32 + 1);
+    }
+}
+
+/// # Safety
+/// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
+pub unsafe fn attach() {
+    let entries = entry_count();
+    // SAFETY: requested with this size and this many locks in `request`; a fresh area is all
+    // zeros, which is a valid header and entries that are not used (their escrows' rings hold
+    // debits of zeros, which `Escrow::restart` requires).
+    unsafe {
+        let (area, found) = area::area(SHMEM_NAME, size(entries));
+        let header = area.cast::<Header>();
+        if !found {
+            (*header).entries = entries as u64;
+        }
+        LOCKS.store(pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()), Release);
+        AREA.store(header, Release);
+    }
+}
+
+/// Whether hot limits can be used here: preloaded, with entries.
+pub fn available() -> Result<()> {
+    match table() {
+        Some(_) => Ok(()),
+        None => Err(Error::HotUnavailable),
+    }
+}
+
+/// The next debit number (drawn under the entry's lock, so numbers ascend along each escrow).
+pub fn next_seq() -> u64 {
+    table().expect("available").0.last_seq.fetch_add(1, AcqRel) + 1
+}
+
+/// Numbers drawn from now on are above `seq` (a log that outlived shared memory has it).
+pub fn numbers_above(seq: u64) {
+    if let Some((header, _)) = table() {
+        header.last_seq.fetch_max(seq, AcqRel);
+    }
+}
+
+/// Entry `index`, held until the guard drops.
+pub struct Guard {
+    entry: *mut Entry,
+    index: usize,
+    _held: Held,
+}
+
+impl Guard {
+    pub fn entry(&mut self) -> &mut Entry {
+        // SAFETY: `entry` is in the table, and its lock is held while the guard lives.
+        unsafe { &mut *self.entry }
+    }
+
+    pub fn ticket(&mut self) -> Ticket {
+        Ticket { index: self.index, generation: self.entry().generation }
+    }
+}
+
+fn hold_entry(index: usize) -> Guard {
+    let (_, entries) = table().expect("available");
+    // SAFETY: an entry's lock, not held by this backend (a backend holds one entry at a time).
+    let held = unsafe { Held::take(lock(1 + index)) };
+    // SAFETY: `index` is below the table's entries.
+    Guard { entry: unsafe { entries.add(index) }, index, _held: held }
+}
+
+fn database() -> pg_sys::Oid {
+    // SAFETY: written only while the backend connects, before any SQL runs.
+    unsafe { pg_sys::MyDatabaseId }
+}
+
+/// The escrow of (name, key) in this database, held; `load` gives its committed state (and
+/// its latest debit's instant) when it is not loaded, called holding the entry's lock.
+pub fn hold(name: &str, key: Option<&str>, config: &Config, load: impl FnOnce() -> (State, f64)) -> Result<Guard> {
+    let (header, entries) = table().ok_or(Error::HotUnavailable)?;
+    let database = database();
+    loop {
+        let index = {
+            // SAFETY: the table's lock, initialized by the postmaster, not held here.
+            let _table = unsafe { Held::take(lock(0)) };
+            // SAFETY: the entries are in shared memory for the server's life; fields are
+            // read under the table's lock, which any change of identity holds.
+            let found = (0..header.entries as usize).find(|i| unsafe { (*entries.add(*i)).is(database, name, key) });
+            match found {
+                Some(i) => i,
+                None => claim(header, entries, database, name, key)?,
+            }
+        };
+        let mut guard = hold_entry(index);
+        let entry = guard.entry();
+        if !entry.is(database, name, key) {
+            continue; // given to another key between the two locks: look again
+        }
+        if entry.loaded && entry.config() != config {
+            // A change of the limit drops its escrows when it commits, and waits for every
+            // call in flight: a config that differs with nothing listed is reloaded.
+            if !entry.idle() {
+                return Err(Error::HotConfigRace(name.to_owned()));
+            }
+            entry.loaded = false;
+        }
+        if !entry.loaded {
+            let (base, base_at) = load();
+            entry.config.write(*config);
+            // SAFETY: the entry's escrow memory, whose ring holds zeros or debits.
+            unsafe { Escrow::restart(entry.escrow.as_mut_ptr(), base, base_at) };
+            entry.loaded = true;
+            entry.committed_since_fold = 0;
+        }
+        entry.last_used = header.uses.fetch_add(1, Relaxed);
+        return Ok(guard);
+    }
+}
+
+/// An entry for (database, name, key), holding the table's lock: a free one, else the one
+/// used longest ago that has nothing listed; 53400 if every entry has debits listed.
+fn claim(header: &Header, entries: *mut Entry, database: pg_sys::Oid, name: &str, key: Option<&str>) -> Result<usize> {
+    let count = header.entries as usize;
+    // SAFETY: under the table's lock; `used` and `last_used` are only a hint here, checked
+    // again under the entry's lock below.
+    let by_age = {
+        let mut order: Vec<usize> = (0..count).collect();
+        order.sort_by_key(|i| unsafe { ((*entries.add(*i)).used, (*entries.add(*i)).last_used) });
+        order
+    };
+    for index in by_age {
+        let mut guard = hold_entry(index);
+        let entry = guard.entry();
+        if entry.used && (!entry.idle() || entry.folding) {
+            continue;
+        }
+        entry.used = true;
+        entry.database = database;
+        entry.name_len = name.len();
+        entry.has_key = key.is_some();
+        let key = key.unwrap_or("");
+        entry.key_len = key.len();
+        entry.identity[..name.len()].copy_from_slice(name.as_bytes());
+        entry.identity[name.len()..name.len() + key.len()].copy_from_slice(key.as_bytes());
+        entry.generation += 1;
+        entry.loaded = false;
+        entry.folding = false;
+        return Ok(index);
+    }
+    Err(Error::HotKeysFull)
+}
+
+/// The escrow of (name, key) in this database, held, if it is loaded.
+pub fn peek(name: &str, key: Option<&str>) -> Option<Guard> {
+    let (header, entries) = table()?;
+    let database = database();
+    let index = {
+        // SAFETY: as in `hold`.
+        let _table = unsafe { Held::take(lock(0)) };
+        (0..header.entries as usize).find(|i| unsafe { (*entries.add(*i)).is(database, name, key) })?
+    };
+    let mut guard = hold_entry(index);
+    let entry = guard.entry();
+    (entry.is(database, name, key) && entry.loaded).then_some(guard)
+}
+
+/// The entry of `ticket`, held, if it is still the one the ticket was taken from.
+pub fn redeem(ticket: Ticket) -> Option<Guard> {
+    table()?;
+    let mut guard = hold_entry(ticket.index);
+    let entry = guard.entry();
+    (entry.used && entry.loaded && entry.generation == ticket.generation).then_some(guard)
+}
+
+/// Drop the escrows of `name` in this database (of its `key` only, when given): they are
+/// loaded again from the tables. Only escrows with nothing listed are dropped; a change
+/// that drops one waited for every call in flight (docs/hot-limits.md).
+pub fn forget(name: &str, key: Option<Option<&str>>) {
+    let Some((header, _)) = table() else { return };
+    let database = database();
+    // SAFETY: as in `hold`.
+    let _table = unsafe { Held::take(lock(0)) };
+    for index in 0..header.entries as usize {
+        let mut guard = hold_entry(index);
+        let entry = guard.entry();
+        let ours = match key {
+            Some(key) => entry.is(database, name, key),
+            None => entry.used && entry.database == database && entry.name() == name.as_bytes(),
+        };
+        if ours && entry.idle() {
+            entry.used = false;
+            entry.loaded = false;
+            entry.folding = false;
+            entry.generation += 1;
+        }
+    }
+}
+
+/// Drop every escrow of this database (`TRUNCATE rate_limiter.limits`).
+pub fn forget_database() {
+    let Some((header, _)) = table() else { return };
+    let database = database();
+    // SAFETY: as in `hold`.
+    let _table = unsafe { Held::take(lock(0)) };
+    for index in 0..header.entries as usize {
+        let mut guard = hold_entry(index);
+        let entry = guard.entry();
+        if entry.used && entry.database == database && entry.idle() {
+            entry.used = false;
+            entry.loaded = false;
+            entry.generation += 1;
+        }
+    }
+}

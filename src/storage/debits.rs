@@ -1,0 +1,225 @@
+//! `rate_limiter.debits`, the log of hot limits (docs/hot-limits.md): one row per consuming
+//! call, inserted by the caller's transaction, read back in number order through the
+//! primary key, and deleted once folded into the key's base row. Written through the heap
+//! and index access methods, as the state is: the table must keep the shape and the one
+//! index the extension made, and fire no trigger.
+
+use std::ptr::null_mut;
+
+use pgrx::pg_sys::{self, Datum};
+use pgrx::prelude::*;
+use pgrx::IntoDatum;
+
+use crate::bucket::escrow::Debit;
+use crate::cache;
+use crate::clock;
+use crate::error::Error;
+
+use super::scan::equal_key;
+use super::server;
+use super::shape::{self, Columns};
+use super::{instant, prevent_writes_unless_allowed, text};
+
+const SEQ: i32 = 1;
+const NAME: i32 = 2;
+const KEY: i32 = 3;
+const AT: i32 = 4;
+const COUNT: i32 = 5;
+
+/// A logged debit and where its row is.
+pub struct Logged {
+    pub key: Option<String>,
+    pub debit: Debit,
+    tid: pg_sys::ItemPointerData,
+}
+
+/// Which snapshot a read of the log uses.
+#[derive(Clone, Copy)]
+pub enum Seen {
+    /// The call's (the active snapshot): what a read in the caller's transaction sees.
+    ByTheCall,
+    /// Every committed row, now: what loading an escrow and folding need.
+    Now,
+}
+
+/// `rate_limiter.debits` and its primary key, open for one call. Closed on drop.
+pub struct DebitLog {
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    info: *mut pg_sys::IndexInfo,
+    tuple_slot: *mut pg_sys::TupleTableSlot,
+}
+
+impl DebitLog {
+    /// Open for reading, or for writing (refused in a read-only transaction, naming
+    /// `command`); 55000 in a database not yet updated to 0.4.0, which has no log.
+    pub fn open(write: Option<&std::ffi::CStr>) -> DebitLog {
+        let Some((table, index)) = cache::relations().debits else { Error::ExtensionOutdated.raise() };
+        let lockmode = match write {
+            Some(command) => {
+                prevent_writes_unless_allowed(command);
+                pg_sys::RowExclusiveLock
+            }
+            None => pg_sys::AccessShareLock,
+        } as pg_sys::LOCKMODE;
+        // SAFETY: the extension's table by the OID the cache checked; locked to the end of
+        // the transaction, closed once on drop.
+        let heap = unsafe { pg_sys::table_open(table, lockmode) };
+        let mut log = DebitLog { heap, index: null_mut(), info: null_mut(), tuple_slot: null_mut() };
+        // SAFETY: its primary key, opened with the table's lock mode; closed on drop.
+        log.index = unsafe { pg_sys::index_open(index, lockmode) };
+        // SAFETY: the heap is open and locked: its descriptor, triggers and index list are
+        // current.
+        unsafe {
+            shape::require((*heap).rd_att, "rate_limiter.debits", &shape::DEBITS, Columns::Exactly);
+            let triggers = !(*heap).trigdesc.is_null() && (*(*heap).trigdesc).numtriggers > 0;
+            let checks = !(*(*heap).rd_att).constr.is_null() && (*(*(*heap).rd_att).constr).num_check > 0;
+            let list = pg_sys::RelationGetIndexList(heap);
+            let indexes = if list.is_null() { 0 } else { (*list).length };
+            pg_sys::list_free(list);
+            if triggers || checks || indexes != 1 {
+                let detail = "it has a trigger, CHECK constraint or index the extension did not create".to_owned();
+                Error::ShapeChanged { relation: "rate_limiter.debits".into(), detail }.raise()
+            }
+            log.tuple_slot = pg_sys::table_slot_create(heap, null_mut());
+        }
+        log
+    }
+
+    /// Log `debit` of (name, key).
+    pub fn insert(&mut self, name: &str, key: Option<&str>, debit: &Debit) {
+        let mut values = [
+            Datum::from(debit.seq as i64),
+            text(name),
+            key.map(text).unwrap_or(Datum::from(0)),
+            instant(debit.at, "debit's instant"),
+            debit.count.into_datum().expect("float8"),
+        ];
+        let mut nulls = [false, false, key.is_none(), false, false];
+        // SAFETY: the arrays match the descriptor (shape checked at open); the table is open
+        // with RowExclusiveLock; the primary key is its only index, entered as the executor
+        // does (a duplicate number raises 23505).
+        unsafe {
+            let tuple = pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::heap_insert(self.heap, tuple, pg_sys::GetCurrentCommandId(true), 0, null_mut());
+            if self.info.is_null() {
+                self.info = pg_sys::BuildIndexInfo(self.index);
+            }
+            pg_sys::index_insert(
+                self.index,
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+                &mut (*tuple).t_self,
+                self.heap,
+                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES,
+                false,
+                self.info,
+            );
+        }
+    }
+
+    /// The logged debits of `name` (of every name when `None`; of its `key` only, when
+    /// given) numbered below `below` (all when `None`), in number order.
+    pub fn read(&self, name: Option<&str>, key: Option<Option<&str>>, below: Option<u64>, seen: Seen) -> Vec<Logged> {
+        let mut found = Vec::new();
+        // SAFETY: the relations and slot are open for this call; the snapshot is the active
+        // one or the latest, valid while the scan runs (nothing in it takes another); the
+        // key compares the int8 primary key with int8lt.
+        unsafe {
+            let snapshot = match seen {
+                Seen::ByTheCall => pg_sys::GetActiveSnapshot(),
+                Seen::Now => pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()),
+            };
+            let mut keys: Vec<pg_sys::ScanKeyData> = below
+                .map(|b| {
+                    let mut k = equal_key(self.index, 1, pg_sys::F_INT8LT, Datum::from(b as i64));
+                    k.sk_strategy = pg_sys::BTLessStrategyNumber as u16;
+                    k
+                })
+                .into_iter()
+                .collect();
+            let scan = server::index_beginscan(self.heap, self.index, snapshot, keys.len() as i32);
+            pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, null_mut(), 0);
+            while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, self.tuple_slot) {
+                check_for_interrupts!();
+                let row_name: String = self.column(NAME).expect("NOT NULL");
+                if name.is_some_and(|n| n != row_name) {
+                    continue;
+                }
+                let row_key: Option<String> = self.column(KEY);
+                if key.is_some_and(|k| k != row_key.as_deref()) {
+                    continue;
+                }
+                let seq: i64 = self.column(SEQ).expect("NOT NULL");
+                let at = self.column::<TimestampWithTimeZone>(AT).map(clock::timestamptz_ms).expect("NOT NULL");
+                let count: f64 = self.column(COUNT).expect("NOT NULL");
+                found.push(Logged {
+                    key: row_key,
+                    debit: Debit { seq: seq as u64, at, count, committed: true },
+                    tid: (*self.tuple_slot).tts_tid,
+                });
+            }
+            pg_sys::index_endscan(scan);
+            if let Seen::Now = seen {
+                pg_sys::UnregisterSnapshot(snapshot);
+            }
+        }
+        found
+    }
+
+    /// The highest number in the log, committed or not (0 when empty).
+    pub fn last_seq(&self) -> u64 {
+        // SAFETY: as in `read`; a dirty snapshot also sees rows of transactions in flight.
+        unsafe {
+            let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
+            dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+            let scan = server::index_beginscan(self.heap, self.index, &mut dirty, 0);
+            pg_sys::index_rescan(scan, null_mut(), 0, null_mut(), 0);
+            let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::BackwardScanDirection, self.tuple_slot);
+            let seq = if found { self.column::<i64>(SEQ).expect("NOT NULL") as u64 } else { 0 };
+            pg_sys::index_endscan(scan);
+            seq
+        }
+    }
+
+    /// Delete logged rows (folded, or reset): as `DELETE` does, publications informed.
+    pub fn delete(&self, rows: &[Logged]) {
+        // SAFETY: the table is open with RowExclusiveLock; each tid is a row this transaction
+        // read; simple_heap_delete waits for a concurrent deleter and raises if one won
+        // (none can: a folder or a reset holds what keeps others away).
+        unsafe {
+            pg_sys::CheckCmdReplicaIdentity(self.heap, pg_sys::CmdType::CMD_DELETE);
+            for row in rows {
+                let mut tid = row.tid;
+                pg_sys::simple_heap_delete(self.heap, &mut tid);
+            }
+            pg_sys::CommandCounterIncrement();
+        }
+    }
+
+    fn column<T: FromDatum>(&self, attno: i32) -> Option<T> {
+        let mut isnull = false;
+        // SAFETY: the slot holds a row of the log (shape checked at open); `T` is the type of
+        // column `attno` there.
+        unsafe { T::from_datum(pg_sys::slot_getattr(self.tuple_slot, attno, &mut isnull), isnull) }
+    }
+}
+
+impl Drop for DebitLog {
+    fn drop(&mut self) {
+        // SAFETY: each was opened by `open` and is closed once; the locks stay to the end of
+        // the transaction, as the executor keeps them.
+        unsafe {
+            if !self.tuple_slot.is_null() {
+                pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
+            }
+            if !self.index.is_null() {
+                if !self.info.is_null() && !std::thread::panicking() {
+                    server::index_insert_cleanup(self.index, self.info);
+                }
+                pg_sys::index_close(self.index, pg_sys::NoLock as _);
+            }
+            pg_sys::table_close(self.heap, pg_sys::NoLock as _);
+        }
+    }
+}
