@@ -1,0 +1,345 @@
+"""Hot limits (docs/hot-limits.md): one key that concurrent transactions consume without
+queueing on its row, exact under any interleaving, given back on rollback, kept through
+crashes, replicated, and reset, pruned and redefined under load. Each check is the ledger's:
+what committed transactions were granted, plus what the limit has left, is what it had."""
+
+import os
+import random
+import subprocess
+import threading
+import time
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from calls import amcheck_clean, define
+from clusters import PORTS, as_postgres, connect, every_version, wait_for
+from together import in_sessions
+
+NOW = "2030-01-01 00:00:00+00"
+
+
+def ledger(conn):
+    conn.execute("CREATE TABLE IF NOT EXISTS ledger (name text, k text, granted float8, at timestamptz)")
+
+
+def remaining(conn, name, key):
+    return conn.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, %s, 0)", (name, key)).fetchone()[0]
+
+
+def granted(conn, name, key, since=None):
+    return conn.execute("SELECT coalesce(sum(granted), 0) FROM ledger WHERE name = %s AND k = %s AND at > %s",
+                        (name, key, since or "-infinity")).fetchone()[0]
+
+
+def session(dbname, fake_now=NOW, **kw):
+    conn = connect(dbname=dbname, **kw)
+    conn.execute(f"SET rate_limiter.fake_now = '{fake_now}'")
+    return conn
+
+
+def take(conn, name, key, count=1, rollback=False, savepoint=False, hold=0.0):
+    """One transaction: a call and its ledger row, held open for `hold` s; rolled back whole,
+    or only the call's savepoint."""
+    with conn.transaction(force_rollback=rollback):
+        if savepoint:
+            with conn.transaction(force_rollback=True):
+                conn.execute("INSERT INTO ledger SELECT %s, %s, granted, clock_timestamp() "
+                             "FROM rate_limiter.rate_limit(%s, %s, %s)", (name, key, name, key, count))
+        conn.execute("INSERT INTO ledger SELECT %s, %s, granted, clock_timestamp() "
+                     "FROM rate_limiter.rate_limit(%s, %s, %s)", (name, key, name, key, count))
+        if hold:
+            time.sleep(hold)
+
+
+def mixed_load(dbname, name, key, sessions, calls, stop=None):
+    """`sessions` sessions each make `calls` transactions (or until `stop` is set): most
+    commit, some roll back whole, some roll back a savepoint around a call, a few hold their
+    transaction open a moment so that debits are in flight together."""
+    def body(i):
+        rng = random.Random(i)
+        with session(dbname) as conn:
+            for _ in range(calls):
+                if stop is not None and stop.is_set():
+                    break
+                r = rng.random()
+                take(conn, name, key, count=rng.choice([1, 1, 2, 3]), rollback=r < 0.2, savepoint=0.2 <= r < 0.35,
+                     hold=0.002 if r > 0.9 else 0.0)
+    in_sessions(sessions, body)
+
+
+@pytest.mark.parametrize("sessions", [8, 16, 32])
+def test_the_bound_is_exact_under_concurrent_sessions(database, sessions):
+    with session(database) as admin:
+        ledger(admin)
+        for kind in ("token bucket", "fixed window"):
+            name = f"hot_{kind.split()[0]}"
+            define(admin, name, kind, rate=300, period="1 day", hot=True)
+    for name in ("hot_token", "hot_fixed"):
+        mixed_load(database, name, "k", sessions, 60)
+        with session(database) as c:
+            used = granted(c, name, "k")
+            left = remaining(c, name, "k")
+            assert used + left == 300, f"{name}: {used} granted and {left} left of 300"
+            assert used <= 300
+            assert left < 10, f"{name}: the load ran the limit down ({left} left)"
+            assert c.execute("SELECT count(*) FROM rate_limiter.debits WHERE name = %s", (name,)).fetchone()[0] > 0
+
+
+def test_a_hot_call_does_not_wait_for_another_transaction_and_a_row_based_one_does(database):
+    with session(database) as admin:
+        define(admin, "hot", rate=10, period="1 hour", hot=True)
+        define(admin, "row", rate=10, period="1 hour")
+    with session(database) as holder, session(database) as other:
+        other.execute("SET lock_timeout = '200ms'")
+        for name in ("hot", "row"):
+            holder.execute("BEGIN")
+            holder.execute("SELECT rate_limiter.rate_limit(%s, 'k', 3)", (name,))
+            if name == "hot":
+                # In flight, the holder's 3 count: 10 - 3 - 1.
+                assert other.execute("SELECT ok, remaining FROM rate_limiter.rate_limit('hot', 'k')").fetchone() == (True, 6)
+            else:
+                with pytest.raises(errors.LockNotAvailable):
+                    other.execute("SELECT rate_limiter.rate_limit('row', 'k')")
+            holder.execute("ROLLBACK")
+        assert other.execute("SELECT remaining FROM rate_limiter.check_rate_limit('hot', 'k', 0)").fetchone() == (9,)
+
+
+def test_rollback_and_savepoint_rollback_give_back(database):
+    with session(database) as c:
+        ledger(c)
+        define(c, "hot", rate=10, period="1 hour", hot=True)
+        take(c, "hot", "k", 4, rollback=True)
+        assert remaining(c, "hot", "k") == 10
+        take(c, "hot", "k", 4, savepoint=True)  # 4 rolled back to the savepoint, 4 kept
+        assert remaining(c, "hot", "k") == 6
+        c.execute("BEGIN")
+        c.execute("SELECT rate_limiter.rate_limit('hot', 'k', 5)")
+        c.execute("SAVEPOINT a")
+        c.execute("SAVEPOINT b")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('hot', 'k', 2)").fetchone() == (False,), "5 in flight"
+        c.execute("SELECT rate_limiter.rate_limit('hot', 'k', 1)")
+        c.execute("RELEASE b")
+        c.execute("ROLLBACK TO a")  # the 1 inside b, released into a, goes back too
+        c.execute("COMMIT")
+        assert remaining(c, "hot", "k") == 1
+        assert granted(c, "hot", "k") + 5 + remaining(c, "hot", "k") == 10, "the ledger's 4, and 5 outside it"
+
+
+def test_what_the_argument_does_not_cover_is_refused(database):
+    with session(database) as c:
+        for extra in ("min_gap => '1 second'", "mode => 'partial'", "mode => 'penalize'", "shards => 4",
+                      "lock_timeout => '1 second'"):
+            with pytest.raises(errors.FeatureNotSupported) as raised:
+                c.execute(f"SELECT rate_limiter.define('x', 'token bucket', 10, '1 hour', hot => true, {extra})")
+            assert raised.value.diag.message_hint
+        with pytest.raises(errors.CheckViolation):
+            c.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period, shards, hot) "
+                      "VALUES ('x', 'token bucket', 1, '1 hour', 2, true)")
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("SELECT rate_limiter.rate_limit('x', 'k', config => "
+                      "'{\"kind\": \"token bucket\", \"rate\": 1, \"period\": 1000, \"hot\": true}')")
+        define(c, "hot", rate=10, period="1 hour", hot=True)
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("SELECT rate_limiter.credit('hot', 'k', 1)")
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("SELECT rate_limiter.rate_limit_all('[{\"name\": \"hot\", \"key\": \"k\"}]')")
+        c.execute("BEGIN")
+        c.execute("SELECT rate_limiter.rate_limit('hot', 'k', 2)")
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("PREPARE TRANSACTION 'hot'")
+        assert remaining(c, "hot", "k") == 10, "the refused PREPARE rolled the call back"
+
+
+def test_reset_and_prune_under_load(database):
+    with session(database) as admin:
+        ledger(admin)
+        define(admin, "hot", rate=100000, period="1 day", hot=True)
+    stop = threading.Event()
+    load = threading.Thread(target=lambda: mixed_load(database, "hot", "k", 6, 10000, stop))
+    load.start()
+    resets = []
+    try:
+        with session(database) as admin:
+            for _ in range(3):
+                time.sleep(1)
+                admin.execute("SELECT rate_limiter.prune()")
+                with admin.transaction():
+                    admin.execute("SELECT rate_limiter.reset_rate_limit('hot', 'k')")
+                    # Taken while the reset holds calls off: every call after it is later.
+                    resets.append(admin.execute("SELECT clock_timestamp()").fetchone()[0])
+                admin.execute("SELECT rate_limiter.prune()")
+            time.sleep(1)
+    finally:
+        stop.set()
+        load.join()
+    with session(database) as c:
+        after = granted(c, "hot", "k", since=resets[-1])
+        assert after > 0, "calls ran after the last reset"
+        assert after + remaining(c, "hot", "k") == 100000
+
+
+def test_moving_into_and_out_of_the_mode_under_load_loses_and_invents_nothing(database):
+    with session(database) as admin:
+        ledger(admin)
+        define(admin, "m", rate=100000, period="1 day")
+    stop = threading.Event()
+    load = threading.Thread(target=lambda: mixed_load(database, "m", "k", 6, 10000, stop))
+    load.start()
+    try:
+        with session(database) as admin:
+            for hot in (True, False, True, False, True):
+                time.sleep(0.7)
+                define(admin, "m", rate=100000, period="1 day", hot=hot)
+            time.sleep(0.7)
+    finally:
+        stop.set()
+        load.join()
+    with session(database) as c:
+        used = granted(c, "m", "k")
+        assert used > 100, "the load ran"
+        assert used + remaining(c, "m", "k") == 100000
+        define(c, "m", rate=100000, period="1 day", hot=False)
+        assert c.execute("SELECT count(*) FROM rate_limiter.debits").fetchone() == (0,), "moving out folds the log"
+        assert used + remaining(c, "m", "k") == 100000
+
+
+def test_the_log_is_folded_into_the_base_row(database):
+    with session(database) as c:
+        ledger(c)
+        define(c, "hot", rate=100000, period="1 day", hot=True)
+        for _ in range(2500):
+            c.execute("SELECT rate_limiter.rate_limit('hot', 'k')")
+        assert c.execute("SELECT count(*) FROM rate_limiter.debits").fetchone()[0] < 1000
+        assert c.execute("SELECT 100000 - value FROM rate_limiter.state WHERE name = 'hot'").fetchone()[0] > 1500
+        assert remaining(c, "hot", "k") == 100000 - 2500
+        # The base row and the log add up to what the escrow holds.
+        assert c.execute("SELECT value - (SELECT sum(count) FROM rate_limiter.debits) "
+                         "FROM rate_limiter.state WHERE name = 'hot'").fetchone() == (100000 - 2500,)
+
+
+def test_more_hot_keys_in_flight_than_entries_is_53400_and_without_preloading_55000(clusters):
+    small = clusters("hotkeys", PORTS["hotkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                   "-c rate_limiter.hot_keys=2"]).init().start()
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "hot", rate=10, period="1 hour", hot=True)
+    with small.connect() as a, small.connect() as b, small.connect() as c:
+        for conn, key in ((a, "a"), (b, "b")):
+            conn.execute("BEGIN")
+            conn.execute("SELECT rate_limiter.rate_limit('hot', %s)", (key,))
+        with pytest.raises(errors.ConfigurationLimitExceeded) as raised:
+            c.execute("SELECT rate_limiter.rate_limit('hot', 'c')")
+        assert "hot_keys" in raised.value.diag.message_hint
+        a.execute("COMMIT")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('hot', 'c')").fetchone() == (True,), "a's entry is free"
+        b.execute("COMMIT")
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('hot', 'a', 0)").fetchone() == (9,)
+    small.stop()
+    small.settings = []
+    small.start()
+    with small.connect() as c:
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('hot', 'a', 0)").fetchone() == (9,)
+        with pytest.raises(errors.ObjectNotInPrerequisiteState) as raised:
+            c.execute("SELECT rate_limiter.rate_limit('hot', 'a')")
+        assert "shared_preload_libraries" in raised.value.diag.message_hint
+
+
+LOAD = """\\set k random(1, 4)
+\\set r random(1, 4)
+\\set n random(1, 3)
+BEGIN;
+INSERT INTO ledger SELECT 'crash', :k, granted, clock_timestamp() FROM rate_limiter.rate_limit('crash', :k::text, :n);
+\\if :r = 1
+ROLLBACK;
+\\else
+COMMIT;
+\\endif
+"""
+
+
+@every_version
+def test_kill_9_under_load_three_times_loses_nothing_and_admits_nothing_extra(clusters, tmp_path):
+    cluster = clusters("hot_crash", PORTS["hot_crash"], ["-c shared_preload_libraries=rate_limiter"]).init().start()
+    capacity = 1000000000
+    with cluster.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        ledger(c)
+        define(c, "crash", rate=capacity, period="1 hour", hot=True)
+    script = tmp_path / "load.sql"
+    script.write_text(LOAD)
+    os.chmod(tmp_path, 0o755)
+    check = """
+        SELECT count(*) FROM (SELECT k, sum(granted) AS granted FROM ledger GROUP BY k) l
+        FULL JOIN (SELECT g::text AS k, %s - remaining AS used
+                   FROM generate_series(1, 4) g, rate_limiter.check_rate_limit('crash', g::text, 0)) s
+        USING (k) WHERE l.granted IS DISTINCT FROM s.used AND NOT (l.granted IS NULL AND s.used = 0)"""
+    for crash in range(3):
+        load = subprocess.Popen([f"{cluster.bin}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
+                                 "-n", "-c", "8", "-T", "20", "-f", str(script), "postgres"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(3)
+        cluster.kill9()
+        load.wait(30)
+        cluster.start()
+        with cluster.connect() as c:
+            rows = c.execute("SELECT count(*) FROM ledger").fetchone()[0]
+            assert rows > 100 * (crash + 1), "the load ran"
+            # From the tables (no escrow yet), then from the escrow the first call loads.
+            assert c.execute(check, (capacity,)).fetchone() == (0,), f"crash {crash + 1}: the tables disagree with the ledger"
+            c.execute("SELECT rate_limiter.rate_limit('crash', g::text, 0) FROM generate_series(1, 4) g")
+            assert c.execute(check, (capacity,)).fetchone() == (0,), f"crash {crash + 1}: the escrow disagrees with the ledger"
+            amcheck_clean(c)
+    # Nothing extra after a restart: a limit with 5 left admits 5.
+    with cluster.connect() as c:
+        define(c, "small", rate=5, period="1 hour", hot=True)
+        c.execute("SELECT rate_limiter.rate_limit('small', 'k', 3)")
+    cluster.kill9()
+    cluster.start()
+    with cluster.connect() as c:
+        oks = [c.execute("SELECT ok FROM rate_limiter.rate_limit('small', 'k')").fetchone()[0] for _ in range(4)]
+        assert oks == [True, True, False, False]
+
+
+def test_a_standby_and_a_subscriber_agree_with_the_primary(clusters):
+    primary = clusters("hot_primary", PORTS["hot_primary"],
+                       ["-c shared_preload_libraries=rate_limiter", "-c wal_level=logical"]).init().start()
+    standby = clusters("hot_standby", PORTS["hot_standby"], ["-c shared_preload_libraries=rate_limiter"])
+    subscriber = clusters("hot_sub", PORTS["hot_subscriber"], ["-c shared_preload_libraries=rate_limiter"]).init().start()
+    with primary.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        c.execute("CREATE PUBLICATION everything FOR ALL TABLES")
+    os.makedirs(standby.dir, exist_ok=True)
+    subprocess.run(["chown", "postgres:", standby.dir], check=True)
+    as_postgres(f"{standby.bin}/pg_basebackup", "-h", "/tmp", "-p", str(primary.port), "-U", "postgres",
+                "-D", standby.dir, "-R", "-X", "stream")
+    os.chmod(standby.dir, 0o700)
+    standby.start()
+    with subscriber.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        c.execute(f"CREATE SUBSCRIPTION s CONNECTION '{primary.conninfo()}' PUBLICATION everything")
+    with primary.connect() as p:
+        p.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(p, "hot", rate=100, period="1 hour", hot=True)
+        for count in (3, 4, 5):
+            p.execute("SELECT rate_limiter.rate_limit('hot', 'k', %s)", (count,))
+        p.execute("BEGIN")
+        p.execute("SELECT rate_limiter.rate_limit('hot', 'k', 7)")
+        p.execute("ROLLBACK")
+        lsn = p.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        reads = ["SELECT ok, remaining FROM rate_limiter.check_rate_limit('hot', 'k', 0)",
+                 "SELECT value, ts FROM rate_limiter.rate_limit_value('hot', 'k')"]
+        expected = [p.execute(sql).fetchone() for sql in reads]
+        assert expected[0] == (True, 88)
+    with standby.connect() as s, subscriber.connect() as sub:
+        wait_for(lambda: s.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[0], "replay")
+        wait_for(lambda: sub.execute("SELECT count(*) FROM rate_limiter.debits").fetchone() == (3,), "the subscriber")
+        for conn in (s, sub):
+            conn.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+            assert [conn.execute(sql).fetchone() for sql in reads] == expected
+        sub.execute("DROP SUBSCRIPTION s")
