@@ -516,6 +516,8 @@ COMMENT ON COLUMN rate_limiter.debits.name IS 'The hot limit''s name.';
 COMMENT ON COLUMN rate_limiter.debits.key IS 'The key; NULL for the NULL key.';
 COMMENT ON COLUMN rate_limiter.debits.at IS 'The instant the call was admitted at.';
 COMMENT ON COLUMN rate_limiter.debits.count IS 'The tokens it took.';
+-- As the install's REVOKE ALL ON ALL TABLES leaves it: only the owner, explicitly.
+REVOKE ALL ON rate_limiter.debits FROM PUBLIC;
 
 -- define() takes hot. A function's arguments cannot change in place: create it again, and
 -- give back the EXECUTE grants it had.
@@ -550,7 +552,7 @@ BEGIN
     VOLATILE SECURITY DEFINER PARALLEL UNSAFE
     SET search_path TO pg_catalog, pg_temp
     LANGUAGE c
-    AS 'MODULE_PATHNAME', 'define_limit_wrapper';
+    AS 'MODULE_PATHNAME', 'define_since_0_4_0_wrapper';
     REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) FROM PUBLIC;
     COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) IS
         'Create or replace a named limit in rate_limiter.limits.';

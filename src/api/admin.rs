@@ -100,11 +100,12 @@ fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {
 }
 
 /// Create or replace a named limit (an upsert into `rate_limiter.limits`). Its C symbol is
-/// new in 0.3.0, which added arguments: 0.2.0's SQL names `define_wrapper` (see below).
+/// new in 0.4.0, which added `hot`: the SQL of 0.2.0 and 0.3.0 names `define_wrapper` and
+/// `define_limit_wrapper` (see below).
 #[pg_extern(name = "define", security_definer, volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
-fn define_limit(
+fn define_since_0_4_0(
     name: Option<&str>,
     kind: Option<&str>,
     rate: Option<f64>,
@@ -147,6 +148,32 @@ fn define_limit(
         Ok(())
     })();
     result.unwrap_or_else(|e| e.raise())
+}
+
+/// `define` of 0.3.0, which has no `hot`, for a database not yet updated: the same, never
+/// hot. No SQL: 0.3.0's script declares it (its symbol is `define_limit_wrapper`).
+#[pg_extern(sql = false)]
+#[allow(clippy::too_many_arguments)]
+fn define_limit(
+    name: Option<&str>,
+    kind: Option<&str>,
+    rate: Option<f64>,
+    period: Option<Interval>,
+    capacity: Option<f64>,
+    max_reserved: Option<f64>,
+    shards: Option<i32>,
+    start: Option<TimestampWithTimeZone>,
+    min_gap: Option<Interval>,
+    mode: Option<&str>,
+    buckets: Option<i32>,
+    lock_timeout: Option<Interval>,
+    on_lock_timeout: Option<&str>,
+    deny_cache: Option<Interval>,
+) {
+    define_since_0_4_0(
+        name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, lock_timeout,
+        on_lock_timeout, deny_cache, Some(false),
+    )
 }
 
 fmgr_v1_info!(pg_finfo_decide_wrapper);

@@ -19,7 +19,10 @@ fn _limits_changed<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, PgHeapTupleError> {
     let relid = trigger.relation().map(|r| r.oid()).unwrap_or(pg_sys::InvalidOid);
-    if relid == cache::relations().limits && cache::relations().debits.is_some() {
+    // Only a database updated to 0.4.0 has hot limits (an older one cannot even have its
+    // relations looked up by this library).
+    let has_hot = trigger.relation().is_ok_and(|r| r.tuple_desc().iter().any(|a| a.name() == "hot" && !a.is_dropped()));
+    if has_hot && relid == cache::relations().limits {
         hot_limit_changing(trigger);
     }
     // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
@@ -31,6 +34,12 @@ fn _limits_changed<'a>(
 }
 
 fn hot_limit_changing(trigger: &PgTrigger<'_>) {
+    // A logical replication apply worker (and a restore) runs as a replica: the publisher's
+    // fold arrives as its own changes to the state and the log.
+    // SAFETY: a plain int of this single-threaded backend, set by SET or at connection.
+    if unsafe { pg_sys::SessionReplicationRole } == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 {
+        return;
+    }
     if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) {
         limiter::hot::limits_truncated();
         return;

@@ -152,20 +152,25 @@ pub fn delete_listed(list: List, name: Option<&str>, key: Option<&str>) -> bool 
 
 /// Insert or replace a named limit.
 pub fn upsert_limit(row: &LimitRow, name: &str) {
+    // A database not yet updated to 0.4.0 has no hot column (and `define` there never sets it).
+    let with_hot = cache::relations().debits.is_some();
     let sql = format!(
         "INSERT INTO {} AS l \
          (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, \
-          lock_timeout, on_lock_timeout, deny_cache, hot) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+          lock_timeout, on_lock_timeout, deny_cache{}) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14{}) \
          ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
          period = excluded.period, capacity = excluded.capacity, \
          max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
          min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
          lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout, \
-         deny_cache = excluded.deny_cache, hot = excluded.hot",
-        cache::qualified_name(cache::relations().limits)
+         deny_cache = excluded.deny_cache{}",
+        cache::qualified_name(cache::relations().limits),
+        if with_hot { ", hot" } else { "" },
+        if with_hot { ", $15" } else { "" },
+        if with_hot { ", hot = excluded.hot" } else { "" },
     );
-    let args: [pgrx::datum::DatumWithOid<'_>; 15] = [
+    let mut args: Vec<pgrx::datum::DatumWithOid<'_>> = vec![
         name.into(),
         row.kind.as_str().into(),
         row.rate.into(),
@@ -180,7 +185,9 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
         row.lock_timeout.into(),
         row.on_lock_timeout.as_str().into(),
         row.deny_cache.into(),
-        row.hot.into(),
     ];
+    if with_hot {
+        args.push(row.hot.into());
+    }
     Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
