@@ -2,7 +2,7 @@
 # (a) (CLIENTS clients over 100,000 keys of a 10/s token bucket, synchronous_commit on and
 # off, DURATION seconds each) and the in-process cost (1,000,000 calls in one statement,
 # creating rows, then updating them), on database $DB of the cluster at PGPORT. Also the
-# Redis that bench/run.sh and bench/hot_prototype.sh compare with.
+# Redis that bench/run.sh and bench/hot.sh compare with.
 
 # A fresh database $DB with the extension, the benchmark's helpers and 100,000 seeded keys.
 prepare_bench_database() {
