@@ -150,6 +150,11 @@ def test_what_the_argument_does_not_cover_is_refused(database):
         with pytest.raises(errors.FeatureNotSupported):
             c.execute("PREPARE TRANSACTION 'hot'")
         assert remaining(c, "hot", "k") == 10, "the refused PREPARE rolled the call back"
+        # A TRUNCATE would forget the log's debits with their configs: refused while any.
+        c.execute("SELECT rate_limiter.rate_limit('hot', 'k', 2)")
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("TRUNCATE rate_limiter.limits")
+        assert remaining(c, "hot", "k") == 8
 
 
 def test_reset_and_prune_under_load(database):
@@ -245,6 +250,32 @@ def test_more_hot_keys_in_flight_than_entries_is_53400_and_without_preloading_55
         with pytest.raises(errors.ObjectNotInPrerequisiteState) as raised:
             c.execute("SELECT rate_limiter.rate_limit('hot', 'a')")
         assert "shared_preload_libraries" in raised.value.diag.message_hint
+
+
+def test_a_call_in_flight_that_the_full_ring_sank_keeps_its_entry(clusters):
+    one = clusters("hotkeys", PORTS["hotkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                 "-c rate_limiter.hot_keys=1"]).init().start()
+    with one.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "hot", rate=100000, period="1 hour", hot=True)
+    with one.connect() as idle, one.connect() as c:
+        idle.execute("BEGIN")
+        idle.execute("SELECT rate_limiter.rate_limit('hot', 'k', 7)")
+        # More commits than the ring holds: the idle transaction's debit is sunk, and every
+        # listed one settles.
+        c.execute("SELECT count(*) FROM generate_series(1, 4200) g, LATERAL rate_limiter.rate_limit('hot', 'k', g * 0 + 1) d "
+                  "WHERE d.ok")
+        for _ in range(3):
+            c.execute("SELECT rate_limiter.rate_limit('hot', 'k')")
+        # Its entry is not given away while that debit is in flight: a rebuild would miss it.
+        with pytest.raises(errors.ConfigurationLimitExceeded):
+            c.execute("SELECT rate_limiter.rate_limit('hot', 'j')")
+        idle.execute("COMMIT")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('hot', 'j')").fetchone() == (True,)
+        # k's escrow was given to j; rebuilt from the tables, k counts the idle call too.
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('hot', 'k', 0)").fetchone() == (
+            100000 - 7 - 4200 - 3,)
 
 
 LOAD = """\\set k random(1, 4)

@@ -34,10 +34,14 @@ fn _limits_changed<'a>(
 }
 
 fn hot_limit_changing(trigger: &PgTrigger<'_>) {
-    // A logical replication apply worker (and a restore) runs as a replica: the publisher's
-    // fold arrives as its own changes to the state and the log.
-    // SAFETY: a plain int of this single-threaded backend, set by SET or at connection.
-    if unsafe { pg_sys::SessionReplicationRole } == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 {
+    // A logical replication apply worker (a background worker in the replica role): the
+    // publisher's fold arrives as its own changes to the state and the log.
+    // SAFETY: plain values of this single-threaded backend, set at its start or by SET.
+    let applying = unsafe {
+        pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+            && pg_sys::MyBackendType == pg_sys::BackendType::B_BG_WORKER
+    };
+    if applying {
         return;
     }
     if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) {

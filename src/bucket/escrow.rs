@@ -60,13 +60,16 @@ pub struct Escrow<const N: usize> {
     len: usize,
     /// Debits folded into the base while still in flight, because the ring was full.
     sunk: u64,
+    /// Of those, the ones whose transactions have not ended yet: until they do, a rebuild
+    /// from the committed log would not count them.
+    sunk_in_flight: u64,
 }
 
 impl<const N: usize> Escrow<N> {
     /// An escrow over `base`, the committed state.
     #[cfg(test)]
     pub fn new(base: State) -> Self {
-        Escrow { base, tail: base, base_at: f64::NEG_INFINITY, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0 }
+        Escrow { base, tail: base, base_at: f64::NEG_INFINITY, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0, sunk_in_flight: 0 }
     }
 
     /// Start over in place from `base`, the committed state, whose latest debit was at
@@ -85,6 +88,7 @@ impl<const N: usize> Escrow<N> {
             (&raw mut (*this).head).write(0);
             (&raw mut (*this).len).write(0);
             (&raw mut (*this).sunk).write(0);
+            (&raw mut (*this).sunk_in_flight).write(0);
         }
     }
 
@@ -108,6 +112,12 @@ impl<const N: usize> Escrow<N> {
     /// into the base row.
     pub fn unsettled_from(&self) -> Option<u64> {
         (self.len > 0).then(|| self.at(0).seq)
+    }
+
+    /// Whether nothing is listed and no sunk debit is still in flight: only then does the
+    /// committed log hold everything this escrow counts, so that it may be rebuilt from it.
+    pub fn idle(&self) -> bool {
+        self.len == 0 && self.sunk_in_flight == 0
     }
 
     /// Debits folded into the base while still in flight (an abort of one of them gives
@@ -174,6 +184,7 @@ impl<const N: usize> Escrow<N> {
             for _ in 0..N.div_ceil(2) {
                 if !self.pop_into_base(config).committed {
                     self.sunk += 1;
+                    self.sunk_in_flight += 1;
                 }
             }
             self.settle(config);
@@ -187,10 +198,16 @@ impl<const N: usize> Escrow<N> {
 
     /// The transaction of debit `seq` committed. False when it is no longer listed (sunk).
     pub fn commit(&mut self, config: &Config, seq: u64) -> bool {
-        let Some(i) = self.find(seq) else { return false };
+        let Some(i) = self.find(seq) else { return self.sunk_ended() };
         self.at_mut(i).committed = true;
         self.settle(config);
         true
+    }
+
+    /// A debit no longer listed ended: it was sunk (a caller ends each debit once).
+    fn sunk_ended(&mut self) -> bool {
+        self.sunk_in_flight = self.sunk_in_flight.saturating_sub(1);
+        false
     }
 
     /// Fold the committed debits at the front into the base.
@@ -203,7 +220,7 @@ impl<const N: usize> Escrow<N> {
     /// The (sub)transaction of debit `seq` aborted: unlist it and recompute the tail. False
     /// when it is no longer listed (sunk).
     pub fn abort(&mut self, config: &Config, seq: u64) -> bool {
-        let Some(i) = self.find(seq) else { return false };
+        let Some(i) = self.find(seq) else { return self.sunk_ended() };
         for j in i..self.len - 1 {
             *self.at_mut(j) = *self.at(j + 1);
         }
@@ -363,6 +380,7 @@ mod tests {
                 }
                 _ => {}
             }
+            assert!(in_flight.is_empty() || !escrow.idle(), "a call in flight, listed or sunk, keeps it from a rebuild");
             committed.sort_by_key(|(d, _)| d.seq);
             let mut with_in_flight: Vec<&Debit> = committed.iter().chain(&in_flight).map(|(d, _)| d).collect();
             with_in_flight.sort_by_key(|d| d.seq);
@@ -396,6 +414,7 @@ mod tests {
             assert!(one.ok, "{c:?}: committed call {debit:?} would be denied one at a time");
             serial = one.state();
         }
+        assert!(escrow.idle(), "every call ended, sunk ones too");
         if escrow.sunk() == 0 {
             assert_eq!(escrow.tail(), serial, "{c:?}: the escrow is the committed history");
             assert_eq!(escrow.base(), serial);

@@ -25,10 +25,17 @@ const FOLD_EVERY: u64 = 1000;
 struct Open {
     /// Debits in flight: where, which number, and in which subtransaction.
     debits: Vec<(Ticket, u64, pg_sys::SubTransactionId)>,
-    /// Escrows to drop at commit: (name, only this key), or every one of the database (None).
-    forget: Vec<(Option<(String, Option<Option<String>>)>, pg_sys::SubTransactionId)>,
-    /// The escrow whose log this transaction folds.
-    folding: Option<Ticket>,
+    /// Escrows to drop at commit, and the subtransaction that asked.
+    forget: Vec<(Forget, pg_sys::SubTransactionId)>,
+    /// The escrows whose logs this transaction folds.
+    folding: Vec<Ticket>,
+}
+
+/// Which escrows a commit drops.
+enum Forget {
+    Key(String, Option<String>),
+    Name(String),
+    Database,
 }
 
 thread_local! {
@@ -70,13 +77,20 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     // A fold reads with a snapshot of its own, which only READ COMMITTED may use.
     let fold_below = (admitted.seq.is_some() && !storage::xact_snapshot_isolation() && entry.start_fold(FOLD_EVERY))
         .then(|| entry.escrow().unsettled_from());
+    // Noted before anything can fail, so that the transaction's end settles both.
+    OPEN.with_borrow_mut(|open| {
+        if let Some(seq) = admitted.seq {
+            open.debits.push((ticket, seq, subtransaction()));
+        }
+        if fold_below.is_some() {
+            open.folding.push(ticket);
+        }
+    });
     drop(guard);
     if let Some(seq) = admitted.seq {
-        OPEN.with_borrow_mut(|open| open.debits.push((ticket, seq, subtransaction())));
         log.insert(req.name, req.key, &Debit { seq, at: admitted.at, count: req.count, committed: false });
     }
     if let Some(below) = fold_below {
-        OPEN.with_borrow_mut(|open| open.folding = Some(ticket));
         fold(table, &log, req.name, Some(req.key), config, below);
     }
     super::decision(req, &admitted.outcome, config, config, admitted.at)
@@ -166,7 +180,7 @@ pub fn reset(name: &str, key: Option<&str>) {
     register_callbacks();
     let log = DebitLog::open(Some(c"reset_rate_limit()"));
     log.delete(&log.read(Some(name), Some(key), None, Seen::Now));
-    forget_at_commit(Some((name.to_owned(), Some(key.map(str::to_owned)))));
+    forget_at_commit(Forget::Key(name.to_owned(), key.map(str::to_owned)));
 }
 
 /// A change of a limit that is or was hot (`rate_limiter.limits`' trigger): once no call is
@@ -180,20 +194,27 @@ pub fn limit_changing(name: &str, was: Option<&Config>) {
         let log = DebitLog::open(Some(c"define()"));
         fold(&table, &log, name, None, config, None);
     }
-    forget_at_commit(Some((name.to_owned(), None)));
+    forget_at_commit(Forget::Name(name.to_owned()));
 }
 
-/// `TRUNCATE rate_limiter.limits`: every limit is gone, and with it every log and escrow of
-/// the database.
+/// `TRUNCATE rate_limiter.limits`: refused while a log holds debits not yet folded (their
+/// configs are gone, and a limit defined again would forget them); else every escrow of the
+/// database goes at commit.
 pub fn limits_truncated() {
     storage::hold_calls_off();
     register_callbacks();
-    let log = DebitLog::open(Some(c"TRUNCATE"));
-    log.delete(&log.read(None, None, None, Seen::Now));
-    forget_at_commit(None);
+    let log = DebitLog::open(None);
+    if !log.read(None, None, None, Seen::Now).is_empty() {
+        Error::NotSupported(
+            "TRUNCATE rate_limiter.limits while hot limits have debits not yet folded: DELETE them instead, which folds"
+                .into(),
+        )
+        .raise()
+    }
+    forget_at_commit(Forget::Database);
 }
 
-fn forget_at_commit(what: Option<(String, Option<Option<String>>)>) {
+fn forget_at_commit(what: Forget) {
     OPEN.with_borrow_mut(|open| open.forget.push((what, subtransaction())));
 }
 
@@ -223,7 +244,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     match event {
         XACT_EVENT_PRE_PREPARE => {
             // COMMIT PREPARED runs in another backend, whose callbacks know nothing of these.
-            let open = OPEN.with_borrow(|o| !o.debits.is_empty() || !o.forget.is_empty() || o.folding.is_some());
+            let open = OPEN.with_borrow(|o| !o.debits.is_empty() || !o.forget.is_empty() || !o.folding.is_empty());
             if open {
                 Error::HotPrepared.raise()
             }
@@ -234,14 +255,15 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
             let open = OPEN.take();
             let committed = event == XACT_EVENT_COMMIT;
             settle(open.debits, committed);
-            if let Some(mut guard) = open.folding.and_then(hot::redeem) {
+            for mut guard in open.folding.into_iter().filter_map(hot::redeem) {
                 guard.entry().end_fold();
             }
             if committed {
                 for (what, _) in open.forget {
                     match what {
-                        Some((name, key)) => hot::forget(&name, key.as_ref().map(|k| k.as_deref())),
-                        None => hot::forget_database(),
+                        Forget::Key(name, key) => hot::forget(&name, Some(key.as_deref())),
+                        Forget::Name(name) => hot::forget(&name, None),
+                        Forget::Database => hot::forget_database(),
                     }
                 }
             }

@@ -56,7 +56,8 @@ pub struct Entry {
     generation: u64,
     /// `config` and `escrow` hold the key's limit; else they are to be loaded.
     loaded: bool,
-    last_used: u64,
+    /// Written under the entry's lock, read under the table's (to pick an entry to give away).
+    last_used: AtomicU64,
     /// Debits committed since a fold of the log was last started.
     committed_since_fold: u64,
     /// A transaction is folding the log of this key (until it ends).
@@ -78,9 +79,9 @@ impl Entry {
         unsafe { self.escrow.assume_init_mut() }
     }
 
-    /// Nothing listed: no debit in flight, none committed and unsettled.
+    /// Nothing listed and nothing sunk in flight: the tables hold all it counts.
     fn idle(&mut self) -> bool {
-        !self.loaded || self.escrow().unsettled_from().is_none()
+        !self.loaded || self.escrow().idle()
     }
 
     pub fn note_committed(&mut self) {
@@ -285,7 +286,7 @@ pub fn hold(name: &str, key: Option<&str>, config: &Config, load: impl FnOnce() 
             entry.loaded = true;
             entry.committed_since_fold = 0;
         }
-        entry.last_used = header.uses.fetch_add(1, Relaxed);
+        entry.last_used.store(header.uses.fetch_add(1, Relaxed), Relaxed);
         return Ok(guard);
     }
 }
@@ -294,11 +295,11 @@ pub fn hold(name: &str, key: Option<&str>, config: &Config, load: impl FnOnce() 
 /// used longest ago that has nothing listed; 53400 if every entry has debits listed.
 fn claim(header: &Header, entries: *mut Entry, database: pg_sys::Oid, name: &str, key: Option<&str>) -> Result<usize> {
     let count = header.entries as usize;
-    // SAFETY: under the table's lock; `used` and `last_used` are only a hint here, checked
-    // again under the entry's lock below.
     let by_age = {
         let mut order: Vec<usize> = (0..count).collect();
-        order.sort_by_key(|i| unsafe { ((*entries.add(*i)).used, (*entries.add(*i)).last_used) });
+        // SAFETY: entries below the count, under the table's lock, which every write of `used`
+        // holds; `last_used` is atomic. Only an order to try: checked under each entry's lock.
+        order.sort_by_key(|i| unsafe { ((*entries.add(*i)).used, (*entries.add(*i)).last_used.load(Relaxed)) });
         order
     };
     for index in by_age {
@@ -318,6 +319,7 @@ fn claim(header: &Header, entries: *mut Entry, database: pg_sys::Oid, name: &str
         entry.generation += 1;
         entry.loaded = false;
         entry.folding = false;
+        entry.last_used.store(header.uses.fetch_add(1, Relaxed), Relaxed);
         return Ok(index);
     }
     Err(Error::HotKeysFull)
@@ -330,6 +332,7 @@ pub fn peek(name: &str, key: Option<&str>) -> Option<Guard> {
     let index = {
         // SAFETY: as in `hold`.
         let _table = unsafe { Held::take(lock(0)) };
+        // SAFETY: as in `hold`: identities are read under the table's lock.
         (0..header.entries as usize).find(|i| unsafe { (*entries.add(*i)).is(database, name, key) })?
     };
     let mut guard = hold_entry(index);
