@@ -593,7 +593,16 @@ REVOKE ALL ON FUNCTION rate_limiter_proxy.reset_rate_limit(text, text) FROM PUBL
 COMMENT ON FUNCTION rate_limiter_proxy.reset_rate_limit(text, text) IS
     'rate_limiter.reset_rate_limit on every partition. Needs UPDATE on rate_limiter_proxy.limits.';
 
-CREATE OR REPLACE FUNCTION rate_limiter_proxy.define(
+-- define() takes hot (refused through the router). A function's arguments cannot change in
+-- place: create it again, and give back the EXECUTE grants it had.
+CREATE TEMPORARY TABLE define_grantees AS
+    SELECT a.grantee::pg_catalog.regrole AS grantee
+    FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+    WHERE p.oid OPERATOR(pg_catalog.=) 'rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval)'::pg_catalog.regprocedure
+      AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+      AND a.grantee OPERATOR(pg_catalog.<>) p.proowner AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid;
+DROP FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval);
+CREATE FUNCTION rate_limiter_proxy.define(
     name text,
     kind text,
     rate double precision,
@@ -607,7 +616,8 @@ CREATE OR REPLACE FUNCTION rate_limiter_proxy.define(
     buckets integer DEFAULT NULL,
     lock_timeout interval DEFAULT NULL,
     on_lock_timeout text DEFAULT 'deny',
-    deny_cache interval DEFAULT NULL
+    deny_cache interval DEFAULT NULL,
+    hot boolean DEFAULT false
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -618,6 +628,13 @@ BEGIN
     -- INSERT and UPDATE on rate_limiter_proxy.limits (see _gate), before any partition is
     -- touched: the router's own write below comes after the partitions'.
     PERFORM rate_limiter_proxy._gate('define');
+    -- A hot limit's escrow is one database's: through the router, define it on the
+    -- partitions themselves.
+    IF hot THEN
+        RAISE EXCEPTION 'not supported: a hot limit through the router'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Define it with rate_limiter.define(..., hot => true) on each partition, or shard it.';
+    END IF;
     partitions := rate_limiter_proxy.partitions();
     IF coalesce(shards, 1) OPERATOR(pg_catalog.>) 1 THEN
         spread := partitions;
@@ -646,9 +663,19 @@ EXCEPTION WHEN OTHERS THEN
     RAISE;
 END
 $$;
-REVOKE ALL ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) FROM PUBLIC;
-COMMENT ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) IS
+REVOKE ALL ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) IS
     'rate_limiter.define on every partition (a spread limit, shards > 1, with each partition''s share), recorded in rate_limiter_proxy.limits. Needs INSERT and UPDATE on rate_limiter_proxy.limits.';
+DO $$
+DECLARE
+    grantee pg_catalog.regrole;
+BEGIN
+    -- A regrole's text is the role's name quoted as an identifier already: %s, not %I.
+    FOR grantee IN SELECT g.grantee FROM pg_temp.define_grantees g LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) TO %s', grantee);
+    END LOOP;
+END $$;
+DROP TABLE pg_temp.define_grantees;
 
 CREATE OR REPLACE FUNCTION rate_limiter_proxy.redefine_all() RETURNS integer
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$

@@ -685,7 +685,8 @@ CREATE FUNCTION rate_limiter_proxy.define(
     buckets integer DEFAULT NULL,
     lock_timeout interval DEFAULT NULL,
     on_lock_timeout text DEFAULT 'deny',
-    deny_cache interval DEFAULT NULL
+    deny_cache interval DEFAULT NULL,
+    hot boolean DEFAULT false
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -696,6 +697,13 @@ BEGIN
     -- INSERT and UPDATE on rate_limiter_proxy.limits (see _gate), before any partition is
     -- touched: the router's own write below comes after the partitions'.
     PERFORM rate_limiter_proxy._gate('define');
+    -- A hot limit's escrow is one database's: through the router, define it on the
+    -- partitions themselves.
+    IF hot THEN
+        RAISE EXCEPTION 'not supported: a hot limit through the router'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Define it with rate_limiter.define(..., hot => true) on each partition, or shard it.';
+    END IF;
     partitions := rate_limiter_proxy.partitions();
     IF coalesce(shards, 1) OPERATOR(pg_catalog.>) 1 THEN
         spread := partitions;
@@ -724,8 +732,8 @@ EXCEPTION WHEN OTHERS THEN
     RAISE;
 END
 $$;
-REVOKE ALL ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) FROM PUBLIC;
-COMMENT ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) IS
+REVOKE ALL ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) IS
     'rate_limiter.define on every partition (a spread limit, shards > 1, with each partition''s share), recorded in rate_limiter_proxy.limits. Needs INSERT and UPDATE on rate_limiter_proxy.limits.';
 
 CREATE FUNCTION rate_limiter_proxy.redefine_all() RETURNS integer

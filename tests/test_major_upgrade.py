@@ -55,7 +55,9 @@ CHECKS = [
 ]
 # Rows as PostgreSQL's own text, which every value (infinity too) has.
 TABLES = {
-    "limits": "SELECT t::text FROM rate_limiter.limits t ORDER BY name",
+    # The columns of every release (0.4.0 added hot, false for every limit that was there).
+    "limits": "SELECT (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, "
+              "lock_timeout, on_lock_timeout, deny_cache)::text FROM rate_limiter.limits t ORDER BY name",
     "blocks": "SELECT t::text FROM rate_limiter.blocks t ORDER BY name, key",
     "state": "SELECT t::text FROM rate_limiter.state t ORDER BY name, key, shard",
     "extension": "SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'",
