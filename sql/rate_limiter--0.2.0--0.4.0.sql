@@ -161,18 +161,19 @@ BEGIN
         "buckets" INT DEFAULT NULL,
         "lock_timeout" interval DEFAULT NULL,
         "on_lock_timeout" TEXT DEFAULT 'deny',
-        "deny_cache" interval DEFAULT NULL
+        "deny_cache" interval DEFAULT NULL,
+        "hot" bool DEFAULT false
     ) RETURNS void
     VOLATILE SECURITY DEFINER PARALLEL UNSAFE
     SET search_path TO pg_catalog, pg_temp
     LANGUAGE c
-    AS 'MODULE_PATHNAME', 'define_limit_wrapper';
-    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) FROM PUBLIC;
-    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) IS
+    AS 'MODULE_PATHNAME', 'define_since_0_4_0_wrapper';
+    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) IS
         'Create or replace a named limit in rate_limiter.limits.';
     -- A regrole's text is the role's name quoted as an identifier already: %s, not %I.
     FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval) TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) TO %s', grantee);
     END LOOP;
 END $$;
 
@@ -518,46 +519,3 @@ COMMENT ON COLUMN rate_limiter.debits.at IS 'The instant the call was admitted a
 COMMENT ON COLUMN rate_limiter.debits.count IS 'The tokens it took.';
 -- As the install's REVOKE ALL ON ALL TABLES leaves it: only the owner, explicitly.
 REVOKE ALL ON rate_limiter.debits FROM PUBLIC;
-
--- define() takes hot. A function's arguments cannot change in place: create it again, and
--- give back the EXECUTE grants it had.
-DO $$
-DECLARE
-    grantee pg_catalog.regrole;
-    grantees pg_catalog.regrole[];
-BEGIN
-    SELECT pg_catalog.array_agg(a.grantee::pg_catalog.regrole) INTO grantees
-    FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
-    WHERE p.oid OPERATOR(pg_catalog.=) 'rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval)'::pg_catalog.regprocedure
-      AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
-      AND a.grantee OPERATOR(pg_catalog.<>) p.proowner AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid;
-    DROP FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval);
-    CREATE FUNCTION rate_limiter."define"(
-        "name" TEXT,
-        "kind" TEXT,
-        "rate" double precision,
-        "period" interval,
-        "capacity" double precision DEFAULT NULL,
-        "max_reserved" double precision DEFAULT NULL,
-        "shards" INT DEFAULT 1,
-        "start" timestamp with time zone DEFAULT NULL,
-        "min_gap" interval DEFAULT NULL,
-        "mode" TEXT DEFAULT 'all',
-        "buckets" INT DEFAULT NULL,
-        "lock_timeout" interval DEFAULT NULL,
-        "on_lock_timeout" TEXT DEFAULT 'deny',
-        "deny_cache" interval DEFAULT NULL,
-        "hot" bool DEFAULT false
-    ) RETURNS void
-    VOLATILE SECURITY DEFINER PARALLEL UNSAFE
-    SET search_path TO pg_catalog, pg_temp
-    LANGUAGE c
-    AS 'MODULE_PATHNAME', 'define_since_0_4_0_wrapper';
-    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) FROM PUBLIC;
-    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) IS
-        'Create or replace a named limit in rate_limiter.limits.';
-    -- A regrole's text is the role's name quoted as an identifier already: %s, not %I.
-    FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) TO %s', grantee);
-    END LOOP;
-END $$;

@@ -66,7 +66,6 @@ fn slot<'a>(req: &Request<'a>) -> Slot<'a> {
 /// Consume (`rate_limit` on a hot limit): admitted against the escrow, logged if it takes
 /// tokens; every `FOLD_EVERY` commits, the caller also folds the settled log.
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
-    hot::available().unwrap_or_else(|e| e.raise());
     let mut log = DebitLog::open(Some(c"rate_limit()"));
     register_callbacks();
     let now = clock::now_ms();
@@ -121,7 +120,7 @@ fn current(table: &StateTable, req: &Request<'_>, config: &Config, now: f64) -> 
     // Not loaded here (a standby, a subscriber, a server just started): the base row and the
     // committed log, as a row-based read would see them.
     let log = DebitLog::open(None);
-    let logged = log.read(Some(req.name), Some(req.key), None, Seen::ByTheCall);
+    let logged = log.read(req.name, Some(req.key), None, Seen::ByTheCall);
     let (state, last) = replay(req, config, table.read(slot(req)).map(|r| r.state), &logged, now);
     (state, now.max(last))
 }
@@ -132,7 +131,7 @@ fn current(table: &StateTable, req: &Request<'_>, config: &Config, now: f64) -> 
 /// which is not given away while it folds.
 fn load(table: &StateTable, log: &DebitLog, req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
     hot::numbers_above(log.last_seq());
-    let logged = log.read(Some(req.name), Some(req.key), None, Seen::Now);
+    let logged = log.read(req.name, Some(req.key), None, Seen::Now);
     replay(req, config, table.read_now(slot(req)).map(|r| r.state), &logged, now)
 }
 
@@ -154,7 +153,7 @@ fn first_instant(logged: &[Logged], now: f64) -> f64 {
 /// when `None`) into their keys' base rows, and delete them: in the caller's transaction, so
 /// that the base and the log change together.
 fn fold(table: &StateTable, log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, below: Option<u64>) {
-    let logged = log.read(Some(name), key, below, Seen::Now);
+    let logged = log.read(name, key, below, Seen::Now);
     let mut keys: Vec<Option<&str>> = Vec::new();
     for l in &logged {
         if !keys.contains(&l.key.as_deref()) {
@@ -179,7 +178,7 @@ pub fn reset(name: &str, key: Option<&str>) {
     storage::hold_calls_off();
     register_callbacks();
     let log = DebitLog::open(Some(c"reset_rate_limit()"));
-    log.delete(&log.read(Some(name), Some(key), None, Seen::Now));
+    log.delete(&log.read(name, Some(key), None, Seen::Now));
     forget_at_commit(Forget::Key(name.to_owned(), key.map(str::to_owned)));
 }
 
@@ -203,8 +202,7 @@ pub fn limit_changing(name: &str, was: Option<&Config>) {
 pub fn limits_truncated() {
     storage::hold_calls_off();
     register_callbacks();
-    let log = DebitLog::open(None);
-    if !log.read(None, None, None, Seen::Now).is_empty() {
+    if DebitLog::open(None).last_seq() != 0 {
         Error::NotSupported(
             "TRUNCATE rate_limiter.limits while hot limits have debits not yet folded: DELETE them instead, which folds"
                 .into(),
@@ -261,9 +259,9 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
             if committed {
                 for (what, _) in open.forget {
                     match what {
-                        Forget::Key(name, key) => hot::forget(&name, Some(key.as_deref())),
-                        Forget::Name(name) => hot::forget(&name, None),
-                        Forget::Database => hot::forget_database(),
+                        Forget::Key(name, key) => hot::forget(Some(&name), Some(key.as_deref())),
+                        Forget::Name(name) => hot::forget(Some(&name), None),
+                        Forget::Database => hot::forget(None, None),
                     }
                 }
             }

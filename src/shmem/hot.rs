@@ -197,14 +197,6 @@ pub unsafe fn attach() {
     }
 }
 
-/// Whether hot limits can be used here: preloaded, with entries.
-pub fn available() -> Result<()> {
-    match table() {
-        Some(_) => Ok(()),
-        None => Err(Error::HotUnavailable),
-    }
-}
-
 /// The next debit number (drawn under the entry's lock, so numbers ascend along each escrow).
 pub fn next_seq() -> u64 {
     table().expect("available").0.last_seq.fetch_add(1, AcqRel) + 1
@@ -257,10 +249,7 @@ pub fn hold(name: &str, key: Option<&str>, config: &Config, load: impl FnOnce() 
         let index = {
             // SAFETY: the table's lock, initialized by the postmaster, not held here.
             let _table = unsafe { Held::take(lock(0)) };
-            // SAFETY: the entries are in shared memory for the server's life; fields are
-            // read under the table's lock, which any change of identity holds.
-            let found = (0..header.entries as usize).find(|i| unsafe { (*entries.add(*i)).is(database, name, key) });
-            match found {
+            match find(header, entries, database, name, key) {
                 Some(i) => i,
                 None => claim(header, entries, database, name, key)?,
             }
@@ -289,6 +278,13 @@ pub fn hold(name: &str, key: Option<&str>, config: &Config, load: impl FnOnce() 
         entry.last_used.store(header.uses.fetch_add(1, Relaxed), Relaxed);
         return Ok(guard);
     }
+}
+
+/// The entry of (database, name, key), holding the table's lock.
+fn find(header: &Header, entries: *mut Entry, database: pg_sys::Oid, name: &str, key: Option<&str>) -> Option<usize> {
+    // SAFETY: the entries are in shared memory for the server's life; identities are read
+    // under the table's lock, which any change of identity holds.
+    (0..header.entries as usize).find(|i| unsafe { (*entries.add(*i)).is(database, name, key) })
 }
 
 /// An entry for (database, name, key), holding the table's lock: a free one, else the one
@@ -332,8 +328,7 @@ pub fn peek(name: &str, key: Option<&str>) -> Option<Guard> {
     let index = {
         // SAFETY: as in `hold`.
         let _table = unsafe { Held::take(lock(0)) };
-        // SAFETY: as in `hold`: identities are read under the table's lock.
-        (0..header.entries as usize).find(|i| unsafe { (*entries.add(*i)).is(database, name, key) })?
+        find(header, entries, database, name, key)?
     };
     let mut guard = hold_entry(index);
     let entry = guard.entry();
@@ -348,10 +343,10 @@ pub fn redeem(ticket: Ticket) -> Option<Guard> {
     (entry.used && entry.loaded && entry.generation == ticket.generation).then_some(guard)
 }
 
-/// Drop the escrows of `name` in this database (of its `key` only, when given): they are
-/// loaded again from the tables. Only escrows with nothing listed are dropped; a change
-/// that drops one waited for every call in flight (docs/hot-limits.md).
-pub fn forget(name: &str, key: Option<Option<&str>>) {
+/// Drop the escrows of `name` in this database (of its `key` only, when given; of every name
+/// when `name` is `None`): they are loaded again from the tables. Only idle escrows are
+/// dropped; a change that drops one waited for every call in flight (docs/hot-limits.md).
+pub fn forget(name: Option<&str>, key: Option<Option<&str>>) {
     let Some((header, _)) = table() else { return };
     let database = database();
     // SAFETY: as in `hold`.
@@ -359,31 +354,15 @@ pub fn forget(name: &str, key: Option<Option<&str>>) {
     for index in 0..header.entries as usize {
         let mut guard = hold_entry(index);
         let entry = guard.entry();
-        let ours = match key {
-            Some(key) => entry.is(database, name, key),
-            None => entry.used && entry.database == database && entry.name() == name.as_bytes(),
+        let ours = match (name, key) {
+            (Some(name), Some(key)) => entry.is(database, name, key),
+            (Some(name), None) => entry.used && entry.database == database && entry.name() == name.as_bytes(),
+            (None, _) => entry.used && entry.database == database,
         };
         if ours && entry.idle() {
             entry.used = false;
             entry.loaded = false;
             entry.folding = false;
-            entry.generation += 1;
-        }
-    }
-}
-
-/// Drop every escrow of this database (`TRUNCATE rate_limiter.limits`).
-pub fn forget_database() {
-    let Some((header, _)) = table() else { return };
-    let database = database();
-    // SAFETY: as in `hold`.
-    let _table = unsafe { Held::take(lock(0)) };
-    for index in 0..header.entries as usize {
-        let mut guard = hold_entry(index);
-        let entry = guard.entry();
-        if entry.used && entry.database == database && entry.idle() {
-            entry.used = false;
-            entry.loaded = false;
             entry.generation += 1;
         }
     }

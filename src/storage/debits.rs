@@ -118,9 +118,9 @@ impl DebitLog {
         }
     }
 
-    /// The logged debits of `name` (of every name when `None`; of its `key` only, when
-    /// given) numbered below `below` (all when `None`), in number order.
-    pub fn read(&self, name: Option<&str>, key: Option<Option<&str>>, below: Option<u64>, seen: Seen) -> Vec<Logged> {
+    /// The logged debits of `name` (of its `key` only, when given) numbered below `below`
+    /// (all when `None`), in number order.
+    pub fn read(&self, name: &str, key: Option<Option<&str>>, below: Option<u64>, seen: Seen) -> Vec<Logged> {
         let mut found = Vec::new();
         // SAFETY: the relations and slot are open for this call; the snapshot is the active
         // one or the latest, valid while the scan runs (nothing in it takes another); the
@@ -143,7 +143,7 @@ impl DebitLog {
             while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, self.tuple_slot) {
                 check_for_interrupts!();
                 let row_name: String = self.column(NAME).expect("NOT NULL");
-                if name.is_some_and(|n| n != row_name) {
+                if row_name != name {
                     continue;
                 }
                 let row_key: Option<String> = self.column(KEY);
