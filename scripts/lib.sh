@@ -55,24 +55,29 @@ install_pgrx() {
 }
 
 # The Debian packages, cargo-pgrx, and PostgreSQL majors $@ (by default every supported one
-# and 15.18, the start of the major-version upgrade test).
+# and 15-upstream, the start of the major-version upgrade test) with the headers each is
+# compiled against.
 setup() {
     install_packages
     local NN wanted=("$@")
-    [ $# -gt 0 ] || wanted=("${SUPPORTED_MAJORS[@]}" 15.18)
+    [ $# -gt 0 ] || wanted=("${SUPPORTED_MAJORS[@]}" 15-upstream)
     for NN in "${wanted[@]}"; do
-        if [ "$NN" != 15 ]; then install_build_packages; obtain_postgres "$NN"; fi
+        [ "$NN" = 15 ] && continue
+        install_build_packages
+        obtain_postgres "$NN"
+        [ "$NN" = 15-upstream ] || obtain_postgres "$NN" headers
     done
+    use_build_headers
     install_pgrx
 }
 
-# Build for PostgreSQL $1 (15 by default) and install into it, or into 15.18's prefix the
-# library built for 15 (one major, one ABI).
+# Build for PostgreSQL $1 (15 by default) and install into it, or into 15-upstream's prefix
+# the library built for 15 (one major, one ABI).
 build_and_install() {
     local NN=${1:-15} pg_config
     pg_config=$(pg_bin "$NN")/pg_config
     step "building and installing rate_limiter into PostgreSQL $NN"
-    if [ "$NN" = 15.18 ]; then
+    if [ "$NN" = 15-upstream ]; then
         as_root install -m 755 "$($PG_CONFIG --pkglibdir)/rate_limiter.so" "$($pg_config --pkglibdir)/"
         as_root cp "$($PG_CONFIG --sharedir)"/extension/rate_limiter*.{control,sql} "$($pg_config --sharedir)/extension/"
         return

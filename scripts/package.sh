@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Debian packages for each supported PostgreSQL major NN, laid out as PGDG's are:
+# Debian packages for each supported PostgreSQL major NN (or only the majors given:
+# `bash scripts/package.sh 17`), laid out as PGDG's are:
 #   postgresql-NN-rate-limiter_<version>_<arch>.deb        the library, its control file, the
 #       install script and every upgrade and released install script (so CREATE EXTENSION
 #       ... VERSION and ALTER EXTENSION UPDATE from any release work); Depends: postgresql-NN
 #   postgresql-NN-rate-limiter-proxy_<version>_<arch>.deb  the PL/Proxy router's SQL files;
 #       Depends: postgresql-NN, postgresql-NN-plproxy
-# Written to target/packages/. dpkg installs a package's files by rename, so installing one
+# Each library is compiled against Debian's own postgresql-server-dev-NN where Debian ships it
+# (scripts/servers.sh), as Debian builds extensions for its server. Written to
+# target/packages/. dpkg installs a package's files by rename, so installing one
 # under a running server never rewrites a library a backend has mapped. Safe to run again.
 source "$(dirname "$0")/lib.sh"
-setup "${SUPPORTED_MAJORS[@]}"
+MAJORS=("${@:-${SUPPORTED_MAJORS[@]}}")
+for NN in "${MAJORS[@]}"; do
+    [[ " ${SUPPORTED_MAJORS[*]} " == *" $NN "* ]] || { echo "not a supported major: $NN (${SUPPORTED_MAJORS[*]})" >&2; exit 2; }
+done
+setup "${MAJORS[@]}"
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1)
 PROXY_VERSION=$(sed -n "s/^default_version = '\(.*\)'$/\1/p" "$ROOT/proxy/rate_limiter_proxy.control")
 ARCH=$(dpkg --print-architecture)
@@ -34,7 +41,7 @@ CONTROL
 debian_lib() { echo "/usr/lib/postgresql/$1/lib"; }
 debian_extension() { echo "/usr/share/postgresql/$1/extension"; }
 
-for NN in "${SUPPORTED_MAJORS[@]}"; do
+for NN in "${MAJORS[@]}"; do
     pg_config=$(pg_bin "$NN")/pg_config
     stage=$(mktemp -d)
     step "postgresql-$NN-rate-limiter $VERSION"

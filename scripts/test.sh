@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Run the test tiers on every supported PostgreSQL (15, 17, 18; scripts/servers.sh obtains 17
-# and 18 once): Rust unit tests and #[pg_test]s (cargo pgrx test: tiers 1 and 2, one run per
-# version), then the pg_isolation_regress specs (3) on each version's throwaway cluster, and
-# the multi-session and operations tests in tests/ (4), which run on 15 and, where the write
-# path differs between versions, on 17 and 18 too (a parameter of each such test). All tiers
+# Run the test tiers on every supported PostgreSQL (15, 16, 17, 18; scripts/servers.sh obtains
+# 16, 17 and 18 once): every source of every version, each forced into an empty cache (tier
+# 0), Rust unit tests and #[pg_test]s (cargo pgrx test: tiers 1 and 2, one run per version),
+# then the pg_isolation_regress specs (3) on each version's throwaway cluster, and the
+# multi-session and operations tests in tests/ (4), which run on 15 and, where the write path
+# differs between versions, on 16, 17 and 18 too (a parameter of each such test). All tiers
 # by default; `bash scripts/test.sh 3 4` runs those only; RATE_LIMITER_PG_VERSIONS="15" runs
 # on fewer versions. Safe to run again.
 source "$(dirname "$0")/lib.sh"
-tiers=" ${*:-1 2 3 4} "
+tiers=" ${*:-0 1 2 3 4} "
 wants() { for t in "$@"; do [[ $tiers == *" $t "* ]] && return 0; done; return 1; }
 read -r -a VERSIONS <<< "${RATE_LIMITER_PG_VERSIONS:-${SUPPORTED_MAJORS[*]}}"
 export RATE_LIMITER_PG_VERSIONS="${VERSIONS[*]}"
@@ -17,8 +18,12 @@ if [[ " ${VERSIONS[*]} " != *" 15 "* ]]; then
 fi
 step "links between the Markdown files (README.md, docs/, examples/, bench/)"
 python3 "$ROOT/scripts/check_links.py" "$ROOT"
-# 15.18 is the start of the major-version upgrade test.
-setup "${VERSIONS[@]}" 15.18
+# 15-upstream is the start of the major-version upgrade test.
+setup "${VERSIONS[@]}" 15-upstream
+if wants 0; then
+    step "tier 0: every source of every PostgreSQL version, each forced into an empty cache"
+    check_every_source
+fi
 # cargo pgrx test --runas copies its build over the installed library with `sudo cp`, which
 # rewrites the file that a running server has mapped (a backend of a preloading server died
 # with SIGBUS or SIGSEGV that way): the throwaway clusters are stopped before any install and
@@ -58,8 +63,8 @@ if wants 3; then
     done
 fi
 if wants 4; then
-    # The major-version upgrade test starts from a 15.18 built from source.
-    build_and_install 15.18
+    # The major-version upgrade test starts from an upstream build of 15.
+    build_and_install 15-upstream
     # The Debian packages, for tests/test_package.py.
     bash "$ROOT/scripts/package.sh" >/dev/null
     for NN in "${VERSIONS[@]}"; do fresh_database rate_limiter_test "$NN"; done

@@ -54,3 +54,40 @@ def in_place_of_cargo_pgrx(name, keep):
             if saved.exists():
                 Path(f).parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(saved, f)
+
+
+@contextlib.contextmanager
+def debian_layout_served_by(major, bin_dir):
+    """Debian's directories of PostgreSQL `major` (its library and extension directories) as
+    links to those of the server in `bin_dir`, where that server is not Debian's package (16,
+    17 and 18 here: scripts/servers.sh); removed after. For Debian's own 15, nothing."""
+    if bin_dir == f"/usr/lib/postgresql/{major}/bin":
+        yield
+        return
+
+    def ask(option):
+        return subprocess.run([f"{bin_dir}/pg_config", option], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    links = {f"/usr/lib/postgresql/{major}/lib": ask("--pkglibdir"),
+             f"/usr/share/postgresql/{major}/extension": ask("--sharedir") + "/extension"}
+    made = []
+    try:
+        for debian, server in links.items():
+            if os.path.islink(debian) and os.readlink(debian) == server:
+                continue
+            assert not os.path.lexists(debian), f"{debian} exists and is not the server in {bin_dir}"
+            parent = Path(debian).parent
+            while not parent.exists():  # the directories made, to remove after
+                made.append(parent)
+                parent = parent.parent
+            Path(debian).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(server, debian)
+            made.insert(0, Path(debian))
+        yield
+    finally:
+        for path in made:  # the link first, then the directories made for it, deepest first
+            if path.is_symlink():
+                path.unlink()
+            elif path.is_dir() and not any(path.iterdir()):
+                path.rmdir()

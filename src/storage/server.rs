@@ -1,5 +1,5 @@
 //! The server calls whose signatures or duties differ between the supported PostgreSQL
-//! majors (15, 17, 18), each difference with the version that made it. Nothing else in the
+//! majors (15, 16, 17, 18), each difference with the version that made it. Nothing else in the
 //! crate has a `cfg` on a PostgreSQL version.
 
 use std::ptr::null_mut;
@@ -46,7 +46,7 @@ pub unsafe fn heap_update(
         (result, if heap_only { NewIndexEntries::None } else { NewIndexEntries::All })
     }
     // 16: heap_update reports it, and a HOT update may still need summarizing-index entries.
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
     // SAFETY: the caller's contract; `update_indexes` is a plain out parameter.
     unsafe {
         let mut update_indexes = pg_sys::TU_UpdateIndexes::TU_None;
@@ -72,7 +72,7 @@ pub unsafe fn is_summarizing(index: pg_sys::Relation) -> bool {
         let _ = index;
         false
     }
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
     // SAFETY: an open index has its access method's routine.
     unsafe {
         (*(*index).rd_indam).amsummarizing
@@ -90,7 +90,7 @@ pub unsafe fn index_insert_cleanup(index: pg_sys::Relation, info: *mut pg_sys::I
     unsafe {
         pg_sys::index_insert_cleanup(index, info)
     }
-    #[cfg(feature = "pg15")]
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
     let _ = (index, info);
 }
 
