@@ -40,7 +40,10 @@ def in_place_of_cargo_pgrx(name, keep):
     it is still installed and puts the files back."""
     deb = package(name)
     files = files_of(deb)
-    for f in files:
+    # Where each file really is: Debian's directories may be links to a server's
+    # (debian_layout_served_by), which `dpkg -r` removes with the package.
+    real = [os.path.realpath(f) for f in files]
+    for f in real:
         if os.path.exists(f):
             (keep / f.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             shutil.move(f, keep / f.lstrip("/"))
@@ -49,7 +52,7 @@ def in_place_of_cargo_pgrx(name, keep):
     finally:
         if installed(name):
             subprocess.run(["dpkg", "-r", name], capture_output=True)
-        for f in files:
+        for f in real:
             saved = keep / f.lstrip("/")
             if saved.exists():
                 Path(f).parent.mkdir(parents=True, exist_ok=True)
@@ -60,7 +63,9 @@ def in_place_of_cargo_pgrx(name, keep):
 def debian_layout_served_by(major, bin_dir):
     """Debian's directories of PostgreSQL `major` (its library and extension directories) as
     links to those of the server in `bin_dir`, where that server is not Debian's package (16,
-    17 and 18 here: scripts/servers.sh); removed after. For Debian's own 15, nothing."""
+    17 and 18 here: scripts/servers.sh); removed after, if `dpkg -r` has not removed them
+    with the package (it does: to dpkg they are the package's directories). For Debian's
+    own 15, nothing."""
     if bin_dir == f"/usr/lib/postgresql/{major}/bin":
         yield
         return
