@@ -216,9 +216,17 @@ obtain_postgres() {
     [ "$version" = 15 ] && return 0
     if [ "$what" = headers ]; then prefix=$(pg_headers_prefix "$version"); else prefix=$(pg_prefix "$version"); fi
     mapfile -t sources < <(pg_sources "$version" "${2:-}")
+    # RATE_LIMITER_PG_SOURCE_17=2 (or RATE_LIMITER_PG_HEADERS_17=2) runs on that source only.
+    local forced=RATE_LIMITER_PG_SOURCE_${version//-/_}
+    if [ "$what" = headers ]; then forced=RATE_LIMITER_PG_HEADERS_${version//-/_}; fi
+    [ -n "$only" ] || only=${!forced:-}
     cached=$(stamp_source "$prefix")
-    if [ -z "$only" ] && [ -n "$cached" ] && printf '%s\n' "${sources[@]}" | grep -qxF -- "$cached"; then
-        return 0
+    if [ -n "$cached" ]; then
+        if [ -n "$only" ]; then
+            [ "$cached" = "${sources[only - 1]:-}" ] && return 0
+        elif printf '%s\n' "${sources[@]}" | grep -qxF -- "$cached"; then
+            return 0
+        fi
     fi
     step "obtaining PostgreSQL $version${2:+ $2} into $prefix (once)"
     mkdir -p "$PG_CACHE"
