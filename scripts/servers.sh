@@ -249,7 +249,7 @@ obtain_postgres() {
             else
                 obtained=$("$(pg_bin "$version")/pg_config" --version)
             fi
-            printf 'source: %s\nobtained: %s\n' "$source" "$obtained" > "$prefix/.complete"
+            printf 'source: %s\nobtained: %s\nat: %s\n' "$source" "$obtained" "$(date +%s)" > "$prefix/.complete"
             echo "PostgreSQL $version${2:+ $2}: $obtained, from source $n of ${#sources[@]} (${source% *})"
             forget_old_versions
             return 0
@@ -282,16 +282,23 @@ pg_headers_origin() {
 }
 
 # Every source of every version (and of its headers), each forced in turn into an empty
-# temporary cache; one line per source, and a failure naming those that did not work.
+# temporary cache; one line per source, and a failure naming those that did not work. A
+# source the cache itself was obtained from within the last day, into an empty directory
+# as this does, is not obtained again.
 check_every_source() {
-    local version what n count failed=() line
+    local version what n count failed=() line prefix
     for version in 16 17 18 15-upstream; do
         for what in "" headers; do
             [ "$what" = headers ] && [ "$version" = 15-upstream ] && continue
+            if [ "$what" = headers ]; then prefix=$(pg_headers_prefix "$version"); else prefix=$(pg_prefix "$version"); fi
             count=$(pg_sources "$version" $what | wc -l)
             for n in $(seq "$count"); do
                 line=$(pg_sources "$version" $what | sed -n "${n}p")
                 [ "$line" = server ] && continue  # not a download: the server's own, checked with it
+                if obtained_today "$prefix" "$line"; then
+                    echo "ok: PostgreSQL $version${what:+ $what} source $n (${line% *}), obtained into the cache today"
+                    continue
+                fi
                 # Readable by postgres, which starts each server.
                 if (PG_CACHE=$(mktemp -d) && trap 'rm -rf "$PG_CACHE"' EXIT && chmod 755 "$PG_CACHE" \
                     && obtain_postgres "$version" "$what" "$n"); then
@@ -306,6 +313,14 @@ check_every_source() {
         printf 'this source no longer works: %s\n' "${failed[@]}" >&2
         return 1
     fi
+}
+
+# Whether cache directory $1 was obtained from source $2 in the last 24 hours.
+obtained_today() {
+    local at
+    [ "$(stamp_source "$1")" = "$2" ] || return 1
+    at=$(sed -n 's/^at: \([0-9]*\)$/\1/p' "$1/.complete" 2>/dev/null || true)
+    [ -n "$at" ] && [ $(($(date +%s) - at)) -lt 86400 ]
 }
 
 # Removes what earlier layouts of the cache left in it.
