@@ -185,6 +185,10 @@ COMMENT ON COLUMN rate_limiter.debits.name IS 'The hot limit''s name.';
 COMMENT ON COLUMN rate_limiter.debits.key IS 'The key; NULL for the NULL key.';
 COMMENT ON COLUMN rate_limiter.debits.at IS 'The instant the call was admitted at.';
 COMMENT ON COLUMN rate_limiter.debits.count IS 'The tokens it took.';
+-- Loading a key's escrow and folding a limit read only their own rows, in seq order.
+CREATE INDEX debits_key ON rate_limiter.debits (name, key, seq);
+COMMENT ON INDEX rate_limiter.debits_key IS
+    'A hot (name, key)''s debits in seq order: what loading its escrow and folding read.';
 
 CREATE TYPE rate_limiter.decision AS (
     ok boolean,

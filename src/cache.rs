@@ -28,6 +28,9 @@ pub struct Relations {
     /// `rate_limiter.debits` (the log of hot limits) and its primary key; None in a database
     /// whose extension is older than 0.4.0: it has no hot limits.
     pub debits: Option<(pg_sys::Oid, pg_sys::Oid)>,
+    /// The log's index by (name, key, seq); None in a database whose extension is older than
+    /// 0.5.0: its hot calls wait for the update.
+    pub debits_key: Option<pg_sys::Oid>,
     pub decision_type: pg_sys::Oid,
     decision: pg_sys::Oid,
 }
@@ -110,6 +113,9 @@ fn look_up() -> Relations {
             let debits = table(c"debits");
             (debits, index_of(debits, c"debits_pkey"))
         });
+        let debits_key = debits
+            .filter(|_| pg_sys::get_relname_relid(c"debits_key".as_ptr(), schema) != pg_sys::InvalidOid)
+            .map(|(debits, _)| index_of(debits, c"debits_key"));
         Relations {
             state,
             state_key: index_of(state, c"state_key_name_shard_key"),
@@ -119,6 +125,7 @@ fn look_up() -> Relations {
             blocks_key: index_of(blocks, c"blocks_key_name_key"),
             allows,
             debits,
+            debits_key,
             decision_type,
             decision,
         }
@@ -268,7 +275,8 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
         Some(r) => {
             let (allows, allows_key) = r.allows.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
             let (debits, debits_key) = r.debits.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
-            [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, debits, debits_key, r.decision]
+            let by_key = r.debits_key.unwrap_or(pg_sys::InvalidOid);
+            [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, debits, debits_key, by_key, r.decision]
                 .contains(&relid)
         }
         None => true,

@@ -56,11 +56,17 @@ pub enum Error {
     #[error("every one of the rate_limiter.hot_keys entries holds a hot (name, key) with calls in flight")]
     HotKeysFull,
 
+    #[error("this database holds its {0} of the rate_limiter.hot_keys entries, each a hot (name, key) with calls in flight")]
+    HotKeysShareFull(usize),
+
     #[error("the hot limit \"{0}\" changed while calls to it were in flight")]
     HotConfigRace(String),
 
     #[error("cannot PREPARE a transaction that called a hot limit")]
     HotPrepared,
+
+    #[error("the hot limit \"{0}\" was reset or changed earlier in this transaction")]
+    HotChangedHere(String),
 }
 
 impl Error {
@@ -81,8 +87,8 @@ impl Error {
             Error::NotAMember(_) | Error::ShapeChanged { .. } | Error::HotUnavailable | Error::HotConfigRace(_) => {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
-            Error::HotKeysFull => PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-            Error::HotPrepared => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            Error::HotKeysFull | Error::HotKeysShareFull(_) => PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            Error::HotPrepared | Error::HotChangedHere(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
         }
     }
 
@@ -154,12 +160,22 @@ impl Error {
                 "Raise rate_limiter.hot_keys (a restart), or end the transactions that hold hot \
                  calls open (see pg_stat_activity for sessions idle in transaction)."
             }
+            Error::HotKeysShareFull(_) => {
+                "Raise rate_limiter.hot_keys_per_database (a superuser setting; by default half of \
+                 rate_limiter.hot_keys), or end this database's transactions that hold hot calls \
+                 open (see pg_stat_activity for sessions idle in transaction)."
+            }
             Error::HotConfigRace(_) => {
                 "A change of a hot limit waits for the calls in flight; retry the call."
             }
             Error::HotPrepared => {
                 "A hot call's debit is settled when its own session commits or aborts; commit the \
                  transaction directly, or call a limit that is not hot before PREPARE TRANSACTION."
+            }
+            Error::HotChangedHere(_) => {
+                "reset_rate_limit and define() of a hot limit reach its calls when their transaction \
+                 commits: commit first and call it in a later transaction, or roll back to a \
+                 savepoint taken before the change."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

@@ -226,7 +226,8 @@ def test_the_log_is_folded_into_the_base_row(database):
 
 def test_more_hot_keys_in_flight_than_entries_is_53400_and_without_preloading_55000(clusters):
     small = clusters("hotkeys", PORTS["hotkeys"], ["-c shared_preload_libraries=rate_limiter",
-                                                   "-c rate_limiter.hot_keys=2"]).init().start()
+                                                   "-c rate_limiter.hot_keys=2",
+                                                   "-c rate_limiter.hot_keys_per_database=2"]).init().start()
     with small.connect() as c:
         c.execute("CREATE EXTENSION rate_limiter")
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")

@@ -31,7 +31,7 @@ def databases(main):
 
 
 @every_version
-@pytest.mark.parametrize("released", ["0.1.0", "0.2.0", "0.3.0"])
+@pytest.mark.parametrize("released", ["0.1.0", "0.2.0", "0.3.0", "0.4.0"])
 def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, databases, released):
     role = "app_" + uuid.uuid4().hex[:8]
     with main.connect(databases["fresh"]) as fresh, main.connect(databases["upgraded"]) as old:
@@ -41,7 +41,7 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
         if released in ("0.1.0", "0.2.0"):
             old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01')")
             old.execute("INSERT INTO rate_limiter.state VALUES ('inline', 'k', 0, 1, '2030-01-01')")
-        else:  # as 0.3.0 writes them: with their expiry, inline rows with shard -1 - shard
+        else:  # as 0.3.0 and 0.4.0 write them: with their expiry, inline rows with shard -1 - shard
             old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01', '2030-01-01 00:00:01.7')")
             old.execute("INSERT INTO rate_limiter.state VALUES ('inline', 'k', -1, 1, '2030-01-01', 'infinity')")
         old.execute(f"CREATE ROLE {role}")
@@ -49,8 +49,9 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {role}")
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.define TO {role}")
             # Between installing the new library and updating, calls say what to do (0.3.0's
-            # tables and functions are the library's still: its define() works, never hot).
-            if released != "0.3.0":
+            # tables and functions are the library's still: its define() works, never hot;
+            # 0.4.0's hot calls wait for the log's index).
+            if released in ("0.1.0", "0.2.0"):
                 with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
                     old.execute("SELECT * FROM rate_limiter.rate_limit('kept', 'k')")
                 with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
@@ -58,6 +59,14 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
             else:
                 old.execute("SELECT rate_limiter.define('defined_before_update', 'token bucket', 1, '1 second')")
                 old.execute("DELETE FROM rate_limiter.limits WHERE name = 'defined_before_update'")
+            if released == "0.4.0":
+                old.execute("SELECT rate_limiter.define('hot_before_update', 'token bucket', 1, '1 second', hot => true)")
+                with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as outdated:
+                    old.execute("SELECT * FROM rate_limiter.rate_limit('hot_before_update', 'k')")
+                assert "ALTER EXTENSION rate_limiter UPDATE" in outdated.value.diag.message_hint
+                # A change of a hot limit folds its log, which waits for the update too.
+                with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+                    old.execute("DELETE FROM rate_limiter.limits WHERE name = 'hot_before_update'")
 
             # An application function written against the old decision type.
             old.execute("CREATE FUNCTION public.app_call(k text) RETURNS boolean LANGUAGE plpgsql AS $$ "
@@ -65,6 +74,10 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
                         "BEGIN SELECT * INTO d FROM rate_limiter.rate_limit('kept', k); RETURN d.ok; END $$")
 
             old.execute("ALTER EXTENSION rate_limiter UPDATE")
+            if released == "0.4.0":
+                assert old.execute("SELECT ok FROM rate_limiter.rate_limit('hot_before_update', 'k')").fetchone() == (True,)
+                old.execute("DELETE FROM rate_limiter.limits WHERE name = 'hot_before_update'")
+                old.execute("DELETE FROM rate_limiter.state WHERE name = 'hot_before_update'")  # its folded log
 
             assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == (
                 fresh.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone())

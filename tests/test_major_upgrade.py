@@ -16,11 +16,12 @@ from clusters import BASE, PORTS, VERSIONS, as_postgres
 NOW = "2030-01-01 00:00:00+00"
 LATER = "2030-01-01 00:00:30+00"
 
-# (from, to, pg_upgrade's mode, the extension's version in the old cluster). The last case
-# is a DBA who did not update the extension first: it is updated on the new cluster.
-PATHS = [("15-upstream", "16", "--copy", "0.4.0"), ("15-upstream", "17", "--copy", "0.4.0"),
-         ("15-upstream", "18", "--link", "0.4.0"), ("16", "17", "--copy", "0.4.0"), ("16", "18", "--link", "0.4.0"),
-         ("17", "18", "--copy", "0.4.0"), ("15-upstream", "17", "--copy", "0.3.0")]
+# (from, to, pg_upgrade's mode, the extension's version in the old cluster). The last two
+# cases are a DBA who did not update the extension first: it is updated on the new cluster.
+CURRENT = "0.5.0"
+PATHS = [("15-upstream", "16", "--copy", CURRENT), ("15-upstream", "17", "--copy", CURRENT),
+         ("15-upstream", "18", "--link", CURRENT), ("16", "17", "--copy", CURRENT), ("16", "18", "--link", CURRENT),
+         ("17", "18", "--copy", CURRENT), ("15-upstream", "17", "--copy", "0.3.0"), ("16", "18", "--copy", "0.4.0")]
 
 # Named limits of every kind, and what each key is left with before the upgrade.
 SETUP = [
@@ -105,9 +106,9 @@ def test_pg_upgrade_keeps_every_limit_block_and_state_row(clusters, old, new, mo
     after.start()
 
     with after.connect("app") as c:
-        if extension != "0.4.0":
+        if extension != CURRENT:
             c.execute("ALTER EXTENSION rate_limiter UPDATE")
-            expected["extension"] = [("0.4.0",)]
+            expected["extension"] = [(CURRENT,)]
         assert snapshot(c) == expected, "limits, blocks, state rows and what callers see are unchanged"
         amcheck_clean(c)
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")

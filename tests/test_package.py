@@ -18,7 +18,7 @@ import pytest
 from clusters import PORTS, ROOT, VERSIONS, pg_bin
 from packages import debian_layout_served_by, dpkg, files_of, in_place_of_cargo_pgrx, package
 
-RELEASED = ("0.1.0", "0.2.0", "0.3.0")
+RELEASED = ("0.1.0", "0.2.0", "0.3.0", "0.4.0")
 
 
 @pytest.mark.parametrize("pg", VERSIONS)

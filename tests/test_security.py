@@ -247,13 +247,13 @@ def test_a_role_that_may_create_in_the_schema_takes_over_neither_the_install_nor
         assert "OPERATOR(rate_limiter." not in constraints
 
 
-@pytest.mark.parametrize("released", ["0.1.0", "0.2.0", "0.3.0"])
+@pytest.mark.parametrize("released", ["0.1.0", "0.2.0", "0.3.0", "0.4.0"])
 def test_updating_from_each_release_runs_none_of_the_operators_the_schemas_owner_planted(empty_database, attacker, released):
     with connect(dbname=empty_database) as admin:
         role = attacker
         admin.execute(f"CREATE EXTENSION rate_limiter VERSION '{released}'")
         admin.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES ('kept', 'token bucket', 10, '1 second')")
-        if released == "0.3.0":
+        if released in ("0.3.0", "0.4.0"):
             admin.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01', '2030-01-01 00:00:01.7')")
         else:
             admin.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01')")
@@ -287,7 +287,7 @@ def test_updating_from_020_keeps_the_grants_of_a_role_whose_name_needs_quoting(e
             admin.execute("CREATE EXTENSION rate_limiter VERSION '0.2.0'")
             admin.execute(f'GRANT EXECUTE ON FUNCTION rate_limiter.define TO "{role}"')
             admin.execute("ALTER EXTENSION rate_limiter UPDATE")
-            assert admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.4.0",)
+            assert admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.5.0",)
             assert admin.execute("SELECT has_function_privilege(%s, 'rate_limiter.define(text, text, float8, interval, "
                                  "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean)', "
                                  "'EXECUTE')", (role,)).fetchone() == (True,)

@@ -33,17 +33,11 @@ fn _limits_changed<'a>(
     Ok(None)
 }
 
+/// Also in a logical replication apply worker: a subscriber may take only the limits, and
+/// its own calls' escrows and log must follow them. Where the state and the log are
+/// replicated too, the publisher's fold arrives beside this one and finds its work done (the
+/// same base row, log rows already gone).
 fn hot_limit_changing(trigger: &PgTrigger<'_>) {
-    // A logical replication apply worker (a background worker in the replica role): the
-    // publisher's fold arrives as its own changes to the state and the log.
-    // SAFETY: plain values of this single-threaded backend, set at its start or by SET.
-    let applying = unsafe {
-        pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
-            && pg_sys::MyBackendType == pg_sys::BackendType::B_BG_WORKER
-    };
-    if applying {
-        return;
-    }
     if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) {
         limiter::hot::limits_truncated();
         return;

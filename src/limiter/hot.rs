@@ -15,7 +15,7 @@ use crate::call::{Decision, Request};
 use crate::clock;
 use crate::error::Error;
 use crate::shmem::hot::{self, Ticket};
-use crate::storage::{self, DebitLog, Logged, Seen, Slot, StateTable};
+use crate::storage::{self, DebitLog, Seen, Slot, StateTable};
 
 /// Commits between two folds of a key's log into its base row.
 const FOLD_EVERY: u64 = 1000;
@@ -66,6 +66,11 @@ fn slot<'a>(req: &Request<'a>) -> Slot<'a> {
 /// Consume (`rate_limit` on a hot limit): admitted against the escrow, logged if it takes
 /// tokens; every `FOLD_EVERY` commits, the caller also folds the settled log.
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    // An escrow is built only from what every other transaction sees, whichever way this one
+    // ends; this one's own reset or change of the limit is not that (docs/hot-limits.md).
+    if changed_here(req.name, req.key) {
+        Error::HotChangedHere(req.name.to_owned()).raise()
+    }
     let mut log = DebitLog::open(Some(c"rate_limit()"));
     register_callbacks();
     let now = clock::now_ms();
@@ -110,7 +115,10 @@ pub fn value(table: &StateTable, req: &Request<'_>, config: &Config) -> State {
 
 /// The state calls are decided against, and the instant they are decided at.
 fn current(table: &StateTable, req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
-    if let Some(mut guard) = hot::peek(req.name, req.key) {
+    // After this transaction's own reset or change of the limit, its tables say more than the
+    // escrow (which changes at commit).
+    let escrow = if changed_here(req.name, req.key) { None } else { hot::peek(req.name, req.key) };
+    if let Some(mut guard) = escrow {
         let entry = guard.entry();
         if entry.config() == config {
             let escrow = entry.escrow();
@@ -120,56 +128,67 @@ fn current(table: &StateTable, req: &Request<'_>, config: &Config, now: f64) -> 
     // Not loaded here (a standby, a subscriber, a server just started): the base row and the
     // committed log, as a row-based read would see them.
     let log = DebitLog::open(None);
-    let logged = log.read(req.name, Some(req.key), None, Seen::ByTheCall);
-    let (state, last) = replay(req, config, table.read(slot(req)).map(|r| r.state), &logged, now);
+    let (state, last, _) = replay(req, config, table.read(slot(req)).map(|r| r.state), &log, Seen::ByTheCall, now);
     (state, now.max(last))
 }
 
-/// The committed state of a key (base row and log, as committed now), and its latest
-/// debit's instant: what an escrow starts from. Also raises the debit numbers above the
-/// log's. No fold of this key can be in flight: a fold is started from a loaded escrow,
-/// which is not given away while it folds.
-fn load(table: &StateTable, log: &DebitLog, req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
+/// The committed state of a key (base row and log, as committed now), its latest debit's
+/// instant, and how many debits its log holds: what an escrow starts from. Also raises the
+/// debit numbers above the log's. Called with no lock held: nothing can be logged for a key
+/// whose escrow is not loaded, and no fold of it can be in flight (a fold is started from a
+/// loaded escrow, which is not given away while it folds).
+fn load(table: &StateTable, log: &DebitLog, req: &Request<'_>, config: &Config, now: f64) -> (State, f64, u64) {
     hot::numbers_above(log.last_seq());
-    let logged = log.read(req.name, Some(req.key), None, Seen::Now);
-    replay(req, config, table.read_now(slot(req)).map(|r| r.state), &logged, now)
+    replay(req, config, table.read_now(slot(req)).map(|r| r.state), log, Seen::Now, now)
 }
 
-/// `base` (fresh at the first debit's instant when there is no row) with `logged` applied in
-/// order, and the latest instant among them.
-fn replay(req: &Request<'_>, config: &Config, base: Option<State>, logged: &[Logged], now: f64) -> (State, f64) {
-    let base = base.unwrap_or_else(|| super::fresh(req, config, first_instant(logged, now)));
-    logged
-        .iter()
-        .fold((base, f64::NEG_INFINITY), |(state, last), l| (escrow::apply(state, config, &l.debit), last.max(l.debit.at)))
-}
-
-/// Where a missing base row starts: the first logged debit's instant, or now.
-fn first_instant(logged: &[Logged], now: f64) -> f64 {
-    logged.first().map_or(now, |l| l.debit.at.min(now))
+/// `base` with the key's logged debits applied in order (a missing base starts fresh at the
+/// first debit's instant, or now), the latest instant among them, and how many there were.
+fn replay(req: &Request<'_>, config: &Config, base: Option<State>, log: &DebitLog, seen: Seen, now: f64) -> (State, f64, u64) {
+    let (mut state, mut last, mut debits) = (base, f64::NEG_INFINITY, 0);
+    log.each(req.name, Some(req.key), None, seen, |_, debit, _| {
+        let base = state.unwrap_or_else(|| super::fresh(req, config, debit.at.min(now)));
+        state = Some(escrow::apply(base, config, debit));
+        last = last.max(debit.at);
+        debits += 1;
+    });
+    (state.unwrap_or_else(|| super::fresh(req, config, now)), last, debits)
 }
 
 /// Move the logged debits of `name` (of `key` only, when given) numbered below `below` (all
 /// when `None`) into their keys' base rows, and delete them: in the caller's transaction, so
-/// that the base and the log change together.
+/// that the base and the log change together. One key at a time, as the log's index orders
+/// them; nothing kept but the key being folded.
 fn fold(table: &StateTable, log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, below: Option<u64>) {
-    let logged = log.read(name, key, below, Seen::Now);
-    let mut keys: Vec<Option<&str>> = Vec::new();
-    for l in &logged {
-        if !keys.contains(&l.key.as_deref()) {
-            keys.push(l.key.as_deref());
+    struct Folding {
+        key: Option<String>,
+        row: storage::Row,
+        state: State,
+    }
+    let write = |f: Folding| {
+        let req = Request { name, key: f.key.as_deref(), count: 0.0, reserve: false, inline: false };
+        table.write_locked(&f.row, slot(&req), f.state, bucket::expires(f.state, config));
+    };
+    let mut folding: Option<Folding> = None;
+    log.each(name, key, below, Seen::Now, |row_key, debit, row| {
+        if folding.as_ref().is_none_or(|f| f.key.as_deref() != row_key) {
+            if let Some(done) = folding.take() {
+                write(done);
+            }
+            let req = Request { name, key: row_key, count: 0.0, reserve: false, inline: false };
+            let first = debit.at;
+            let row = super::lock_one(table, &req, config, slot(&req), table.read(slot(&req)), true, &|| first)
+                .expect("waited for the row");
+            folding = Some(Folding { key: row_key.map(str::to_owned), state: row.state, row });
         }
+        let f = folding.as_mut().expect("set above");
+        f.state = escrow::apply(f.state, config, debit);
+        log.delete(row);
+    });
+    if let Some(done) = folding {
+        write(done);
     }
-    for key in keys {
-        let req = Request { name, key, count: 0.0, reserve: false, inline: false };
-        let of_key: Vec<&Logged> = logged.iter().filter(|l| l.key.as_deref() == key).collect();
-        let first = of_key[0].debit.at;
-        let row = super::lock_one(table, &req, config, slot(&req), table.read(slot(&req)), true, &|| first)
-            .expect("waited for the row");
-        let state = of_key.iter().fold(row.state, |state, l| escrow::apply(state, config, &l.debit));
-        table.write_locked(&row, slot(&req), state, bucket::expires(state, config));
-    }
-    log.delete(&logged);
+    log.deleted();
 }
 
 /// `reset_rate_limit` of a hot limit's key: once no call is in flight, its log goes (the
@@ -178,7 +197,8 @@ pub fn reset(name: &str, key: Option<&str>) {
     storage::hold_calls_off();
     register_callbacks();
     let log = DebitLog::open(Some(c"reset_rate_limit()"));
-    log.delete(&log.read(name, Some(key), None, Seen::Now));
+    log.each(name, Some(key), None, Seen::Now, |_, _, row| log.delete(row));
+    log.deleted();
     forget_at_commit(Forget::Key(name.to_owned(), key.map(str::to_owned)));
 }
 
@@ -210,6 +230,18 @@ pub fn limits_truncated() {
         .raise()
     }
     forget_at_commit(Forget::Database);
+}
+
+/// Whether this transaction (in a subtransaction not rolled back) reset `key` of `name`,
+/// changed `name`, or truncated the limits.
+fn changed_here(name: &str, key: Option<&str>) -> bool {
+    OPEN.with_borrow(|open| {
+        open.forget.iter().any(|(what, _)| match what {
+            Forget::Key(n, k) => n == name && k.as_deref() == key,
+            Forget::Name(n) => n == name,
+            Forget::Database => true,
+        })
+    })
 }
 
 fn forget_at_commit(what: Forget) {
@@ -254,7 +286,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
             let committed = event == XACT_EVENT_COMMIT;
             settle(open.debits, committed);
             for mut guard in open.folding.into_iter().filter_map(hot::redeem) {
-                guard.entry().end_fold();
+                guard.entry().end_fold(committed, FOLD_EVERY);
             }
             if committed {
                 for (what, _) in open.forget {

@@ -34,6 +34,15 @@ impl Held {
         unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
         Held(lock)
     }
+
+    /// The lock if it is free now, without waiting.
+    ///
+    /// # Safety
+    /// As `take`.
+    pub unsafe fn try_take(lock: *mut pg_sys::LWLock) -> Option<Held> {
+        // SAFETY: as in `take`; LWLockConditionalAcquire never waits.
+        unsafe { pg_sys::LWLockConditionalAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) }.then_some(Held(lock))
+    }
 }
 
 impl Drop for Held {

@@ -166,6 +166,13 @@ pub fn forget_this_database() {
     }
 }
 
+/// Empty a dropped database's part of the table, before a new one can have its OID.
+pub fn forget_database(database: pg_sys::Oid) {
+    if let Some((header, _)) = table() {
+        header.generation(database.to_u32()).fetch_add(1, Release);
+    }
+}
+
 /// What a slot holds of `req`, in this database: its hash, and its (name, key, inline)
 /// bytes as words, with their length; `None` when they do not fit a slot. The table serves
 /// every database of the cluster, and each has its own limits. Separators no name holds keep

@@ -5,9 +5,12 @@
 //! An entry's identity changes only while both the table's lock and the entry's lock are
 //! held, so a backend that found an entry and then took its lock checks the identity again.
 //! Lock order: the table's lock, then an entry's; nothing takes the table's lock while it
-//! holds an entry's. An entry is given to another key only when nothing is listed in its
-//! escrow (no debit in flight, none committed and unsettled), so a debit's entry stays its
-//! own until the debit ends; a `Ticket` (entry and generation) finds it again.
+//! holds an entry's, and nothing waits for an entry's lock while it holds the table's (a
+//! load holds its entry while it reads the log, and every call needs the table's lock). An
+//! entry is given to another key only when nothing is listed in its escrow (no debit in
+//! flight, none committed and unsettled), so a debit's entry stays its own until the debit
+//! ends; a `Ticket` (entry and generation) finds it again. One database holds at most its
+//! share of the entries (`rate_limiter.hot_keys_per_database`).
 
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
@@ -29,6 +32,10 @@ pub const RING: usize = 4096;
 
 /// `rate_limiter.hot_keys`: how many hot (name, key) pairs can be in use at once.
 static ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(16);
+
+/// `rate_limiter.hot_keys_per_database`: how many of them one database may hold; -1 for
+/// half of them (at least one), so that one database cannot take them all.
+static PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 
 const SHMEM_NAME: &CStr = c"rate_limiter hot keys";
 const TRANCHE: &CStr = c"rate_limiter hot keys";
@@ -99,8 +106,12 @@ impl Entry {
         start
     }
 
-    pub fn end_fold(&mut self) {
+    /// The folder's transaction ended; if it did not commit, the next caller folds.
+    pub fn end_fold(&mut self, folded: bool, every: u64) {
         self.folding = false;
+        if !folded {
+            self.committed_since_fold = self.committed_since_fold.max(every);
+        }
     }
 
     fn is(&self, database: pg_sys::Oid, name: &str, key: Option<&str>) -> bool {
@@ -164,6 +175,24 @@ pub fn register(preloading: bool) {
             GucContext::Postmaster,
             GucFlags::default(),
         );
+        GucRegistry::define_int_guc(
+            c"rate_limiter.hot_keys_per_database",
+            c"How many of the rate_limiter.hot_keys entries one database may hold; -1 for half of them.",
+            c"So that one database's open transactions cannot take every entry from the others.",
+            &PER_DATABASE,
+            -1,
+            1 << 16,
+            GucContext::Suset,
+            GucFlags::default(),
+        );
+    }
+}
+
+/// The entries one database may hold, of `entries`.
+fn share(entries: usize) -> usize {
+    match PER_DATABASE.get() {
+        -1 => entries.div_ceil(2).max(1),
+        n => n.max(0) as usize,
     }
 }
 
@@ -228,11 +257,35 @@ impl Guard {
 }
 
 fn hold_entry(index: usize) -> Guard {
-    let (_, entries) = table().expect("available");
     // SAFETY: an entry's lock, not held by this backend (a backend holds one entry at a time).
-    let held = unsafe { Held::take(lock(1 + index)) };
+    guard(index, unsafe { Held::take(lock(1 + index)) })
+}
+
+/// Entry `index` if no one holds it now. Holding the table's lock, entries are taken only
+/// this way: a load may hold an entry a while, and every call needs the table's lock.
+fn try_hold_entry(index: usize) -> Option<Guard> {
+    // SAFETY: as in `hold_entry`.
+    unsafe { Held::try_take(lock(1 + index)) }.map(|held| guard(index, held))
+}
+
+fn guard(index: usize, held: Held) -> Guard {
+    let (_, entries) = table().expect("available");
     // SAFETY: `index` is below the table's entries.
     Guard { entry: unsafe { entries.add(index) }, index, _held: held }
+}
+
+/// Entry `index` and the table's lock, both held, having waited for neither while holding
+/// the other.
+fn hold_with_table(index: usize) -> (Held, Guard) {
+    loop {
+        // SAFETY: the table's lock, initialized by the postmaster, not held here.
+        let table = unsafe { Held::take(lock(0)) };
+        if let Some(guard) = try_hold_entry(index) {
+            return (table, guard);
+        }
+        drop(table);
+        drop(hold_entry(index)); // wait for its holder, holding nothing
+    }
 }
 
 fn database() -> pg_sys::Oid {
@@ -240,18 +293,29 @@ fn database() -> pg_sys::Oid {
     unsafe { pg_sys::MyDatabaseId }
 }
 
-/// The escrow of (name, key) in this database, held; `load` gives its committed state (and
-/// its latest debit's instant) when it is not loaded, called holding the entry's lock.
-pub fn hold(name: &str, key: Option<&str>, config: &Config, load: impl FnOnce() -> (State, f64)) -> Result<Guard> {
+/// The escrow of (name, key) in this database, held; `load` gives its committed state, its
+/// latest debit's instant and how many debits its log holds, when it is not loaded. `load`
+/// runs with no lock held, so that a long log keeps nobody waiting and the caller can be
+/// cancelled; the result is installed only if the entry was neither given away nor loaded
+/// meanwhile (nothing is logged for a key whose escrow is not loaded, so the committed
+/// state it read is still the key's).
+pub fn hold(name: &str, key: Option<&str>, config: &Config, mut load: impl FnMut() -> (State, f64, u64)) -> Result<Guard> {
     let (header, entries) = table().ok_or(Error::HotUnavailable)?;
     let database = database();
     loop {
-        let index = {
+        let claimed = {
             // SAFETY: the table's lock, initialized by the postmaster, not held here.
             let _table = unsafe { Held::take(lock(0)) };
             match find(header, entries, database, name, key) {
-                Some(i) => i,
+                Some(i) => Ok(i),
                 None => claim(header, entries, database, name, key)?,
+            }
+        };
+        let index = match claimed {
+            Ok(index) => index,
+            Err(Busy(index)) => {
+                drop(hold_entry(index)); // wait for its holder, holding nothing, and look again
+                continue;
             }
         };
         let mut guard = hold_entry(index);
@@ -266,14 +330,23 @@ pub fn hold(name: &str, key: Option<&str>, config: &Config, load: impl FnOnce() 
                 return Err(Error::HotConfigRace(name.to_owned()));
             }
             entry.loaded = false;
+            entry.generation += 1; // a load in progress elsewhere read the old config
         }
         if !entry.loaded {
-            let (base, base_at) = load();
-            entry.config.write(*config);
-            // SAFETY: the entry's escrow memory, whose ring holds zeros or debits.
-            unsafe { Escrow::restart(entry.escrow.as_mut_ptr(), base, base_at) };
-            entry.loaded = true;
-            entry.committed_since_fold = 0;
+            let generation = entry.generation;
+            drop(guard);
+            let (base, base_at, debits) = load();
+            let mut guard = hold_entry(index);
+            let entry = guard.entry();
+            if entry.is(database, name, key) && entry.generation == generation && !entry.loaded {
+                entry.config.write(*config);
+                // SAFETY: the entry's escrow memory, whose ring holds zeros or debits.
+                unsafe { Escrow::restart(entry.escrow.as_mut_ptr(), base, base_at) };
+                entry.loaded = true;
+                // The log as it is: a key loaded again and again is still folded.
+                entry.committed_since_fold = debits;
+            }
+            continue; // look again: installed, or changed meanwhile
         }
         entry.last_used.store(header.uses.fetch_add(1, Relaxed), Relaxed);
         return Ok(guard);
@@ -288,9 +361,20 @@ fn find(header: &Header, entries: *mut Entry, database: pg_sys::Oid, name: &str,
 }
 
 /// An entry for (database, name, key), holding the table's lock: a free one, else the one
-/// used longest ago that has nothing listed; 53400 if every entry has debits listed.
-fn claim(header: &Header, entries: *mut Entry, database: pg_sys::Oid, name: &str, key: Option<&str>) -> Result<usize> {
+/// used longest ago that has nothing listed; once the database holds its share, only one of
+/// its own. 53400 if none is left.
+fn claim(
+    header: &Header,
+    entries: *mut Entry,
+    database: pg_sys::Oid,
+    name: &str,
+    key: Option<&str>,
+) -> Result<std::result::Result<usize, Busy>> {
     let count = header.entries as usize;
+    // SAFETY: as below: identities read under the table's lock.
+    let held = (0..count).filter(|i| unsafe { (*entries.add(*i)).used && (*entries.add(*i)).database == database }).count();
+    let share = share(count);
+    let own_only = held >= share;
     let by_age = {
         let mut order: Vec<usize> = (0..count).collect();
         // SAFETY: entries below the count, under the table's lock, which every write of `used`
@@ -298,8 +382,14 @@ fn claim(header: &Header, entries: *mut Entry, database: pg_sys::Oid, name: &str
         order.sort_by_key(|i| unsafe { ((*entries.add(*i)).used, (*entries.add(*i)).last_used.load(Relaxed)) });
         order
     };
-    for index in by_age {
-        let mut guard = hold_entry(index);
+    // SAFETY: as above.
+    let candidate = |i: usize| !own_only || unsafe { (*entries.add(i)).used && (*entries.add(i)).database == database };
+    let mut busy = None;
+    for index in by_age.into_iter().filter(|i| candidate(*i)) {
+        let Some(mut guard) = try_hold_entry(index) else {
+            busy = busy.or(Some(index));
+            continue;
+        };
         let entry = guard.entry();
         if entry.used && (!entry.idle() || entry.folding) {
             continue;
@@ -316,10 +406,17 @@ fn claim(header: &Header, entries: *mut Entry, database: pg_sys::Oid, name: &str
         entry.loaded = false;
         entry.folding = false;
         entry.last_used.store(header.uses.fetch_add(1, Relaxed), Relaxed);
-        return Ok(index);
+        return Ok(Ok(index));
     }
-    Err(Error::HotKeysFull)
+    match busy {
+        Some(index) => Ok(Err(Busy(index))),
+        None if own_only => Err(Error::HotKeysShareFull(share)),
+        None => Err(Error::HotKeysFull),
+    }
 }
+
+/// No entry could be claimed without waiting for this one's holder.
+struct Busy(usize);
 
 /// The escrow of (name, key) in this database, held, if it is loaded.
 pub fn peek(name: &str, key: Option<&str>) -> Option<Guard> {
@@ -343,16 +440,36 @@ pub fn redeem(ticket: Ticket) -> Option<Guard> {
     (entry.used && entry.loaded && entry.generation == ticket.generation).then_some(guard)
 }
 
+/// Drop the escrows of a dropped database: an idle one is freed; one still listing debits
+/// (of a session the drop ended, not yet settled) keeps them for its tickets but answers for
+/// no database any more, and is given away once idle. A new database with the same OID
+/// loads its own.
+pub fn forget_database(database: pg_sys::Oid) {
+    let Some((header, _)) = table() else { return };
+    for index in 0..header.entries as usize {
+        let (_table, mut guard) = hold_with_table(index);
+        let entry = guard.entry();
+        if entry.used && entry.database == database {
+            if entry.idle() {
+                entry.used = false;
+                entry.loaded = false;
+                entry.folding = false;
+                entry.generation += 1;
+            } else {
+                entry.database = pg_sys::InvalidOid;
+            }
+        }
+    }
+}
+
 /// Drop the escrows of `name` in this database (of its `key` only, when given; of every name
 /// when `name` is `None`): they are loaded again from the tables. Only idle escrows are
 /// dropped; a change that drops one waited for every call in flight (docs/hot-limits.md).
 pub fn forget(name: Option<&str>, key: Option<Option<&str>>) {
     let Some((header, _)) = table() else { return };
     let database = database();
-    // SAFETY: as in `hold`.
-    let _table = unsafe { Held::take(lock(0)) };
     for index in 0..header.entries as usize {
-        let mut guard = hold_entry(index);
+        let (_table, mut guard) = hold_with_table(index);
         let entry = guard.entry();
         let ours = match (name, key) {
             (Some(name), Some(key)) => entry.is(database, name, key),

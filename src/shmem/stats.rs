@@ -15,7 +15,7 @@ use std::cell::{RefCell, UnsafeCell};
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
@@ -62,6 +62,9 @@ struct Entry {
     /// The database whose entry this is (0: entry 0, which no database's view shows);
     /// written with the name.
     database: AtomicU32,
+    /// Its database was dropped: the entry answers for no database, and a new database with
+    /// the same OID starts without it. (Its room is not handed out again.)
+    dropped: AtomicBool,
     stats_reset: AtomicI64,
     name: UnsafeCell<[u8; MAX_NAME_BYTES]>,
     top_denied: UnsafeCell<TopKeys>,
@@ -219,6 +222,11 @@ impl Shared {
         pg_sys::Oid::from(self.entries[i].database.load(Relaxed))
     }
 
+    /// Whether entry `i` is (name, key)'s of a live `database`.
+    fn of_database(&self, i: usize, database: pg_sys::Oid) -> bool {
+        self.database(i) == database && !self.entries[i].dropped.load(Relaxed)
+    }
+
     fn name(&self, i: usize) -> String {
         let entry = &self.entries[i];
         let len = entry.name_len.load(Acquire) as usize;
@@ -251,7 +259,7 @@ impl Shared {
         };
         let used = self.header.used.load(Relaxed) as usize;
         let share = MAX_NAMES_PER_DATABASE.get().max(1) as usize;
-        if name != OTHER && (1..used).filter(|i| self.database(*i) == database && self.name(*i) != OTHER).count() < share {
+        if name != OTHER && (1..used).filter(|i| self.of_database(*i, database) && self.name(*i) != OTHER).count() < share {
             if let Some(i) = self.add(own, database, name) {
                 return i;
             }
@@ -269,7 +277,7 @@ impl Shared {
         loop {
             match self.slots[at].load(Relaxed) as usize {
                 0 => return Err(at),
-                taken if self.database(taken - 1) == database && self.name(taken - 1) == name => return Ok(taken - 1),
+                taken if self.of_database(taken - 1, database) && self.name(taken - 1) == name => return Ok(taken - 1),
                 _ => at = (at + 1) & mask,
             }
         }
@@ -301,7 +309,20 @@ impl Shared {
         let database = unsafe { pg_sys::MyDatabaseId };
         // Entry 0 (what no database had room for) belongs to no database's view.
         let first = if scope == Scope::EveryDatabase { 0 } else { 1 };
-        (first..used).filter(move |i| scope == Scope::EveryDatabase || self.database(*i) == database)
+        (first..used).filter(move |i| {
+            !self.entries[*i].dropped.load(Relaxed) && (scope == Scope::EveryDatabase || self.database(*i) == database)
+        })
+    }
+}
+
+/// The entries of a dropped database answer for no database any more (see `Entry::dropped`).
+pub fn forget_database(database: pg_sys::Oid) {
+    let Some(shared) = shared() else { return };
+    // SAFETY: as in `find_or_add`: the registry lock, not held by this backend.
+    let _held = unsafe { Held::take(shared.header.registry) };
+    let used = shared.header.used.load(Relaxed) as usize;
+    for i in (1..used).filter(|i| shared.database(*i) == database) {
+        shared.entries[i].dropped.store(true, Relaxed);
     }
 }
 

@@ -1,8 +1,9 @@
 //! `rate_limiter.debits`, the log of hot limits (docs/hot-limits.md): one row per consuming
-//! call, inserted by the caller's transaction, read back in number order through the
-//! primary key, and deleted once folded into the key's base row. Written through the heap
-//! and index access methods, as the state is: the table must keep the shape and the one
-//! index the extension made, and fire no trigger.
+//! call, inserted by the caller's transaction, read back a (name, key) at a time in number
+//! order through `debits_key`, and deleted once folded into the key's base row. Written
+//! through the heap and index access methods, as the state is: the table must keep the
+//! shape and the two indexes the extension made, and fire no trigger. Reads visit one row at
+//! a time, so what a load or a fold holds does not grow with the log.
 
 use std::ptr::null_mut;
 
@@ -15,23 +16,19 @@ use crate::cache;
 use crate::clock;
 use crate::error::Error;
 
-use super::scan::equal_key;
+use super::scan::{equal_key, text_key};
 use super::server;
 use super::shape::{self, Columns};
 use super::{instant, prevent_writes_unless_allowed, text};
 
 const SEQ: i32 = 1;
-const NAME: i32 = 2;
 const KEY: i32 = 3;
 const AT: i32 = 4;
 const COUNT: i32 = 5;
 
-/// A logged debit and where its row is.
-pub struct Logged {
-    pub key: Option<String>,
-    pub debit: Debit,
-    tid: pg_sys::ItemPointerData,
-}
+/// Where a logged debit's row is, to delete it.
+#[derive(Clone, Copy)]
+pub struct RowId(pg_sys::ItemPointerData);
 
 /// Which snapshot a read of the log uses.
 #[derive(Clone, Copy)]
@@ -42,19 +39,25 @@ pub enum Seen {
     Now,
 }
 
-/// `rate_limiter.debits` and its primary key, open for one call. Closed on drop.
+/// `rate_limiter.debits`, its primary key and `debits_key`, open for one call. Closed on drop.
 pub struct DebitLog {
     heap: pg_sys::Relation,
-    index: pg_sys::Relation,
-    info: *mut pg_sys::IndexInfo,
+    /// The primary key (seq), then `debits_key` (name, key, seq).
+    indexes: [pg_sys::Relation; 2],
+    infos: [*mut pg_sys::IndexInfo; 2],
     tuple_slot: *mut pg_sys::TupleTableSlot,
 }
 
+const BY_SEQ: usize = 0;
+const BY_KEY: usize = 1;
+
 impl DebitLog {
     /// Open for reading, or for writing (refused in a read-only transaction, naming
-    /// `command`); 55000 in a database not yet updated to 0.4.0, which has no log.
+    /// `command`); 55000 in a database not yet updated to 0.5.0 (0.4.0's log has no
+    /// `debits_key`; older ones have no log).
     pub fn open(write: Option<&std::ffi::CStr>) -> DebitLog {
         let Some((table, index)) = cache::relations().debits else { Error::ExtensionOutdated.raise() };
+        let Some(by_key) = cache::relations().debits_key else { Error::ExtensionOutdated.raise() };
         let lockmode = match write {
             Some(command) => {
                 prevent_writes_unless_allowed(command);
@@ -65,9 +68,12 @@ impl DebitLog {
         // SAFETY: the extension's table by the OID the cache checked; locked to the end of
         // the transaction, closed once on drop.
         let heap = unsafe { pg_sys::table_open(table, lockmode) };
-        let mut log = DebitLog { heap, index: null_mut(), info: null_mut(), tuple_slot: null_mut() };
-        // SAFETY: its primary key, opened with the table's lock mode; closed on drop.
-        log.index = unsafe { pg_sys::index_open(index, lockmode) };
+        let mut log = DebitLog { heap, indexes: [null_mut(); 2], infos: [null_mut(); 2], tuple_slot: null_mut() };
+        // SAFETY: its indexes, each opened with the table's lock mode; closed on drop.
+        unsafe {
+            log.indexes[BY_SEQ] = pg_sys::index_open(index, lockmode);
+            log.indexes[BY_KEY] = pg_sys::index_open(by_key, lockmode);
+        }
         // SAFETY: the heap is open and locked: its descriptor, triggers and index list are
         // current.
         unsafe {
@@ -77,7 +83,7 @@ impl DebitLog {
             let list = pg_sys::RelationGetIndexList(heap);
             let indexes = if list.is_null() { 0 } else { (*list).length };
             pg_sys::list_free(list);
-            if triggers || checks || indexes != 1 {
+            if triggers || checks || indexes != 2 {
                 let detail = "it has a trigger, CHECK constraint or index the extension did not create".to_owned();
                 Error::ShapeChanged { relation: "rate_limiter.debits".into(), detail }.raise()
             }
@@ -96,75 +102,78 @@ impl DebitLog {
             debit.count.into_datum().expect("float8"),
         ];
         let mut nulls = [false, false, key.is_none(), false, false];
-        // SAFETY: the arrays match the descriptor (shape checked at open); the table is open
-        // with RowExclusiveLock; the primary key is its only index, entered as the executor
-        // does (a duplicate number raises 23505).
+        // The index entries: (seq), and (name, key, seq).
+        let mut entries = [(vec![values[0]], vec![false]), (vec![values[1], values[2], values[0]], vec![false, nulls[2], false])];
+        // SAFETY: the arrays match the descriptor and each index's columns (shapes checked at
+        // open); the table is open with RowExclusiveLock; its two indexes are entered as the
+        // executor does (a duplicate number raises 23505).
         unsafe {
             let tuple = pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             pg_sys::heap_insert(self.heap, tuple, pg_sys::GetCurrentCommandId(true), 0, null_mut());
-            if self.info.is_null() {
-                self.info = pg_sys::BuildIndexInfo(self.index);
+            for (i, (values, nulls)) in entries.iter_mut().enumerate() {
+                if self.infos[i].is_null() {
+                    self.infos[i] = pg_sys::BuildIndexInfo(self.indexes[i]);
+                }
+                let unique = if i == BY_SEQ { pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES } else { pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO };
+                pg_sys::index_insert(
+                    self.indexes[i],
+                    values.as_mut_ptr(),
+                    nulls.as_mut_ptr(),
+                    &mut (*tuple).t_self,
+                    self.heap,
+                    unique,
+                    false,
+                    self.infos[i],
+                );
             }
-            pg_sys::index_insert(
-                self.index,
-                values.as_mut_ptr(),
-                nulls.as_mut_ptr(),
-                &mut (*tuple).t_self,
-                self.heap,
-                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES,
-                false,
-                self.info,
-            );
         }
     }
 
-    /// The logged debits of `name` (of its `key` only, when given) numbered below `below`
-    /// (all when `None`), in number order.
-    pub fn read(&self, name: &str, key: Option<Option<&str>>, below: Option<u64>, seen: Seen) -> Vec<Logged> {
-        let mut found = Vec::new();
+    /// Visit the logged debits of `name` (of its `key` only, when given) numbered below
+    /// `below` (all when `None`), through `debits_key`: each key's in number order, the keys
+    /// one after another. One row at a time, interrupts serviced between rows.
+    pub fn each(
+        &self,
+        name: &str,
+        key: Option<Option<&str>>,
+        below: Option<u64>,
+        seen: Seen,
+        mut visit: impl FnMut(Option<&str>, &Debit, RowId),
+    ) {
+        let index = self.indexes[BY_KEY];
         // SAFETY: the relations and slot are open for this call; the snapshot is the active
-        // one or the latest, valid while the scan runs (nothing in it takes another); the
-        // key compares the int8 primary key with int8lt.
+        // one or the latest, registered while the scan runs; the keys compare debits_key's
+        // text columns with texteq (IS NULL for the NULL key) and its int8 column with int8lt.
         unsafe {
             let snapshot = match seen {
                 Seen::ByTheCall => pg_sys::GetActiveSnapshot(),
                 Seen::Now => pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()),
             };
-            let mut keys: Vec<pg_sys::ScanKeyData> = below
-                .map(|b| {
-                    let mut k = equal_key(self.index, 1, pg_sys::F_INT8LT, Datum::from(b as i64));
-                    k.sk_strategy = pg_sys::BTLessStrategyNumber as u16;
-                    k
-                })
-                .into_iter()
-                .collect();
-            let scan = server::index_beginscan(self.heap, self.index, snapshot, keys.len() as i32);
+            let mut keys = vec![equal_key(index, 1, pg_sys::F_TEXTEQ, text(name))];
+            if let Some(key) = key {
+                keys.push(text_key(index, 2, key));
+            }
+            if let Some(b) = below {
+                let mut k = equal_key(index, 3, pg_sys::F_INT8LT, Datum::from(b as i64));
+                k.sk_strategy = pg_sys::BTLessStrategyNumber as u16;
+                keys.push(k);
+            }
+            let scan = server::index_beginscan(self.heap, index, snapshot, keys.len() as i32);
             pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, null_mut(), 0);
             while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, self.tuple_slot) {
                 check_for_interrupts!();
-                let row_name: String = self.column(NAME).expect("NOT NULL");
-                if row_name != name {
-                    continue;
-                }
                 let row_key: Option<String> = self.column(KEY);
-                if key.is_some_and(|k| k != row_key.as_deref()) {
-                    continue;
-                }
                 let seq: i64 = self.column(SEQ).expect("NOT NULL");
                 let at = self.column::<TimestampWithTimeZone>(AT).map(clock::timestamptz_ms).expect("NOT NULL");
                 let count: f64 = self.column(COUNT).expect("NOT NULL");
-                found.push(Logged {
-                    key: row_key,
-                    debit: Debit { seq: seq as u64, at, count, committed: true },
-                    tid: (*self.tuple_slot).tts_tid,
-                });
+                let debit = Debit { seq: seq as u64, at, count, committed: true };
+                visit(row_key.as_deref(), &debit, RowId((*self.tuple_slot).tts_tid));
             }
             pg_sys::index_endscan(scan);
             if let Seen::Now = seen {
                 pg_sys::UnregisterSnapshot(snapshot);
             }
         }
-        found
     }
 
     /// The highest number in the log, committed or not (0 when empty).
@@ -173,7 +182,7 @@ impl DebitLog {
         unsafe {
             let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
-            let scan = server::index_beginscan(self.heap, self.index, &mut dirty, 0);
+            let scan = server::index_beginscan(self.heap, self.indexes[BY_SEQ], &mut dirty, 0);
             pg_sys::index_rescan(scan, null_mut(), 0, null_mut(), 0);
             let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::BackwardScanDirection, self.tuple_slot);
             let seq = if found { self.column::<i64>(SEQ).expect("NOT NULL") as u64 } else { 0 };
@@ -182,19 +191,23 @@ impl DebitLog {
         }
     }
 
-    /// Delete logged rows (folded, or reset): as `DELETE` does, publications informed.
-    pub fn delete(&self, rows: &[Logged]) {
-        // SAFETY: the table is open with RowExclusiveLock; each tid is a row this transaction
+    /// Delete a logged row (folded, or reset), as `DELETE` does, publications informed; seen
+    /// by this transaction's next command (`deleted`).
+    pub fn delete(&self, row: RowId) {
+        // SAFETY: the table is open with RowExclusiveLock; the tid is a row this transaction
         // read; simple_heap_delete waits for a concurrent deleter and raises if one won
         // (none can: a folder or a reset holds what keeps others away).
         unsafe {
             pg_sys::CheckCmdReplicaIdentity(self.heap, pg_sys::CmdType::CMD_DELETE);
-            for row in rows {
-                let mut tid = row.tid;
-                pg_sys::simple_heap_delete(self.heap, &mut tid);
-            }
-            pg_sys::CommandCounterIncrement();
+            let mut tid = row.0;
+            pg_sys::simple_heap_delete(self.heap, &mut tid);
         }
+    }
+
+    /// After deletes: what this transaction does next sees them.
+    pub fn deleted(&self) {
+        // SAFETY: inside the caller's transaction, as any command end.
+        unsafe { pg_sys::CommandCounterIncrement() };
     }
 
     fn column<T: FromDatum>(&self, attno: i32) -> Option<T> {
@@ -213,11 +226,14 @@ impl Drop for DebitLog {
             if !self.tuple_slot.is_null() {
                 pg_sys::ExecDropSingleTupleTableSlot(self.tuple_slot);
             }
-            if !self.index.is_null() {
-                if !self.info.is_null() && !std::thread::panicking() {
-                    server::index_insert_cleanup(self.index, self.info);
+            for (index, info) in self.indexes.into_iter().zip(self.infos) {
+                if index.is_null() {
+                    continue;
                 }
-                pg_sys::index_close(self.index, pg_sys::NoLock as _);
+                if !info.is_null() && !std::thread::panicking() {
+                    server::index_insert_cleanup(index, info);
+                }
+                pg_sys::index_close(index, pg_sys::NoLock as _);
             }
             pg_sys::table_close(self.heap, pg_sys::NoLock as _);
         }

@@ -24,7 +24,7 @@ pub mod shape;
 mod sql;
 mod state;
 
-pub use debits::{DebitLog, Logged, Seen};
+pub use debits::{DebitLog, Seen};
 pub use lookup::{load_limit, Lookup};
 pub use sql::{delete, delete_listed, prune, upsert_limit, upsert_listed};
 pub use row::{Created, Locked, Row, Slot, Written};

@@ -1,0 +1,219 @@
+"""Hot limits against the sequences that should break their bound (issue 30): a reset or a
+change of the limit that rolls back, a mode switch inside one transaction, a subscriber that
+takes only the limits, a new database given a dropped one's OID. Each ends with the number
+of calls the limit still admits, which must be what its committed history leaves."""
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from calls import define
+from clusters import PORTS, wait_for
+
+NOW = "2030-01-01 00:00:00+00"
+PRELOADED = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.prune_interval=0"]
+
+
+def admitted(conn, name, key, calls=10):
+    """How many of `calls` single-token calls, each in a transaction of its own, are admitted."""
+    return sum(conn.execute("SELECT ok FROM rate_limiter.rate_limit(%s, %s, 1)", (name, key)).fetchone()[0]
+               for _ in range(calls))
+
+
+def exhausted_and_unloaded(conn, name="p1"):
+    """A hot limit of 5 for a very long time, its key 'k' exhausted by committed calls, and its
+    escrow dropped (by defining it again), so that the next call loads it."""
+    conn.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+    define(conn, name, rate=1, period="1000 days", capacity=5, hot=True)
+    assert conn.execute("SELECT ok FROM rate_limiter.rate_limit(%s, 'k', 5)", (name,)).fetchone() == (True,)
+    define(conn, name, rate=1, period="1000 days", capacity=5, hot=True)
+
+
+@pytest.mark.parametrize("undo", ["ROLLBACK", "ROLLBACK TO SAVEPOINT s"])
+def test_a_reset_that_rolls_back_leaves_the_key_exhausted(database, undo):
+    with psycopg.connect(dbname=database, autocommit=True) as c:
+        exhausted_and_unloaded(c)
+        c.execute("BEGIN")
+        c.execute("SAVEPOINT s")
+        c.execute("SELECT rate_limiter.reset_rate_limit('p1', 'k')")
+        # The escrow would be loaded from what only this transaction sees.
+        c.execute("SAVEPOINT call")
+        with pytest.raises(errors.FeatureNotSupported) as refused:
+            c.execute("SELECT ok FROM rate_limiter.rate_limit('p1', 'k', 1)")
+        assert "commit" in refused.value.diag.message_hint
+        c.execute("ROLLBACK TO SAVEPOINT call")
+        # Reads are answered from this transaction's tables: the reset is seen.
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('p1', 'k', 0)").fetchone() == (5,)
+        c.execute(undo)
+        if undo != "ROLLBACK":
+            # Back before the reset: calls load the escrow from the exhausted key.
+            assert c.execute("SELECT ok FROM rate_limiter.rate_limit('p1', 'k', 1)").fetchone() == (False,)
+            c.execute("COMMIT")
+        assert admitted(c, "p1", "k") == 0
+
+
+def test_a_reset_that_commits_gives_the_key_back(database):
+    with psycopg.connect(dbname=database, autocommit=True) as c:
+        exhausted_and_unloaded(c)
+        c.execute("SELECT rate_limiter.reset_rate_limit('p1', 'k')")
+        assert admitted(c, "p1", "k") == 5
+
+
+def test_a_mode_switch_inside_one_transaction_admits_no_more_than_the_capacity(database):
+    with psycopg.connect(dbname=database, autocommit=True) as c:
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "m", rate=1, period="1000 days", capacity=10, hot=True)
+        granted = c.execute("SELECT granted FROM rate_limiter.rate_limit('m', 'k', 8)").fetchone()[0]
+        c.execute("BEGIN")
+        define(c, "m", rate=1, period="1000 days", capacity=10, hot=False)
+        granted += c.execute("SELECT granted FROM rate_limiter.rate_limit('m', 'k', 2)").fetchone()[0]
+        define(c, "m", rate=1, period="1000 days", capacity=10, hot=True)
+        c.execute("SAVEPOINT call")
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("SELECT granted FROM rate_limiter.rate_limit('m', 'k', 2)")
+        c.execute("ROLLBACK TO SAVEPOINT call")
+        c.execute("COMMIT")
+        assert granted == 10
+        assert admitted(c, "m", "k") == 0
+
+
+def test_a_subscriber_of_the_limits_only_follows_a_hot_limit_out_of_the_mode(clusters):
+    publisher = clusters("hot_primary", PORTS["hot_primary"], [*PRELOADED, "-c wal_level=logical"]).init().start()
+    subscriber = clusters("hot_sub", PORTS["hot_subscriber"], PRELOADED).init().start()
+    for cluster in (publisher, subscriber):
+        with cluster.connect() as c:
+            c.execute("CREATE EXTENSION rate_limiter")
+            c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+    with publisher.connect() as p:
+        p.execute("CREATE PUBLICATION limits FOR TABLE rate_limiter.limits")
+        define(p, "sub", rate=5, period="1 hour", hot=True)
+    hot = "SELECT hot FROM rate_limiter.limits WHERE name = 'sub'"
+    with subscriber.connect() as s:
+        s.execute(f"CREATE SUBSCRIPTION s CONNECTION '{publisher.conninfo()}' PUBLICATION limits")
+        wait_for(lambda: s.execute(hot).fetchone() == (True,), "the limit on the subscriber")
+        assert admitted(s, "sub", "k") == 5
+        with publisher.connect() as p:
+            define(p, "sub", rate=5, period="1 hour", hot=False)
+        wait_for(lambda: s.execute(hot).fetchone() == (False,), "the change on the subscriber")
+        assert admitted(s, "sub", "k") == 0, "the subscriber's own debits were folded when the limit changed"
+        assert s.execute("SELECT count(*) FROM rate_limiter.debits").fetchone() == (0,)
+        s.execute("DROP SUBSCRIPTION s")
+
+
+def test_a_new_database_with_a_dropped_ones_oid_starts_empty(clusters):
+    server = clusters("hotkeys", PORTS["hotkeys"], PRELOADED).init().start()
+    with server.connect() as admin:
+        # A template whose key 'k' is exhausted: 5 committed debits of a limit of 5.
+        admin.execute("CREATE DATABASE tmpl")
+        with server.connect("tmpl") as t:
+            t.execute("CREATE EXTENSION rate_limiter")
+            t.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+            define(t, "reused", rate=5, period="1 hour", hot=True)
+            assert admitted(t, "reused", "k", 5) == 5
+        # A database that loads the key's escrow with 1 debit, then is dropped.
+        admin.execute("CREATE DATABASE first")
+        oid = admin.execute("SELECT oid FROM pg_database WHERE datname = 'first'").fetchone()[0]
+        with server.connect("first") as f:
+            f.execute("CREATE EXTENSION rate_limiter")
+            f.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+            define(f, "reused", rate=5, period="1 hour", hot=True)
+            assert admitted(f, "reused", "k", 1) == 1
+            assert f.execute("SELECT allowed FROM rate_limiter.stats WHERE name = 'reused'").fetchone() == (1,)
+        admin.execute("DROP DATABASE first")
+        admin.execute(f"CREATE DATABASE second OID = {oid} TEMPLATE tmpl")
+        with server.connect("second") as s:
+            s.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+            assert admitted(s, "reused", "k", 5) == 0, "the template's 5 debits, not the dropped database's 1"
+            assert s.execute("SELECT allowed, denied FROM rate_limiter.stats WHERE name = 'reused'").fetchone() == (0, 5)
+
+
+def test_one_database_holds_no_more_than_its_share_of_the_entries(clusters):
+    server = clusters("hotkeys", PORTS["hotkeys"], [*PRELOADED, "-c rate_limiter.hot_keys=4"]).init().start()
+    with server.connect() as admin:
+        for database in ("greedy", "other"):
+            admin.execute(f"CREATE DATABASE {database}")
+            with server.connect(database) as c:
+                c.execute("CREATE EXTENSION rate_limiter")
+                define(c, "hot", rate=10, period="1 hour", hot=True)
+    # The greedy database holds a call in flight on each of its keys, as long as it likes.
+    held = [server.connect("greedy") for _ in range(3)]
+    try:
+        for conn, key in zip(held[:2], "ab"):
+            conn.execute("BEGIN")
+            conn.execute("SELECT rate_limiter.rate_limit('hot', %s)", (key,))
+        with pytest.raises(errors.ConfigurationLimitExceeded) as refused:
+            held[2].execute("SELECT rate_limiter.rate_limit('hot', 'c')")
+        assert "hot_keys_per_database" in refused.value.diag.message_hint
+        # Half of the entries (the default share) are still the other database's.
+        with server.connect("other") as other:
+            other.execute("BEGIN")
+            for key in "xy":
+                assert other.execute("SELECT ok FROM rate_limiter.rate_limit('hot', %s)", (key,)).fetchone() == (True,)
+            other.execute("COMMIT")
+        # A superuser may give one database more.
+        held[2].execute("SET rate_limiter.hot_keys_per_database = 3")
+        assert held[2].execute("SELECT ok FROM rate_limiter.rate_limit('hot', 'c')").fetchone() == (True,)
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def logged(conn):
+    return conn.execute("SELECT count(*) FROM rate_limiter.debits").fetchone()[0]
+
+
+CALLS = """CREATE PROCEDURE public.calls(keys int, each int, rollback_every int) LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 0 .. keys * each - 1 LOOP
+        PERFORM rate_limiter.rate_limit('many', 'k' || (i % keys), 1);
+        IF rollback_every > 0 AND i % rollback_every = 0 THEN ROLLBACK; ELSE COMMIT; END IF;
+    END LOOP;
+END $$"""
+
+
+def test_the_log_stays_bounded_with_more_keys_in_use_than_entries(database):
+    """20 keys round robin, more than this database's share of the 16 entries: every call
+    loads its key again. Each key's log is still folded once it holds 1,000 debits."""
+    with psycopg.connect(dbname=database, autocommit=True) as c:
+        c.execute("SET synchronous_commit = off")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "many", rate=1, period="1000 days", capacity=1_000_000, hot=True)
+        c.execute(CALLS)
+        c.execute("CALL public.calls(20, 1500, 0)")  # 30,000 debits committed
+        assert logged(c) <= 20 * 1001, "at most a fold's worth per key"
+        # Nothing was lost in the folds: 1,500 taken from each key.
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('many', 'k7', 0)").fetchone() == (998_500,)
+
+
+def test_the_log_stays_bounded_when_the_folding_transactions_roll_back(database):
+    """Every other transaction rolls back, the one that starts each fold among them."""
+    with psycopg.connect(dbname=database, autocommit=True) as c:
+        c.execute("SET synchronous_commit = off")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "many", rate=1, period="1000 days", capacity=1_000_000, hot=True)
+        c.execute(CALLS)
+        c.execute("CALL public.calls(1, 4000, 2)")  # 2,000 committed, alternating
+        assert logged(c) <= 1001
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('many', 'k0', 0)").fetchone() == (998_000,)
+
+
+def test_a_load_reads_only_its_keys_rows_and_can_be_cancelled(database):
+    with psycopg.connect(dbname=database, autocommit=True) as c:
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "big", rate=10, period="1 hour", hot=True)
+        # A million debits of one key, as a role calling for minutes would leave them.
+        c.execute(f"INSERT INTO rate_limiter.debits SELECT g, 'big', 'k', '{NOW}', 0.000001 "
+                  "FROM generate_series(1, 1000000) g")  # no escrow of it loaded yet
+        c.execute("BEGIN")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('big', 'other key')").fetchone() == (True,)
+        fetched = c.execute("SELECT idx_tup_fetch FROM pg_stat_xact_user_tables "
+                            "WHERE relid = 'rate_limiter.debits'::regclass").fetchone()[0]
+        c.execute("COMMIT")
+        assert fetched <= 1, "the other key's load read none of the million rows"
+        # Loading the big key holds no lock that keeps interrupts off: it can be cancelled.
+        c.execute("SET statement_timeout = '10ms'")
+        with pytest.raises(errors.QueryCanceled):
+            c.execute("SELECT ok FROM rate_limiter.rate_limit('big', 'k')")
+        c.execute("RESET statement_timeout")
+        ok, remaining = c.execute("SELECT ok, remaining FROM rate_limiter.rate_limit('big', 'k')").fetchone()
+        assert ok and remaining == pytest.approx(8), "the million debits took one token"

@@ -1,0 +1,175 @@
+"""A hot limit against its oracle: the same random single-session sequence of calls, checks,
+reads, resets, redefinitions (capacity up and down, into and out of hot mode), transactions,
+savepoints and clock steps, run on a hot limit in one database and on the same limit, never
+hot, in another, must give the same answers call by call and the same final state. The one
+difference allowed is the documented refusal (0A000) of a hot call in the transaction that
+reset or changed the limit; the call is then rolled back to its savepoint on both sides.
+Hypothesis draws the sequences (a fixed seed, so a run can be repeated) and shrinks a
+failure to a minimal one. Two databases, because a change of a hot limit waits for every
+transaction with a call in flight in its database, the oracle's included."""
+
+import uuid
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import errors
+
+from clusters import every_version
+
+START_MS = 1_893_456_000_000
+TRIED = []  # 2030-01-01 00:00:00+00
+
+OPS = st.one_of(
+    # No take of 0: on a row-based limit it writes the key's state (full, at the capacity of
+    # the moment), on a hot one nothing, which a raised capacity then shows (docs/hot-limits.md).
+    st.tuples(st.just("take"), st.sampled_from([1, 1, 2, 3, 5])),
+    st.tuples(st.just("check"), st.sampled_from([0, 1, 4])),
+    st.tuples(st.just("value")),
+    st.tuples(st.just("reset")),
+    st.tuples(st.just("define"), st.sampled_from([3, 5, 8]), st.booleans()),
+    st.tuples(st.just("begin")),
+    st.tuples(st.just("commit")),
+    st.tuples(st.just("rollback")),
+    st.tuples(st.just("savepoint")),
+    st.tuples(st.just("rollback_to")),
+    st.tuples(st.just("release")),
+    st.tuples(st.just("tick"), st.sampled_from([0, 700, 6000])),
+)
+
+
+def set_clock(conn, ms):
+    conn.execute("SELECT set_config('rate_limiter.fake_now', to_timestamp(%s::float8 / 1000)::text, false)", (ms,))
+
+
+def rounded(row):
+    return tuple(round(v, 6) if isinstance(v, float) else v for v in row)
+
+
+class Side:
+    """One database's session and its limit: `hot` decides whether define() makes it hot."""
+
+    def __init__(self, conn, name, hot):
+        self.conn, self.name, self.hot = conn, name, hot
+
+    def execute(self, sql, args=()):
+        return self.conn.execute(sql, args)
+
+    def define(self, capacity, hot):
+        self.execute("SELECT rate_limiter.define(%s, 'token bucket', 2, '10 seconds', capacity => %s, hot => %s)",
+                     (self.name, capacity, hot and self.hot))
+
+    def call(self, op):
+        kind = op[0]
+        if kind == "take":
+            return rounded(self.execute("SELECT ok, retry_after, remaining, reset_after, granted, reason "
+                                        "FROM rate_limiter.rate_limit(%s, 'k', %s)", (self.name, op[1])).fetchone())
+        if kind == "check":
+            return rounded(self.execute("SELECT ok, retry_after, remaining FROM rate_limiter.check_rate_limit(%s, 'k', %s)",
+                                        (self.name, op[1])).fetchone())
+        if kind == "value":
+            # Clamped at the capacity: a row-based limit keeps a level above a lowered capacity
+            # until its next call (which clamps it), where a hot key without a base row has none.
+            return rounded(self.execute("SELECT least(value, (effective_config->>'capacity')::float8) "
+                                        "FROM rate_limiter.rate_limit_value(%s, 'k')", (self.name,)).fetchone())
+        if kind == "reset":
+            return self.execute("SELECT rate_limiter.reset_rate_limit(%s, 'k')", (self.name,)).fetchone()
+        if kind == "define":
+            return self.define(op[1], op[2])
+        raise AssertionError(op)
+
+
+def run(hot, oracle, ops):
+    """Runs `ops` on both sides; returns what differed, or None."""
+    depth, savepoints, now = False, 0, START_MS
+    for side in (hot, oracle):
+        side.define(5, True)
+    for step, op in enumerate(ops):
+        kind = op[0]
+        if kind == "tick":
+            # Between transactions, so that no rollback takes a step back.
+            if not depth:
+                now += op[1]
+                for side in (hot, oracle):
+                    set_clock(side.conn, now)
+            continue
+        statements = {"begin": ("BEGIN", not depth), "commit": ("COMMIT", depth), "rollback": ("ROLLBACK", depth),
+                      "savepoint": (f"SAVEPOINT s{savepoints}", depth),
+                      "rollback_to": (f"ROLLBACK TO SAVEPOINT s{savepoints - 1}", savepoints > 0),
+                      "release": (f"RELEASE SAVEPOINT s{savepoints - 1}", savepoints > 0)}
+        if kind in statements:
+            sql, possible = statements[kind]
+            if not possible:
+                continue
+            for side in (hot, oracle):
+                side.execute(sql)
+            if kind == "begin":
+                depth = True
+            elif kind in ("commit", "rollback"):
+                depth, savepoints = False, 0
+            elif kind == "savepoint":
+                savepoints += 1
+            elif kind == "release":
+                savepoints -= 1
+            continue
+        # Each call in a savepoint inside a transaction, so that an error (the same on both
+        # sides, or the hot side's documented refusal) leaves the rest of it as it was.
+        answers = []
+        for side in (hot, oracle):
+            if depth:
+                side.execute("SAVEPOINT call")
+            try:
+                answers.append(side.call(op))
+            except psycopg.Error as error:
+                answers.append(("error", error.sqlstate))
+                if depth:
+                    side.execute("ROLLBACK TO SAVEPOINT call")
+        refused = answers[0] == ("error", "0A000") and answers[1][0] != "error"
+        if refused:
+            # The documented refusal: a hot call after a reset or change in this transaction.
+            assert kind == "take" and depth, f"step {step}: {op} refused"
+            oracle.execute("ROLLBACK TO SAVEPOINT call")
+        if depth:
+            for side in (hot, oracle):
+                side.execute("RELEASE SAVEPOINT call")
+        if refused:
+            continue
+        if answers[0] != answers[1]:
+            return f"step {step}: {op}: hot {answers[0]}, oracle {answers[1]}"
+    if depth:
+        for side in (hot, oracle):
+            side.execute("COMMIT")
+    final = [(side.call(("check", 0)), side.call(("value",))) for side in (hot, oracle)]
+    if final[0] != final[1]:
+        return f"at the end: hot {final[0]}, oracle {final[1]}"
+    return None
+
+
+@every_version
+def test_a_hot_limit_answers_as_its_row_based_oracle(main, database):
+    oracle_db = database + "_oracle"
+    with main.connect() as admin:
+        admin.execute(f"CREATE DATABASE {oracle_db}")
+    try:
+        with main.connect(oracle_db) as c:
+            c.execute("CREATE EXTENSION rate_limiter")
+        with main.connect(database) as h, main.connect(oracle_db) as o:
+            @settings(max_examples=3000, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(st.lists(OPS, min_size=5, max_size=40))
+            def sequences(ops):
+                name = "o_" + uuid.uuid4().hex[:10]
+                for conn in (h, o):
+                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        conn.execute("ROLLBACK")
+                    set_clock(conn, START_MS)
+                TRIED.append(len(ops))
+                difference = run(Side(h, name, True), Side(o, name, False), ops)
+                assert difference is None, difference
+
+            sequences()
+            print(f"{len(TRIED)} sequences, {sum(TRIED)} steps")
+    finally:
+        with main.connect() as admin:
+            admin.execute(f"DROP DATABASE {oracle_db} WITH (FORCE)")
