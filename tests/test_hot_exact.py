@@ -217,3 +217,38 @@ def test_a_load_reads_only_its_keys_rows_and_can_be_cancelled(database):
         c.execute("RESET statement_timeout")
         ok, remaining = c.execute("SELECT ok, remaining FROM rate_limiter.rate_limit('big', 'k')").fetchone()
         assert ok and remaining == pytest.approx(8), "the million debits took one token"
+
+
+def test_a_subscriber_of_every_table_follows_a_publishers_move_out_of_the_mode(clusters):
+    """Where the log and the state are replicated too, the publisher's fold arrives as its own
+    changes: the subscriber's trigger must not fold again (its base row would collide)."""
+    publisher = clusters("hot_primary", PORTS["hot_primary"], [*PRELOADED, "-c wal_level=logical"]).init().start()
+    subscriber = clusters("hot_sub", PORTS["hot_subscriber"], PRELOADED).init().start()
+    for cluster in (publisher, subscriber):
+        with cluster.connect() as c:
+            c.execute("CREATE EXTENSION rate_limiter")
+            c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+    reads = ["SELECT ok, remaining FROM rate_limiter.check_rate_limit('all', 'k', 0)",
+             "SELECT count(*) FROM rate_limiter.debits", "SELECT hot FROM rate_limiter.limits WHERE name = 'all'"]
+    with publisher.connect() as p, subscriber.connect() as s:
+        p.execute("CREATE PUBLICATION everything FOR ALL TABLES")
+        s.execute(f"CREATE SUBSCRIPTION s CONNECTION '{publisher.conninfo()}' PUBLICATION everything")
+        # Synchronized first, so that what follows arrives through the apply worker.
+        wait_for(lambda: s.execute("SELECT count(*) FILTER (WHERE srsubstate <> 'r') FROM pg_subscription_rel").fetchone()
+                 == (0,), "the initial copy")
+        define(p, "all", rate=10, period="1 hour", hot=True)
+        assert admitted(p, "all", "k", 3) == 3  # no base row yet: three debits in the log
+        wait_for(lambda: s.execute("SELECT count(*) FROM rate_limiter.debits").fetchone() == (3,), "the debits")
+        define(p, "all", rate=10, period="1 hour", hot=False)  # folds: the base row is inserted
+        expected = [p.execute(sql).fetchone() for sql in reads]
+        assert expected == [(True, 7), (0,), (False,)]
+
+        def seen():
+            try:
+                return [s.execute(sql).fetchone() for sql in reads]
+            except psycopg.errors.UndefinedObject:  # the limit has not arrived yet
+                return None
+
+        wait_for(lambda: seen() == expected, "the subscriber to apply the fold", timeout=30,
+                 detail=lambda: subscriber.log()[-1500:])
+        s.execute("DROP SUBSCRIPTION s")

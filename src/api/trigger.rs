@@ -8,7 +8,8 @@ use pgrx::prelude::*;
 use crate::bucket::Config;
 use crate::cache;
 use crate::config::LimitRow;
-use crate::limiter;
+use crate::limiter::{self, hot::Change};
+use crate::storage;
 use crate::shmem::deny_cache;
 
 /// Trigger on `rate_limiter.limits`, `blocks` and `allows`: tell every backend to drop its
@@ -34,12 +35,19 @@ fn _limits_changed<'a>(
 }
 
 /// Also in a logical replication apply worker: a subscriber may take only the limits, and
-/// its own calls' escrows and log must follow them. Where the state and the log are
-/// replicated too, the publisher's fold arrives beside this one and finds its work done (the
-/// same base row, log rows already gone).
+/// its own calls' escrows and log must follow them. Where it subscribes to the log too, the
+/// publisher's fold arrives as changes of its own (a local one would insert base rows the
+/// publisher's then collide with): its escrows are only forgotten. An apply worker never
+/// refuses a TRUNCATE, which would stop replication.
 fn hot_limit_changing(trigger: &PgTrigger<'_>) {
+    // SAFETY: plain values of this single-threaded backend, set at its start or by SET.
+    let applying = unsafe {
+        pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+            && pg_sys::MyBackendType == pg_sys::BackendType::B_BG_WORKER
+    };
+    let change = if applying && storage::log_is_subscribed() { Change::Replicated } else { Change::Local };
     if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) {
-        limiter::hot::limits_truncated();
+        limiter::hot::limits_truncated(if applying { Change::Replicated } else { change });
         return;
     }
     let hot = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<bool>("hot").ok().flatten().unwrap_or(false);
@@ -48,12 +56,12 @@ fn hot_limit_changing(trigger: &PgTrigger<'_>) {
     if let Some(old) = old.as_ref().filter(|row| hot(row)) {
         // Its debits are folded with the config they were admitted under.
         let was = Config::try_from(&limit_row(old)).unwrap_or_else(|e| e.raise());
-        limiter::hot::limit_changing(&name(old), Some(&was));
+        limiter::hot::limit_changing(&name(old), Some(&was), change);
     }
     if let Some(new) = new.as_ref().filter(|row| hot(row)) {
         let renamed = old.as_ref().is_none_or(|old| !hot(old) || name(old) != name(new));
         if renamed {
-            limiter::hot::limit_changing(&name(new), None);
+            limiter::hot::limit_changing(&name(new), None, change);
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::call::{Decision, Request};
 use crate::clock;
 use crate::error::Error;
 use crate::shmem::hot::{self, Ticket};
-use crate::storage::{self, DebitLog, Seen, Slot, StateTable};
+use crate::storage::{self, DebitLog, Latest, Seen, Slot, StateTable};
 
 /// Commits between two folds of a key's log into its base row.
 const FOLD_EVERY: u64 = 1000;
@@ -27,8 +27,8 @@ struct Open {
     debits: Vec<(Ticket, u64, pg_sys::SubTransactionId)>,
     /// Escrows to drop at commit, and the subtransaction that asked.
     forget: Vec<(Forget, pg_sys::SubTransactionId)>,
-    /// The escrows whose logs this transaction folds.
-    folding: Vec<Ticket>,
+    /// The escrows whose logs this transaction folds, and in which subtransaction.
+    folding: Vec<(Ticket, pg_sys::SubTransactionId)>,
 }
 
 /// Which escrows a commit drops.
@@ -87,7 +87,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
             open.debits.push((ticket, seq, subtransaction()));
         }
         if fold_below.is_some() {
-            open.folding.push(ticket);
+            open.folding.push((ticket, subtransaction()));
         }
     });
     drop(guard);
@@ -139,7 +139,9 @@ fn current(table: &StateTable, req: &Request<'_>, config: &Config, now: f64) -> 
 /// loaded escrow, which is not given away while it folds).
 fn load(table: &StateTable, log: &DebitLog, req: &Request<'_>, config: &Config, now: f64) -> (State, f64, u64) {
     hot::numbers_above(log.last_seq());
-    replay(req, config, table.read_now(slot(req)).map(|r| r.state), log, Seen::Now, now)
+    // One snapshot for both: a fold committed between two reads would be counted in neither.
+    let latest = Latest::take();
+    replay(req, config, table.read_at(slot(req), &latest).map(|r| r.state), log, Seen::At(latest.snapshot()), now)
 }
 
 /// `base` with the key's logged debits applied in order (a missing base starts fresh at the
@@ -202,26 +204,43 @@ pub fn reset(name: &str, key: Option<&str>) {
     forget_at_commit(Forget::Key(name.to_owned(), key.map(str::to_owned)));
 }
 
+/// Where a change of a limit comes from.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Change {
+    /// This database's own (a session, or an apply worker of a subscription that does not
+    /// carry the log): it waits for the calls in flight and folds.
+    Local,
+    /// A publisher's, whose fold (or refusal) happened there and arrives as its own changes.
+    Replicated,
+}
+
 /// A change of a limit that is or was hot (`rate_limiter.limits`' trigger): once no call is
 /// in flight, a limit that was hot (`was`, its config) has its whole log folded into base
 /// rows, and its escrows go when this transaction commits; calls after it load the new one.
-pub fn limit_changing(name: &str, was: Option<&Config>) {
-    storage::hold_calls_off();
+pub fn limit_changing(name: &str, was: Option<&Config>, change: Change) {
     register_callbacks();
+    forget_at_commit(Forget::Name(name.to_owned()));
+    if change == Change::Replicated {
+        return;
+    }
+    storage::hold_calls_off();
     if let Some(config) = was {
         let table = StateTable::open(Some(c"define()"));
         let log = DebitLog::open(Some(c"define()"));
         fold(&table, &log, name, None, config, None);
     }
-    forget_at_commit(Forget::Name(name.to_owned()));
 }
 
 /// `TRUNCATE rate_limiter.limits`: refused while a log holds debits not yet folded (their
 /// configs are gone, and a limit defined again would forget them); else every escrow of the
 /// database goes at commit.
-pub fn limits_truncated() {
-    storage::hold_calls_off();
+pub fn limits_truncated(change: Change) {
     register_callbacks();
+    if change == Change::Replicated {
+        forget_at_commit(Forget::Database);
+        return;
+    }
+    storage::hold_calls_off();
     if DebitLog::open(None).last_seq() != 0 {
         Error::NotSupported(
             "TRUNCATE rate_limiter.limits while hot limits have debits not yet folded: DELETE them instead, which folds"
@@ -246,6 +265,13 @@ fn changed_here(name: &str, key: Option<&str>) -> bool {
 
 fn forget_at_commit(what: Forget) {
     OPEN.with_borrow_mut(|open| open.forget.push((what, subtransaction())));
+}
+
+/// The folds of these escrows ended, done or undone.
+fn end_folds(folding: Vec<(Ticket, pg_sys::SubTransactionId)>, folded: bool) {
+    for mut guard in folding.into_iter().filter_map(|(ticket, _)| hot::redeem(ticket)) {
+        guard.entry().end_fold(folded, FOLD_EVERY);
+    }
 }
 
 /// Settle this backend's debits: committed, or taken back.
@@ -285,9 +311,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
             let open = OPEN.take();
             let committed = event == XACT_EVENT_COMMIT;
             settle(open.debits, committed);
-            for mut guard in open.folding.into_iter().filter_map(hot::redeem) {
-                guard.entry().end_fold(committed, FOLD_EVERY);
-            }
+            end_folds(open.folding, committed);
             if committed {
                 for (what, _) in open.forget {
                     match what {
@@ -316,13 +340,16 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
     let inside = |sub: pg_sys::SubTransactionId| sub >= ending;
     match event {
         SUBXACT_EVENT_ABORT_SUB => {
-            let aborted = OPEN.with_borrow_mut(|open| {
+            let (aborted, unfolded) = OPEN.with_borrow_mut(|open| {
                 open.forget.retain(|(_, sub)| !inside(*sub));
+                let (unfolded, folding) = std::mem::take(&mut open.folding).into_iter().partition(|(_, sub)| inside(*sub));
+                open.folding = folding;
                 let (aborted, kept) = std::mem::take(&mut open.debits).into_iter().partition(|(_, _, sub)| inside(*sub));
                 open.debits = kept;
-                aborted
+                (aborted, unfolded)
             });
             settle(aborted, false);
+            end_folds(unfolded, false);
         }
         SUBXACT_EVENT_COMMIT_SUB => OPEN.with_borrow_mut(|open| {
             for (_, _, sub) in open.debits.iter_mut() {
@@ -330,7 +357,8 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
                     *sub = parent;
                 }
             }
-            for (_, sub) in open.forget.iter_mut() {
+            let subs = open.forget.iter_mut().map(|(_, sub)| sub).chain(open.folding.iter_mut().map(|(_, sub)| sub));
+            for sub in subs {
                 if inside(*sub) {
                     *sub = parent;
                 }

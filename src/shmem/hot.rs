@@ -33,8 +33,8 @@ pub const RING: usize = 4096;
 /// `rate_limiter.hot_keys`: how many hot (name, key) pairs can be in use at once.
 static ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(16);
 
-/// `rate_limiter.hot_keys_per_database`: how many of them one database may hold; -1 for
-/// half of them (at least one), so that one database cannot take them all.
+/// `rate_limiter.hot_keys_per_database`: how many of them one database may hold (at least
+/// one); -1 for half of them, so that one database cannot take them all.
 static PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 
 const SHMEM_NAME: &CStr = c"rate_limiter hot keys";
@@ -192,7 +192,7 @@ pub fn register(preloading: bool) {
 fn share(entries: usize) -> usize {
     match PER_DATABASE.get() {
         -1 => entries.div_ceil(2).max(1),
-        n => n.max(0) as usize,
+        n => n.max(1) as usize,
     }
 }
 
@@ -326,7 +326,7 @@ pub fn hold(name: &str, key: Option<&str>, config: &Config, mut load: impl FnMut
         if entry.loaded && entry.config() != config {
             // A change of the limit drops its escrows when it commits, and waits for every
             // call in flight: a config that differs with nothing listed is reloaded.
-            if !entry.idle() {
+            if !entry.idle() || entry.folding {
                 return Err(Error::HotConfigRace(name.to_owned()));
             }
             entry.loaded = false;
@@ -338,15 +338,17 @@ pub fn hold(name: &str, key: Option<&str>, config: &Config, mut load: impl FnMut
             let (base, base_at, debits) = load();
             let mut guard = hold_entry(index);
             let entry = guard.entry();
-            if entry.is(database, name, key) && entry.generation == generation && !entry.loaded {
-                entry.config.write(*config);
-                // SAFETY: the entry's escrow memory, whose ring holds zeros or debits.
-                unsafe { Escrow::restart(entry.escrow.as_mut_ptr(), base, base_at) };
-                entry.loaded = true;
-                // The log as it is: a key loaded again and again is still folded.
-                entry.committed_since_fold = debits;
+            if !(entry.is(database, name, key) && entry.generation == generation && !entry.loaded) {
+                continue; // given away, or loaded by another caller meanwhile: look again
             }
-            continue; // look again: installed, or changed meanwhile
+            entry.config.write(*config);
+            // SAFETY: the entry's escrow memory, whose ring holds zeros or debits.
+            unsafe { Escrow::restart(entry.escrow.as_mut_ptr(), base, base_at) };
+            entry.loaded = true;
+            // The log as it is: a key loaded again and again is still folded.
+            entry.committed_since_fold = debits;
+            entry.last_used.store(header.uses.fetch_add(1, Relaxed), Relaxed);
+            return Ok(guard);
         }
         entry.last_used.store(header.uses.fetch_add(1, Relaxed), Relaxed);
         return Ok(guard);
@@ -440,13 +442,22 @@ pub fn redeem(ticket: Ticket) -> Option<Guard> {
     (entry.used && entry.loaded && entry.generation == ticket.generation).then_some(guard)
 }
 
+/// The entries whose identity `pred` accepts, read under the table's lock alone (identities
+/// change only under both locks): only those are then locked, each held as it is checked again.
+fn matching(pred: impl Fn(&Entry) -> bool) -> Vec<usize> {
+    let Some((header, entries)) = table() else { return Vec::new() };
+    // SAFETY: the table's lock, not held here.
+    let _table = unsafe { Held::take(lock(0)) };
+    // SAFETY: entries below the count; `pred` reads identities, written only under this lock.
+    (0..header.entries as usize).filter(|i| pred(unsafe { &*entries.add(*i) })).collect()
+}
+
 /// Drop the escrows of a dropped database: an idle one is freed; one still listing debits
 /// (of a session the drop ended, not yet settled) keeps them for its tickets but answers for
 /// no database any more, and is given away once idle. A new database with the same OID
 /// loads its own.
 pub fn forget_database(database: pg_sys::Oid) {
-    let Some((header, _)) = table() else { return };
-    for index in 0..header.entries as usize {
+    for index in matching(|entry| entry.used && entry.database == database) {
         let (_table, mut guard) = hold_with_table(index);
         let entry = guard.entry();
         if entry.used && entry.database == database {
@@ -466,17 +477,16 @@ pub fn forget_database(database: pg_sys::Oid) {
 /// when `name` is `None`): they are loaded again from the tables. Only idle escrows are
 /// dropped; a change that drops one waited for every call in flight (docs/hot-limits.md).
 pub fn forget(name: Option<&str>, key: Option<Option<&str>>) {
-    let Some((header, _)) = table() else { return };
     let database = database();
-    for index in 0..header.entries as usize {
+    let ours = |entry: &Entry| match (name, key) {
+        (Some(name), Some(key)) => entry.is(database, name, key),
+        (Some(name), None) => entry.used && entry.database == database && entry.name() == name.as_bytes(),
+        (None, _) => entry.used && entry.database == database,
+    };
+    for index in matching(ours) {
         let (_table, mut guard) = hold_with_table(index);
         let entry = guard.entry();
-        let ours = match (name, key) {
-            (Some(name), Some(key)) => entry.is(database, name, key),
-            (Some(name), None) => entry.used && entry.database == database && entry.name() == name.as_bytes(),
-            (None, _) => entry.used && entry.database == database,
-        };
-        if ours && entry.idle() {
+        if ours(entry) && entry.idle() {
             entry.used = false;
             entry.loaded = false;
             entry.folding = false;

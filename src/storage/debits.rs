@@ -35,8 +35,10 @@ pub struct RowId(pg_sys::ItemPointerData);
 pub enum Seen {
     /// The call's (the active snapshot): what a read in the caller's transaction sees.
     ByTheCall,
-    /// Every committed row, now: what loading an escrow and folding need.
+    /// Every committed row, now: what folding needs.
     Now,
+    /// As a snapshot other reads share (a load reads the base row with it too).
+    At(pg_sys::Snapshot),
 }
 
 /// `rate_limiter.debits`, its primary key and `debits_key`, open for one call. Closed on drop.
@@ -142,12 +144,14 @@ impl DebitLog {
     ) {
         let index = self.indexes[BY_KEY];
         // SAFETY: the relations and slot are open for this call; the snapshot is the active
-        // one or the latest, registered while the scan runs; the keys compare debits_key's
+        // one, the latest registered while the scan runs, or one the caller keeps registered;
+        // the keys compare debits_key's
         // text columns with texteq (IS NULL for the NULL key) and its int8 column with int8lt.
         unsafe {
             let snapshot = match seen {
                 Seen::ByTheCall => pg_sys::GetActiveSnapshot(),
                 Seen::Now => pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()),
+                Seen::At(snapshot) => snapshot,
             };
             let mut keys = vec![equal_key(index, 1, pg_sys::F_TEXTEQ, text(name))];
             if let Some(key) = key {
@@ -215,6 +219,29 @@ impl DebitLog {
         // SAFETY: the slot holds a row of the log (shape checked at open); `T` is the type of
         // column `attno` there.
         unsafe { T::from_datum(pg_sys::slot_getattr(self.tuple_slot, attno, &mut isnull), isnull) }
+    }
+}
+
+/// Whether this database subscribes to the log itself (a logical replica of the extension's
+/// tables, not only of its limits): the publisher's folds then arrive as changes of their own.
+pub fn log_is_subscribed() -> bool {
+    let Some((table, _)) = cache::relations().debits else { return false };
+    // pg_subscription_rel, its (srrelid, srsubid) index and srrelid: fixed in the catalog
+    // headers of every supported version, not in pgrx's bindings.
+    const SUBSCRIPTION_REL: u32 = 6102;
+    const BY_RELATION: u32 = 6117;
+    const SRRELID: pg_sys::AttrNumber = 2;
+    // SAFETY: inside the caller's transaction; a catalog scan by its own unique index, ended
+    // and closed before returning, reading no column.
+    unsafe {
+        let catalog = pg_sys::table_open(pg_sys::Oid::from(SUBSCRIPTION_REL), pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let mut key = pg_sys::ScanKeyData::default();
+        pg_sys::ScanKeyInit(&mut key, SRRELID, pg_sys::BTEqualStrategyNumber as u16, pg_sys::F_OIDEQ.into(), table.into());
+        let scan = pg_sys::systable_beginscan(catalog, pg_sys::Oid::from(BY_RELATION), true, null_mut(), 1, &mut key);
+        let subscribed = !pg_sys::systable_getnext(scan).is_null();
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(catalog, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        subscribed
     }
 }
 

@@ -24,7 +24,7 @@ pub mod shape;
 mod sql;
 mod state;
 
-pub use debits::{DebitLog, Seen};
+pub use debits::{log_is_subscribed, DebitLog, Seen};
 pub use lookup::{load_limit, Lookup};
 pub use sql::{delete, delete_listed, prune, upsert_limit, upsert_listed};
 pub use row::{Created, Locked, Row, Slot, Written};
@@ -48,6 +48,28 @@ pub fn hold_calls_off() {
     // SAFETY: locks the extension's table by the OID the cache checked; held to the end of
     // the transaction, and waited for as any lock is (lock_timeout and cancels apply).
     unsafe { pg_sys::LockRelationOid(crate::cache::relations().state, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) }
+}
+
+/// The latest snapshot, registered until dropped: what every transaction committed by now,
+/// one view for several reads that must agree (a hot key's base row and its log).
+pub struct Latest(pg_sys::Snapshot);
+
+impl Latest {
+    pub fn take() -> Latest {
+        // SAFETY: inside a transaction, as every call is; registered, so it lives until drop.
+        Latest(unsafe { pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()) })
+    }
+
+    pub fn snapshot(&self) -> pg_sys::Snapshot {
+        self.0
+    }
+}
+
+impl Drop for Latest {
+    fn drop(&mut self) {
+        // SAFETY: registered by `take`, unregistered once.
+        unsafe { pg_sys::UnregisterSnapshot(self.0) }
+    }
 }
 
 /// Whether the transaction reads with one snapshot (REPEATABLE READ, SERIALIZABLE).

@@ -178,15 +178,9 @@ impl StateTable {
         self.find(slot, self.snapshot)
     }
 
-    /// The row of `slot` as committed now, whatever the call's snapshot.
-    pub fn read_now(&self, slot: Slot<'_>) -> Option<Row> {
-        // SAFETY: the latest snapshot, registered while the probe runs.
-        unsafe {
-            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-            let row = self.find(slot, snapshot);
-            pg_sys::UnregisterSnapshot(snapshot);
-            row
-        }
+    /// The row of `slot` as `latest` sees it, whatever the call's snapshot.
+    pub fn read_at(&self, slot: Slot<'_>, latest: &super::Latest) -> Option<Row> {
+        self.find(slot, latest.snapshot())
     }
 
     fn find(&self, slot: Slot<'_>, snapshot: pg_sys::Snapshot) -> Option<Row> {
