@@ -166,12 +166,20 @@ impl DebitLog {
             pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, null_mut(), 0);
             while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, self.tuple_slot) {
                 check_for_interrupts!();
-                let row_key: Option<String> = self.column(KEY);
+                // The key is read only when the scan is not of one key (a load is).
+                let read_key: Option<String>;
+                let row_key = match key {
+                    Some(key) => key,
+                    None => {
+                        read_key = self.column(KEY);
+                        read_key.as_deref()
+                    }
+                };
                 let seq: i64 = self.column(SEQ).expect("NOT NULL");
                 let at = self.column::<TimestampWithTimeZone>(AT).map(clock::timestamptz_ms).expect("NOT NULL");
                 let count: f64 = self.column(COUNT).expect("NOT NULL");
                 let debit = Debit { seq: seq as u64, at, count, committed: true };
-                visit(row_key.as_deref(), &debit, RowId((*self.tuple_slot).tts_tid));
+                visit(row_key, &debit, RowId((*self.tuple_slot).tts_tid));
             }
             pg_sys::index_endscan(scan);
             if let Seen::Now = seen {
