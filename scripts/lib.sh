@@ -61,9 +61,9 @@ setup() {
     install_packages
     local NN wanted=("$@")
     [ $# -gt 0 ] || wanted=("${SUPPORTED_MAJORS[@]}" 15-upstream)
+    [[ " ${wanted[*]} " == " 15 " ]] || { install_build_packages; forget_old_versions; }
     for NN in "${wanted[@]}"; do
         [ "$NN" = 15 ] && continue
-        install_build_packages
         obtain_postgres "$NN"
         [ "$NN" = 15-upstream ] || obtain_postgres "$NN" headers
     done

@@ -81,6 +81,9 @@ pg_bin() {
 # Where the headers version $1 is compiled against are cached (15: Debian's, installed).
 pg_headers_prefix() { echo "$PG_CACHE/postgresql-$1-headers"; }
 
+# The cache directory of version $1's server, or with $2 = headers, of its headers.
+pg_cache_dir() { if [ "${2:-}" = headers ]; then pg_headers_prefix "$1"; else pg_prefix "$1"; fi; }
+
 # Prints the last line of a failed step's output as the reason, and fails.
 quietly() {
     local log
@@ -212,13 +215,13 @@ stamp_source() { sed -n "s/^source: //p" "$1/.complete" 2>/dev/null || true; }
 # against) into its cache directory, unless it is there from a source still listed. With
 # $3, only source number $3 (from 1) is tried: check_every_source forces each in turn.
 obtain_postgres() {
-    local version=$1 what=${2:-server} only=${3:-} prefix sources cached source n=0 tried=() reason work obtained
+    local version=$1 what=${2:-} only=${3:-} prefix sources cached source n=0 tried=() reason work obtained
     [ "$version" = 15 ] && return 0
-    if [ "$what" = headers ]; then prefix=$(pg_headers_prefix "$version"); else prefix=$(pg_prefix "$version"); fi
-    mapfile -t sources < <(pg_sources "$version" "${2:-}")
+    prefix=$(pg_cache_dir "$version" "$what")
+    mapfile -t sources < <(pg_sources "$version" "$what")
     # RATE_LIMITER_PG_SOURCE_17=2 (or RATE_LIMITER_PG_HEADERS_17=2) runs on that source only.
-    local forced=RATE_LIMITER_PG_SOURCE_${version//-/_}
-    if [ "$what" = headers ]; then forced=RATE_LIMITER_PG_HEADERS_${version//-/_}; fi
+    local forced=RATE_LIMITER_PG_SOURCE_${version//-/_} obtain=obtain_from
+    if [ "$what" = headers ]; then forced=RATE_LIMITER_PG_HEADERS_${version//-/_} obtain=obtain_headers_from; fi
     [ -n "$only" ] || only=${!forced:-}
     cached=$(stamp_source "$prefix")
     if [ -n "$cached" ]; then
@@ -228,7 +231,7 @@ obtain_postgres() {
             return 0
         fi
     fi
-    step "obtaining PostgreSQL $version${2:+ $2} into $prefix (once)"
+    step "obtaining PostgreSQL $version${what:+ $what} into $prefix (once)"
     mkdir -p "$PG_CACHE"
     for source in "${sources[@]}"; do
         n=$((n + 1))
@@ -239,8 +242,7 @@ obtain_postgres() {
         # Cleaned up explicitly: a RETURN trap would stay set and fire on later functions'
         # returns, where `work` is unset.
         work=$(mktemp -d)
-        local obtain=obtain_from status=0
-        [ "$what" = headers ] && obtain=obtain_headers_from
+        local status=0
         reason=$(cd "$work" && $obtain "$version" "$source" "$prefix" 2>&1) || status=$?
         rm -rf "$work"
         if [ $status = 0 ]; then
@@ -250,15 +252,14 @@ obtain_postgres() {
                 obtained=$("$(pg_bin "$version")/pg_config" --version)
             fi
             printf 'source: %s\nobtained: %s\nat: %s\n' "$source" "$obtained" "$(date +%s)" > "$prefix/.complete"
-            echo "PostgreSQL $version${2:+ $2}: $obtained, from source $n of ${#sources[@]} (${source% *})"
-            forget_old_versions
+            echo "PostgreSQL $version${what:+ $what}: $obtained, from source $n of ${#sources[@]} (${source% *})"
             return 0
         fi
         echo "  failed: $reason"
         tried+=("source $n (${source% *}): $(tail -n 1 <<<"$reason")")
     done
     rm -rf "$prefix"
-    echo "PostgreSQL $version${2:+ $2}: no source worked: $(printf '%s; ' "${tried[@]}")" >&2
+    echo "PostgreSQL $version${what:+ $what}: no source worked: $(printf '%s; ' "${tried[@]}")" >&2
     return 1
 }
 
@@ -286,14 +287,15 @@ pg_headers_origin() {
 # source the cache itself was obtained from within the last day, into an empty directory
 # as this does, is not obtained again.
 check_every_source() {
-    local version what n count failed=() line prefix
+    local version what n failed=() line prefix sources
     for version in 16 17 18 15-upstream; do
         for what in "" headers; do
             [ "$what" = headers ] && [ "$version" = 15-upstream ] && continue
-            if [ "$what" = headers ]; then prefix=$(pg_headers_prefix "$version"); else prefix=$(pg_prefix "$version"); fi
-            count=$(pg_sources "$version" $what | wc -l)
-            for n in $(seq "$count"); do
-                line=$(pg_sources "$version" $what | sed -n "${n}p")
+            prefix=$(pg_cache_dir "$version" "$what")
+            mapfile -t sources < <(pg_sources "$version" "$what")
+            n=0
+            for line in "${sources[@]}"; do
+                n=$((n + 1))
                 [ "$line" = server ] && continue  # not a download: the server's own, checked with it
                 if obtained_today "$prefix" "$line"; then
                     echo "ok: PostgreSQL $version${what:+ $what} source $n (${line% *}), obtained into the cache today"

@@ -86,6 +86,14 @@ impl Entry {
         unsafe { self.escrow.assume_init_mut() }
     }
 
+    /// Given up: no key's any more, and tickets of before are void. Under both locks.
+    fn free(&mut self) {
+        self.used = false;
+        self.loaded = false;
+        self.folding = false;
+        self.generation += 1;
+    }
+
     /// Nothing listed and nothing sunk in flight: the tables hold all it counts.
     fn idle(&mut self) -> bool {
         !self.loaded || self.escrow().idle()
@@ -462,10 +470,7 @@ pub fn forget_database(database: pg_sys::Oid) {
         let entry = guard.entry();
         if entry.used && entry.database == database {
             if entry.idle() {
-                entry.used = false;
-                entry.loaded = false;
-                entry.folding = false;
-                entry.generation += 1;
+                entry.free();
             } else {
                 entry.database = pg_sys::InvalidOid;
             }
@@ -487,10 +492,7 @@ pub fn forget(name: Option<&str>, key: Option<Option<&str>>) {
         let (_table, mut guard) = hold_with_table(index);
         let entry = guard.entry();
         if ours(entry) && entry.idle() {
-            entry.used = false;
-            entry.loaded = false;
-            entry.folding = false;
-            entry.generation += 1;
+            entry.free();
         }
     }
 }

@@ -309,8 +309,9 @@ impl Shared {
         let database = unsafe { pg_sys::MyDatabaseId };
         // Entry 0 (what no database had room for) belongs to no database's view.
         let first = if scope == Scope::EveryDatabase { 0 } else { 1 };
-        (first..used).filter(move |i| {
-            !self.entries[*i].dropped.load(Relaxed) && (scope == Scope::EveryDatabase || self.database(*i) == database)
+        (first..used).filter(move |i| match scope {
+            Scope::EveryDatabase => !self.entries[*i].dropped.load(Relaxed),
+            _ => self.of_database(*i, database),
         })
     }
 }

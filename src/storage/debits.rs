@@ -19,7 +19,7 @@ use crate::error::Error;
 use super::scan::{equal_key, text_key};
 use super::server;
 use super::shape::{self, Columns};
-use super::{instant, prevent_writes_unless_allowed, text};
+use super::{instant, prevent_writes_unless_allowed, text, Latest};
 
 const SEQ: i32 = 1;
 const KEY: i32 = 3;
@@ -104,30 +104,28 @@ impl DebitLog {
             debit.count.into_datum().expect("float8"),
         ];
         let mut nulls = [false, false, key.is_none(), false, false];
-        // The index entries: (seq), and (name, key, seq).
-        let mut entries = [(vec![values[0]], vec![false]), (vec![values[1], values[2], values[0]], vec![false, nulls[2], false])];
-        // SAFETY: the arrays match the descriptor and each index's columns (shapes checked at
-        // open); the table is open with RowExclusiveLock; its two indexes are entered as the
-        // executor does (a duplicate number raises 23505).
-        unsafe {
+        // SAFETY: the arrays match the descriptor (shape checked at open); the table is open
+        // with RowExclusiveLock.
+        let tid = unsafe {
             let tuple = pg_sys::heap_form_tuple((*self.heap).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             pg_sys::heap_insert(self.heap, tuple, pg_sys::GetCurrentCommandId(true), 0, null_mut());
-            for (i, (values, nulls)) in entries.iter_mut().enumerate() {
-                if self.infos[i].is_null() {
-                    self.infos[i] = pg_sys::BuildIndexInfo(self.indexes[i]);
-                }
-                let unique = if i == BY_SEQ { pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES } else { pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO };
-                pg_sys::index_insert(
-                    self.indexes[i],
-                    values.as_mut_ptr(),
-                    nulls.as_mut_ptr(),
-                    &mut (*tuple).t_self,
-                    self.heap,
-                    unique,
-                    false,
-                    self.infos[i],
-                );
+            (*tuple).t_self
+        };
+        // Its index entries, as the executor makes them: (seq), unique (a duplicate number
+        // raises 23505), and (name, key, seq).
+        self.enter(BY_SEQ, tid, &mut [values[0]], &mut [false], pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES);
+        self.enter(BY_KEY, tid, &mut [values[1], values[2], values[0]], &mut [false, nulls[2], false], pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO);
+    }
+
+    /// An entry in index `i` for the row at `tid`, of the index's columns `values`.
+    fn enter(&mut self, i: usize, mut tid: pg_sys::ItemPointerData, values: &mut [Datum], nulls: &mut [bool], check: pg_sys::IndexUniqueCheck::Type) {
+        // SAFETY: the index is open with the table's lock; `values` and `nulls` are its columns
+        // in order (the indexes' shapes are the extension's, checked through the cache).
+        unsafe {
+            if self.infos[i].is_null() {
+                self.infos[i] = pg_sys::BuildIndexInfo(self.indexes[i]);
             }
+            pg_sys::index_insert(self.indexes[i], values.as_mut_ptr(), nulls.as_mut_ptr(), &mut tid, self.heap, check, false, self.infos[i]);
         }
     }
 
@@ -148,9 +146,10 @@ impl DebitLog {
         // the keys compare debits_key's
         // text columns with texteq (IS NULL for the NULL key) and its int8 column with int8lt.
         unsafe {
+            let latest = matches!(seen, Seen::Now).then(Latest::take);
             let snapshot = match seen {
                 Seen::ByTheCall => pg_sys::GetActiveSnapshot(),
-                Seen::Now => pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()),
+                Seen::Now => latest.as_ref().expect("taken above").snapshot(),
                 Seen::At(snapshot) => snapshot,
             };
             let mut keys = vec![equal_key(index, 1, pg_sys::F_TEXTEQ, text(name))];
@@ -182,9 +181,6 @@ impl DebitLog {
                 visit(row_key, &debit, RowId((*self.tuple_slot).tts_tid));
             }
             pg_sys::index_endscan(scan);
-            if let Seen::Now = seen {
-                pg_sys::UnregisterSnapshot(snapshot);
-            }
         }
     }
 
