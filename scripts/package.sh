@@ -23,6 +23,15 @@ MAINTAINER=$(git -C "$ROOT" log -1 --format='%an <%ae>' 2>/dev/null || echo "rat
 OUT=$ROOT/target/packages
 mkdir -p "$OUT"
 
+# Modes as Debian policy has them, whatever the builder's umask: directories and the library
+# 0755, other files 0644 (the owner is root:root through --root-owner-group).
+build_deb() { # staged-root out.deb
+    find "$1" -type d -exec chmod 0755 {} +
+    find "$1" -type f -exec chmod 0644 {} +
+    find "$1" -type f -name '*.so' -exec chmod 0755 {} +
+    dpkg-deb --root-owner-group --build "$1" "$2" >/dev/null
+}
+
 control() { # package version depends description
     cat <<CONTROL
 Package: $1
@@ -59,7 +68,7 @@ for NN in "${MAJORS[@]}"; do
  rate_limiter keeps the state of token buckets and fixed, sliding and rolling
  windows in one small row per (name, key), taken inside the caller's transaction." \
         > "$stage/main/DEBIAN/control"
-    dpkg-deb --root-owner-group --build "$stage/main" "$OUT/postgresql-$NN-rate-limiter_${VERSION}_$ARCH.deb" >/dev/null
+    build_deb "$stage/main" "$OUT/postgresql-$NN-rate-limiter_${VERSION}_$ARCH.deb"
 
     step "postgresql-$NN-rate-limiter-proxy $PROXY_VERSION"
     mkdir -p "$stage/proxy$(debian_extension "$NN")" "$stage/proxy/DEBIAN"
@@ -69,7 +78,7 @@ for NN in "${MAJORS[@]}"; do
         "PL/Proxy router for rate_limiter on PostgreSQL $NN
  rate_limiter_proxy routes rate_limiter's calls to the partition of their key." \
         > "$stage/proxy/DEBIAN/control"
-    dpkg-deb --root-owner-group --build "$stage/proxy" "$OUT/postgresql-$NN-rate-limiter-proxy_${PROXY_VERSION}_$ARCH.deb" >/dev/null
+    build_deb "$stage/proxy" "$OUT/postgresql-$NN-rate-limiter-proxy_${PROXY_VERSION}_$ARCH.deb"
     rm -rf "$stage"
 done
 ls "$OUT"

@@ -65,8 +65,9 @@ fi
 if wants 4; then
     # The major-version upgrade test starts from an upstream build of 15.
     build_and_install 15-upstream
-    # The Debian packages, for tests/test_package.py.
-    bash "$ROOT/scripts/package.sh" >/dev/null
+    # The Debian packages, for tests/test_package.py, under a group-writable umask as on a
+    # shared build machine: the packages' modes must not follow it.
+    (umask 002 && bash "$ROOT/scripts/package.sh" >/dev/null)
     for NN in "${VERSIONS[@]}"; do fresh_database rate_limiter_test "$NN"; done
     step "tier 4: multi-session and operations tests"
     [ -x "$ROOT/.venv/bin/pip" ] || python3 -m venv "$ROOT/.venv"

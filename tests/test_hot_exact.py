@@ -3,12 +3,17 @@ change of the limit that rolls back, a mode switch inside one transaction, a sub
 takes only the limits, a new database given a dropped one's OID. Each ends with the number
 of calls the limit still admits, which must be what its committed history leaves."""
 
+import random
+import threading
+import time
+
 import psycopg
 import pytest
 from psycopg import errors
 
 from calls import define
 from clusters import PORTS, wait_for
+from together import in_sessions
 
 NOW = "2030-01-01 00:00:00+00"
 PRELOADED = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.prune_interval=0"]
@@ -197,6 +202,35 @@ def test_the_log_stays_bounded_when_the_folding_transactions_roll_back(database)
         assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('many', 'k0', 0)").fetchone() == (998_000,)
 
 
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_callers_that_read_with_one_snapshot_fold_too(database, isolation):
+    """0.4.0 never folded for callers at REPEATABLE READ or SERIALIZABLE: a key only they
+    used kept every debit. A fold reads the newest base row whatever the caller's snapshot,
+    here one taken before another session's fold rewrote that row."""
+    with psycopg.connect(dbname=database, autocommit=True) as a, psycopg.connect(dbname=database, autocommit=True) as b:
+        for c in (a, b):
+            c.execute("SET synchronous_commit = off")
+            c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(a, "many", rate=1, period="1000 days", capacity=1_000_000, hot=True)
+        a.execute(CALLS)
+        a.execute(f"SET default_transaction_isolation = '{isolation}'")
+        a.execute("CALL public.calls(1, 2500, 0)")  # folds start at the 1,001st and 2,001st call
+        assert logged(a) <= 1001, "at most a fold's worth"
+        # Calls 2,501 to 3,000 from b; then a's snapshot; then b's calls to 4,000, whose fold
+        # at the 3,001st rewrites the base row after that snapshot.
+        b.execute("CALL public.calls(1, 500, 0)")
+        a.execute("BEGIN")
+        a.execute("SELECT count(*) FROM rate_limiter.debits")
+        b.execute("CALL public.calls(1, 1000, 0)")
+        # a's call is the 4,001st: it folds the 1,000 before it into the row b rewrote.
+        assert a.execute("SELECT ok FROM rate_limiter.rate_limit('many', 'k0', 1)").fetchone() == (True,)
+        a.execute("COMMIT")
+        assert logged(a) == 1, "only a's own debit, still in flight when it folded"
+        assert a.execute("SELECT value FROM rate_limiter.state WHERE name = 'many'").fetchone() == (996_000,), \
+            "the base row holds the 4,000 folded debits"
+        assert a.execute("SELECT remaining FROM rate_limiter.check_rate_limit('many', 'k0', 0)").fetchone() == (996_000 - 1,)
+
+
 def test_a_load_reads_only_its_keys_rows_and_can_be_cancelled(database):
     with psycopg.connect(dbname=database, autocommit=True) as c:
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
@@ -252,3 +286,90 @@ def test_a_subscriber_of_every_table_follows_a_publishers_move_out_of_the_mode(c
         wait_for(lambda: seen() == expected, "the subscriber to apply the fold", timeout=30,
                  detail=lambda: subscriber.log()[-1500:])
         s.execute("DROP SUBSCRIPTION s")
+
+
+def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_evictions(database):
+    """The oracle's concurrent form: 8 sessions, some at REPEATABLE READ, take from one key of
+    capacity 150 (no refill) with commits, rollbacks and savepoint rollbacks, each grant
+    written to a ledger in its own transaction, while another session resets the key, moves
+    the limit out of the hot mode and back, and evicts its escrow (the takers pause, so that
+    it is idle and given away). Between two resets, what the ledger holds never exceeds the
+    capacity, and after the last one it is exactly what the limit says it used."""
+    capacity = 150
+    with psycopg.connect(dbname=database, autocommit=True) as admin:
+        admin.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        admin.execute("CREATE TABLE ledger (id bigserial, granted float8, reset boolean DEFAULT false)")
+        define(admin, "c", rate=1, period="1000 days", capacity=capacity, hot=True)
+        define(admin, "evictor", rate=1, period="1 hour", hot=True)
+    stop, running = threading.Event(), threading.Event()
+    running.set()
+    evicted = []
+
+    def work(i):
+        rng = random.Random(i)
+        with psycopg.connect(dbname=database, autocommit=True) as conn:
+            conn.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+            if i % 3 == 0:
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            while not stop.is_set():
+                running.wait()
+                r = rng.random()
+                take = "INSERT INTO ledger (granted) SELECT granted FROM rate_limiter.rate_limit('c', 'k', %s)"
+                try:
+                    with conn.transaction(force_rollback=r < 0.2):
+                        if 0.2 <= r < 0.35:
+                            with conn.transaction(force_rollback=True):
+                                conn.execute(take, (rng.choice([1, 2]),))
+                        conn.execute(take, (rng.choice([1, 1, 2, 3]),))
+                        if r > 0.9:
+                            time.sleep(0.002)
+                except errors.SerializationFailure:
+                    pass  # a row-based key at REPEATABLE READ, while the limit is out of the mode
+
+    def disrupt():
+        rng = random.Random(99)
+        with psycopg.connect(dbname=database, autocommit=True) as conn:
+            conn.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+            hot = True
+            for what in ["evict", "reset", "switch", "evict", "switch", "reset", "evict"] + \
+                    [rng.choice(["reset", "switch", "evict"]) for _ in range(8)]:
+                time.sleep(0.3)
+                if what == "reset":
+                    with conn.transaction():
+                        conn.execute("SELECT rate_limiter.reset_rate_limit('c', 'k')")
+                        # Drawn once no call before the reset is in flight (a hot reset holds
+                        # calls off, a row-based one waits on the row): every grant after it
+                        # comes later.
+                        conn.execute("INSERT INTO ledger (granted, reset) VALUES (0, true)")
+                elif what == "switch":
+                    hot = not hot
+                    define(conn, "c", rate=1, period="1000 days", capacity=capacity, hot=hot)
+                elif hot:
+                    running.clear()
+                    time.sleep(0.1)  # the takers' transactions end
+                    for k in range(16):
+                        conn.execute("SELECT rate_limiter.rate_limit('evictor', %s, 0)", (f"e{k}",))
+                    evicted.append(True)
+                    running.set()
+            define(conn, "c", rate=1, period="1000 days", capacity=capacity, hot=True)
+
+    def session(i):
+        if i < 8:
+            return work(i)
+        try:
+            disrupt()
+        finally:
+            running.set()
+            stop.set()
+
+    in_sessions(9, session)
+    assert evicted, "the escrow was evicted under load"
+    with psycopg.connect(dbname=database, autocommit=True) as c:
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        epochs = c.execute("SELECT sum(granted) FROM (SELECT granted, count(*) FILTER (WHERE reset) "
+                           "OVER (ORDER BY id) AS epoch FROM ledger) l GROUP BY epoch ORDER BY epoch").fetchall()
+        assert len(epochs) > 1, "a reset ran"
+        assert all(used <= capacity for (used,) in epochs), f"more than {capacity} between two resets: {epochs}"
+        assert any(used == capacity for (used,) in epochs[:-1]), f"the load ran the key down: {epochs}"
+        left = c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('c', 'k', 0)").fetchone()[0]
+        assert epochs[-1][0] + left == capacity

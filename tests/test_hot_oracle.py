@@ -1,7 +1,8 @@
 """A hot limit against its oracle: the same random single-session sequence of calls, checks,
-reads, resets, redefinitions (capacity up and down, into and out of hot mode), transactions,
-savepoints and clock steps, run on a hot limit in one database and on the same limit, never
-hot, in another, must give the same answers call by call and the same final state. The one
+reads, resets, redefinitions (capacity up and down, into and out of hot mode), transactions
+(READ COMMITTED and REPEATABLE READ), savepoints, clock steps, evictions of the escrow and,
+on a cluster of its own, crashes, run on a hot limit in one database and on the same limit,
+never hot, in another, must give the same answers call by call and the same final state. The one
 difference allowed is the documented refusal (0A000) of a hot call in the transaction that
 reset or changed the limit; the call is then rolled back to its savepoint on both sides.
 Hypothesis draws the sequences (a fixed seed, so a run can be repeated) and shrinks a
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import errors
 
-from clusters import every_version
+from clusters import PORTS, every_version
 
 START_MS = 1_893_456_000_000  # 2030-01-01 00:00:00+00
 
@@ -28,14 +29,21 @@ OPS = st.one_of(
     st.tuples(st.just("value")),
     st.tuples(st.just("reset")),
     st.tuples(st.just("define"), st.sampled_from([3, 5, 8]), st.booleans()),
-    st.tuples(st.just("begin")),
+    st.tuples(st.just("begin"), st.sampled_from(["", " ISOLATION LEVEL REPEATABLE READ"])),
     st.tuples(st.just("commit")),
     st.tuples(st.just("rollback")),
     st.tuples(st.just("savepoint")),
     st.tuples(st.just("rollback_to")),
     st.tuples(st.just("release")),
     st.tuples(st.just("tick"), st.sampled_from([0, 700, 6000])),
+    # Other hot keys called from another session until the escrow of 'k' is given away, as
+    # one that stays idle is: its next call loads it again from the base row and the log.
+    st.tuples(st.just("evict")),
 )
+# A crash of the cluster (immediate stop, then start): both sides lose their open transaction,
+# and the escrow with shared memory.
+OPS_WITH_CRASHES = st.one_of(OPS, st.tuples(st.just("crash")))
+EVICTING = "evictor"
 
 
 def set_clock(conn, ms):
@@ -51,6 +59,7 @@ class Side:
 
     def __init__(self, conn, name, hot):
         self.conn, self.name, self.hot = conn, name, hot
+        self.dbname = conn.info.dbname
 
     def execute(self, sql, args=()):
         return self.conn.execute(sql, args)
@@ -79,13 +88,27 @@ class Side:
         raise AssertionError(op)
 
 
-def run(hot, oracle, ops):
-    """Runs `ops` on both sides; returns what differed, or None."""
+def run(hot, oracle, ops, cluster):
+    """Runs `ops` on both sides; returns what differed, or None. `cluster` evicts the hot
+    side's escrows and crashes the server under both."""
     depth, savepoints, now = False, 0, START_MS
     for side in (hot, oracle):
         side.define(5, True)
     for step, op in enumerate(ops):
         kind = op[0]
+        if kind == "crash":
+            cluster.crash()
+            depth, savepoints = False, 0
+            for side in (hot, oracle):
+                side.conn.close()
+                side.conn = cluster.session(side.dbname)
+                set_clock(side.conn, now)
+            continue
+        if kind == "evict":
+            # Outside transactions only: after a reset in one, the evicting calls would wait.
+            if not depth:
+                cluster.evict()
+            continue
         if kind == "tick":
             # Between transactions, so that no rollback takes a step back.
             if not depth:
@@ -93,7 +116,7 @@ def run(hot, oracle, ops):
                 for side in (hot, oracle):
                     set_clock(side.conn, now)
             continue
-        statements = {"begin": ("BEGIN", not depth), "commit": ("COMMIT", depth), "rollback": ("ROLLBACK", depth),
+        statements = {"begin": ("BEGIN" + (op[1] if kind == "begin" else ""), not depth), "commit": ("COMMIT", depth), "rollback": ("ROLLBACK", depth),
                       "savepoint": (f"SAVEPOINT s{savepoints}", depth),
                       "rollback_to": (f"ROLLBACK TO SAVEPOINT s{savepoints - 1}", savepoints > 0),
                       "release": (f"RELEASE SAVEPOINT s{savepoints - 1}", savepoints > 0)}
@@ -145,32 +168,99 @@ def run(hot, oracle, ops):
     return None
 
 
-@every_version
-def test_a_hot_limit_answers_as_its_row_based_oracle(main, database):
+class Cluster:
+    """The server both databases are on: sessions on it, the eviction of the hot side's
+    escrows, and (on a cluster of the test's own) a crash."""
+
+    def __init__(self, server, hot_db, crashes=False):
+        self.server, self.hot_db, self.crashes = server, hot_db, crashes
+        self.evicting = self.session(hot_db)
+        self.evicting.execute(f"SELECT rate_limiter.define('{EVICTING}', 'token bucket', 1, '1 hour', hot => true)")
+
+    def session(self, dbname):
+        conn = self.server.connect(dbname)
+        # Thousands of limit names: kept out of the statistics, whose room for names in
+        # shared memory the other tests of this server need.
+        conn.execute("SET rate_limiter.track_stats = off")
+        return conn
+
+    def evict(self):
+        # More keys than every entry: each call of count 0 claims the entry used longest ago.
+        for i in range(int(self.evicting.execute("SHOW rate_limiter.hot_keys").fetchone()[0])):
+            self.evicting.execute("SELECT rate_limiter.rate_limit(%s, %s, 0)", (EVICTING, f"e{i}"))
+
+    def crash(self):
+        assert self.crashes, "crashes are drawn only on a cluster of the test's own"
+        self.evicting.close()
+        self.server.stop("immediate")
+        self.server.start()
+        self.evicting = self.session(self.hot_db)
+
+
+def sequences_of(lists, examples, hot_conn, oracle_conn, cluster):
+    """Hypothesis's runs of the sequences `lists` draws, each against a fresh limit; a crash
+    replaces the sessions, so the latest are kept in `sides`."""
+    sides = {"hot": hot_conn, "oracle": oracle_conn}
+
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(lists)
+    def sequences(ops):
+        name = "o_" + uuid.uuid4().hex[:10]
+        for conn in sides.values():
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+            set_clock(conn, START_MS)
+        hot, oracle = Side(sides["hot"], name, True), Side(sides["oracle"], name, False)
+        try:
+            difference = run(hot, oracle, ops, cluster)
+        finally:
+            sides["hot"], sides["oracle"] = hot.conn, oracle.conn
+        assert difference is None, difference
+
+    sequences()
+
+
+def with_oracle_database(server, database, body):
     oracle_db = database + "_oracle"
-    with main.connect() as admin:
+    with server.connect() as admin:
         admin.execute(f"CREATE DATABASE {oracle_db}")
     try:
-        with main.connect(oracle_db) as c:
+        with server.connect(oracle_db) as c:
             c.execute("CREATE EXTENSION rate_limiter")
-        with main.connect(database) as h, main.connect(oracle_db) as o:
-            # Thousands of limit names: kept out of the statistics, whose room for names in
-            # shared memory the other tests of this server need.
-            for conn in (h, o):
-                conn.execute("SET rate_limiter.track_stats = off")
-            @settings(max_examples=3000, deadline=None, derandomize=True, database=None,
-                      suppress_health_check=list(HealthCheck))
-            @given(st.lists(OPS, min_size=5, max_size=40))
-            def sequences(ops):
-                name = "o_" + uuid.uuid4().hex[:10]
-                for conn in (h, o):
-                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                        conn.execute("ROLLBACK")
-                    set_clock(conn, START_MS)
-                difference = run(Side(h, name, True), Side(o, name, False), ops)
-                assert difference is None, difference
-
-            sequences()
+        body(oracle_db)
     finally:
-        with main.connect() as admin:
+        with server.connect() as admin:
             admin.execute(f"DROP DATABASE {oracle_db} WITH (FORCE)")
+
+
+@every_version
+def test_a_hot_limit_answers_as_its_row_based_oracle(main, database):
+    def body(oracle_db):
+        cluster = Cluster(main, database)
+        with cluster.session(database) as h, cluster.session(oracle_db) as o:
+            sequences_of(st.lists(OPS, min_size=5, max_size=40), 3000, h, o, cluster)
+        cluster.evicting.close()
+
+    with_oracle_database(main, database, body)
+
+
+@every_version
+def test_a_hot_limit_answers_as_its_oracle_across_crashes(clusters):
+    """Fewer sequences, each with at least one crash: a crash takes about a second."""
+    server = clusters("hot_oracle", PORTS["hot_oracle"], ["-c shared_preload_libraries=rate_limiter",
+                                                           "-c rate_limiter.prune_interval=0"])
+    server.init().start()
+    with server.connect() as admin:
+        admin.execute("CREATE DATABASE hot")
+    with server.connect("hot") as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+
+    def body(oracle_db):
+        cluster = Cluster(server, "hot", crashes=True)
+        crashing = st.lists(OPS_WITH_CRASHES, min_size=5, max_size=30).filter(
+            lambda ops: any(op[0] == "crash" for op in ops))
+        sequences_of(crashing, 12, cluster.session("hot"), cluster.session(oracle_db), cluster)
+        cluster.evicting.close()
+
+    with_oracle_database(server, "hot", body)

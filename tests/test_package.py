@@ -97,6 +97,22 @@ def test_each_version_has_its_packages_in_debians_layout(major):
         assert library_of(main) == f.read(), f"the package's library is not the one installed into {major}"
 
 
+@pytest.mark.parametrize("major", VERSIONS)
+def test_each_package_has_debians_modes_whatever_the_builders_umask(major):
+    """The test command builds the packages under umask 002; 0.4.0's then held 0775
+    directories and 0664 scripts (group-writable, on every server that installs them)."""
+    for deb in (package(f"postgresql-{major}-rate-limiter"), package(f"postgresql-{major}-rate-limiter-proxy")):
+        # The files, then the control archive (its directory and the control file).
+        listing = subprocess.run(["dpkg-deb", "-c", str(deb)], check=True, capture_output=True, text=True).stdout
+        listing += subprocess.run(f"dpkg-deb --ctrl-tarfile '{deb}' | tar -tv", shell=True, check=True,
+                                  capture_output=True, text=True).stdout
+        for line in listing.splitlines():
+            mode, owner, path = line.split()[0], line.split()[1], line.split()[-1]
+            expected = ("drwxr-xr-x" if path.endswith("/") else
+                        "-rwxr-xr-x" if path.endswith(".so") else "-rw-r--r--")
+            assert (mode, owner) == (expected, "root/root"), f"{deb.name}: {line}"
+
+
 def test_each_versions_package_has_its_own_library():
     libraries = {major: library_of(package(f"postgresql-{major}-rate-limiter")) for major in VERSIONS}
     assert len(set(libraries.values())) == len(VERSIONS), "each major's package has a library of its own"

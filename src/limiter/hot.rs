@@ -78,8 +78,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     let ticket = guard.ticket();
     let entry = guard.entry();
     let admitted = entry.escrow().admit(config, now, req.count, req.reserve, hot::next_seq());
-    // A fold reads with a snapshot of its own, which only READ COMMITTED may use.
-    let fold_below = (admitted.seq.is_some() && !storage::xact_snapshot_isolation() && entry.start_fold(FOLD_EVERY))
+    let fold_below = (admitted.seq.is_some() && entry.start_fold(FOLD_EVERY))
         .then(|| entry.escrow().unsettled_from());
     // Noted before anything can fail, so that the transaction's end settles both.
     OPEN.with_borrow_mut(|open| {
@@ -95,7 +94,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
         log.insert(req.name, req.key, &Debit { seq, at: admitted.at, count: req.count, committed: false });
     }
     if let Some(below) = fold_below {
-        fold(table, &log, req.name, Some(req.key), config, below);
+        fold(&log, req.name, Some(req.key), config, below, c"rate_limit()");
     }
     super::decision(req, &admitted.outcome, config, config, admitted.at)
 }
@@ -126,9 +125,8 @@ fn current(table: &StateTable, req: &Request<'_>, config: &Config, now: f64) -> 
         }
     }
     // Not loaded here (a standby, a subscriber, a server just started): the base row and the
-    // committed log, as a row-based read would see them.
-    let log = DebitLog::open(None);
-    let (state, last, _) = replay(req, config, table.read(slot(req)).map(|r| r.state), &log, Seen::ByTheCall, now);
+    // committed log, with this transaction's own changes.
+    let (state, last, _) = committed(table, &DebitLog::open(None), req, config, now);
     (state, now.max(last))
 }
 
@@ -139,7 +137,14 @@ fn current(table: &StateTable, req: &Request<'_>, config: &Config, now: f64) -> 
 /// loaded escrow, which is not given away while it folds).
 fn load(table: &StateTable, log: &DebitLog, req: &Request<'_>, config: &Config, now: f64) -> (State, f64, u64) {
     hot::numbers_above(log.last_seq());
-    // One snapshot for both: a fold committed between two reads would be counted in neither.
+    committed(table, log, req, config, now)
+}
+
+/// The key's base row and log as the latest snapshot sees them (every commit by now, and this
+/// transaction's own writes), whatever the isolation level: a fold may have rewritten the
+/// base row after the transaction's snapshot, which would then see the old and the new row.
+/// One snapshot for both: a fold committed between two reads would be counted in neither.
+fn committed(table: &StateTable, log: &DebitLog, req: &Request<'_>, config: &Config, now: f64) -> (State, f64, u64) {
     let latest = Latest::take();
     replay(req, config, table.read_at(slot(req), &latest).map(|r| r.state), log, Seen::At(latest.snapshot()), now)
 }
@@ -159,9 +164,11 @@ fn replay(req: &Request<'_>, config: &Config, base: Option<State>, log: &DebitLo
 
 /// Move the logged debits of `name` (of `key` only, when given) numbered below `below` (all
 /// when `None`) into their keys' base rows, and delete them: in the caller's transaction, so
-/// that the base and the log change together. One key at a time, as the log's index orders
-/// them; nothing kept but the key being folded.
-fn fold(table: &StateTable, log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, below: Option<u64>) {
+/// that the base and the log change together, with the newest committed rows at every
+/// isolation level (a fold leaves their sum as it was). One key at a time, as the log's index
+/// orders them; nothing kept but the key being folded.
+fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, below: Option<u64>, command: &std::ffi::CStr) {
+    let table = &StateTable::open_newest(command);
     struct Folding {
         key: Option<String>,
         row: storage::Row,
@@ -225,9 +232,8 @@ pub fn limit_changing(name: &str, was: Option<&Config>, change: Change) {
     }
     storage::hold_calls_off();
     if let Some(config) = was {
-        let table = StateTable::open(Some(c"define()"));
         let log = DebitLog::open(Some(c"define()"));
-        fold(&table, &log, name, None, config, None);
+        fold(&log, name, None, config, None, c"define()");
     }
 }
 

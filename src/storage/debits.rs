@@ -33,8 +33,6 @@ pub struct RowId(pg_sys::ItemPointerData);
 /// Which snapshot a read of the log uses.
 #[derive(Clone, Copy)]
 pub enum Seen {
-    /// The call's (the active snapshot): what a read in the caller's transaction sees.
-    ByTheCall,
     /// Every committed row, now: what folding needs.
     Now,
     /// As a snapshot other reads share (a load reads the base row with it too).
@@ -141,14 +139,13 @@ impl DebitLog {
         mut visit: impl FnMut(Option<&str>, &Debit, RowId),
     ) {
         let index = self.indexes[BY_KEY];
-        // SAFETY: the relations and slot are open for this call; the snapshot is the active
-        // one, the latest registered while the scan runs, or one the caller keeps registered;
+        // SAFETY: the relations and slot are open for this call; the snapshot is the latest,
+        // registered while the scan runs, or one the caller keeps registered;
         // the keys compare debits_key's
         // text columns with texteq (IS NULL for the NULL key) and its int8 column with int8lt.
         unsafe {
             let latest = matches!(seen, Seen::Now).then(Latest::take);
             let snapshot = match seen {
-                Seen::ByTheCall => pg_sys::GetActiveSnapshot(),
                 Seen::Now => latest.as_ref().expect("taken above").snapshot(),
                 Seen::At(snapshot) => snapshot,
             };

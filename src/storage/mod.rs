@@ -73,7 +73,7 @@ impl Drop for Latest {
 }
 
 /// Whether the transaction reads with one snapshot (REPEATABLE READ, SERIALIZABLE).
-pub fn xact_snapshot_isolation() -> bool {
+fn xact_snapshot_isolation() -> bool {
     // SAFETY: XactIsoLevel is a plain int of this single-threaded backend, set at transaction
     // start or by SET TRANSACTION, never while this reads it.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }

@@ -7,7 +7,8 @@
 //! snapshot at READ COMMITTED, the transaction's otherwise, and see this transaction's
 //! earlier writes; a row changed by a transaction that committed after the snapshot is
 //! waited for and its newest version used at READ COMMITTED, and is a serialization failure
-//! at REPEATABLE READ and SERIALIZABLE.
+//! at REPEATABLE READ and SERIALIZABLE. The fold of a hot limit's log alone reads and locks
+//! the newest rows at every level (`open_newest`).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::ptr::null_mut;
@@ -74,6 +75,9 @@ pub struct StateTable {
     /// open for writing, the lookup index alone when open for reading.
     indexes: Vec<StateIndex>,
     snapshot: pg_sys::Snapshot,
+    /// Reads keep to the transaction's snapshot (REPEATABLE READ, SERIALIZABLE): a row
+    /// changed after it is a serialization failure rather than followed to its newest version.
+    snapshot_isolation: bool,
     tuple_slot: *mut pg_sys::TupleTableSlot,
 }
 
@@ -81,6 +85,17 @@ impl StateTable {
     /// Open for reading, or for writing (which a read-only transaction refuses, with
     /// `command` named in the error).
     pub fn open(write: Option<&std::ffi::CStr>) -> StateTable {
+        Self::opened(write, xact_snapshot_isolation())
+    }
+
+    /// Open for writing with the newest committed rows, whatever the isolation level: for the
+    /// fold of a hot limit's log, which moves committed debits into base rows without changing
+    /// what they add up to, so the caller's snapshot has no say in it (docs/hot-limits.md).
+    pub fn open_newest(command: &std::ffi::CStr) -> StateTable {
+        Self::opened(Some(command), false)
+    }
+
+    fn opened(write: Option<&std::ffi::CStr>, snapshot_isolation: bool) -> StateTable {
         // SAFETY: taking in invalidations is allowed anywhere in a transaction.
         unsafe { pg_sys::AcceptInvalidationMessages() };
         let lockmode = match write {
@@ -98,6 +113,7 @@ impl StateTable {
             index: null_mut(),
             indexes: Vec::new(),
             snapshot: null_mut(),
+            snapshot_isolation,
             tuple_slot: null_mut(),
         };
         // SAFETY: `heap` is open and locked, so its descriptor is current.
@@ -121,10 +137,15 @@ impl StateTable {
             table.indexes.push(StateIndex { relation: table.index, info, valid: true });
         }
         // SAFETY: as SPI does for each statement of a VOLATILE function: a fresh snapshot at
-        // READ COMMITTED (the transaction's otherwise), which also sees this transaction's
-        // earlier commands. Popped on drop.
+        // READ COMMITTED (the transaction's otherwise, unless the newest rows were asked
+        // for), which also sees this transaction's earlier commands. Popped on drop.
         unsafe {
-            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+            let snapshot = if snapshot_isolation || !xact_snapshot_isolation() {
+                pg_sys::GetTransactionSnapshot()
+            } else {
+                pg_sys::GetLatestSnapshot()
+            };
+            pg_sys::PushActiveSnapshot(snapshot);
             pg_sys::UpdateActiveSnapshotCommandId();
             table.snapshot = pg_sys::GetActiveSnapshot();
             table.tuple_slot = pg_sys::table_slot_create(heap, null_mut());
@@ -260,7 +281,7 @@ impl StateTable {
                 Written::Done
             }
             TM_Result::TM_BeingModified | TM_Result::TM_WouldBlock if !wait => Written::Busy,
-            TM_Result::TM_Updated | TM_Result::TM_Deleted if xact_snapshot_isolation() => {
+            TM_Result::TM_Updated | TM_Result::TM_Deleted if self.snapshot_isolation => {
                 Error::SerializationFailure.raise()
             }
             TM_Result::TM_Updated | TM_Result::TM_Deleted => Written::Moved,
@@ -282,7 +303,7 @@ impl StateTable {
         let mut tid = row.tid;
         // SAFETY: plain-old-data out parameter.
         let mut failure: pg_sys::TM_FailureData = unsafe { std::mem::zeroed() };
-        let follow = if xact_snapshot_isolation() { 0 } else { pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION };
+        let follow = if self.snapshot_isolation { 0 } else { pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION };
         let policy = if wait { pg_sys::LockWaitPolicy::LockWaitBlock } else { pg_sys::LockWaitPolicy::LockWaitSkip };
         // SAFETY: relation, snapshot and slot are open for this call; `tid` is a row of it.
         let result = unsafe {
@@ -302,7 +323,7 @@ impl StateTable {
             // SAFETY: the lock put the locked version in the slot.
             TM_Result::TM_Ok => Locked::Row(unsafe { self.slot_row() }),
             TM_Result::TM_WouldBlock => Locked::Busy,
-            TM_Result::TM_Updated | TM_Result::TM_Deleted if xact_snapshot_isolation() => {
+            TM_Result::TM_Updated | TM_Result::TM_Deleted if self.snapshot_isolation => {
                 Error::SerializationFailure.raise()
             }
             TM_Result::TM_Deleted => Locked::Gone,
@@ -378,7 +399,7 @@ impl StateTable {
             }
             // Committed, or this transaction's own: at snapshot isolation only a row our
             // snapshot sees may be used; one committed after it is a conflict.
-            if xact_snapshot_isolation() && self.read(slot).is_none() {
+            if self.snapshot_isolation && self.read(slot).is_none() {
                 Error::SerializationFailure.raise()
             }
             return Created::Exists(row);
