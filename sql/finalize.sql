@@ -158,10 +158,13 @@ COMMENT ON FUNCTION rate_limiter.top_denied_every_database() IS
 COMMENT ON FUNCTION rate_limiter.stats_reset(text) IS
     'Zero the statistics and top denied keys of one limit name, or of all when NULL; returns how many rows of rate_limiter.stats were reset.';
 
--- A stable key for a client address. An IPv4-mapped IPv6 address (::ffff:0:0/96, decided by
--- its bits, however it was written) is the IPv4 address it maps; the address, its own mask
--- dropped, is masked to v4_prefix or v6_prefix, and the key is that network as cidr text.
--- In SQL so that the text is PostgreSQL's own cidr output.
+-- A stable key for a client address. An IPv6 address that carries a client's IPv4 address
+-- (decided by its bits, however it was written) is that IPv4 address: IPv4-mapped
+-- (::ffff:0:0/96), NAT64's well-known prefix (64:ff9b::/96, RFC 6052), 6to4 (2002::/16,
+-- RFC 3056: the site's address) and Teredo (2001::/32, RFC 4380: the client's public address,
+-- its bits inverted). The address, its own mask dropped, is masked to v4_prefix or v6_prefix,
+-- and the key is that network as cidr text. In SQL so that the text is PostgreSQL's own cidr
+-- output; the embedded address is read from inet_send's bytes (4 of header, then the address).
 CREATE FUNCTION rate_limiter.ip_key(addr inet, v4_prefix integer DEFAULT 32, v6_prefix integer DEFAULT 56)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
@@ -169,6 +172,8 @@ SET search_path TO pg_catalog, pg_temp
 AS $function$
 DECLARE
     address inet := pg_catalog.set_masklen(addr, CASE pg_catalog.family(addr) WHEN 4 THEN 32 ELSE 128 END);
+    v4_at integer;
+    v4 bit(32);
 BEGIN
     IF v4_prefix OPERATOR(pg_catalog.<) 0 OR v4_prefix OPERATOR(pg_catalog.>) 32 THEN
         RAISE EXCEPTION 'rate_limiter: v4_prefix must be between 0 and 32, not %', v4_prefix
@@ -178,15 +183,27 @@ BEGIN
         RAISE EXCEPTION 'rate_limiter: v6_prefix must be between 0 and 128, not %', v6_prefix
             USING ERRCODE = 'invalid_parameter_value', HINT = '56 (the default) keys a typical customer''s whole IPv6 allocation; 64 keys one subnet.';
     END IF;
-    IF address OPERATOR(pg_catalog.<<=) '::ffff:0.0.0.0/96'::inet THEN
-        address := '0.0.0.0'::inet OPERATOR(pg_catalog.+) (address OPERATOR(pg_catalog.-) '::ffff:0.0.0.0'::inet);
+    -- Where the IPv4 address starts among the IPv6 address's 16 bytes.
+    v4_at := CASE
+        WHEN address OPERATOR(pg_catalog.<<=) '::ffff:0.0.0.0/96'::inet THEN 12
+        WHEN address OPERATOR(pg_catalog.<<=) '64:ff9b::/96'::inet THEN 12
+        WHEN address OPERATOR(pg_catalog.<<=) '2002::/16'::inet THEN 2
+        WHEN address OPERATOR(pg_catalog.<<=) '2001::/32'::inet THEN 12
+    END;
+    IF v4_at IS NOT NULL THEN
+        v4 := CAST('x' OPERATOR(pg_catalog.||) pg_catalog.encode(
+            pg_catalog.substring(pg_catalog.inet_send(address), 5 OPERATOR(pg_catalog.+) v4_at, 4), 'hex') AS bit(32));
+        IF address OPERATOR(pg_catalog.<<=) '2001::/32'::inet THEN
+            v4 := OPERATOR(pg_catalog.~) v4;
+        END IF;
+        address := '0.0.0.0'::inet OPERATOR(pg_catalog.+) CAST(v4 AS bigint);
     END IF;
     RETURN pg_catalog.network(pg_catalog.set_masklen(address,
         CASE pg_catalog.family(address) WHEN 4 THEN v4_prefix ELSE v6_prefix END))::text;
 END
 $function$;
 COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
-    'A rate-limit key for a client address: IPv4-mapped IPv6 as its IPv4 address, IPv4 masked to v4_prefix, IPv6 to v6_prefix, as cidr text.';
+    'A rate-limit key for a client address: an IPv6 address carrying an IPv4 one (mapped, NAT64 64:ff9b::/96, 6to4, Teredo) as that IPv4 address, IPv4 masked to v4_prefix, IPv6 to v6_prefix, as cidr text.';
 
 -- Nothing is open to PUBLIC: grant USAGE on the schema and EXECUTE on the functions a role
 -- needs (see the README). The tables stay private; the functions are the only way in.

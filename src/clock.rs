@@ -123,7 +123,9 @@ pub fn parse_timestamptz(text: &CStr) -> TimestampWithTimeZone {
 /// Sleep on the process latch for `ms`, waking early only to serve interrupts (which
 /// `statement_timeout` and `pg_cancel_backend` raise here).
 pub fn sleep_ms(ms: f64) {
-    let until = Instant::now() + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+    // Whatever the caller computed: no NaN, nothing before now, nothing past a year.
+    let ms = if ms > 0.0 { ms.min(365.0 * 86_400_000.0) } else { 0.0 };
+    let until = Instant::now() + Duration::from_secs_f64(ms / 1000.0);
     loop {
         check_for_interrupts!();
         let left = until.saturating_duration_since(Instant::now());

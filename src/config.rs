@@ -12,6 +12,19 @@ use crate::error::{Error, Result};
 /// More shards than this buys nothing and makes `reset_rate_limit` and sampling slow.
 pub const MAX_SHARDS: u32 = 1024;
 
+/// The most a rate, capacity, `maxReserved`, count or credit may be: below 2^53, whole
+/// numbers of tokens stay exact in a double through every sum the kinds make.
+pub const MAX_AMOUNT: f64 = 1e15;
+/// The shortest period, and the narrowest cell of a rolling window: cells are whole
+/// microseconds, and a window of no length divides by zero.
+const MIN_PERIOD_MS: f64 = 1.0;
+/// The longest period, `minGap` and `denyCache` (100 years): far enough that no real limit
+/// needs more, near enough that every instant a kind computes from now stays within what
+/// PostgreSQL and the kinds' microsecond cells can hold.
+const MAX_DURATION_MS: f64 = 100.0 * 365.25 * 86_400_000.0;
+/// The longest `lockTimeout`: PostgreSQL's own `lock_timeout` takes no more.
+const MAX_LOCK_TIMEOUT_MS: f64 = i32::MAX as f64;
+
 /// An inline config argument (SQL `jsonb`), parsed here rather than by pgrx's `JsonB`, which
 /// panics (XX000) on numbers jsonb accepts but a double cannot hold, such as 1e400.
 #[derive(Clone, Copy)]
@@ -243,6 +256,17 @@ fn validate(config: Config) -> Result<Config> {
     if let Some(max_reserved) = config.max_reserved {
         non_negative("maxReserved", max_reserved)?;
     }
+    within("rate", config.rate, 0.0, MAX_AMOUNT, "")?;
+    within("capacity", config.capacity, 0.0, MAX_AMOUNT, "")?;
+    within("maxReserved", config.max_reserved.unwrap_or(0.0), 0.0, MAX_AMOUNT, "")?;
+    within("period", config.period, MIN_PERIOD_MS, MAX_DURATION_MS, " ms")?;
+    if config.kind == Kind::RollingWindow {
+        let cell = config.period / f64::from(config.buckets.max(1));
+        within("a rolling window's cell (period / buckets)", cell, MIN_PERIOD_MS, MAX_DURATION_MS, " ms")?;
+    }
+    within("minGap", config.min_gap.unwrap_or(0.0), 0.0, MAX_DURATION_MS, " ms")?;
+    within("denyCache", config.deny_cache.unwrap_or(0.0), 0.0, MAX_DURATION_MS, " ms")?;
+    within("lockTimeout", config.lock_timeout.unwrap_or(0.0), 0.0, MAX_LOCK_TIMEOUT_MS, " ms")?;
     if !(1..=MAX_SHARDS).contains(&config.shards) {
         return Err(Error::InvalidConfig(format!(
             "shards must be between 1 and {MAX_SHARDS}, not {}",
@@ -307,6 +331,15 @@ fn validate(config: Config) -> Result<Config> {
             "start must be a finite instant PostgreSQL can store, not {start} ms since the epoch"
         ))),
         _ => Ok(config),
+    }
+}
+
+/// `v` between `low` and `high` (both included), or 22023 naming the range.
+fn within(what: &str, v: f64, low: f64, high: f64, unit: &str) -> Result<()> {
+    if (low..=high).contains(&v) {
+        Ok(())
+    } else {
+        Err(Error::OutOfRange(format!("{what} must be between {low}{unit} and {high}{unit}, not {v}{unit}")))
     }
 }
 

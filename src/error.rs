@@ -20,6 +20,9 @@ pub enum Error {
     #[error("invalid rate limit config: {0}")]
     InvalidConfig(String),
 
+    #[error("rate limit number out of range: {0}")]
+    OutOfRange(String),
+
     #[error("malformed rate limit config: {0}")]
     MalformedConfig(String),
 
@@ -72,7 +75,7 @@ pub enum Error {
 impl Error {
     fn sqlstate(&self) -> PgSqlErrorCode {
         match self {
-            Error::CountExceedsMax { .. } | Error::InvalidArgument(_) | Error::InvalidConfig(_) => {
+            Error::CountExceedsMax { .. } | Error::InvalidArgument(_) | Error::InvalidConfig(_) | Error::OutOfRange(_) => {
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
             }
             Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
@@ -110,6 +113,13 @@ impl Error {
                  kind 'token bucket', 'fixed window' or 'sliding window', rate > 0, period > 0 (ms \
                  or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start \
                  (ms since epoch)."
+            }
+            Error::OutOfRange(_) => {
+                "rate, capacity, maxReserved, a count and a credit are at most 1e15; a period is \
+                 1 ms to 100 years, minGap and denyCache at most 100 years, lockTimeout at most \
+                 2147483647 ms (as PostgreSQL's lock_timeout); a rolling window's cells are at \
+                 least 1 ms (period / buckets). A limit defined before these bounds: define it \
+                 again within them."
             }
             Error::SerializationFailure => {
                 "Another transaction changed this rate limit's state after yours took its snapshot; \

@@ -72,6 +72,9 @@ fn request<'a>(
     if !(count.is_finite() && count >= 0.0) {
         return Err(Error::InvalidArgument(format!("count must be a finite number >= 0, not {count}")));
     }
+    if count > config::MAX_AMOUNT {
+        return Err(Error::OutOfRange(format!("count must be at most {}, not {count}", config::MAX_AMOUNT)));
+    }
     Ok(Request {
         name: valid_name(name)?,
         key: valid_key(key)?,
