@@ -27,8 +27,7 @@ pub fn credit(state: State, config: &Config, now: f64, count: f64) -> (State, f6
             let (current, previous) = sliding_window::taken(now_state, config);
             let from_current = count.min(current);
             let from_previous = (count - from_current).min(previous);
-            let counts = Counts::new(&[previous - from_previous]).expect("one count");
-            let state = State { value: now_state.value + from_current, counts, ..now_state };
+            let state = sliding_window::state(config, now_state.ts, previous - from_previous, current - from_current, now_state.granted_at);
             (state, from_current + from_previous)
         }
         Kind::RollingWindow => {

@@ -6,8 +6,14 @@
 //! window's share and compares before adding the count, which lets calls of more than one
 //! token through beyond the rate; here the comparison is exact.
 //!
-//! Stored: `value` is `rate` minus the tokens taken in the window starting at `ts` (as a
-//! fixed window stores it), and `counts[0]` the tokens taken in the window before.
+//! Stored: `counts[0]` the tokens taken in the window before the one starting at `ts`,
+//! `counts[1]` those taken in it, and `value` what is left of `rate` after them (as a fixed
+//! window stores it), for a reader. The counts mean the same under any rate: a call or credit
+//! under a lower or higher rate than the one that wrote them (a redefined limit, another
+//! caller's inline config) neither forgets nor invents a taken token. 0.4.0 stored only
+//! `value`, so a lower rate read it as negative use (99 calls admitted at a rate of 10) and a
+//! credit under a rate of a million gave back a million; a row it wrote is read as
+//! `rate - value`, never below 0, as a token bucket's capacity clamps its level.
 
 use super::{Check, Config, Counts, Reason, State};
 
@@ -18,10 +24,18 @@ struct Windows {
     previous: f64,
 }
 
+/// The tokens taken in the window starting at `state.ts`.
+fn current(state: State, config: &Config) -> f64 {
+    match state.counts.as_slice() {
+        [_, current, ..] => *current,
+        _ => (config.rate - state.value).max(0.0),
+    }
+}
+
 fn windows(state: State, config: &Config, at: f64) -> Windows {
     // A clock that steps back stays in the stored window.
     let elapsed = ((at - state.ts).max(0.0) / config.period).floor();
-    let taken = config.rate - state.value;
+    let taken = current(state, config);
     let (previous, current) = match elapsed {
         0.0 => (state.counts.get(0), taken),
         1.0 => (taken, 0.0),
@@ -33,7 +47,14 @@ fn windows(state: State, config: &Config, at: f64) -> Windows {
 /// The tokens taken in the window a state belongs to, and in the window before it (for a
 /// state moved to the present by `check`: those that still weigh).
 pub(super) fn taken(state: State, config: &Config) -> (f64, f64) {
-    (config.rate - state.value, state.counts.get(0))
+    (current(state, config), state.counts.get(0))
+}
+
+/// The state of the window starting at `ts` with `current` tokens taken in it and `previous`
+/// in the window before.
+pub(super) fn state(config: &Config, ts: f64, previous: f64, current: f64, granted_at: Option<f64>) -> State {
+    let counts = Counts::new(&[previous, current]).expect("two counts");
+    State { value: config.rate - current, ts, counts, granted_at }
 }
 
 /// Tokens that count against the rate at `at`.
@@ -50,7 +71,7 @@ pub(super) fn check(state: State, config: &Config, now: f64, count: f64) -> Chec
         ok,
         value: config.rate - w.current - count,
         ts: w.start,
-        counts: Counts::new(&[w.previous]).expect("one count"),
+        counts: Counts::new(&[w.previous, w.current + count]).expect("two counts"),
         available: config.rate - weighted - count,
         retry_after: (!ok).then(|| retry_at(state, config, now, count) - now),
         granted_at: None,
@@ -103,7 +124,7 @@ pub(super) fn reset_after(state: State, config: &Config, now: f64) -> f64 {
 
 /// When nothing taken weighs any more (see `super::expires`).
 pub(super) fn expires(state: State, config: &Config) -> f64 {
-    let taken = config.rate - state.value;
+    let taken = current(state, config);
     let windows = if taken > 0.0 {
         2.0
     } else if state.counts.get(0) > 0.0 {

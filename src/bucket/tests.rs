@@ -501,3 +501,22 @@ fn rolling_window_bound_holds_and_retry_after_is_exact() {
         }
     }
 }
+
+/// The sliding window's counts mean the same under any rate: a lower rate neither forgets
+/// nor invents a taken token, and a credit under a higher one gives back only what was taken.
+/// A row written before 0.5.0 (no current count) is read as `rate - value`, never below 0.
+#[test]
+fn sliding_window_counts_hold_under_another_rate() {
+    let high = config(Kind::SlidingWindow, 100.0, MINUTE);
+    let low = config(Kind::SlidingWindow, 10.0, MINUTE);
+    let one = check(fresh_state(&high, NOW, 0.0), &high, NOW, 1.0, false).state();
+    assert_eq!(check(one, &low, NOW, 0.0, false).available, 9.0);
+    assert!(check(one, &low, NOW, 9.0, false).ok);
+    assert!(!check(one, &low, NOW, 10.0, false).ok);
+    let (back, given) = super::credit::credit(one, &config(Kind::SlidingWindow, 1e6, MINUTE), NOW, 1e6);
+    assert_eq!(given, 1.0);
+    assert_eq!(check(back, &low, NOW, 0.0, false).available, 10.0);
+    let legacy = State { value: 99.0, ts: NOW, counts: Counts::new(&[0.0]).unwrap(), granted_at: None };
+    assert_eq!(check(legacy, &low, NOW, 0.0, false).available, 10.0, "clamped, as a token bucket's level is");
+    assert!(!check(legacy, &low, NOW, 11.0, false).ok);
+}

@@ -153,6 +153,43 @@ mod tests {
         assert_eq!(granted, 10.0, "the shards' sum is the rate");
     }
 
+    /// Issue 31: 0.4.0 kept only what was left of the rate, so a lower rate read it as
+    /// negative use (99 calls admitted at a rate of 10 in the window of one).
+    #[pg_test]
+    fn a_lowered_sliding_window_rate_counts_what_the_higher_one_took() {
+        at("0 seconds");
+        run("SELECT rate_limiter.define('lowered', 'sliding window', 100, '1 hour')");
+        assert!(decide("rate_limiter.rate_limit('lowered', 'k')").ok);
+        run("SELECT rate_limiter.define('lowered', 'sliding window', 10, '1 hour')");
+        let admitted = (0..100).filter(|_| decide("rate_limiter.rate_limit('lowered', 'k')").ok).count();
+        assert_eq!(admitted, 9, "10 in the window, one of them taken under the rate of 100");
+        // Raised again: the 10 taken are still taken.
+        run("SELECT rate_limiter.define('lowered', 'sliding window', 100, '1 hour')");
+        assert_eq!(decide("rate_limiter.check_rate_limit('lowered', 'k')").remaining, 90.0);
+    }
+
+    /// Issue 31: a role with EXECUTE on credit, bringing its own inline config of a rate of a
+    /// million, gave back a million tokens of a limit whose calls took 5 (0.4.0 answered
+    /// granted = -1000000 and the application's own config then admitted 5,000 of 5,000).
+    #[pg_test]
+    fn a_credit_under_another_inline_config_gives_back_only_what_was_taken() {
+        at("0 seconds");
+        let app = r#"'{"kind": "sliding window", "rate": 10, "period": 60000}'"#;
+        let other = r#"'{"kind": "sliding window", "rate": 1000000, "period": 60000}'"#;
+        assert!(decide(&format!("rate_limiter.rate_limit('api', 'alice', 5, config => {app})")).ok);
+        let credited = decide(&format!("rate_limiter.credit('api', 'alice', 1000000, config => {other})"));
+        assert_eq!(credited.granted, -5.0, "the 5 that were taken");
+        let admitted = (0..100).filter(|_| decide(&format!("rate_limiter.rate_limit('api', 'alice', config => {app})")).ok).count();
+        assert_eq!(admitted, 10, "the window's rate, no more");
+        // The same for the kinds that keep counts per window or cell.
+        let rolling = r#"'{"kind": "rolling window", "rate": 10, "period": 60000}'"#;
+        let rolling_other = r#"'{"kind": "rolling window", "rate": 1000000, "period": 60000}'"#;
+        assert!(decide(&format!("rate_limiter.rate_limit('api', 'bob', 5, config => {rolling})")).ok);
+        assert_eq!(decide(&format!("rate_limiter.credit('api', 'bob', 1000000, config => {rolling_other})")).granted, -5.0);
+        let admitted = (0..100).filter(|_| decide(&format!("rate_limiter.rate_limit('api', 'bob', config => {rolling})")).ok).count();
+        assert_eq!(admitted, 10);
+    }
+
     #[pg_test]
     fn min_gap_and_modes_through_sql() {
         at("0");
