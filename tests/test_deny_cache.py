@@ -136,3 +136,30 @@ def test_a_cached_denial_never_outlasts_its_own_retry_after(db, name):
     assert not limit(db, name, "k")[0]
     at(db, "2030-01-01 00:00:10+00")
     assert limit(db, name, "k")[0]
+
+
+def test_a_database_whose_oid_collides_cannot_empty_another_databases_cache(db, name):
+    """0.4.0 kept a generation per database OID modulo 1,024: a role with CREATEDB could give
+    a new database an OID 1,024 past another's (`CREATE DATABASE ... OID`), and each reset,
+    define or credit there emptied the other's cache."""
+    here = db.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+    taken = {oid for (oid,) in db.execute("SELECT oid FROM pg_database")}
+    colliding = next(here + 1024 * k for k in range(1, 100) if here + 1024 * k not in taken)
+    other = "rl_deny_cache_oid_" + name
+    db.execute(f"CREATE DATABASE {other} OID = {colliding}")
+    try:
+        define(db, name, rate=1, period="1 hour", deny_cache="1 hour")
+        at(db, NOW)
+        assert limit(db, name, "k")[0]
+        assert not limit(db, name, "k")[0]  # cached
+        refill(db, name)
+        with connect(dbname=other) as o:
+            o.execute("CREATE EXTENSION rate_limiter")
+            define(o, name, rate=1, period="1 hour", deny_cache="1 hour")
+            o.execute("SELECT rate_limiter.reset_rate_limit(%s, 'k')", (name,))
+            o.execute("SELECT rate_limiter.credit(%s, 'k', 1)", (name,))
+        assert not limit(db, name, "k")[0], "still answered from this database's cache"
+        db.execute("SELECT rate_limiter.reset_rate_limit(%s, 'other key')", (name,))
+        assert limit(db, name, "k")[0], "this database's own change empties it"
+    finally:
+        db.execute(f"DROP DATABASE IF EXISTS {other} WITH (FORCE)")

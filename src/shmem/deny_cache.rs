@@ -6,9 +6,12 @@
 //! It only ever denies, and only what a real denial just found, so it cannot let anything
 //! through; what it may do is deny a little longer than the state would: after tokens come
 //! back early (a rollback of another transaction, `reset_rate_limit`, `define`, a direct
-//! write to the tables), for at most the limit's `deny_cache`. `reset_rate_limit` and every
-//! change to `rate_limiter.limits` or `rate_limiter.blocks` empty the database's part of the
-//! table (a generation number per database), as soon as they run.
+//! write to the tables), for at most the limit's `deny_cache`. `reset_rate_limit`, `credit`
+//! and every change to `rate_limiter.limits` or `rate_limiter.blocks` empty the slots of
+//! their database, and `DROP DATABASE` those of the database it drops, as soon as they run:
+//! each slot holds its database's OID, and no other database's change empties it. (0.4.0
+//! kept a generation number per database OID modulo 1,024, so a role that could create a
+//! database with a chosen OID could empty another database's cache at will.)
 //!
 //! A slot answers only for the exact (database, name, key) it holds, compared in full, never
 //! by hash alone: no caller can craft a pair whose denial answers for another's. Pairs longer
@@ -32,10 +35,6 @@ static SLOTS: GucSetting<i32> = GucSetting::<i32>::new(16384);
 
 const SHMEM_NAME: &CStr = c"rate_limiter deny cache";
 
-/// Generation counters, one per database (by OID modulo this; two databases that share one
-/// only empty each other's slots more often).
-const GENERATIONS: usize = 1024;
-
 /// Bytes of (name, key, inline) a slot holds: any name with a key of up to 125 bytes less
 /// than the name's length.
 const PAIR_BYTES: usize = 128;
@@ -45,8 +44,6 @@ const PAIR_WORDS: usize = PAIR_BYTES / 8;
 struct Header {
     /// A power of two.
     slots: u64,
-    /// Slots written under an older generation of their database are empty.
-    generations: [AtomicU64; GENERATIONS],
 }
 
 /// One cached denial; f64 fields are stored as bits, instants in the limiter's ms. Every
@@ -58,7 +55,6 @@ struct Slot {
     seq: AtomicU64,
     /// The (database, name, key, inline) hash: a quick first comparison.
     tag: AtomicU64,
-    generation: AtomicU64,
     /// Until when the slot may answer.
     expires: AtomicU64,
     /// When the denied call could pass (its `retry_after` from then).
@@ -141,7 +137,7 @@ pub unsafe fn attach() {
     if !found {
         // SAFETY: a new area of the requested size, all zeros (every slot empty).
         unsafe {
-            area.cast::<Header>().write(Header { slots, generations: std::array::from_fn(|_| AtomicU64::new(1)) })
+            area.cast::<Header>().write(Header { slots })
         };
     }
     AREA.store(area.cast::<Header>(), Release);
@@ -153,23 +149,39 @@ fn this_database() -> u32 {
     unsafe { pg_sys::MyDatabaseId }.to_u32()
 }
 
-impl Header {
-    fn generation(&self, database: u32) -> &AtomicU64 {
-        &self.generations[database as usize % GENERATIONS]
-    }
-}
-
 /// Empty this database's part of the table: every slot it wrote before now answers nothing.
 pub fn forget_this_database() {
-    if let Some((header, _)) = table() {
-        header.generation(this_database()).fetch_add(1, Release);
-    }
+    forget(this_database());
 }
 
 /// Empty a dropped database's part of the table, before a new one can have its OID.
 pub fn forget_database(database: pg_sys::Oid) {
-    if let Some((header, _)) = table() {
-        header.generation(database.to_u32()).fetch_add(1, Release);
+    forget(database.to_u32());
+}
+
+/// Every slot of `database` made to answer nothing: one pass over the table (16,384 slots
+/// by default, tens of microseconds), at each change that empties it.
+fn forget(database: u32) {
+    let Some((_, slots)) = table() else { return };
+    for slot in slots {
+        loop {
+            let seq = slot.seq.load(Acquire);
+            if seq % 2 == 1 {
+                // A writer is filling it, maybe for this database: wait for it, a moment.
+                std::hint::spin_loop();
+                continue;
+            }
+            if seq == 0 || slot.database.load(Relaxed) != database {
+                break;
+            }
+            if slot.seq.compare_exchange(seq, seq + 1, Acquire, Relaxed).is_ok() {
+                fence(Release);
+                slot.expires.store(0, Relaxed);
+                slot.tag.store(0, Relaxed);
+                slot.seq.store(seq + 2, Release);
+                break;
+            }
+        }
     }
 }
 
@@ -210,14 +222,14 @@ fn store(cell: &AtomicU64, v: f64) {
 /// The cached denial of `req`, if its limit has a deny cache and one is in force.
 pub fn answer(req: &Request<'_>, config: &Config) -> Option<Decision> {
     config.deny_cache?;
-    let (header, slots) = table()?;
+    let (_, slots) = table()?;
     let (tag, words, len) = identity(this_database(), req)?;
     let slot = &slots[tag as usize & (slots.len() - 1)];
     let seq = slot.seq.load(Acquire);
     if seq % 2 == 1 || slot.tag.load(Relaxed) != tag {
         return None;
     }
-    let (generation, expires, retry_at) = (slot.generation.load(Relaxed), load(&slot.expires), load(&slot.retry_at));
+    let (expires, retry_at) = (load(&slot.expires), load(&slot.retry_at));
     let (remaining, reset_at) = (load(&slot.remaining), load(&slot.reset_at));
     let (database, held_len) = (slot.database.load(Relaxed), slot.len.load(Relaxed));
     let same_pair = slot.pair.iter().zip(words).all(|(held, word)| held.load(Relaxed) == word);
@@ -226,10 +238,7 @@ pub fn answer(req: &Request<'_>, config: &Config) -> Option<Decision> {
     if slot.seq.load(Relaxed) != seq {
         return None;
     }
-    let database_now = this_database();
-    if !same_pair || held_len != len || database != database_now
-        || generation != header.generation(database_now).load(Acquire)
-    {
+    if !same_pair || held_len != len || database != this_database() {
         return None;
     }
     let now = clock::now_ms();
@@ -254,7 +263,7 @@ pub fn remember(req: &Request<'_>, config: &Config, d: &Decision) {
     if d.reason != Some(Reason::Exhausted) || retry_after <= 0.0 {
         return;
     }
-    let Some((header, slots)) = table() else { return };
+    let Some((_, slots)) = table() else { return };
     let Some((tag, words, len)) = identity(this_database(), req) else { return };
     let slot = &slots[tag as usize & (slots.len() - 1)];
     let seq = slot.seq.load(Relaxed);
@@ -265,7 +274,6 @@ pub fn remember(req: &Request<'_>, config: &Config, d: &Decision) {
     fence(Release);
     let now = clock::now_ms();
     let database = this_database();
-    slot.generation.store(header.generation(database).load(Acquire), Relaxed);
     slot.tag.store(tag, Relaxed);
     slot.database.store(database, Relaxed);
     slot.len.store(len, Relaxed);
