@@ -158,3 +158,37 @@ def test_without_preload_the_views_are_empty_and_say_once_how_to_enable_them(clu
         assert conn.execute("SELECT rate_limiter.stats_reset()").fetchone() == (0,)
         assert notices == [("55000", "rate_limiter statistics are off: the library is not in shared_preload_libraries",
                             "Add rate_limiter to shared_preload_libraries in postgresql.conf and restart the server.")]
+
+
+def test_the_room_of_dropped_databases_goes_to_new_names(cluster):
+    """0.4.0 kept a dropped database's entries until a restart: five databases of 250 names
+    each, dropped, left every new name of every other database in `*other*`. Here two
+    databases fill the room (10 names each of 20), are dropped, and a third has all of it."""
+    c = cluster(PORTS["stats"], ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.stats_max_names=20",
+                                 "-c rate_limiter.stats_max_names_per_database=10", "-c rate_limiter.prune_interval=0"])
+    config = '{"kind": "token bucket", "rate": 1, "period": "1 hour"}'
+
+    def call_names(dbname, names):
+        with c.connect(dbname) as conn:
+            for n in names:
+                conn.execute("SELECT rate_limiter.rate_limit(%s, 'k', config => %s)", (n, config))
+            return sorted(conn.execute("SELECT name FROM rate_limiter.stats").fetchall())
+
+    with c.connect() as admin:
+        for round in range(3):  # dropped and created again, three times over
+            for d in ("d1", "d2"):
+                admin.execute(f"CREATE DATABASE {d}")
+                with c.connect(d) as conn:
+                    conn.execute("CREATE EXTENSION rate_limiter")
+                assert len(call_names(d, [f"{d}_{round}_{i}" for i in range(10)])) == 10
+            for d in ("d1", "d2"):
+                admin.execute(f"DROP DATABASE {d}")
+        admin.execute("CREATE DATABASE d3")
+        with c.connect("d3") as conn:
+            conn.execute("CREATE EXTENSION rate_limiter")
+        assert call_names("d3", [f"n{i}" for i in range(10)]) == sorted((f"n{i}",) for i in range(10)), \
+            "every name has a row of its own, none is in *other*"
+        # The dropped databases' rows are gone from every view.
+        with c.connect() as conn:
+            names = {n for (n,) in conn.execute("SELECT name FROM rate_limiter.stats_every_database()")}
+        assert not any(n.startswith("d1_") or n.startswith("d2_") for n in names)

@@ -5,7 +5,8 @@
 //! counts what finds no room at all. Each database sees and resets its own entries only, and
 //! holds at most `rate_limiter.stats_max_names_per_database` names, so no database can fill
 //! the room of the others; its names beyond that are counted under its own `*other*` entry.
-//! An entry is kept until the server stops, so a backend
+//! An entry is kept until the server stops or its database is dropped (its room is then
+//! handed out again), so a backend
 //! remembers which entry is whose and counts with atomic adds, taking no lock; only a denial
 //! takes its entry's spinlock, for the few instructions that count the key in the entry's
 //! `TopKeys` sketch. Nothing is
@@ -38,6 +39,8 @@ static TRACK: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 /// Entries kept apart for the `*other*` rows of databases, beyond `stats_max_names`.
 const OTHER_ROWS: u32 = 64;
+/// A slot whose entry's database was dropped.
+const VACATED: u32 = u32::MAX;
 
 const TRANCHE: &CStr = c"rate_limiter_stats";
 const SHMEM_NAME: &CStr = c"rate_limiter stats";
@@ -62,8 +65,8 @@ struct Entry {
     /// The database whose entry this is (0: entry 0, which no database's view shows);
     /// written with the name.
     database: AtomicU32,
-    /// Its database was dropped: the entry answers for no database, and a new database with
-    /// the same OID starts without it. (Its room is not handed out again.)
+    /// Its database was dropped: the entry answers for no database, a new database with the
+    /// same OID starts without it, and its room goes to the next new name of any database.
     dropped: AtomicBool,
     stats_reset: AtomicI64,
     name: UnsafeCell<[u8; MAX_NAME_BYTES]>,
@@ -86,7 +89,8 @@ struct Header {
 
 struct Shared {
     header: &'static Header,
-    /// 1 + the index of the entry whose name hashes there; 0 for free.
+    /// 1 + the index of the entry whose name hashes there; 0 for free, `VACATED` where an
+    /// entry of a dropped database was (lookups go on past it, a new name may take it).
     slots: &'static [AtomicU32],
     entries: &'static [Entry],
 }
@@ -235,16 +239,21 @@ impl Shared {
     }
 
     /// Give entry `i` to `name` of `database`. Under the lock that hands out entries (or in
-    /// the postmaster).
+    /// the postmaster); `i` is new (`used`) or a dropped database's, which no reader shows.
     fn publish(&self, i: usize, database: pg_sys::Oid, name: &str) {
         let entry = &self.entries[i];
-        // SAFETY: entry i is not published yet (`used` is still i), so no reader looks at its
-        // name; callers hold the registry lock (or are the postmaster), so no other writer does.
+        entry.name_len.store(0, Release);
+        // SAFETY: entry i is not published yet (`used` is still i) or dropped, so no reader
+        // shows its name; callers hold the registry lock (or are the postmaster), so no other
+        // writer touches it.
         unsafe { (&mut *entry.name.get())[..name.len()].copy_from_slice(name.as_bytes()) };
         entry.database.store(database.to_u32(), Relaxed);
-        entry.stats_reset.store(now(), Relaxed);
+        entry.clear();
         entry.name_len.store(name.len() as u32, Release);
-        self.header.used.store(i as u32 + 1, Release);
+        if i as u32 >= self.header.used.load(Relaxed) {
+            self.header.used.store(i as u32 + 1, Release);
+        }
+        entry.dropped.store(false, Release);
     }
 
     /// The entry of `name` in `database`: its own; a new one while there is room, in the
@@ -270,26 +279,37 @@ impl Shared {
         }
     }
 
-    /// The entry of (database, name), or the free slot where it would go. Under the lock.
+    /// The entry of (database, name), or the slot where it would go (the first vacated one
+    /// on its way, else the free one that ends it). Under the lock.
     fn find_slot(&self, database: pg_sys::Oid, name: &str) -> Result<usize, usize> {
         let mask = self.header.slots as usize - 1;
         let mut at = hash::of([&database.to_u32().to_le_bytes()[..], name.as_bytes()]) as usize & mask;
-        loop {
-            match self.slots[at].load(Relaxed) as usize {
-                0 => return Err(at),
-                taken if self.of_database(taken - 1, database) && self.name(taken - 1) == name => return Ok(taken - 1),
-                _ => at = (at + 1) & mask,
+        let mut vacated = None;
+        // At most every slot once: vacated slots may leave none free.
+        for _ in 0..self.slots.len() {
+            match self.slots[at].load(Relaxed) {
+                0 => return Err(vacated.unwrap_or(at)),
+                VACATED => {
+                    vacated.get_or_insert(at);
+                }
+                taken if self.of_database(taken as usize - 1, database) && self.name(taken as usize - 1) == name => {
+                    return Ok(taken as usize - 1)
+                }
+                _ => {}
             }
+            at = (at + 1) & mask;
         }
+        Err(vacated.expect("more slots than entries: some slot is free or vacated"))
     }
 
-    /// A new entry for (database, name) in free slot `at`, if there is room: names have
-    /// `stats_max_names`, `*other*` rows what is left. Under the lock.
+    /// A new entry for (database, name) in slot `at`, if there is room: names have
+    /// `stats_max_names`, `*other*` rows what is left. A dropped database's entry first, then
+    /// one never used. Under the lock.
     fn add(&self, at: usize, database: pg_sys::Oid, name: &str) -> Option<usize> {
-        let i = self.header.used.load(Relaxed) as usize;
-        if i >= self.entries.len() {
-            return None;
-        }
+        let used = self.header.used.load(Relaxed) as usize;
+        let i = (1..used)
+            .find(|i| self.entries[*i].dropped.load(Relaxed))
+            .or((used < self.entries.len()).then_some(used))?;
         if name != OTHER {
             if self.header.names.load(Relaxed) >= self.header.max_names {
                 return None;
@@ -316,14 +336,24 @@ impl Shared {
     }
 }
 
-/// The entries of a dropped database answer for no database any more (see `Entry::dropped`).
+/// The entries of a dropped database answer for no database any more (see `Entry::dropped`),
+/// and their room goes to new names. Called when `DROP DATABASE` commits, when the
+/// database's backends, the only ones that remember its entries, are gone.
 pub fn forget_database(database: pg_sys::Oid) {
     let Some(shared) = shared() else { return };
     // SAFETY: as in `find_or_add`: the registry lock, not held by this backend.
     let _held = unsafe { Held::take(shared.header.registry) };
     let used = shared.header.used.load(Relaxed) as usize;
-    for i in (1..used).filter(|i| shared.database(*i) == database) {
-        shared.entries[i].dropped.store(true, Relaxed);
+    for i in (1..used).filter(|i| shared.of_database(*i, database)) {
+        let name = shared.name(i);
+        if let Ok(found) = shared.find_slot(database, &name) {
+            let at = shared.slots.iter().position(|s| s.load(Relaxed) as usize == found + 1).expect("its slot");
+            shared.slots[at].store(VACATED, Relaxed);
+        }
+        if name != OTHER {
+            shared.header.names.fetch_sub(1, Relaxed);
+        }
+        shared.entries[i].dropped.store(true, Release);
     }
 }
 
@@ -467,21 +497,27 @@ pub fn reset(name: Option<&str>) -> i64 {
     let Some(shared) = shared() else { return 0 };
     let mut reset = 0;
     for i in shared.of(Scope::ThisDatabase).filter(|i| name.is_none_or(|n| shared.name(*i) == n)) {
-        let e = &shared.entries[i];
-        for counter in [&e.allowed, &e.denied, &e.tokens_granted, &e.tokens_reserved] {
-            counter.store(0, Relaxed);
-        }
-        e.last_allowed_at.store(0, Relaxed);
-        e.last_denied_at.store(0, Relaxed);
-        {
-            let _held = e.sketch_lock.lock();
-            // SAFETY: written under the entry's lock.
-            unsafe { (*e.top_denied.get()).clear() };
-        }
-        e.stats_reset.store(now(), Relaxed);
+        shared.entries[i].clear();
         reset += 1;
     }
     reset
+}
+
+impl Entry {
+    /// Counters and sketch to zero, counted from now.
+    fn clear(&self) {
+        for counter in [&self.allowed, &self.denied, &self.tokens_granted, &self.tokens_reserved] {
+            counter.store(0, Relaxed);
+        }
+        self.last_allowed_at.store(0, Relaxed);
+        self.last_denied_at.store(0, Relaxed);
+        {
+            let _held = self.sketch_lock.lock();
+            // SAFETY: written under the entry's lock.
+            unsafe { (*self.top_denied.get()).clear() };
+        }
+        self.stats_reset.store(now(), Relaxed);
+    }
 }
 
 // SAFETY: Entry's cells are written only as documented on each (under a lock, or before
