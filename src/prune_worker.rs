@@ -7,6 +7,15 @@
 //! The workers run as the bootstrap superuser in databases that other roles own: they pin
 //! `search_path` to `pg_catalog, pg_temp` first, find the extension by catalog lookups and
 //! call the pruning code directly, never through SQL that names the extension's objects.
+//!
+//! No database can hold the others back: a worker sets its own vacuum cost, lock and
+//! statement settings over the database's (`ALTER DATABASE ... SET vacuum_cost_delay`),
+//! skips a state table another transaction holds locked (`VACUUM (SKIP_LOCKED)`, a
+//! `lock_timeout` for the rest), ends when terminated, and the launcher waits at most one
+//! interval for each database's worker before it terminates it and goes on. (0.4.0 waited
+//! for each without a bound: one database owner's `BEGIN; ANALYZE rate_limiter.state;` left
+//! open stopped pruning in every database, and `pg_terminate_backend` did not end a worker
+//! in a vacuum's cost delay.)
 
 use std::ffi::CString;
 use std::time::Duration;
@@ -99,7 +108,9 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
                 .load_dynamic();
             match started {
                 Ok(worker) => {
-                    let _ = worker.wait_for_shutdown();
+                    if !wait_for(worker, Duration::from_secs(interval)) {
+                        return;
+                    }
                 }
                 Err(e) => log!("rate_limiter: could not start a prune worker: {e:?}"),
             }
@@ -107,15 +118,35 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
     }
 }
 
+/// Wait for a database's worker to end, at most `limit`; then terminate it and wait for that
+/// (it ends at its next interrupt check). False when the launcher itself was terminated.
+fn wait_for(worker: pgrx::bgworkers::DynamicBackgroundWorker, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while worker.pid().is_ok() {
+        if std::time::Instant::now() >= deadline {
+            log!("rate_limiter: a prune worker ran past rate_limiter.prune_interval; terminating it");
+            let _ = worker.terminate().wait_for_shutdown();
+            return true;
+        }
+        // Woken early by the worker's end (the launcher is its notify_pid).
+        if !BackgroundWorker::wait_latch(Some(Duration::from_millis(250))) {
+            return false;
+        }
+    }
+    true
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGTERM);
+    // SAFETY: the start of this worker, before it connects.
+    unsafe { storage::die_on_sigterm() };
     // SAFETY: the launcher passed a database OID as the argument.
     let database = unsafe { pg_sys::Oid::from_datum(arg, false) }.expect("a database OID");
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     // This worker is a superuser in a database another role may own.
     pin_search_path();
+    own_settings();
     // SAFETY: inside the transaction BackgroundWorker::transaction starts, as the catalog scan
     // needs; with missing_ok it returns InvalidOid rather than raise. No SQL, so no name
     // resolves through another role's schemas.
@@ -126,7 +157,8 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
         return;
     }
     let mut total = 0i64;
-    while !BackgroundWorker::sigterm_received() {
+    loop {
+        check_for_interrupts!();
         let started = std::time::Instant::now();
         // What rate_limiter.prune() does, called directly: the tables are found through the
         // extension's membership (see `cache`), so there is no function name to resolve.
@@ -137,9 +169,7 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
         }
         // Rest as long as the batch took: a backlog is worked off at half a core at most,
         // leaving the rest to the calls.
-        if !BackgroundWorker::wait_latch(Some(started.elapsed())) {
-            break;
-        }
+        rest(started.elapsed());
     }
     if total > 0 {
         vacuum_state();
@@ -151,16 +181,37 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
 /// database's or role's settings made it: the worker runs as a superuser in databases that
 /// other roles own, so nothing it runs may resolve a name through their schemas.
 fn pin_search_path() {
-    // SAFETY: both strings are static and NUL-terminated; the worker runs as the bootstrap
-    // superuser, so PGC_SUSET is a context it holds, and a bad value would raise, not corrupt.
+    set(c"search_path", c"pg_catalog, pg_temp");
+}
+
+/// The worker's own cost and waits, over the database's settings: its owner may not slow it
+/// (`vacuum_cost_delay`), nor make it wait on a lock for long or give up at once.
+fn own_settings() {
+    set(c"vacuum_cost_delay", c"0");
+    set(c"lock_timeout", c"5s");
+    set(c"statement_timeout", c"0");
+    set(c"idle_in_transaction_session_timeout", c"0");
+}
+
+fn set(name: &std::ffi::CStr, value: &std::ffi::CStr) {
+    // SAFETY: both strings are NUL-terminated and live through the call; the worker runs as
+    // the bootstrap superuser, so PGC_SUSET is a context it holds, and a bad value would
+    // raise, not corrupt.
     unsafe {
-        pg_sys::SetConfigOption(
-            c"search_path".as_ptr(),
-            c"pg_catalog, pg_temp".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        );
+        pg_sys::SetConfigOption(name.as_ptr(), value.as_ptr(), pg_sys::GucContext::PGC_SUSET, pg_sys::GucSource::PGC_S_OVERRIDE);
     }
+}
+
+/// Sleep on the latch for `how_long`; a termination ends the worker here (`die`).
+fn rest(how_long: Duration) {
+    let events = (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32;
+    // SAFETY: MyLatch is this process's own latch; it is reset after the wait, before the
+    // interrupt check, as latch.h prescribes.
+    unsafe {
+        pg_sys::WaitLatch(pg_sys::MyLatch, events, how_long.as_millis().max(1) as i64, pg_sys::PG_WAIT_EXTENSION);
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    check_for_interrupts!();
 }
 
 /// `VACUUM` of the extension's state table, found by OID: pruned rows are dead tuples until
@@ -170,7 +221,9 @@ fn pin_search_path() {
 fn vacuum_state() {
     let (state, name) = BackgroundWorker::transaction(|| {
         let state = cache::relations().state;
-        (state, CString::new(format!("VACUUM {}", cache::qualified_name(state))).expect("no NUL in names"))
+        // SKIP_LOCKED: a transaction that holds the table (an owner's ANALYZE left open) makes
+        // this vacuum wait for the next round, not for it.
+        (state, CString::new(format!("VACUUM (SKIP_LOCKED) {}", cache::qualified_name(state))).expect("no NUL in names"))
     });
     // Parse tree and vacuum's own memory live in a portal context, as for a command from a
     // client: VACUUM commits and starts transactions as it goes.

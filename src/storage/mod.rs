@@ -28,6 +28,7 @@ pub use debits::{log_is_subscribed, DebitLog, Seen};
 pub use lookup::{load_limit, Lookup};
 pub use sql::{delete, delete_listed, prune, upsert_limit, upsert_listed};
 pub use row::{Created, Locked, Row, Slot, Written};
+pub use server::die_on_sigterm;
 pub use state::StateTable;
 
 /// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a

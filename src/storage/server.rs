@@ -134,3 +134,26 @@ pub unsafe fn attribute<'a>(desc: pg_sys::TupleDesc, i: usize) -> &'a pg_sys::Fo
         &*(*desc).attrs.as_ptr().add(i)
     }
 }
+
+/// SIGTERM handled as a backend handles it (`die`: the next interrupt check ends the
+/// process), then signals unblocked: for a background worker that must stop when terminated
+/// even in the middle of a vacuum's cost delay or a lock wait. 18 renamed the backend's
+/// `pqsignal` to `pqsignal_be`.
+///
+/// # Safety
+/// Only at the start of a background worker, before it connects.
+pub unsafe fn die_on_sigterm() {
+    // The server's own `die`, as a handler: pgrx's binding of it is a Rust function.
+    extern "C-unwind" {
+        #[link_name = "die"]
+        fn server_die(signal: std::ffi::c_int);
+    }
+    // SAFETY: the caller's contract; `die` is PostgreSQL's own handler for this signal.
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(server_die));
+        #[cfg(feature = "pg18")]
+        pg_sys::pqsignal_be(pg_sys::SIGTERM as i32, Some(server_die));
+        pg_sys::BackgroundWorkerUnblockSignals();
+    }
+}
