@@ -144,7 +144,7 @@ pub fn credit(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisio
     let config = Config { lock_timeout: None, ..*config };
     let d = write(table, req, &config, &|states, per_shard, now| bucket::plan_credit(states, per_shard, now, req.count));
     if d.granted < 0.0 {
-        deny_cache::forget_this_database();
+        deny_cache::forget_pair(req.name, req.key);
     }
     d
 }

@@ -121,8 +121,10 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
 /// Wait for a database's worker to end, at most `limit`; then terminate it and wait for that
 /// (it ends at its next interrupt check). False when the launcher itself was terminated.
 fn wait_for(worker: pgrx::bgworkers::DynamicBackgroundWorker, limit: Duration) -> bool {
+    use pgrx::bgworkers::BackgroundWorkerStatus::{PostmasterDied, Stopped};
     let deadline = std::time::Instant::now() + limit;
-    while worker.pid().is_ok() {
+    // Not yet started counts as running: the postmaster forks it after this registered it.
+    while !matches!(worker.pid(), Err(Stopped | PostmasterDied)) {
         if std::time::Instant::now() >= deadline {
             log!("rate_limiter: a prune worker ran past rate_limiter.prune_interval; terminating it");
             let _ = worker.terminate().wait_for_shutdown();

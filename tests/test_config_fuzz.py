@@ -58,9 +58,8 @@ def attempt(conn, sql, args):
         with conn.transaction():
             conn.execute(sql, args)
         return None
-    except psycopg.OperationalError:
-        raise AssertionError(f"the connection was lost: {sql} {args}")
     except psycopg.Error as e:
+        assert not conn.broken, f"the connection was lost: {sql} {args}"
         assert e.sqlstate != "XX000", f"internal error from {sql} {args}: {e.diag.message_primary} {e.diag.message_detail}"
         return e.sqlstate
 

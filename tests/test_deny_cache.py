@@ -52,7 +52,7 @@ def test_other_keys_and_checks_are_not_answered_from_the_cache(db, name):
 
 
 @pytest.mark.parametrize("change", [
-    "SELECT rate_limiter.reset_rate_limit(%(n)s, 'other')",
+    "SELECT rate_limiter.reset_rate_limit(%(n)s, 'k')",
     "SELECT rate_limiter.define(%(n)s, 'token bucket', 1, '1 hour', deny_cache => '1 hour')",
     "UPDATE rate_limiter.limits SET rate = 1 WHERE name = %(n)s",
     "SELECT rate_limiter.block(NULL, 'someone else')",
@@ -67,6 +67,20 @@ def test_reset_define_and_block_changes_empty_the_cache(db, name, change):
     db.execute(change, {"n": name})
     assert limit(db, name, "k")[0]
     db.execute("DELETE FROM rate_limiter.blocks")
+
+
+def test_a_reset_or_credit_of_one_key_leaves_the_others_denials(db, name):
+    define(db, name, rate=1, period="1 hour", deny_cache="1 hour")
+    at(db, NOW)
+    for key in ("a", "b"):
+        assert limit(db, name, key)[0]
+        assert not limit(db, name, key)[0]  # cached
+    refill(db, name)
+    assert db.execute("SELECT granted FROM rate_limiter.credit(%s, 'a', 1)", (name,)).fetchone() == (0,), \
+        "refilled behind the limiter's back: nothing to give"
+    db.execute("SELECT rate_limiter.reset_rate_limit(%s, 'a')", (name,))
+    assert limit(db, name, "a")[0], "a's denial is forgotten"
+    assert not limit(db, name, "b")[0], "b's stays"
 
 
 def test_a_credit_that_gives_back_empties_the_cache(db, name):
@@ -159,7 +173,7 @@ def test_a_database_whose_oid_collides_cannot_empty_another_databases_cache(db, 
             o.execute("SELECT rate_limiter.reset_rate_limit(%s, 'k')", (name,))
             o.execute("SELECT rate_limiter.credit(%s, 'k', 1)", (name,))
         assert not limit(db, name, "k")[0], "still answered from this database's cache"
-        db.execute("SELECT rate_limiter.reset_rate_limit(%s, 'other key')", (name,))
+        db.execute("SELECT rate_limiter.define(%s, 'token bucket', 1, '1 hour', deny_cache => '1 hour')", (name,))
         assert limit(db, name, "k")[0], "this database's own change empties it"
     finally:
         db.execute(f"DROP DATABASE IF EXISTS {other} WITH (FORCE)")

@@ -373,3 +373,25 @@ def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_ev
         assert any(used == capacity for (used,) in epochs[:-1]), f"the load ran the key down: {epochs}"
         left = c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('c', 'k', 0)").fetchone()[0]
         assert epochs[-1][0] + left == capacity
+
+
+def test_a_hot_limit_from_before_the_bounds_can_be_defined_again_and_then_dropped(database):
+    """A hot limit that 0.4.0 took (a rolling window of 178 million years) with debits in its
+    log: 0.5.0 refuses its config, and with it a fold under it. Dropping it is refused with a
+    hint while its debits are unfolded; defining it again, hot, within the bounds counts them
+    under the new config; then it can be dropped."""
+    with psycopg.connect(dbname=database, autocommit=True) as c:
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        c.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period, hot) "
+                  "VALUES ('ages', 'rolling window', 5, '178000000 years', true)")
+        c.execute(f"INSERT INTO rate_limiter.debits VALUES (1, 'ages', 'k', '{NOW}', 3)")  # as 0.4.0 logged
+        with pytest.raises(errors.InvalidParameterValue):
+            c.execute("SELECT ok FROM rate_limiter.rate_limit('ages', 'k')")
+        with pytest.raises(errors.InvalidParameterValue) as refused:
+            c.execute("DELETE FROM rate_limiter.limits WHERE name = 'ages'")
+        assert "define it again" in str(refused.value) and refused.value.diag.message_hint
+        define(c, "ages", "rolling window", rate=5, period="100 years", hot=True)
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('ages', 'k', 0)").fetchone() == (2,)
+        assert admitted(c, "ages", "k") == 2, "the 3 logged under the old config still count"
+        c.execute("DELETE FROM rate_limiter.limits WHERE name = 'ages'")
+        assert logged(c) == 0, "folded on the way out"

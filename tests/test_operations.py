@@ -393,8 +393,8 @@ def test_the_background_worker_prunes_and_vacuums_every_database_that_has_the_ex
 
 def test_no_database_owner_can_stop_or_slow_pruning_in_another_database(clusters):
     """Issue 31: in 0.4.0 one database's owner stopped the prune worker for every database by
-    leaving `BEGIN; ANALYZE rate_limiter.state;` open (the worker's VACUUM waited for it, and
-    the launcher for the worker), or slowed it with `ALTER DATABASE ... SET
+    leaving `BEGIN; ANALYZE;` open (the worker's VACUUM waited for it, and the launcher for
+    the worker, without a bound), or slowed it with `ALTER DATABASE ... SET
     vacuum_cost_delay`; `pg_terminate_backend` did not end a worker that waited."""
     cluster = clusters("worker", PORTS["worker"], ["-c shared_preload_libraries=rate_limiter",
                                                    "-c rate_limiter.prune_interval=2s"]).init().start()
@@ -412,11 +412,16 @@ def test_no_database_owner_can_stop_or_slow_pruning_in_another_database(clusters
             wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (0,),
                      "b to be pruned", timeout=within)
 
-    # An owner's ANALYZE left open in a: a's vacuum skips the table, b is pruned.
+    def interval(setting):
+        with cluster.connect() as c:
+            c.execute(f"ALTER SYSTEM SET rate_limiter.prune_interval = '{setting}'")
+            c.execute("SELECT pg_reload_conf()")
+
+    # The owner's ANALYZE of every table of a, left open: a's vacuum skips the table.
     with cluster.connect("a") as c:
         expired_rows(c, 2000)
     with cluster.connect("a", user="mallory", autocommit=False) as held:
-        held.execute("ANALYZE rate_limiter.state")
+        held.execute("ANALYZE")
         pruned_in_b(within=20)
         held.rollback()
     # The owner's cost settings for a: the worker keeps its own.
@@ -426,20 +431,32 @@ def test_no_database_owner_can_stop_or_slow_pruning_in_another_database(clusters
     with cluster.connect("a") as c:
         expired_rows(c, 20000)
     pruned_in_b(within=20)
-    # A worker waiting for a lock in a ends when terminated, well before its lock_timeout.
+    # A worker that waits in a longer than an interval (2 s, less than its 5 s lock_timeout)
+    # is terminated by the launcher, which goes on to b.
+    with cluster.connect("a") as c:
+        expired_rows(c, 2000)
+    with cluster.connect("a", autocommit=False) as held:
+        held.execute("LOCK TABLE rate_limiter.state IN EXCLUSIVE MODE")
+        wait_for(lambda: "ran past rate_limiter.prune_interval" in cluster.log(), "the launcher to end a's worker",
+                 timeout=20)
+        pruned_in_b(within=20)
+        held.rollback()
+    # With an interval longer than its lock_timeout, a worker waiting for a lock in a ends when
+    # terminated, at once.
+    interval("8s")
     with cluster.connect("a") as c:
         expired_rows(c, 2000)
     with cluster.connect("a", autocommit=False) as held, cluster.connect() as admin:
         held.execute("LOCK TABLE rate_limiter.state IN EXCLUSIVE MODE")
         waiting = "SELECT pid FROM pg_stat_activity WHERE backend_type = 'rate_limiter prune' " \
                   "AND datname = 'a' AND wait_event_type = 'Lock'"
-        wait_for(lambda: admin.execute(waiting).fetchone(), "a's worker to wait for the lock", timeout=20)
+        wait_for(lambda: admin.execute(waiting).fetchone(), "a's worker to wait for the lock", timeout=30)
         pid = admin.execute(waiting).fetchone()[0]
         assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
         wait_for(lambda: not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone(),
                  "the terminated worker to end", timeout=2)
         held.rollback()
-    pruned_in_b(within=20)
+    pruned_in_b(within=30)
 
 
 def test_the_pg_cron_recipe_prunes(clusters):

@@ -28,7 +28,7 @@ fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
         limiter::hot::reset(name, key);
     }
     storage::delete(name, key);
-    deny_cache::forget_this_database();
+    deny_cache::forget_pair(name, key);
 }
 
 /// Deny `name`'s `key` (every limit's when `name` is NULL) until `until`, with `note`.

@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 use crate::bucket::Config;
 use crate::cache;
 use crate::config::LimitRow;
+use crate::error::Error;
 use crate::limiter::{self, hot::Change};
 use crate::storage;
 use crate::shmem::deny_cache;
@@ -54,9 +55,21 @@ fn hot_limit_changing(trigger: &PgTrigger<'_>) {
     let name = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<String>("name").ok().flatten().unwrap_or_default();
     let (old, new) = (trigger.old(), trigger.new());
     if let Some(old) = old.as_ref().filter(|row| hot(row)) {
-        // Its debits are folded with the config they were admitted under.
-        let was = Config::try_from(&limit_row(old)).unwrap_or_else(|e| e.raise());
-        limiter::hot::limit_changing(&name(old), Some(&was), change);
+        // Its debits are folded with the config they were admitted under. A config outside
+        // the bounds (a limit defined before 0.5.0) folds nothing: while the limit stays hot
+        // under its name, its log is replayed under the new config; else the change is
+        // refused while the log holds its debits, which nothing could fold.
+        let was = Config::try_from(&limit_row(old)).ok();
+        let stays_hot = new.as_ref().is_some_and(|row| hot(row) && name(row) == name(old));
+        if was.is_none() && !stays_hot && limiter::hot::logged(&name(old)) {
+            Error::OutOfRange(format!(
+                "the hot limit \"{}\" is outside the bounds, so its debits cannot be folded: define it again, \
+                 hot, within them first",
+                name(old)
+            ))
+            .raise()
+        }
+        limiter::hot::limit_changing(&name(old), was.as_ref(), change);
     }
     if let Some(new) = new.as_ref().filter(|row| hot(row)) {
         let renamed = old.as_ref().is_none_or(|old| !hot(old) || name(old) != name(new));

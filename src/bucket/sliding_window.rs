@@ -27,7 +27,8 @@ struct Windows {
 /// The tokens taken in the window starting at `state.ts`.
 fn current(state: State, config: &Config) -> f64 {
     match state.counts.as_slice() {
-        [_, current, ..] => *current,
+        [_, current] => *current,
+        // 0.4.0's row, or another kind's (a rolling window redefined as a sliding one).
         _ => (config.rate - state.value).max(0.0),
     }
 }

@@ -237,6 +237,11 @@ pub fn limit_changing(name: &str, was: Option<&Config>, change: Change) {
     }
 }
 
+/// Whether the log holds a debit of `name`, committed or not.
+pub fn logged(name: &str) -> bool {
+    DebitLog::open(None).holds(name)
+}
+
 /// `TRUNCATE rate_limiter.limits`: refused while a log holds debits not yet folded (their
 /// configs are gone, and a limit defined again would forget them); else every escrow of the
 /// database goes at commit.

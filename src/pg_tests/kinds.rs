@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(admitted, 9, "10 in the window, one of them taken under the rate of 100");
         // Raised again: the 10 taken are still taken.
         run("SELECT rate_limiter.define('lowered', 'sliding window', 100, '1 hour')");
-        assert_eq!(decide("rate_limiter.check_rate_limit('lowered', 'k')").remaining, 90.0);
+        assert_eq!(decide("rate_limiter.check_rate_limit('lowered', 'k', 0)").remaining, 90.0);
     }
 
     /// Issue 31: a role with EXECUTE on credit, bringing its own inline config of a rate of a

@@ -22,7 +22,7 @@ pub unsafe fn area(name: &CStr, size: usize) -> (*mut u8, bool) {
     }
 }
 
-/// An LWLock held exclusively until dropped, on error paths too.
+/// An LWLock held until dropped, on error paths too.
 pub struct Held(*mut pg_sys::LWLock);
 
 impl Held {
@@ -32,6 +32,16 @@ impl Held {
         // SAFETY: the caller promises an initialized lock not held here; LWLockAcquire waits
         // or raises, and the guard releases it exactly once.
         unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE) };
+        Held(lock)
+    }
+
+    /// Held shared, beside other readers.
+    ///
+    /// # Safety
+    /// As `take`.
+    pub unsafe fn share(lock: *mut pg_sys::LWLock) -> Held {
+        // SAFETY: as in `take`.
+        unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_SHARED) };
         Held(lock)
     }
 

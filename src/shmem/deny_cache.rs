@@ -6,9 +6,10 @@
 //! It only ever denies, and only what a real denial just found, so it cannot let anything
 //! through; what it may do is deny a little longer than the state would: after tokens come
 //! back early (a rollback of another transaction, `reset_rate_limit`, `define`, a direct
-//! write to the tables), for at most the limit's `deny_cache`. `reset_rate_limit`, `credit`
-//! and every change to `rate_limiter.limits` or `rate_limiter.blocks` empty the slots of
-//! their database, and `DROP DATABASE` those of the database it drops, as soon as they run:
+//! write to the tables), for at most the limit's `deny_cache`. `reset_rate_limit` and
+//! `credit` forget their key's denial, every change to `rate_limiter.limits`,
+//! `rate_limiter.blocks` or `rate_limiter.allows` the slots of its database, and `DROP
+//! DATABASE` those of the database it drops, as soon as they run:
 //! each slot holds its database's OID, and no other database's change empties it. (0.4.0
 //! kept a generation number per database OID modulo 1,024, so a role that could create a
 //! database with a chosen OID could empty another database's cache at will.)
@@ -150,37 +151,69 @@ fn this_database() -> u32 {
 }
 
 /// Empty this database's part of the table: every slot it wrote before now answers nothing.
+/// Once per command: a statement that changes many rows of the limits, blocks or allows
+/// (whose trigger runs this per row) scans the table once.
 pub fn forget_this_database() {
-    forget(this_database());
+    // SAFETY: plain reads of this backend's transaction state, inside a transaction.
+    let command = unsafe { (pg_sys::GetTopTransactionIdIfAny().into_inner(), pg_sys::GetCurrentCommandId(false)) };
+    if command.0 != 0 && LAST_FORGET.replace(Some(command)) == Some(command) {
+        return;
+    }
+    forget(|database, _| database == this_database());
 }
 
 /// Empty a dropped database's part of the table, before a new one can have its OID.
 pub fn forget_database(database: pg_sys::Oid) {
-    forget(database.to_u32());
+    forget(|held, _| held == database.to_u32());
 }
 
-/// Every slot of `database` made to answer nothing: one pass over the table (16,384 slots
-/// by default, tens of microseconds), at each change that empties it.
-fn forget(database: u32) {
+/// Forget the denial cached for (name, key) in this database, named or inline: what a credit
+/// or a reset of that key gives back. Its slot is the one its hash maps to.
+pub fn forget_pair(name: &str, key: Option<&str>) {
+    let Some((_, slots)) = table() else { return };
+    for inline in [false, true] {
+        let req = Request { name, key, count: 0.0, reserve: false, inline };
+        if let Some((tag, _, _)) = identity(this_database(), &req) {
+            empty_if(&slots[tag as usize & (slots.len() - 1)], |_, held| held == tag);
+        }
+    }
+}
+
+thread_local! {
+    /// The (transaction, command) of the last `forget_this_database`.
+    static LAST_FORGET: std::cell::Cell<Option<(u32, u32)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Every slot for which `whose(database, tag)` holds emptied: one pass over the table
+/// (16,384 slots by default, tens of microseconds).
+fn forget(whose: impl Fn(u32, u64) -> bool) {
     let Some((_, slots)) = table() else { return };
     for slot in slots {
-        loop {
-            let seq = slot.seq.load(Acquire);
-            if seq % 2 == 1 {
-                // A writer is filling it, maybe for this database: wait for it, a moment.
-                std::hint::spin_loop();
-                continue;
-            }
-            if seq == 0 || slot.database.load(Relaxed) != database {
-                break;
-            }
-            if slot.seq.compare_exchange(seq, seq + 1, Acquire, Relaxed).is_ok() {
-                fence(Release);
-                slot.expires.store(0, Relaxed);
-                slot.tag.store(0, Relaxed);
-                slot.seq.store(seq + 2, Release);
-                break;
-            }
+        empty_if(slot, &whose);
+    }
+}
+
+/// Empty `slot` (it answers nothing, and no later forget looks at it) if it holds a denial
+/// for which `whose(database, tag)` holds.
+fn empty_if(slot: &Slot, whose: impl Fn(u32, u64) -> bool) {
+    loop {
+        let seq = slot.seq.load(Acquire);
+        if seq % 2 == 1 {
+            // A writer is filling it (a few plain stores, nothing that can fail): a moment.
+            std::hint::spin_loop();
+            continue;
+        }
+        let database = slot.database.load(Relaxed);
+        if seq == 0 || database == 0 || !whose(database, slot.tag.load(Relaxed)) {
+            return;
+        }
+        if slot.seq.compare_exchange(seq, seq + 1, Acquire, Relaxed).is_ok() {
+            fence(Release);
+            slot.expires.store(0, Relaxed);
+            slot.tag.store(0, Relaxed);
+            slot.database.store(0, Relaxed);
+            slot.seq.store(seq + 2, Release);
+            return;
         }
     }
 }
@@ -266,14 +299,15 @@ pub fn remember(req: &Request<'_>, config: &Config, d: &Decision) {
     let Some((_, slots)) = table() else { return };
     let Some((tag, words, len)) = identity(this_database(), req) else { return };
     let slot = &slots[tag as usize & (slots.len() - 1)];
+    // Read before the slot is taken: nothing between its odd and even seq may fail.
+    let now = clock::now_ms();
+    let database = this_database();
     let seq = slot.seq.load(Relaxed);
     if seq % 2 == 1 || slot.seq.compare_exchange(seq, seq + 1, Acquire, Relaxed).is_err() {
         return;
     }
     // The odd seq is seen before any field written below.
     fence(Release);
-    let now = clock::now_ms();
-    let database = this_database();
     slot.tag.store(tag, Relaxed);
     slot.database.store(database, Relaxed);
     slot.len.store(len, Relaxed);

@@ -228,7 +228,7 @@ impl Shared {
 
     /// Whether entry `i` is (name, key)'s of a live `database`.
     fn of_database(&self, i: usize, database: pg_sys::Oid) -> bool {
-        self.database(i) == database && !self.entries[i].dropped.load(Relaxed)
+        self.database(i) == database && !self.entries[i].dropped.load(Acquire)
     }
 
     fn name(&self, i: usize) -> String {
@@ -282,6 +282,11 @@ impl Shared {
     /// The entry of (database, name), or the slot where it would go (the first vacated one
     /// on its way, else the free one that ends it). Under the lock.
     fn find_slot(&self, database: pg_sys::Oid, name: &str) -> Result<usize, usize> {
+        self.find(database, name).map(|(_, entry)| entry)
+    }
+
+    /// As `find_slot`, with the slot of the entry found.
+    fn find(&self, database: pg_sys::Oid, name: &str) -> Result<(usize, usize), usize> {
         let mask = self.header.slots as usize - 1;
         let mut at = hash::of([&database.to_u32().to_le_bytes()[..], name.as_bytes()]) as usize & mask;
         let mut vacated = None;
@@ -293,7 +298,7 @@ impl Shared {
                     vacated.get_or_insert(at);
                 }
                 taken if self.of_database(taken as usize - 1, database) && self.name(taken as usize - 1) == name => {
-                    return Ok(taken as usize - 1)
+                    return Ok((at, taken as usize - 1))
                 }
                 _ => {}
             }
@@ -330,7 +335,7 @@ impl Shared {
         // Entry 0 (what no database had room for) belongs to no database's view.
         let first = if scope == Scope::EveryDatabase { 0 } else { 1 };
         (first..used).filter(move |i| match scope {
-            Scope::EveryDatabase => !self.entries[*i].dropped.load(Relaxed),
+            Scope::EveryDatabase => !self.entries[*i].dropped.load(Acquire),
             _ => self.of_database(*i, database),
         })
     }
@@ -346,8 +351,7 @@ pub fn forget_database(database: pg_sys::Oid) {
     let used = shared.header.used.load(Relaxed) as usize;
     for i in (1..used).filter(|i| shared.of_database(*i, database)) {
         let name = shared.name(i);
-        if let Ok(found) = shared.find_slot(database, &name) {
-            let at = shared.slots.iter().position(|s| s.load(Relaxed) as usize == found + 1).expect("its slot");
+        if let Ok((at, _)) = shared.find(database, &name) {
             shared.slots[at].store(VACATED, Relaxed);
         }
         if name != OTHER {
@@ -449,6 +453,9 @@ pub fn enabled() -> bool {
 /// The entries of `scope`.
 pub fn rows(scope: Scope) -> Vec<Row> {
     let Some(shared) = shared() else { return Vec::new() };
+    // Shared: no dropped database's entry is handed out again while it is read.
+    // SAFETY: as in `find_or_add`: the registry lock, not held by this backend.
+    let _held = unsafe { Held::share(shared.header.registry) };
     let at = |t: &AtomicI64| Some(t.load(Relaxed)).filter(|t| *t != 0);
     shared
         .of(scope)
@@ -475,6 +482,9 @@ pub fn rows(scope: Scope) -> Vec<Row> {
 /// The sketch of the entries of `scope`, by database and name.
 pub fn top_denied(scope: Scope) -> Vec<(pg_sys::Oid, String, Vec<Heavy>)> {
     let Some(shared) = shared() else { return Vec::new() };
+    // Shared: no dropped database's entry is handed out again while it is read.
+    // SAFETY: as in `find_or_add`: the registry lock, not held by this backend.
+    let _held = unsafe { Held::share(shared.header.registry) };
     // SAFETY: TopKeys is integers and bytes, valid at all zeros.
     let mut copy: Box<TopKeys> = unsafe { Box::new(std::mem::zeroed()) };
     shared
@@ -495,6 +505,9 @@ pub fn top_denied(scope: Scope) -> Vec<(pg_sys::Oid, String, Vec<Heavy>)> {
 /// names keep their entries. Returns how many entries were reset.
 pub fn reset(name: Option<&str>) -> i64 {
     let Some(shared) = shared() else { return 0 };
+    // Shared: no dropped database's entry is handed out again while it is read.
+    // SAFETY: as in `find_or_add`: the registry lock, not held by this backend.
+    let _held = unsafe { Held::share(shared.header.registry) };
     let mut reset = 0;
     for i in shared.of(Scope::ThisDatabase).filter(|i| name.is_none_or(|n| shared.name(*i) == n)) {
         shared.entries[i].clear();

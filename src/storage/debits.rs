@@ -181,6 +181,22 @@ impl DebitLog {
         }
     }
 
+    /// Whether the log holds a debit of `name`, committed or not: one probe of `debits_key`.
+    pub fn holds(&self, name: &str) -> bool {
+        let index = self.indexes[BY_KEY];
+        // SAFETY: as in `last_seq`; the key compares debits_key's first column with texteq.
+        unsafe {
+            let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
+            dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+            let mut keys = [equal_key(index, 1, pg_sys::F_TEXTEQ, text(name))];
+            let scan = server::index_beginscan(self.heap, index, &mut dirty, 1);
+            pg_sys::index_rescan(scan, keys.as_mut_ptr(), 1, null_mut(), 0);
+            let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, self.tuple_slot);
+            pg_sys::index_endscan(scan);
+            found
+        }
+    }
+
     /// The highest number in the log, committed or not (0 when empty).
     pub fn last_seq(&self) -> u64 {
         // SAFETY: as in `read`; a dirty snapshot also sees rows of transactions in flight.
