@@ -516,6 +516,14 @@ fn sliding_window_counts_hold_under_another_rate() {
     let (back, given) = super::credit::credit(one, &config(Kind::SlidingWindow, 1e6, MINUTE), NOW, 1e6);
     assert_eq!(given, 1.0);
     assert_eq!(check(back, &low, NOW, 0.0, false).available, 10.0);
+    // The modes read the same counts: 6 of 10 taken leaves 4 to a partial call, and a
+    // penalized one takes up to twice the rate in the window.
+    let partial = Config { mode: Mode::Partial, ..low };
+    let six = State { value: 4.0, ts: NOW, counts: Counts::new(&[0.0, 6.0]).unwrap(), granted_at: None };
+    assert_eq!(plan(&[six], &partial, NOW, 9.0, false).granted, 4.0);
+    let penalize = Config { mode: Mode::Penalize, ..low };
+    let ten = State { value: 0.0, ts: NOW, counts: Counts::new(&[0.0, 10.0]).unwrap(), granted_at: None };
+    assert_eq!(plan(&[ten], &penalize, NOW, 10.0, false).after[0].0.value, -10.0);
     let legacy = State { value: 99.0, ts: NOW, counts: Counts::new(&[0.0]).unwrap(), granted_at: None };
     assert_eq!(check(legacy, &low, NOW, 0.0, false).available, 10.0, "clamped, as a token bucket's level is");
     assert!(!check(legacy, &low, NOW, 11.0, false).ok);
