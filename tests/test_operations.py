@@ -391,6 +391,7 @@ def test_the_background_worker_prunes_and_vacuums_every_database_that_has_the_ex
         assert c.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rate_limiter prune launcher'").fetchone() == (1,)
 
 
+@every_version
 def test_no_database_owner_can_stop_or_slow_pruning_in_another_database(clusters):
     """Issue 31: in 0.4.0 one database's owner stopped the prune worker for every database by
     leaving `BEGIN; ANALYZE;` open (the worker's VACUUM waited for it, and the launcher for
