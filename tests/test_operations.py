@@ -270,7 +270,10 @@ def test_logical_replication_publisher_keeps_working_and_subscriber_applies(clus
         pub.execute("SELECT rate_limiter.reset_rate_limit('l', 'c')")
         state = "SELECT name, key, shard, value, ts, expires FROM rate_limiter.state ORDER BY key"
         expected = pub.execute(state).fetchall()
-        wait_for(lambda: sub.execute(state).fetchall() == expected, "the subscriber to apply the state")
+        # Each table is copied by a worker of its own: the state can arrive before the limit.
+        limit_there = "SELECT count(*) FROM rate_limiter.limits WHERE name = 'l'"
+        wait_for(lambda: sub.execute(state).fetchall() == expected and sub.execute(limit_there).fetchone() == (1,),
+                 "the subscriber to apply the state and the limit")
         assert reader.execute("SELECT remaining FROM rate_limiter.check_rate_limit('l', 'a')").fetchone() == (7,)
         # A replicated define reaches a session that had cached the old config.
         fresh = "SELECT remaining FROM rate_limiter.check_rate_limit('l', 'unused')"
