@@ -171,7 +171,7 @@ pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
         }
         // Rest as long as the batch took: a backlog is worked off at half a core at most,
         // leaving the rest to the calls.
-        rest(started.elapsed());
+        clock::sleep_ms(started.elapsed().as_secs_f64() * 1000.0);
     }
     if total > 0 {
         vacuum_state();
@@ -202,18 +202,6 @@ fn set(name: &std::ffi::CStr, value: &std::ffi::CStr) {
     unsafe {
         pg_sys::SetConfigOption(name.as_ptr(), value.as_ptr(), pg_sys::GucContext::PGC_SUSET, pg_sys::GucSource::PGC_S_OVERRIDE);
     }
-}
-
-/// Sleep on the latch for `how_long`; a termination ends the worker here (`die`).
-fn rest(how_long: Duration) {
-    let events = (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32;
-    // SAFETY: MyLatch is this process's own latch; it is reset after the wait, before the
-    // interrupt check, as latch.h prescribes.
-    unsafe {
-        pg_sys::WaitLatch(pg_sys::MyLatch, events, how_long.as_millis().max(1) as i64, pg_sys::PG_WAIT_EXTENSION);
-        pg_sys::ResetLatch(pg_sys::MyLatch);
-    }
-    check_for_interrupts!();
 }
 
 /// `VACUUM` of the extension's state table, found by OID: pruned rows are dead tuples until
