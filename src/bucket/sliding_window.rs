@@ -68,11 +68,12 @@ pub(super) fn check(state: State, config: &Config, now: f64, count: f64) -> Chec
     let w = windows(state, config, now);
     let weighted = weighted(&w, config, now);
     let ok = weighted + count <= config.rate;
+    let after = self::state(config, w.start, w.previous, w.current + count, None);
     Check {
         ok,
-        value: config.rate - w.current - count,
-        ts: w.start,
-        counts: Counts::new(&[w.previous, w.current + count]).expect("two counts"),
+        value: after.value,
+        ts: after.ts,
+        counts: after.counts,
         available: config.rate - weighted - count,
         retry_after: (!ok).then(|| retry_at(state, config, now, count) - now),
         granted_at: None,
