@@ -157,13 +157,15 @@ CREATE TABLE rate_limiter.state (
 ALTER TABLE rate_limiter.state REPLICA IDENTITY FULL;
 COMMENT ON TABLE rate_limiter.state IS
     'Current state of each (name, key, shard). Written only by the rate_limiter functions; a missing row means full.';
-COMMENT ON COLUMN rate_limiter.state.name IS 'The limit''s name.';
+COMMENT ON COLUMN rate_limiter.state.name IS
+    'The limit''s name; for an inline config, the name, ''#'' and 32 hex digits of the config''s fingerprint: each inline config keeps a state of its own.';
 COMMENT ON COLUMN rate_limiter.state.key IS 'The key within the limit; NULL is the one shared value.';
 COMMENT ON COLUMN rate_limiter.state.shard IS
     'Shard number: 0 to shards - 1 for named limits, -1 - shard for inline configs.';
 COMMENT ON COLUMN rate_limiter.state.value IS 'Tokens held as of ts (negative while reservations are owed).';
 COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to. Rolling window: start of the newest cell.';
-COMMENT ON COLUMN rate_limiter.state.counts IS 'Sliding window: {tokens taken in the window before ts}. Rolling window: tokens taken per counting cell, oldest first, the last starting at ts. NULL for the other kinds.';
+COMMENT ON COLUMN rate_limiter.state.counts IS
+    'Sliding window: {tokens taken in the window before ts, tokens taken in the window from ts} (a row 0.4.0 wrote holds the first only). Rolling window: tokens taken per counting cell, oldest first, the last starting at ts. NULL for the other kinds.';
 COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
 COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
 

@@ -1,7 +1,8 @@
 -- rate_limiter 0.4.0 -> 0.5.0: a hot (name, key)'s debits found by their own index, so that
 -- loading its escrow or folding its log reads only its rows, however long the log is; ip_key
 -- keys an IPv6 address that carries a client's IPv4 address (NAT64, 6to4, Teredo) as that
--- IPv4 address, as it already did IPv4-mapped ones.
+-- IPv4 address, as it already did IPv4-mapped ones; the state of each inline config is kept
+-- in a row of its own, and the sliding window keeps the tokens both its windows took.
 -- Run ALTER EXTENSION rate_limiter UPDATE after installing the library: until then, hot
 -- calls in this database get SQLSTATE 55000 with that hint.
 --
@@ -11,6 +12,13 @@
 CREATE INDEX debits_key ON rate_limiter.debits (name, key, seq);
 COMMENT ON INDEX rate_limiter.debits_key IS
     'A hot (name, key)''s debits in seq order: what loading its escrow and folding read.';
+
+-- The rows 0.4.0 wrote stay as they are: the library reads an inline config's old row as the
+-- state its own row starts from, and a sliding window's one count as the previous window's.
+COMMENT ON COLUMN rate_limiter.state.name IS
+    'The limit''s name; for an inline config, the name, ''#'' and 32 hex digits of the config''s fingerprint: each inline config keeps a state of its own.';
+COMMENT ON COLUMN rate_limiter.state.counts IS
+    'Sliding window: {tokens taken in the window before ts, tokens taken in the window from ts} (a row 0.4.0 wrote holds the first only). Rolling window: tokens taken per counting cell, oldest first, the last starting at ts. NULL for the other kinds.';
 
 CREATE OR REPLACE FUNCTION rate_limiter.ip_key(addr inet, v4_prefix integer DEFAULT 32, v6_prefix integer DEFAULT 56)
 RETURNS text

@@ -12,13 +12,18 @@ pub const MAX_REQUESTS: usize = 1000;
 /// may have it.
 pub const OTHER: &str = "*other*";
 
+/// What identifies an inline config's arithmetic (`config::fingerprint`): its state is
+/// kept apart from every other config's.
+pub type Fingerprint = [u8; 16];
+
 pub struct Request<'a> {
     pub name: &'a str,
     pub key: Option<&'a str>,
     pub count: f64,
     pub reserve: bool,
-    /// The config was passed inline (see `storage::Slot::inline`).
-    pub inline: bool,
+    /// The fingerprint of the config passed inline; `None` for a limit named in
+    /// `rate_limiter.limits`.
+    pub inline: Option<Fingerprint>,
 }
 
 /// Why a call is denied (or, for `Allowed` and an allowing `LockTimeout`, let through

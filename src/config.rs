@@ -1,11 +1,14 @@
 //! Limit configs: parsing a `rate_limiter.limits` row or an inline jsonb object (the Convex
 //! object as it is, camelCase or snake_case, `period` in ms or as interval text), validating
-//! it, and rendering the effective config back as jsonb.
+//! it, rendering the effective config back as jsonb, and the fingerprint that keeps an
+//! inline config's state apart from every other config's.
 
 use pgrx::prelude::*;
 use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
 
 use crate::bucket::{Config, Kind, Mode, OnLockTimeout, DEFAULT_BUCKETS, MAX_BUCKETS};
+use crate::call::Fingerprint;
 use crate::clock;
 use crate::error::{Error, Result};
 
@@ -192,6 +195,40 @@ pub fn from_json(value: &Value) -> Result<Config> {
         deny_cache,
         hot: false,
     })
+}
+
+/// What identifies a config's arithmetic: SHA-256 (truncated to 128 bits, so no caller can
+/// bring another config with the same fingerprint) of every field that shapes what the
+/// state means or admits, with defaults filled in. Not `lockTimeout`, `onLockTimeout` or
+/// `denyCache`, which say how a call waits or is answered, not what it may take: callers
+/// that differ only in those share a state. Inline state is keyed by it (docs/semantics.md,
+/// "Under another configuration").
+pub fn fingerprint(config: &Config) -> Fingerprint {
+    // `+ 0.0` makes -0 and 0 one number; NaN and infinities never pass `validate`.
+    let number = |v: f64| (v + 0.0).to_bits().to_le_bytes();
+    let optional = |v: Option<f64>| v.map_or([0xff; 9], |v| {
+        let mut b = [0; 9];
+        b[1..].copy_from_slice(&number(v));
+        b
+    });
+    let mut hasher = Sha256::new();
+    hasher.update(b"rate_limiter config 1\0");
+    hasher.update(config.kind.as_str().as_bytes());
+    hasher.update([0]);
+    hasher.update(config.mode.as_str().as_bytes());
+    hasher.update([0]);
+    for v in [config.rate, config.period, config.capacity] {
+        hasher.update(number(v));
+    }
+    for v in [config.max_reserved, config.start, config.min_gap] {
+        hasher.update(optional(v));
+    }
+    hasher.update(config.shards.to_le_bytes());
+    hasher.update(config.buckets.to_le_bytes());
+    let digest = hasher.finalize();
+    let mut fingerprint = [0; 16];
+    fingerprint.copy_from_slice(&digest[..16]);
+    fingerprint
 }
 
 /// The config in force with its defaults filled in, in the Convex shape (ms numbers), so it

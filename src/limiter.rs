@@ -17,7 +17,7 @@ use crate::shmem::deny_cache;
 pub use crate::call::{Decision, Reason, Request};
 use crate::bucket::{self, Config, OnLockTimeout, Outcome, State, MIN_CHOOSE_TWO};
 use crate::clock::{self, sleep_ms};
-use crate::storage::{Created, Locked, Row, Slot, StateTable, Written};
+use crate::storage::{Created, Locked, Owner, Row, Slot, StateTable, Written};
 
 mod all;
 pub mod hot;
@@ -36,12 +36,24 @@ struct Looked {
 }
 
 fn slot<'a>(req: &Request<'a>, shard: i32) -> Slot<'a> {
-    Slot { name: req.name, key: req.key, shard, inline: req.inline }
+    let owner = req.inline.map_or(Owner::Named, Owner::Inline);
+    Slot { name: req.name, key: req.key, shard, owner }
 }
 
 fn fresh(req: &Request<'_>, config: &Config, now: f64) -> State {
     let phase = bucket::phase_fraction(req.name, req.key) * config.period;
     bucket::fresh_state(config, now, phase.floor())
+}
+
+/// The state a missing row starts from: fresh, or for an inline config the row 0.4.0 kept
+/// for every inline config of (name, key), while one is left (it expires, and nothing writes
+/// it any more).
+fn start(table: &StateTable, req: &Request<'_>, config: &Config, shard: i32, now: f64) -> State {
+    let shared = || table.read(Slot { owner: Owner::SharedInline, ..slot(req, shard) });
+    match req.inline.and_then(|_| shared()) {
+        Some(row) => row.state,
+        None => fresh(req, config, now),
+    }
 }
 
 /// One random shard, or two distinct ones from `MIN_CHOOSE_TWO` shards up, out of `pool`
@@ -69,7 +81,7 @@ fn waitable(shards: u32, held: &[i32]) -> Vec<i32> {
 fn look(table: &StateTable, req: &Request<'_>, per_shard: &Config, shards: Vec<i32>, now: f64) -> Looked {
     let rows: Vec<Option<Row>> = shards.iter().map(|s| table.read(slot(req, *s))).collect();
     Looked {
-        states: rows.iter().map(|r| r.map_or_else(|| fresh(req, per_shard, now), |r| r.state)).collect(),
+        states: rows.iter().zip(&shards).map(|(r, s)| r.map_or_else(|| start(table, req, per_shard, *s, now), |r| r.state)).collect(),
         rows,
         shards,
     }
@@ -282,10 +294,10 @@ fn lock_one(
                 Locked::Busy => return None,
                 Locked::Gone => known = None,
             },
-            // Missing (never written, or reset meanwhile): create it full; ours until
-            // commit. If a concurrent transaction created it first, lock theirs.
+            // Missing (never written, or reset meanwhile): create it as it starts; ours
+            // until commit. If a concurrent transaction created it first, lock theirs.
             None => {
-                let state = fresh(req, per_shard, fresh_at());
+                let state = start(table, req, per_shard, slot.shard, fresh_at());
                 match table.create(slot, state, bucket::expires(state, per_shard), wait) {
                     Created::Done(row) => return Some(row),
                     Created::Exists(row) => known = Some(row),

@@ -8,6 +8,11 @@ from clusters import connect
 from together import in_sessions
 
 
+# The rows of a name in rate_limiter.state, named or under any inline config (whose rows are
+# named name#fingerprint); the tests' names hold no '#'.
+OF_NAME = "split_part(name, '#', 1) = %s"
+
+
 def define(conn, name, kind="token bucket", rate=1, period="1 hour", **extra):
     args = ", ".join(f"{k} => %({k})s" for k in extra)
     conn.execute(

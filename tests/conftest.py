@@ -2,6 +2,7 @@
 command sets (socket in /tmp, user postgres, a fresh database); see clusters.py for the
 clusters tests start themselves and their ports."""
 
+import os
 import uuid
 
 import pytest
@@ -29,8 +30,9 @@ def name():
 
 
 @pytest.fixture
-def db():
-    with connect() as conn:
+def db(main):
+    """A session on the test command's database, on the cluster of the test's version."""
+    with main.connect(os.environ.get("PGDATABASE", "rate_limiter_test")) as conn:
         yield conn
 
 

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from calls import OF_NAME
 from catalog import catalog_of
 from clusters import PORTS, Cluster
 from together import in_sessions
@@ -94,7 +95,7 @@ def state_rows(fleet, name):
     counts = []
     for i in range(len(fleet.partitions)):
         with fleet.on_partition(i) as c:
-            counts.append(c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone()[0])
+            counts.append(c.execute(f"SELECT count(*) FROM rate_limiter.state WHERE {OF_NAME}", (name,)).fetchone()[0])
     return counts
 
 
@@ -123,7 +124,7 @@ def test_keys_spread_evenly_and_land_where_partition_of_says(fleet):
     assert chi_square < {2: 10.83, 4: 16.27}[len(counts)], counts
     for key, partition in expected_of.items():
         with fleet.on_partition(partition) as c:
-            assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s AND key = %s",
+            assert c.execute(f"SELECT count(*) FROM rate_limiter.state WHERE {OF_NAME} AND key = %s",
                              (name, key)).fetchone()[0] == 1
 
 
@@ -319,7 +320,7 @@ def test_rate_limit_all_takes_limits_of_one_partition(fleet2):
     held = []
     for i in range(2):
         with fleet2.on_partition(i) as c:
-            held.append([v for (v,) in c.execute("SELECT value FROM rate_limiter.state WHERE name = %s", (spread,))])
+            held.append([v for (v,) in c.execute(f"SELECT value FROM rate_limiter.state WHERE {OF_NAME}", (spread,))])
     assert held == [[49], []]
 
 
@@ -406,7 +407,7 @@ def test_a_down_partition_fails_its_keys_with_a_connection_error_and_not_the_oth
             fleet2.partitions[1].start()
         assert c.execute(call, (name, down_key, config)).fetchone()[0]
     with fleet2.on_partition(1) as c:
-        assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s AND key = %s",
+        assert c.execute(f"SELECT count(*) FROM rate_limiter.state WHERE {OF_NAME} AND key = %s",
                          (name, down_key)).fetchone()[0] == 1
 
 
@@ -487,7 +488,7 @@ def partitions_state(fleet, name):
                 c.execute("SELECT * FROM rate_limiter.limits WHERE name = %s", (name,)).fetchall(),
                 c.execute("SELECT name, key, until::text, note FROM rate_limiter.blocks WHERE name = %s OR name IS NULL "
                           "ORDER BY 1, 2", (name,)).fetchall(),
-                c.execute("SELECT key, shard, value, ts FROM rate_limiter.state WHERE name = %s ORDER BY 1, 2",
+                c.execute(f"SELECT key, shard, value, ts FROM rate_limiter.state WHERE {OF_NAME} ORDER BY 1, 2",
                           (name,)).fetchall()))
     return held
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from calls import define, hammer, limit
-from clusters import PORTS, connect
+from clusters import PORTS, connect, every_version
 
 FIELDS = "calls, allowed, denied, tokens_granted, tokens_reserved"
 
@@ -160,6 +160,7 @@ def test_without_preload_the_views_are_empty_and_say_once_how_to_enable_them(clu
                             "Add rate_limiter to shared_preload_libraries in postgresql.conf and restart the server.")]
 
 
+@every_version
 def test_the_room_of_dropped_databases_goes_to_new_names(cluster):
     """0.4.0 kept a dropped database's entries until a restart: five databases of 250 names
     each, dropped, left every new name of every other database in `*other*`. Here two

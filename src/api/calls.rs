@@ -25,13 +25,13 @@ use crate::shmem::stats;
 use crate::storage::shape;
 use crate::storage::StateTable;
 
-use super::{fmgr_v1_info, parts, request, resolve, usable};
+use super::{fmgr_v1_info, parts, request, resolve_for, usable};
 
 
-fn decide(req: &Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<Decision> {
+fn decide(req: &mut Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<Decision> {
     // Open the table first: its lock takes in pending invalidations of cached configs.
     let table = StateTable::open(consume.then_some(c"rate_limit()"));
-    let config = resolve(req.name, inline)?;
+    let config = resolve_for(req, inline)?;
     usable(req, &config)?;
     Ok(limiter::decide(&table, req, &config, consume))
 }
@@ -112,8 +112,8 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> A
             pg_getarg::<JsonbArg>(fcinfo, 5),
         )
     };
-    let req = request(name, key, count, reserve, inline.is_some()).unwrap_or_else(|e| e.raise());
-    let d = decide(&req, inline, consume).unwrap_or_else(|e| e.raise());
+    let mut req = request(name, key, count, reserve).unwrap_or_else(|e| e.raise());
+    let d = decide(&mut req, inline, consume).unwrap_or_else(|e| e.raise());
     if consume {
         stats::record(req.name, req.key, &d, true);
     }
@@ -276,10 +276,10 @@ unsafe extern "C-unwind" fn answer_credit(fcinfo: FunctionCallInfo) -> Answer {
         )
     };
     let d = (|| -> Result<Decision> {
-        let req = request(name, key, count, None, inline.is_some())?;
+        let mut req = request(name, key, count, None)?;
         // Open the table first: its lock takes in pending invalidations of cached configs.
         let table = StateTable::open(Some(c"credit()"));
-        let config = resolve(req.name, inline)?;
+        let config = resolve_for(&mut req, inline)?;
         if config.hot {
             // A give-back in flight would make the escrow more permissive, and its abort
             // would take that back from calls already admitted.
@@ -311,7 +311,7 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
         )
     };
     let d = (|| -> Result<Decision> {
-        let req = request(name, key, count, None, inline.is_some())?;
+        let mut req = request(name, key, count, None)?;
         let timeout = timeout.map(clock::interval_ms).unwrap_or(f64::NAN);
         if !(timeout.is_finite() && timeout >= 0.0) {
             return Err(Error::InvalidArgument(format!("timeout must be a finite interval >= 0, not {timeout} ms")));
@@ -319,7 +319,7 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
         let started = Instant::now();
         let mut waited = false;
         loop {
-            let d = decide(&req, inline, true)?;
+            let d = decide(&mut req, inline, true)?;
             let left = timeout - started.elapsed().as_secs_f64() * 1000.0;
             match d.retry_after {
                 Some(retry_after) if !d.ok && retry_after <= left => {
@@ -391,7 +391,7 @@ fn rate_limit_value(
     ),
 > {
     let row = (|| -> Result<_> {
-        let req = request(name, key, Some(0.0), None, config.is_some())?;
+        let mut req = request(name, key, Some(0.0), None)?;
         let sample = match sample_shards {
             Some(n) if n >= 1 => n as u32,
             other => {
@@ -399,7 +399,7 @@ fn rate_limit_value(
             }
         };
         let table = StateTable::open(None);
-        let mut config = resolve(req.name, config)?;
+        let mut config = resolve_for(&mut req, config)?;
         let (state, shard) = limiter::value(&table, &req, &config, sample);
         drop(table);
         if config.kind.has_windows() && config.start.is_none() {

@@ -66,7 +66,6 @@ fn request<'a>(
     key: Option<&'a str>,
     count: Option<f64>,
     reserve: Option<bool>,
-    inline: bool,
 ) -> Result<Request<'a>> {
     let count = count.ok_or_else(|| Error::InvalidArgument("count must not be NULL".into()))?;
     if !(count.is_finite() && count >= 0.0) {
@@ -80,7 +79,7 @@ fn request<'a>(
         key: valid_key(key)?,
         count,
         reserve: reserve.unwrap_or(false),
-        inline,
+        inline: None,
     })
 }
 
@@ -90,6 +89,15 @@ fn resolve(name: &str, inline: Option<JsonbArg>) -> Result<Config> {
         Some(arg) => config::from_json(&arg.parse()?),
         None => resolve_named(name),
     }
+}
+
+/// The config `req` is judged under, with `req` marked with the state it reaches: an
+/// inline config's own, by its fingerprint, or the named limit's.
+fn resolve_for(req: &mut Request<'_>, inline: Option<JsonbArg>) -> Result<Config> {
+    let given = inline.is_some();
+    let config = resolve(req.name, inline)?;
+    req.inline = given.then(|| config::fingerprint(&config));
+    Ok(config)
 }
 
 fn resolve_named(name: &str) -> Result<Config> {
@@ -142,7 +150,7 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
                 other => return Err(bad(format!("unknown member \"{other}\" (known: name, key, count, config)"))),
             }
         }
-        let req = request(name, key, count, Some(reserve), inline.is_some())?;
+        let mut req = request(name, key, count, Some(reserve))?;
         if !seen.insert((req.name, req.key)) {
             return Err(bad(format!("({}, {:?}) appears twice; add the counts instead", req.name, req.key)));
         }
@@ -150,6 +158,7 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
             Some(v) => config::from_json(v)?,
             None => resolve_named(req.name)?,
         };
+        req.inline = inline.map(|_| config::fingerprint(&config));
         if config.mode != Mode::All {
             return Err(Error::NotSupported(format!(
                 "rate_limit_all takes all or nothing: \"{}\" has mode '{}'",

@@ -15,7 +15,7 @@ use crate::call::{Decision, Request};
 use crate::clock;
 use crate::error::Error;
 use crate::shmem::hot::{self, Ticket};
-use crate::storage::{self, DebitLog, Latest, Seen, Slot, StateTable};
+use crate::storage::{self, DebitLog, Latest, Owner, Seen, Slot, StateTable};
 
 /// Commits between two folds of a key's log into its base row.
 const FOLD_EVERY: u64 = 1000;
@@ -60,7 +60,7 @@ fn register_callbacks() {
 }
 
 fn slot<'a>(req: &Request<'a>) -> Slot<'a> {
-    Slot { name: req.name, key: req.key, shard: 0, inline: false }
+    Slot { name: req.name, key: req.key, shard: 0, owner: Owner::Named }
 }
 
 /// Consume (`rate_limit` on a hot limit): admitted against the escrow, logged if it takes
@@ -175,7 +175,7 @@ fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, 
         state: State,
     }
     let write = |f: Folding| {
-        let req = Request { name, key: f.key.as_deref(), count: 0.0, reserve: false, inline: false };
+        let req = Request { name, key: f.key.as_deref(), count: 0.0, reserve: false, inline: None };
         table.write_locked(&f.row, slot(&req), f.state, bucket::expires(f.state, config));
     };
     let mut folding: Option<Folding> = None;
@@ -184,7 +184,7 @@ fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, 
             if let Some(done) = folding.take() {
                 write(done);
             }
-            let req = Request { name, key: row_key, count: 0.0, reserve: false, inline: false };
+            let req = Request { name, key: row_key, count: 0.0, reserve: false, inline: None };
             let first = debit.at;
             let row = super::lock_one(table, &req, config, slot(&req), table.read(slot(&req)), true, &|| first)
                 .expect("waited for the row");

@@ -83,3 +83,16 @@ pub fn rl429_detail(sql: &str) -> serde_json::Value {
 
 pub const TB: &str = r#"'{"kind":"token bucket","rate":10,"period":60000}'"#;
 pub const FW: &str = r#"'{"kind":"fixed window","rate":10,"period":60000,"start":1767225600000}'"#;
+
+/// A predicate on `rate_limiter.state` for the rows of `name` under inline configs, whose
+/// `name` column is the name, '#' and the config's fingerprint.
+pub fn inline_rows(name: &str) -> String {
+    format!("name LIKE '{name}#%' AND shard < 0")
+}
+
+/// The `name` column of `name`'s rows under the inline `config` (a SQL literal, `'{...}'`).
+pub fn inline_name(name: &str, config: &str) -> String {
+    let json: serde_json::Value = serde_json::from_str(config.trim_matches('\'')).expect("a JSON object");
+    let config = crate::config::from_json(&json).expect("a valid config");
+    crate::storage::inline_name(name, &crate::config::fingerprint(&config))
+}

@@ -7,13 +7,15 @@ mod tests {
 
     use crate::pg_tests::helpers::*;
 
-    /// Seed every shard of the NULL key of `name` with `value(shard)` at T0.
-    /// Store the shards of an inline config (whose rows have shard numbers -1 - shard).
-    fn seed(name: &str, shards: i32, value: impl Fn(i32) -> f64) {
-        run(&format!("DELETE FROM rate_limiter.state WHERE name = '{name}'"));
+    /// Seed every shard of the NULL key of `name` under the inline config `config` (a SQL
+    /// literal) with `value(shard)` at T0: rows named by the config's fingerprint, with shard
+    /// numbers -1 - shard.
+    fn seed(name: &str, config: &str, shards: i32, value: impl Fn(i32) -> f64) {
+        run(&format!("DELETE FROM rate_limiter.state WHERE {}", inline_rows(name)));
         for shard in 0..shards {
             run(&format!(
-                "INSERT INTO rate_limiter.state VALUES ('{name}', NULL, -1 - {shard}, {}, '{T0}', 'infinity')",
+                "INSERT INTO rate_limiter.state VALUES ('{}', NULL, -1 - {shard}, {}, '{T0}', 'infinity')",
+                inline_name(name, config),
                 value(shard)
             ));
         }
@@ -27,7 +29,7 @@ mod tests {
     fn shard_changes(name: &str, seeded: impl Fn(i32) -> f64) -> (f64, usize) {
         Spi::connect(|c| {
             let rows = c
-                .select(&format!("SELECT -1 - shard, value FROM rate_limiter.state WHERE name = '{name}'"), None, &[])
+                .select(&format!("SELECT -1 - shard, value FROM rate_limiter.state WHERE {}", inline_rows(name)), None, &[])
                 .unwrap();
             let mut sum = 0.0;
             let mut changed = 0;
@@ -96,7 +98,7 @@ mod tests {
         let d = decide(&format!("rate_limiter.rate_limit('mr', count => 1, reserve => true, config => {cfg})"));
         assert!(!d.ok);
         assert_eq!(d.remaining, -1.0);
-        assert_eq!(one::<f64>("SELECT value FROM rate_limiter.state WHERE name = 'mr'"), Some(-1.0));
+        assert_eq!(one::<f64>(&format!("SELECT value FROM rate_limiter.state WHERE {}", inline_rows("mr"))), Some(-1.0));
         fails(
             &format!("SELECT rate_limiter.rate_limit('mr', count => 3, reserve => true, config => {cfg})"),
             "22023",
@@ -171,23 +173,63 @@ mod tests {
     /// Issue 31: a role with EXECUTE on credit, bringing its own inline config of a rate of a
     /// million, gave back a million tokens of a limit whose calls took 5 (0.4.0 answered
     /// granted = -1000000 and the application's own config then admitted 5,000 of 5,000).
+    /// Each inline config now has a state of its own: the other config's credit finds
+    /// nothing it took, and a credit under the application's config gives back what it took.
     #[pg_test]
-    fn a_credit_under_another_inline_config_gives_back_only_what_was_taken() {
+    fn a_credit_under_another_inline_config_gives_back_nothing_of_the_applications() {
         at("0 seconds");
-        let app = r#"'{"kind": "sliding window", "rate": 10, "period": 60000}'"#;
-        let other = r#"'{"kind": "sliding window", "rate": 1000000, "period": 60000}'"#;
-        assert!(decide(&format!("rate_limiter.rate_limit('api', 'alice', 5, config => {app})")).ok);
-        let credited = decide(&format!("rate_limiter.credit('api', 'alice', 1000000, config => {other})"));
-        assert_eq!(credited.granted, -5.0, "the 5 that were taken");
-        let admitted = (0..100).filter(|_| decide(&format!("rate_limiter.rate_limit('api', 'alice', config => {app})")).ok).count();
-        assert_eq!(admitted, 10, "the window's rate, no more");
-        // The same for the kinds that keep counts per window or cell.
-        let rolling = r#"'{"kind": "rolling window", "rate": 10, "period": 60000}'"#;
-        let rolling_other = r#"'{"kind": "rolling window", "rate": 1000000, "period": 60000}'"#;
-        assert!(decide(&format!("rate_limiter.rate_limit('api', 'bob', 5, config => {rolling})")).ok);
-        assert_eq!(decide(&format!("rate_limiter.credit('api', 'bob', 1000000, config => {rolling_other})")).granted, -5.0);
-        let admitted = (0..100).filter(|_| decide(&format!("rate_limiter.rate_limit('api', 'bob', config => {rolling})")).ok).count();
-        assert_eq!(admitted, 10);
+        for kind in ["sliding window", "rolling window", "token bucket", "fixed window"] {
+            let key = kind.replace(' ', "_");
+            let app = format!(r#"'{{"kind": "{kind}", "rate": 10, "period": 60000}}'"#);
+            let other = format!(r#"'{{"kind": "{kind}", "rate": 1000000, "period": 60000}}'"#);
+            assert!(decide(&format!("rate_limiter.rate_limit('api', '{key}', 5, config => {app})")).ok);
+            let credited = decide(&format!("rate_limiter.credit('api', '{key}', 1000000, config => {other})"));
+            assert_eq!(credited.granted, 0.0, "{kind}: nothing taken under that config");
+            let admitted = |n| (0..n).filter(|_| decide(&format!("rate_limiter.rate_limit('api', '{key}', config => {app})")).ok).count();
+            assert_eq!(admitted(100), 5, "{kind}: the window's rate, no more");
+            let back = decide(&format!("rate_limiter.credit('api', '{key}', 1000000, config => {app})"));
+            assert_eq!(back.granted, -10.0, "{kind}: what the application's calls took, no more");
+            assert_eq!(admitted(100), 10, "{kind}");
+        }
+    }
+
+    /// Issue 31: a caller with a looser inline config for the same (name, key) took the
+    /// application's state to its own bound: an exhausted token bucket of 10 a minute, refilled
+    /// at a million a minute for one second, let the application's config through 10 times.
+    #[pg_test]
+    fn a_call_under_a_looser_inline_config_leaves_the_applications_state_alone() {
+        at("0 seconds");
+        let app = r#"'{"kind": "token bucket", "rate": 10, "period": 60000}'"#;
+        let loose = r#"'{"kind": "token bucket", "rate": 1000000, "period": 60000, "capacity": 1000000}'"#;
+        let admitted = |config: &str| {
+            (0..20).filter(|_| decide(&format!("rate_limiter.rate_limit('api', 'carol', config => {config})")).ok).count()
+        };
+        assert_eq!(admitted(app), 10);
+        at("1 second");
+        assert_eq!(admitted(loose), 20, "its own bucket");
+        assert_eq!(admitted(app), 0, "a sixth of a token refilled in a second");
+        let value = |config: &str| {
+            one::<f64>(&format!("SELECT value FROM rate_limiter.rate_limit_value('api', 'carol', config => {config})")).unwrap()
+        };
+        assert!(value(app) < 1.0 && value(loose) > 999_000.0, "each config reads its own row");
+        // The fingerprint is the config's arithmetic with its defaults, however it is spelled;
+        // how a call waits or is answered is not part of it.
+        let same = r#"'{"period": "1 minute", "capacity": 10, "rate": 10, "kind": "token bucket", "lockTimeout": 100, "denyCache": "1 second"}'"#;
+        assert_eq!(admitted(same), 0, "the application's own bucket");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE key = 'carol'"),
+            Some(2),
+            "one row per config"
+        );
+        let part = |config: &str| format!(r#"'[{{"name": "api", "key": "carol", "config": {}}}]'"#, &config[1..config.len() - 1]);
+        assert!(!decide(&format!("rate_limiter.rate_limit_all({})", part(app))).ok, "rate_limit_all reaches the same row");
+        assert!(decide(&format!("rate_limiter.rate_limit_all({})", part(loose))).ok);
+        // A reset forgets (name, key) under every config, and the named limit's too.
+        run("SELECT rate_limiter.define('api', 'token bucket', 1, '1 hour')");
+        assert!(decide("rate_limiter.rate_limit('api', 'carol')").ok);
+        run("SELECT rate_limiter.reset_rate_limit('api', 'carol')");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE key = 'carol'"), Some(0));
+        assert_eq!(admitted(app), 10);
     }
 
     #[pg_test]
@@ -274,7 +316,7 @@ mod tests {
         let name = "n".repeat(128);
         let most = r#"'{"kind":"rolling window","rate":1000,"period":"1 hour","buckets":64}'"#;
         run(&format!("SELECT rate_limiter.rate_limit('{name}', '{key}', config => {most})"));
-        let size = one::<i32>(&format!("SELECT pg_column_size(s.*) FROM rate_limiter.state s WHERE name = '{name}'"));
+        let size = one::<i32>(&format!("SELECT pg_column_size(s.*) FROM rate_limiter.state s WHERE {}", inline_rows(&name)));
         assert!(size.unwrap() < 2032, "{size:?} bytes");
 
         fails("SELECT rate_limiter.rate_limit('rw', reserve => true)", "0A000", "no reservations");
@@ -332,13 +374,13 @@ mod tests {
             let call = |extra: &str| decide(&format!("rate_limiter.rate_limit('s', config => {cfg}{extra})"));
 
             // Success when all shards have enough: one shard pays.
-            seed("s", shards, |_| 1.0);
+            seed("s", &cfg, shards, |_| 1.0);
             let d = call("");
             assert_eq!((d.ok, d.retry_after), (true, None), "{shards} shards");
             assert_eq!(shard_changes("s", |_| 1.0), (f64::from(shards) - 1.0, 1));
 
             // Unbounded reservations work.
-            seed("s", shards, |_| 0.0);
+            seed("s", &cfg, shards, |_| 0.0);
             let d = call(", reserve => true");
             assert!(d.ok && d.retry_after.unwrap() >= 1000.0, "{shards}: {d:?}");
             assert_eq!(shard_changes("s", |_| 0.0), (-1.0, 1));
@@ -349,33 +391,31 @@ mod tests {
 
             // Success when at least one of the two has enough.
             let third_short = |shard: i32| if shard == 2 { -1.0 } else { 1.0 };
-            seed("s", shards, third_short);
+            seed("s", &cfg, shards, third_short);
             let d = call("");
             assert_eq!((d.ok, d.retry_after), (true, None), "{shards} shards");
             assert_eq!(shard_changes("s", third_short).1, 1);
 
             // Reservations fail when maxed out.
-            seed("s", shards, |_| 1.0);
-            let d = decide(&format!(
-                "rate_limiter.rate_limit('s', count => 3, reserve => true, config => {})",
-                sharded_config(shards, r#","maxReserved":1"#)
-            ));
+            let capped = sharded_config(shards, r#","maxReserved":1"#);
+            seed("s", &capped, shards, |_| 1.0);
+            let d = decide(&format!("rate_limiter.rate_limit('s', count => 3, reserve => true, config => {capped})"));
             assert!(!d.ok && d.retry_after.unwrap() >= 1000.0, "{shards}: {d:?}");
             assert_eq!(shard_changes("s", |_| 1.0), (f64::from(shards), 0));
 
             // Reservations work if one of the shards has capacity.
-            seed("s", shards, third_short);
             let cfg_rate = format!(
                 r#"'{{"kind":"token bucket","rate":{shards},"period":1000,"shards":{shards},"capacity":{},"maxReserved":{shards}}}'"#,
                 10 * shards
             );
+            seed("s", &cfg_rate, shards, third_short);
             let d = decide(&format!("rate_limiter.rate_limit('s', count => 2, reserve => true, config => {cfg_rate})"));
             assert_eq!((d.ok, d.retry_after), (true, Some(1000.0)), "{shards} shards");
             assert_eq!(shard_changes("s", third_short).1, 1);
 
             // From 3 shards: two half-full shards together serve one token and end level.
             if shards >= 3 {
-                seed("s", shards, |_| 0.5);
+                seed("s", &cfg, shards, |_| 0.5);
                 let d = call("");
                 assert_eq!((d.ok, d.retry_after), (true, None), "{shards} shards");
                 assert_eq!(shard_changes("s", |_| 0.5), (f64::from(shards) * 0.5 - 1.0, 2));
@@ -395,11 +435,11 @@ mod tests {
         // count 20 = two whole shards: taken from both, which end level at 0.
         let d = decide(&format!("rate_limiter.rate_limit('sh', count => 20, config => {cfg})"));
         assert!(d.ok, "{d:?}");
-        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE name = 'sh' AND value = 0"), Some(2));
+        assert_eq!(one::<i64>(&format!("SELECT count(*) FROM rate_limiter.state WHERE {} AND value = 0", inline_rows("sh"))), Some(2));
         // Sampling every shard reports the fullest: a full one (fresh shards are full).
         let fullest = one::<f64>(&format!("SELECT value FROM rate_limiter.rate_limit_value('sh', config => {cfg}, sample_shards => 4)"));
         assert_eq!(fullest, Some(10.0));
         run("SELECT rate_limiter.reset_rate_limit('sh')");
-        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE name = 'sh'"), Some(0));
+        assert_eq!(one::<i64>(&format!("SELECT count(*) FROM rate_limiter.state WHERE {}", inline_rows("sh"))), Some(0));
     }
 }

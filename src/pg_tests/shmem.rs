@@ -64,4 +64,17 @@ mod tests {
         run("SELECT rate_limiter.define('dc_other', 'token bucket', 1, '1 hour')");
         assert!(decide(&format!("rate_limiter.rate_limit('dc_login_{attempt}', 'k')")).ok);
     }
+
+    /// Issue 31: a denial cached under one inline config answers no other config's call, as
+    /// the state it stands for is that config's alone (0.4.0 shared both).
+    #[pg_test]
+    fn a_denial_cached_under_one_inline_config_answers_no_other() {
+        at("0");
+        let strict = r#"'{"kind": "token bucket", "rate": 1, "period": "1 hour", "denyCache": "1 minute"}'"#;
+        let app = r#"'{"kind": "token bucket", "rate": 100, "period": "1 hour", "denyCache": "1 minute"}'"#;
+        assert!(decide(&format!("rate_limiter.rate_limit('dc_inline', 'k', config => {strict})")).ok);
+        assert!(!decide(&format!("rate_limiter.rate_limit('dc_inline', 'k', config => {strict})")).ok);
+        let d = decide(&format!("rate_limiter.rate_limit('dc_inline', 'k', config => {app})"));
+        assert!(d.ok && d.remaining == 99.0, "{d:?}");
+    }
 }

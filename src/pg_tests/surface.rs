@@ -367,7 +367,8 @@ mod tests {
         // into a wrong finite start; now the windows are aligned to it.
         run(r#"SELECT rate_limiter.rate_limit('late', config => '{"kind":"fixed window","rate":1,"period":"1 day","start":"294270-01-01"}')"#);
         let aligned = one::<bool>(&format!(
-            "SELECT ts > '{T0}'::timestamptz - interval '1 day 1 second' AND ts <= '{T0}' FROM rate_limiter.state WHERE name = 'late'"
+            "SELECT ts > '{T0}'::timestamptz - interval '1 day 1 second' AND ts <= '{T0}' FROM rate_limiter.state WHERE {}",
+            inline_rows("late")
         ));
         assert_eq!(aligned, Some(true));
         run("DELETE FROM rate_limiter.state");

@@ -18,7 +18,9 @@ mod tests {
         run("SELECT rate_limiter.rate_limit('pf', 'a')");
         let expires = |key: &str, name: &str| {
             one::<f64>(&format!(
-                "SELECT extract(epoch FROM expires - '{T0}')::float8 FROM rate_limiter.state WHERE name = '{name}' AND key = '{key}'"
+                "SELECT extract(epoch FROM expires - '{T0}')::float8 FROM rate_limiter.state \
+                 WHERE (name = '{name}' OR {}) AND key = '{key}'",
+                inline_rows(name)
             ))
         };
         assert_eq!(expires("a", "p"), Some(4.0), "4 tokens at 1 per second");
@@ -45,7 +47,10 @@ mod tests {
         run("SELECT rate_limiter.rate_limit('both', 'a', 3)");
         run(&format!("SELECT rate_limiter.rate_limit('both', 'a', 4, config => {cfg})"));
         let values = |sign: &str| {
-            one::<f64>(&format!("SELECT sum(value) FROM rate_limiter.state WHERE name = 'both' AND shard {sign} 0"))
+            one::<f64>(&format!(
+                "SELECT sum(value) FROM rate_limiter.state WHERE (name = 'both' OR {}) AND shard {sign} 0",
+                inline_rows("both")
+            ))
         };
         assert_eq!(values(">="), Some(7.0), "named: shard 0 holds 10 - 3");
         assert_eq!(values("<"), Some(1.0), "inline: shard -1 - s holds 5 - 4");

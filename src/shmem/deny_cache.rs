@@ -36,8 +36,8 @@ static SLOTS: GucSetting<i32> = GucSetting::<i32>::new(16384);
 
 const SHMEM_NAME: &CStr = c"rate_limiter deny cache";
 
-/// Bytes of (name, key, inline) a slot holds: any name with a key of up to 125 bytes less
-/// than the name's length.
+/// Bytes of (name, key, config) a slot holds: any name with a key of up to 126 bytes less
+/// than the name's length, 16 less under an inline config.
 const PAIR_BYTES: usize = 128;
 const PAIR_WORDS: usize = PAIR_BYTES / 8;
 
@@ -54,7 +54,7 @@ struct Header {
 struct Slot {
     /// Even while readable, odd while a writer fills the slot; 0 for never written.
     seq: AtomicU64,
-    /// The (database, name, key, inline) hash: a quick first comparison.
+    /// The (database, name, key) hash: a quick first comparison.
     tag: AtomicU64,
     /// Until when the slot may answer.
     expires: AtomicU64,
@@ -65,7 +65,7 @@ struct Slot {
     database: AtomicU32,
     /// Bytes of `pair` in use.
     len: AtomicU32,
-    /// The (name, key, inline) bytes, compared in full before a slot answers.
+    /// The (name, key, config) bytes, compared in full before a slot answers.
     pair: [AtomicU64; PAIR_WORDS],
 }
 
@@ -167,15 +167,14 @@ pub fn forget_database(database: pg_sys::Oid) {
     forget(|held, _| held == database.to_u32());
 }
 
-/// Forget the denial cached for (name, key) in this database, named or inline: what a credit
-/// or a reset of that key gives back. Its slot is the one its hash maps to.
+/// Forget the denial cached for (name, key) in this database, named or under any inline
+/// config: what a credit or a reset of that key gives back. Its slot is the one the pair's
+/// tag maps to.
 pub fn forget_pair(name: &str, key: Option<&str>) {
     let Some((_, slots)) = table() else { return };
-    for inline in [false, true] {
-        let req = Request { name, key, count: 0.0, reserve: false, inline };
-        if let Some((tag, _, _)) = identity(this_database(), &req) {
-            empty_if(&slots[tag as usize & (slots.len() - 1)], |_, held| held == tag);
-        }
+    let req = Request { name, key, count: 0.0, reserve: false, inline: None };
+    if let Some((tag, _, _)) = identity(this_database(), &req) {
+        empty_if(&slots[tag as usize & (slots.len() - 1)], |_, held| held == tag);
     }
 }
 
@@ -218,17 +217,22 @@ fn empty_if(slot: &Slot, whose: impl Fn(u32, u64) -> bool) {
     }
 }
 
-/// What a slot holds of `req`, in this database: its hash, and its (name, key, inline)
+/// What a slot holds of `req`, in this database: its tag, and its (name, key, config)
 /// bytes as words, with their length; `None` when they do not fit a slot. The table serves
 /// every database of the cluster, and each has its own limits. Separators no name holds keep
-/// (name, key) pairs from running into each other; inline configs keep rows apart from
-/// named ones, and so here.
+/// (name, key) pairs from running into each other; an inline config's fingerprint keeps its
+/// denials apart from a named limit's and every other config's, as their rows are. The tag
+/// (and so the slot) is the pair's alone, so `forget_pair` finds a denial under any config.
 fn identity(database: u32, req: &Request<'_>) -> Option<(u64, [u64; PAIR_WORDS], u32)> {
     let key: [&[u8]; 2] = match req.key {
         Some(key) => [&[0xff], key.as_bytes()],
         None => [&[0xfe], &[]],
     };
-    let parts = [req.name.as_bytes(), key[0], key[1], &[u8::from(req.inline)]];
+    let owner: [&[u8]; 2] = match &req.inline {
+        Some(fingerprint) => [&[1], fingerprint],
+        None => [&[0], &[]],
+    };
+    let parts = [req.name.as_bytes(), key[0], key[1], owner[0], owner[1]];
     let len: usize = parts.iter().map(|p| p.len()).sum();
     if len > PAIR_BYTES {
         return None;
@@ -240,7 +244,8 @@ fn identity(database: u32, req: &Request<'_>) -> Option<(u64, [u64; PAIR_WORDS],
         at += part.len();
     }
     let words = std::array::from_fn(|i| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes")));
-    let tag = hash::of([&database.to_le_bytes()[..], &bytes[..len]]);
+    let pair_len = req.name.len() + key[0].len() + key[1].len();
+    let tag = hash::of([&database.to_le_bytes()[..], &bytes[..pair_len]]);
     Some((tag, words, len as u32))
 }
 
@@ -326,7 +331,7 @@ mod tests {
     use super::{identity, PAIR_BYTES};
     use crate::call::Request;
 
-    fn req<'a>(name: &'a str, key: Option<&'a str>, inline: bool) -> Request<'a> {
+    fn req<'a>(name: &'a str, key: Option<&'a str>, inline: Option<[u8; 16]>) -> Request<'a> {
         Request { name, key, count: 1.0, reserve: false, inline }
     }
 
@@ -334,11 +339,12 @@ mod tests {
     fn pairs_that_could_run_into_each_other_are_told_apart() {
         let of = |r: Request<'_>| identity(7, &r).map(|(_, words, len)| (words, len));
         let pairs = [
-            req("ab", Some("c"), false),
-            req("a", Some("bc"), false),
-            req("abc", None, false),
-            req("abc", Some(""), false),
-            req("ab", Some("c"), true),
+            req("ab", Some("c"), None),
+            req("a", Some("bc"), None),
+            req("abc", None, None),
+            req("abc", Some(""), None),
+            req("ab", Some("c"), Some([0; 16])),
+            req("ab", Some("c"), Some([1; 16])),
         ];
         for (i, a) in pairs.iter().enumerate() {
             for b in &pairs[i + 1..] {
@@ -349,13 +355,24 @@ mod tests {
     }
 
     #[test]
+    fn every_config_of_a_pair_has_the_pairs_tag() {
+        let tag = |inline| identity(7, &req("ab", Some("c"), inline)).unwrap().0;
+        assert_eq!(tag(None), tag(Some([0; 16])));
+        assert_eq!(tag(Some([0; 16])), tag(Some([1; 16])));
+        assert_ne!(tag(None), identity(7, &req("ab", Some("d"), None)).unwrap().0);
+    }
+
+    #[test]
     fn the_database_is_part_of_the_tag_and_long_pairs_are_not_held() {
-        let r = req("login", Some("alice"), false);
+        let r = req("login", Some("alice"), None);
         assert_ne!(identity(1, &r).unwrap().0, identity(2, &r).unwrap().0);
         assert_eq!(identity(1, &r).unwrap().1, identity(2, &r).unwrap().1, "the bytes are the pair's alone");
         let fits = "k".repeat(PAIR_BYTES - "login".len() - 2);
-        assert!(identity(1, &req("login", Some(&fits), false)).is_some());
+        assert!(identity(1, &req("login", Some(&fits), None)).is_some());
         let longer = fits + "k";
-        assert!(identity(1, &req("login", Some(&longer), false)).is_none());
+        assert!(identity(1, &req("login", Some(&longer), None)).is_none());
+        let fits_inline = "k".repeat(PAIR_BYTES - "login".len() - 2 - 16);
+        assert!(identity(1, &req("login", Some(&fits_inline), Some([0; 16]))).is_some());
+        assert!(identity(1, &req("login", Some(&(fits_inline + "k")), Some([0; 16]))).is_none());
     }
 }

@@ -1,9 +1,26 @@
 //! What the write path of the state table deals in: which row a call means (`Slot`), a
 //! stored state and where it is (`Row`), and what a write, a lock and a creation found.
 
+use std::borrow::Cow;
+use std::fmt::Write;
+
 use pgrx::pg_sys::ItemPointerData;
 
 use crate::bucket::State;
+use crate::call::Fingerprint;
+
+/// Whose state a row holds.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Owner {
+    /// The limit named in `rate_limiter.limits`.
+    Named,
+    /// One inline config, by its fingerprint: callers that bring another config for the
+    /// same (name, key) reach another row.
+    Inline(Fingerprint),
+    /// Every inline config of (name, key) at once, as 0.4.0 kept them: read only, as the
+    /// state a config's own row starts from, so an update loses no inline limit's count.
+    SharedInline,
+}
 
 /// Identifies one shard of one limit.
 #[derive(Clone, Copy)]
@@ -11,22 +28,45 @@ pub struct Slot<'a> {
     pub name: &'a str,
     pub key: Option<&'a str>,
     pub shard: i32,
-    /// The config was passed inline rather than named in `rate_limiter.limits`.
-    pub inline: bool,
+    pub owner: Owner,
+}
+
+/// How the `name` column marks an inline config's row: the name, this, and the config's
+/// fingerprint in 32 lowercase hex digits. The suffix has a fixed length, so no two (name,
+/// fingerprint) pairs make one text.
+pub const FINGERPRINT_MARK: char = '#';
+
+/// The `name` column of the rows of `name` under the inline config of `fingerprint`.
+pub fn inline_name(name: &str, fingerprint: &Fingerprint) -> String {
+    let mut stored = String::with_capacity(name.len() + 1 + 2 * fingerprint.len());
+    stored.push_str(name);
+    stored.push(FINGERPRINT_MARK);
+    for b in fingerprint {
+        write!(stored, "{b:02x}").expect("writing to a String");
+    }
+    stored
 }
 
 impl<'a> Slot<'a> {
-    /// Where the slot's row sorts in the unique index: calls that lock several rows lock
-    /// them in this order, so that they never deadlock on each other.
-    pub fn order_key(&self) -> (Option<&'a str>, &'a str, i16) {
-        (self.key, self.name, self.stored_shard())
+    /// Where the slot's row sorts: calls that lock several rows lock them in this order, so
+    /// that they never deadlock on each other.
+    pub fn order_key(&self) -> (Option<&'a str>, &'a str, Owner, i16) {
+        (self.key, self.name, self.owner, self.stored_shard())
+    }
+
+    /// The `name` column: the name, followed for an inline config by its fingerprint.
+    pub(super) fn stored_name(&self) -> Cow<'a, str> {
+        match &self.owner {
+            Owner::Inline(fingerprint) => Cow::Owned(inline_name(self.name, fingerprint)),
+            Owner::Named | Owner::SharedInline => Cow::Borrowed(self.name),
+        }
     }
 
     /// The `shard` column: `shard` for named limits, `-1 - shard` for inline configs, so
     /// that prune() can tell rows of deleted named limits apart without a column of its own.
     pub(super) fn stored_shard(&self) -> i16 {
         let shard = self.shard as i16;
-        if self.inline { -1 - shard } else { shard }
+        if self.owner == Owner::Named { shard } else { -1 - shard }
     }
 }
 

@@ -12,6 +12,7 @@ use crate::clock;
 use crate::config::LimitRow;
 use crate::error::Error;
 
+use super::row::FINGERPRINT_MARK;
 use super::xact_snapshot_isolation;
 
 // The plain SQL below runs in SECURITY DEFINER functions and in the prune worker: tables are
@@ -30,13 +31,22 @@ fn list_table(list: List) -> Option<(String, &'static str)> {
     }
 }
 
-/// Forget every shard of (name, key). Plain SQL: rare, and not on the path of a decision.
+/// Forget every shard of (name, key), the named limit's and every inline config's. Plain
+/// SQL: rare, and not on the path of a decision.
 pub fn delete(name: &str, key: Option<&str>) {
     let key_where = match key {
         Some(_) => "key OPERATOR(pg_catalog.=) $2",
         None => "$2::pg_catalog.text IS NULL AND key IS NULL",
     };
-    let sql = format!("DELETE FROM {} WHERE name OPERATOR(pg_catalog.=) $1 AND {key_where}", state_table());
+    // The named limit's rows, and every inline config's: the name, the mark and 32 hex
+    // digits (`Slot::stored_name`).
+    let sql = format!(
+        "DELETE FROM {} WHERE {key_where} AND (name OPERATOR(pg_catalog.=) $1 \
+             OR (shard OPERATOR(pg_catalog.<) 0 \
+                 AND pg_catalog.left(name, -33) OPERATOR(pg_catalog.=) $1 \
+                 AND pg_catalog.right(name, 33) OPERATOR(pg_catalog.~) '^{FINGERPRINT_MARK}[0-9a-f]{{32}}$'))",
+        state_table()
+    );
     Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 

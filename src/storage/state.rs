@@ -346,7 +346,7 @@ impl StateTable {
             return Created::Done(row);
         }
         let mut hasher = DefaultHasher::new();
-        (slot.name, slot.key, slot.stored_shard()).hash(&mut hasher);
+        (slot.stored_name(), slot.key, slot.stored_shard()).hash(&mut hasher);
         let hash = hasher.finish();
         let tag = pg_sys::LOCKTAG {
             // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL
@@ -438,7 +438,7 @@ impl StateTable {
 
     fn form(&self, slot: Slot<'_>, state: State, expires: f64) -> pg_sys::HeapTuple {
         let mut values = [
-            text(slot.name),
+            text(&slot.stored_name()),
             slot.key.map(text).unwrap_or(Datum::from(0)),
             Datum::from(slot.stored_shard()),
             state.value.into_datum().expect("float8"),
@@ -470,7 +470,7 @@ impl StateTable {
         only_summarizing: bool,
     ) -> bool {
         // Every index has the columns (key, name, shard): see `is_key_copy`.
-        let mut values = [slot.key.map(text).unwrap_or(Datum::from(0)), text(slot.name), Datum::from(slot.stored_shard())];
+        let mut values = [slot.key.map(text).unwrap_or(Datum::from(0)), text(&slot.stored_name()), Datum::from(slot.stored_shard())];
         let mut nulls = [slot.key.is_none(), false, false];
         let mut unique = true;
         // SAFETY: each index is open for this call.
@@ -560,7 +560,7 @@ unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKey
     unsafe {
         [
             text_key(index, INDEX_KEY, slot.key),
-            text_key(index, INDEX_NAME, Some(slot.name)),
+            text_key(index, INDEX_NAME, Some(&slot.stored_name())),
             equal_key(index, INDEX_SHARD, pg_sys::F_INT2EQ, Datum::from(slot.stored_shard())),
         ]
     }
