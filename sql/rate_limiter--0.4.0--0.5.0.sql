@@ -59,3 +59,82 @@ END
 $function$;
 COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
     'A rate-limit key for a client address: an IPv6 address carrying an IPv4 one (mapped, NAT64 64:ff9b::/96, 6to4, Teredo) as that IPv4 address, IPv4 masked to v4_prefix, IPv6 to v6_prefix, as cidr text.';
+
+-- The statistics count calls answered in shadow mode (shadow_denied). A function's result
+-- cannot change in place: the view and the two functions are created again, new symbols
+-- behind them (0.4.0's say to run this update), and the privileges granted on them given back.
+DO $$
+DECLARE
+    grants text[];
+    one text;
+BEGIN
+    SELECT pg_catalog.array_agg(pg_catalog.format('GRANT %s ON %s TO %s', a.privilege_type, o.what,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END))
+    INTO grants
+    FROM (SELECT 'TABLE rate_limiter.stats' AS what, c.relacl AS acl, c.relowner AS owner
+            FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) 'rate_limiter.stats'::pg_catalog.regclass
+          UNION ALL
+          SELECT 'FUNCTION ' OPERATOR(pg_catalog.||) p.oid::pg_catalog.regprocedure::pg_catalog.text, p.proacl, p.proowner
+            FROM pg_catalog.pg_proc p
+           WHERE p.oid OPERATOR(pg_catalog.=) ANY (ARRAY['rate_limiter._stats()'::pg_catalog.regprocedure,
+                                                        'rate_limiter.stats_every_database()'::pg_catalog.regprocedure])) o,
+         pg_catalog.aclexplode(o.acl) a
+    WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner;
+    DROP VIEW rate_limiter.stats;
+    DROP FUNCTION rate_limiter._stats();
+    DROP FUNCTION rate_limiter.stats_every_database();
+    CREATE FUNCTION rate_limiter."_stats"() RETURNS TABLE (
+        "name" TEXT,
+        "calls" bigint,
+        "allowed" bigint,
+        "denied" bigint,
+        "tokens_granted" double precision,
+        "tokens_reserved" double precision,
+        "last_allowed_at" timestamp with time zone,
+        "last_denied_at" timestamp with time zone,
+        "stats_reset" timestamp with time zone,
+        "shadow_denied" bigint
+    )
+    STRICT VOLATILE PARALLEL RESTRICTED
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'stats_since_0_5_0_wrapper';
+    CREATE FUNCTION rate_limiter."stats_every_database"() RETURNS TABLE (
+        "database" TEXT,
+        "name" TEXT,
+        "calls" bigint,
+        "allowed" bigint,
+        "denied" bigint,
+        "tokens_granted" double precision,
+        "tokens_reserved" double precision,
+        "last_allowed_at" timestamp with time zone,
+        "last_denied_at" timestamp with time zone,
+        "stats_reset" timestamp with time zone,
+        "shadow_denied" bigint
+    )
+    STRICT VOLATILE PARALLEL RESTRICTED
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'stats_every_database_since_0_5_0_wrapper';
+    REVOKE ALL ON FUNCTION rate_limiter._stats() FROM PUBLIC;
+    REVOKE ALL ON FUNCTION rate_limiter.stats_every_database() FROM PUBLIC;
+    CREATE VIEW rate_limiter.stats AS SELECT * FROM rate_limiter._stats();
+    REVOKE ALL ON rate_limiter.stats FROM PUBLIC;
+    COMMENT ON VIEW rate_limiter.stats IS
+        'Consuming calls per limit name since the server started or stats_reset (attempts: calls whose transaction rolls back count too). Needs shared_preload_libraries = ''rate_limiter''; empty otherwise.';
+    COMMENT ON COLUMN rate_limiter.stats.name IS 'Limit name; ''*other*'' counts every name beyond rate_limiter.stats_max_names.';
+    COMMENT ON COLUMN rate_limiter.stats.calls IS 'Consuming calls (rate_limit, wait_rate_limit, each limit of rate_limit_all); allowed + denied.';
+    COMMENT ON COLUMN rate_limiter.stats.allowed IS 'Calls answered ok (reservations and on_lock_timeout = ''allow'' included).';
+    COMMENT ON COLUMN rate_limiter.stats.denied IS 'Calls answered not ok, whatever the reason.';
+    COMMENT ON COLUMN rate_limiter.stats.tokens_granted IS 'Tokens taken by allowed calls that may go now.';
+    COMMENT ON COLUMN rate_limiter.stats.tokens_reserved IS 'Tokens taken by reservations that must wait (ok with retry_after).';
+    COMMENT ON COLUMN rate_limiter.stats.last_allowed_at IS 'When the last allowed call was counted; NULL if none since stats_reset.';
+    COMMENT ON COLUMN rate_limiter.stats.last_denied_at IS 'When the last denied call was counted; NULL if none since stats_reset.';
+    COMMENT ON COLUMN rate_limiter.stats.stats_reset IS 'When this row started counting: its first call, or the last stats_reset of it.';
+    COMMENT ON COLUMN rate_limiter.stats.shadow_denied IS 'Allowed calls that would have been denied, answered ok in shadow mode (reason ''shadow''): counted in allowed too.';
+    COMMENT ON FUNCTION rate_limiter._stats() IS 'Internal: the rows of rate_limiter.stats.';
+    COMMENT ON FUNCTION rate_limiter.stats_every_database() IS
+        'The rows of rate_limiter.stats of every database, with its name (superusers and pg_monitor members only).';
+    FOREACH one IN ARRAY coalesce(grants, '{}') LOOP
+        EXECUTE one;
+    END LOOP;
+END $$;

@@ -80,6 +80,9 @@ pub struct Config {
     /// Consumed through an escrow in shared memory and a debit log instead of a row lock
     /// (`hot`, docs/hot-limits.md). Not arithmetic either.
     pub hot: bool,
+    /// Denials are answered; `false` is shadow mode: a call that would be denied is ok and
+    /// takes nothing (docs/semantics.md). Not arithmetic either.
+    pub enforce: bool,
 }
 
 /// What a call answers when `lock_timeout` passes.

@@ -42,6 +42,8 @@ pub enum Reason {
     LockTimeout,
     /// The (name, key) is in `rate_limiter.allows`: ok, unmetered.
     Allowed,
+    /// Would be denied, but the limit or the session is in shadow mode: ok, taking nothing.
+    Shadow,
 }
 
 impl Reason {
@@ -53,6 +55,7 @@ impl Reason {
             Reason::Timeout => "timeout",
             Reason::LockTimeout => "lock_timeout",
             Reason::Allowed => "allowed",
+            Reason::Shadow => "shadow",
         }
     }
 }

@@ -3,6 +3,7 @@
 //! it, rendering the effective config back as jsonb, and the fingerprint that keeps an
 //! inline config's state apart from every other config's.
 
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -124,6 +125,8 @@ impl TryFrom<&LimitRow> for Config {
             on_lock_timeout: parse_on_lock_timeout(&row.on_lock_timeout)?,
             deny_cache: row.deny_cache.map(clock::interval_ms),
             hot: row.hot,
+            // Named limits are enforced until `define` takes `enforce` (issue 32).
+            enforce: true,
         })
     }
 }
@@ -146,6 +149,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
     let mut lock_timeout = None;
     let mut on_lock_timeout = None;
     let mut deny_cache = None;
+    let mut enforce = None;
     for (field, v) in object {
         match field.as_str() {
             "kind" => kind = Some(parse_kind(text_field(field, v)?)?),
@@ -163,6 +167,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
                 on_lock_timeout = optional(v, |v| parse_on_lock_timeout(text_field(field, v)?))?
             }
             "denyCache" | "deny_cache" => deny_cache = optional(v, |v| duration_field(field, v))?,
+            "enforce" => enforce = optional(v, |v| v.as_bool().ok_or_else(|| wrong_type(field, "a boolean", v)))?,
             // The escrow of a hot limit is found by a name every backend knows.
             "hot" if v == &Value::Bool(true) => {
                 return Err(Error::NotSupported("hot with an inline config: define the limit by name".into()))
@@ -171,7 +176,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
             other => {
                 return Err(Error::InvalidConfig(format!(
                     "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, \
-                     start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache, hot)"
+                     start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache, hot, enforce)"
                 )))
             }
         }
@@ -194,7 +199,34 @@ pub fn from_json(value: &Value) -> Result<Config> {
         on_lock_timeout: on_lock_timeout.unwrap_or(OnLockTimeout::Deny),
         deny_cache,
         hot: false,
+        enforce: enforce.unwrap_or(true),
     })
+}
+
+/// `rate_limiter.shadow`: every limit of the session in shadow mode.
+static SHADOW: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+/// From `_PG_init`: the setting.
+pub fn register() {
+    GucRegistry::define_bool_guc(
+        c"rate_limiter.shadow",
+        c"Shadow mode for every limit of the session: a call that would be denied is answered ok, taking nothing, with reason 'shadow'.",
+        c"Blocks still deny. Counted in rate_limiter.stats.shadow_denied. Use SET LOCAL through a transaction pooler.",
+        &SHADOW,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+}
+
+/// Whether a call under `config` answers a denial in shadow mode: the limit's `enforce`
+/// is off, or the session's `rate_limiter.shadow` on.
+pub fn shadow(config: &Config) -> bool {
+    !config.enforce || SHADOW.get()
+}
+
+/// Whether the session is in shadow mode (`rate_limiter.shadow`).
+pub fn shadow_session() -> bool {
+    SHADOW.get()
 }
 
 /// What identifies a config's arithmetic: SHA-256 (truncated to 128 bits, so no caller can
@@ -259,6 +291,9 @@ pub fn to_json(config: &Config) -> Value {
     }
     if let Some(deny_cache) = config.deny_cache {
         object.insert("denyCache".into(), number(deny_cache));
+    }
+    if !config.enforce {
+        object.insert("enforce".into(), false.into());
     }
     Value::Object(object)
 }

@@ -28,6 +28,7 @@ mod pg_tests;
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     clock::register();
+    config::register();
     cache::register_invalidation();
     prune_worker::register();
     // SAFETY: a plain bool the postmaster sets only while loading shared_preload_libraries;

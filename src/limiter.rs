@@ -12,6 +12,7 @@ use rand::seq::index::sample;
 
 use std::time::{Duration, Instant};
 
+use crate::config;
 use crate::lists;
 use crate::shmem::deny_cache;
 pub use crate::call::{Decision, Reason, Request};
@@ -109,20 +110,33 @@ fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &C
 
 /// The whole decision of one call: a block denies it outright and an allow lets it through;
 /// a check reads; a consuming call is answered from the deny cache when it holds a denial,
-/// else consumes, and a denial it gets is remembered there.
+/// else consumes, and a denial it gets is remembered there. In shadow mode, a denial other
+/// than a block is answered ok.
 pub fn decide(table: &StateTable, req: &Request<'_>, config: &Config, consume: bool) -> Decision {
     if let Some(d) = lists::listed(req, config.capacity) {
         return d;
     }
-    if !consume {
-        return check(table, req, config);
-    }
-    if let Some(d) = deny_cache::answer(req, config) {
+    let d = if !consume {
+        check(table, req, config)
+    } else if let Some(d) = deny_cache::answer(req, config) {
+        d
+    } else {
+        let d = self::consume(table, req, config);
+        deny_cache::remember(req, config, &d);
+        d
+    };
+    shadowed(d, config::shadow(config))
+}
+
+/// `d` as shadow mode answers it: a denial other than a block is ok, with reason `shadow`,
+/// nothing granted, and what it would have said of the limit (`retry_after`, `remaining`,
+/// `limited_by`). The call took nothing it would not have taken denied: the write path
+/// decided a denial before this (the penalize mode's count stays counted).
+pub fn shadowed(d: Decision, shadow: bool) -> Decision {
+    if d.ok || !shadow || d.reason == Some(Reason::Blocked) {
         return d;
     }
-    let d = self::consume(table, req, config);
-    deny_cache::remember(req, config, &d);
-    d
+    Decision { ok: true, granted: 0.0, reason: Some(Reason::Shadow), ..d }
 }
 
 /// Answer without writing or locking anything (`check_rate_limit`).

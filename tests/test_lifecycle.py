@@ -48,6 +48,9 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
         try:
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {role}")
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.define TO {role}")
+            if released == "0.4.0":  # the statistics' view and functions are created again
+                old.execute(f"GRANT SELECT ON rate_limiter.stats TO {role}")
+                old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.stats_every_database() TO {role}")
             # Between installing the new library and updating, calls say what to do (0.3.0's
             # tables and functions are the library's still: its define() works, never hot;
             # 0.4.0's hot calls wait for the log's index).
@@ -88,6 +91,12 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
                                "interval, float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean)', 'EXECUTE')"
                                ).fetchone() == (True,)
             old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.define FROM {role}")
+            if released == "0.4.0":
+                assert old.execute(f"SELECT has_table_privilege('{role}', 'rate_limiter.stats', 'SELECT'), "
+                                   f"has_function_privilege('{role}', 'rate_limiter.stats_every_database()', 'EXECUTE')"
+                                   ).fetchone() == (True, True), "the grants came along"
+                old.execute(f"REVOKE SELECT ON rate_limiter.stats FROM {role}")
+                old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.stats_every_database() FROM {role}")
             assert catalog_of(old, "rate_limiter", initial_privileges=False) == catalog_of(fresh, "rate_limiter", initial_privileges=False)
             assert upgraded != catalog_of(fresh, "rate_limiter", initial_privileges=False), "the grant showed in the catalog"
 

@@ -9,7 +9,7 @@ import subprocess
 import time
 import urllib.request
 
-from clusters import PORTS, ROOT
+from clusters import PORTS, ROOT, every_version
 
 EXPORTER = "/usr/bin/prometheus-postgres-exporter"
 SAMPLE = re.compile(r'^(\w+)\{(.*)\} (\S+)$')
@@ -30,12 +30,18 @@ def samples(text):
     return found
 
 
+@every_version
 def test_the_exporter_exposes_each_limits_counters_and_top_denied_keys(main, database, name):
     with main.connect(database) as c:
         c.execute("SELECT rate_limiter.define(%s, 'token bucket', 2, '1 hour')", (name,))
         for _ in range(5):
             c.execute("SELECT rate_limiter.rate_limit(%s, 'mallory')", (name,))
         c.execute("SELECT rate_limiter.rate_limit(%s, 'alice', 3, reserve => true)", (name,))
+        # A session in shadow mode: mallory's next two calls would be denied, and are let through.
+        c.execute("SET rate_limiter.shadow = on")
+        for _ in range(2):
+            assert c.execute("SELECT ok, reason FROM rate_limiter.rate_limit(%s, 'mallory')", (name,)).fetchone() == (
+                True, "shadow")
     port = PORTS["exporter"]
     env = dict(os.environ, DATA_SOURCE_NAME=f"host=/tmp port={main.port} user=postgres dbname={database} sslmode=disable")
     exporter = subprocess.Popen([EXPORTER, f"--web.listen-address=127.0.0.1:{port}",
@@ -52,10 +58,12 @@ def test_the_exporter_exposes_each_limits_counters_and_top_denied_keys(main, dat
                 time.sleep(0.2)
         value = {(metric, labels.get("key")): v for metric, labels, v in ours}
         assert all(labels["database"] == database for _, labels, _ in ours)
-        # mallory: 2 allowed, 3 denied; alice: one reservation of 3 tokens, ok, to wait.
-        assert value[("rate_limiter_calls", None)] == 6
-        assert value[("rate_limiter_allowed", None)] == 3
+        # mallory: 2 allowed, 3 denied, 2 shadow-denied; alice: one reservation of 3 tokens,
+        # ok, to wait.
+        assert value[("rate_limiter_calls", None)] == 8
+        assert value[("rate_limiter_allowed", None)] == 5
         assert value[("rate_limiter_denied", None)] == 3
+        assert value[("rate_limiter_shadow_denied", None)] == 2
         assert value[("rate_limiter_tokens_granted", None)] == 2
         assert value[("rate_limiter_tokens_reserved", None)] == 3
         assert value[("rate_limiter_top_denied", "mallory")] == 3

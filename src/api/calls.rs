@@ -64,7 +64,9 @@ fn pstrdup(text: &str) -> *mut c_char {
 /// The `RL429` of a decision that throws: a denial, or a reservation that must wait (as the
 /// Convex component does); `None` otherwise.
 fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Denial> {
-    if d.ok && d.retry_after.is_none() {
+    // An ok reservation that must wait raises, as Convex's does; a call shadow mode let
+    // through does not.
+    if d.ok && (d.retry_after.is_none() || d.reason == Some(Reason::Shadow)) {
         return None;
     }
     let quoted = |s: Option<&str>| serde_json::Value::from(s).to_string();
@@ -357,12 +359,14 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
     let parts = parts(&requests, reserve.unwrap_or(false)).unwrap_or_else(|e| e.raise());
     let Decided { all: d, limiting, parts: decisions } = limiter::decide_all(&table, &parts, consume);
     drop(table);
+    let denied = !d.ok;
+    let d = limiter::shadowed(d, config::shadow_session());
     if consume {
         // A call counts under every limit it names: allowed with what each granted, or
-        // denied under all, with the key in the sketch of the one that limited it; an
-        // allowed key's part is allowed whatever the others got.
+        // denied (in shadow mode, shadow-denied) under all, with the key in the sketch of
+        // the one that limited it; an allowed key's part is allowed whatever the others got.
         for (i, part) in parts.iter().enumerate() {
-            let own = decisions.get(i).filter(|p| d.ok || p.reason == Some(Reason::Allowed)).unwrap_or(&d);
+            let own = decisions.get(i).filter(|p| !denied || p.reason == Some(Reason::Allowed)).unwrap_or(&d);
             stats::record(part.req.name, part.req.key, own, i == limiting);
         }
     }

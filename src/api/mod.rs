@@ -170,6 +170,10 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
             // Its admission would have to be taken back when another part denies.
             return Err(Error::NotSupported(format!("rate_limit_all with the hot limit \"{}\"", req.name)));
         }
+        if !config.enforce {
+            // All or nothing leaves no way to let one limit's denial through and take the others'.
+            return Err(Error::NotSupported(format!("rate_limit_all with the shadow limit \"{}\"", req.name)));
+        }
         usable(&req, &config)?;
         parts.push(Part { req, config });
     }

@@ -6,11 +6,14 @@
 use std::ffi::CStr;
 
 use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::pg_sys::{Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 
 use crate::clock;
 use crate::error::Error;
 use crate::shmem::stats::{self, Scope};
+
+use super::fmgr_v1_info;
 
 thread_local! {
     static TOLD_STATS_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -37,11 +40,12 @@ fn timestamptz(pg_us: i64) -> TimestampWithTimeZone {
     clock::ms_timestamptz(clock::pg_us_to_ms(pg_us))
 }
 
-/// The rows of the view `rate_limiter.stats`.
+/// The rows of the view `rate_limiter.stats` (with `shadow_denied` since 0.5.0, a symbol of
+/// its own: 0.4.0's SQL names the one below, which says to update).
 // pgrx reads the column names from the name! macros, so the type stays spelled out here.
 #[allow(clippy::type_complexity)]
-#[pg_extern(volatile, parallel_restricted)]
-fn _stats() -> TableIterator<
+#[pg_extern(name = "_stats", volatile, parallel_restricted)]
+fn stats_since_0_5_0() -> TableIterator<
     'static,
     (
         name!(name, String),
@@ -53,6 +57,7 @@ fn _stats() -> TableIterator<
         name!(last_allowed_at, Option<TimestampWithTimeZone>),
         name!(last_denied_at, Option<TimestampWithTimeZone>),
         name!(stats_reset, TimestampWithTimeZone),
+        name!(shadow_denied, i64),
     ),
 > {
     let rows = if stats_available() { stats::rows(Scope::ThisDatabase) } else { Vec::new() };
@@ -67,6 +72,7 @@ fn _stats() -> TableIterator<
             r.last_allowed_at.map(timestamptz),
             r.last_denied_at.map(timestamptz),
             timestamptz(r.stats_reset),
+            r.shadow_denied,
         )
     }))
 }
@@ -94,8 +100,8 @@ fn stats_reset(name: default!(Option<&str>, "NULL")) -> i64 {
 /// database are not another's to read), with the database's name; NULL for the row that
 /// counts names no database had room for.
 #[allow(clippy::type_complexity)]
-#[pg_extern(volatile, parallel_restricted)]
-fn stats_every_database() -> TableIterator<
+#[pg_extern(name = "stats_every_database", volatile, parallel_restricted)]
+fn stats_every_database_since_0_5_0() -> TableIterator<
     'static,
     (
         name!(database, Option<String>),
@@ -108,6 +114,7 @@ fn stats_every_database() -> TableIterator<
         name!(last_allowed_at, Option<TimestampWithTimeZone>),
         name!(last_denied_at, Option<TimestampWithTimeZone>),
         name!(stats_reset, TimestampWithTimeZone),
+        name!(shadow_denied, i64),
     ),
 > {
     require_monitor("stats_every_database()");
@@ -126,8 +133,33 @@ fn stats_every_database() -> TableIterator<
             r.last_allowed_at.map(timestamptz),
             r.last_denied_at.map(timestamptz),
             timestamptz(r.stats_reset),
+            r.shadow_denied,
         )
     }))
+}
+
+fmgr_v1_info!(pg_finfo__stats_wrapper);
+
+/// 0.4.0's `_stats`, without `shadow_denied`: a database not yet updated is told to.
+///
+/// # Safety
+/// None: it reads no argument and only raises.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn _stats_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
+    Error::ExtensionOutdated.raise()
+}
+
+fmgr_v1_info!(pg_finfo_stats_every_database_wrapper);
+
+/// 0.4.0's `stats_every_database`, the same.
+///
+/// # Safety
+/// None: it reads no argument and only raises.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn stats_every_database_wrapper(_fcinfo: FunctionCallInfo) -> Datum {
+    Error::ExtensionOutdated.raise()
 }
 
 /// Every database's most denied keys (superusers and members of `pg_monitor` only).

@@ -442,4 +442,55 @@ mod tests {
         run("SELECT rate_limiter.reset_rate_limit('sh')");
         assert_eq!(one::<i64>(&format!("SELECT count(*) FROM rate_limiter.state WHERE {}", inline_rows("sh"))), Some(0));
     }
+
+    /// Issue 32: shadow mode answers a would-be denial ok, with reason 'shadow' and the real
+    /// retry_after, and takes nothing: the same limit enforced afterwards still denies.
+    #[pg_test]
+    fn shadow_mode_lets_a_denial_through_taking_nothing() {
+        at("0");
+        let shadow = r#"'{"kind": "token bucket", "rate": 2, "period": "1 hour", "enforce": false}'"#;
+        let enforced = r#"'{"kind": "token bucket", "rate": 2, "period": "1 hour"}'"#;
+        let reason = |call: &str| one::<String>(&format!("SELECT reason FROM {call}"));
+        let call = |config: &str| format!("rate_limiter.rate_limit('sm', 'k', config => {config})");
+        assert!(decide(&call(shadow)).ok && decide(&call(shadow)).ok);
+        let d = decide(&call(shadow));
+        assert_eq!((d.ok, d.granted, d.remaining), (true, 0.0, 0.0), "{d:?}");
+        assert_eq!(d.retry_after.map(f64::round), Some(1_800_000.0), "the real wait for a token");
+        assert_eq!(reason(&call(shadow)).as_deref(), Some("shadow"));
+        assert_eq!(reason(&format!("rate_limiter.check_rate_limit('sm', 'k', config => {shadow})")).as_deref(), Some("shadow"));
+        // enforce is not part of the config's arithmetic: one state, and nothing more was taken.
+        let value = one::<f64>(&format!("SELECT value FROM rate_limiter.rate_limit_value('sm', 'k', config => {enforced})"));
+        assert_eq!(value, Some(0.0));
+        assert!(!decide(&call(enforced)).ok);
+        // throws => true raises nothing for it; a block still blocks.
+        assert!(decide(&format!("rate_limiter.rate_limit('sm', 'k', throws => true, config => {shadow})")).ok);
+        run("SELECT rate_limiter.block('sm', 'k')");
+        assert_eq!(reason(&call(shadow)).as_deref(), Some("blocked"));
+        assert!(!decide(&call(shadow)).ok);
+        // The effective config says so.
+        let cfg = one::<pgrx::JsonB>(&format!("SELECT effective_config FROM rate_limiter.rate_limit_value('sm', config => {shadow})"));
+        assert_eq!(cfg.unwrap().0["enforce"], false);
+        fails(&format!(r#"SELECT rate_limiter.rate_limit_all('[{{"name": "sm", "config": {}}}]')"#, &shadow[1..shadow.len() - 1]), "0A000", "shadow limit");
+        fails(r#"SELECT rate_limiter.rate_limit('sm', config => '{"kind": "token bucket", "rate": 1, "period": 1, "enforce": 0}')"#, "22P02", "must be a boolean");
+    }
+
+    /// Issue 32: `SET rate_limiter.shadow = on` puts every limit of the session in shadow mode,
+    /// rate_limit_all's too, until it is reset.
+    #[pg_test]
+    fn the_session_setting_puts_every_limit_in_shadow_mode() {
+        at("0");
+        run("SELECT rate_limiter.define('ss', 'fixed window', 1, '1 hour', start => '2026-01-01')");
+        assert!(decide("rate_limiter.rate_limit('ss', 'k')").ok);
+        assert!(!decide("rate_limiter.rate_limit('ss', 'k')").ok);
+        run("SET LOCAL rate_limiter.shadow = on");
+        let d = decide("rate_limiter.rate_limit('ss', 'k')");
+        assert_eq!((d.ok, d.granted, d.retry_after), (true, 0.0, Some(3_600_000.0)));
+        let all = r#"rate_limiter.rate_limit_all('[{"name": "ss", "key": "k"}, {"name": "ss", "key": "other"}]')"#;
+        assert_eq!(one::<String>(&format!("SELECT reason || '/' || ok || '/' || granted FROM {all}")).as_deref(), Some("shadow/true/0"));
+        // All or nothing: the key that had room took nothing either.
+        assert_eq!(decide("rate_limiter.check_rate_limit('ss', 'other', 0)").remaining, 1.0);
+        assert!(decide("rate_limiter.rate_limit('ss', 'other')").ok);
+        run("SET LOCAL rate_limiter.shadow = off");
+        assert!(!decide("rate_limiter.rate_limit('ss', 'k')").ok);
+    }
 }

@@ -22,7 +22,7 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::spinlock::PgSpinLock;
 
-use crate::call::{Decision, MAX_NAME_BYTES, OTHER};
+use crate::call::{Decision, Reason, MAX_NAME_BYTES, OTHER};
 use crate::hash;
 use super::area::{self, Held};
 
@@ -57,6 +57,8 @@ struct Entry {
     /// f64 bits, added with compare-and-swap.
     tokens_granted: AtomicU64,
     tokens_reserved: AtomicU64,
+    /// Allowed calls that were answered in shadow mode (counted in `allowed` too).
+    shadow_denied: AtomicU64,
     /// Guards `top_denied`: held for one sketch update or copy, as pg_stat_statements
     /// guards its counters.
     sketch_lock: PgSpinLock<()>,
@@ -408,6 +410,9 @@ pub fn record(name: &str, key: Option<&str>, d: &Decision, denied_here: bool) {
     let entry = &shared.entries[i];
     if d.ok {
         entry.allowed.fetch_add(1, Relaxed);
+        if d.reason == Some(Reason::Shadow) {
+            entry.shadow_denied.fetch_add(1, Relaxed);
+        }
         let tokens = if d.retry_after.is_some() { &entry.tokens_reserved } else { &entry.tokens_granted };
         add_f64(tokens, d.granted);
         entry.last_allowed_at.store(now(), Relaxed);
@@ -440,6 +445,7 @@ pub struct Row {
     pub denied: i64,
     pub tokens_granted: f64,
     pub tokens_reserved: f64,
+    pub shadow_denied: i64,
     pub last_allowed_at: Option<i64>,
     pub last_denied_at: Option<i64>,
     pub stats_reset: i64,
@@ -471,6 +477,7 @@ pub fn rows(scope: Scope) -> Vec<Row> {
                 denied,
                 tokens_granted: f64::from_bits(e.tokens_granted.load(Relaxed)),
                 tokens_reserved: f64::from_bits(e.tokens_reserved.load(Relaxed)),
+                shadow_denied: e.shadow_denied.load(Relaxed) as i64,
                 last_allowed_at: at(&e.last_allowed_at),
                 last_denied_at: at(&e.last_denied_at),
                 stats_reset: e.stats_reset.load(Relaxed),
@@ -519,7 +526,7 @@ pub fn reset(name: Option<&str>) -> i64 {
 impl Entry {
     /// Counters and sketch to zero, counted from now.
     fn clear(&self) {
-        for counter in [&self.allowed, &self.denied, &self.tokens_granted, &self.tokens_reserved] {
+        for counter in [&self.allowed, &self.denied, &self.tokens_granted, &self.tokens_reserved, &self.shadow_denied] {
             counter.store(0, Relaxed);
         }
         self.last_allowed_at.store(0, Relaxed);
