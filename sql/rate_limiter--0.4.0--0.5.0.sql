@@ -138,3 +138,51 @@ BEGIN
         EXECUTE one;
     END LOOP;
 END $$;
+
+-- A named limit can be put in shadow mode (define(..., enforce => false)).
+ALTER TABLE rate_limiter.limits ADD COLUMN enforce boolean NOT NULL DEFAULT true;
+COMMENT ON COLUMN rate_limiter.limits.enforce IS 'false puts the limit in shadow mode: a call it would deny is answered ok with reason ''shadow'', taking nothing, and counted in rate_limiter.stats.shadow_denied (a block still denies).';
+
+-- define() takes enforce. A function's arguments cannot change in place: create it again, and
+-- give back the EXECUTE grants it had.
+DO $$
+DECLARE
+    grantee pg_catalog.regrole;
+    grantees pg_catalog.regrole[];
+BEGIN
+    SELECT pg_catalog.array_agg(a.grantee::pg_catalog.regrole) INTO grantees
+    FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+    WHERE p.oid OPERATOR(pg_catalog.=) 'rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean)'::pg_catalog.regprocedure
+      AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+      AND a.grantee OPERATOR(pg_catalog.<>) p.proowner AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid;
+    DROP FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean);
+    CREATE FUNCTION rate_limiter."define"(
+        "name" TEXT,
+        "kind" TEXT,
+        "rate" double precision,
+        "period" interval,
+        "capacity" double precision DEFAULT NULL,
+        "max_reserved" double precision DEFAULT NULL,
+        "shards" INT DEFAULT 1,
+        "start" timestamp with time zone DEFAULT NULL,
+        "min_gap" interval DEFAULT NULL,
+        "mode" TEXT DEFAULT 'all',
+        "buckets" INT DEFAULT NULL,
+        "lock_timeout" interval DEFAULT NULL,
+        "on_lock_timeout" TEXT DEFAULT 'deny',
+        "deny_cache" interval DEFAULT NULL,
+        "hot" bool DEFAULT false,
+        "enforce" bool DEFAULT true
+    ) RETURNS void
+    VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+    SET search_path TO pg_catalog, pg_temp
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'define_since_0_5_0_wrapper';
+    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) IS
+        'Create or replace a named limit in rate_limiter.limits.';
+    -- A regrole's text is the role's name quoted as an identifier already: %s, not %I.
+    FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) TO %s', grantee);
+    END LOOP;
+END $$;

@@ -100,6 +100,7 @@ pub struct LimitRow {
     pub on_lock_timeout: String,
     pub deny_cache: Option<Interval>,
     pub hot: bool,
+    pub enforce: bool,
 }
 
 impl TryFrom<&LimitRow> for Config {
@@ -125,8 +126,7 @@ impl TryFrom<&LimitRow> for Config {
             on_lock_timeout: parse_on_lock_timeout(&row.on_lock_timeout)?,
             deny_cache: row.deny_cache.map(clock::interval_ms),
             hot: row.hot,
-            // Named limits are enforced until `define` takes `enforce` (issue 32).
-            enforce: true,
+            enforce: row.enforce,
         })
     }
 }

@@ -100,12 +100,12 @@ fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {
 }
 
 /// Create or replace a named limit (an upsert into `rate_limiter.limits`). Its C symbol is
-/// new in 0.4.0, which added `hot`: the SQL of 0.2.0 and 0.3.0 names `define_wrapper` and
-/// `define_limit_wrapper` (see below).
+/// new in 0.5.0, which added `enforce`: the SQL of 0.2.0 to 0.4.0 names `define_wrapper`,
+/// `define_limit_wrapper` and `define_since_0_4_0_wrapper` (see below).
 #[pg_extern(name = "define", security_definer, volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
-fn define_since_0_4_0(
+fn define_since_0_5_0(
     name: Option<&str>,
     kind: Option<&str>,
     rate: Option<f64>,
@@ -121,6 +121,7 @@ fn define_since_0_4_0(
     on_lock_timeout: default!(Option<&str>, "'deny'"),
     deny_cache: default!(Option<Interval>, "NULL"),
     hot: default!(Option<bool>, false),
+    enforce: default!(Option<bool>, true),
 ) {
     storage::prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
@@ -141,6 +142,7 @@ fn define_since_0_4_0(
             on_lock_timeout: on_lock_timeout.ok_or_else(|| required("on_lock_timeout"))?.to_owned(),
             deny_cache,
             hot: hot.ok_or_else(|| required("hot"))?,
+            enforce: enforce.ok_or_else(|| required("enforce"))?,
         };
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;
@@ -148,6 +150,33 @@ fn define_since_0_4_0(
         Ok(())
     })();
     result.unwrap_or_else(|e| e.raise())
+}
+
+/// `define` of 0.4.0, which has no `enforce`, for a database not yet updated: the same,
+/// enforced. No SQL: 0.4.0's script declares it.
+#[pg_extern(sql = false)]
+#[allow(clippy::too_many_arguments)]
+fn define_since_0_4_0(
+    name: Option<&str>,
+    kind: Option<&str>,
+    rate: Option<f64>,
+    period: Option<Interval>,
+    capacity: Option<f64>,
+    max_reserved: Option<f64>,
+    shards: Option<i32>,
+    start: Option<TimestampWithTimeZone>,
+    min_gap: Option<Interval>,
+    mode: Option<&str>,
+    buckets: Option<i32>,
+    lock_timeout: Option<Interval>,
+    on_lock_timeout: Option<&str>,
+    deny_cache: Option<Interval>,
+    hot: Option<bool>,
+) {
+    define_since_0_5_0(
+        name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, lock_timeout,
+        on_lock_timeout, deny_cache, hot, Some(true),
+    )
 }
 
 /// `define` of 0.3.0, which has no `hot`, for a database not yet updated: the same, never

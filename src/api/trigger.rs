@@ -97,5 +97,6 @@ fn limit_row(row: &PgHeapTuple<'_, AllocatedByPostgres>) -> LimitRow {
         on_lock_timeout: row.get_by_name("on_lock_timeout").ok().flatten().expect(required),
         deny_cache: row.get_by_name("deny_cache").ok().flatten(),
         hot: true,
+        enforce: row.get_by_name("enforce").ok().flatten().unwrap_or(true),
     }
 }

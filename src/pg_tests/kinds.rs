@@ -474,6 +474,22 @@ mod tests {
         fails(r#"SELECT rate_limiter.rate_limit('sm', config => '{"kind": "token bucket", "rate": 1, "period": 1, "enforce": 0}')"#, "22P02", "must be a boolean");
     }
 
+    /// Issue 32: `define(..., enforce => false)` puts a named limit in shadow mode until it is
+    /// defined again enforced.
+    #[pg_test]
+    fn a_named_limit_defined_with_enforce_false_is_in_shadow_mode() {
+        at("0");
+        run("SELECT rate_limiter.define('sd', 'token bucket', 1, '1 hour', enforce => false)");
+        assert_eq!(one::<bool>("SELECT enforce FROM rate_limiter.limits WHERE name = 'sd'"), Some(false));
+        assert!(decide("rate_limiter.rate_limit('sd', 'k')").ok);
+        let d = decide("rate_limiter.rate_limit('sd', 'k')");
+        assert!(d.ok && d.granted == 0.0, "{d:?}");
+        assert_eq!(one::<String>("SELECT reason FROM rate_limiter.rate_limit('sd', 'k')").as_deref(), Some("shadow"));
+        fails(r#"SELECT rate_limiter.rate_limit_all('[{"name": "sd", "key": "k"}]')"#, "0A000", "shadow limit");
+        run("SELECT rate_limiter.define('sd', 'token bucket', 1, '1 hour')");
+        assert!(!decide("rate_limiter.rate_limit('sd', 'k')").ok, "enforced again: the one token taken is taken");
+    }
+
     /// Issue 32: `SET rate_limiter.shadow = on` puts every limit of the session in shadow mode,
     /// rate_limit_all's too, until it is reset.
     #[pg_test]

@@ -53,6 +53,17 @@ pub const LIMITS_WITH_HOT: [(&CStr, pg_sys::Oid); 15] = {
     columns
 };
 
+/// `LIMITS_WITH_HOT` and 0.5.0's `enforce` after it.
+pub const LIMITS_WITH_ENFORCE: [(&CStr, pg_sys::Oid); 16] = {
+    let mut columns = [(c"enforce", pg_sys::BOOLOID); 16];
+    let mut i = 0;
+    while i < LIMITS_WITH_HOT.len() {
+        columns[i] = LIMITS_WITH_HOT[i];
+        i += 1;
+    }
+    columns
+};
+
 /// `rate_limiter.debits`, whose rows the hot path forms.
 pub const DEBITS: [(&CStr, pg_sys::Oid); 5] = [
     (c"seq", pg_sys::INT8OID),

@@ -162,23 +162,29 @@ pub fn delete_listed(list: List, name: Option<&str>, key: Option<&str>) -> bool 
 
 /// Insert or replace a named limit.
 pub fn upsert_limit(row: &LimitRow, name: &str) {
-    // A database not yet updated to 0.4.0 has no hot column (and `define` there never sets it).
+    // A database not yet updated to 0.4.0 has no hot column (and `define` there never sets
+    // it), one not yet updated to 0.5.0 no enforce column (every limit there is enforced).
     let with_hot = cache::relations().debits.is_some();
+    let with_enforce = super::Lookup::limits().has(&super::shape::LIMITS_WITH_ENFORCE);
+    let extra: Vec<&str> = [("hot", with_hot), ("enforce", with_enforce)].iter().filter(|c| c.1).map(|c| c.0).collect();
+    let (mut columns, mut values, mut updates) = (String::new(), String::new(), String::new());
+    for (i, column) in extra.iter().enumerate() {
+        columns += &format!(", {column}");
+        values += &format!(", ${}", 15 + i);
+        updates += &format!(", {column} = excluded.{column}");
+    }
     let sql = format!(
         "INSERT INTO {} AS l \
          (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, \
-          lock_timeout, on_lock_timeout, deny_cache{}) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14{}) \
+          lock_timeout, on_lock_timeout, deny_cache{columns}) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14{values}) \
          ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, rate = excluded.rate, \
          period = excluded.period, capacity = excluded.capacity, \
          max_reserved = excluded.max_reserved, shards = excluded.shards, start = excluded.start, \
          min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
          lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout, \
-         deny_cache = excluded.deny_cache{}",
+         deny_cache = excluded.deny_cache{updates}",
         cache::qualified_name(cache::relations().limits),
-        if with_hot { ", hot" } else { "" },
-        if with_hot { ", $15" } else { "" },
-        if with_hot { ", hot = excluded.hot" } else { "" },
     );
     let mut args: Vec<pgrx::datum::DatumWithOid<'_>> = vec![
         name.into(),
@@ -198,6 +204,9 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
     ];
     if with_hot {
         args.push(row.hot.into());
+    }
+    if with_enforce {
+        args.push(row.enforce.into());
     }
     Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
