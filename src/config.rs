@@ -203,7 +203,9 @@ pub fn from_json(value: &Value) -> Result<Config> {
     })
 }
 
-/// `rate_limiter.shadow`: every limit of the session in shadow mode.
+/// `rate_limiter.shadow`: every limit of the session in shadow mode. Superuser-only, and
+/// grantable (`GRANT SET ON PARAMETER`): were any role able to set it, a role that inserts
+/// through a policy or trigger that calls `rate_limit` could turn the limit off for itself.
 static SHADOW: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 /// From `_PG_init`: the setting.
@@ -211,9 +213,9 @@ pub fn register() {
     GucRegistry::define_bool_guc(
         c"rate_limiter.shadow",
         c"Shadow mode for every limit of the session: a call that would be denied is answered ok, taking nothing, with reason 'shadow'.",
-        c"Blocks still deny. Counted in rate_limiter.stats.shadow_denied. Use SET LOCAL through a transaction pooler.",
+        c"Blocks still deny. Counted in rate_limiter.stats.shadow_denied. Superusers, and roles granted SET ON PARAMETER rate_limiter.shadow; SET LOCAL through a transaction pooler.",
         &SHADOW,
-        GucContext::Userset,
+        GucContext::Suset,
         GucFlags::default(),
     );
 }

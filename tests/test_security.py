@@ -11,7 +11,7 @@ import uuid
 import psycopg
 import pytest
 
-from clusters import PORTS, Cluster, connect, wait_for
+from clusters import PORTS, Cluster, connect, every_version, wait_for
 
 INLINE = '{"kind": "token bucket", "rate": 1, "period": "1 hour"}'
 
@@ -441,3 +441,45 @@ def test_a_change_in_one_database_leaves_the_deny_cache_of_another_and_long_pair
             "a pair longer than a slot holds was cached"
         a.execute("SELECT rate_limiter.define('other', 'token bucket', 1, '1 hour')")
         assert a.execute("SELECT ok FROM rate_limiter.rate_limit('l', 'k')").fetchone() == (True,)
+
+
+@every_version
+def test_a_role_a_trigger_limits_cannot_turn_shadow_mode_on_for_itself(main, database):
+    """Shadow mode for a session would let through every call a limit denies: were any role
+    able to SET it, a role whose inserts a trigger limits (examples/sql/recipes.sql) could
+    turn the limit off for itself. It is a superuser's setting, granted per role."""
+    role = "shadow_" + uuid.uuid4().hex[:8]
+    with main.connect(database) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute("SELECT rate_limiter.define('posts', 'token bucket', 1, '1 hour')")
+        admin.execute("CREATE TABLE public.posts (body text)")
+        admin.execute("CREATE FUNCTION public.posts_limited() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                      "BEGIN PERFORM rate_limiter.rate_limit('posts', current_user, throws => true); RETURN NEW; END $$")
+        admin.execute("CREATE TRIGGER posts_limited BEFORE INSERT ON public.posts FOR EACH ROW EXECUTE FUNCTION public.posts_limited()")
+        admin.execute(f"GRANT INSERT ON public.posts TO {role}")
+        admin.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
+        admin.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {role}")
+        try:
+            with main.connect(database, user=role) as app:
+                app.execute("INSERT INTO public.posts VALUES ('one')")
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="rate_limiter.shadow"):
+                    app.execute("SET rate_limiter.shadow = on")
+                with pytest.raises(psycopg.Error) as denied:
+                    app.execute("INSERT INTO public.posts VALUES ('two')")
+                assert denied.value.sqlstate == "RL429"
+                # Its own inline config in shadow mode reaches only a state of its own.
+                app.execute("""SELECT rate_limiter.rate_limit('posts', current_user, config => '{"kind": "token bucket",
+                               "rate": 1, "period": "1 hour", "enforce": false}')""")
+                with pytest.raises(psycopg.Error) as denied:
+                    app.execute("INSERT INTO public.posts VALUES ('three')")
+                assert denied.value.sqlstate == "RL429"
+            # Granted, the setting is the role's to use.
+            admin.execute(f"GRANT SET ON PARAMETER rate_limiter.shadow TO {role}")
+            with main.connect(database, user=role) as app:
+                app.execute("SET rate_limiter.shadow = on")
+                app.execute("INSERT INTO public.posts VALUES ('four')")
+            assert admin.execute("SELECT count(*) FROM public.posts").fetchone() == (2,)
+        finally:
+            admin.execute(f"REVOKE SET ON PARAMETER rate_limiter.shadow FROM {role}")
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
