@@ -183,6 +183,25 @@ def test_define_reaches_every_partition_with_its_share(fleet4):
             assert rows == {spread: ("token bucket", 100, 200, 2), single: ("sliding window", 10, None, 1)}
 
 
+def test_a_limit_defined_through_the_router_in_shadow_mode_is_so_on_every_partition(fleet2):
+    name = unique("shadow")
+    with fleet2.connect() as c:
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 1, '1 hour', enforce => false)", (name,))
+        assert c.execute("SELECT enforce FROM rate_limiter_proxy.limits WHERE name = %s", (name,)).fetchone() == (False,)
+        answers = [c.execute("SELECT ok, reason FROM rate_limiter_proxy.rate_limit(%s, 'k')", (name,)).fetchone()
+                   for _ in range(2)]
+        assert answers == [(True, None), (True, "shadow")]
+        # redefine_all keeps it so; define again enforced.
+        c.execute("SELECT rate_limiter_proxy.redefine_all()")
+        assert c.execute("SELECT reason FROM rate_limiter_proxy.rate_limit(%s, 'k')", (name,)).fetchone() == ("shadow",)
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 1, '1 hour')", (name,))
+        assert c.execute("SELECT ok, reason FROM rate_limiter_proxy.rate_limit(%s, 'k')", (name,)).fetchone() == (
+            False, "exhausted")
+    for i in range(2):
+        with fleet2.on_partition(i) as c:
+            assert c.execute("SELECT enforce FROM rate_limiter.limits WHERE name = %s", (name,)).fetchone() == (True,)
+
+
 def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(partition_clusters):
     grown = make_fleet(partition_clusters, 2, router="rl_router_grown")
     name = unique("grown")
@@ -508,7 +527,7 @@ PARTITION_CHANGES = [
     ("SELECT rate_limiter_proxy.disallow(%(name)s, 'victim')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy.reset_rate_limit(%(name)s, 'used')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._define_everywhere(%(name)s, 'token bucket', 1000000, '1 second', NULL, NULL, 1, "
-     "NULL, NULL, 'all', NULL, NULL, 'deny', NULL)", DEFINE_HINT),
+     "NULL, NULL, 'all', NULL, NULL, 'deny', NULL, true)", DEFINE_HINT),
     ("SELECT rate_limiter_proxy._block_everywhere(%(name)s, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._block_everywhere(NULL, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._unblock_everywhere(%(name)s, 'victim')", UPDATE_HINT),
@@ -644,7 +663,8 @@ def test_objects_the_database_owner_plants_never_run_in_a_superusers_call(partit
     owner = new_role("dbowner")
     hostile = make_fleet(partition_clusters, 2, router=unique("rl_router_hostile"), version="0.3.0", owner=owner)
     names = sorted(set(re.findall(r"([a-z_][a-z_0-9]*)\s*\(", "\n".join(
-        open(os.path.join(PROXY_DIR, f)).read() for f in ("rate_limiter_proxy--0.4.0.sql", "rate_limiter_proxy--0.3.0--0.4.0.sql")))))
+        open(os.path.join(PROXY_DIR, f)).read() for f in ("rate_limiter_proxy--0.4.0.sql", "rate_limiter_proxy--0.3.0--0.4.0.sql",
+                                                          "rate_limiter_proxy--0.4.0--0.5.0.sql")))))
     with hostile.connect(user=owner) as c:
         c.execute(PLANT.replace("%(names)s", "ARRAY[" + ", ".join(f"'{n}'" for n in names) + "]"))
         c.execute(f"ALTER DATABASE {hostile.router} SET search_path = public, pg_catalog")
@@ -772,7 +792,12 @@ def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_an
         with psycopg.connect(dbname=granted, autocommit=True) as g:
             g.execute("CREATE EXTENSION rate_limiter_proxy VERSION '0.3.0' CASCADE")
             g.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter_proxy.rate_limit TO {app}")
+            g.execute("ALTER EXTENSION rate_limiter_proxy UPDATE TO '0.4.0'")
+            g.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter_proxy.define TO {app}")
             g.execute("ALTER EXTENSION rate_limiter_proxy UPDATE")
+            assert g.execute(f"SELECT has_function_privilege('{app}', 'rate_limiter_proxy.define(text, text, float8, interval, "
+                             "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, "
+                             "boolean)', 'EXECUTE')").fetchone() == (True,), "define, created again in 0.5.0, kept its grant"
             assert g.execute(f"SELECT has_function_privilege('{app}', 'rate_limiter_proxy.rate_limit(text, text, float8, "
                              "boolean, boolean, jsonb)', 'EXECUTE')").fetchone() == (True,), "the update kept a grant"
             assert g.execute(everyone).fetchone() == (False,)
