@@ -1,4 +1,5 @@
--- rate_limiter_proxy 0.4.0 -> 0.5.0: define() takes enforce (shadow mode, rate_limiter 0.5.0),
+-- rate_limiter_proxy 0.4.0 -> 0.5.0: define() takes enforce (shadow mode) and tz (calendar
+-- windows), both of rate_limiter 0.5.0,
 -- recorded in rate_limiter_proxy.limits and given to every partition, whose rate_limiter must
 -- be 0.5.0. A session's rate_limiter.shadow is the partitions' sessions' own: through the
 -- router, shadow mode is per limit. Runs as a superuser: every object and operator is
@@ -7,9 +8,20 @@
 \echo Use "ALTER EXTENSION rate_limiter_proxy UPDATE TO '0.5.0'" to load this file. \quit
 
 ALTER TABLE rate_limiter_proxy.limits ADD COLUMN enforce boolean NOT NULL DEFAULT true;
+ALTER TABLE rate_limiter_proxy.limits ADD COLUMN tz text;
 COMMENT ON COLUMN rate_limiter_proxy.limits.enforce IS 'false: the limit is in shadow mode, as in rate_limiter.limits.';
+COMMENT ON COLUMN rate_limiter_proxy.limits.tz IS 'The time zone of a calendar window, as in rate_limiter.limits.';
+-- As rate_limiter 0.5.0's update does on each partition: a period of months keeps the length
+-- 0.4.0 gave it (30 days a month) except a fixed window's of whole months, now on the calendar.
+UPDATE rate_limiter_proxy.limits
+   SET period = pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', period))
+ WHERE (pg_catalog.date_part('month', period) OPERATOR(pg_catalog.<>) 0
+        OR pg_catalog.date_part('year', period) OPERATOR(pg_catalog.<>) 0)
+   AND NOT (kind OPERATOR(pg_catalog.=) 'fixed window'
+            AND pg_catalog.date_part('day', period) OPERATOR(pg_catalog.=) 0
+            AND pg_catalog.date_part('epoch', period) OPERATOR(pg_catalog.=) pg_catalog.date_part('epoch', pg_catalog.date_trunc('month', period)));
 
--- define() and its hop take enforce. A function's arguments cannot change in place: create
+-- define() and its hop take enforce and tz. A function's arguments cannot change in place: create
 -- them again, and give back the EXECUTE grants they had.
 DO $$
 DECLARE
@@ -29,16 +41,17 @@ BEGIN
     DROP FUNCTION rate_limiter_proxy._define_everywhere(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval);
     CREATE FUNCTION rate_limiter_proxy._define_everywhere(name text, kind text, rate double precision, period interval,
         capacity double precision, max_reserved double precision, shards integer, start timestamptz, min_gap interval,
-        mode text, buckets integer, lock_timeout interval, on_lock_timeout text, deny_cache interval, enforce boolean)
+        mode text, buckets integer, lock_timeout interval, on_lock_timeout text, deny_cache interval, enforce boolean,
+        tz text)
     RETURNS SETOF integer LANGUAGE plproxy SET search_path = pg_catalog, pg_temp AS $body$
         CLUSTER rate_limiter_proxy._gate('define');
         RUN ON ALL;
         -- By position: PL/Proxy reads every argument's name in the query as the argument.
         -- A hot limit is never defined through the router: hot is false.
         SELECT 1 FROM rate_limiter.define(name, kind, rate, period, capacity, max_reserved, shards, start, min_gap,
-                                          mode, buckets, lock_timeout, on_lock_timeout, deny_cache, false, enforce);
+                                          mode, buckets, lock_timeout, on_lock_timeout, deny_cache, false, enforce, tz);
     $body$;
-    REVOKE ALL ON FUNCTION rate_limiter_proxy._define_everywhere(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) FROM PUBLIC;
+    REVOKE ALL ON FUNCTION rate_limiter_proxy._define_everywhere(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, text) FROM PUBLIC;
     CREATE FUNCTION rate_limiter_proxy.define(
         name text,
         kind text,
@@ -55,7 +68,8 @@ BEGIN
         on_lock_timeout text DEFAULT 'deny',
         deny_cache interval DEFAULT NULL,
         hot boolean DEFAULT false,
-        enforce boolean DEFAULT true
+        enforce boolean DEFAULT true,
+        tz text DEFAULT NULL
     ) RETURNS void
     LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $define$
     DECLARE
@@ -84,18 +98,18 @@ BEGIN
             capacity OPERATOR(pg_catalog./) spread::double precision,
             max_reserved OPERATOR(pg_catalog./) spread::double precision,
             rate_limiter_proxy._shards_per_partition(shards, spread), start, min_gap, mode,
-            buckets, lock_timeout, on_lock_timeout, deny_cache, coalesce(enforce, true));
+            buckets, lock_timeout, on_lock_timeout, deny_cache, coalesce(enforce, true), tz);
         INSERT INTO rate_limiter_proxy.limits AS l (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap,
-                mode, buckets, lock_timeout, on_lock_timeout, deny_cache, partitions, enforce)
+                mode, buckets, lock_timeout, on_lock_timeout, deny_cache, partitions, enforce, tz)
             VALUES (name, kind, rate, period, capacity, max_reserved, coalesce(shards, 1), start, min_gap,
                 coalesce(mode, 'all'), buckets, lock_timeout, coalesce(on_lock_timeout, 'deny'), deny_cache, partitions,
-                coalesce(enforce, true))
+                coalesce(enforce, true), tz)
             ON CONFLICT ON CONSTRAINT limits_pkey DO UPDATE SET
                 kind = EXCLUDED.kind, rate = EXCLUDED.rate, period = EXCLUDED.period, capacity = EXCLUDED.capacity,
                 max_reserved = EXCLUDED.max_reserved, shards = EXCLUDED.shards, start = EXCLUDED.start,
                 min_gap = EXCLUDED.min_gap, mode = EXCLUDED.mode, buckets = EXCLUDED.buckets,
                 lock_timeout = EXCLUDED.lock_timeout, on_lock_timeout = EXCLUDED.on_lock_timeout,
-                deny_cache = EXCLUDED.deny_cache, partitions = EXCLUDED.partitions, enforce = EXCLUDED.enforce,
+                deny_cache = EXCLUDED.deny_cache, partitions = EXCLUDED.partitions, enforce = EXCLUDED.enforce, tz = EXCLUDED.tz,
                 defined_at = pg_catalog.now();
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
@@ -103,15 +117,15 @@ BEGIN
         RAISE;
     END
     $define$;
-    REVOKE ALL ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) FROM PUBLIC;
-    COMMENT ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) IS
+    REVOKE ALL ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) IS
         'rate_limiter.define on every partition (a spread limit, shards > 1, with each partition''s share), recorded in rate_limiter_proxy.limits. Needs INSERT and UPDATE on rate_limiter_proxy.limits.';
     -- A regrole's text is the role's name quoted as an identifier already: %s, not %I.
     FOREACH grantee IN ARRAY coalesce(hop_grantees, '{}') LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter_proxy._define_everywhere(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean) TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter_proxy._define_everywhere(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, text) TO %s', grantee);
     END LOOP;
     FOREACH grantee IN ARRAY coalesce(define_grantees, '{}') LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) TO %s', grantee);
     END LOOP;
 END $$;
 
@@ -127,7 +141,7 @@ BEGIN
     FOR l IN SELECT * FROM rate_limiter_proxy.limits ORDER BY name LOOP
         PERFORM rate_limiter_proxy.define(l.name, l.kind, l.rate, l.period, l.capacity, l.max_reserved, l.shards,
             l.start, l.min_gap, l.mode, l.buckets, l.lock_timeout, l.on_lock_timeout, l.deny_cache,
-            enforce => l.enforce);
+            enforce => l.enforce, tz => l.tz);
         n := n OPERATOR(pg_catalog.+) 1;
     END LOOP;
     RETURN n;

@@ -55,6 +55,7 @@ CREATE TABLE rate_limiter.limits (
         CONSTRAINT limits_deny_cache_check CHECK (deny_cache OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
     hot boolean NOT NULL DEFAULT false,
     enforce boolean NOT NULL DEFAULT true,
+    tz text,
     CONSTRAINT limits_deny_cache_is_for_one_row_per_key_in_mode_all
         CHECK (deny_cache IS NULL OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all')),
     CONSTRAINT limits_one_row_per_key_for_lock_timeout
@@ -90,6 +91,7 @@ COMMENT ON COLUMN rate_limiter.limits.start IS 'Window kinds: windows (a rolling
 COMMENT ON COLUMN rate_limiter.limits.hot IS 'Concurrent transactions consume it without queueing on its row: admitted against shared memory, each call logged in rate_limiter.debits (needs shared_preload_libraries; see docs/hot-limits.md).';
 COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a period is cut into, 1 to 64; NULL means 10.';
 COMMENT ON COLUMN rate_limiter.limits.enforce IS 'false puts the limit in shadow mode: a call it would deny is answered ok with reason ''shadow'', taking nothing, and counted in rate_limiter.stats.shadow_denied (a block still denies).';
+COMMENT ON COLUMN rate_limiter.limits.tz IS 'Fixed window of whole months, ''1 day'' or ''1 week'': the time zone its calendar windows start in (a name PostgreSQL knows, such as ''Europe/Berlin''); NULL is UTC.';
 
 -- Keep user configuration in pg_dump output.
 SELECT pg_catalog.pg_extension_config_dump('rate_limiter.limits', '');

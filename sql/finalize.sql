@@ -122,7 +122,7 @@ COMMENT ON FUNCTION rate_limiter.reset_rate_limit(text, text) IS
     'Forget the state of (name, key), every shard: it is full again.';
 COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS
     'The stored value and ts of (name, key) (fullest of sample_shards shards) and the effective config.';
-COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) IS
+COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) IS
     'Create or replace a named limit in rate_limiter.limits.';
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
     'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks and allows that have ended; returns how many. Skips rows in use.';

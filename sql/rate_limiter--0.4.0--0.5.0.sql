@@ -139,11 +139,25 @@ BEGIN
     END LOOP;
 END $$;
 
--- A named limit can be put in shadow mode (define(..., enforce => false)).
+-- A named limit can be put in shadow mode (define(..., enforce => false)), and a fixed window
+-- of months, a day or a week keeps calendar windows in a time zone (tz).
 ALTER TABLE rate_limiter.limits ADD COLUMN enforce boolean NOT NULL DEFAULT true;
+ALTER TABLE rate_limiter.limits ADD COLUMN tz text;
 COMMENT ON COLUMN rate_limiter.limits.enforce IS 'false puts the limit in shadow mode: a call it would deny is answered ok with reason ''shadow'', taking nothing, and counted in rate_limiter.stats.shadow_denied (a block still denies).';
+COMMENT ON COLUMN rate_limiter.limits.tz IS 'Fixed window of whole months, ''1 day'' or ''1 week'': the time zone its calendar windows start in (a name PostgreSQL knows, such as ''Europe/Berlin''); NULL is UTC.';
+-- 0.4.0 read a period of months as 30 days each (a year as 365.25): a fixed window of whole
+-- months now starts its windows on the calendar, as it was asked to. Every other period with
+-- months (any other kind's, or months with days or hours) keeps the length it had, spelled
+-- out, since months have none.
+UPDATE rate_limiter.limits
+   SET period = pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', period))
+ WHERE (pg_catalog.date_part('month', period) OPERATOR(pg_catalog.<>) 0
+        OR pg_catalog.date_part('year', period) OPERATOR(pg_catalog.<>) 0)
+   AND NOT (kind OPERATOR(pg_catalog.=) 'fixed window'
+            AND pg_catalog.date_part('day', period) OPERATOR(pg_catalog.=) 0
+            AND pg_catalog.date_part('epoch', period) OPERATOR(pg_catalog.=) pg_catalog.date_part('epoch', pg_catalog.date_trunc('month', period)));
 
--- define() takes enforce. A function's arguments cannot change in place: create it again, and
+-- define() takes enforce and tz. A function's arguments cannot change in place: create it again, and
 -- give back the EXECUTE grants it had.
 DO $$
 DECLARE
@@ -172,17 +186,18 @@ BEGIN
         "on_lock_timeout" TEXT DEFAULT 'deny',
         "deny_cache" interval DEFAULT NULL,
         "hot" bool DEFAULT false,
-        "enforce" bool DEFAULT true
+        "enforce" bool DEFAULT true,
+        "tz" TEXT DEFAULT NULL
     ) RETURNS void
     VOLATILE SECURITY DEFINER PARALLEL UNSAFE
     SET search_path TO pg_catalog, pg_temp
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'define_since_0_5_0_wrapper';
-    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) FROM PUBLIC;
-    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) IS
+    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) IS
         'Create or replace a named limit in rate_limiter.limits.';
     -- A regrole's text is the role's name quoted as an identifier already: %s, not %I.
     FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean) TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) TO %s', grantee);
     END LOOP;
 END $$;

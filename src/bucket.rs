@@ -6,11 +6,13 @@
 //! module of its own.
 
 mod credit;
+pub mod calendar;
 pub mod escrow;
 mod modes;
 mod rolling_window;
 mod sliding_window;
 
+pub use calendar::Calendar;
 pub use modes::Mode;
 
 /// Below this many shards a call looks at one random shard; from here on it looks at two.
@@ -83,6 +85,9 @@ pub struct Config {
     /// Denials are answered; `false` is shadow mode: a call that would be denied is ok and
     /// takes nothing (docs/semantics.md). Not arithmetic either.
     pub enforce: bool,
+    /// Fixed window: windows on the calendar (months, a day, a week in a time zone) instead
+    /// of every `period` ms; `period` is then their nominal length.
+    pub calendar: Option<Calendar>,
 }
 
 /// What a call answers when `lock_timeout` passes.
@@ -123,6 +128,23 @@ impl Config {
             capacity: self.capacity / n,
             max_reserved: self.max_reserved.map(|m| m / n),
             ..*self
+        }
+    }
+
+    /// Fixed window: whole windows from the one starting at `start` to the one `at` falls in.
+    fn windows_between(&self, start: f64, at: f64) -> f64 {
+        match &self.calendar {
+            Some(c) => c.windows_between(start, at),
+            None => ((at - start).max(0.0) / self.period).floor(),
+        }
+    }
+
+    /// Fixed window: the start of the window `windows` after the one starting at `start`.
+    fn window_after(&self, start: f64, windows: f64) -> f64 {
+        match &self.calendar {
+            Some(c) if windows > 0.0 => c.after(start, windows),
+            Some(_) => start,
+            None => start + windows * self.period,
         }
     }
 
@@ -211,6 +233,7 @@ pub fn fresh_state(config: &Config, now: f64, phase: f64) -> State {
     let anchor = config.start.unwrap_or(phase);
     let ts = match config.kind {
         Kind::TokenBucket => now,
+        Kind::FixedWindow if config.calendar.is_some() => config.calendar.expect("a calendar").window_start(now),
         Kind::FixedWindow | Kind::SlidingWindow => anchor + ((now - anchor) / config.period).floor() * config.period,
         Kind::RollingWindow => rolling_window::cell_start(config, anchor, now),
     };
@@ -290,13 +313,13 @@ fn convex_check(state: State, config: &Config, now: f64, count: f64, reserve: bo
             (value, now.max(state.ts), retry_after)
         }
         Kind::FixedWindow => {
-            let elapsed_windows = (elapsed / config.period).floor();
+            let elapsed_windows = config.windows_between(state.ts, state.ts + elapsed);
             let value =
                 (state.value + config.rate * elapsed_windows).min(config.capacity) - count;
-            let ts = state.ts + elapsed_windows * config.period;
+            let ts = config.window_after(state.ts, elapsed_windows);
             let retry_after = (value < 0.0).then(|| {
                 let windows_needed = (-value / config.rate).ceil();
-                ts + config.period * windows_needed - now
+                config.window_after(ts, windows_needed) - now
             });
             (value, ts, retry_after)
         }
@@ -421,7 +444,7 @@ pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
         Kind::RollingWindow => rolling_window::reset_after(state, config, now),
         _ if missing <= 0.0 => 0.0,
         Kind::TokenBucket => missing / (config.rate / config.period),
-        Kind::FixedWindow => (state.ts + config.period * (missing / config.rate).ceil() - now).max(0.0),
+        Kind::FixedWindow => (config.window_after(state.ts, (missing / config.rate).ceil()) - now).max(0.0),
     }
 }
 
@@ -442,7 +465,7 @@ pub fn expires(state: State, config: &Config) -> f64 {
         Kind::TokenBucket => state.ts + ((config.capacity - state.value) / (config.rate / config.period)).max(0.0),
         Kind::FixedWindow => {
             let windows = ((config.capacity - state.value) / config.rate).ceil().max(0.0);
-            state.ts + windows * config.period
+            config.window_after(state.ts, windows)
         }
         Kind::SlidingWindow => sliding_window::expires(state, config),
         Kind::RollingWindow => rolling_window::expires(state, config),

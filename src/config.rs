@@ -8,7 +8,8 @@ use pgrx::prelude::*;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::bucket::{Config, Kind, Mode, OnLockTimeout, DEFAULT_BUCKETS, MAX_BUCKETS};
+use crate::bucket::calendar::Unit;
+use crate::bucket::{Calendar, Config, Kind, Mode, OnLockTimeout, DEFAULT_BUCKETS, MAX_BUCKETS};
 use crate::call::Fingerprint;
 use crate::clock;
 use crate::error::{Error, Result};
@@ -101,6 +102,7 @@ pub struct LimitRow {
     pub deny_cache: Option<Interval>,
     pub hot: bool,
     pub enforce: bool,
+    pub tz: Option<String>,
 }
 
 impl TryFrom<&LimitRow> for Config {
@@ -111,14 +113,16 @@ impl TryFrom<&LimitRow> for Config {
             .map_err(|_| Error::InvalidConfig(format!("shards must be >= 1, not {}", row.shards)))?;
         let kind = parse_kind(&row.kind)?;
         let buckets = row.buckets.map(|b| buckets_number(f64::from(b))).transpose()?;
+        let start = row.start.map(clock::timestamptz_ms);
         validate(Config {
+            calendar: calendar(kind, Some(row.period), row.tz.as_deref(), start)?,
             kind,
             rate: row.rate,
             period: clock::interval_ms(row.period),
             capacity: row.capacity.unwrap_or(row.rate),
             max_reserved: row.max_reserved,
             shards,
-            start: row.start.map(clock::timestamptz_ms),
+            start,
             min_gap: row.min_gap.map(clock::interval_ms),
             mode: parse_mode(&row.mode)?,
             buckets: buckets_for(kind, buckets)?,
@@ -150,11 +154,24 @@ pub fn from_json(value: &Value) -> Result<Config> {
     let mut on_lock_timeout = None;
     let mut deny_cache = None;
     let mut enforce = None;
+    let mut tz = None;
+    // The period as interval text, whose months and days say whether it is a calendar one.
+    let mut period_interval = None;
     for (field, v) in object {
         match field.as_str() {
             "kind" => kind = Some(parse_kind(text_field(field, v)?)?),
             "rate" => rate = Some(number_field(field, v)?),
-            "period" => period = Some(duration_field(field, v)?),
+            "period" => {
+                period_interval = v.as_str().map(clock::parse_interval);
+                period = Some(duration_field(field, v)?)
+            }
+            "tz" => {
+                tz = match v {
+                    Value::Null => None,
+                    Value::String(name) => Some(name.as_str()),
+                    _ => return Err(wrong_type(field, "a time zone name", v)),
+                }
+            }
             "capacity" => capacity = optional(v, |v| number_field(field, v))?,
             "maxReserved" | "max_reserved" => max_reserved = optional(v, |v| number_field(field, v))?,
             "shards" => shards = optional(v, |v| shards_field(field, v))?,
@@ -176,7 +193,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
             other => {
                 return Err(Error::InvalidConfig(format!(
                     "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, \
-                     start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache, hot, enforce)"
+                     start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache, hot, enforce, tz)"
                 )))
             }
         }
@@ -200,7 +217,41 @@ pub fn from_json(value: &Value) -> Result<Config> {
         deny_cache,
         hot: false,
         enforce: enforce.unwrap_or(true),
+        calendar: calendar(kind, period_interval, tz, start)?,
     })
+}
+
+/// The calendar of a fixed window whose period is whole months, one day or one week (in
+/// `tz`, UTC when `None`), aligned to `start`; `None` for every other period. Months mean
+/// nothing to the other kinds, which count fixed lengths: refused, as is a `tz` without a
+/// calendar period, rather than read as 30 days.
+fn calendar(kind: Kind, period: Option<Interval>, tz: Option<&str>, start: Option<f64>) -> Result<Option<Calendar>> {
+    let months = period.is_some_and(|p| p.months() != 0);
+    let unit = period.and_then(|p| Unit::of(p.months(), p.days(), p.micros()));
+    let shown = |p: Option<Interval>| p.map_or_else(String::new, |p| format!(" '{}'", clock::interval_text(p)));
+    match unit {
+        Some(unit) if kind == Kind::FixedWindow => {
+            let zone = clock::zone(tz).ok_or_else(|| {
+                Error::Calendar(format!("time zone \"{}\" is not one PostgreSQL knows", tz.unwrap_or_default()))
+            })?;
+            Ok(Some(Calendar::new(unit, zone, start)))
+        }
+        _ if months && kind != Kind::FixedWindow => Err(Error::Calendar(format!(
+            "a {} counts a fixed length, and a period of months{} has none",
+            kind.as_str(),
+            shown(period)
+        ))),
+        _ if months => Err(Error::Calendar(format!(
+            "a calendar period is whole months, '1 day' or '1 week', not{}",
+            shown(period)
+        ))),
+        _ if tz.is_some() => Err(Error::Calendar(format!(
+            "tz is for a fixed window of whole months, '1 day' or '1 week', not a {} of{}",
+            kind.as_str(),
+            shown(period).trim_start()
+        ))),
+        _ => Ok(None),
+    }
 }
 
 /// `rate_limiter.shadow`: every limit of the session in shadow mode. Superuser-only, and
@@ -259,6 +310,15 @@ pub fn fingerprint(config: &Config) -> Fingerprint {
     }
     hasher.update(config.shards.to_le_bytes());
     hasher.update(config.buckets.to_le_bytes());
+    if let Some(c) = &config.calendar {
+        let (unit, n) = match c.unit {
+            Unit::Months(n) => (b'm', n),
+            Unit::Days(n) => (b'd', n),
+        };
+        hasher.update([unit]);
+        hasher.update(n.to_le_bytes());
+        hasher.update(c.zone.name().as_bytes());
+    }
     let digest = hasher.finalize();
     let mut fingerprint = [0; 16];
     fingerprint.copy_from_slice(&digest[..16]);
@@ -271,7 +331,19 @@ pub fn to_json(config: &Config) -> Value {
     let mut object = Map::new();
     object.insert("kind".into(), config.kind.as_str().into());
     object.insert("rate".into(), number(config.rate));
-    object.insert("period".into(), number(config.period));
+    match config.calendar.map(|c| c.unit) {
+        // As interval text, so that it is a calendar period when passed back.
+        Some(Unit::Months(1)) => object.insert("period".into(), "1 month".into()),
+        Some(Unit::Months(12)) => object.insert("period".into(), "1 year".into()),
+        Some(Unit::Months(n)) if n % 12 == 0 => object.insert("period".into(), format!("{} years", n / 12).into()),
+        Some(Unit::Months(n)) => object.insert("period".into(), format!("{n} months").into()),
+        Some(Unit::Days(7)) => object.insert("period".into(), "1 week".into()),
+        Some(Unit::Days(_)) => object.insert("period".into(), "1 day".into()),
+        None => object.insert("period".into(), number(config.period)),
+    };
+    if let Some(c) = config.calendar.filter(|c| c.zone.name() != "UTC") {
+        object.insert("tz".into(), c.zone.name().into());
+    }
     object.insert("capacity".into(), number(config.capacity));
     if let Some(max_reserved) = config.max_reserved {
         object.insert("maxReserved".into(), number(max_reserved));

@@ -23,6 +23,9 @@ pub enum Error {
     #[error("rate limit number out of range: {0}")]
     OutOfRange(String),
 
+    #[error("invalid calendar window: {0}")]
+    Calendar(String),
+
     #[error("malformed rate limit config: {0}")]
     MalformedConfig(String),
 
@@ -75,7 +78,11 @@ pub enum Error {
 impl Error {
     fn sqlstate(&self) -> PgSqlErrorCode {
         match self {
-            Error::CountExceedsMax { .. } | Error::InvalidArgument(_) | Error::InvalidConfig(_) | Error::OutOfRange(_) => {
+            Error::CountExceedsMax { .. }
+            | Error::InvalidArgument(_)
+            | Error::InvalidConfig(_)
+            | Error::OutOfRange(_)
+            | Error::Calendar(_) => {
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
             }
             Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
@@ -113,6 +120,13 @@ impl Error {
                  kind 'token bucket', 'fixed window' or 'sliding window', rate > 0, period > 0 (ms \
                  or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start \
                  (ms since epoch)."
+            }
+            Error::Calendar(_) => {
+                "A fixed window whose period is whole months ('1 month', '3 months', '1 year'), \
+                 '1 day' or '1 week' starts its windows on the calendar, in the time zone tz \
+                 (default UTC; a name PostgreSQL knows, such as 'Europe/Berlin'), at start's day \
+                 and time when given. The other kinds count fixed lengths: give them one, such as \
+                 '30 days'."
             }
             Error::OutOfRange(_) => {
                 "rate, capacity, maxReserved, a count and a credit are at most 1e15; a period is \

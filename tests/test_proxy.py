@@ -527,7 +527,7 @@ PARTITION_CHANGES = [
     ("SELECT rate_limiter_proxy.disallow(%(name)s, 'victim')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy.reset_rate_limit(%(name)s, 'used')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._define_everywhere(%(name)s, 'token bucket', 1000000, '1 second', NULL, NULL, 1, "
-     "NULL, NULL, 'all', NULL, NULL, 'deny', NULL, true)", DEFINE_HINT),
+     "NULL, NULL, 'all', NULL, NULL, 'deny', NULL, true, NULL)", DEFINE_HINT),
     ("SELECT rate_limiter_proxy._block_everywhere(%(name)s, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._block_everywhere(NULL, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._unblock_everywhere(%(name)s, 'victim')", UPDATE_HINT),
@@ -797,7 +797,7 @@ def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_an
             g.execute("ALTER EXTENSION rate_limiter_proxy UPDATE")
             assert g.execute(f"SELECT has_function_privilege('{app}', 'rate_limiter_proxy.define(text, text, float8, interval, "
                              "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, "
-                             "boolean)', 'EXECUTE')").fetchone() == (True,), "define, created again in 0.5.0, kept its grant"
+                             "boolean, text)', 'EXECUTE')").fetchone() == (True,), "define, created again in 0.5.0, kept its grant"
             assert g.execute(f"SELECT has_function_privilege('{app}', 'rate_limiter_proxy.rate_limit(text, text, float8, "
                              "boolean, boolean, jsonb)', 'EXECUTE')").fetchone() == (True,), "the update kept a grant"
             assert g.execute(everyone).fetchone() == (False,)

@@ -100,7 +100,7 @@ fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {
 }
 
 /// Create or replace a named limit (an upsert into `rate_limiter.limits`). Its C symbol is
-/// new in 0.5.0, which added `enforce`: the SQL of 0.2.0 to 0.4.0 names `define_wrapper`,
+/// new in 0.5.0, which added `enforce` and `tz`: the SQL of 0.2.0 to 0.4.0 names `define_wrapper`,
 /// `define_limit_wrapper` and `define_since_0_4_0_wrapper` (see below).
 #[pg_extern(name = "define", security_definer, volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
@@ -122,6 +122,7 @@ fn define_since_0_5_0(
     deny_cache: default!(Option<Interval>, "NULL"),
     hot: default!(Option<bool>, false),
     enforce: default!(Option<bool>, true),
+    tz: default!(Option<&str>, "NULL"),
 ) {
     storage::prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
@@ -143,6 +144,7 @@ fn define_since_0_5_0(
             deny_cache,
             hot: hot.ok_or_else(|| required("hot"))?,
             enforce: enforce.ok_or_else(|| required("enforce"))?,
+            tz: tz.map(str::to_owned),
         };
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;
@@ -152,8 +154,8 @@ fn define_since_0_5_0(
     result.unwrap_or_else(|e| e.raise())
 }
 
-/// `define` of 0.4.0, which has no `enforce`, for a database not yet updated: the same,
-/// enforced. No SQL: 0.4.0's script declares it.
+/// `define` of 0.4.0, which has no `enforce` and `tz`, for a database not yet updated: the
+/// same, enforced, in UTC. No SQL: 0.4.0's script declares it.
 #[pg_extern(sql = false)]
 #[allow(clippy::too_many_arguments)]
 fn define_since_0_4_0(
@@ -175,7 +177,7 @@ fn define_since_0_4_0(
 ) {
     define_since_0_5_0(
         name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, lock_timeout,
-        on_lock_timeout, deny_cache, hot, Some(true),
+        on_lock_timeout, deny_cache, hot, Some(true), None,
     )
 }
 

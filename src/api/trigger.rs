@@ -98,5 +98,6 @@ fn limit_row(row: &PgHeapTuple<'_, AllocatedByPostgres>) -> LimitRow {
         deny_cache: row.get_by_name("deny_cache").ok().flatten(),
         hot: true,
         enforce: row.get_by_name("enforce").ok().flatten().unwrap_or(true),
+        tz: row.get_by_name("tz").ok().flatten(),
     }
 }

@@ -29,6 +29,7 @@ pub(super) fn config(kind: Kind, rate: f64, period: f64) -> Config {
         deny_cache: None,
         hot: false,
         enforce: true,
+        calendar: None,
     }
 }
 

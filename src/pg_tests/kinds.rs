@@ -509,4 +509,87 @@ mod tests {
         run("SET LOCAL rate_limiter.shadow = off");
         assert!(!decide("rate_limiter.rate_limit('ss', 'k')").ok);
     }
+
+    /// Issue 32: a fixed window of a month, a day or a week starts its windows on the calendar
+    /// (0.4.0 made '1 month' a window of 30 days from a phase of its own), in UTC or `tz`.
+    #[pg_test]
+    fn calendar_windows_begin_on_the_first_at_midnight_and_on_monday() {
+        let set = |at: &str| run(&format!("SET LOCAL rate_limiter.fake_now = '{at}'"));
+        let wait = |call: &str| decide(call).retry_after.map(|ms| (ms / 1000.0).round());
+        set("2026-01-31 12:00:00+00");
+        run("SELECT rate_limiter.define('monthly', 'fixed window', 5, '1 month')");
+        assert_eq!((0..10).filter(|_| decide("rate_limiter.rate_limit('monthly', 'k')").ok).count(), 5);
+        assert_eq!(wait("rate_limiter.rate_limit('monthly', 'k')"), Some(12.0 * 3600.0), "until February 1st");
+        assert_eq!(
+            one::<String>("SELECT ts::text FROM rate_limiter.rate_limit_value('monthly', 'k')").as_deref(),
+            Some("2026-01-01 00:00:00+00")
+        );
+        set("2026-02-01 00:00:00+00");
+        assert!(decide("rate_limiter.rate_limit('monthly', 'k')").ok, "a new month");
+        // February of a leap year ends on the 29th; an anchor on the 31st comes back in March.
+        run("SELECT rate_limiter.define('billing', 'fixed window', 1, '1 month', start => '2028-01-31 00:00+00')");
+        set("2028-02-15 00:00:00+00");
+        assert!(decide("rate_limiter.rate_limit('billing', 'k')").ok);
+        assert_eq!(wait("rate_limiter.rate_limit('billing', 'k')"), Some(14.0 * 86_400.0), "until February 29th");
+        set("2028-03-15 00:00:00+00");
+        assert!(decide("rate_limiter.rate_limit('billing', 'k')").ok);
+        assert_eq!(wait("rate_limiter.rate_limit('billing', 'k')"), Some(16.0 * 86_400.0), "until March 31st");
+        // ISO weeks start on Monday: 2026-11-25 is a Wednesday.
+        set("2026-11-25 12:00:00+00");
+        run("SELECT rate_limiter.define('weekly', 'fixed window', 1, '1 week')");
+        assert!(decide("rate_limiter.rate_limit('weekly', 'k')").ok);
+        assert_eq!(wait("rate_limiter.rate_limit('weekly', 'k')"), Some(4.5 * 86_400.0));
+        // '30 days' stays a fixed length.
+        run("SELECT rate_limiter.define('thirty', 'fixed window', 1, '30 days', start => '2026-01-01 00:00+00')");
+        set("2026-01-31 12:00:00+00");
+        assert!(decide("rate_limiter.rate_limit('thirty', 'k')").ok);
+        assert_eq!(wait("rate_limiter.rate_limit('thirty', 'k')"), Some(29.5 * 86_400.0), "until March 2nd");
+        let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('monthly')").unwrap().0;
+        assert_eq!(cfg["period"], "1 month", "passed back, still a calendar month");
+    }
+
+    /// Issue 32: a calendar day in a time zone is 23 or 25 hours across a change of offset,
+    /// in Berlin (spring) and New York (autumn).
+    #[pg_test]
+    fn calendar_days_follow_the_time_zone_across_daylight_saving_changes() {
+        let set = |at: &str| run(&format!("SET LOCAL rate_limiter.fake_now = '{at}'"));
+        let wait = |call: &str| decide(call).retry_after.map(|ms| (ms / 1000.0).round());
+        run("SELECT rate_limiter.define('berlin', 'fixed window', 1, '1 day', tz => 'Europe/Berlin')");
+        set("2026-03-29 12:00:00+00");
+        assert!(decide("rate_limiter.rate_limit('berlin', 'k')").ok);
+        assert_eq!(wait("rate_limiter.rate_limit('berlin', 'k')"), Some(10.0 * 3600.0), "midnight CEST is 22:00 UTC");
+        assert_eq!(
+            one::<String>("SELECT ts::text FROM rate_limiter.rate_limit_value('berlin', 'k')").as_deref(),
+            Some("2026-03-28 23:00:00+00"),
+            "midnight CET: a day of 23 hours"
+        );
+        let ny = r#"'{"kind": "fixed window", "rate": 1, "period": "1 day", "tz": "America/New_York"}'"#;
+        set("2026-11-01 12:00:00+00");
+        assert!(decide(&format!("rate_limiter.rate_limit('ny', 'k', config => {ny})")).ok);
+        assert_eq!(wait(&format!("rate_limiter.rate_limit('ny', 'k', config => {ny})")), Some(17.0 * 3600.0));
+        assert_eq!(
+            one::<String>(&format!("SELECT ts::text FROM rate_limiter.rate_limit_value('ny', 'k', config => {ny})")).as_deref(),
+            Some("2026-11-01 04:00:00+00"),
+            "midnight EDT: a day of 25 hours"
+        );
+        set("2026-11-02 05:00:00+00");
+        assert!(decide(&format!("rate_limiter.rate_limit('ny', 'k', config => {ny})")).ok, "midnight EST");
+        let cfg = one::<pgrx::JsonB>(&format!("SELECT effective_config FROM rate_limiter.rate_limit_value('ny', config => {ny})")).unwrap().0;
+        assert_eq!((cfg["period"].as_str(), cfg["tz"].as_str()), (Some("1 day"), Some("America/New_York")));
+    }
+
+    /// Issue 32: a period of months where it means nothing is refused, never read as 30 days.
+    #[pg_test]
+    fn periods_of_months_are_refused_where_they_have_no_length() {
+        at("0");
+        fails("SELECT rate_limiter.define('tb', 'token bucket', 1, '1 month')", "22023", "fixed length");
+        fails("SELECT rate_limiter.define('sw', 'sliding window', 1, '1 year')", "22023", "fixed length");
+        fails(r#"SELECT rate_limiter.rate_limit('rw', config => '{"kind": "rolling window", "rate": 1, "period": "1 month"}')"#, "22023", "fixed length");
+        fails("SELECT rate_limiter.define('fw', 'fixed window', 1, '1 month 2 days')", "22023", "whole months");
+        fails("SELECT rate_limiter.define('fw', 'fixed window', 1, '1 hour', tz => 'Europe/Berlin')", "22023", "tz is for");
+        fails("SELECT rate_limiter.define('fw', 'fixed window', 1, '1 day', tz => 'Mars/Olympus')", "22023", "Mars/Olympus");
+        // A token bucket of a day is 24 hours, as it was.
+        run("SELECT rate_limiter.define('tb', 'token bucket', 24, '1 day')");
+        assert_eq!(decide("rate_limiter.rate_limit('tb', 'k', 24)").reset_after.round(), 86_400_000.0);
+    }
 }

@@ -126,7 +126,7 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
 }
 
 /// The current row of `limits`: name, kind, rate, period, capacity, max_reserved, shards,
-/// start, min_gap, mode, buckets, lock_timeout, on_lock_timeout, deny_cache, hot, enforce;
+/// start, min_gap, mode, buckets, lock_timeout, on_lock_timeout, deny_cache, hot, enforce, tz;
 /// NOT NULL where
 /// `required`.
 fn limit_row(limits: &Lookup) -> LimitRow {
@@ -147,7 +147,8 @@ fn limit_row(limits: &Lookup) -> LimitRow {
         deny_cache: limits.column(14),
         // New in 0.4.0: a database not yet updated has no hot limits.
         hot: limits.has(&shape::LIMITS_WITH_HOT) && limits.column(15).expect(required),
-        // New in 0.5.0: a database not yet updated enforces every limit.
-        enforce: !limits.has(&shape::LIMITS_WITH_ENFORCE) || limits.column(16).expect(required),
+        // New in 0.5.0: a database not yet updated enforces every limit, in UTC.
+        enforce: !limits.has(&shape::LIMITS_SINCE_0_5_0) || limits.column(16).expect(required),
+        tz: if limits.has(&shape::LIMITS_SINCE_0_5_0) { limits.column(17) } else { None },
     }
 }

@@ -53,14 +53,15 @@ pub const LIMITS_WITH_HOT: [(&CStr, pg_sys::Oid); 15] = {
     columns
 };
 
-/// `LIMITS_WITH_HOT` and 0.5.0's `enforce` after it.
-pub const LIMITS_WITH_ENFORCE: [(&CStr, pg_sys::Oid); 16] = {
-    let mut columns = [(c"enforce", pg_sys::BOOLOID); 16];
+/// `LIMITS_WITH_HOT` and 0.5.0's `enforce` and `tz` after it.
+pub const LIMITS_SINCE_0_5_0: [(&CStr, pg_sys::Oid); 17] = {
+    let mut columns = [(c"enforce", pg_sys::BOOLOID); 17];
     let mut i = 0;
     while i < LIMITS_WITH_HOT.len() {
         columns[i] = LIMITS_WITH_HOT[i];
         i += 1;
     }
+    columns[16] = (c"tz", pg_sys::TEXTOID);
     columns
 };
 

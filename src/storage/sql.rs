@@ -163,10 +163,14 @@ pub fn delete_listed(list: List, name: Option<&str>, key: Option<&str>) -> bool 
 /// Insert or replace a named limit.
 pub fn upsert_limit(row: &LimitRow, name: &str) {
     // A database not yet updated to 0.4.0 has no hot column (and `define` there never sets
-    // it), one not yet updated to 0.5.0 no enforce column (every limit there is enforced).
+    // it), one not yet updated to 0.5.0 no enforce and tz (every limit there is enforced, in UTC).
     let with_hot = cache::relations().debits.is_some();
-    let with_enforce = super::Lookup::limits().has(&super::shape::LIMITS_WITH_ENFORCE);
-    let extra: Vec<&str> = [("hot", with_hot), ("enforce", with_enforce)].iter().filter(|c| c.1).map(|c| c.0).collect();
+    let since_0_5_0 = super::Lookup::limits().has(&super::shape::LIMITS_SINCE_0_5_0);
+    let extra: Vec<&str> = [("hot", with_hot), ("enforce", since_0_5_0), ("tz", since_0_5_0)]
+        .iter()
+        .filter(|c| c.1)
+        .map(|c| c.0)
+        .collect();
     let (mut columns, mut values, mut updates) = (String::new(), String::new(), String::new());
     for (i, column) in extra.iter().enumerate() {
         columns += &format!(", {column}");
@@ -205,8 +209,9 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
     if with_hot {
         args.push(row.hot.into());
     }
-    if with_enforce {
+    if since_0_5_0 {
         args.push(row.enforce.into());
+        args.push(row.tz.as_deref().into());
     }
     Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
