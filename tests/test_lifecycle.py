@@ -38,6 +38,10 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
         fresh.execute("CREATE EXTENSION rate_limiter")
         old.execute(f"CREATE EXTENSION rate_limiter VERSION '{released}'")
         old.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES ('kept', 'token bucket', 10, '1 second')")
+        # Periods of months, which 0.4.0 and before read as 30 days each.
+        old.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES "
+                    "('monthly_bucket', 'token bucket', 10, '1 month'), ('monthly_window', 'fixed window', 10, '1 month'), "
+                    "('quarter_and_a_day', 'fixed window', 10, '3 months 1 day')")
         if released in ("0.1.0", "0.2.0"):
             old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01')")
             old.execute("INSERT INTO rate_limiter.state VALUES ('inline', 'k', 0, 1, '2030-01-01')")
@@ -82,6 +86,14 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
                 old.execute("DELETE FROM rate_limiter.limits WHERE name = 'hot_before_update'")
                 old.execute("DELETE FROM rate_limiter.state WHERE name = 'hot_before_update'")  # its folded log
 
+            # A fixed window of whole months is a calendar window now; every other period with
+            # months keeps the length it had, written out.
+            assert dict(old.execute("SELECT name, period::text FROM rate_limiter.limits WHERE name LIKE 'month%' "
+                                    "OR name LIKE 'quarter%'").fetchall()) == {
+                "monthly_bucket": "720:00:00", "monthly_window": "1 mon", "quarter_and_a_day": "2184:00:00"}
+            for name in ("monthly_bucket", "monthly_window", "quarter_and_a_day"):
+                assert old.execute("SELECT ok FROM rate_limiter.rate_limit(%s, 'k')", (name,)).fetchone() == (True,)
+            old.execute("DELETE FROM rate_limiter.state WHERE name LIKE 'month%' OR name LIKE 'quarter%'")
             assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == (
                 fresh.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone())
             upgraded = catalog_of(old, "rate_limiter", initial_privileges=False)
