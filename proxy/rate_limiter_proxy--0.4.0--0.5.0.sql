@@ -11,15 +11,13 @@ ALTER TABLE rate_limiter_proxy.limits ADD COLUMN enforce boolean NOT NULL DEFAUL
 ALTER TABLE rate_limiter_proxy.limits ADD COLUMN tz text;
 COMMENT ON COLUMN rate_limiter_proxy.limits.enforce IS 'false: the limit is in shadow mode, as in rate_limiter.limits.';
 COMMENT ON COLUMN rate_limiter_proxy.limits.tz IS 'The time zone of a calendar window, as in rate_limiter.limits.';
--- As rate_limiter 0.5.0's update does on each partition: a period of months keeps the length
--- 0.4.0 gave it (30 days a month) except a fixed window's of whole months, now on the calendar.
+-- As rate_limiter 0.5.0's update does on each partition: the limits defined before keep the
+-- fixed length 0.4.0 gave a period with months, or a fixed window's with days, written out.
 UPDATE rate_limiter_proxy.limits
    SET period = pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', period))
- WHERE (pg_catalog.date_part('month', period) OPERATOR(pg_catalog.<>) 0
-        OR pg_catalog.date_part('year', period) OPERATOR(pg_catalog.<>) 0)
-   AND NOT (kind OPERATOR(pg_catalog.=) 'fixed window'
-            AND pg_catalog.date_part('day', period) OPERATOR(pg_catalog.=) 0
-            AND pg_catalog.date_part('epoch', period) OPERATOR(pg_catalog.=) pg_catalog.date_part('epoch', pg_catalog.date_trunc('month', period)));
+ WHERE pg_catalog.date_part('month', period) OPERATOR(pg_catalog.<>) 0
+    OR pg_catalog.date_part('year', period) OPERATOR(pg_catalog.<>) 0
+    OR (kind OPERATOR(pg_catalog.=) 'fixed window' AND pg_catalog.date_part('day', period) OPERATOR(pg_catalog.<>) 0);
 
 -- define() and its hop take enforce and tz. A function's arguments cannot change in place: create
 -- them again, and give back the EXECUTE grants they had.

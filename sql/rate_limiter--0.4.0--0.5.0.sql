@@ -68,9 +68,10 @@ DECLARE
     grants text[];
     one text;
 BEGIN
-    SELECT pg_catalog.array_agg(pg_catalog.format('GRANT %s ON %s TO %s', a.privilege_type, o.what,
+    SELECT pg_catalog.array_agg(pg_catalog.format('GRANT %s ON %s TO %s%s', a.privilege_type, o.what,
                CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
-                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END))
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END,
+               CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END))
     INTO grants
     FROM (SELECT 'TABLE rate_limiter.stats' AS what, c.relacl AS acl, c.relowner AS owner
             FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) 'rate_limiter.stats'::pg_catalog.regclass
@@ -145,30 +146,33 @@ ALTER TABLE rate_limiter.limits ADD COLUMN enforce boolean NOT NULL DEFAULT true
 ALTER TABLE rate_limiter.limits ADD COLUMN tz text;
 COMMENT ON COLUMN rate_limiter.limits.enforce IS 'false puts the limit in shadow mode: a call it would deny is answered ok with reason ''shadow'', taking nothing, and counted in rate_limiter.stats.shadow_denied (a block still denies).';
 COMMENT ON COLUMN rate_limiter.limits.tz IS 'Fixed window of whole months, ''1 day'' or ''1 week'': the time zone its calendar windows start in (a name PostgreSQL knows, such as ''Europe/Berlin''); NULL is UTC.';
--- 0.4.0 read a period of months as 30 days each (a year as 365.25): a fixed window of whole
--- months now starts its windows on the calendar, as it was asked to. Every other period with
--- months (any other kind's, or months with days or hours) keeps the length it had, spelled
--- out, since months have none.
+-- 0.4.0 read a month as 30 days (a year as 365.25) and every day as 24 hours. From 0.5.0 a
+-- fixed window of whole months, '1 day' or '1 week' has calendar windows, and other kinds
+-- refuse months. The limits defined before keep exactly what they had: a period with months,
+-- and a fixed window's with days, is written out as the fixed length 0.4.0 gave it (define
+-- one again to have calendar windows), so the update moves no window and admits nothing more.
 UPDATE rate_limiter.limits
    SET period = pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', period))
- WHERE (pg_catalog.date_part('month', period) OPERATOR(pg_catalog.<>) 0
-        OR pg_catalog.date_part('year', period) OPERATOR(pg_catalog.<>) 0)
-   AND NOT (kind OPERATOR(pg_catalog.=) 'fixed window'
-            AND pg_catalog.date_part('day', period) OPERATOR(pg_catalog.=) 0
-            AND pg_catalog.date_part('epoch', period) OPERATOR(pg_catalog.=) pg_catalog.date_part('epoch', pg_catalog.date_trunc('month', period)));
+ WHERE pg_catalog.date_part('month', period) OPERATOR(pg_catalog.<>) 0
+    OR pg_catalog.date_part('year', period) OPERATOR(pg_catalog.<>) 0
+    OR (kind OPERATOR(pg_catalog.=) 'fixed window' AND pg_catalog.date_part('day', period) OPERATOR(pg_catalog.<>) 0);
 
--- define() takes enforce and tz. A function's arguments cannot change in place: create it again, and
--- give back the EXECUTE grants it had.
+-- define() takes enforce and tz. A function's arguments cannot change in place: create it
+-- again, and give back the EXECUTE grants it had (with their grant option; PUBLIC's too).
 DO $$
 DECLARE
-    grantee pg_catalog.regrole;
-    grantees pg_catalog.regrole[];
+    grants text[];
+    one text;
 BEGIN
-    SELECT pg_catalog.array_agg(a.grantee::pg_catalog.regrole) INTO grantees
+    SELECT pg_catalog.array_agg(pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) TO %s%s',
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END,
+               CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END))
+    INTO grants
     FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
     WHERE p.oid OPERATOR(pg_catalog.=) 'rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean)'::pg_catalog.regprocedure
       AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
-      AND a.grantee OPERATOR(pg_catalog.<>) p.proowner AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid;
+      AND a.grantee OPERATOR(pg_catalog.<>) p.proowner;
     DROP FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean);
     CREATE FUNCTION rate_limiter."define"(
         "name" TEXT,
@@ -196,8 +200,7 @@ BEGIN
     REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) FROM PUBLIC;
     COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) IS
         'Create or replace a named limit in rate_limiter.limits.';
-    -- A regrole's text is the role's name quoted as an identifier already: %s, not %I.
-    FOREACH grantee IN ARRAY coalesce(grantees, '{}') LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) TO %s', grantee);
+    FOREACH one IN ARRAY coalesce(grants, '{}') LOOP
+        EXECUTE one;
     END LOOP;
 END $$;

@@ -131,14 +131,6 @@ impl Config {
         }
     }
 
-    /// Fixed window: whole windows from the one starting at `start` to the one `at` falls in.
-    fn windows_between(&self, start: f64, at: f64) -> f64 {
-        match &self.calendar {
-            Some(c) => c.windows_between(start, at),
-            None => ((at - start).max(0.0) / self.period).floor(),
-        }
-    }
-
     /// Fixed window: the start of the window `windows` after the one starting at `start`.
     fn window_after(&self, start: f64, windows: f64) -> f64 {
         match &self.calendar {
@@ -296,7 +288,9 @@ pub const END_OF_TIME_MS: f64 = 9_224_318_016_000_000.0;
 /// row's `expires` are always storable instants that `prune()` reaches, however large a count
 /// a caller reserves (Convex's own bound is none).
 pub fn storable_debt(config: &Config, now: f64) -> f64 {
-    let periods = (END_OF_TIME_MS - now) / config.period - 2.0;
+    // A calendar window is as long as its longest: a month of 31 days.
+    let period = config.calendar.map_or(config.period, |c| c.longest_ms().max(config.period));
+    let periods = (END_OF_TIME_MS - now) / period - 2.0;
     (periods * config.rate - config.capacity).max(0.0)
 }
 
@@ -313,7 +307,10 @@ fn convex_check(state: State, config: &Config, now: f64, count: f64, reserve: bo
             (value, now.max(state.ts), retry_after)
         }
         Kind::FixedWindow => {
-            let elapsed_windows = config.windows_between(state.ts, state.ts + elapsed);
+            let elapsed_windows = match &config.calendar {
+                Some(c) => c.windows_between(state.ts, state.ts + elapsed),
+                None => (elapsed / config.period).floor(),
+            };
             let value =
                 (state.value + config.rate * elapsed_windows).min(config.capacity) - count;
             let ts = config.window_after(state.ts, elapsed_windows);

@@ -9,7 +9,6 @@ use pgrx::prelude::*;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{direct_function_call, IntoDatum};
 
-use crate::bucket::calendar::{Utc, Zone};
 use crate::error::Error;
 
 /// `rate_limiter.fake_now`: a timestamptz the limiter takes as now; empty means the real clock.
@@ -151,60 +150,4 @@ pub fn sleep_ms(ms: f64) {
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
     }
-}
-
-/// A time zone PostgreSQL knows (`pg_tzset`: the zone names of `SET timezone`), for
-/// calendar windows.
-struct PgZone {
-    name: String,
-    tz: *mut pg_sys::pg_tz,
-}
-
-impl Zone for PgZone {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn offset(&self, utc_ms: f64) -> f64 {
-        let seconds = (utc_ms / 1000.0).floor() as pg_sys::pg_time_t;
-        // SAFETY: `tz` came from pg_tzset, whose zones live as long as the process;
-        // pg_localtime reads `seconds` and returns its static result, read at once, or NULL
-        // for an instant it cannot place.
-        let local = unsafe { pg_sys::pg_localtime(&seconds, self.tz) };
-        if local.is_null() {
-            return 0.0;
-        }
-        // SAFETY: not NULL, as just checked.
-        unsafe { (*local).tm_gmtoff as f64 * 1000.0 }
-    }
-}
-
-thread_local! {
-    /// The zones this backend has looked up, by PostgreSQL's zone: one each, so no spelling
-    /// of a name makes more (PostgreSQL keeps its zones for the process's life too).
-    static ZONES: std::cell::RefCell<std::collections::HashMap<usize, &'static PgZone>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
-}
-
-/// The time zone called `name` (`None` and `'UTC'` are UTC), or `None` when PostgreSQL
-/// knows no such zone.
-pub fn zone(name: Option<&str>) -> Option<&'static dyn Zone> {
-    let Some(name) = name.filter(|n| !n.eq_ignore_ascii_case("UTC")) else { return Some(&Utc) };
-    let c = CString::new(name).ok()?;
-    // SAFETY: pg_tzset takes a NUL-terminated name and returns a zone it keeps for the
-    // process's life (looked up in its own cache after the first time), or NULL.
-    let tz = unsafe { pg_sys::pg_tzset(c.as_ptr()) };
-    // SAFETY: a zone pg_tzset returned.
-    if tz.is_null() || !unsafe { pg_sys::pg_tz_acceptable(tz) } {
-        return None;
-    }
-    let found = ZONES.with(|z| {
-        *z.borrow_mut().entry(tz as usize).or_insert_with(|| {
-            // SAFETY: pg_get_timezone_name returns the zone's own NUL-terminated name.
-            let name = unsafe { CStr::from_ptr(pg_sys::pg_get_timezone_name(tz)) }.to_string_lossy().into_owned();
-            // Bounded by the zones PostgreSQL knows (about 600), a few bytes each.
-            Box::leak(Box::new(PgZone { name, tz }))
-        })
-    });
-    Some(found)
 }

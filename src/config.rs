@@ -14,6 +14,8 @@ use crate::call::Fingerprint;
 use crate::clock;
 use crate::error::{Error, Result};
 
+mod zone;
+
 /// More shards than this buys nothing and makes `reset_rate_limit` and sampling slow.
 pub const MAX_SHARDS: u32 = 1024;
 
@@ -231,8 +233,12 @@ fn calendar(kind: Kind, period: Option<Interval>, tz: Option<&str>, start: Optio
     let shown = |p: Option<Interval>| p.map_or_else(String::new, |p| format!(" '{}'", clock::interval_text(p)));
     match unit {
         Some(unit) if kind == Kind::FixedWindow => {
-            let zone = clock::zone(tz).ok_or_else(|| {
-                Error::Calendar(format!("time zone \"{}\" is not one PostgreSQL knows", tz.unwrap_or_default()))
+            let zone = zone::named(tz).ok_or_else(|| {
+                Error::Calendar(format!(
+                    "time zone \"{}\" is not one PostgreSQL knows (or this session named {} others)",
+                    tz.unwrap_or_default(),
+                    zone::MAX_NAMES
+                ))
             })?;
             Ok(Some(Calendar::new(unit, zone, start)))
         }
@@ -452,6 +458,12 @@ fn validate(config: Config) -> Result<Config> {
             config.min_gap.map(|_| "minGap (an abort of the last granted call would make a refusal wrong)".to_owned()),
             (config.mode != Mode::All).then(|| format!("mode '{}' (it writes on denial)", config.mode.as_str())),
             config.lock_timeout.map(|_| "lockTimeout (a hot call never waits for a row)".to_owned()),
+            // Its config lives in shared memory, where only UTC (a static of the preloaded
+            // library, at one address in every backend) may be pointed at.
+            config
+                .calendar
+                .filter(|c| c.zone.name() != "UTC")
+                .map(|c| format!("calendar windows in {} (hot ones are UTC's)", c.zone.name())),
         ];
         if let Some(setting) = uncovered.into_iter().flatten().next() {
             return Err(Error::NotSupported(format!("a hot limit with {setting}")));

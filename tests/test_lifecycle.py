@@ -41,7 +41,8 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
         # Periods of months, which 0.4.0 and before read as 30 days each.
         old.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES "
                     "('monthly_bucket', 'token bucket', 10, '1 month'), ('monthly_window', 'fixed window', 10, '1 month'), "
-                    "('quarter_and_a_day', 'fixed window', 10, '3 months 1 day')")
+                    "('quarter_and_a_day', 'fixed window', 10, '3 months 1 day'), ('daily_window', 'fixed window', 10, '1 day'), "
+                    "('daily_bucket', 'token bucket', 10, '1 day')")
         if released in ("0.1.0", "0.2.0"):
             old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01')")
             old.execute("INSERT INTO rate_limiter.state VALUES ('inline', 'k', 0, 1, '2030-01-01')")
@@ -86,14 +87,15 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
                 old.execute("DELETE FROM rate_limiter.limits WHERE name = 'hot_before_update'")
                 old.execute("DELETE FROM rate_limiter.state WHERE name = 'hot_before_update'")  # its folded log
 
-            # A fixed window of whole months is a calendar window now; every other period with
-            # months keeps the length it had, written out.
-            assert dict(old.execute("SELECT name, period::text FROM rate_limiter.limits WHERE name LIKE 'month%' "
-                                    "OR name LIKE 'quarter%'").fetchall()) == {
-                "monthly_bucket": "720:00:00", "monthly_window": "1 mon", "quarter_and_a_day": "2184:00:00"}
-            for name in ("monthly_bucket", "monthly_window", "quarter_and_a_day"):
+            # The limits defined before keep the lengths 0.4.0 gave them, written out: no window
+            # moves (a fixed window of months or days defined from now on is a calendar one).
+            periods = "SELECT name, period::text FROM rate_limiter.limits WHERE name ~ '^(month|quarter|daily)'"
+            assert dict(old.execute(periods).fetchall()) == {
+                "monthly_bucket": "720:00:00", "monthly_window": "720:00:00", "quarter_and_a_day": "2184:00:00",
+                "daily_window": "24:00:00", "daily_bucket": "1 day"}
+            for name in ("monthly_bucket", "monthly_window", "quarter_and_a_day", "daily_window"):
                 assert old.execute("SELECT ok FROM rate_limiter.rate_limit(%s, 'k')", (name,)).fetchone() == (True,)
-            old.execute("DELETE FROM rate_limiter.state WHERE name LIKE 'month%' OR name LIKE 'quarter%'")
+            old.execute("DELETE FROM rate_limiter.state WHERE name ~ '^(month|quarter|daily)'")
             assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == (
                 fresh.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone())
             upgraded = catalog_of(old, "rate_limiter", initial_privileges=False)

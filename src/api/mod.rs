@@ -47,6 +47,10 @@ fn valid_name(name: Option<&str>) -> Result<&str> {
         ))),
         // The statistics count names beyond their room under this one.
         Some(OTHER) => Err(Error::InvalidArgument(format!("the name {OTHER} is reserved"))),
+        // What the state calls an inline config's rows: no name may read or reset them.
+        Some(n) if storage::is_inline_name(n) => {
+            Err(Error::InvalidArgument(format!("a name ending in '#' and 32 hex digits is reserved, not {n:?}")))
+        }
         Some(n) => Ok(n),
     }
 }

@@ -10,6 +10,8 @@
 
 use std::fmt;
 
+use super::END_OF_TIME_MS;
+
 const DAY_MS: f64 = 86_400_000.0;
 /// 1970-01-05, a Monday: ISO 8601 weeks start there.
 const FIRST_MONDAY_MS: f64 = 4.0 * DAY_MS;
@@ -85,6 +87,8 @@ pub struct Calendar {
     /// A boundary on the local wall clock: `start`'s, else the epoch's midnight on the 1st
     /// (months, days) or the first Monday (weeks).
     anchor: f64,
+    /// The window of PostgreSQL's last storable instant: none begins after it.
+    last: i64,
 }
 
 impl fmt::Debug for Calendar {
@@ -108,7 +112,9 @@ impl Calendar {
             (None, Unit::Days(7)) => FIRST_MONDAY_MS,
             (None, _) => 0.0,
         };
-        Calendar { unit, zone, anchor }
+        let mut c = Calendar { unit, zone, anchor, last: 0 };
+        c.last = c.index(END_OF_TIME_MS);
+        c
     }
 
     /// The instant the `k`-th window after the anchor's begins (`k` may be negative).
@@ -120,19 +126,25 @@ impl Calendar {
         self.zone.utc(local)
     }
 
-    /// Which window `at` falls in: the `k` with `boundary(k) <= at < boundary(k + 1)`.
+    /// Which window `at` falls in: the `k` with `boundary(k) <= at < boundary(k + 1)`, for
+    /// `at` within the instants PostgreSQL can store (beyond them, as at their ends).
     pub fn index(&self, at: f64) -> i64 {
+        let at = at.clamp(-END_OF_TIME_MS, END_OF_TIME_MS);
         let local = self.zone.local(at);
         let mut k = match self.unit {
             Unit::Days(n) => ((local - self.anchor) / (f64::from(n) * DAY_MS)).floor() as i64,
             Unit::Months(n) => (month_number(local) - month_number(self.anchor)).div_euclid(i64::from(n)),
         };
-        // The estimate is off by one at most, near a boundary or a change of offset.
-        while self.boundary(k) > at {
-            k -= 1;
-        }
-        while self.boundary(k + 1) <= at {
-            k += 1;
+        // The estimate is off by one at most, near a boundary or a change of offset: a few
+        // steps, never a loop a strange zone could keep going.
+        for _ in 0..4 {
+            if self.boundary(k) > at {
+                k -= 1;
+            } else if self.boundary(k + 1) <= at {
+                k += 1;
+            } else {
+                break;
+            }
         }
         k
     }
@@ -142,9 +154,22 @@ impl Calendar {
         self.boundary(self.index(at))
     }
 
-    /// The start of the window `windows` after the one starting at `start`.
+    /// The start of the window `windows` after the one starting at `start`; infinity past
+    /// the last instant PostgreSQL can store (a reservation's debt can reach that far).
     pub fn after(&self, start: f64, windows: f64) -> f64 {
-        self.boundary(self.index(start) + windows as i64)
+        let k = self.index(start) as f64 + windows;
+        if k.is_nan() || k > self.last as f64 {
+            return f64::INFINITY;
+        }
+        self.boundary(k as i64)
+    }
+
+    /// The longest a window can be: a month of 31 days, a day of 25 hours.
+    pub fn longest_ms(&self) -> f64 {
+        match self.unit {
+            Unit::Months(n) => f64::from(n) * 31.0 * DAY_MS,
+            Unit::Days(n) => f64::from(n) * DAY_MS + 3_600_000.0,
+        }
     }
 
     /// Whole windows from the one starting at `start` to the one `at` falls in.
@@ -310,6 +335,20 @@ mod tests {
                 assert!(c.boundary(k) <= at && at < c.boundary(k + 1), "{c:?} {at}");
                 at += 3_599_999.0;
             }
+        }
+    }
+
+    #[test]
+    fn windows_past_the_last_storable_instant_are_never_and_no_instant_loops() {
+        for unit in [Unit::Months(1), Unit::Months(12), Unit::Days(1), Unit::Days(7)] {
+            let c = Calendar::new(unit, &Berlin, None);
+            assert_eq!(c.after(ms(2026, 1, 1, 0), 1e18), f64::INFINITY, "{unit:?}");
+            assert_eq!(c.after(ms(2026, 1, 1, 0), f64::INFINITY), f64::INFINITY);
+            assert_eq!(c.after(ms(2026, 1, 1, 0), f64::NAN), f64::INFINITY);
+            for at in [f64::INFINITY, f64::NEG_INFINITY, 1e30, -1e30, END_OF_TIME_MS, f64::NAN] {
+                c.index(at); // returns
+            }
+            assert!(c.after(ms(2026, 1, 1, 0), 1000.0).is_finite());
         }
     }
 

@@ -588,6 +588,20 @@ mod tests {
         fails("SELECT rate_limiter.define('fw', 'fixed window', 1, '1 month 2 days')", "22023", "whole months");
         fails("SELECT rate_limiter.define('fw', 'fixed window', 1, '1 hour', tz => 'Europe/Berlin')", "22023", "tz is for");
         fails("SELECT rate_limiter.define('fw', 'fixed window', 1, '1 day', tz => 'Mars/Olympus')", "22023", "Mars/Olympus");
+        // A hot limit keeps its config in shared memory, where only UTC's calendar can be.
+        fails("SELECT rate_limiter.define('hz', 'fixed window', 1, '1 day', hot => true, tz => 'Europe/Berlin')", "0A000", "hot ones are UTC");
+        run("SELECT rate_limiter.define('hz', 'fixed window', 1, '1 day', hot => true)");
+        // A debt of a billion billion months ends past the last instant PostgreSQL can store:
+        // answered at once, the row kept (never refilled), no loop.
+        let deep = r#"'{"kind": "fixed window", "rate": 0.001, "capacity": 1e15, "period": "1 month"}'"#;
+        assert!(decide(&format!("rate_limiter.rate_limit('deep', 'k', 1e15, config => {deep})")).ok);
+        let d = decide(&format!("rate_limiter.rate_limit('deep', 'k', 1, reserve => true, config => {deep})"));
+        assert!(!d.ok, "{d:?}");
+        // A name shaped as an inline config's rows' is refused: it would reach them.
+        let app = r#"'{"kind": "token bucket", "rate": 1, "period": 1000}'"#;
+        let stored = inline_name("login", app);
+        fails(&format!("SELECT rate_limiter.rate_limit('{stored}', 'alice', config => {app})"), "22023", "is reserved");
+        fails(&format!("SELECT rate_limiter.reset_rate_limit('{stored}', 'alice')"), "22023", "is reserved");
         // A token bucket of a day is 24 hours, as it was.
         run("SELECT rate_limiter.define('tb', 'token bucket', 24, '1 day')");
         assert_eq!(decide("rate_limiter.rate_limit('tb', 'k', 24)").reset_after.round(), 86_400_000.0);

@@ -36,6 +36,15 @@ pub struct Slot<'a> {
 /// fingerprint) pairs make one text.
 pub const FINGERPRINT_MARK: char = '#';
 
+/// Whether `name` has the shape of an inline config's rows' name (`inline_name`): such a
+/// name would reach those rows.
+pub fn is_inline_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    bytes.len() > 33
+        && bytes[bytes.len() - 33] == FINGERPRINT_MARK as u8
+        && bytes[bytes.len() - 32..].iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+}
+
 /// The `name` column of the rows of `name` under the inline config of `fingerprint`.
 pub fn inline_name(name: &str, fingerprint: &Fingerprint) -> String {
     let mut stored = String::with_capacity(name.len() + 1 + 2 * fingerprint.len());
