@@ -390,7 +390,7 @@ def test_a_hot_limit_from_before_the_bounds_can_be_defined_again_and_then_droppe
         with pytest.raises(errors.InvalidParameterValue) as refused:
             c.execute("DELETE FROM rate_limiter.limits WHERE name = 'ages'")
         assert "define it again" in str(refused.value) and refused.value.diag.message_hint
-        define(c, "ages", "rolling window", rate=5, period="100 years", hot=True)
+        define(c, "ages", "rolling window", rate=5, period="36525 days", hot=True)
         assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('ages', 'k', 0)").fetchone() == (2,)
         assert admitted(c, "ages", "k") == 2, "the 3 logged under the old config still count"
         c.execute("DELETE FROM rate_limiter.limits WHERE name = 'ages'")
