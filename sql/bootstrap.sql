@@ -28,7 +28,7 @@ CREATE TABLE rate_limiter.limits (
     name text PRIMARY KEY
         CONSTRAINT limits_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
     kind text NOT NULL
-        CONSTRAINT limits_kind_check CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window', 'sliding window', 'rolling window'])),
+        CONSTRAINT limits_kind_check CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window', 'sliding window', 'rolling window', 'concurrency'])),
     rate double precision NOT NULL
         CONSTRAINT limits_rate_check CHECK (rate OPERATOR(pg_catalog.>) 0::pg_catalog.float8 AND rate OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
     period interval NOT NULL
@@ -76,7 +76,7 @@ CREATE TABLE rate_limiter.limits (
 COMMENT ON TABLE rate_limiter.limits IS
     'Named rate limits, one row each. Manage with INSERT/UPDATE/DELETE or rate_limiter.define().';
 COMMENT ON COLUMN rate_limiter.limits.name IS 'The limit''s name, as passed to rate_limit(name => ...).';
-COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start), ''sliding window'' (the previous window weighs as it slides out) or ''rolling window'' (at most rate in any period, counted in cells).';
+COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start), ''sliding window'' (the previous window weighs as it slides out), ''rolling window'' (at most rate in any period, counted in cells) or ''concurrency'' (at most rate slots held at once, by transactions or leases; period is how long a denied call is told to wait).';
 COMMENT ON COLUMN rate_limiter.limits.rate IS 'Tokens added per period.';
 COMMENT ON COLUMN rate_limiter.limits.period IS 'The period over which rate tokens are added.';
 COMMENT ON COLUMN rate_limiter.limits.capacity IS 'Most tokens that can accumulate (burst); NULL means rate.';
@@ -195,6 +195,28 @@ COMMENT ON COLUMN rate_limiter.debits.count IS 'The tokens it took.';
 CREATE INDEX debits_key ON rate_limiter.debits (name, key, seq);
 COMMENT ON INDEX rate_limiter.debits_key IS
     'A hot (name, key)''s debits in seq order: what loading its escrow and folding read.';
+
+-- Concurrency limits' leases (docs/semantics.md, "Concurrency limits"): a slot held past the
+-- transaction that took it, until it expires or is released. Slots held by transactions are
+-- locks, not rows. The unique index has a nullable column: the whole old row identifies it.
+CREATE TABLE rate_limiter.leases (
+    name text COLLATE "C" NOT NULL,
+    key text COLLATE "C",
+    slot integer NOT NULL,
+    lease_id uuid NOT NULL,
+    expires_at timestamptz NOT NULL,
+    CONSTRAINT leases_name_key_slot_key UNIQUE NULLS NOT DISTINCT (name, key, slot)
+);
+ALTER TABLE rate_limiter.leases REPLICA IDENTITY FULL;
+CREATE INDEX leases_lease_id ON rate_limiter.leases (lease_id);
+COMMENT ON TABLE rate_limiter.leases IS
+    'Slots of concurrency limits held by leases (acquire(..., lease => ...)), one row per slot until expires_at or release(). Written only by the rate_limiter functions.';
+COMMENT ON COLUMN rate_limiter.leases.name IS 'The limit''s name; for an inline config, the name, ''#'' and 32 hex digits of its fingerprint.';
+COMMENT ON COLUMN rate_limiter.leases.key IS 'The key; NULL for the NULL key.';
+COMMENT ON COLUMN rate_limiter.leases.slot IS 'The slot held, 0 to rate - 1.';
+COMMENT ON COLUMN rate_limiter.leases.lease_id IS 'The lease''s id, a random UUID that only the holder is told: release() and renew() take it.';
+COMMENT ON COLUMN rate_limiter.leases.expires_at IS 'From this instant the slot is free again, and rate_limiter.prune() may delete the row.';
+COMMENT ON INDEX rate_limiter.leases_lease_id IS 'A lease''s rows by its id: what release() and renew() find.';
 
 CREATE TYPE rate_limiter.decision AS (
     ok boolean,

@@ -54,6 +54,25 @@ CREATE FUNCTION rate_limiter.wait_rate_limit(
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'wait_rate_limit_fmgr';
 
+CREATE FUNCTION rate_limiter.acquire(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    lease interval DEFAULT NULL,
+    throws boolean DEFAULT false,
+    config jsonb DEFAULT NULL,
+    OUT ok boolean,
+    OUT retry_after double precision,
+    OUT remaining double precision,
+    OUT reset_after double precision,
+    OUT granted double precision,
+    OUT reason text,
+    OUT limited_by text,
+    OUT lease_id uuid
+) RETURNS record
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'acquire_fmgr';
+
 CREATE FUNCTION rate_limiter.credit(
     name text,
     key text DEFAULT NULL,
@@ -119,13 +138,19 @@ COMMENT ON FUNCTION rate_limiter.wait_rate_limit(text, text, double precision, i
 COMMENT ON FUNCTION rate_limiter.credit(text, text, double precision, jsonb) IS
     'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit(text, text) IS
-    'Forget the state of (name, key), every shard: it is full again.';
+    'Forget the state of (name, key), every shard, and a concurrency limit''s leases: it is full again (slots that transactions hold stay theirs).';
+COMMENT ON FUNCTION rate_limiter.acquire(text, text, double precision, interval, boolean, jsonb) IS
+    'Take count slots of the concurrency limit (name, key): held until the caller''s transaction ends, or with lease until it expires or release(); returns a decision and the lease''s id, or raises RL429 with throws.';
+COMMENT ON FUNCTION rate_limiter.release(text, text, uuid) IS
+    'End a lease of a concurrency limit in the caller''s transaction; returns whether it still held its slots.';
+COMMENT ON FUNCTION rate_limiter.renew(text, text, uuid, interval) IS
+    'Move the end of a lease to lease from now in the caller''s transaction; returns false when it had already ended.';
 COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS
     'The stored value and ts of (name, key) (fullest of sample_shards shards) and the effective config.';
 COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) IS
     'Create or replace a named limit in rate_limiter.limits.';
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
-    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks and allows that have ended; returns how many. Skips rows in use.';
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows and leases that have ended; returns how many. Skips rows in use.';
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
     'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits, rate_limiter.blocks and rate_limiter.allows.';
 

@@ -204,3 +204,85 @@ BEGIN
         EXECUTE one;
     END LOOP;
 END $$;
+
+-- Concurrency limits (kind 'concurrency'): slots held by transactions are locks; those held
+-- past a transaction are leases, in a table of their own.
+ALTER TABLE rate_limiter.limits DROP CONSTRAINT limits_kind_check;
+ALTER TABLE rate_limiter.limits ADD CONSTRAINT limits_kind_check
+    CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window', 'sliding window', 'rolling window', 'concurrency']));
+COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start), ''sliding window'' (the previous window weighs as it slides out), ''rolling window'' (at most rate in any period, counted in cells) or ''concurrency'' (at most rate slots held at once, by transactions or leases; period is how long a denied call is told to wait).';
+
+-- Concurrency limits' leases (docs/semantics.md, "Concurrency limits"): a slot held past the
+-- transaction that took it, until it expires or is released. Slots held by transactions are
+-- locks, not rows. The unique index has a nullable column: the whole old row identifies it.
+CREATE TABLE rate_limiter.leases (
+    name text COLLATE "C" NOT NULL,
+    key text COLLATE "C",
+    slot integer NOT NULL,
+    lease_id uuid NOT NULL,
+    expires_at timestamptz NOT NULL,
+    CONSTRAINT leases_name_key_slot_key UNIQUE NULLS NOT DISTINCT (name, key, slot)
+);
+ALTER TABLE rate_limiter.leases REPLICA IDENTITY FULL;
+CREATE INDEX leases_lease_id ON rate_limiter.leases (lease_id);
+COMMENT ON TABLE rate_limiter.leases IS
+    'Slots of concurrency limits held by leases (acquire(..., lease => ...)), one row per slot until expires_at or release(). Written only by the rate_limiter functions.';
+COMMENT ON COLUMN rate_limiter.leases.name IS 'The limit''s name; for an inline config, the name, ''#'' and 32 hex digits of its fingerprint.';
+COMMENT ON COLUMN rate_limiter.leases.key IS 'The key; NULL for the NULL key.';
+COMMENT ON COLUMN rate_limiter.leases.slot IS 'The slot held, 0 to rate - 1.';
+COMMENT ON COLUMN rate_limiter.leases.lease_id IS 'The lease''s id, a random UUID that only the holder is told: release() and renew() take it.';
+COMMENT ON COLUMN rate_limiter.leases.expires_at IS 'From this instant the slot is free again, and rate_limiter.prune() may delete the row.';
+COMMENT ON INDEX rate_limiter.leases_lease_id IS 'A lease''s rows by its id: what release() and renew() find.';
+
+CREATE FUNCTION rate_limiter.acquire(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    lease interval DEFAULT NULL,
+    throws boolean DEFAULT false,
+    config jsonb DEFAULT NULL,
+    OUT ok boolean,
+    OUT retry_after double precision,
+    OUT remaining double precision,
+    OUT reset_after double precision,
+    OUT granted double precision,
+    OUT reason text,
+    OUT limited_by text,
+    OUT lease_id uuid
+) RETURNS record
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'acquire_fmgr';
+
+CREATE FUNCTION rate_limiter."release"(
+    "name" TEXT,
+    "key" TEXT,
+    "lease_id" uuid
+) RETURNS bool
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'release_wrapper';
+
+CREATE FUNCTION rate_limiter."renew"(
+    "name" TEXT,
+    "key" TEXT,
+    "lease_id" uuid,
+    "lease" interval
+) RETURNS bool
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'renew_wrapper';
+
+REVOKE ALL ON TABLE rate_limiter.leases FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.acquire(text, text, double precision, interval, boolean, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.release(text, text, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.renew(text, text, uuid, interval) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.reset_rate_limit(text, text) IS
+    'Forget the state of (name, key), every shard, and a concurrency limit''s leases: it is full again (slots that transactions hold stay theirs).';
+COMMENT ON FUNCTION rate_limiter.acquire(text, text, double precision, interval, boolean, jsonb) IS
+    'Take count slots of the concurrency limit (name, key): held until the caller''s transaction ends, or with lease until it expires or release(); returns a decision and the lease''s id, or raises RL429 with throws.';
+COMMENT ON FUNCTION rate_limiter.release(text, text, uuid) IS
+    'End a lease of a concurrency limit in the caller''s transaction; returns whether it still held its slots.';
+COMMENT ON FUNCTION rate_limiter.renew(text, text, uuid, interval) IS
+    'Move the end of a lease to lease from now in the caller''s transaction; returns false when it had already ended.';
+COMMENT ON FUNCTION rate_limiter.prune(integer) IS
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows and leases that have ended; returns how many. Skips rows in use.';

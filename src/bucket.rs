@@ -7,6 +7,7 @@
 
 mod credit;
 pub mod calendar;
+pub mod concurrency;
 pub mod escrow;
 mod modes;
 mod rolling_window;
@@ -24,6 +25,9 @@ pub enum Kind {
     FixedWindow,
     SlidingWindow,
     RollingWindow,
+    /// At most `capacity` slots held at once (`bucket/concurrency.rs`): no state row, none
+    /// of the functions below.
+    Concurrency,
 }
 
 impl Kind {
@@ -33,6 +37,7 @@ impl Kind {
             Kind::FixedWindow => "fixed window",
             Kind::SlidingWindow => "sliding window",
             Kind::RollingWindow => "rolling window",
+            Kind::Concurrency => "concurrency",
         }
     }
 
@@ -43,12 +48,12 @@ impl Kind {
 
     /// Whether windows (or cells) are aligned to `start` or a per-(name, key) phase.
     pub fn has_windows(self) -> bool {
-        !matches!(self, Kind::TokenBucket)
+        !matches!(self, Kind::TokenBucket | Kind::Concurrency)
     }
 
     /// Whether the limit holds `rate` tokens, no other capacity.
     pub fn capacity_is_rate(self) -> bool {
-        matches!(self, Kind::SlidingWindow | Kind::RollingWindow)
+        matches!(self, Kind::SlidingWindow | Kind::RollingWindow | Kind::Concurrency)
     }
 }
 
@@ -228,6 +233,7 @@ pub fn fresh_state(config: &Config, now: f64, phase: f64) -> State {
         Kind::FixedWindow if config.calendar.is_some() => config.calendar.expect("a calendar").window_start(now),
         Kind::FixedWindow | Kind::SlidingWindow => anchor + ((now - anchor) / config.period).floor() * config.period,
         Kind::RollingWindow => rolling_window::cell_start(config, anchor, now),
+        Kind::Concurrency => unreachable!("a concurrency limit has no state row"),
     };
     State::new(config.capacity, ts)
 }
@@ -263,7 +269,7 @@ pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool)
     let mut c = match config.kind {
         Kind::SlidingWindow => sliding_window::check(state, config, now, count),
         Kind::RollingWindow => rolling_window::check(state, config, now, count),
-        Kind::TokenBucket | Kind::FixedWindow => convex_check(state, config, now, count, reserve),
+        Kind::TokenBucket | Kind::FixedWindow | Kind::Concurrency => convex_check(state, config, now, count, reserve),
     };
     // A gap that has passed is forgotten, so the row can expire.
     let gap_end = state.granted_at.zip(config.min_gap).map(|(at, gap)| at + gap).filter(|end| now < *end);
@@ -299,7 +305,7 @@ pub fn storable_debt(config: &Config, now: f64) -> f64 {
 fn convex_check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
     let elapsed = (now - state.ts).max(0.0);
     let (value, ts, retry_after) = match config.kind {
-        Kind::SlidingWindow | Kind::RollingWindow => unreachable!("not a Convex kind"),
+        Kind::SlidingWindow | Kind::RollingWindow | Kind::Concurrency => unreachable!("not a Convex kind"),
         Kind::TokenBucket => {
             let rate = config.rate / config.period;
             let value = (state.value + elapsed * rate).min(config.capacity) - count;
@@ -442,6 +448,7 @@ pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
         _ if missing <= 0.0 => 0.0,
         Kind::TokenBucket => missing / (config.rate / config.period),
         Kind::FixedWindow => (config.window_after(state.ts, (missing / config.rate).ceil()) - now).max(0.0),
+        Kind::Concurrency => unreachable!("a concurrency limit has no state row"),
     }
 }
 
@@ -466,6 +473,7 @@ pub fn expires(state: State, config: &Config) -> f64 {
         }
         Kind::SlidingWindow => sliding_window::expires(state, config),
         Kind::RollingWindow => rolling_window::expires(state, config),
+        Kind::Concurrency => unreachable!("a concurrency limit has no state row"),
     }
     .max(state.granted_at.zip(config.min_gap).map_or(f64::NEG_INFINITY, |(at, gap)| at + gap))
     .ceil();
@@ -474,6 +482,7 @@ pub fn expires(state: State, config: &Config) -> f64 {
         Kind::TokenBucket => 1.0,
         Kind::RollingWindow => config.period / f64::from(config.buckets),
         Kind::FixedWindow | Kind::SlidingWindow => config.period,
+        Kind::Concurrency => unreachable!("a concurrency limit has no state row"),
     };
     let mut step = unit;
     for _ in 0..64 {

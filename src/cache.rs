@@ -31,6 +31,9 @@ pub struct Relations {
     /// The log's index by (name, key, seq); None in a database whose extension is older than
     /// 0.5.0: its hot calls wait for the update.
     pub debits_key: Option<pg_sys::Oid>,
+    /// `rate_limiter.leases`, the leases of concurrency limits; None in a database whose
+    /// extension is older than 0.5.0.
+    pub leases: Option<pg_sys::Oid>,
     pub decision_type: pg_sys::Oid,
     decision: pg_sys::Oid,
 }
@@ -116,6 +119,7 @@ fn look_up() -> Relations {
         let debits_key = debits
             .filter(|_| pg_sys::get_relname_relid(c"debits_key".as_ptr(), schema) != pg_sys::InvalidOid)
             .map(|(debits, _)| index_of(debits, c"debits_key"));
+        let leases = (pg_sys::get_relname_relid(c"leases".as_ptr(), schema) != pg_sys::InvalidOid).then(|| table(c"leases"));
         Relations {
             state,
             state_key: index_of(state, c"state_key_name_shard_key"),
@@ -126,6 +130,7 @@ fn look_up() -> Relations {
             allows,
             debits,
             debits_key,
+            leases,
             decision_type,
             decision,
         }
@@ -184,6 +189,11 @@ unsafe fn syscache_owner<F>(cache: pg_sys::SysCacheIdentifier::Type, oid: pg_sys
 fn namespace_owner(schema: pg_sys::Oid) -> pg_sys::Oid {
     // SAFETY: NAMESPACEOID rows are pg_namespace forms.
     unsafe { syscache_owner(pg_sys::SysCacheIdentifier::NAMESPACEOID, schema, |n: &pg_sys::FormData_pg_namespace| n.nspowner) }
+}
+
+/// The owner of one of the extension's relations (checked trusted when it was found).
+pub fn owner(relation: pg_sys::Oid) -> pg_sys::Oid {
+    relation_owner(relation)
 }
 
 fn relation_owner(relation: pg_sys::Oid) -> pg_sys::Oid {
@@ -276,7 +286,8 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
             let (allows, allows_key) = r.allows.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
             let (debits, debits_key) = r.debits.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
             let by_key = r.debits_key.unwrap_or(pg_sys::InvalidOid);
-            [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, debits, debits_key, by_key, r.decision]
+            let leases = r.leases.unwrap_or(pg_sys::InvalidOid);
+            [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, debits, debits_key, by_key, leases, r.decision]
                 .contains(&relid)
         }
         None => true,

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::bucket::calendar::Unit;
+use crate::bucket::concurrency::MAX_SLOTS;
 use crate::bucket::{Calendar, Config, Kind, Mode, OnLockTimeout, DEFAULT_BUCKETS, MAX_BUCKETS};
 use crate::call::Fingerprint;
 use crate::clock;
@@ -469,6 +470,9 @@ fn validate(config: Config) -> Result<Config> {
             return Err(Error::NotSupported(format!("a hot limit with {setting}")));
         }
     }
+    if config.kind == Kind::Concurrency {
+        concurrency(&config)?;
+    }
     if config.kind.capacity_is_rate() {
         let kind = config.kind.as_str();
         if config.capacity != config.rate {
@@ -492,6 +496,30 @@ fn validate(config: Config) -> Result<Config> {
     }
 }
 
+/// What a concurrency limit is: `rate` whole slots held at once, one row of slots per key,
+/// taken all or nothing, and none of what meters time (`period` is only how long a denied
+/// call is told to wait when no lease ends sooner).
+fn concurrency(config: &Config) -> Result<()> {
+    if config.rate.fract() != 0.0 || config.rate > MAX_SLOTS {
+        return Err(Error::OutOfRange(format!(
+            "a concurrency limit holds a whole number of slots, 1 to {MAX_SLOTS}: rate must be one, not {}",
+            config.rate
+        )));
+    }
+    let meaningless = [
+        (config.shards > 1).then_some("shards > 1 (its slots are one set per key)"),
+        config.min_gap.map(|_| "minGap"),
+        (config.mode != Mode::All).then_some("a mode other than 'all' (a slot is held or not)"),
+        config.lock_timeout.map(|_| "lockTimeout (a call never waits for a slot another holds)"),
+        config.deny_cache.map(|_| "denyCache (a slot frees whenever its holder ends)"),
+        config.hot.then_some("hot (slots are held in the lock table already)"),
+    ];
+    match meaningless.into_iter().flatten().next() {
+        Some(setting) => Err(Error::Concurrency(format!("a concurrency limit with {setting}"))),
+        None => Ok(()),
+    }
+}
+
 /// `v` between `low` and `high` (both included), or 22023 naming the range.
 fn within(what: &str, v: f64, low: f64, high: f64, unit: &str) -> Result<()> {
     if (low..=high).contains(&v) {
@@ -507,9 +535,10 @@ fn parse_kind(kind: &str) -> Result<Kind> {
         "fixed window" => Ok(Kind::FixedWindow),
         "sliding window" => Ok(Kind::SlidingWindow),
         "rolling window" => Ok(Kind::RollingWindow),
+        "concurrency" => Ok(Kind::Concurrency),
         other => Err(Error::InvalidConfig(format!(
-            "unknown kind \"{other}\" (expected \"token bucket\", \"fixed window\", \"sliding window\" or \
-             \"rolling window\")"
+            "unknown kind \"{other}\" (expected \"token bucket\", \"fixed window\", \"sliding window\", \
+             \"rolling window\" or \"concurrency\")"
         ))),
     }
 }

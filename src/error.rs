@@ -44,6 +44,9 @@ pub enum Error {
     #[error("not supported: {0}")]
     NotSupported(String),
 
+    #[error("not supported: {0}")]
+    Concurrency(String),
+
     #[error("rate_limiter's {what} is owned by role \"{role}\", which neither owns the extension nor is a superuser")]
     UntrustedOwner { what: String, role: String },
 
@@ -86,7 +89,7 @@ impl Error {
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
             }
             Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-            Error::NotSupported(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            Error::NotSupported(_) | Error::Concurrency(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
             Error::MalformedConfig(_) => PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
             Error::SerializationFailure => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
             Error::ExtensionOutdated | Error::StateTableChanged => {
@@ -117,7 +120,8 @@ impl Error {
             }
             Error::InvalidConfig(_) | Error::MalformedConfig(_) => {
                 "A config looks like {\"kind\": \"token bucket\", \"rate\": 10, \"period\": 60000}: \
-                 kind 'token bucket', 'fixed window' or 'sliding window', rate > 0, period > 0 (ms \
+                 kind 'token bucket', 'fixed window', 'sliding window', 'rolling window' or \
+                 'concurrency', rate > 0, period > 0 (ms \
                  or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start \
                  (ms since epoch)."
             }
@@ -155,6 +159,14 @@ impl Error {
                  no credit and no part in rate_limit_all. A limit in shadow mode (enforce false) takes \
                  no part in rate_limit_all either: call it on its own, or SET rate_limiter.shadow \
                  for the whole call."
+            }
+            Error::Concurrency(_) => {
+                "A concurrency limit (kind 'concurrency', rate = the most slots held at once, \
+                 1 to 1000) is taken with rate_limit or acquire (a slot until the transaction \
+                 ends, or a lease) and given back by the transaction's end or release(). It has \
+                 no reservations, credit, shards, modes, minGap, lockTimeout, denyCache or hot, \
+                 takes no part in rate_limit_all, and counts whole slots; acquire, release and \
+                 renew take only a concurrency limit."
             }
             Error::UntrustedOwner { .. } => {
                 "A role that owns the extension's schema or tables could replace or rename what \

@@ -16,11 +16,13 @@ use crate::config;
 use crate::lists;
 use crate::shmem::deny_cache;
 pub use crate::call::{Decision, Reason, Request};
-use crate::bucket::{self, Config, OnLockTimeout, Outcome, State, MIN_CHOOSE_TWO};
+use crate::bucket::{self, Config, Kind, OnLockTimeout, Outcome, State, MIN_CHOOSE_TWO};
+use crate::storage::leases::LeaseId;
 use crate::clock::{self, sleep_ms};
 use crate::storage::{Created, Locked, Owner, Row, Slot, StateTable, Written};
 
 mod all;
+pub mod concurrency;
 pub mod hot;
 pub use all::{decide_all, Decided, Part};
 
@@ -128,6 +130,16 @@ pub fn decide(table: &StateTable, req: &Request<'_>, config: &Config, consume: b
     shadowed(d, config::shadow(config))
 }
 
+/// `acquire`: as `decide` for a consuming call, the slots held as `hold` says; with a
+/// lease, its id.
+pub fn acquire(req: &Request<'_>, config: &Config, hold: concurrency::Hold) -> (Decision, Option<LeaseId>) {
+    if let Some(d) = lists::listed(req, config.capacity) {
+        return (d, None);
+    }
+    let (d, lease) = concurrency::acquire(req, config, hold);
+    (shadowed(d, config::shadow(config)), lease)
+}
+
 /// `d` as shadow mode answers it: a denial other than a block is ok, with reason `shadow`,
 /// nothing granted, and what it would have said of the limit (`retry_after`, `remaining`,
 /// `limited_by`). The call took nothing it would not have taken denied: the write path
@@ -141,6 +153,9 @@ pub fn shadowed(d: Decision, shadow: bool) -> Decision {
 
 /// Answer without writing or locking anything (`check_rate_limit`).
 pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    if config.kind == Kind::Concurrency {
+        return concurrency::check(req, config);
+    }
     if config.hot {
         return hot::check(table, req, config);
     }
@@ -157,6 +172,9 @@ type Plan<'p> = &'p dyn Fn(&[State], &Config, f64) -> Outcome;
 
 /// Consume (`rate_limit`).
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    if config.kind == Kind::Concurrency {
+        return concurrency::acquire(req, config, concurrency::Hold::Transaction).0;
+    }
     if config.hot {
         return hot::consume(table, req, config);
     }
@@ -346,6 +364,10 @@ fn apply(
 
 /// The stored state of the fullest of `sample` random shards, as `rate_limit_value` reports it.
 pub fn value(table: &StateTable, req: &Request<'_>, config: &Config, sample_shards: u32) -> (State, i32) {
+    if config.kind == Kind::Concurrency {
+        let (free, now) = concurrency::free(req, config);
+        return (State::new(free, now), 0);
+    }
     if config.hot {
         return (hot::value(table, req, config), 0);
     }

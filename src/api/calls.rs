@@ -15,6 +15,7 @@ use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
+use crate::bucket::{Config, Kind};
 use crate::call::Reason;
 use crate::cache;
 use crate::clock;
@@ -28,19 +29,23 @@ use crate::storage::StateTable;
 use super::{fmgr_v1_info, parts, request, resolve_for, usable};
 
 
-fn decide(req: &mut Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<Decision> {
+fn decide(req: &mut Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<(Decision, Config)> {
     // Open the table first: its lock takes in pending invalidations of cached configs.
     let table = StateTable::open(consume.then_some(c"rate_limit()"));
     let config = resolve_for(req, inline)?;
     usable(req, &config)?;
-    Ok(limiter::decide(&table, req, &config, consume))
+    Ok((limiter::decide(&table, req, &config, consume), config))
 }
+
+/// The longest `wait_rate_limit` sleeps between tries of a concurrency limit: a slot frees
+/// when its transaction ends, at no time a denial can tell.
+const SLOT_POLL_MS: f64 = 10.0;
 
 /// A denial to raise as `RL429`: message, detail and hint, allocated by PostgreSQL (all
 /// null when there is nothing to raise).
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Denial {
+pub(super) struct Denial {
     message: *mut c_char,
     detail: *mut c_char,
     hint: *mut c_char,
@@ -49,9 +54,9 @@ struct Denial {
 /// What a call returns to its fmgr entry point: only values with nothing to drop.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Answer {
-    datum: Datum,
-    throw: Denial,
+pub(super) struct Answer {
+    pub(super) datum: Datum,
+    pub(super) throw: Denial,
 }
 
 fn pstrdup(text: &str) -> *mut c_char {
@@ -63,7 +68,7 @@ fn pstrdup(text: &str) -> *mut c_char {
 
 /// The `RL429` of a decision that throws: a denial, or a reservation that must wait (as the
 /// Convex component does); `None` otherwise.
-fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Denial> {
+pub(super) fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Denial> {
     // An ok reservation that must wait raises, as Convex's does; a call shadow mode let
     // through does not.
     if d.ok && (d.retry_after.is_none() || d.reason == Some(Reason::Shadow)) {
@@ -92,7 +97,7 @@ fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Denial> {
     })
 }
 
-const NO_DENIAL: Denial = Denial { message: null_mut(), detail: null_mut(), hint: null_mut() };
+pub(super) const NO_DENIAL: Denial = Denial { message: null_mut(), detail: null_mut(), hint: null_mut() };
 
 /// The body of `rate_limit` and `check_rate_limit`, guarded by pgrx: Rust panics and
 /// PostgreSQL errors inside it are raised as errors with their own SQLSTATE.
@@ -115,7 +120,7 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> A
         )
     };
     let mut req = request(name, key, count, reserve).unwrap_or_else(|e| e.raise());
-    let d = decide(&mut req, inline, consume).unwrap_or_else(|e| e.raise());
+    let (d, _) = decide(&mut req, inline, consume).unwrap_or_else(|e| e.raise());
     if consume {
         stats::record(req.name, req.key, &d, true);
     }
@@ -169,7 +174,7 @@ impl Drop for PinnedRowType {
 
 /// Runs the guarded body, then raises `RL429` from this frame, which pgrx does not guard
 /// and which holds nothing to drop: pgrx would turn a custom SQLSTATE into XX000.
-fn entry(answer: Answer) -> Datum {
+pub(super) fn entry(answer: Answer) -> Datum {
     let d = answer.throw;
     if !d.message.is_null() {
         // SAFETY: as raise_rate_limited requires, `entry` runs only in the unguarded fmgr entry
@@ -282,6 +287,12 @@ unsafe extern "C-unwind" fn answer_credit(fcinfo: FunctionCallInfo) -> Answer {
         // Open the table first: its lock takes in pending invalidations of cached configs.
         let table = StateTable::open(Some(c"credit()"));
         let config = resolve_for(&mut req, inline)?;
+        if config.kind == Kind::Concurrency {
+            return Err(Error::Concurrency(format!(
+                "credit on the concurrency limit \"{}\": release() its lease; a transaction's slots end with it",
+                req.name
+            )));
+        }
         if config.hot {
             // A give-back in flight would make the escrow more permissive, and its abort
             // would take that back from calls already admitted.
@@ -321,11 +332,12 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
         let started = Instant::now();
         let mut waited = false;
         loop {
-            let d = decide(&mut req, inline, true)?;
+            let (d, config) = decide(&mut req, inline, true)?;
             let left = timeout - started.elapsed().as_secs_f64() * 1000.0;
+            let poll = if config.kind == Kind::Concurrency { SLOT_POLL_MS } else { f64::INFINITY };
             match d.retry_after {
-                Some(retry_after) if !d.ok && retry_after <= left => {
-                    clock::sleep_ms(retry_after);
+                Some(retry_after) if !d.ok && retry_after.min(poll) <= left => {
+                    clock::sleep_ms(retry_after.min(poll));
                     waited = true;
                 }
                 _ if !d.ok && waited => return Ok(Decision { reason: Some(Reason::Timeout), ..d }),

@@ -9,7 +9,7 @@
 
 use pgrx::pg_sys;
 
-use crate::bucket::{Config, Mode};
+use crate::bucket::{Config, Kind, Mode};
 use crate::cache;
 use crate::call::{Request, MAX_KEY_BYTES, MAX_NAME_BYTES, MAX_REQUESTS, OTHER};
 use crate::config::{self, JsonbArg};
@@ -19,6 +19,7 @@ use crate::storage;
 
 mod admin;
 mod calls;
+mod concurrency;
 mod headers;
 mod stats;
 mod trigger;
@@ -114,6 +115,17 @@ fn resolve_named(name: &str) -> Result<Config> {
 
 /// Whether `config` can answer `req` at all.
 fn usable(req: &Request<'_>, config: &Config) -> Result<()> {
+    if config.kind == Kind::Concurrency {
+        if req.reserve {
+            return Err(Error::Concurrency("a concurrency limit has no reservations".into()));
+        }
+        if req.count.fract() != 0.0 {
+            return Err(Error::InvalidArgument(format!(
+                "a concurrency limit counts whole slots: count must be a whole number, not {}",
+                req.count
+            )));
+        }
+    }
     if req.reserve && !config.kind.can_reserve() {
         return Err(Error::NotSupported(format!("a {} has no reservations", config.kind.as_str())));
     }
@@ -173,6 +185,10 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
         if config.hot {
             // Its admission would have to be taken back when another part denies.
             return Err(Error::NotSupported(format!("rate_limit_all with the hot limit \"{}\"", req.name)));
+        }
+        if config.kind == Kind::Concurrency {
+            // Its slots would have to be given back when another part denies.
+            return Err(Error::Concurrency(format!("rate_limit_all with the concurrency limit \"{}\"", req.name)));
         }
         if !config.enforce {
             // All or nothing leaves no way to let one limit's denial through and take the others'.

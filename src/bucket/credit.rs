@@ -19,6 +19,7 @@ pub fn credit(state: State, config: &Config, now: f64, count: f64) -> (State, f6
     // Refilled, windows moved on and an ended gap forgotten, as a call at `now` would.
     let now_state = check(state, config, now, 0.0, false).state();
     match config.kind {
+        Kind::Concurrency => unreachable!("a concurrency limit has no state row"),
         Kind::TokenBucket | Kind::FixedWindow => {
             let given = count.min(config.capacity - now_state.value).max(0.0);
             (State { value: now_state.value + given, ..now_state }, given)

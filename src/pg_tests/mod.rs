@@ -2,6 +2,7 @@
 //! concern. The test server preloads the library (`lib.rs`), so shared memory is tested here
 //! too.
 
+mod concurrency;
 mod helpers;
 mod keys;
 mod kinds;

@@ -16,11 +16,13 @@ use crate::clock;
 use crate::error::Error;
 
 mod debits;
+pub mod leases;
 mod lookup;
 mod row;
 mod scan;
 mod server;
 pub mod shape;
+pub mod slots;
 mod sql;
 mod state;
 

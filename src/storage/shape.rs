@@ -89,6 +89,18 @@ pub const DECISION: [(&CStr, pg_sys::Oid); 7] = [
     (c"limited_by", pg_sys::TEXTOID),
 ];
 
+/// What `acquire` returns: a decision and the lease's id.
+pub const ACQUIRED: [(&CStr, pg_sys::Oid); 8] = [
+    (c"ok", pg_sys::BOOLOID),
+    (c"retry_after", pg_sys::FLOAT8OID),
+    (c"remaining", pg_sys::FLOAT8OID),
+    (c"reset_after", pg_sys::FLOAT8OID),
+    (c"granted", pg_sys::FLOAT8OID),
+    (c"reason", pg_sys::TEXTOID),
+    (c"limited_by", pg_sys::TEXTOID),
+    (c"lease_id", pg_sys::UUIDOID),
+];
+
 /// Whether a relation may have columns after the ones the code uses (a table it only
 /// reads), or must have exactly those (one it forms rows of).
 #[derive(Clone, Copy, PartialEq)]

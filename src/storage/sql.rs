@@ -48,6 +48,16 @@ pub fn delete(name: &str, key: Option<&str>) {
         state_table()
     );
     Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    // A concurrency limit's leases, under every config; slots transactions hold stay theirs.
+    if let Some(leases) = cache::relations().leases {
+        let sql = format!(
+            "DELETE FROM {} WHERE {key_where} AND (name OPERATOR(pg_catalog.=) $1 \
+                 OR (pg_catalog.left(name, -33) OPERATOR(pg_catalog.=) $1 \
+                     AND pg_catalog.right(name, 33) OPERATOR(pg_catalog.~) '^{FINGERPRINT_MARK}[0-9a-f]{{32}}$'))",
+            cache::qualified_name(leases)
+        );
+        Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }
 
 /// Delete up to `max_rows` rows whose expiry has passed at `now` (ms), then rows of named
@@ -63,7 +73,27 @@ pub fn prune(now: f64, max_rows: i32) -> i64 {
             return deleted;
         }
     }
+    deleted += delete_expired_leases(now, max_rows - deleted as i32);
+    if deleted == max_rows as i64 {
+        return deleted;
+    }
     deleted + prune_state(now, max_rows - deleted as i32)
+}
+
+/// Delete up to `max_rows` leases that ended at `now` (they hold nothing any more).
+fn delete_expired_leases(now: f64, max_rows: i32) -> i64 {
+    let Some(leases) = cache::relations().leases else { return 0 };
+    let table = cache::qualified_name(leases);
+    let sql = format!(
+        "WITH ended AS ( \
+             SELECT ctid FROM {table} WHERE expires_at OPERATOR(pg_catalog.<=) $2 \
+             LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         DELETE FROM {table} \
+         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended))"
+    );
+    let now = clock::ms_timestamptz(now);
+    Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), now.into()]).map(|t| t.len() as i64))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// Delete up to `max_rows` blocks or allows whose `until` has passed at `now`.

@@ -1,0 +1,168 @@
+//! Concurrency limits' own calls: `acquire` (a raw fmgr function, for `throws`, as
+//! `rate_limit` is), `release` and `renew`. `rate_limit`, `check_rate_limit`,
+//! `wait_rate_limit` and `rate_limit_value` take a concurrency limit as they take any other.
+
+use pgrx::fcinfo::pg_getarg;
+use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
+use pgrx::prelude::*;
+
+use crate::bucket::concurrency::MAX_LEASE_MS;
+use crate::bucket::{Config, Kind};
+use crate::call::Reason;
+use crate::clock;
+use crate::config::JsonbArg;
+use crate::error::{Error, Result};
+use crate::limiter::{self, concurrency::Hold, Decision, Request};
+use crate::shmem::stats;
+use crate::storage::leases::LeaseId;
+use crate::storage::{self, shape, StateTable};
+
+use super::calls::{denial, entry, Answer, NO_DENIAL};
+use super::{fmgr_v1_info, request, resolve_for, usable, valid_key, valid_name};
+
+/// 0A000 unless `config` is a concurrency limit's (what `acquire`, `release` and `renew` take).
+fn concurrency_only(name: &str, config: &Config) -> Result<()> {
+    match config.kind {
+        Kind::Concurrency => Ok(()),
+        kind => Err(Error::Concurrency(format!(
+            "\"{name}\" is a {}, not a concurrency limit: call rate_limit() for it",
+            kind.as_str()
+        ))),
+    }
+}
+
+/// A lease's length in ms: more than 0, at most 100 years.
+fn lease_ms(lease: Interval) -> Result<f64> {
+    let ms = clock::interval_ms(lease);
+    if ms.is_finite() && ms > 0.0 && ms <= MAX_LEASE_MS {
+        Ok(ms)
+    } else {
+        Err(Error::OutOfRange(format!("a lease must be longer than 0 and at most 100 years, not {ms} ms")))
+    }
+}
+
+fmgr_v1_info!(pg_finfo_acquire_fmgr);
+
+/// `rate_limiter.acquire(name, key, count, lease, throws, config)`.
+///
+/// # Safety
+/// Only for fmgr, calling `rate_limiter.acquire` as sql/finalize.sql declares it.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn acquire_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: by this function's contract `fcinfo` is a call of acquire, as `answer_acquire`
+    // requires (binding the symbol to other SQL takes a superuser).
+    entry(unsafe { answer_acquire(fcinfo) })
+}
+
+/// The body of `acquire`, guarded by pgrx as `rate_limit`'s is.
+///
+/// # Safety
+/// `fcinfo` is a call of `acquire`.
+#[pg_guard]
+unsafe extern "C-unwind" fn answer_acquire(fcinfo: FunctionCallInfo) -> Answer {
+    // SAFETY: the caller guarantees a call of acquire, whose SQL declaration has these six
+    // argument types in this order.
+    let (name, key, count, lease, throws, inline) = unsafe {
+        (
+            pg_getarg::<&str>(fcinfo, 0),
+            pg_getarg::<&str>(fcinfo, 1),
+            pg_getarg::<f64>(fcinfo, 2),
+            pg_getarg::<Interval>(fcinfo, 3),
+            pg_getarg::<bool>(fcinfo, 4),
+            pg_getarg::<JsonbArg>(fcinfo, 5),
+        )
+    };
+    let (req, d, lease_id) = (|| -> Result<(Request<'_>, Decision, Option<LeaseId>)> {
+        let mut req = request(name, key, count, None)?;
+        let hold = lease.map(lease_ms).transpose()?.map_or(Hold::Transaction, Hold::Lease);
+        // Open the table first: its lock takes in pending invalidations of cached configs.
+        let _table = StateTable::open(Some(c"acquire()"));
+        let config = resolve_for(&mut req, inline)?;
+        concurrency_only(req.name, &config)?;
+        usable(&req, &config)?;
+        let (d, lease_id) = limiter::acquire(&req, &config, hold);
+        Ok((req, d, lease_id))
+    })()
+    .unwrap_or_else(|e| e.raise());
+    stats::record(req.name, req.key, &d, true);
+    // SAFETY: `fcinfo` is this call's, whose declaration returns the record of `ACQUIRED`.
+    let datum = unsafe { acquired_datum(fcinfo, &d, lease_id.as_ref()) };
+    let throw = match throws {
+        Some(true) => denial(&d, req.name, req.key).unwrap_or(NO_DENIAL),
+        _ => NO_DENIAL,
+    };
+    Answer { datum, throw }
+}
+
+/// The decision and lease id as the record `acquire` returns; 55000 if its OUT arguments
+/// were changed.
+///
+/// # Safety
+/// `fcinfo` is a call of `acquire`.
+unsafe fn acquired_datum(fcinfo: FunctionCallInfo, d: &Decision, lease_id: Option<&LeaseId>) -> Datum {
+    let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
+    // SAFETY: the caller's contract; get_call_result_type reads the function's declaration
+    // into a descriptor in the current memory context, checked before use.
+    unsafe {
+        let kind = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc);
+        if kind != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE || desc.is_null() {
+            let detail = "it must return the record of its OUT arguments".to_owned();
+            Error::ShapeChanged { relation: "rate_limiter.acquire()".into(), detail }.raise()
+        }
+        shape::require(desc, "rate_limiter.acquire()", &shape::ACQUIRED, shape::Columns::Exactly);
+        desc = pg_sys::BlessTupleDesc(desc);
+    }
+    let lease = lease_id.and_then(|id| pgrx::datum::Uuid::from_bytes(*id).into_datum());
+    let mut values = [
+        Datum::from(d.ok),
+        d.retry_after.map_or(Datum::from(0), |r| Datum::from(r.to_bits())),
+        Datum::from(d.remaining.to_bits()),
+        Datum::from(d.reset_after.to_bits()),
+        Datum::from(d.granted.to_bits()),
+        d.reason.map(Reason::as_str).into_datum().unwrap_or(Datum::from(0)),
+        d.limited_by.as_deref().into_datum().unwrap_or(Datum::from(0)),
+        lease.unwrap_or(Datum::from(0)),
+    ];
+    let mut nulls =
+        [false, d.retry_after.is_none(), false, false, false, d.reason.is_none(), d.limited_by.is_none(), lease.is_none()];
+    // SAFETY: the descriptor has exactly these columns (checked above).
+    unsafe { pgrx::heap_tuple_get_datum(pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr())) }
+}
+
+/// End a lease of a concurrency limit before its time, in the caller's transaction: true
+/// when it still held its slots, false when it had ended (expired, released, reset) or was
+/// never there. The lease is found by its id under (name, key), whatever config took it.
+#[pg_extern(volatile, parallel_unsafe)]
+fn release(name: Option<&str>, key: Option<&str>, lease_id: Option<pgrx::datum::Uuid>) -> bool {
+    (|| -> Result<bool> {
+        let (name, key, id) = lease_call(name, key, lease_id)?;
+        let _table = StateTable::open(Some(c"release()"));
+        Ok(limiter::concurrency::release(name, key, &id))
+    })()
+    .unwrap_or_else(|e| e.raise())
+}
+
+/// Move the end of a lease to `lease` from now, in the caller's transaction: true when it
+/// was moved, false when the lease had ended (and its slots may be someone else's).
+#[pg_extern(volatile, parallel_unsafe)]
+fn renew(name: Option<&str>, key: Option<&str>, lease_id: Option<pgrx::datum::Uuid>, lease: Option<Interval>) -> bool {
+    (|| -> Result<bool> {
+        let (name, key, id) = lease_call(name, key, lease_id)?;
+        let ms = lease_ms(lease.ok_or_else(|| Error::InvalidArgument("lease must not be NULL".into()))?)?;
+        let _table = StateTable::open(Some(c"renew()"));
+        Ok(limiter::concurrency::renew(name, key, &id, ms))
+    })()
+    .unwrap_or_else(|e| e.raise())
+}
+
+fn lease_call<'a>(
+    name: Option<&'a str>,
+    key: Option<&'a str>,
+    lease_id: Option<pgrx::datum::Uuid>,
+) -> Result<(&'a str, Option<&'a str>, LeaseId)> {
+    let id = lease_id.ok_or_else(|| Error::InvalidArgument("lease_id must not be NULL".into()))?;
+    let mut bytes: LeaseId = [0; 16];
+    bytes.copy_from_slice(id.as_bytes());
+    storage::prevent_writes_unless_allowed(c"a lease");
+    Ok((valid_name(name)?, valid_key(key)?, bytes))
+}
