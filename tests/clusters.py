@@ -42,7 +42,7 @@ PORTS = {
     "publisher": 5491, "subscriber": 5492, "primary": 5493, "standby": 5494, "crash": 5495,
     "worker": 5496, "cron": 5497, "stats": 5498, "stats_unloaded": 5499, "security": 5511, "in_place": 5512,
     "upgrade_old": 5513, "upgrade_new": 5514, "exporter": 5515, "hotkeys": 5516, "hot_crash": 5517,
-    "hot_primary": 5518, "hot_standby": 5519, "hot_subscriber": 5520, "package": 5521, "hot_oracle": 5522,
+    "hot_primary": 5518, "hot_standby": 5519, "hot_subscriber": 5520, "package": 5521, "hot_oracle": 5522, "slots_crash": 5523,
     "partitions": [5620, 5621, 5622, 5623],
 }
 

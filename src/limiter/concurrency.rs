@@ -53,6 +53,12 @@ impl Found {
 }
 
 /// Probe every slot of `slots`, taking up to `want` free ones, under the search lock.
+///
+/// Under it no other call takes a slot or makes a lease, so what is free stays free, and
+/// leases can only end, or appear where their transaction held the lock as this began. Each
+/// pass reads the leases after its takes; the search ends when that read finds no lease on a
+/// slot it took and no slot it has not judged since: every slot is then leased, locked by a
+/// transaction, taken, or free.
 fn search(slots: &Slots, name: &str, req: &Request<'_>, capacity: u32, want: usize, now: f64) -> Found {
     let unexpired = || leases::unexpired(name, req.key, now).into_iter().map(|l| (l.slot, l)).collect();
     let mut found = Found { taken: Vec::new(), leased: unexpired(), locked: BTreeSet::new() };
@@ -72,15 +78,18 @@ fn search(slots: &Slots, name: &str, req: &Request<'_>, capacity: u32, want: usi
         }
         // A lease whose transaction committed after the first read and before a take holds
         // that slot: read again now that the locks are ours.
+        let before: BTreeSet<u32> = found.leased.keys().copied().collect();
         found.leased = unexpired();
         let lost: Vec<u32> = found.taken.iter().copied().filter(|s| found.leased.contains_key(s)).collect();
-        if lost.is_empty() {
-            return found;
-        }
         for slot in &lost {
             slots.give_back(*slot);
         }
         found.taken.retain(|s| !lost.contains(s));
+        // Slots whose lease ended since the last read were never tried.
+        let ended = before.iter().any(|s| !found.leased.contains_key(s) && !found.locked.contains(s));
+        if lost.is_empty() && (found.taken.len() == want || !ended) {
+            return found;
+        }
     }
 }
 

@@ -1,0 +1,233 @@
+"""Concurrency limits (docs/semantics.md, "Concurrency limits"): at most `rate` slots of a key
+held at once, by transactions until they end and by leases until they expire or are released.
+Checked from outside: a ledger of holders kept by the clients themselves, entered after a
+grant and left before the slot is given back, must never count more than the limit."""
+
+import random
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from calls import define
+from clusters import PORTS, every_version
+from together import in_sessions
+
+
+def acquire(conn, name, key="k", count=1, **kw):
+    extra = "".join(f", {k} => %({k})s" for k in kw)
+    return conn.execute(
+        f"SELECT ok, remaining, retry_after, lease_id, reason FROM rate_limiter.acquire(%(n)s, %(k)s, %(c)s{extra})",
+        {"n": name, "k": key, "c": count, **kw},
+    ).fetchone()
+
+
+def free(conn, name, key="k"):
+    return conn.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, %s, 0)", (name, key)).fetchone()[0]
+
+
+class Ledger:
+    """Holders as the clients count them: entered after a grant, left before the slot is
+    given back (commit, rollback or release), so it never counts more than truly hold."""
+
+    def __init__(self):
+        self.lock, self.now, self.most, self.grants = threading.Lock(), 0, 0, 0
+
+    def enter(self, n):
+        with self.lock:
+            self.now += n
+            self.grants += 1
+            self.most = max(self.most, self.now)
+
+    def leave(self, n):
+        with self.lock:
+            self.now -= n
+
+
+@every_version
+def test_never_more_holders_than_slots_among_sessions_holding_by_transaction_and_by_lease(main, name):
+    slots, sessions, rounds = 3, 8, 40
+    with main.connect("rate_limiter_test") as c:
+        define(c, name, "concurrency", rate=slots, period="50 milliseconds")
+    ledger = Ledger()
+
+    def session(i):
+        rng = random.Random(i)
+        denied = 0
+        with main.connect("rate_limiter_test") as c:
+            for _ in range(rounds):
+                count = rng.choice([1, 1, 2])
+                if i % 2 == 0:  # a slot for the transaction
+                    c.execute("BEGIN")
+                    ok = acquire(c, name, count=count)[0]
+                    if ok:
+                        ledger.enter(count)
+                        time.sleep(rng.uniform(0, 0.004))
+                        ledger.leave(count)
+                    c.execute(rng.choice(["COMMIT", "ROLLBACK"]))
+                else:  # a lease, ended by release
+                    ok, _, _, lease, _ = acquire(c, name, count=count, lease="10 seconds")
+                    if ok:
+                        ledger.enter(count)
+                        time.sleep(rng.uniform(0, 0.004))
+                        ledger.leave(count)
+                        assert c.execute("SELECT rate_limiter.release(%s, 'k', %s)", (name, lease)).fetchone()[0]
+                denied += not ok
+        return denied
+
+    denied = sum(in_sessions(sessions, session))
+    assert ledger.most <= slots, f"{ledger.most} held at once, more than {slots}"
+    assert ledger.most == slots, "the sessions contended enough to fill every slot"
+    assert denied > 0 and ledger.grants > sessions * rounds // 10, (denied, ledger.grants)
+    with main.connect("rate_limiter_test") as c:
+        assert free(c, name) == slots, "every slot was given back"
+        assert c.execute("SELECT count(*) FROM rate_limiter.leases WHERE name = %s", (name,)).fetchone()[0] == 0
+        calls, allowed = c.execute("SELECT calls, allowed FROM rate_limiter.stats WHERE name = %s", (name,)).fetchone()
+        assert (calls, allowed) == (sessions * rounds, ledger.grants), "counted in the statistics"
+
+
+@every_version
+def test_a_transactions_slot_ends_with_it_commit_abort_or_savepoint(main, name):
+    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+        define(a, name, "concurrency", rate=1, period="1 second")
+        for end in ["COMMIT", "ROLLBACK", "ROLLBACK TO SAVEPOINT s"]:
+            a.execute("BEGIN")
+            a.execute("SAVEPOINT s")
+            assert acquire(a, name)[0]
+            ok, remaining, retry_after, _, reason = acquire(b, name)
+            assert (ok, remaining, retry_after, reason) == (False, 0, 1000, "exhausted"), end
+            a.execute(end)
+            assert acquire(b, name)[0], f"free after {end}"
+            if end.startswith("ROLLBACK TO"):
+                a.execute("COMMIT")
+
+
+@every_version
+def test_a_lease_outlives_its_transaction_and_ends_by_itself_or_by_release(main, name):
+    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+        define(a, name, "concurrency", rate=2, period="1 minute")
+        ok, remaining, _, lease, _ = acquire(a, name, lease="1 second")
+        assert ok and remaining == 1 and lease is not None
+        assert acquire(b, name, count=1)[0] and not acquire(b, name, count=2)[0]
+        ok, _, retry_after, _, _ = acquire(b, name, count=2)
+        assert not ok and 0 < retry_after <= 1000, "told to come back when the lease ends"
+        time.sleep(1.2)
+        assert acquire(b, name, count=2)[0], "the lease ended by itself"
+        assert not a.execute("SELECT rate_limiter.renew(%s, 'k', %s, '1 minute')", (name, lease)).fetchone()[0]
+        assert not a.execute("SELECT rate_limiter.release(%s, 'k', %s)", (name, lease)).fetchone()[0]
+        # Renewed before it ends, it holds on.
+        lease = acquire(a, name, lease="1 second")[3]
+        assert a.execute("SELECT rate_limiter.renew(%s, 'k', %s, '1 minute')", (name, lease)).fetchone()[0]
+        time.sleep(1.2)
+        assert free(b, name) == 1
+        # Only its id ends it.
+        assert not b.execute("SELECT rate_limiter.release(%s, 'k', %s)", (name, uuid.uuid4())).fetchone()[0]
+        assert free(b, name) == 1
+        assert a.execute("SELECT rate_limiter.release(%s, 'k', %s)", (name, lease)).fetchone()[0]
+        assert free(b, name) == 2
+
+
+@every_version
+def test_a_lease_taken_in_a_transaction_that_rolls_back_never_existed(main, name):
+    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+        define(a, name, "concurrency", rate=1, period="1 second")
+        a.execute("BEGIN")
+        assert acquire(a, name, lease="1 hour")[0]
+        assert not acquire(b, name)[0], "held while the transaction runs"
+        a.execute("ROLLBACK")
+        a.execute("BEGIN")
+        a.execute("SAVEPOINT s")
+        assert acquire(a, name, lease="1 hour")[0]
+        a.execute("ROLLBACK TO SAVEPOINT s")
+        assert acquire(b, name)[0], "free once the savepoint is rolled back"
+        a.execute("COMMIT")
+        assert a.execute("SELECT count(*) FROM rate_limiter.leases WHERE name = %s", (name,)).fetchone()[0] == 0
+
+
+@every_version
+def test_a_lease_committed_after_a_repeatable_read_snapshot_still_holds_its_slot(main, name):
+    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+        define(a, name, "concurrency", rate=1, period="1 second")
+        a.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        a.execute("SELECT count(*) FROM rate_limiter.limits")  # the snapshot is taken
+        assert acquire(b, name, lease="1 hour")[0]
+        assert not acquire(a, name)[0], "the lease committed after the snapshot is seen"
+        a.execute("COMMIT")
+
+
+@every_version
+def test_wait_rate_limit_waits_for_a_slot_to_free(main, name):
+    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+        define(a, name, "concurrency", rate=1, period="1 minute")
+        a.execute("BEGIN")
+        assert acquire(a, name)[0]
+        threading.Timer(0.3, lambda: a.execute("COMMIT")).start()
+        started = time.monotonic()
+        ok, = b.execute("SELECT ok FROM rate_limiter.wait_rate_limit(%s, 'k', 1, '10 seconds')", (name,)).fetchone()
+        waited = time.monotonic() - started
+        assert ok and 0.25 < waited < 3, waited
+
+
+def test_a_concurrency_limit_answers_http_headers(db, name):
+    define(db, name, "concurrency", rate=2, period="1 second")
+    headers = db.execute(
+        "SELECT rate_limiter.http_headers(%s, d) FROM rate_limiter.rate_limit(%s, 'k') d", (name, name)).fetchone()[0]
+    assert headers == {"RateLimit-Policy": f'"{name}";q=2;w=1', "RateLimit": f'"{name}";r=1;t=1'}
+    db.execute("BEGIN")
+    db.execute("SELECT rate_limiter.acquire(%s, 'k', 2)", (name,))
+    denied = db.execute(
+        "SELECT rate_limiter.http_headers(%s, d) FROM rate_limiter.rate_limit(%s, 'k') d", (name, name)).fetchone()[0]
+    db.execute("ROLLBACK")
+    assert denied == {"RateLimit-Policy": f'"{name}";q=2;w=1', "RateLimit": f'"{name}";r=0;t=1', "Retry-After": "1"}
+
+
+@every_version
+def test_a_crash_frees_the_transactions_slots_and_keeps_unexpired_leases(clusters, pg):
+    cluster = clusters("slots_crash", PORTS["slots_crash"], ["-c shared_preload_libraries=rate_limiter"]).init().start()
+    with cluster.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        define(c, "c", "concurrency", rate=4, period="1 second")
+        assert acquire(c, "c", lease="1 hour")[0]
+        assert acquire(c, "c", lease="1 second")[0]
+    holder = cluster.connect()
+    holder.execute("BEGIN")
+    assert acquire(holder, "c", count=2)[0]
+    with cluster.connect() as c:
+        assert free(c, "c") == 0
+    time.sleep(1.1)
+    cluster.kill9()
+    try:
+        holder.close()
+    except psycopg.Error:
+        pass
+    cluster.start()
+    with cluster.connect() as c:
+        assert free(c, "c") == 3, "the transaction's two slots and the ended lease are free; the hour's lease holds"
+        assert c.execute("SELECT count(*) FROM rate_limiter.leases WHERE expires_at > now()").fetchone()[0] == 1
+
+
+@every_version
+def test_a_role_with_execute_alone_takes_and_ends_leases_but_cannot_read_their_ids(main, name):
+    role = "slots_" + name
+    with main.connect("rate_limiter_test") as admin:
+        define(admin, name, "concurrency", rate=1, period="1 second")
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        try:
+            admin.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
+            admin.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.acquire, rate_limiter.release, "
+                          f"rate_limiter.renew, rate_limiter.check_rate_limit TO {role}")
+            with main.connect("rate_limiter_test", user=role) as c:
+                ok, _, _, lease, _ = acquire(c, name, lease="1 hour")
+                assert ok and lease is not None
+                assert not acquire(c, name)[0]
+                assert c.execute("SELECT rate_limiter.renew(%s, 'k', %s, '2 hours')", (name, lease)).fetchone()[0]
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    c.execute("SELECT lease_id FROM rate_limiter.leases")
+                assert c.execute("SELECT rate_limiter.release(%s, 'k', %s)", (name, lease)).fetchone()[0]
+                assert acquire(c, name)[0]
+                assert c.execute("SELECT current_user").fetchone()[0] == role
+        finally:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
