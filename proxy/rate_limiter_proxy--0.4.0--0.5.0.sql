@@ -145,3 +145,176 @@ BEGIN
     RETURN n;
 END
 $$;
+
+-- Concurrency limits. A call through the router runs on its partition in a transaction of
+-- its own there, which ends with the call: a slot held "until the transaction ends" would be
+-- given back before the caller used it. Through the router a slot is a lease: acquire takes
+-- lease, and rate_limit and wait_rate_limit refuse a concurrency limit. release and renew go
+-- where acquire went for the key.
+CREATE FUNCTION rate_limiter_proxy._refuse_slots_for_the_call(name text, config jsonb)
+RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF coalesce(config OPERATOR(pg_catalog.->>) 'kind',
+                (SELECT l.kind FROM rate_limiter_proxy.limits l WHERE l.name OPERATOR(pg_catalog.=) _refuse_slots_for_the_call.name))
+       OPERATOR(pg_catalog.=) 'concurrency' THEN
+        RAISE EXCEPTION 'not supported: a slot of the concurrency limit "%" through the router would end with the partition''s transaction, before the caller used it', name
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Take it with rate_limiter_proxy.acquire(..., lease => ...) and end it with rate_limiter_proxy.release().';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy._refuse_slots_for_the_call(text, jsonb) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION rate_limiter_proxy.rate_limit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false,
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter_proxy.decision
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    d rate_limiter_proxy.decision;
+    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+BEGIN
+    PERFORM rate_limiter_proxy._refuse_slots_for_the_call(name, config);
+    target := rate_limiter_proxy._route(name, key, config);
+    d := rate_limiter_proxy._rate_limit(target.hash, name, key, count, reserve, throws, target.share);
+    -- A partition estimates remaining over its own shards.
+    d.remaining := d.remaining OPERATOR(pg_catalog.*) target.spread::double precision;
+    RETURN d;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION rate_limiter_proxy.wait_rate_limit(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    timeout interval DEFAULT '30 seconds',
+    config jsonb DEFAULT NULL
+) RETURNS rate_limiter_proxy.decision
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    d rate_limiter_proxy.decision;
+    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+BEGIN
+    PERFORM rate_limiter_proxy._refuse_slots_for_the_call(name, config);
+    target := rate_limiter_proxy._route(name, key, config);
+    d := rate_limiter_proxy._wait_rate_limit(target.hash, name, key, count, timeout, target.share);
+    d.remaining := d.remaining OPERATOR(pg_catalog.*) target.spread::double precision;
+    RETURN d;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+
+CREATE FUNCTION rate_limiter_proxy._acquire(hash integer, name text, key text, count double precision, lease interval,
+    throws boolean, config jsonb,
+    OUT ok boolean, OUT retry_after double precision, OUT remaining double precision, OUT reset_after double precision,
+    OUT granted double precision, OUT reason text, OUT limited_by text, OUT lease_id uuid)
+RETURNS SETOF record LANGUAGE plproxy SET search_path = pg_catalog, pg_temp AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT * FROM rate_limiter.acquire(name, key, count, lease, throws, config);
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy._acquire(integer, text, text, double precision, interval, boolean, jsonb) FROM PUBLIC;
+
+CREATE FUNCTION rate_limiter_proxy._release(hash integer, name text, key text, lease_id uuid)
+RETURNS boolean LANGUAGE plproxy SET search_path = pg_catalog, pg_temp AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT rate_limiter.release(name, key, lease_id);
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy._release(integer, text, text, uuid) FROM PUBLIC;
+
+CREATE FUNCTION rate_limiter_proxy._renew(hash integer, name text, key text, lease_id uuid, lease interval)
+RETURNS boolean LANGUAGE plproxy SET search_path = pg_catalog, pg_temp AS $$
+    CLUSTER 'rate_limiter';
+    RUN ON hash;
+    SELECT rate_limiter.renew(name, key, lease_id, lease);
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy._renew(integer, text, text, uuid, interval) FROM PUBLIC;
+
+CREATE FUNCTION rate_limiter_proxy.acquire(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    lease interval DEFAULT NULL,
+    throws boolean DEFAULT false,
+    config jsonb DEFAULT NULL,
+    OUT ok boolean,
+    OUT retry_after double precision,
+    OUT remaining double precision,
+    OUT reset_after double precision,
+    OUT granted double precision,
+    OUT reason text,
+    OUT limited_by text,
+    OUT lease_id uuid
+) RETURNS record
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    target rate_limiter_proxy.route_target;
+    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+BEGIN
+    IF lease IS NULL THEN
+        RAISE EXCEPTION 'not supported: a slot of "%" without a lease through the router would end with the partition''s transaction, before the caller used it', name
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Pass lease => (how long the work may take), and release() the lease when it is done.';
+    END IF;
+    target := rate_limiter_proxy._route(name, key, config);
+    SELECT a.* INTO ok, retry_after, remaining, reset_after, granted, reason, limited_by, lease_id
+      FROM rate_limiter_proxy._acquire(target.hash, name, key, count, lease, throws, target.share) a;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, target.hash);
+    RAISE;
+END
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy.acquire(text, text, double precision, interval, boolean, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.acquire(text, text, double precision, interval, boolean, jsonb) IS
+    'rate_limiter.acquire with a lease on the partition of the key; without one it is refused, since the partition''s transaction ends with the call.';
+
+CREATE FUNCTION rate_limiter_proxy.release("name" text, "key" text, "lease_id" uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    hash integer := pg_catalog.hashtext(coalesce(key, name));
+    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+BEGIN
+    RETURN rate_limiter_proxy._release(hash, name, key, lease_id);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, hash);
+    RAISE;
+END
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy.release(text, text, uuid) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.release(text, text, uuid) IS
+    'rate_limiter.release on the partition of the key, in a transaction of its own there.';
+
+CREATE FUNCTION rate_limiter_proxy.renew("name" text, "key" text, "lease_id" uuid, "lease" interval)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    hash integer := pg_catalog.hashtext(coalesce(key, name));
+    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+BEGIN
+    RETURN rate_limiter_proxy._renew(hash, name, key, lease_id, lease);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, hash);
+    RAISE;
+END
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy.renew(text, text, uuid, interval) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.renew(text, text, uuid, interval) IS
+    'rate_limiter.renew on the partition of the key, in a transaction of its own there.';

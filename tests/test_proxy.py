@@ -202,6 +202,29 @@ def test_a_limit_defined_through_the_router_in_shadow_mode_is_so_on_every_partit
             assert c.execute("SELECT enforce FROM rate_limiter.limits WHERE name = %s", (name,)).fetchone() == (True,)
 
 
+def test_a_concurrency_limit_through_the_router_holds_leases_on_the_partition_of_the_key(fleet2):
+    name = unique("slots")
+    with fleet2.connect() as c:
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'concurrency', 1, '1 second')", (name,))
+        owner = c.execute("SELECT rate_limiter_proxy.partition_of('team')").fetchone()[0]
+        ok, lease = c.execute("SELECT ok, lease_id FROM rate_limiter_proxy.acquire(%s, 'team', lease => '1 hour')",
+                              (name,)).fetchone()
+        assert ok and lease is not None
+        assert c.execute("SELECT ok, reason FROM rate_limiter_proxy.acquire(%s, 'team', lease => '1 hour')",
+                         (name,)).fetchone() == (False, "exhausted")
+        assert c.execute("SELECT rate_limiter_proxy.renew(%s, 'team', %s, '2 hours')", (name, lease)).fetchone()[0]
+        with fleet2.on_partition(owner) as p:
+            assert p.execute("SELECT count(*) FROM rate_limiter.leases WHERE name = %s", (name,)).fetchone()[0] == 1
+        assert c.execute("SELECT rate_limiter_proxy.release(%s, 'team', %s)", (name, lease)).fetchone()[0]
+        assert c.execute("SELECT ok FROM rate_limiter_proxy.check_rate_limit(%s, 'team')", (name,)).fetchone()[0]
+        # A slot for the partition's own transaction would end before the caller used it.
+        for call in [f"rate_limiter_proxy.acquire('{name}', 'team')", f"rate_limiter_proxy.rate_limit('{name}', 'team')",
+                     f"rate_limiter_proxy.wait_rate_limit('{name}', 'team')",
+                     "rate_limiter_proxy.rate_limit('x', 'team', config => '{\"kind\": \"concurrency\", \"rate\": 1, \"period\": 1000}')"]:
+            with pytest.raises(errors.FeatureNotSupported):
+                c.execute(f"SELECT * FROM {call}")
+
+
 def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(partition_clusters):
     grown = make_fleet(partition_clusters, 2, router="rl_router_grown")
     name = unique("grown")
@@ -235,7 +258,8 @@ def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(parti
 
 
 ROUTED = ("rate_limit", "check_rate_limit", "wait_rate_limit", "rate_limit_all", "check_rate_limit_all",
-          "rate_limit_value", "reset_rate_limit", "define", "block", "unblock", "credit", "allow", "disallow")
+          "rate_limit_value", "reset_rate_limit", "define", "block", "unblock", "credit", "allow", "disallow",
+          "acquire", "release", "renew")
 # What docs/scaling-out.md says stays on each partition; anything new in rate_limiter must be
 # routed or listed here.
 PARTITION_ONLY = {"http_headers", "http_headers_all", "prune", "stats_reset",
