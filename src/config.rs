@@ -307,6 +307,11 @@ pub fn fingerprint(config: &Config) -> Fingerprint {
     hasher.update(b"rate_limiter config 1\0");
     hasher.update(config.kind.as_str().as_bytes());
     hasher.update([0]);
+    if config.kind == Kind::Concurrency {
+        // Its slots are all it has; period only says when a denied call should come back.
+        hasher.update(number(config.rate));
+        return hasher.finalize()[..16].try_into().expect("16 bytes");
+    }
     hasher.update(config.mode.as_str().as_bytes());
     hasher.update([0]);
     for v in [config.rate, config.period, config.capacity] {

@@ -231,3 +231,65 @@ def test_a_role_with_execute_alone_takes_and_ends_leases_but_cannot_read_their_i
         finally:
             admin.execute(f"DROP OWNED BY {role}")
             admin.execute(f"DROP ROLE {role}")
+
+
+@every_version
+def test_a_lease_write_that_waits_for_another_transactions_row_keeps_no_other_call_waiting(main, name):
+    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b, \
+            main.connect("rate_limiter_test") as c:
+        define(a, name, "concurrency", rate=2, period="1 second")
+        lease = acquire(a, name, lease="1 second")[3]
+        time.sleep(1.1)
+        # A deletes the ended lease's row and keeps its transaction open.
+        a.execute("BEGIN")
+        assert not a.execute("SELECT rate_limiter.release(%s, 'k', %s)", (name, lease)).fetchone()[0]
+        taken = []
+        writer = threading.Thread(target=lambda: taken.append(acquire(b, name, count=2, lease="1 minute")))
+        writer.start()
+        time.sleep(0.3)
+        assert writer.is_alive(), "B's lease waits for A's deletion of the row it replaces"
+        c.execute("SET statement_timeout = '3s'")
+        ok, remaining, *_ = acquire(c, name)
+        assert (ok, remaining) == (False, 0), "C is answered at once: B holds both slots"
+        a.execute("COMMIT")
+        writer.join(10)
+        assert taken and taken[0][0]
+
+
+@every_version
+def test_a_lowered_rate_waits_for_the_transactions_holding_slots_and_counts_every_lease(main, name):
+    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+        define(a, name, "concurrency", rate=3, period="1 second")
+        a.execute("BEGIN")
+        assert acquire(a, name, count=3)[0]
+        lowered = threading.Thread(target=lambda: define(b, name, "concurrency", rate=1, period="1 second"))
+        lowered.start()
+        time.sleep(0.3)
+        assert lowered.is_alive(), "define waits for the transaction holding slots 1 and 2"
+        a.execute("COMMIT")
+        lowered.join(10)
+        assert not lowered.is_alive()
+        assert acquire(b, name)[0]
+        # Leases above the new rate still hold.
+        define(a, name, "concurrency", rate=3, period="1 second")
+        assert acquire(a, name, count=3, lease="1 hour")[0]
+        define(a, name, "concurrency", rate=1, period="1 second")
+        ok, remaining, *_ = acquire(b, name)
+        assert (ok, remaining) == (False, -2)
+
+
+@every_version
+def test_two_renewals_of_one_lease_take_turns_and_both_hold_it(main, name):
+    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+        define(a, name, "concurrency", rate=1, period="1 second")
+        lease = acquire(a, name, lease="1 minute")[3]
+        a.execute("BEGIN")
+        assert a.execute("SELECT rate_limiter.renew(%s, 'k', %s, '2 minutes')", (name, lease)).fetchone()[0]
+        second = []
+        t = threading.Thread(target=lambda: second.append(
+            b.execute("SELECT rate_limiter.renew(%s, 'k', %s, '3 minutes')", (name, lease)).fetchone()[0]))
+        t.start()
+        time.sleep(0.3)
+        a.execute("COMMIT")
+        t.join(10)
+        assert second == [True], "the second renewal waited for the first, and the lease was still held"

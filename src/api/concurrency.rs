@@ -130,12 +130,12 @@ unsafe fn acquired_datum(fcinfo: FunctionCallInfo, d: &Decision, lease_id: Optio
 }
 
 /// End a lease of a concurrency limit before its time, in the caller's transaction: true
-/// when it still held its slots, false when it had ended (expired, released, reset) or was
-/// never there. The lease is found by its id under (name, key), whatever config took it.
+/// when it still held its slots, false when it had ended (expired, released, reset), was
+/// never there, or is NULL. The lease is found by its id under (name, key), whatever config took it.
 #[pg_extern(volatile, parallel_unsafe)]
 fn release(name: Option<&str>, key: Option<&str>, lease_id: Option<pgrx::datum::Uuid>) -> bool {
     (|| -> Result<bool> {
-        let (name, key, id) = lease_call(name, key, lease_id)?;
+        let Some((name, key, id)) = lease_call(name, key, lease_id)? else { return Ok(false) };
         let _table = StateTable::open(Some(c"release()"));
         Ok(limiter::concurrency::release(name, key, &id))
     })()
@@ -147,22 +147,26 @@ fn release(name: Option<&str>, key: Option<&str>, lease_id: Option<pgrx::datum::
 #[pg_extern(volatile, parallel_unsafe)]
 fn renew(name: Option<&str>, key: Option<&str>, lease_id: Option<pgrx::datum::Uuid>, lease: Option<Interval>) -> bool {
     (|| -> Result<bool> {
-        let (name, key, id) = lease_call(name, key, lease_id)?;
         let ms = lease_ms(lease.ok_or_else(|| Error::InvalidArgument("lease must not be NULL".into()))?)?;
+        let Some((name, key, id)) = lease_call(name, key, lease_id)? else { return Ok(false) };
         let _table = StateTable::open(Some(c"renew()"));
         Ok(limiter::concurrency::renew(name, key, &id, ms))
     })()
     .unwrap_or_else(|e| e.raise())
 }
 
+/// The checked arguments of `release` and `renew`; `None` for a NULL lease id, which the
+/// calls answer false: an acquire that held nothing (shadow mode, an allowed key) gave none.
 fn lease_call<'a>(
     name: Option<&'a str>,
     key: Option<&'a str>,
     lease_id: Option<pgrx::datum::Uuid>,
-) -> Result<(&'a str, Option<&'a str>, LeaseId)> {
-    let id = lease_id.ok_or_else(|| Error::InvalidArgument("lease_id must not be NULL".into()))?;
-    let mut bytes: LeaseId = [0; 16];
-    bytes.copy_from_slice(id.as_bytes());
+) -> Result<Option<(&'a str, Option<&'a str>, LeaseId)>> {
+    let (name, key) = (valid_name(name)?, valid_key(key)?);
     storage::prevent_writes_unless_allowed(c"a lease");
-    Ok((valid_name(name)?, valid_key(key)?, bytes))
+    Ok(lease_id.map(|id| {
+        let mut bytes: LeaseId = [0; 16];
+        bytes.copy_from_slice(id.as_bytes());
+        (name, key, bytes)
+    }))
 }

@@ -26,6 +26,7 @@ fn _limits_changed<'a>(
     let has_hot = trigger.relation().is_ok_and(|r| r.tuple_desc().iter().any(|a| a.name() == "hot" && !a.is_dropped()));
     if has_hot && relid == cache::relations().limits {
         hot_limit_changing(trigger);
+        concurrency_limit_shrinking(trigger);
     }
     // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
     // transaction (InvalidOid would only raise "cache lookup failed"); the message is queued
@@ -76,6 +77,20 @@ fn hot_limit_changing(trigger: &PgTrigger<'_>) {
         if renamed {
             limiter::hot::limit_changing(&name(new), None, change);
         }
+    }
+}
+
+/// A concurrency limit whose rate is lowered or whose name changes: wait for every
+/// transaction that called a limit to end (and keep new calls out until this one does), so
+/// that no transaction still holds a slot the new limit does not look at. Leases are rows
+/// and still count.
+fn concurrency_limit_shrinking(trigger: &PgTrigger<'_>) {
+    let (Some(old), Some(new)) = (trigger.old(), trigger.new()) else { return };
+    let text = |row: &PgHeapTuple<'_, AllocatedByPostgres>, column: &str| row.get_by_name::<String>(column).ok().flatten();
+    let rate = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<f64>("rate").ok().flatten();
+    let concurrency = |row: &PgHeapTuple<'_, AllocatedByPostgres>| text(row, "kind").as_deref() == Some("concurrency");
+    if concurrency(&old) && concurrency(&new) && (rate(&new) < rate(&old) || text(&new, "name") != text(&old, "name")) {
+        storage::hold_calls_off();
     }
 }
 

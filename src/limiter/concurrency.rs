@@ -114,13 +114,19 @@ pub fn acquire(req: &Request<'_>, config: &Config, hold: Hold) -> (Decision, Opt
     let now = clock::now_ms();
     let want = req.count as usize;
     let found = search(&slots, &name, req, config.rate as u32, want, now);
-    if found.taken.len() < want {
+    // Leases above a lowered rate still hold (define waits for transactions to end).
+    let fits = f64::from(found.held().slots) + req.count <= config.rate;
+    if found.taken.len() < want || !fits {
         for slot in &found.taken {
             slots.give_back(*slot);
         }
         let untaken = Found { taken: Vec::new(), ..found };
         return (decision(req, config, &untaken, false, now), None);
     }
+    // The slots taken are locked until the transaction ends: the lease is written without
+    // keeping other searches waiting (the write may wait for a row another transaction
+    // deleted).
+    drop(searching);
     let lease = match hold {
         Hold::Lease(ms) if want > 0 => {
             let id: LeaseId = new_lease_id();
@@ -129,7 +135,6 @@ pub fn acquire(req: &Request<'_>, config: &Config, hold: Hold) -> (Decision, Opt
         }
         _ => None,
     };
-    drop(searching);
     (decision(req, config, &found, true, now), lease)
 }
 
@@ -154,33 +159,24 @@ pub fn release(name: &str, key: Option<&str>, id: &LeaseId) -> bool {
 }
 
 /// Move the end of the lease `id` of (name, key) to `ms` from now, if it has not ended;
-/// whether it was moved. Its slots are locked until the transaction ends, so that no call
-/// takes them as the old end passes before this commits.
+/// whether it was moved. Its slots are locked (waited for, in slot order) until the
+/// transaction ends, so that no call takes them as the old end passes before this commits;
+/// the lease is judged after that, by the clock then.
 pub fn renew(name: &str, key: Option<&str>, id: &LeaseId, ms: f64) -> bool {
-    let now = clock::now_ms();
-    let mine = |stored: &str| leases::of_lease(stored, key, id, now);
     let Some(stored) = leases::lease_name(name, key, id) else { return false };
     let slots = Slots::of(&stored, key);
-    let _searching = slots.search();
-    let held = mine(&stored);
+    let mine = |now: f64| leases::of_lease(&stored, key, id, now);
+    let mut held: Vec<u32> = mine(clock::now_ms()).iter().map(|l| l.slot).collect();
+    held.sort_unstable();
     if held.is_empty() {
         return false;
     }
-    let mut taken = Vec::new();
-    for lease in &held {
-        match slots.try_take(lease.slot) {
-            Tried::Taken => taken.push(lease.slot),
-            Tried::Ours => {}
-            // Someone took the slot as the lease ended (by their clock): it is theirs.
-            Tried::Theirs => {
-                for slot in &taken {
-                    slots.give_back(*slot);
-                }
-                return false;
-            }
-        }
+    for slot in &held {
+        slots.wait_for(*slot);
     }
-    leases::extend(&stored, key, id, now + ms, now) == held.len()
+    let now = clock::now_ms();
+    let still: Vec<u32> = mine(now).iter().map(|l| l.slot).collect();
+    still.len() == held.len() && leases::extend(&stored, key, id, now + ms, now) == held.len()
 }
 
 /// 16 bytes from a generator seeded by the operating system, as a version 4 UUID: a

@@ -83,6 +83,17 @@ mod tests {
         let again = decide(&format!("rate_limiter.rate_limit('c5', 'k', config => {config})"));
         assert_eq!((again.ok, again.retry_after), (false, Some(500.0)));
         assert_eq!(one::<bool>(&format!("SELECT rate_limiter.release('c5', 'k', '{id}')")), Some(true));
+        // Its slots are the config's rate's: another period (only a hint) reaches the same ones.
+        run(&format!("SELECT rate_limiter.acquire('c5', 'j', config => {config})"));
+        let other_period = r#"'{"kind":"concurrency","rate":1,"period":60000}'"#;
+        assert!(!decide(&format!("rate_limiter.acquire('c5', 'j', config => {other_period})")).ok);
+    }
+
+    #[pg_test]
+    fn a_null_lease_id_ends_nothing() {
+        slots("c9", 1);
+        assert_eq!(one::<bool>("SELECT rate_limiter.release('c9', 'k', NULL)"), Some(false));
+        assert_eq!(one::<bool>("SELECT rate_limiter.renew('c9', 'k', NULL, '1 minute')"), Some(false));
     }
 
     #[pg_test]

@@ -85,6 +85,14 @@ impl Slots {
         }
     }
 
+    /// Take slot `slot` for the transaction, waiting for its holder to end (lock_timeout and
+    /// cancels apply, and the deadlock detector).
+    pub fn wait_for(&self, slot: u32) {
+        let tag = self.tag(field4(slot));
+        // SAFETY: a transaction-level lock of a valid tag, waited for as any lock is.
+        unsafe { pg_sys::LockAcquire(&tag, EXCLUSIVE, false, false) };
+    }
+
     /// Give back one hold of slot `slot` taken in this (sub)transaction.
     pub fn give_back(&self, slot: u32) {
         let tag = self.tag(field4(slot));
