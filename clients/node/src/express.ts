@@ -1,0 +1,84 @@
+/**
+ * A store for express-rate-limit 8: `rateLimit({ windowMs, limit, store: new PostgresStore({ db }) })`.
+ * Each key is a fixed window of `limit` requests per `windowMs`, kept by the extension.
+ */
+import { type Queryable, RateLimiter } from "./index.js";
+import { fixedWindow } from "./names.js";
+
+/** What express-rate-limit 8 expects back from a store. */
+export interface ClientRateLimitInfo {
+  totalHits: number;
+  resetTime: Date | undefined;
+}
+
+export interface PostgresStoreOptions {
+  /** Where the calls run: a `pg` Pool (or anything with `query(text, values)`). */
+  db: Queryable;
+  /** The limit's name in the extension (default `express-rate-limit`); give each limiter its own. */
+  name?: string;
+  /** The limit, when express-rate-limit's `limit` option is a function (the store never sees its per-request value). */
+  limit?: number;
+  /** The extension's schema (default `rate_limiter`). */
+  schema?: string;
+}
+
+export class PostgresStore {
+  /** Keys live in the database, shared by every process. */
+  readonly localKeys = false;
+  readonly prefix: string;
+  private readonly limiter: RateLimiter;
+  private limit: number | undefined;
+  private windowMs = 60_000;
+
+  constructor(private readonly options: PostgresStoreOptions) {
+    this.limiter = new RateLimiter(options.db, { schema: options.schema });
+    this.prefix = options.name ?? "express-rate-limit";
+    this.limit = options.limit;
+  }
+
+  /** Called by express-rate-limit with its options: the window, and the limit when it is a number. */
+  init(options: { windowMs: number; limit?: unknown }): void {
+    this.windowMs = options.windowMs;
+    if (typeof options.limit === "number") this.limit = options.limit;
+  }
+
+  private config(): Record<string, unknown> {
+    if (this.limit === undefined) {
+      throw new TypeError(
+        "PostgresStore: express-rate-limit's limit is a function, which a store never sees; give the store its own `limit`",
+      );
+    }
+    return fixedWindow(this.limit, this.windowMs);
+  }
+
+  /** Hits in the key's window: `limit` minus what is left; one more than `limit` when denied. */
+  private info(d: { ok: boolean; remaining: number; resetAfter: number; retryAfter: number | null }, limit: number): ClientRateLimitInfo {
+    const totalHits = d.ok ? Math.round(limit - d.remaining) : limit + 1;
+    const wait = d.ok ? d.resetAfter : d.retryAfter ?? d.resetAfter;
+    return { totalHits, resetTime: new Date(Date.now() + wait) };
+  }
+
+  /** One request: taken from the key's window, or (window spent) counted as one over the limit, taking nothing. */
+  async increment(key: string): Promise<ClientRateLimitInfo> {
+    const config = this.config();
+    const d = await this.limiter.limit(this.prefix, key, { config });
+    return this.info(d, this.limit as number);
+  }
+
+  /** A request not to count after all (skipFailedRequests, skipSuccessfulRequests): given back, as far as the window still counts it. */
+  async decrement(key: string): Promise<void> {
+    await this.limiter.credit(this.prefix, key, { config: this.config() });
+  }
+
+  /** The key's hits so far, taking nothing; `undefined` when it has none. */
+  async get(key: string): Promise<ClientRateLimitInfo | undefined> {
+    const d = await this.limiter.check(this.prefix, key, { count: 0, config: this.config() });
+    const info = this.info(d, this.limit as number);
+    return info.totalHits > 0 ? info : undefined;
+  }
+
+  /** Forget the key (the extension's `reset_rate_limit`, which needs its grant). */
+  async resetKey(key: string): Promise<void> {
+    await this.limiter.reset(this.prefix, key);
+  }
+}

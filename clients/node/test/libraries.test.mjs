@@ -1,0 +1,133 @@
+// The stores driven by the libraries themselves: express-rate-limit and @fastify/rate-limit
+// over real HTTP on loopback, rate-limiter-flexible through its own wrappers.
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import express from "express";
+import { rateLimit } from "express-rate-limit";
+import Fastify from "fastify";
+import fastifyRateLimit from "@fastify/rate-limit";
+import rlf from "rate-limiter-flexible";
+import pg from "pg";
+import { PostgresStore } from "rate-limiter-postgres/express";
+import { postgresStore } from "rate-limiter-postgres/fastify";
+import { RateLimiterPostgresExtension } from "rate-limiter-postgres/flexible";
+import { unique } from "./helpers.mjs";
+
+const { RateLimiterRes, RateLimiterUnion, RateLimiterQueue, RLWrapperBlackAndWhite } = rlf;
+const pool = new pg.Pool();
+after(() => pool.end());
+
+async function serve(app) {
+  const server = await new Promise((resolve) => {
+    const s = app.listen(0, "127.0.0.1", () => resolve(s));
+  });
+  return { url: `http://127.0.0.1:${server.address().port}`, close: () => new Promise((r) => server.close(r)) };
+}
+
+test("express-rate-limit answers 429 with its headers once the window in Postgres is spent", async () => {
+  const app = express();
+  const name = unique("express");
+  app.use(rateLimit({ windowMs: 60_000, limit: 2, standardHeaders: "draft-7", legacyHeaders: false,
+                      store: new PostgresStore({ db: pool, name }) }));
+  app.get("/", (_req, res) => res.send("hello"));
+  const { url, close } = await serve(app);
+  try {
+    const answers = [];
+    for (let i = 0; i < 3; i++) answers.push(await fetch(url));
+    assert.deepEqual(answers.map((r) => r.status), [200, 200, 429]);
+    assert.match(answers[0].headers.get("ratelimit"), /^limit=2, remaining=1, reset=\d+$/);
+    assert.match(answers[2].headers.get("ratelimit"), /^limit=2, remaining=0, reset=\d+$/);
+    assert.ok(Number(answers[2].headers.get("retry-after")) > 0);
+    // The count is the extension's: the two granted requests are in its state, the denied one took nothing.
+    const [row] = (await pool.query("SELECT value FROM rate_limiter.rate_limit_value($1, '127.0.0.1', $2::jsonb)",
+      [name, JSON.stringify({ kind: "fixed window", rate: 2, period: 60000 })])).rows;
+    assert.equal(row.value, 0);
+  } finally {
+    await close();
+  }
+});
+
+test("express-rate-limit's skipFailedRequests gives failed requests back through decrement", async () => {
+  const app = express();
+  app.use(rateLimit({ windowMs: 60_000, limit: 1, skipFailedRequests: true,
+                      store: new PostgresStore({ db: pool, name: unique("express_skip") }) }));
+  app.get("/fail", (_req, res) => res.status(500).send("no"));
+  app.get("/ok", (_req, res) => res.send("yes"));
+  const { url, close } = await serve(app);
+  try {
+    for (let i = 0; i < 3; i++) {
+      assert.equal((await fetch(`${url}/fail`)).status, 500);
+      // decrement runs after the response is sent: give it its turn.
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.equal((await fetch(`${url}/ok`)).status, 200);
+    assert.equal((await fetch(`${url}/ok`)).status, 429);
+  } finally {
+    await close();
+  }
+});
+
+test("@fastify/rate-limit answers 429 with retry-after from the store in Postgres, per route", async () => {
+  const fastify = Fastify();
+  await fastify.register(fastifyRateLimit, { max: 2, timeWindow: 60_000, store: postgresStore({ db: pool, name: unique("fastify") }) });
+  fastify.get("/", async () => "hello");
+  fastify.get("/strict", { config: { rateLimit: { max: 1, timeWindow: 60_000 } } }, async () => "strict");
+  await fastify.listen({ port: 0, host: "127.0.0.1" });
+  const url = `http://127.0.0.1:${fastify.server.address().port}`;
+  try {
+    const answers = [];
+    for (let i = 0; i < 3; i++) answers.push(await fetch(url));
+    assert.deepEqual(answers.map((r) => r.status), [200, 200, 429]);
+    assert.equal(answers[0].headers.get("x-ratelimit-remaining"), "1");
+    assert.equal(answers[2].headers.get("x-ratelimit-remaining"), "0");
+    assert.ok(Number(answers[2].headers.get("retry-after")) > 0);
+    // The route's own limit counts apart.
+    assert.deepEqual([(await fetch(`${url}/strict`)).status, (await fetch(`${url}/strict`)).status], [200, 429]);
+  } finally {
+    await fastify.close();
+  }
+});
+
+test("rate-limiter-flexible: consume, get, reward, penalty, block and delete keep its contract", async () => {
+  const limiter = new RateLimiterPostgresExtension({ db: pool, keyPrefix: unique("rlf"), points: 3, duration: 60 });
+  const first = await limiter.consume("u", 2);
+  assert.ok(first instanceof RateLimiterRes);
+  assert.deepEqual([first.remainingPoints, first.consumedPoints, first.isFirstInDuration], [1, 2, true]);
+  await assert.rejects(limiter.consume("u", 2), (res) => res instanceof RateLimiterRes && res.remainingPoints === 1);
+  assert.equal((await limiter.get("u")).consumedPoints, 2);
+  assert.equal((await limiter.reward("u", 1)).remainingPoints, 2);
+  assert.equal((await limiter.consume("u", -1)).remainingPoints, 3, "negative points are a reward, down to none taken");
+  assert.equal((await limiter.consume("u", -5)).remainingPoints, 3, "never more than the window holds");
+  assert.equal((await limiter.penalty("u", 7)).remainingPoints, 3, "a penalty past a window's points and debt takes nothing");
+  const fined = await limiter.penalty("u", 5);
+  assert.deepEqual([fined.remainingPoints, fined.consumedPoints], [0, 5], "two into debt");
+  await assert.rejects(limiter.consume("u"), (res) => res instanceof RateLimiterRes);
+  await limiter.block("v", 30);
+  await assert.rejects(limiter.consume("v"), (res) => res.msBeforeNext > 29_000);
+  assert.equal(await limiter.delete("v"), true);
+  assert.equal((await limiter.consume("v")).remainingPoints, 2);
+  assert.equal(await limiter.get("never"), null);
+  await assert.rejects(limiter.consume("w", 4), (res) => res instanceof RateLimiterRes, "more than the points, refused");
+});
+
+test("rate-limiter-flexible's RateLimiterUnion, RateLimiterQueue and RLWrapperBlackAndWhite take it", async () => {
+  const perSecond = new RateLimiterPostgresExtension({ db: pool, keyPrefix: unique("second"), points: 2, duration: 1 });
+  const perMinute = new RateLimiterPostgresExtension({ db: pool, keyPrefix: unique("minute"), points: 3, duration: 60 });
+  const union = new RateLimiterUnion(perSecond, perMinute);
+  const both = await union.consume("k");
+  assert.deepEqual(Object.keys(both).sort(), [perMinute.keyPrefix, perSecond.keyPrefix].sort());
+  await union.consume("k");
+  const refused = await union.consume("k").then(() => null, (r) => r);
+  assert.ok(refused[perSecond.keyPrefix] instanceof RateLimiterRes, "the per-second limit refused");
+
+  const queued = new RateLimiterPostgresExtension({ db: pool, keyPrefix: unique("queue"), points: 2, duration: 1 });
+  const queue = new RateLimiterQueue(queued, { maxQueueSize: 10 });
+  const started = Date.now();
+  for (let i = 0; i < 3; i++) await queue.removeTokens(1);
+  assert.ok(Date.now() - started > 10, "the third waited for the next window");
+
+  const wrapped = new RLWrapperBlackAndWhite({ limiter: perMinute, whiteList: ["trusted"], blackList: ["evil"] });
+  for (let i = 0; i < 5; i++) await wrapped.consume("trusted");
+  await assert.rejects(wrapped.consume("evil"));
+  assert.equal(await perMinute.get("trusted"), null, "a white-listed key never reached Postgres");
+});
