@@ -1,0 +1,122 @@
+"""The libraries driven for real over loopback HTTP: Flask-Limiter with each of limits'
+strategies on the rate-limiter+postgresql:// storage, SlowAPI on FastAPI, and this package's
+Starlette dependency."""
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import asyncpg
+import pytest
+import uvicorn
+from fastapi import Depends, FastAPI, Request, Response
+from flask import Flask
+from flask_limiter import Limiter as FlaskLimiter
+from flask_limiter.util import get_remote_address
+from limits.storage import storage_from_string
+from slowapi import Limiter as SlowLimiter
+from slowapi import _rate_limit_exceeded_handler
+from slowapi.errors import RateLimitExceeded
+from werkzeug.serving import make_server
+
+from conftest import DB, HOST, PORT, USER
+import rate_limiter_postgres  # noqa: F401 - registers the storage scheme
+from rate_limiter_postgres.starlette import rate_limit
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("strategy", ["fixed-window", "moving-window", "sliding-window-counter"])
+def test_flask_limiter_on_the_extension_answers_429_in_each_strategy(storage_uri, name, strategy):
+    app = Flask(__name__)
+    limiter = FlaskLimiter(get_remote_address, app=app, storage_uri=storage_uri, strategy=strategy,
+                           headers_enabled=True, key_prefix=name, storage_options={"name": "flask"})
+
+    @app.get("/")
+    @limiter.limit("2/minute")
+    def index():
+        return "hello"
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/"
+        answers = [get(url) for _ in range(3)]
+        assert [a[0] for a in answers] == [200, 200, 429]
+        assert answers[0][1]["X-RateLimit-Remaining"] == "1"
+        assert int(answers[2][1]["Retry-After"]) > 0
+    finally:
+        server.shutdown()
+
+
+def test_the_storage_refuses_to_reset_everything_and_clears_one_key(storage_uri, name):
+    storage = storage_from_string(storage_uri)
+    key = f"LIMITER/{name}/1/1/minute"
+    assert storage.incr(key, 60) == 1
+    assert storage.incr(key, 60) == 2, "refused: one over the amount, nothing taken"
+    assert storage.get(key) == 1
+    storage.clear(key)
+    assert storage.get(key) == 0
+    with pytest.raises(NotImplementedError):
+        storage.reset()
+    assert storage.check()
+
+
+def test_slowapi_and_the_starlette_dependency_on_fastapi_answer_429(storage_uri, name):
+    slow = SlowLimiter(key_func=lambda request: name, storage_uri=storage_uri, headers_enabled=True)
+    pools = {}
+
+    async def lifespan(_app):
+        pools["pg"] = await asyncpg.create_pool(host=HOST, port=int(PORT), user=USER, database=DB, min_size=1, max_size=2)
+        yield
+        await pools["pg"].close()
+
+    app = FastAPI(lifespan=lifespan)
+    app.state.limiter = slow
+    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
+
+    @app.get("/slow")
+    @slow.limit("2/minute")
+    async def slow_route(request: Request, response: Response):
+        return {"ok": True}
+
+    limited = rate_limit(name, key=lambda request: "client", db=lambda request: pools["pg"],
+                         config={"kind": "fixed window", "rate": 2, "period": 60000})
+
+    @app.get("/dep")
+    async def dep_route(d=Depends(limited)):
+        return {"remaining": d.remaining}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        answers = [get(f"{base}/slow") for _ in range(3)]
+        assert [a[0] for a in answers] == [200, 200, 429]
+        assert answers[1][1]["X-RateLimit-Remaining"] == "0"
+        answers = [get(f"{base}/dep") for _ in range(3)]
+        assert [a[0] for a in answers] == [200, 200, 429]
+        assert answers[0][1]["RateLimit"].startswith(f'"{name}";r=1')
+        assert int(answers[2][1]["Retry-After"]) > 0
+    finally:
+        server.should_exit = True
+        thread.join(10)
