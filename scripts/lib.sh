@@ -34,6 +34,8 @@ install_packages() {
     # for the examples; PL/Proxy for rate_limiter_proxy; postgres_exporter for monitoring/.
     install_debian_packages postgresql-server-dev-15 libclang-dev clang sudo postgresql-15-cron postgresql-15-repack \
         libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy prometheus-postgres-exporter
+    # Node.js and npm for the Node examples and clients/node, where the machine has none.
+    command -v npm >/dev/null 2>&1 || install_debian_packages nodejs npm
 }
 
 install_pgrx() {

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "node"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "node"
 
 
 def run(*cmd, cwd, env=None):
@@ -34,3 +35,7 @@ def test_the_node_package_from_its_artifact_through_the_libraries_it_plugs_into(
     env = {**os.environ, "PGDATABASE": os.environ.get("PGDATABASE", "rate_limiter_test")}
     out = run("node", "--test", "--test-reporter=spec", "test/", cwd=app, env=env)
     assert "# fail 0" in out or " fail 0" in out, out
+    # The example that calls the package, as examples/README.md shows it.
+    shutil.copy(EXAMPLES / "express_store.js", app / "express_store.js")
+    assert run("node", "express_store.js", cwd=app, env=env).splitlines() == [
+        "1. express-rate-limit: 200 200 429", "2. in the transaction: 500 200 429"]

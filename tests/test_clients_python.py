@@ -31,3 +31,7 @@ def test_the_python_package_from_its_wheel_through_the_libraries_it_plugs_into(t
     env = {**os.environ, "PGDATABASE": os.environ.get("PGDATABASE", "rate_limiter_test")}
     out = run(str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests), cwd=tests, env=env)
     assert " passed" in out and "failed" not in out, out
+    # The example that calls the package, as examples/README.md shows it.
+    example = Path(__file__).resolve().parent.parent / "examples" / "python" / "flask_limiter_app.py"
+    assert run(str(venv / "bin" / "python"), str(example), cwd=tmp_path, env=env).splitlines() == [
+        "1. Flask-Limiter: 200 200 429", "2. in the transaction: 500 200 429"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Optional
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from limits.storage import MovingWindowSupport, SlidingWindowCounterSupport, Storage
@@ -45,8 +44,8 @@ class RateLimiterStorage(Storage, MovingWindowSupport, SlidingWindowCounterSuppo
     def __init__(self, uri: str, wrap_exceptions: bool = False, **options: Any):
         self.name = str(options.pop("name", "limits"))
         self.schema = str(options.pop("schema", "rate_limiter"))
-        parts = urlsplit(uri)
-        self.conninfo = urlunsplit(("postgresql",) + tuple(parts[1:]))
+        # A libpq URI: what follows the scheme, as postgresql:// (empty: the libpq environment).
+        self.conninfo = "postgresql://" + uri.split("://", 1)[-1] if "://" in uri else "postgresql://"
         self.connect_options = options
         self.local = threading.local()
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
