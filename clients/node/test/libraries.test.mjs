@@ -67,6 +67,20 @@ test("express-rate-limit's skipFailedRequests gives failed requests back through
   }
 });
 
+test("express-rate-limit's decrement after the window has moved on gives back nothing", async () => {
+  const store = new PostgresStore({ db: pool, name: unique("express_late") });
+  store.init({ windowMs: 1000, limit: 2 });
+  assert.equal((await store.increment("k")).totalHits, 1);
+  assert.equal((await store.increment("k")).totalHits, 2);
+  await new Promise((r) => setTimeout(r, 1100));
+  await store.decrement("k");  // the hit it gives back was the last window's
+  assert.deepEqual([(await store.increment("k")).totalHits, (await store.increment("k")).totalHits,
+                    (await store.increment("k")).totalHits], [1, 2, 3], "the new window holds 2, no more");
+  assert.equal((await store.get("k")).totalHits, 2);
+  await store.resetKey("k");
+  assert.equal(await store.get("k"), undefined);
+});
+
 test("@fastify/rate-limit answers 429 with retry-after from the store in Postgres, per route", async () => {
   const fastify = Fastify();
   await fastify.register(fastifyRateLimit, { max: 2, timeWindow: 60_000, store: postgresStore({ db: pool, name: unique("fastify") }) });
