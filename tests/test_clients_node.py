@@ -22,6 +22,8 @@ def run(*cmd, cwd, env=None):
 def test_the_node_package_from_its_artifact_through_the_libraries_it_plugs_into(tmp_path):
     run("npm", "ci", "--no-audit", "--no-fund", cwd=PACKAGE)
     run("npm", "run", "build", cwd=PACKAGE)
+    # TypeScript users' code against the declarations: the limiter inside the library's wrappers.
+    run("npm", "run", "typecheck", cwd=PACKAGE)
     tarball = run("npm", "pack", "--pack-destination", str(tmp_path), cwd=PACKAGE).strip().splitlines()[-1]
     app = tmp_path / "app"
     shutil.copytree(PACKAGE / "test", app / "test")

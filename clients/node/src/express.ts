@@ -29,6 +29,10 @@ export class PostgresStore {
   private readonly limiter: RateLimiter;
   private limit: number | undefined;
   private windowMs = 60_000;
+  /** express-rate-limit's own limit is a function: a denial must be over any it could return. */
+  private dynamic = false;
+  /** Denials this process answered and has not seen decremented: a decrement of one gives nothing back. */
+  private readonly denials = new Map<string, number>();
 
   constructor(private readonly options: PostgresStoreOptions) {
     this.limiter = new RateLimiter(options.db, { schema: options.schema });
@@ -40,6 +44,7 @@ export class PostgresStore {
   init(options: { windowMs: number; limit?: unknown }): void {
     this.windowMs = options.windowMs;
     if (typeof options.limit === "number") this.limit = options.limit;
+    this.dynamic = typeof options.limit === "function";
   }
 
   private config(): Record<string, unknown> {
@@ -51,30 +56,51 @@ export class PostgresStore {
     return fixedWindow(this.limit, this.windowMs);
   }
 
-  /** Hits in the key's window: `limit` minus what is left; one more than `limit` when denied. */
+  /** Hits in the key's window: `limit` minus what is left (at least 1: an allowed key took
+   * nothing); when denied, more than any limit express-rate-limit could compare it with. */
   private info(d: { ok: boolean; remaining: number; resetAfter: number; retryAfter: number | null }, limit: number): ClientRateLimitInfo {
-    const totalHits = d.ok ? Math.round(limit - d.remaining) : limit + 1;
+    const denied = this.dynamic ? Number.MAX_SAFE_INTEGER : limit + 1;
+    const totalHits = d.ok ? Math.max(1, Math.round(limit - d.remaining)) : denied;
     const wait = d.ok ? d.resetAfter : d.retryAfter ?? d.resetAfter;
     return { totalHits, resetTime: new Date(Date.now() + wait) };
   }
 
-  /** One request: taken from the key's window, or (window spent) counted as one over the limit, taking nothing. */
+  /** One request: taken from the key's window, or (window spent) counted as over the limit, taking nothing. */
   async increment(key: string): Promise<ClientRateLimitInfo> {
+    if (this.limit === 0) {
+      this.denied(key, 1);
+      return { totalHits: 1, resetTime: new Date(Date.now() + this.windowMs) };
+    }
     const config = this.config();
     const d = await this.limiter.limit(this.prefix, key, { config });
+    if (!d.ok) this.denied(key, 1);
     return this.info(d, this.limit as number);
   }
 
-  /** A request not to count after all (skipFailedRequests, skipSuccessfulRequests): given back, as far as the window still counts it. */
+  private denied(key: string, n: number): void {
+    const left = (this.denials.get(key) ?? 0) + n;
+    if (left > 0) this.denials.set(key, left);
+    else this.denials.delete(key);
+  }
+
+  /** A request not to count after all (skipFailedRequests, skipSuccessfulRequests): a denied
+   * one took nothing and gives nothing back (its 429 is a failed request too); a granted one is
+   * given back as far as the window still counts it. */
   async decrement(key: string): Promise<void> {
+    if ((this.denials.get(key) ?? 0) > 0) {
+      this.denied(key, -1);
+      return;
+    }
+    if (this.limit === 0) return;
     await this.limiter.credit(this.prefix, key, { config: this.config() });
   }
 
   /** The key's hits so far, taking nothing; `undefined` when it has none. */
   async get(key: string): Promise<ClientRateLimitInfo | undefined> {
+    if (this.limit === 0) return undefined;
     const d = await this.limiter.check(this.prefix, key, { count: 0, config: this.config() });
-    const info = this.info(d, this.limit as number);
-    return info.totalHits > 0 ? info : undefined;
+    const totalHits = Math.round((this.limit as number) - d.remaining);
+    return totalHits > 0 ? { totalHits, resetTime: new Date(Date.now() + d.resetAfter) } : undefined;
   }
 
   /** Forget the key (the extension's `reset_rate_limit`, which needs its grant). */

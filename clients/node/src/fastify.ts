@@ -48,6 +48,10 @@ export function postgresStore(options: PostgresStoreOptions): new (params?: Stor
 
     /** One request: taken from the key's window, or counted one over `max`, taking nothing. */
     incr(key: string, callback: Callback, timeWindow: number, max: number): void {
+      if (max <= 0) {
+        callback(null, { current: 1, ttl: timeWindow });  // a limit of 0 denies every request
+        return;
+      }
       limiter
         .limit(this.name, key, { config: fixedWindow(max, timeWindow) })
         .then((d) => callback(null, this.answer(d, max)), (error) => callback(error));
@@ -55,6 +59,10 @@ export function postgresStore(options: PostgresStoreOptions): new (params?: Stor
 
     /** The key's count so far, taking nothing. */
     read(key: string, callback: Callback, timeWindow: number, max: number): void {
+      if (max <= 0) {
+        callback(null, { current: 0, ttl: timeWindow });
+        return;
+      }
       limiter
         .check(this.name, key, { count: 0, config: fixedWindow(max, timeWindow) })
         .then((d) => callback(null, this.answer({ ...d, ok: true }, max)), (error) => callback(error));

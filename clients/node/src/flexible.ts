@@ -4,22 +4,19 @@
  * `RLWrapperBlackAndWhite`. Each key is a fixed window of `points` per `duration` seconds.
  */
 import rlf from "rate-limiter-flexible";
+import type { RateLimiterCompatibleAbstract as Compatible, RateLimiterRes as Res } from "rate-limiter-flexible";
 import { type Queryable, RateLimiter, type Decision } from "./index.js";
 import { fixedWindow } from "./names.js";
 
 // Runtime values of rate-limiter-flexible (the same copy the caller's wrappers check against).
+// The base is extended as a plain class: its declarations say properties where the runtime
+// has accessors, which this class implements.
 const { RateLimiterCompatibleAbstract, RateLimiterRes } = rlf as unknown as {
   RateLimiterCompatibleAbstract: new () => object;
-  RateLimiterRes: new (remainingPoints?: number, msBeforeNext?: number, consumedPoints?: number, isFirstInDuration?: boolean) => Res;
+  RateLimiterRes: typeof Res;
 };
 
-/** rate-limiter-flexible's `RateLimiterRes`. */
-export interface Res {
-  remainingPoints: number;
-  msBeforeNext: number;
-  consumedPoints: number;
-  isFirstInDuration: boolean;
-}
+export type { Res };
 
 export interface RateLimiterPostgresExtensionOptions {
   db: Queryable;
@@ -34,10 +31,10 @@ export interface RateLimiterPostgresExtensionOptions {
   schema?: string;
 }
 
-export class RateLimiterPostgresExtension extends RateLimiterCompatibleAbstract {
+export class RateLimiterPostgresExtension extends RateLimiterCompatibleAbstract implements Compatible {
   readonly points: number;
   readonly duration: number;
-  private readonly _blockDuration: number;
+  private _blockDuration: number;
   private readonly _keyPrefix: string;
   private readonly limiter: RateLimiter;
   private readonly config: Record<string, unknown>;
@@ -61,8 +58,17 @@ export class RateLimiterPostgresExtension extends RateLimiterCompatibleAbstract 
     return this._blockDuration;
   }
 
+  set blockDuration(seconds: number) {
+    this._blockDuration = seconds;
+  }
+
+  /** Not offered: always false. */
   get execEvenly(): boolean {
     return false;
+  }
+
+  set execEvenly(evenly: boolean) {
+    if (evenly) throw new Error("RateLimiterPostgresExtension does not offer execEvenly");
   }
 
   private res(d: Decision, isFirst = false): Res {
@@ -83,13 +89,14 @@ export class RateLimiterPostgresExtension extends RateLimiterCompatibleAbstract 
     throw this.res(d);
   }
 
-  /** Take `points` whatever is left, into debt up to one window's points (never more: a larger penalty takes nothing). */
+  /** Take `points` whatever is left, into a debt of at most one window's points. */
   async penalty(key: string | number, points = 1): Promise<Res> {
-    if (points > 2 * this.points) {
-      // More than a window's points and its debt together: nothing could be taken.
-      return this.res({ ...(await this.limiter.check(this._keyPrefix, String(key), { count: 0, config: this.config })), ok: true });
-    }
-    const d = await this.limiter.limit(this._keyPrefix, String(key), { count: points, reserve: true, config: this.config });
+    // As much of it as the window and a debt of one window's points hold: the rest would
+    // only deny longer, which the debt already does until the next window repays it.
+    const now = await this.limiter.check(this._keyPrefix, String(key), { count: 0, config: this.config });
+    const take = Math.min(points, now.remaining + this.points);
+    if (take <= 0) return this.res({ ...now, ok: true });
+    const d = await this.limiter.limit(this._keyPrefix, String(key), { count: take, reserve: true, config: this.config });
     return this.res(d);
   }
 

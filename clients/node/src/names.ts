@@ -9,7 +9,13 @@ export function limitName(...parts: string[]): string {
   const name = parts.filter((p) => p !== "").join(":");
   if (Buffer.byteLength(name) <= MAX_NAME_BYTES) return name;
   const digest = createHash("sha256").update(name).digest("hex").slice(0, 32);
-  return `${name.slice(0, 64)}~${digest}`;
+  // The first characters that fit in 64 bytes: never a character cut in two.
+  let start = "";
+  for (const c of name) {
+    if (Buffer.byteLength(start + c) > 64) break;
+    start += c;
+  }
+  return `${start}~${digest}`;
 }
 
 /** The inline fixed window of `limit` tokens per `windowMs` that the libraries' counters are. */

@@ -61,7 +61,27 @@ test("express-rate-limit's skipFailedRequests gives failed requests back through
       await new Promise((r) => setTimeout(r, 50));
     }
     assert.equal((await fetch(`${url}/ok`)).status, 200);
-    assert.equal((await fetch(`${url}/ok`)).status, 429);
+    // Each denial's own 429 is a failed request: its decrement must give nothing back.
+    const after = [];
+    for (let i = 0; i < 6; i++) {
+      after.push((await fetch(`${url}/ok`)).status);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.deepEqual(after, [429, 429, 429, 429, 429, 429]);
+  } finally {
+    await close();
+  }
+});
+
+test("express-rate-limit with a limit function: a denial is over any limit it returns", async () => {
+  const app = express();
+  app.use(rateLimit({ windowMs: 60_000, limit: () => 1000, store: new PostgresStore({ db: pool, name: unique("express_fn"), limit: 2 }) }));
+  app.get("/", (_req, res) => res.send("hello"));
+  const { url, close } = await serve(app);
+  try {
+    const answers = [];
+    for (let i = 0; i < 4; i++) answers.push((await fetch(url)).status);
+    assert.deepEqual(answers, [200, 200, 429, 429]);
   } finally {
     await close();
   }
@@ -112,9 +132,8 @@ test("rate-limiter-flexible: consume, get, reward, penalty, block and delete kee
   assert.equal((await limiter.reward("u", 1)).remainingPoints, 2);
   assert.equal((await limiter.consume("u", -1)).remainingPoints, 3, "negative points are a reward, down to none taken");
   assert.equal((await limiter.consume("u", -5)).remainingPoints, 3, "never more than the window holds");
-  assert.equal((await limiter.penalty("u", 7)).remainingPoints, 3, "a penalty past a window's points and debt takes nothing");
-  const fined = await limiter.penalty("u", 5);
-  assert.deepEqual([fined.remainingPoints, fined.consumedPoints], [0, 5], "two into debt");
+  const fined = await limiter.penalty("u", 9);
+  assert.deepEqual([fined.remainingPoints, fined.consumedPoints], [0, 6], "as much as the window and one window's debt hold");
   await assert.rejects(limiter.consume("u"), (res) => res instanceof RateLimiterRes);
   await limiter.block("v", 30);
   await assert.rejects(limiter.consume("v"), (res) => res.msBeforeNext > 29_000);

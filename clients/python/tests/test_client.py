@@ -76,6 +76,8 @@ def test_asyncpg_and_async_psycopg_answer_alike_and_roll_back(name):
             await tr.rollback()
             with pytest.raises(RateLimited):
                 await rl.limit(name, "a", config=WINDOW, throws=True)
+            assert (await rl.limit(name, 42, config=WINDOW)).ok, "an integer key, as text"
+            assert (await rl.value(name, "a", config=WINDOW))[0] == 0
             headers = await rl.headers(name, await rl.check(name, "a", config=WINDOW), config=WINDOW)
             assert headers["RateLimit"].startswith(f'"{name}";r=0')
             lease = await rl.acquire(name + "_slots", "t", lease=60000, config={"kind": "concurrency", "rate": 1, "period": 1000})

@@ -43,6 +43,19 @@ def test_a_denied_request_is_a_429_with_the_extensions_headers(name):
     assert int(answers[2]["Retry-After"]) > 0
 
 
+def test_throws_raises_rate_limited_through_djangos_own_errors(name):
+    from rate_limiter_postgres import RateLimited, RateLimiter
+
+    limiter = RateLimiter.for_django()
+    limiter.limit(name, "k", config={"kind": "fixed window", "rate": 1, "period": 60000}, throws=True)
+    try:
+        limiter.limit(name, "k", config={"kind": "fixed window", "rate": 1, "period": 60000}, throws=True)
+    except RateLimited as e:
+        assert e.limit == name and e.retry_after > 0
+    else:
+        raise AssertionError("RL429 was not raised as RateLimited")
+
+
 def test_a_view_that_fails_gives_its_token_back(name):
     client = Client(raise_request_exception=False)
     for _ in range(3):

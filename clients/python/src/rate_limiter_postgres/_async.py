@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ._decision import Acquired, Decision, as_rate_limited
-from ._sql import Statements, config_json, dollar_marks, json_value, ms_interval, psycopg_marks
+from ._sql import Statements, check_seconds, config_json, dollar_marks, json_value, ms_interval, psycopg_marks
 
 Config = dict[str, Any]
 
@@ -34,11 +34,14 @@ class AsyncRateLimiter:
         return cls(raw.driver_connection, schema)
 
     async def _row(self, sql: str, params: tuple) -> Any:
+        keyed = sql is not self.sql.headers  # every other statement's second argument is the key
+        if self.asyncpg and keyed and params[1] is not None and not isinstance(params[1], str):
+            params = (params[0], str(params[1])) + params[2:]  # a key such as an integer id, as text
         try:
             if self.asyncpg:
                 if sql is self.sql.acquire or sql is self.sql.renew:
-                    # asyncpg binds an interval from a timedelta, not from text.
-                    params = tuple(_interval(p) for p in params)
+                    # asyncpg binds an interval from a timedelta, not from text (the 4th argument of both).
+                    params = params[:3] + (_interval(params[3]),) + params[4:]
                 return await self.conn.fetchrow(sql, *params)
             async with self.conn.cursor() as cursor:
                 await cursor.execute(sql, params)
@@ -63,8 +66,14 @@ class AsyncRateLimiter:
     async def reset(self, name: str, key: Optional[str] = None) -> None:
         await self._row(self.sql.reset, (name, key))
 
+    async def value(self, name: str, key: Optional[str] = None, *, config: Optional[Config] = None) -> tuple:
+        """``(value, ts, shard, effective_config)`` of (name, key) (``rate_limit_value``)."""
+        value, ts, shard, effective = await self._row(self.sql.value, (name, key, config_json(config)))
+        return value, ts, shard, json_value(effective)
+
     async def block(self, name: Optional[str], key: Optional[str], seconds: Optional[float] = None,
                     note: Optional[str] = None) -> None:
+        check_seconds(seconds)
         await self._row(self.sql.block, self.sql.block_params(name, key, None if seconds is None else float(seconds), note))
 
     async def unblock(self, name: Optional[str], key: Optional[str]) -> bool:
@@ -87,12 +96,13 @@ class AsyncRateLimiter:
         return bool((await self._row(self.sql.renew, (name, key, _uuid(lease_id, self.asyncpg), ms_interval(lease))))[0])
 
 
-def _interval(p: Any) -> Any:
-    if isinstance(p, str) and p.endswith(" milliseconds"):
-        import datetime
+def _interval(p: Optional[str]) -> Any:
+    """``'<ms> milliseconds'`` (``ms_interval``) as the timedelta asyncpg binds an interval from."""
+    if p is None:
+        return None
+    import datetime
 
-        return datetime.timedelta(milliseconds=float(p.split()[0]))
-    return p
+    return datetime.timedelta(milliseconds=float(p.split()[0]))
 
 
 def _uuid(lease_id: Optional[str], asyncpg: bool) -> Any:

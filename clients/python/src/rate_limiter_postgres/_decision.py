@@ -54,9 +54,14 @@ class RateLimited(Exception):
 
 def as_rate_limited(error: BaseException) -> BaseException:
     """The ``RateLimited`` of a driver's error with SQLSTATE RL429 (psycopg or asyncpg); any other as it is."""
-    sqlstate = getattr(error, "sqlstate", None)
-    if sqlstate != "RL429":
+    # Django re-raises the driver's error as its own, the driver's as the cause; psycopg2
+    # says pgcode where psycopg and asyncpg say sqlstate.
+    driver = error
+    while driver is not None and (getattr(driver, "sqlstate", None) or getattr(driver, "pgcode", None)) is None:
+        driver = driver.__cause__
+    if driver is None or (getattr(driver, "sqlstate", None) or getattr(driver, "pgcode", None)) != "RL429":
         return error
+    error = driver
     diag = getattr(error, "diag", None)
     detail = getattr(diag, "message_detail", None) if diag is not None else getattr(error, "detail", None)
     message = getattr(diag, "message_primary", None) if diag is not None else getattr(error, "message", None)

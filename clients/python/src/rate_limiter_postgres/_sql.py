@@ -19,6 +19,11 @@ def config_json(config: Optional[dict[str, Any]]) -> Optional[str]:
     return None if config is None else json.dumps(config)
 
 
+def check_seconds(seconds: Optional[float]) -> None:
+    if seconds is not None and not (seconds > 0 and seconds != float("inf")):
+        raise ValueError(f"seconds must be a finite number > 0 (None blocks for good), not {seconds!r}")
+
+
 def json_value(value: Any) -> Any:
     """A jsonb result as Python: drivers that hand it over as text (asyncpg, Django's cursors) too."""
     return json.loads(value) if isinstance(value, str) else value

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ._decision import Acquired, Decision, as_rate_limited
-from ._sql import config_json, json_value, ms_interval, psycopg_marks
+from ._sql import check_seconds, config_json, json_value, ms_interval, psycopg_marks
 
 Config = dict[str, Any]
 
@@ -64,6 +64,7 @@ class RateLimiter:
 
     def block(self, name: Optional[str], key: Optional[str], seconds: Optional[float] = None, note: Optional[str] = None) -> None:
         """Deny (name, key) for ``seconds`` (for good when ``None``), reason ``'blocked'``."""
+        check_seconds(seconds)
         self._row(self.sql.block, self.sql.block_params(name, key, seconds, note))
 
     def unblock(self, name: Optional[str], key: Optional[str]) -> bool:

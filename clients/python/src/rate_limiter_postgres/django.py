@@ -10,6 +10,7 @@ It runs on Django's connection, so with ``ATOMIC_REQUESTS`` (or inside
 
 from __future__ import annotations
 
+import inspect
 from functools import wraps
 from typing import Any, Callable, Optional
 
@@ -27,6 +28,9 @@ def rate_limited(name: str, *, key: Callable[[HttpRequest], Optional[str]] = _cl
     """Take ``count`` from (name, key(request)) before the view; a denial is a 429."""
 
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        if inspect.iscoroutinefunction(view):
+            raise TypeError(f"rate_limited takes a synchronous view; {view.__name__} is async")
+
         @wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             limiter = RateLimiter.for_django(using, schema)
