@@ -132,9 +132,9 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> A
     Answer { datum, throw }
 }
 
-/// The decision as a `rate_limiter.decision` datum; 55000 if that type was altered.
-fn decision_datum(d: &Decision) -> Datum {
-    let mut values = [
+/// The columns of `rate_limiter.decision` (`shape::DECISION`) for `d`, and which are NULL.
+pub(super) fn decision_columns(d: &Decision) -> ([Datum; 7], [bool; 7]) {
+    let values = [
         Datum::from(d.ok),
         d.retry_after.map_or(Datum::from(0), |r| Datum::from(r.to_bits())),
         Datum::from(d.remaining.to_bits()),
@@ -143,7 +143,13 @@ fn decision_datum(d: &Decision) -> Datum {
         d.reason.map(Reason::as_str).into_datum().unwrap_or(Datum::from(0)),
         d.limited_by.as_deref().into_datum().unwrap_or(Datum::from(0)),
     ];
-    let mut nulls = [false, d.retry_after.is_none(), false, false, false, d.reason.is_none(), d.limited_by.is_none()];
+    let nulls = [false, d.retry_after.is_none(), false, false, false, d.reason.is_none(), d.limited_by.is_none()];
+    (values, nulls)
+}
+
+/// The decision as a `rate_limiter.decision` datum; 55000 if that type was altered.
+fn decision_datum(d: &Decision) -> Datum {
+    let (mut values, mut nulls) = decision_columns(d);
     let desc = PinnedRowType::of(cache::relations().decision_type);
     // SAFETY: `desc` holds a reference count on the type cache's descriptor from `of` until it
     // drops at the end of this function, so the descriptor stays valid throughout.

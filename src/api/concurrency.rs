@@ -8,16 +8,15 @@ use pgrx::prelude::*;
 
 use crate::bucket::concurrency::MAX_LEASE_MS;
 use crate::bucket::{Config, Kind};
-use crate::call::Reason;
 use crate::clock;
 use crate::config::JsonbArg;
 use crate::error::{Error, Result};
 use crate::limiter::{self, concurrency::Hold, Decision, Request};
 use crate::shmem::stats;
 use crate::storage::leases::LeaseId;
-use crate::storage::{self, shape, StateTable};
+use crate::storage::{shape, StateTable};
 
-use super::calls::{denial, entry, Answer, NO_DENIAL};
+use super::calls::{decision_columns, denial, entry, Answer, NO_DENIAL};
 use super::{fmgr_v1_info, request, resolve_for, usable, valid_key, valid_name};
 
 /// 0A000 unless `config` is a concurrency limit's (what `acquire`, `release` and `renew` take).
@@ -113,18 +112,9 @@ unsafe fn acquired_datum(fcinfo: FunctionCallInfo, d: &Decision, lease_id: Optio
         desc = pg_sys::BlessTupleDesc(desc);
     }
     let lease = lease_id.and_then(|id| pgrx::datum::Uuid::from_bytes(*id).into_datum());
-    let mut values = [
-        Datum::from(d.ok),
-        d.retry_after.map_or(Datum::from(0), |r| Datum::from(r.to_bits())),
-        Datum::from(d.remaining.to_bits()),
-        Datum::from(d.reset_after.to_bits()),
-        Datum::from(d.granted.to_bits()),
-        d.reason.map(Reason::as_str).into_datum().unwrap_or(Datum::from(0)),
-        d.limited_by.as_deref().into_datum().unwrap_or(Datum::from(0)),
-        lease.unwrap_or(Datum::from(0)),
-    ];
-    let mut nulls =
-        [false, d.retry_after.is_none(), false, false, false, d.reason.is_none(), d.limited_by.is_none(), lease.is_none()];
+    let (decision, decision_nulls) = decision_columns(d);
+    let mut values = [decision.as_slice(), &[lease.unwrap_or(Datum::from(0))]].concat();
+    let mut nulls = [decision_nulls.as_slice(), &[lease.is_none()]].concat();
     // SAFETY: the descriptor has exactly these columns (checked above).
     unsafe { pgrx::heap_tuple_get_datum(pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr())) }
 }
@@ -163,7 +153,6 @@ fn lease_call<'a>(
     lease_id: Option<pgrx::datum::Uuid>,
 ) -> Result<Option<(&'a str, Option<&'a str>, LeaseId)>> {
     let (name, key) = (valid_name(name)?, valid_key(key)?);
-    storage::prevent_writes_unless_allowed(c"a lease");
     Ok(lease_id.map(|id| {
         let mut bytes: LeaseId = [0; 16];
         bytes.copy_from_slice(id.as_bytes());

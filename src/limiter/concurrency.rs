@@ -5,7 +5,6 @@
 //! slot free unless a lease holds it, and the leases are read after the locks are taken,
 //! so a lease committed meanwhile is seen.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::bucket::concurrency::{self, Held};
@@ -14,7 +13,7 @@ use crate::call::{Decision, Reason, Request};
 use crate::clock;
 use crate::storage::leases::{self, LeaseId, Leased};
 use crate::storage::slots::{Slots, Tried};
-use crate::storage::inline_name;
+use crate::storage::stored_name;
 
 /// How the slots a call takes are held.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,13 +22,6 @@ pub enum Hold {
     Transaction,
     /// Until this many ms from now, or an earlier `release`.
     Lease(f64),
-}
-
-fn stored_name<'a>(req: &Request<'a>) -> Cow<'a, str> {
-    match &req.inline {
-        Some(fingerprint) => Cow::Owned(inline_name(req.name, fingerprint)),
-        None => Cow::Borrowed(req.name),
-    }
 }
 
 /// What one search of the slots found and took.
@@ -108,7 +100,7 @@ fn decision(req: &Request<'_>, config: &Config, found: &Found, took: bool, now: 
 
 /// Take `req.count` slots, held as `hold` says; with a lease, its id.
 pub fn acquire(req: &Request<'_>, config: &Config, hold: Hold) -> (Decision, Option<LeaseId>) {
-    let name = stored_name(req);
+    let name = stored_name(req.name, req.inline.as_ref());
     let slots = Slots::of(&name, req.key);
     let searching = slots.search();
     let now = clock::now_ms();
@@ -140,7 +132,7 @@ pub fn acquire(req: &Request<'_>, config: &Config, hold: Hold) -> (Decision, Opt
 
 /// Whether `req.count` slots are free, taking none.
 pub fn check(req: &Request<'_>, config: &Config) -> Decision {
-    let name = stored_name(req);
+    let name = stored_name(req.name, req.inline.as_ref());
     let slots = Slots::of(&name, req.key);
     let _searching = slots.search();
     let now = clock::now_ms();

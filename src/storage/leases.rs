@@ -19,7 +19,7 @@ use crate::cache;
 use crate::error::Error;
 
 use super::instant;
-use super::row::FINGERPRINT_MARK;
+use super::row::{key_is_second_param_sql, named_or_inline_sql};
 
 /// A lease's id: 16 random bytes, shown as a UUID.
 pub type LeaseId = [u8; 16];
@@ -40,21 +40,13 @@ fn table() -> String {
     }
 }
 
-/// `key` of the statement's `$2`: equal, or both NULL (indexable either way).
-fn same_key(key: Option<&str>) -> &'static str {
-    match key {
-        Some(_) => "key OPERATOR(pg_catalog.=) $2",
-        None => "key IS NULL AND $2::pg_catalog.text IS NULL",
-    }
-}
-
 /// The unexpired leases of (name, key) at `now`, in slot order.
 pub fn unexpired(name: &str, key: Option<&str>, now: f64) -> Vec<Leased> {
     let sql = format!(
         "SELECT slot, lease_id, expires_at FROM {} \
          WHERE name OPERATOR(pg_catalog.=) $1 AND {} AND expires_at OPERATOR(pg_catalog.>) $3 ORDER BY slot",
         table(),
-        same_key(key)
+        key_is_second_param_sql(key)
     );
     let mut leased = Vec::new();
     run(&sql, &[text_arg(name), text_opt(key), ts_arg(now, "now")], |row| {
@@ -78,23 +70,14 @@ pub fn claim(name: &str, key: Option<&str>, slots: &[u32], id: &LeaseId, expires
     run(&sql, &[text_arg(name), text_opt(key), uuid_arg(id), ts_arg(expires, "lease's end"), array], |_| {});
 }
 
-/// `name` of the statement's `$1`, under the limit's named config or any inline one: a
-/// lease is found by its id, which only its holder knows.
-fn any_config() -> String {
-    format!(
-        "(name OPERATOR(pg_catalog.=) $1 OR (pg_catalog.left(name, -33) OPERATOR(pg_catalog.=) $1 \
-          AND pg_catalog.right(name, 33) OPERATOR(pg_catalog.~) '^{FINGERPRINT_MARK}[0-9a-f]{{32}}$'))"
-    )
-}
-
 /// The name the lease `id` of (name, key) is stored under (an inline config's has its
 /// fingerprint), if it is there.
 pub fn lease_name(name: &str, key: Option<&str>, id: &LeaseId) -> Option<String> {
     let sql = format!(
         "SELECT name FROM {} WHERE {} AND {} AND lease_id OPERATOR(pg_catalog.=) $3 LIMIT 1",
         table(),
-        any_config(),
-        same_key(key)
+        named_or_inline_sql(""),
+        key_is_second_param_sql(key)
     );
     let mut stored = None;
     run(&sql, &[text_arg(name), text_opt(key), uuid_arg(id)], |row| stored = Some(row.text(1)));
@@ -112,8 +95,8 @@ pub fn release(name: &str, key: Option<&str>, id: &LeaseId, now: f64) -> bool {
         "DELETE FROM {} WHERE {} AND {} AND lease_id OPERATOR(pg_catalog.=) $3 \
          RETURNING expires_at OPERATOR(pg_catalog.>) $4",
         table(),
-        any_config(),
-        same_key(key)
+        named_or_inline_sql(""),
+        key_is_second_param_sql(key)
     );
     let mut held = false;
     run(&sql, &[text_arg(name), text_opt(key), uuid_arg(id), ts_arg(now, "now")], |row| held |= row.bool(1));
@@ -127,7 +110,7 @@ pub fn extend(name: &str, key: Option<&str>, id: &LeaseId, expires: f64, now: f6
         "UPDATE {} SET expires_at = $4 WHERE name OPERATOR(pg_catalog.=) $1 AND {} \
          AND lease_id OPERATOR(pg_catalog.=) $3 AND expires_at OPERATOR(pg_catalog.>) $5 RETURNING slot",
         table(),
-        same_key(key)
+        key_is_second_param_sql(key)
     );
     let mut moved = 0;
     let args = [text_arg(name), text_opt(key), uuid_arg(id), ts_arg(expires, "lease's end"), ts_arg(now, "now")];

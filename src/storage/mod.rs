@@ -29,7 +29,7 @@ mod state;
 pub use debits::{log_is_subscribed, DebitLog, Seen};
 pub use lookup::{load_limit, Lookup};
 pub use sql::{delete, delete_listed, prune, upsert_limit, upsert_listed};
-pub use row::{inline_name, is_inline_name, Created, Locked, Owner, Row, Slot, Written};
+pub use row::{inline_name, is_inline_name, stored_name, Created, Locked, Owner, Row, Slot, Written};
 pub use server::die_on_sigterm;
 pub use state::StateTable;
 

@@ -45,6 +45,32 @@ pub fn is_inline_name(name: &str) -> bool {
         && bytes[bytes.len() - 32..].iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
 }
 
+/// SQL: the `name` column is `$1` or, `$1` under any inline config (`inline_name`), of a
+/// statement whose `$1` is a limit's name (qualified operators and functions throughout).
+pub(super) fn named_or_inline_sql(inline_also: &str) -> String {
+    format!(
+        "(name OPERATOR(pg_catalog.=) $1 OR ({inline_also}pg_catalog.left(name, -33) OPERATOR(pg_catalog.=) $1 \
+          AND pg_catalog.right(name, 33) OPERATOR(pg_catalog.~) '^{FINGERPRINT_MARK}[0-9a-f]{{32}}$'))"
+    )
+}
+
+/// SQL: the `key` column is `$2`, or both are NULL; either way an index probe.
+pub(super) fn key_is_second_param_sql(key: Option<&str>) -> &'static str {
+    match key {
+        Some(_) => "key OPERATOR(pg_catalog.=) $2",
+        None => "key IS NULL AND $2::pg_catalog.text IS NULL",
+    }
+}
+
+/// The `name` column of `name`'s rows: the name, followed for an inline config by its
+/// fingerprint.
+pub fn stored_name<'a>(name: &'a str, inline: Option<&Fingerprint>) -> Cow<'a, str> {
+    match inline {
+        Some(fingerprint) => Cow::Owned(inline_name(name, fingerprint)),
+        None => Cow::Borrowed(name),
+    }
+}
+
 /// The `name` column of the rows of `name` under the inline config of `fingerprint`.
 pub fn inline_name(name: &str, fingerprint: &Fingerprint) -> String {
     let mut stored = String::with_capacity(name.len() + 1 + 2 * fingerprint.len());
@@ -66,8 +92,8 @@ impl<'a> Slot<'a> {
     /// The `name` column: the name, followed for an inline config by its fingerprint.
     pub(super) fn stored_name(&self) -> Cow<'a, str> {
         match &self.owner {
-            Owner::Inline(fingerprint) => Cow::Owned(inline_name(self.name, fingerprint)),
-            Owner::Named | Owner::SharedInline => Cow::Borrowed(self.name),
+            Owner::Inline(fingerprint) => stored_name(self.name, Some(fingerprint)),
+            Owner::Named | Owner::SharedInline => stored_name(self.name, None),
         }
     }
 

@@ -12,7 +12,7 @@ use crate::clock;
 use crate::config::LimitRow;
 use crate::error::Error;
 
-use super::row::FINGERPRINT_MARK;
+use super::row::{key_is_second_param_sql, named_or_inline_sql};
 use super::xact_snapshot_isolation;
 
 // The plain SQL below runs in SECURITY DEFINER functions and in the prune worker: tables are
@@ -34,28 +34,17 @@ fn list_table(list: List) -> Option<(String, &'static str)> {
 /// Forget every shard of (name, key), the named limit's and every inline config's. Plain
 /// SQL: rare, and not on the path of a decision.
 pub fn delete(name: &str, key: Option<&str>) {
-    let key_where = match key {
-        Some(_) => "key OPERATOR(pg_catalog.=) $2",
-        None => "$2::pg_catalog.text IS NULL AND key IS NULL",
-    };
-    // The named limit's rows, and every inline config's: the name, the mark and 32 hex
-    // digits (`Slot::stored_name`).
+    let key_where = key_is_second_param_sql(key);
+    // The named limit's rows, and every inline config's (shards below 0).
     let sql = format!(
-        "DELETE FROM {} WHERE {key_where} AND (name OPERATOR(pg_catalog.=) $1 \
-             OR (shard OPERATOR(pg_catalog.<) 0 \
-                 AND pg_catalog.left(name, -33) OPERATOR(pg_catalog.=) $1 \
-                 AND pg_catalog.right(name, 33) OPERATOR(pg_catalog.~) '^{FINGERPRINT_MARK}[0-9a-f]{{32}}$'))",
-        state_table()
+        "DELETE FROM {} WHERE {key_where} AND {}",
+        state_table(),
+        named_or_inline_sql("shard OPERATOR(pg_catalog.<) 0 AND ")
     );
     Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
     // A concurrency limit's leases, under every config; slots transactions hold stay theirs.
     if let Some(leases) = cache::relations().leases {
-        let sql = format!(
-            "DELETE FROM {} WHERE {key_where} AND (name OPERATOR(pg_catalog.=) $1 \
-                 OR (pg_catalog.left(name, -33) OPERATOR(pg_catalog.=) $1 \
-                     AND pg_catalog.right(name, 33) OPERATOR(pg_catalog.~) '^{FINGERPRINT_MARK}[0-9a-f]{{32}}$'))",
-            cache::qualified_name(leases)
-        );
+        let sql = format!("DELETE FROM {} WHERE {key_where} AND {}", cache::qualified_name(leases), named_or_inline_sql(""));
         Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 }
