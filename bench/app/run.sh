@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# What a limit adds to the application's own transaction (insert a message), against Redis
+# beside Postgres: bench/app/src/main.rs runs each variant as a closed loop of 8 and 32
+# connections, synchronous_commit = on, APP_DURATION s after 1 s of warm-up, variants taking
+# turns, APP_ROUNDS rounds, and checks a ledger after every run (tokens used = messages
+# committed = requests that committed). Variants: no limit; rate_limiter.rate_limit inside
+# the transaction on 100,000 users' keys, on one hot key, on one key of 16 shards; Redis 7's
+# token bucket in Lua (bench/redis_bucket.lua) before the transaction, appendfsync always
+# and everysec. Each as statements (BEGIN, limit, INSERT, COMMIT: a round trip each) and as
+# one round trip (one statement in autocommit; for Redis, EVALSHA then the INSERT). Writes
+# bench/app.md and bench/app.png. About 15 minutes.
+source "$(dirname "$0")/../../scripts/lib.sh"
+export APP_DURATION=${APP_DURATION:-8} APP_ROUNDS=${APP_ROUNDS:-3}
+DB=rate_limiter_bench_app
+OUT=$ROOT/bench/out/app
+REDIS_ALWAYS=6391 REDIS_EVERYSEC=6392
+
+setup 15
+install_debian_packages redis-server redis-tools
+if [ ! -x "$ROOT/.venv-bench/bin/python" ]; then
+    step "installing matplotlib into .venv-bench"
+    python3 -m venv "$ROOT/.venv-bench"
+    "$ROOT/.venv-bench/bin/pip" install --quiet --disable-pip-version-check matplotlib==3.9.2
+fi
+build_and_install >/dev/null
+restart_cluster
+fresh_database $DB
+psql -X -q -v ON_ERROR_STOP=1 -d $DB -f "$ROOT/bench/app/schema.sql" >/dev/null
+
+step "building the load generator"
+cargo build --release --locked --quiet --manifest-path "$ROOT/bench/app/Cargo.toml"
+
+step "starting Redis on 127.0.0.1:$REDIS_ALWAYS (appendfsync always) and :$REDIS_EVERYSEC (everysec)"
+REDIS_DIR=$(mktemp -d)
+chmod 777 "$REDIS_DIR"
+stop_redis() {
+    redis-cli -p $REDIS_ALWAYS shutdown nosave >/dev/null 2>&1 || true
+    redis-cli -p $REDIS_EVERYSEC shutdown nosave >/dev/null 2>&1 || true
+    rm -rf "$REDIS_DIR"
+}
+trap stop_redis EXIT
+for port in $REDIS_ALWAYS $REDIS_EVERYSEC; do
+    fsync=always
+    [ $port = $REDIS_EVERYSEC ] && fsync=everysec
+    mkdir -p "$REDIS_DIR/$port"
+    redis-server --port $port --bind 127.0.0.1 --dir "$REDIS_DIR/$port" --daemonize yes \
+        --save '' --appendonly yes --appendfsync $fsync >/dev/null
+    for _ in $(seq 50); do redis-cli -p $port ping >/dev/null 2>&1 && break; sleep 0.1; done
+    APP_REDIS_SHA=$(redis-cli -p $port SCRIPT LOAD "$(cat "$ROOT/bench/redis_bucket.lua")")
+done
+export APP_REDIS_SHA
+export APP_POSTGRES="host=$PGHOST port=$PGPORT user=$PGUSER dbname=$DB"
+export APP_REDIS_ALWAYS=redis://127.0.0.1:$REDIS_ALWAYS/ APP_REDIS_EVERYSEC=redis://127.0.0.1:$REDIS_EVERYSEC/
+export APP_OUT=$OUT
+
+step "running: 6 variants x 2 forms x 2 connection counts x $APP_ROUNDS rounds of ${APP_DURATION} s"
+"$ROOT/bench/app/target/release/rate_limiter_app_bench"
+
+step "writing bench/app.md and bench/app.png"
+"$ROOT/.venv-bench/bin/python" "$ROOT/bench/app/report.py" "$OUT" "$ROOT/bench" \
+    "$(nproc) cores, PostgreSQL $(psql -X -At -d $DB -c 'SHOW server_version'), Redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), synchronous_commit = on, medians of $APP_ROUNDS rounds of ${APP_DURATION} s"
+echo "done: bench/app.md"
