@@ -7,6 +7,11 @@
 #   hot        the same limit with hot => true (exact, no queue)
 #   redis      Redis 7, the same token bucket in Lua (EVALSHA), appendonly with appendfsync
 #              always, one key
+#   insert     no limit: a bare one-row INSERT with a primary key, the floor of any design
+#              that commits a row per call (issue 34's bar: hot at 0.95x of it)
+#   log_sql    no limit: the rows a hot call writes, by SQL: a row shaped as a debit into a
+#              table with the log's two indexes, and every 1,000th call deletes the 1,000
+#              before it, as the fold does
 # After every PostgreSQL run the ledger is checked: the tokens the limit counts as used (its
 # state rows, and for hot its debit log) equal the transactions pgbench committed; the
 # script stops if they differ. Prints a Markdown table. About 5 minutes.
@@ -31,10 +36,20 @@ ALTER DATABASE $DB SET rate_limiter.fake_now = '2030-01-01';
 SELECT rate_limiter.define('shards_1', 'token bucket', 1e12, '1 second', 1e12);
 SELECT rate_limiter.define('shards_16', 'token bucket', 1e12, '1 second', 1e12, shards => 16);
 SELECT rate_limiter.define('hot', 'token bucket', 1e12, '1 second', 1e12, hot => true);
+CREATE TABLE floor_insert (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, count float8 NOT NULL);
+CREATE TABLE floor_log (LIKE rate_limiter.debits INCLUDING ALL);
+CREATE SEQUENCE floor_log_seq;
 SQL
 for w in shards_1 shards_16 hot; do
     printf "SELECT * FROM rate_limiter.rate_limit('%s', 'k');\n" $w > "$OUT/$w.sql"
 done
+echo "INSERT INTO floor_insert (count) VALUES (1);" > "$OUT/insert.sql"
+cat > "$OUT/log_sql.sql" <<'PGBENCH'
+INSERT INTO floor_log VALUES (nextval('floor_log_seq'), 'log_sql', 'k', now(), 1) RETURNING seq \gset
+\if :seq % 1000 = 0
+DELETE FROM floor_log WHERE seq <= :seq - 1000;
+\endif
+PGBENCH
 
 # Tokens limit $1 counts as used on key k: its state rows' (per shard) and its debit log's.
 used() {
@@ -50,19 +65,24 @@ SHA=$(start_redis "$REDIS_DIR" on)
 
 for round in $(seq "$ROUNDS"); do
     for CLIENTS in 8 32; do
-        for w in shards_1 shards_16 hot redis; do
+        for w in insert shards_1 shards_16 hot log_sql redis; do
             if [ $w = redis ]; then
                 # As many calls as Redis makes in about DURATION seconds.
                 tps=$(redis-benchmark -p "$REDIS_PORT" -c "$CLIENTS" --threads 2 -n $((15000 * DURATION)) --csv \
                     EVALSHA "$SHA" 1 rl:hot 1e12 1e12 | tail -1 | cut -d, -f2 | tr -d '"')
                 ledger="-"
             else
-                bench_sql -c "SELECT rate_limiter.reset_rate_limit('$w', 'k')" -c CHECKPOINT >/dev/null
+                case $w in
+                insert | log_sql) bench_sql -c CHECKPOINT >/dev/null ;;
+                *) bench_sql -c "SELECT rate_limiter.reset_rate_limit('$w', 'k')" -c CHECKPOINT >/dev/null ;;
+                esac
                 result=$(PGOPTIONS="-c synchronous_commit=on" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
                     -T "$DURATION" -f "$OUT/$w.sql" "$DB" 2>&1) || { echo "$result" >&2; exit 1; }
                 tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$result")
                 committed=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$result")
                 counted=$(used $w)
+                [ $w = insert ] && counted=$(bench_sql -c "SELECT count(*) FROM floor_insert" -c "TRUNCATE floor_insert" | head -1)
+                [ $w = log_sql ] && counted=$committed  # its deletes leave no count to check
                 if [ "$(python3 -c "print(float('$counted') == float('$committed'))")" != True ]; then
                     echo "ledger: $w counts $counted tokens used, pgbench committed $committed calls" >&2
                     exit 1
@@ -77,12 +97,14 @@ done
 python3 - "$OUT/raw.tsv" <<'PY'
 import statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().split("\n") if l]
-print("| one key, synchronous_commit = on | 8 clients | 32 clients |")
-print("|---|---:|---:|")
-for w in ("shards_1", "shards_16", "hot", "redis"):
+print("| one key, synchronous_commit = on | 8 clients | / insert | 32 clients | / insert |")
+print("|---|---:|---:|---:|---:|")
+def median(w, c):
+    return statistics.median(float(t) for n, k, t in rows if k == w and n == c)
+for w in ("insert", "log_sql", "shards_1", "shards_16", "hot", "redis"):
     cells = []
     for c in ("8", "32"):
         v = [float(t) for n, k, t in rows if k == w and n == c]
-        cells.append(f"{statistics.median(v):,.0f} ({min(v):,.0f}–{max(v):,.0f})")
+        cells.append(f"{statistics.median(v):,.0f} ({min(v):,.0f}–{max(v):,.0f}) | {median(w, c) / median('insert', c):.2f}")
     print(f"| {w} | " + " | ".join(cells) + " |")
 PY
