@@ -2,10 +2,11 @@
 # rate_limiter against what users would otherwise run, on the project's throwaway cluster
 # (restarted so that its benchmark settings apply) and a Redis on loopback: throughput
 # per workload and per synchronous_commit setting, the in-process cost per call, bytes
-# per row and backend memory. Writes bench/results.md and bench/chart.png. Competitors
-# take turns, REPEATS rounds of DURATION seconds each per workload, and each reports its
-# median: on two cores, autovacuum and the OS move single runs by 10% or more. About 12
-# minutes in all.
+# per row and backend memory. bare_answering is bare's UPDATE returning the seven columns
+# of a decision: the floor of a call that tells its caller the answer. Writes
+# bench/results.md and bench/chart.png. Competitors take turns, REPEATS rounds of DURATION
+# seconds each per workload, and each reports its median: on two cores, autovacuum and the
+# OS move single runs by 10% or more. About 15 minutes in all.
 source "$(dirname "$0")/../scripts/lib.sh"
 DURATION=${DURATION:-5}
 REPEATS=${REPEATS:-3}
@@ -52,6 +53,8 @@ SQL
 call() {
     case $4 in
     bare) echo "UPDATE bench.bare_state SET value = value - 1, ts = now() WHERE name = '$1' AND key = CAST(:k AS text);" ;;
+    bare_answering) # the floor that also tells the caller: the decision's seven columns back
+        echo "UPDATE bench.bare_state SET value = value - 1, ts = now() WHERE name = '$1' AND key = CAST(:k AS text) RETURNING value >= 0 AS ok, NULL::float8 AS retry_after, value AS remaining, 100::float8 AS reset_after, 1::float8 AS granted, NULL::text AS reason, NULL::text AS limited_by;" ;;
     plpgsql) echo "SELECT bench.plpgsql_limit('$1', CAST(:k AS text), $2, $3);" ;;
     upsert)
         local refilled="least($3, s.value + extract(epoch FROM excluded.ts - s.ts)::float8 * $2)"
@@ -72,7 +75,7 @@ for commit in on off; do
     for w in a b c d; do
         sql -c "VACUUM" # every workload starts from clean tables
         for round in $(seq "$REPEATS"); do
-            for c in bare plpgsql upsert rate_limiter; do
+            for c in bare bare_answering plpgsql upsert rate_limiter; do
                 script $w $c > "$OUT/$w-$c.sql"
                 result=$(PGOPTIONS="-c synchronous_commit=$commit" pgbench -n -M prepared -c "$CLIENTS" -j 2 \
                     -T "$DURATION" -f "$OUT/$w-$c.sql" $DB 2>&1)
