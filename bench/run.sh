@@ -23,11 +23,7 @@ setup 15
 build_and_install
 restart_cluster
 install_debian_packages redis-server redis-tools
-if [ ! -x "$ROOT/.venv-bench/bin/python" ]; then
-    step "installing matplotlib into .venv-bench"
-    python3 -m venv "$ROOT/.venv-bench"
-    "$ROOT/.venv-bench/bin/pip" install --quiet --disable-pip-version-check matplotlib==3.9.2
-fi
+install_bench_python
 fresh_database $DB
 mkdir -p "$OUT"
 : > "$RAW"

@@ -73,6 +73,16 @@ setup() {
     install_pgrx
 }
 
+# .venv-bench with matplotlib, for the benchmarks' charts (bench/run.sh, bench/app/run.sh).
+install_bench_python() {
+    "$ROOT/.venv-bench/bin/python" -c "import matplotlib" >/dev/null 2>&1 && return
+    step "installing matplotlib into .venv-bench"
+    install_debian_packages python3-venv
+    rm -rf "$ROOT/.venv-bench"
+    python3 -m venv "$ROOT/.venv-bench"
+    "$ROOT/.venv-bench/bin/pip" install --quiet --disable-pip-version-check matplotlib==3.9.2
+}
+
 # Build for PostgreSQL $1 (15 by default) and install into it, or into 15-upstream's prefix
 # the library built for 15 (one major, one ABI).
 build_and_install() {

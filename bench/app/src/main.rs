@@ -249,14 +249,12 @@ fn histogram() -> Histogram<u64> {
 /// that started after `measure_from`.
 async fn connection(
     settings: std::sync::Arc<Settings>,
+    mut session: Session,
     limit: Limit,
     form: Form,
     seed: u64,
-    ready: std::sync::Arc<tokio::sync::Barrier>,
     mut start: tokio::sync::watch::Receiver<Option<(Instant, Instant)>>,
 ) -> Tally {
-    let mut session = Session::open(&settings, limit).await;
-    ready.wait().await;
     let (measure_from, end) = loop {
         if let Some(window) = *start.borrow() {
             break window;
@@ -348,16 +346,20 @@ async fn run(settings: &std::sync::Arc<Settings>, admin: &Client, round: usize, 
         None
     };
     let before = ledger(admin, &mut redis, limit).await;
+    // Every connection opens and prepares before the clock starts; a failure stops here.
+    let mut sessions = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        sessions.push(Session::open(settings, limit).await);
+    }
     let (go, start) = tokio::sync::watch::channel(None);
-    let ready = std::sync::Arc::new(tokio::sync::Barrier::new(clients + 1));
-    let tasks: Vec<_> = (0..clients)
-        .map(|c| {
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .enumerate()
+        .map(|(c, session)| {
             let seed = (round * 1_000_003 + clients * 1_009 + c) as u64;
-            tokio::spawn(connection(settings.clone(), limit, form, seed, ready.clone(), start.clone()))
+            tokio::spawn(connection(settings.clone(), session, limit, form, seed, start.clone()))
         })
         .collect();
-    // Every connection opens and prepares before the clock starts.
-    ready.wait().await;
     let now = Instant::now();
     go.send(Some((now + settings.warmup, now + settings.warmup + settings.duration))).unwrap();
     let mut latencies = histogram();
