@@ -44,13 +44,19 @@ measure_a_and_in_process() {
     done
 }
 
-# Starts Redis on loopback port REDIS_PORT with its files in directory $1, durable
-# (appendonly, appendfsync always) when $2 is on, else without persistence; prints the SHA
-# of bench/redis_bucket.lua, loaded for EVALSHA. Stop it with redis-cli shutdown.
+# Starts Redis on loopback port $3 (REDIS_PORT by default) with its files in directory $1:
+# durable (appendonly, appendfsync always) when $2 is on, appendonly with appendfsync
+# everysec when it is everysec, else without persistence; the arguments after $3 go to
+# redis-server as they are. Prints the SHA of bench/redis_bucket.lua, loaded for EVALSHA.
+# Stop it with redis-cli shutdown.
 start_redis() {
-    local persist=(--save '' --appendonly no)
-    [ "$2" = on ] && persist=(--save '' --appendonly yes --appendfsync always)
-    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$1" --daemonize yes "${persist[@]}" >/dev/null
-    for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-    redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "$ROOT/bench/redis_bucket.lua")"
+    local dir=$1 durability=$2 port=${3:-$REDIS_PORT} persist=(--save '' --appendonly no)
+    shift $(($# < 3 ? $# : 3))
+    case $durability in
+    on) persist=(--save '' --appendonly yes --appendfsync always) ;;
+    everysec) persist=(--save '' --appendonly yes --appendfsync everysec) ;;
+    esac
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --daemonize yes "${persist[@]}" "$@" >/dev/null
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    redis-cli -p "$port" SCRIPT LOAD "$(cat "$ROOT/bench/redis_bucket.lua")"
 }

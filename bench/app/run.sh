@@ -12,6 +12,7 @@
 # bench/app.md and bench/app.png. About 15 minutes with the default 3 rounds (README's
 # figures: APP_ROUNDS=5).
 source "$(dirname "$0")/../../scripts/lib.sh"
+source "$ROOT/bench/measure.sh"
 export APP_DURATION=${APP_DURATION:-8} APP_ROUNDS=${APP_ROUNDS:-3}
 DB=rate_limiter_bench_app
 OUT=$ROOT/bench/out/app
@@ -38,13 +39,10 @@ stop_redis() {
 }
 trap stop_redis EXIT
 for port in $REDIS_ALWAYS $REDIS_EVERYSEC; do
-    fsync=always
-    [ $port = $REDIS_EVERYSEC ] && fsync=everysec
+    durability=on
+    [ $port = $REDIS_EVERYSEC ] && durability=everysec
     mkdir -p "$REDIS_DIR/$port"
-    redis-server --port $port --bind 127.0.0.1 --dir "$REDIS_DIR/$port" --daemonize yes \
-        --save '' --appendonly yes --appendfsync $fsync --auto-aof-rewrite-percentage 0 >/dev/null
-    for _ in $(seq 50); do redis-cli -p $port ping >/dev/null 2>&1 && break; sleep 0.1; done
-    APP_REDIS_SHA=$(redis-cli -p $port SCRIPT LOAD "$(cat "$ROOT/bench/redis_bucket.lua")")
+    APP_REDIS_SHA=$(start_redis "$REDIS_DIR/$port" $durability $port --auto-aof-rewrite-percentage 0)
     # Every user's bucket already there, full, as the Postgres rows are (schema.sql).
     redis-cli -p $port EVAL "local t = redis.call('TIME')[1]
         for i = 1, tonumber(ARGV[1]) do redis.call('HSET', 'app:' .. i, 'v', ARGV[2], 'ts', t) end" \

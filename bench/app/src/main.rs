@@ -54,8 +54,15 @@ impl Limit {
         }
     }
 
-    fn is_redis(self) -> bool {
-        matches!(self, Limit::RedisAlways | Limit::RedisEverysec)
+    /// A connection to the Redis this variant calls, if it calls one.
+    async fn redis(self, settings: &Settings) -> Option<redis::aio::MultiplexedConnection> {
+        let url = match self {
+            Limit::RedisAlways => &settings.redis_always,
+            Limit::RedisEverysec => &settings.redis_everysec,
+            _ => return None,
+        };
+        let client = redis::Client::open(url.as_str()).expect("APP_REDIS_*");
+        Some(client.get_multiplexed_async_connection().await.expect("connect to Redis"))
     }
 }
 
@@ -139,21 +146,7 @@ impl Session {
                 panic!("Postgres connection: {e}");
             }
         });
-        let redis = match limit {
-            Limit::RedisAlways => Some(&settings.redis_always),
-            Limit::RedisEverysec => Some(&settings.redis_everysec),
-            _ => None,
-        };
-        let redis = match redis {
-            Some(url) => Some(
-                redis::Client::open(url.as_str())
-                    .expect("APP_REDIS_*")
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect to Redis"),
-            ),
-            None => None,
-        };
+        let redis = limit.redis(settings).await;
         let one_trip = match limit.limit_name() {
             Some(_) => "WITH l AS (SELECT ok FROM rate_limiter.rate_limit($1, $2)) \
                         INSERT INTO app.messages (user_id, body) SELECT $3, $4 FROM l WHERE l.ok RETURNING id",
@@ -339,12 +332,7 @@ async fn run(settings: &std::sync::Arc<Settings>, admin: &Client, round: usize, 
     for step in ["TRUNCATE app.messages", "VACUUM", "CHECKPOINT"] {
         admin.batch_execute(step).await.unwrap();
     }
-    let mut redis = if limit.is_redis() {
-        let url = if limit == Limit::RedisAlways { &settings.redis_always } else { &settings.redis_everysec };
-        Some(redis::Client::open(url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap())
-    } else {
-        None
-    };
+    let mut redis = limit.redis(settings).await;
     let before = ledger(admin, &mut redis, limit).await;
     // Every connection opens and prepares before the clock starts; a failure stops here.
     let mut sessions = Vec::with_capacity(clients);
