@@ -16,6 +16,27 @@ cluster_port() { case ${1:-15} in 15) echo "$PGPORT" ;; *) echo $((5400 + $1)) ;
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# `timed LABEL COMMAND...` runs COMMAND and keeps how long it took under LABEL;
+# print_timings (an EXIT trap of the test command) lists them, and the step a failure
+# stopped in. Not `cmd || ...`: errexit would be off inside COMMAND.
+TIMINGS=() TIMED_LABEL="" TIMED_SINCE=0
+timed() {
+    TIMED_LABEL=$1 TIMED_SINCE=$SECONDS
+    shift
+    "$@"
+    TIMINGS+=("$(minutes_seconds $((SECONDS - TIMED_SINCE)))  $TIMED_LABEL")
+    TIMED_LABEL=""
+}
+minutes_seconds() { printf '%3d min %02d s' $(($1 / 60)) $(($1 % 60)); }
+print_timings() {
+    local line
+    [ ${#TIMINGS[@]} -gt 0 ] || [ -n "$TIMED_LABEL" ] || return 0
+    step "time per step"
+    for line in "${TIMINGS[@]}"; do echo "$line"; done
+    [ -z "$TIMED_LABEL" ] || echo "$(minutes_seconds $((SECONDS - TIMED_SINCE)))  $TIMED_LABEL (stopped here)"
+    echo "$(minutes_seconds "$SECONDS")  in all"
+}
+
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # The Debian packages $@ that are not installed yet.
@@ -30,10 +51,14 @@ install_debian_packages() {
 }
 
 install_packages() {
-    # pg_cron and pg_repack for the operations tests' recipes; the JDBC driver and PgBouncer
-    # for the examples; PL/Proxy for rate_limiter_proxy; postgres_exporter for monitoring/.
-    install_debian_packages postgresql-server-dev-15 libclang-dev clang sudo postgresql-15-cron postgresql-15-repack \
-        libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy prometheus-postgres-exporter
+    # pkg-config and libssl-dev for cargo-pgrx's build; pip (PostgreSQL wheels), venv (the
+    # tests' virtualenvs), make, bzip2 (PostgreSQL from source) and procps (pgrep) for the
+    # test command, which a minimal Debian lacks; pg_cron and pg_repack for the operations
+    # tests' recipes; a Java runtime, the JDBC driver and PgBouncer for the examples; PL/Proxy
+    # for rate_limiter_proxy; postgres_exporter for monitoring/.
+    install_debian_packages postgresql-server-dev-15 libclang-dev clang sudo pkg-config libssl-dev \
+        python3-pip python3-venv make bzip2 procps postgresql-15-cron postgresql-15-repack \
+        default-jre-headless libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy prometheus-postgres-exporter
     # Node.js and npm for the Node examples and clients/node, where the machine has none.
     command -v npm >/dev/null 2>&1 || install_debian_packages nodejs npm
 }

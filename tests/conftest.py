@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from clusters import Cluster, connect
+from clusters import DATABASE, VERSIONS, Cluster, connect
 
 
 @pytest.fixture
@@ -29,10 +29,24 @@ def name():
     return "t_" + uuid.uuid4().hex[:12]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def worker_database():
+    """Under pytest-xdist, the worker's own test database (clusters.DATABASE) on every
+    version's cluster, made afresh with the extension as the test command makes its own."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        for version in VERSIONS:
+            cluster = Cluster.of_test_command(version)
+            with cluster.connect() as admin:
+                admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+                admin.execute(f"CREATE DATABASE {DATABASE}")
+            with cluster.connect(DATABASE) as c:
+                c.execute("CREATE EXTENSION rate_limiter")
+
+
 @pytest.fixture
 def db(main):
     """A session on the test command's database, on the cluster of the test's version."""
-    with main.connect(os.environ.get("PGDATABASE", "rate_limiter_test")) as conn:
+    with main.connect(DATABASE) as conn:
         yield conn
 
 
@@ -65,3 +79,32 @@ def clusters(pg):
     yield make
     for cluster in made:
         cluster.destroy()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: replaces installed files; the test command runs it with no other test")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each report carries its test's version, which reaches the controller under xdist."""
+    outcome = yield
+    callspec = getattr(item, "callspec", None)
+    outcome.get_result().user_properties.append(("pg", str(callspec.params.get("pg", "15")) if callspec else "15"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The seconds the tests of each version took (setup, call and teardown, summed over the
+    workers), added to the file the test command prints its steps' times from
+    (RATE_LIMITER_TIMINGS)."""
+    path = os.environ.get("RATE_LIMITER_TIMINGS")
+    if not path:
+        return
+    seconds = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            pg = dict(getattr(report, "user_properties", ())).get("pg")
+            if pg is not None and hasattr(report, "duration"):
+                seconds[pg] = seconds.get(pg, 0.0) + report.duration
+    with open(path, "a") as f:
+        f.writelines(f"{pg} {total:.1f}\n" for pg, total in sorted(seconds.items()))

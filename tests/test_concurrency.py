@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from calls import define
-from clusters import PORTS, every_version
+from clusters import DATABASE, PORTS, every_version, wait_for
 from together import in_sessions
 
 
@@ -49,14 +49,14 @@ class Ledger:
 @every_version
 def test_never_more_holders_than_slots_among_sessions_holding_by_transaction_and_by_lease(main, name):
     slots, sessions, rounds = 3, 8, 40
-    with main.connect("rate_limiter_test") as c:
+    with main.connect(DATABASE) as c:
         define(c, name, "concurrency", rate=slots, period="50 milliseconds")
     ledger = Ledger()
 
     def session(i):
         rng = random.Random(i)
         denied = 0
-        with main.connect("rate_limiter_test") as c:
+        with main.connect(DATABASE) as c:
             for _ in range(rounds):
                 count = rng.choice([1, 1, 2])
                 if i % 2 == 0:  # a slot for the transaction
@@ -81,7 +81,7 @@ def test_never_more_holders_than_slots_among_sessions_holding_by_transaction_and
     assert ledger.most <= slots, f"{ledger.most} held at once, more than {slots}"
     assert ledger.most == slots, "the sessions contended enough to fill every slot"
     assert denied > 0 and ledger.grants > sessions * rounds // 10, (denied, ledger.grants)
-    with main.connect("rate_limiter_test") as c:
+    with main.connect(DATABASE) as c:
         assert free(c, name) == slots, "every slot was given back"
         assert c.execute("SELECT count(*) FROM rate_limiter.leases WHERE name = %s", (name,)).fetchone()[0] == 0
         calls, allowed = c.execute("SELECT calls, allowed FROM rate_limiter.stats WHERE name = %s", (name,)).fetchone()
@@ -90,7 +90,7 @@ def test_never_more_holders_than_slots_among_sessions_holding_by_transaction_and
 
 @every_version
 def test_a_transactions_slot_ends_with_it_commit_abort_or_savepoint(main, name):
-    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 second")
         for end in ["COMMIT", "ROLLBACK", "ROLLBACK TO SAVEPOINT s"]:
             a.execute("BEGIN")
@@ -106,7 +106,7 @@ def test_a_transactions_slot_ends_with_it_commit_abort_or_savepoint(main, name):
 
 @every_version
 def test_a_lease_outlives_its_transaction_and_ends_by_itself_or_by_release(main, name):
-    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=2, period="1 minute")
         ok, remaining, _, lease, _ = acquire(a, name, lease="1 second")
         assert ok and remaining == 1 and lease is not None
@@ -131,7 +131,7 @@ def test_a_lease_outlives_its_transaction_and_ends_by_itself_or_by_release(main,
 
 @every_version
 def test_a_lease_taken_in_a_transaction_that_rolls_back_never_existed(main, name):
-    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 second")
         a.execute("BEGIN")
         assert acquire(a, name, lease="1 hour")[0]
@@ -148,7 +148,7 @@ def test_a_lease_taken_in_a_transaction_that_rolls_back_never_existed(main, name
 
 @every_version
 def test_a_lease_committed_after_a_repeatable_read_snapshot_still_holds_its_slot(main, name):
-    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 second")
         a.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         a.execute("SELECT count(*) FROM rate_limiter.limits")  # the snapshot is taken
@@ -159,7 +159,7 @@ def test_a_lease_committed_after_a_repeatable_read_snapshot_still_holds_its_slot
 
 @every_version
 def test_wait_rate_limit_waits_for_a_slot_to_free(main, name):
-    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 minute")
         a.execute("BEGIN")
         assert acquire(a, name)[0]
@@ -211,14 +211,14 @@ def test_a_crash_frees_the_transactions_slots_and_keeps_unexpired_leases(cluster
 @every_version
 def test_a_role_with_execute_alone_takes_and_ends_leases_but_cannot_read_their_ids(main, name):
     role = "slots_" + name
-    with main.connect("rate_limiter_test") as admin:
+    with main.connect(DATABASE) as admin:
         define(admin, name, "concurrency", rate=1, period="1 second")
         admin.execute(f"CREATE ROLE {role} LOGIN")
         try:
             admin.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
             admin.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.acquire, rate_limiter.release, "
                           f"rate_limiter.renew, rate_limiter.check_rate_limit TO {role}")
-            with main.connect("rate_limiter_test", user=role) as c:
+            with main.connect(DATABASE, user=role) as c:
                 ok, _, _, lease, _ = acquire(c, name, lease="1 hour")
                 assert ok and lease is not None
                 assert not acquire(c, name)[0]
@@ -235,8 +235,8 @@ def test_a_role_with_execute_alone_takes_and_ends_leases_but_cannot_read_their_i
 
 @every_version
 def test_a_lease_write_that_waits_for_another_transactions_row_keeps_no_other_call_waiting(main, name):
-    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b, \
-            main.connect("rate_limiter_test") as c:
+    with main.connect(DATABASE) as a, main.connect(DATABASE) as b, \
+            main.connect(DATABASE) as c:
         define(a, name, "concurrency", rate=2, period="1 second")
         lease = acquire(a, name, lease="1 second")[3]
         time.sleep(1.1)
@@ -246,7 +246,8 @@ def test_a_lease_write_that_waits_for_another_transactions_row_keeps_no_other_ca
         taken = []
         writer = threading.Thread(target=lambda: taken.append(acquire(b, name, count=2, lease="1 minute")))
         writer.start()
-        time.sleep(0.3)
+        waiting = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+        wait_for(lambda: c.execute(waiting, (b.info.backend_pid,)).fetchone()[0], "B to wait for A's row")
         assert writer.is_alive(), "B's lease waits for A's deletion of the row it replaces"
         c.execute("SET statement_timeout = '3s'")
         ok, remaining, *_ = acquire(c, name)
@@ -258,7 +259,7 @@ def test_a_lease_write_that_waits_for_another_transactions_row_keeps_no_other_ca
 
 @every_version
 def test_a_lowered_rate_waits_for_the_transactions_holding_slots_and_counts_every_lease(main, name):
-    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=3, period="1 second")
         a.execute("BEGIN")
         assert acquire(a, name, count=3)[0]
@@ -280,7 +281,7 @@ def test_a_lowered_rate_waits_for_the_transactions_holding_slots_and_counts_ever
 
 @every_version
 def test_two_renewals_of_one_lease_take_turns_and_both_hold_it(main, name):
-    with main.connect("rate_limiter_test") as a, main.connect("rate_limiter_test") as b:
+    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 second")
         lease = acquire(a, name, lease="1 minute")[3]
         a.execute("BEGIN")

@@ -32,8 +32,13 @@ NODE_AND_RUST_OUTPUT = [
 ]
 
 
-def run(*cmd, cwd, env=None):
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+# One worker runs them all: they share examples/node's node_modules, fixed table and limit
+# names, and a database and role of the cluster's.
+pytestmark = pytest.mark.xdist_group("examples")
+
+
+def run(*cmd, cwd, env=None, timeout=300):
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.splitlines()
 
@@ -71,8 +76,9 @@ def test_node_examples(node_modules, script):
 
 
 def test_rust_sqlx_example():
-    # Its own Cargo workspace and lock file; the first build takes about a minute.
-    assert run("cargo", "run", "--quiet", "--locked", cwd=EXAMPLES / "rust") == NODE_AND_RUST_OUTPUT
+    # Its own Cargo workspace and lock file; the first build takes about a minute alone, and
+    # more beside the other workers' tests.
+    assert run("cargo", "run", "--quiet", "--locked", cwd=EXAMPLES / "rust", timeout=900) == NODE_AND_RUST_OUTPUT
 
 
 def test_java_jdbc_example():

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from calls import amcheck_clean
-from clusters import BASE, PORTS, VERSIONS, as_postgres
+from clusters import PORTS, VERSIONS, as_postgres
 
 NOW = "2030-01-01 00:00:00+00"
 LATER = "2030-01-01 00:00:30+00"
@@ -95,13 +95,17 @@ def test_pg_upgrade_keeps_every_limit_block_and_state_row(clusters, old, new, mo
     assert expected["state"], "the calls wrote state rows"
     before.stop()
 
-    # pg_upgrade writes its logs in the current directory, which postgres must own.
-    work = f"{BASE}/upgrade_work"
+    # pg_upgrade writes its logs and scripts in the current directory, which postgres must
+    # own: the test's own, beside its new cluster.
+    work = f"{after.dir}_work"
     os.makedirs(work, exist_ok=True)
     shutil.chown(work, "postgres")
-    result = as_postgres("env", "-C", work, f"{after.bin}/pg_upgrade", "-b", before.bin, "-B", after.bin,
-                         "-d", before.dir, "-D", after.dir, "-p", str(before.port), "-P", str(after.port),
-                         "--socketdir", "/tmp", mode, check=False)
+    try:
+        result = as_postgres("env", "-C", work, f"{after.bin}/pg_upgrade", "-b", before.bin, "-B", after.bin,
+                             "-d", before.dir, "-D", after.dir, "-p", str(before.port), "-P", str(after.port),
+                             "--socketdir", "/tmp", mode, check=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     after.start()
 

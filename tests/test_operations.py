@@ -458,7 +458,7 @@ def test_no_database_owner_can_stop_or_slow_pruning_in_another_database(clusters
         pid = admin.execute(waiting).fetchone()[0]
         assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
         wait_for(lambda: not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone(),
-                 "the terminated worker to end", timeout=2)
+                 "the terminated worker to end", timeout=10)
         held.rollback()
     pruned_in_b(within=30)
 

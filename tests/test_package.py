@@ -18,6 +18,9 @@ import pytest
 from clusters import PORTS, ROOT, VERSIONS, pg_bin
 from packages import debian_layout_served_by, dpkg, files_of, in_place_of_cargo_pgrx, package
 
+# dpkg moves the installed library aside and back: no other test may load it meanwhile.
+pytestmark = pytest.mark.alone
+
 RELEASED = ("0.1.0", "0.2.0", "0.3.0", "0.4.0")
 
 

@@ -15,7 +15,7 @@ import pytest
 from psycopg import errors, sql
 
 from calls import define, hammer, limit
-from clusters import connect
+from clusters import connect, wait_for
 from together import in_sessions
 
 
@@ -50,12 +50,12 @@ def test_denied_call_takes_no_lock_and_writes_nothing(db, name):
     with connect(autocommit=False) as holder, connect() as b:
         # Someone holds the row (as an in-flight consumer would).
         holder.execute("SELECT * FROM rate_limiter.state WHERE name = %s FOR UPDATE", (name,))
-        b.execute("SET lock_timeout = '2s'")
+        b.execute("SET lock_timeout = '10s'")
         started = time.time()
         ok, retry_after, _, granted = limit(b, name, "k")
         assert (ok, granted) == (False, 0) and retry_after > 0
-        # Had it tried to lock, lock_timeout would have raised after 2 s.
-        assert time.time() - started < 1.5, "a call denied on committed state must not wait"
+        # Had it tried to lock, lock_timeout would have raised after 10 s.
+        assert time.time() - started < 5, "a call denied on committed state must not wait"
         holder.rollback()
 
 
@@ -397,6 +397,7 @@ def test_a_credit_waits_for_the_row_whatever_the_lock_timeout(db, name):
             target=lambda: result.append(giver.execute("SELECT granted FROM rate_limiter.credit(%s, 'k', 3)", (name,)).fetchone())
         )
         thread.start()
+        wait_for(lambda: waiting_on_lock(db, pid), "the giver to queue for the row")
         time.sleep(0.6)  # six lock_timeouts
         assert waiting_on_lock(db, pid) and result == [], "still queued for the row"
         holder.commit()

@@ -7,8 +7,13 @@ import os
 import threading
 import time
 
+import pytest
+
 from clusters import PORTS
 from packages import dpkg, in_place_of_cargo_pgrx
+
+# dpkg moves the installed library aside and back: no other test may load it meanwhile.
+pytestmark = pytest.mark.alone
 
 LIBRARY = "/usr/lib/postgresql/15/lib/rate_limiter.so"
 NOW = "2030-01-01 00:00:00+00"
