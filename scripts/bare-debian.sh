@@ -22,8 +22,8 @@ unmount() {
     for pid in $(ls /proc | grep -E '^[0-9]+$'); do
         [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$DIR" ] && kill -9 "$pid" 2>/dev/null
     done
-    for m in dev/shm dev/pts dev sys proc; do
-        mountpoint -q "$DIR/$m" && umount -l "$DIR/$m"
+    for m in dev sys proc; do
+        mountpoint -q "$DIR/$m" && umount -R -l "$DIR/$m"
     done
     return 0
 }
@@ -34,13 +34,14 @@ echo "==> debootstrap --variant=minbase bookworm $DIR"
 debootstrap --variant=minbase bookworm "$DIR" "$MIRROR" >/dev/null
 trap unmount EXIT
 mount -t proc proc "$DIR/proc"
-mount -t sysfs sys "$DIR/sys"
-mount --bind /dev "$DIR/dev"
-mount -t devpts devpts "$DIR/dev/pts"
-mount -t tmpfs shm "$DIR/dev/shm"
+# This machine's /dev and /sys, whose mounts inside do not propagate back out.
+for m in dev sys; do
+    mount --rbind "/$m" "$DIR/$m"
+    mount --make-rslave "$DIR/$m"
+done
 # This machine's network: its resolver, and the CA certificates its proxy signs with, with the
 # variables that point each tool at them.
-cp /etc/resolv.conf "$DIR/etc/"
+cp /etc/resolv.conf /etc/hosts "$DIR/etc/"
 cp /usr/local/share/ca-certificates/* "$DIR/usr/local/share/ca-certificates/" 2>/dev/null || true
 CA=/etc/ssl/certs/ca-certificates.crt
 NETWORK=(SSL_CERT_FILE=$CA CURL_CA_BUNDLE=$CA GIT_SSL_CAINFO=$CA PIP_CERT=$CA REQUESTS_CA_BUNDLE=$CA NODE_EXTRA_CA_CERTS=$CA)

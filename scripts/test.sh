@@ -9,7 +9,16 @@
 # 3 4` runs those only; RATE_LIMITER_PG_VERSIONS="15" runs on fewer versions. Ends with the
 # time each step took. Safe to run again.
 source "$(dirname "$0")/lib.sh"
-trap print_timings EXIT
+# Tier 4's pytest adds the seconds each version's tests took to this file.
+TIER4_TIMINGS=$(mktemp)
+tier4_timings() {
+    local pg seconds
+    while read -r pg seconds; do
+        TIMINGS+=("$(minutes_seconds "$seconds")  tier 4 on $pg: its tests' time, summed over the workers")
+    done < <(awk '{ t[$1] += $2 } END { for (v in t) printf "%s %d\n", v, t[v] + 0.5 }' "$TIER4_TIMINGS" | sort -n)
+    rm -f "$TIER4_TIMINGS"
+}
+trap 'tier4_timings; print_timings' EXIT
 tiers=" ${*:-0 1 2 3 4} "
 wants() { for t in "$@"; do [[ $tiers == *" $t "* ]] && return 0; done; return 1; }
 read -r -a VERSIONS <<< "${RATE_LIMITER_PG_VERSIONS:-${SUPPORTED_MAJORS[*]}}"
@@ -94,15 +103,10 @@ if wants 4; then
     timed "Debian packages" bash -c "umask 002 && bash '$ROOT/scripts/package.sh' >/dev/null"
     for NN in "${VERSIONS[@]}"; do fresh_database rate_limiter_test "$NN"; done
     timed "tier 4's virtualenv" test_venv
-    TIER4_TIMINGS=$(mktemp)
     # First those that replace the installed library (dpkg), which no other test may load
     # meanwhile; then the rest, several at once, each worker with its own ports and clusters.
     step "tier 4: the tests that replace installed files, alone"
     timed "tier 4, alone" tier4 -m alone
     step "tier 4: multi-session and operations tests, $WORKERS at a time"
     timed "tier 4, $WORKERS at a time" tier4 -n "$WORKERS" --dist loadgroup -m "not alone"
-    while read -r pg seconds; do
-        TIMINGS+=("$(minutes_seconds "$seconds")  tier 4 on $pg: its tests' time, summed over the workers")
-    done < <(awk '{ t[$1] += $2 } END { for (v in t) printf "%s %d\n", v, t[v] + 0.5 }' "$TIER4_TIMINGS" | sort -n)
-    rm -f "$TIER4_TIMINGS"
 fi
