@@ -42,7 +42,8 @@ done
 # This machine's network: its resolver, and the CA certificates its proxy signs with, with the
 # variables that point each tool at them.
 cp /etc/resolv.conf /etc/hosts "$DIR/etc/"
-cp /usr/local/share/ca-certificates/* "$DIR/usr/local/share/ca-certificates/" 2>/dev/null || true
+mkdir -p "$DIR/usr/local/share/ca-certificates"
+cp -r /usr/local/share/ca-certificates/. "$DIR/usr/local/share/ca-certificates/"
 CA=/etc/ssl/certs/ca-certificates.crt
 NETWORK=(SSL_CERT_FILE=$CA CURL_CA_BUNDLE=$CA GIT_SSL_CAINFO=$CA PIP_CERT=$CA REQUESTS_CA_BUNDLE=$CA NODE_EXTRA_CA_CERTS=$CA)
 # No service starts inside (postgresql-15's own cluster, PgBouncer, the exporter).
