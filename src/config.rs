@@ -17,6 +17,8 @@ use crate::error::{Error, Result};
 
 mod zone;
 
+use zone::NamedBy;
+
 /// More shards than this buys nothing and makes `reset_rate_limit` and sampling slow.
 pub const MAX_SHARDS: u32 = 1024;
 
@@ -118,7 +120,7 @@ impl TryFrom<&LimitRow> for Config {
         let buckets = row.buckets.map(|b| buckets_number(f64::from(b))).transpose()?;
         let start = row.start.map(clock::timestamptz_ms);
         validate(Config {
-            calendar: calendar(kind, Some(row.period), row.tz.as_deref(), start)?,
+            calendar: calendar(kind, Some(row.period), row.tz.as_deref(), start, NamedBy::Limit)?,
             kind,
             rate: row.rate,
             period: clock::interval_ms(row.period),
@@ -220,7 +222,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
         deny_cache,
         hot: false,
         enforce: enforce.unwrap_or(true),
-        calendar: calendar(kind, period_interval, tz, start)?,
+        calendar: calendar(kind, period_interval, tz, start, NamedBy::Inline)?,
     })
 }
 
@@ -228,18 +230,21 @@ pub fn from_json(value: &Value) -> Result<Config> {
 /// `tz`, UTC when `None`), aligned to `start`; `None` for every other period. Months mean
 /// nothing to the other kinds, which count fixed lengths: refused, as is a `tz` without a
 /// calendar period, rather than read as 30 days.
-fn calendar(kind: Kind, period: Option<Interval>, tz: Option<&str>, start: Option<f64>) -> Result<Option<Calendar>> {
+fn calendar(kind: Kind, period: Option<Interval>, tz: Option<&str>, start: Option<f64>, by: NamedBy) -> Result<Option<Calendar>> {
     let months = period.is_some_and(|p| p.months() != 0);
     let unit = period.and_then(|p| Unit::of(p.months(), p.days(), p.micros()));
     let shown = |p: Option<Interval>| p.map_or_else(String::new, |p| format!(" '{}'", clock::interval_text(p)));
     match unit {
         Some(unit) if kind == Kind::FixedWindow => {
-            let zone = zone::named(tz).ok_or_else(|| {
-                Error::Calendar(format!(
-                    "time zone \"{}\" is not one PostgreSQL knows (or this session named {} others)",
-                    tz.unwrap_or_default(),
-                    zone::MAX_NAMES
-                ))
+            let zone = zone::named(tz, by).map_err(|refused| {
+                Error::Calendar(match refused {
+                    zone::Refused::Unknown => format!("time zone \"{}\" is not one PostgreSQL knows", tz.unwrap_or_default()),
+                    zone::Refused::TooManySpecs => format!(
+                        "time zone \"{}\" is a POSIX-style spec, and this session's inline configs have named {} others",
+                        tz.unwrap_or_default(),
+                        zone::MAX_SPECS
+                    ),
+                })
             })?;
             Ok(Some(Calendar::new(unit, zone, start)))
         }
@@ -266,6 +271,11 @@ fn calendar(kind: Kind, period: Option<Interval>, tz: Option<&str>, start: Optio
 /// through a policy or trigger that calls `rate_limit` could turn the limit off for itself.
 static SHADOW: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// The most concurrency-limit slots one transaction may hold at once: each is an entry of the
+/// server's shared lock table, sized for about `max_locks_per_transaction` (64) per
+/// connection, which every database shares.
+static MAX_SLOTS_PER_TRANSACTION: GucSetting<i32> = GucSetting::<i32>::new(32);
+
 /// From `_PG_init`: the setting.
 pub fn register() {
     GucRegistry::define_bool_guc(
@@ -276,6 +286,21 @@ pub fn register() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"rate_limiter.max_slots_per_transaction",
+        c"The most concurrency-limit slots one transaction may hold at once; a call that would hold more is refused (53400).",
+        c"Each slot held is an entry of the server's shared lock table, which every database shares. A superuser setting; keep it well inside max_locks_per_transaction.",
+        &MAX_SLOTS_PER_TRANSACTION,
+        1,
+        MAX_SLOTS as i32,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+}
+
+/// `rate_limiter.max_slots_per_transaction`.
+pub fn max_slots_per_transaction() -> u32 {
+    MAX_SLOTS_PER_TRANSACTION.get().max(1) as u32
 }
 
 /// Whether a call under `config` answers a denial in shadow mode: the limit's `enforce`

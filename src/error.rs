@@ -65,6 +65,9 @@ pub enum Error {
     #[error("every one of the rate_limiter.hot_keys entries holds a hot (name, key) with calls in flight")]
     HotKeysFull,
 
+    #[error("this transaction holds {held} concurrency slots and asks for {asked} more, over rate_limiter.max_slots_per_transaction ({max})")]
+    SlotsPerTransaction { held: u32, asked: u32, max: u32 },
+
     #[error("this database holds its {0} of the rate_limiter.hot_keys entries, each a hot (name, key) with calls in flight")]
     HotKeysShareFull(usize),
 
@@ -100,7 +103,9 @@ impl Error {
             Error::NotAMember(_) | Error::ShapeChanged { .. } | Error::HotUnavailable | Error::HotConfigRace(_) => {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
-            Error::HotKeysFull | Error::HotKeysShareFull(_) => PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            Error::HotKeysFull | Error::HotKeysShareFull(_) | Error::SlotsPerTransaction { .. } => {
+                PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED
+            }
             Error::HotPrepared | Error::HotChangedHere(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
         }
     }
@@ -130,7 +135,9 @@ impl Error {
                  '1 day' or '1 week' starts its windows on the calendar, in the time zone tz \
                  (default UTC; a name PostgreSQL knows, such as 'Europe/Berlin'), at start's day \
                  and time when given. The other kinds count fixed lengths: give them one, such as \
-                 '30 days'."
+                 '30 days'. Inline configs of one session may name at most 100 POSIX-style zone \
+                 specs (such as '<+03>-3'); zones of the tz database, and named limits' zones, \
+                 are never counted."
             }
             Error::OutOfRange(_) => {
                 "rate, capacity, maxReserved, a count and a credit are at most 1e15; a period is \
@@ -197,6 +204,13 @@ impl Error {
             Error::HotKeysFull => {
                 "Raise rate_limiter.hot_keys (a restart), or end the transactions that hold hot \
                  calls open (see pg_stat_activity for sessions idle in transaction)."
+            }
+            Error::SlotsPerTransaction { .. } => {
+                "Each slot a transaction holds is an entry of the server's shared lock table, which \
+                 every database shares. Hold fewer at once: end the transaction, or take slots by \
+                 lease in transactions of their own (a committed lease holds its slots with no \
+                 lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside \
+                 max_locks_per_transaction."
             }
             Error::HotKeysShareFull(_) => {
                 "Raise rate_limiter.hot_keys_per_database (a superuser setting; by default half of \

@@ -31,6 +31,7 @@ pub extern "C-unwind" fn _PG_init() {
     config::register();
     cache::register_invalidation();
     prune_worker::register();
+    storage::slots::register();
     // SAFETY: a plain bool the postmaster sets only while loading shared_preload_libraries;
     // this process is single-threaded, so no write can race this read.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };

@@ -279,6 +279,103 @@ def test_a_lowered_rate_waits_for_the_transactions_holding_slots_and_counts_ever
         assert (ok, remaining) == (False, -2)
 
 
+# Ways to lower how many slots a concurrency name allows while a transaction holds slots of
+# the first definition: (the first definition, the statements before a define of rate 2).
+# Issue 41: 0.5.0 waited only when both rows were concurrency limits and the rate fell.
+LOWERINGS = {
+    "through another kind": ({"rate": 5}, ["SELECT rate_limiter.define('c', 'token bucket', 1, '1 second')"]),
+    "by delete": ({"rate": 5}, ["DELETE FROM rate_limiter.limits WHERE name = 'c'"]),
+    "by truncate": ({"rate": 5}, ["TRUNCATE rate_limiter.limits"]),
+    "by a change of kind": ({"rate": 5}, ["UPDATE rate_limiter.limits SET kind = 'fixed window' WHERE name = 'c'"]),
+    # Shadow mode admits past the slots; enforcing again at the same rate lowers what it allows.
+    "out of shadow mode": ({"rate": 2, "enforce": False}, []),
+}
+
+
+@every_version
+@pytest.mark.parametrize("route", LOWERINGS)
+def test_a_concurrency_limit_lowered_by_any_route_waits_for_the_holders_of_its_slots(main, database, route):
+    first, statements = LOWERINGS[route]
+    with main.connect(database) as a, main.connect(database) as b, main.connect(database) as watch:
+        define(a, "c", "concurrency", period="10 seconds", **first)
+        a.execute("BEGIN")
+        assert acquire(a, "c", count=first["rate"])[0], "A holds every slot until its transaction ends"
+
+        def lower():
+            for sql in statements:
+                b.execute(sql)
+            define(b, "c", "concurrency", rate=2, period="10 seconds")
+
+        lowering = threading.Thread(target=lower)
+        lowering.start()
+        waiting = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+        wait_for(lambda: not lowering.is_alive() or watch.execute(waiting, (b.info.backend_pid,)).fetchone()[0],
+                 "the change to wait or end")
+        assert lowering.is_alive(), "the change waits for the transaction holding the old rate's slots"
+        a.execute("COMMIT")
+        lowering.join(10)
+        assert not lowering.is_alive()
+        a.execute("BEGIN")
+        b.execute("BEGIN")
+        assert acquire(a, "c", count=2)[0]
+        assert not acquire(b, "c")[0], "2 holders at most"
+        a.execute("ROLLBACK")
+        b.execute("ROLLBACK")
+
+
+@every_version
+def test_one_transaction_holds_at_most_max_slots_per_transaction_and_every_database_still_connects(main, database):
+    """Each slot held is an entry of the lock table every database shares (issue 41: 0.5.0
+    let one transaction hold 13,379, and every new connection failed with 'out of shared
+    memory'). rate_limiter.max_slots_per_transaction (32) bounds one transaction, a call's
+    count included; a subtransaction's abort gives its part back."""
+    wide = '{"kind": "concurrency", "rate": 1000, "period": 1000}'
+    role = "slots_" + uuid.uuid4().hex[:8]
+    with main.connect(database) as a, main.connect() as admin:
+
+        def take(key, count, **kw):
+            return acquire(a, "inline", key, count, config=wide, **kw)[0]
+
+        def advisory_locks():
+            return admin.execute("SELECT count(*) FROM pg_locks WHERE pid = %s AND locktype = 'advisory'",
+                                 (a.info.backend_pid,)).fetchone()[0]
+
+        a.execute("BEGIN")
+        for k in range(4):
+            assert take(f"k{k}", 8)
+        with pytest.raises(psycopg.errors.ConfigurationLimitExceeded) as refused:
+            take("k4", 1)
+        assert "max_slots_per_transaction" in refused.value.diag.message_hint
+        a.execute("ROLLBACK")
+        # The 0.5.0 sequence: calls of count 1000 on new keys, each in a savepoint.
+        a.execute("BEGIN")
+        for k in range(13):
+            a.execute("SAVEPOINT s")
+            with pytest.raises(psycopg.errors.ConfigurationLimitExceeded):
+                take(f"wide{k}", 1000)
+            a.execute("ROLLBACK TO SAVEPOINT s")
+        assert take("w", 32)
+        assert advisory_locks() == 32
+        with main.connect("postgres") as elsewhere:
+            assert elsewhere.execute("SELECT 1").fetchone() == (1,), "another database still connects"
+        a.execute("ROLLBACK")
+        # A savepoint rolled back gives its slots, and its part of the bound, back.
+        a.execute("BEGIN")
+        a.execute("SAVEPOINT s")
+        assert take("s", 32)
+        a.execute("ROLLBACK TO SAVEPOINT s")
+        assert advisory_locks() == 0
+        assert take("s", 32), "the rolled-back savepoint's slots no longer count"
+        a.execute("ROLLBACK")
+        # Only a superuser moves the bound.
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        try:
+            with main.connect(database, user=role) as plain, pytest.raises(psycopg.errors.InsufficientPrivilege):
+                plain.execute("SET rate_limiter.max_slots_per_transaction = 1000")
+        finally:
+            admin.execute(f"DROP ROLE {role}")
+
+
 @every_version
 def test_two_renewals_of_one_lease_take_turns_and_both_hold_it(main, name):
     with main.connect(DATABASE) as a, main.connect(DATABASE) as b:

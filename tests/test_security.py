@@ -5,6 +5,7 @@ it runs as anyone but the attacker (nextval survives a rolled-back transaction) 
 make the attacker a superuser. A test fails if a trap ran or the attacker became superuser.
 """
 
+import json
 import time
 import uuid
 
@@ -486,3 +487,42 @@ def test_a_role_a_trigger_limits_cannot_turn_shadow_mode_on_for_itself(main, dat
             admin.execute(f"REVOKE SET ON PARAMETER rate_limiter.shadow FROM {role}")
             admin.execute(f"DROP OWNED BY {role}")
             admin.execute(f"DROP ROLE {role}")
+
+
+@every_version
+def test_no_caller_can_starve_a_backend_of_time_zones(main, database):
+    """Issue 41: a backend counted every spelling of a zone, so 1,000 case variants of
+    `europe/berlin` in inline configs spent its 1,000 names, and every limit whose zone it had
+    not yet looked up (an administrator's named one included) then failed with 22023. Now a
+    zone is counted once whatever its case, zones of the tz database are never refused, nor
+    is a named limit's zone; only POSIX-style specs in inline configs are bounded (100 per
+    session), and past that bound only they are refused."""
+
+    def config(tz):
+        return json.dumps({"kind": "fixed window", "rate": 5, "period": "1 day", "tz": tz})
+
+    def check(c, tz, name="zones"):
+        return c.execute("SELECT ok FROM rate_limiter.check_rate_limit(%s, 'k', 1, config => %s::jsonb)",
+                         (name, config(tz))).fetchone()[0]
+
+    base = "europe/berlin"
+    letters = [i for i, ch in enumerate(base) if ch.isalpha()]
+    variants = ["".join(ch.upper() if i in letters and mask >> letters.index(i) & 1 else ch
+                        for i, ch in enumerate(base)) for mask in range(1000)]
+    with main.connect(database) as c:
+        for tz in variants:
+            assert check(c, tz)
+        c.execute("SELECT rate_limiter.define('admins', 'fixed window', 5, '1 day', tz => 'America/New_York')")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('admins', 'k')").fetchone()[0]
+        assert check(c, "Asia/Tokyo"), "a zone of the tz database is never refused"
+        specs = [f"<+{h:02d}{m:02d}>-{h}:{m:02d}" for h in range(1, 13) for m in range(0, 60, 5)][:100]
+        for tz in specs:
+            assert check(c, tz)
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+            check(c, "<+1259>-12:59")
+        assert "POSIX-style" in str(refused.value)
+        assert check(c, specs[0]), "a spec the session has loaded is still served"
+        assert check(c, "australia/lord_howe"), "still no zone of the tz database refused"
+        c.execute("SELECT rate_limiter.define('spec', 'fixed window', 5, '1 day', tz => '<+0130>-1:30')")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('spec', 'k')").fetchone()[0], \
+            "a named limit's zone is never refused"

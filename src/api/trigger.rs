@@ -80,16 +80,31 @@ fn hot_limit_changing(trigger: &PgTrigger<'_>) {
     }
 }
 
-/// A concurrency limit whose rate is lowered or whose name changes: wait for every
+/// Any change that can lower how many slots a concurrency name allows: wait for every
 /// transaction that called a limit to end (and keep new calls out until this one does), so
-/// that no transaction still holds a slot the new limit does not look at. Leases are rows
-/// and still count.
+/// that no transaction still holds a slot the new limit does not look at. That is every
+/// insert, delete and truncate, and every update of rate, kind, name or `enforce`, with a
+/// concurrency limit on either side, but for a rate raised with nothing else changed: the
+/// rows in between may have been of another kind, or absent, while the slots of an earlier
+/// concurrency limit of that name were still held. Leases are rows and still count.
 fn concurrency_limit_shrinking(trigger: &PgTrigger<'_>) {
-    let (Some(old), Some(new)) = (trigger.old(), trigger.new()) else { return };
     let text = |row: &PgHeapTuple<'_, AllocatedByPostgres>, column: &str| row.get_by_name::<String>(column).ok().flatten();
     let rate = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<f64>("rate").ok().flatten();
+    let enforce = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<bool>("enforce").ok().flatten();
     let concurrency = |row: &PgHeapTuple<'_, AllocatedByPostgres>| text(row, "kind").as_deref() == Some("concurrency");
-    if concurrency(&old) && concurrency(&new) && (rate(&new) < rate(&old) || text(&new, "name") != text(&old, "name")) {
+    let lowers = match (trigger.old(), trigger.new()) {
+        (Some(old), Some(new)) => {
+            (concurrency(&old) || concurrency(&new))
+                && !(concurrency(&old)
+                    && concurrency(&new)
+                    && rate(&new) >= rate(&old)
+                    && text(&new, "name") == text(&old, "name")
+                    && enforce(&new) == enforce(&old))
+        }
+        (Some(row), None) | (None, Some(row)) => concurrency(&row),
+        (None, None) => matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)),
+    };
+    if lowers {
         storage::hold_calls_off();
     }
 }

@@ -33,37 +33,61 @@ impl Zone for PgZone {
     }
 }
 
-/// The most zone names one backend looks up: each new name may make PostgreSQL load a zone
-/// for the process's life (a POSIX-style name such as `<A>-1` is a new one every time), so a
-/// caller cannot make a backend grow without end by naming zones.
-pub const MAX_NAMES: usize = 1000;
+/// Who names a zone: an administrator's named limit (never refused for the zones other
+/// callers looked up first), or a caller's inline config.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum NamedBy {
+    Limit,
+    Inline,
+}
+
+/// Why no zone was found.
+pub enum Refused {
+    /// PostgreSQL knows no zone of that name.
+    Unknown,
+    /// An inline config named a POSIX-style spec after this backend had loaded
+    /// `MAX_SPECS` others for inline configs.
+    TooManySpecs,
+}
+
+/// The most POSIX-style zone specs (`<+03>-3`, `XYZ5`) inline configs may make one backend
+/// load: PostgreSQL keeps each new one for the process's life, and there is no end to their
+/// spellings. The zones of the tz database are a fixed set, and a named limit's zone is an
+/// administrator's choice: neither is ever refused.
+pub const MAX_SPECS: usize = 100;
 
 thread_local! {
-    /// The zones this backend has looked up, by the name asked for; one `PgZone` per
-    /// PostgreSQL zone, shared by its spellings.
+    /// The zones this backend has looked up, by the name asked for in upper case (as
+    /// PostgreSQL's own cache is keyed: `europe/berlin` and `Europe/Berlin` are one); one
+    /// `PgZone` per PostgreSQL zone, shared by its spellings.
     static ZONES: std::cell::RefCell<std::collections::HashMap<String, &'static PgZone>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
     static BY_TZ: std::cell::RefCell<std::collections::HashMap<usize, &'static PgZone>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
+    /// POSIX-style specs loaded for inline configs.
+    static SPECS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// The time zone called `name` (`None` and `'UTC'` are UTC); `None` when PostgreSQL knows no
-/// such zone, or this backend has looked up `MAX_NAMES` others.
-pub fn named(name: Option<&str>) -> Option<&'static dyn Zone> {
-    let Some(name) = name.filter(|n| !n.eq_ignore_ascii_case("UTC")) else { return Some(&Utc) };
-    if let Some(found) = ZONES.with(|z| z.borrow().get(name).copied()) {
-        return Some(found);
+/// The time zone called `name` (`None` and `'UTC'` are UTC).
+pub fn named(name: Option<&str>, by: NamedBy) -> Result<&'static dyn Zone, Refused> {
+    let Some(name) = name.filter(|n| !n.eq_ignore_ascii_case("UTC")) else { return Ok(&Utc) };
+    let upper = name.to_ascii_uppercase();
+    if let Some(found) = ZONES.with(|z| z.borrow().get(&upper).copied()) {
+        return Ok(found);
     }
-    if ZONES.with(|z| z.borrow().len()) >= MAX_NAMES {
-        return None;
+    let inline = by == NamedBy::Inline;
+    // Only past the bound does it matter whether a new name is a zone of the tz database,
+    // which takes reading it whole (once per backend).
+    if inline && SPECS.get() >= MAX_SPECS && !in_tz_database(&upper) {
+        return Err(Refused::TooManySpecs);
     }
-    let c = CString::new(name).ok()?;
+    let c = CString::new(name).map_err(|_| Refused::Unknown)?;
     // SAFETY: pg_tzset takes a NUL-terminated name and returns a zone it keeps for the
     // process's life, or NULL.
     let tz = unsafe { pg_sys::pg_tzset(c.as_ptr()) };
     // SAFETY: a zone pg_tzset returned.
     if tz.is_null() || !unsafe { pg_sys::pg_tz_acceptable(tz) } {
-        return None;
+        return Err(Refused::Unknown);
     }
     let found = BY_TZ.with(|z| {
         *z.borrow_mut().entry(tz as usize).or_insert_with(|| {
@@ -72,6 +96,45 @@ pub fn named(name: Option<&str>) -> Option<&'static dyn Zone> {
             Box::leak(Box::new(PgZone { name, tz }))
         })
     });
-    ZONES.with(|z| z.borrow_mut().insert(name.to_owned(), found));
-    Some(found)
+    // pg_tzset names a zone of the tz database as its file is spelled, and a POSIX-style
+    // spec in upper case: a name that comes back in upper case is counted as a spec (the
+    // few such zones of the database, EST5EDT or CET, count too until the bound).
+    if inline && found.name == upper {
+        SPECS.set(SPECS.get() + 1);
+    }
+    ZONES.with(|z| z.borrow_mut().insert(upper, found));
+    Ok(found)
+}
+
+thread_local! {
+    /// The names of the tz database's zones, in upper case, read on first need.
+    static TZ_DATABASE: std::cell::OnceCell<std::collections::HashSet<String>> = const { std::cell::OnceCell::new() };
+}
+
+/// Whether `upper` (a name in upper case) is a zone of the tz database the server reads, as
+/// `pg_timezone_names` lists them; anything else PostgreSQL accepts is a POSIX-style spec.
+fn in_tz_database(upper: &str) -> bool {
+    TZ_DATABASE.with(|names| {
+        names
+            .get_or_init(|| {
+                let mut names = std::collections::HashSet::new();
+                // SAFETY: the enumeration pg_timezone_names uses: started, read to its end
+                // (each zone it returns is valid until the next call, and its name is
+                // copied at once), then ended, which frees it.
+                unsafe {
+                    let dir = pg_sys::pg_tzenumerate_start();
+                    loop {
+                        pgrx::check_for_interrupts!();
+                        let tz = pg_sys::pg_tzenumerate_next(dir);
+                        if tz.is_null() {
+                            break;
+                        }
+                        names.insert(CStr::from_ptr(pg_sys::pg_get_timezone_name(tz)).to_string_lossy().to_ascii_uppercase());
+                    }
+                    pg_sys::pg_tzenumerate_end(dir);
+                }
+                names
+            })
+            .contains(upper)
+    })
 }

@@ -12,7 +12,9 @@ use crate::bucket::Config;
 use crate::call::{Decision, Reason, Request};
 use crate::clock;
 use crate::storage::leases::{self, LeaseId, Leased};
-use crate::storage::slots::{Slots, Tried};
+use crate::config;
+use crate::error::Error;
+use crate::storage::slots::{self, Slots, Tried};
 use crate::storage::stored_name;
 
 /// How the slots a call takes are held.
@@ -98,13 +100,25 @@ fn decision(req: &Request<'_>, config: &Config, found: &Found, took: bool, now: 
     }
 }
 
+/// Refused (53400) when this transaction would hold more than
+/// `rate_limiter.max_slots_per_transaction` slot locks with `asked` more: each is an entry
+/// of the lock table every database shares.
+fn within_slots_per_transaction(asked: usize) {
+    let (held, max) = (slots::held(), config::max_slots_per_transaction());
+    let asked = u32::try_from(asked).unwrap_or(u32::MAX);
+    if held.saturating_add(asked) > max {
+        Error::SlotsPerTransaction { held, asked, max }.raise()
+    }
+}
+
 /// Take `req.count` slots, held as `hold` says; with a lease, its id.
 pub fn acquire(req: &Request<'_>, config: &Config, hold: Hold) -> (Decision, Option<LeaseId>) {
+    let want = req.count as usize;
+    within_slots_per_transaction(want);
     let name = stored_name(req.name, req.inline.as_ref());
     let slots = Slots::of(&name, req.key);
     let searching = slots.search();
     let now = clock::now_ms();
-    let want = req.count as usize;
     let found = search(&slots, &name, req, config.rate as u32, want, now);
     // Leases above a lowered rate still hold (define waits for transactions to end).
     let fits = f64::from(found.held().slots) + req.count <= config.rate;
@@ -118,6 +132,7 @@ pub fn acquire(req: &Request<'_>, config: &Config, hold: Hold) -> (Decision, Opt
     // The slots taken are locked until the transaction ends: the lease is written without
     // keeping other searches waiting (the write may wait for a row another transaction
     // deleted).
+    slots::count_held(found.taken.len() as u32);
     drop(searching);
     let lease = match hold {
         Hold::Lease(ms) if want > 0 => {
@@ -163,9 +178,11 @@ pub fn renew(name: &str, key: Option<&str>, id: &LeaseId, ms: f64) -> bool {
     if held.is_empty() {
         return false;
     }
+    within_slots_per_transaction(held.len());
     for slot in &held {
         slots.wait_for(*slot);
     }
+    slots::count_held(held.len() as u32);
     let now = clock::now_ms();
     let still: Vec<u32> = mine(now).iter().map(|l| l.slot).collect();
     still.len() == held.len() && leases::extend(&stored, key, id, now + ms, now) == held.len()
