@@ -276,6 +276,10 @@ static SHADOW: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// connection, which every database shares.
 static MAX_SLOTS_PER_TRANSACTION: GucSetting<i32> = GucSetting::<i32>::new(32);
 
+/// The longest lease `acquire` and `renew` give, in seconds: a lease's rows stay until it
+/// ends (`prune()` removes them then), so this bounds how long a caller's rows stay.
+static MAX_LEASE: GucSetting<i32> = GucSetting::<i32>::new(86_400);
+
 /// From `_PG_init`: the setting.
 pub fn register() {
     GucRegistry::define_bool_guc(
@@ -296,6 +300,21 @@ pub fn register() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"rate_limiter.max_lease",
+        c"The longest lease acquire and renew give; a longer one is refused (22023).",
+        c"A lease's rows stay until it ends, when prune() removes them. A superuser setting.",
+        &MAX_LEASE,
+        1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+}
+
+/// `rate_limiter.max_lease`, in ms.
+pub fn max_lease_ms() -> f64 {
+    f64::from(MAX_LEASE.get().max(1)) * 1000.0
 }
 
 /// `rate_limiter.max_slots_per_transaction`.

@@ -143,8 +143,9 @@ impl Error {
                 "rate, capacity, maxReserved, a count and a credit are at most 1e15; a period is \
                  1 ms to 100 years, minGap and denyCache at most 100 years, lockTimeout at most \
                  2147483647 ms (as PostgreSQL's lock_timeout); a rolling window's cells are at \
-                 least 1 ms (period / buckets). A limit defined before these bounds: define it \
-                 again within them."
+                 least 1 ms (period / buckets); a lease at most rate_limiter.max_lease (a day \
+                 unless a superuser set it longer). A limit defined before these bounds: define \
+                 it again within them."
             }
             Error::SerializationFailure => {
                 "Another transaction changed this rate limit's state after yours took its snapshot; \

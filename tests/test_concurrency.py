@@ -376,6 +376,30 @@ def test_one_transaction_holds_at_most_max_slots_per_transaction_and_every_datab
             admin.execute(f"DROP ROLE {role}")
 
 
+def test_what_one_call_leaves_in_leases_is_bounded_in_rows_and_in_time(main, database):
+    """Issue 41: 50 calls of count 1000 with leases of 100 years wrote 50,000 rows that no
+    prune could remove. A call leases at most rate_limiter.max_slots_per_transaction slots
+    (32), for at most rate_limiter.max_lease (a day); prune() removes a lease once it ends."""
+    name = "leases"
+    with main.connect(database) as db:
+        define(db, name, "concurrency", rate=1000, period="1 second")
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+            acquire(db, name, count=1, lease="100 years")
+        assert "max_lease" in str(refused.value)
+        with pytest.raises(psycopg.errors.ConfigurationLimitExceeded):
+            acquire(db, name, count=1000, lease="1 hour")
+        ok, _, _, lease, _ = acquire(db, name, count=32, lease="1 day")
+        assert ok
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            db.execute("SELECT rate_limiter.renew(%s, 'k', %s, '2 days')", (name, lease))
+        rows = "SELECT count(*) FROM rate_limiter.leases WHERE name = %s"
+        assert db.execute(rows, (name,)).fetchone() == (32,)
+        db.execute("SET rate_limiter.fake_now = '2999-01-01 00:00:00+00'")
+        db.execute("SELECT rate_limiter.prune()")
+        db.execute("RESET rate_limiter.fake_now")
+        assert db.execute(rows, (name,)).fetchone() == (0,), "the ended lease's rows are pruned"
+
+
 @every_version
 def test_two_renewals_of_one_lease_take_turns_and_both_hold_it(main, name):
     with main.connect(DATABASE) as a, main.connect(DATABASE) as b:

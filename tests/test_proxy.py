@@ -229,6 +229,28 @@ def test_a_concurrency_limit_through_the_router_holds_leases_on_the_partition_of
                 c.execute(f"SELECT * FROM {call}")
 
 
+def test_the_router_refuses_what_the_extension_refuses_of_a_concurrency_limit_and_takes_no_lease(fleet2):
+    """Issue 41: 0.5.0's router sent an inline concurrency config with "shards" (which the
+    extension refuses with 0A000) to a random partition as a spread limit, while release and
+    renew go to the key's partition: 5 leases taken, 3 released, 2 held for their hour."""
+    name = unique("spread_slots")
+    sharded = '{"kind": "concurrency", "rate": 2, "period": 1000, "shards": 2}'
+    with fleet2.connect() as c:
+        for _ in range(5):
+            with pytest.raises(errors.FeatureNotSupported):
+                c.execute("SELECT * FROM rate_limiter_proxy.acquire(%s, 'team', lease => '1 hour', config => %s::jsonb)",
+                          (name, sharded))
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("SELECT * FROM rate_limiter_proxy.check_rate_limit(%s, 'team', config => %s::jsonb)", (name, sharded))
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("SELECT rate_limiter_proxy.define(%s, 'concurrency', 2, '1 second', shards => 2)", (name,))
+        assert c.execute("SELECT count(*) FROM rate_limiter_proxy.limits WHERE name = %s", (name,)).fetchone() == (0,)
+    for partition in range(2):
+        with fleet2.on_partition(partition) as p:
+            assert p.execute("SELECT count(*) FROM rate_limiter.leases WHERE split_part(name, '#', 1) = %s",
+                             (name,)).fetchone() == (0,), "no lease anywhere"
+
+
 def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(partition_clusters):
     grown = make_fleet(partition_clusters, 2, router="rl_router_grown")
     name = unique("grown")
@@ -695,7 +717,8 @@ def test_objects_the_database_owner_plants_never_run_in_a_superusers_call(partit
     hostile = make_fleet(partition_clusters, 2, router=unique("rl_router_hostile"), version="0.3.0", owner=owner)
     names = sorted(set(re.findall(r"([a-z_][a-z_0-9]*)\s*\(", "\n".join(
         open(os.path.join(PROXY_DIR, f)).read() for f in ("rate_limiter_proxy--0.4.0.sql", "rate_limiter_proxy--0.3.0--0.4.0.sql",
-                                                          "rate_limiter_proxy--0.4.0--0.5.0.sql")))))
+                                                          "rate_limiter_proxy--0.4.0--0.5.0.sql",
+                                                          "rate_limiter_proxy--0.5.0--0.6.0.sql")))))
     with hostile.connect(user=owner) as c:
         c.execute(PLANT.replace("%(names)s", "ARRAY[" + ", ".join(f"'{n}'" for n in names) + "]"))
         c.execute(f"ALTER DATABASE {hostile.router} SET search_path = public, pg_catalog")

@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use crate::bucket::concurrency::MAX_LEASE_MS;
 use crate::bucket::{Config, Kind};
 use crate::clock;
-use crate::config::JsonbArg;
+use crate::config::{self, JsonbArg};
 use crate::error::{Error, Result};
 use crate::limiter::{self, concurrency::Hold, Decision, Request};
 use crate::shmem::stats;
@@ -30,13 +30,17 @@ fn concurrency_only(name: &str, config: &Config) -> Result<()> {
     }
 }
 
-/// A lease's length in ms: more than 0, at most 100 years.
+/// A lease's length in ms: more than 0, at most `rate_limiter.max_lease` (and 100 years).
 fn lease_ms(lease: Interval) -> Result<f64> {
     let ms = clock::interval_ms(lease);
-    if ms.is_finite() && ms > 0.0 && ms <= MAX_LEASE_MS {
+    let most = MAX_LEASE_MS.min(config::max_lease_ms());
+    if ms.is_finite() && ms > 0.0 && ms <= most {
         Ok(ms)
     } else {
-        Err(Error::OutOfRange(format!("a lease must be longer than 0 and at most 100 years, not {ms} ms")))
+        Err(Error::OutOfRange(format!(
+            "a lease must be longer than 0 and at most rate_limiter.max_lease ({} s), not {ms} ms",
+            most / 1000.0
+        )))
     }
 }
 

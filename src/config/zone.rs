@@ -33,8 +33,8 @@ impl Zone for PgZone {
     }
 }
 
-/// Who names a zone: an administrator's named limit (never refused for the zones other
-/// callers looked up first), or a caller's inline config.
+/// Who names a zone: a named limit (an administrator's choice, never refused whatever
+/// inline configs looked up before), or a caller's inline config.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum NamedBy {
     Limit,

@@ -31,8 +31,11 @@ export class PostgresStore {
   private windowMs = 60_000;
   /** express-rate-limit's own limit is a function: a denial must be over any it could return. */
   private dynamic = false;
-  /** Denials this process answered and has not seen decremented: a decrement of one gives nothing back. */
-  private readonly denials = new Map<string, number>();
+  /** Denials this process answered and has not seen decremented (a decrement of one gives
+   * nothing back), with when each may be forgotten: a window and one more after it was
+   * answered, for a late decrement. In order of last change, so that those whose time has
+   * come are at the front: client-chosen keys cannot grow it without end. */
+  private readonly denials = new Map<string, { count: number; until: number }>();
 
   constructor(private readonly options: PostgresStoreOptions) {
     this.limiter = new RateLimiter(options.db, { schema: options.schema });
@@ -68,26 +71,37 @@ export class PostgresStore {
   /** One request: taken from the key's window, or (window spent) counted as over the limit, taking nothing. */
   async increment(key: string): Promise<ClientRateLimitInfo> {
     if (this.limit === 0) {
-      this.denied(key, 1);
+      this.denied(key, 1, this.windowMs);
       return { totalHits: 1, resetTime: new Date(Date.now() + this.windowMs) };
     }
     const config = this.config();
     const d = await this.limiter.limit(this.prefix, key, { config });
-    if (!d.ok) this.denied(key, 1);
+    if (!d.ok) this.denied(key, 1, d.retryAfter ?? d.resetAfter);
     return this.info(d, this.limit as number);
   }
 
-  private denied(key: string, n: number): void {
-    const left = (this.denials.get(key) ?? 0) + n;
-    if (left > 0) this.denials.set(key, left);
-    else this.denials.delete(key);
+  /** `n` more (or, negative, fewer) denials of `key`, the last answered in a window that ends
+   * in `windowLeft` ms. */
+  private denied(key: string, n: number, windowLeft = 0): void {
+    const now = Date.now();
+    for (const [k, { until }] of this.denials) {
+      if (until > now) break;
+      this.denials.delete(k);
+    }
+    const entry = this.denials.get(key);
+    const count = (entry?.count ?? 0) + n;
+    this.denials.delete(key);
+    if (count > 0) {
+      const until = Math.max(entry?.until ?? 0, now + Math.min(windowLeft, this.windowMs) + this.windowMs);
+      this.denials.set(key, { count, until });
+    }
   }
 
   /** A request not to count after all (skipFailedRequests, skipSuccessfulRequests): a denied
    * one took nothing and gives nothing back (its 429 is a failed request too); a granted one is
    * given back as far as the window still counts it. */
   async decrement(key: string): Promise<void> {
-    if ((this.denials.get(key) ?? 0) > 0) {
+    if ((this.denials.get(key)?.count ?? 0) > 0) {
       this.denied(key, -1);
       return;
     }

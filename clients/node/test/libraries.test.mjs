@@ -109,6 +109,17 @@ test("express-rate-limit's decrement after the window has moved on gives back no
   assert.equal(await store.get("k"), undefined);
 });
 
+test("express-rate-limit's store forgets the denials it answered once their windows have ended", async () => {
+  // Issue 41: 1,995 of 2,000 denied client-chosen keys stayed in process memory for good.
+  const store = new PostgresStore({ db: pool, name: unique("express_denials") });
+  store.init({ windowMs: 200, limit: 0 });
+  for (let i = 0; i < 2000; i++) await store.increment(`client-${i}`);
+  assert.equal(store.denials.size, 2000);
+  await new Promise((r) => setTimeout(r, 450));
+  await store.increment("one more");
+  assert.equal(store.denials.size, 1, "only the denial whose window has not ended");
+});
+
 test("@fastify/rate-limit answers 429 with retry-after from the store in Postgres, per route", async () => {
   const fastify = Fastify();
   await fastify.register(fastifyRateLimit, { max: 2, timeWindow: 60_000, store: postgresStore({ db: pool, name: unique("fastify") }) });

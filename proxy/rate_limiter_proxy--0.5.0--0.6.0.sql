@@ -1,0 +1,126 @@
+-- rate_limiter_proxy 0.5.0 -> 0.6.0: a concurrency limit is never spread over the
+-- partitions. Its slots are one set per key, on the key's partition, where release() and
+-- renew() go: define() gives each partition the whole limit (whose rate_limiter refuses
+-- shards > 1 with 0A000), and a call on a concurrency limit or inline concurrency config goes
+-- to the key's partition with the config as given, which refuses what the extension refuses
+-- (shards, modes, reservations) before a lease is taken. 0.5.0 sent an inline concurrency
+-- config with "shards" to a random partition as a spread limit, where its leases outlived
+-- every release() (issue 41). Functions replaced in place keep their grants. Runs as a
+-- superuser: every object and operator is qualified.
+
+\echo Use "ALTER EXTENSION rate_limiter_proxy UPDATE TO '0.6.0'" to load this file. \quit
+
+CREATE OR REPLACE FUNCTION rate_limiter_proxy._route(name text, key text, config jsonb)
+RETURNS rate_limiter_proxy.route_target LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shards integer := 1;
+    target rate_limiter_proxy.route_target;
+BEGIN
+    target.share := config;
+    -- A concurrency limit goes to the key's partition, where release() and renew() go, with
+    -- its config as given: that partition refuses what the extension refuses (shards, modes,
+    -- reservations) before any slot is taken.
+    IF coalesce(config OPERATOR(pg_catalog.->>) 'kind',
+                (SELECT l.kind FROM rate_limiter_proxy.limits l WHERE l.name OPERATOR(pg_catalog.=) _route.name))
+       OPERATOR(pg_catalog.=) 'concurrency' THEN
+        target.hash := pg_catalog.hashtext(coalesce(key, name));
+        target.spread := 1;
+        RETURN target;
+    END IF;
+    IF config IS NULL THEN
+        SELECT l.shards, l.partitions INTO shards, target.spread
+          FROM rate_limiter_proxy.limits l WHERE l.name OPERATOR(pg_catalog.=) _route.name;
+        IF shards OPERATOR(pg_catalog.>) 1 AND target.spread OPERATOR(pg_catalog.<>) rate_limiter_proxy.partitions() THEN
+            -- The partitions hold shares of 1/spread: routed over another count they would
+            -- not add up to the limit (copies of a partition would admit twice).
+            RAISE EXCEPTION 'spread limit "%" is shared over % partitions, and the PL/Proxy cluster "rate_limiter" has %',
+                    name, target.spread, rate_limiter_proxy.partitions()
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'Each partition holds its share of the limit as define() gave it out over the partitions of that time.',
+                      HINT = 'After changing the partitions of SERVER rate_limiter, run SELECT rate_limiter_proxy.redefine_all(); to share every limit out again.';
+        END IF;
+    ELSIF (config OPERATOR(pg_catalog.->>) 'shards') OPERATOR(pg_catalog.~) '^[0-9]{1,4}$' THEN
+        -- Anything else is left for the partition to refuse in its own words.
+        shards := (config OPERATOR(pg_catalog.->>) 'shards')::integer;
+    END IF;
+    IF coalesce(shards, 1) OPERATOR(pg_catalog.<=) 1 THEN
+        target.hash := pg_catalog.hashtext(coalesce(key, name));
+        target.spread := 1;
+        RETURN target;
+    END IF;
+    target.hash := (pg_catalog.random() OPERATOR(pg_catalog.*) 2147483647::double precision)::integer;
+    IF config IS NOT NULL THEN
+        target.spread := rate_limiter_proxy.partitions();
+        target.share := rate_limiter_proxy._share(config, shards, target.spread);
+    END IF;
+    RETURN target;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION rate_limiter_proxy.define(
+    name text,
+    kind text,
+    rate double precision,
+    period interval,
+    capacity double precision DEFAULT NULL,
+    max_reserved double precision DEFAULT NULL,
+    shards integer DEFAULT 1,
+    start timestamptz DEFAULT NULL,
+    min_gap interval DEFAULT NULL,
+    mode text DEFAULT 'all',
+    buckets integer DEFAULT NULL,
+    lock_timeout interval DEFAULT NULL,
+    on_lock_timeout text DEFAULT 'deny',
+    deny_cache interval DEFAULT NULL,
+    hot boolean DEFAULT false,
+    enforce boolean DEFAULT true,
+    tz text DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $define$
+DECLARE
+    partitions integer;
+    spread integer := 1;
+    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+BEGIN
+    -- INSERT and UPDATE on rate_limiter_proxy.limits (see _gate), before any partition is
+    -- touched: the router's own write below comes after the partitions'.
+    PERFORM rate_limiter_proxy._gate('define');
+    -- A hot limit's escrow is one database's: through the router, define it on the
+    -- partitions themselves.
+    IF hot THEN
+        RAISE EXCEPTION 'not supported: a hot limit through the router'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Define it with rate_limiter.define(..., hot => true) on each partition, or shard it.';
+    END IF;
+    partitions := rate_limiter_proxy.partitions();
+    -- A concurrency limit's slots are one set per key: never spread. Each partition gets the
+    -- whole limit, and refuses shards > 1 as the extension does (0A000).
+    IF coalesce(shards, 1) OPERATOR(pg_catalog.>) 1 AND kind IS DISTINCT FROM 'concurrency' THEN
+        spread := partitions;
+    END IF;
+    -- Every partition at once, each in a transaction of its own: after an error some may
+    -- have the new definition; define again.
+    PERFORM rate_limiter_proxy._define_everywhere(name, kind,
+        rate OPERATOR(pg_catalog./) spread::double precision, period,
+        capacity OPERATOR(pg_catalog./) spread::double precision,
+        max_reserved OPERATOR(pg_catalog./) spread::double precision,
+        rate_limiter_proxy._shards_per_partition(shards, spread), start, min_gap, mode,
+        buckets, lock_timeout, on_lock_timeout, deny_cache, coalesce(enforce, true), tz);
+    INSERT INTO rate_limiter_proxy.limits AS l (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap,
+            mode, buckets, lock_timeout, on_lock_timeout, deny_cache, partitions, enforce, tz)
+        VALUES (name, kind, rate, period, capacity, max_reserved, coalesce(shards, 1), start, min_gap,
+            coalesce(mode, 'all'), buckets, lock_timeout, coalesce(on_lock_timeout, 'deny'), deny_cache, partitions,
+            coalesce(enforce, true), tz)
+        ON CONFLICT ON CONSTRAINT limits_pkey DO UPDATE SET
+            kind = EXCLUDED.kind, rate = EXCLUDED.rate, period = EXCLUDED.period, capacity = EXCLUDED.capacity,
+            max_reserved = EXCLUDED.max_reserved, shards = EXCLUDED.shards, start = EXCLUDED.start,
+            min_gap = EXCLUDED.min_gap, mode = EXCLUDED.mode, buckets = EXCLUDED.buckets,
+            lock_timeout = EXCLUDED.lock_timeout, on_lock_timeout = EXCLUDED.on_lock_timeout,
+            deny_cache = EXCLUDED.deny_cache, partitions = EXCLUDED.partitions, enforce = EXCLUDED.enforce, tz = EXCLUDED.tz,
+            defined_at = pg_catalog.now();
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, NULL);
+    RAISE;
+END
+$define$;
