@@ -65,6 +65,9 @@ pub enum Error {
     #[error("every one of the rate_limiter.hot_keys entries holds a hot (name, key) with calls in flight")]
     HotKeysFull,
 
+    #[error("not supported: taking or ending a concurrency limit's slots on a logical subscriber of rate_limiter.leases")]
+    SlotsOnSubscriber,
+
     #[error("this transaction holds {held} concurrency slots and asks for {asked} more, over rate_limiter.max_slots_per_transaction ({max})")]
     SlotsPerTransaction { held: u32, asked: u32, max: u32 },
 
@@ -92,7 +95,9 @@ impl Error {
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
             }
             Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-            Error::NotSupported(_) | Error::Concurrency(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            Error::NotSupported(_) | Error::Concurrency(_) | Error::SlotsOnSubscriber => {
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED
+            }
             Error::MalformedConfig(_) => PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
             Error::SerializationFailure => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
             Error::ExtensionOutdated | Error::StateTableChanged => {
@@ -205,6 +210,12 @@ impl Error {
             Error::HotKeysFull => {
                 "Raise rate_limiter.hot_keys (a restart), or end the transactions that hold hot \
                  calls open (see pg_stat_activity for sessions idle in transaction)."
+            }
+            Error::SlotsOnSubscriber => {
+                "Its leases arrive from the publisher, which never sees this server's slots, and a \
+                 lease written here could collide with a replicated one and stop replication. \
+                 Take, release and renew slots on the publisher (check_rate_limit here sees its \
+                 leases once applied), or subscribe to rate_limiter.limits alone."
             }
             Error::SlotsPerTransaction { .. } => {
                 "Each slot a transaction holds is an entry of the server's shared lock table, which \

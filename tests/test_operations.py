@@ -299,6 +299,8 @@ def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clu
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         c.execute("SELECT rate_limiter.define('l', 'token bucket', 10, '1 hour', shards => 1)")
         c.execute("SELECT rate_limiter.rate_limit('l', 'k', 3)")
+        c.execute("SELECT rate_limiter.define('c', 'concurrency', 2, '1 minute')")
+        lease = c.execute("SELECT lease_id FROM rate_limiter.acquire('c', 'k', lease => '1 hour')").fetchone()[0]
     os.makedirs(standby.dir, exist_ok=True)
     as_postgres("chown", "postgres:", standby.dir, check=False)
     subprocess.run(["chown", "postgres:", standby.dir], check=True)
@@ -317,6 +319,16 @@ def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clu
                     "SELECT rate_limiter.define('x', 'token bucket', 1, '1 hour')", "SELECT rate_limiter.prune()"):
             with pytest.raises(errors.ReadOnlySqlTransaction):
                 s.execute(sql)
+        # A concurrency limit: the standby sees the primary's leases, as of replay; a slot taken
+        # there would be a lock the primary never sees (0.5.0 admitted it), and ending a lease
+        # is a write.
+        assert s.execute("SELECT remaining FROM rate_limiter.check_rate_limit('c', 'k', 0)").fetchone() == (1,)
+        for sql in ("SELECT rate_limiter.acquire('c', 'k')", "SELECT rate_limiter.rate_limit('c', 'k')",
+                    "SELECT rate_limiter.acquire('c', 'k', lease => '1 hour')",
+                    f"SELECT rate_limiter.release('c', 'k', '{lease}')",
+                    f"SELECT rate_limiter.renew('c', 'k', '{lease}', '2 hours')"):
+            with pytest.raises(errors.ReadOnlySqlTransaction):
+                s.execute(sql)
     primary.stop()
     as_postgres(f"{standby.bin}/pg_ctl", "-D", standby.dir, "-w", "promote")
     with standby.connect() as s:
@@ -333,6 +345,52 @@ ROLLBACK;
 COMMIT;
 \\endif
 """
+
+
+@every_version
+def test_a_subscriber_of_the_leases_sees_the_publishers_and_takes_none_of_its_own(clusters):
+    """A logical subscriber of every table receives the publisher's leases: its
+    check_rate_limit sees them once applied, and a slot taken or ended there, which the
+    publisher would never see (a lease written there could collide with a replicated one
+    and stop replication), is refused with 0A000. A subscriber of the limits alone keeps
+    slots of its own."""
+    publisher = clusters("pub", PORTS["publisher"], ["-c wal_level=logical"]).init().start()
+    subscriber = clusters("sub", PORTS["subscriber"]).init().start()
+    for cluster, databases in ((publisher, ("app",)), (subscriber, ("app", "limits_only"))):
+        for database in databases:
+            with cluster.connect() as c:
+                c.execute(f"CREATE DATABASE {database}")
+            with cluster.connect(database) as c:
+                c.execute("CREATE EXTENSION rate_limiter")
+    with publisher.connect("app") as pub, subscriber.connect("app") as sub, \
+            subscriber.connect("limits_only") as own:
+        pub.execute("CREATE PUBLICATION everything FOR ALL TABLES")
+        pub.execute("CREATE PUBLICATION limits FOR TABLE rate_limiter.limits")
+        sub.execute(f"CREATE SUBSCRIPTION s CONNECTION '{publisher.conninfo('app')}' PUBLICATION everything")
+        own.execute(f"CREATE SUBSCRIPTION s2 CONNECTION '{publisher.conninfo('app')}' PUBLICATION limits")
+        pub.execute("SELECT rate_limiter.define('c', 'concurrency', 2, '1 minute')")
+        lease = pub.execute("SELECT lease_id FROM rate_limiter.acquire('c', 'k', lease => '1 hour')").fetchone()[0]
+        leased = "SELECT count(*) FROM rate_limiter.leases WHERE name = 'c'"
+        limit_there = "SELECT count(*) FROM rate_limiter.limits WHERE name = 'c'"
+        wait_for(lambda: sub.execute(leased).fetchone() == (1,) and sub.execute(limit_there).fetchone() == (1,),
+                 "the subscriber to apply the lease and the limit")
+        wait_for(lambda: own.execute(limit_there).fetchone() == (1,), "the limits-only subscriber to apply the limit")
+        assert sub.execute("SELECT remaining FROM rate_limiter.check_rate_limit('c', 'k', 0)").fetchone() == (1,)
+        for sql in ("SELECT rate_limiter.acquire('c', 'k')", "SELECT rate_limiter.rate_limit('c', 'k')",
+                    "SELECT rate_limiter.acquire('c', 'k', lease => '1 hour')",
+                    f"SELECT rate_limiter.release('c', 'k', '{lease}')",
+                    f"SELECT rate_limiter.renew('c', 'k', '{lease}', '2 hours')"):
+            with pytest.raises(errors.FeatureNotSupported):
+                sub.execute(sql)
+        assert own.execute("SELECT ok FROM rate_limiter.acquire('c', 'k', 2, lease => '1 hour')").fetchone() == (True,), \
+            "a subscriber of the limits alone has slots of its own"
+        assert pub.execute("SELECT rate_limiter.release('c', 'k', %s)", (lease,)).fetchone() == (True,)
+        wait_for(lambda: sub.execute("SELECT remaining FROM rate_limiter.check_rate_limit('c', 'k', 0)").fetchone() == (2,),
+                 "the release to reach the subscriber")
+        errors_seen = sub.execute("SELECT sum(apply_error_count + sync_error_count) FROM pg_stat_subscription_stats").fetchone()
+        assert errors_seen == (0,), subscriber.log()
+        sub.execute("DROP SUBSCRIPTION s")
+        own.execute("DROP SUBSCRIPTION s2")
 
 
 @every_version

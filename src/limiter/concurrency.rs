@@ -11,6 +11,7 @@ use crate::bucket::concurrency::{self, Held};
 use crate::bucket::Config;
 use crate::call::{Decision, Reason, Request};
 use crate::clock;
+use crate::storage;
 use crate::storage::leases::{self, LeaseId, Leased};
 use crate::config;
 use crate::error::Error;
@@ -100,6 +101,13 @@ fn decision(req: &Request<'_>, config: &Config, found: &Found, took: bool, now: 
     }
 }
 
+/// Refused (0A000) where the leases are a publisher's (`Error::SlotsOnSubscriber`).
+fn not_on_a_subscriber() {
+    if leases::subscribed() {
+        Error::SlotsOnSubscriber.raise()
+    }
+}
+
 /// Refused (53400) when this transaction would hold more than
 /// `rate_limiter.max_slots_per_transaction` slot locks with `asked` more: each is an entry
 /// of the lock table every database shares.
@@ -113,6 +121,9 @@ fn within_slots_per_transaction(asked: usize) {
 
 /// Take `req.count` slots, held as `hold` says; with a lease, its id.
 pub fn acquire(req: &Request<'_>, config: &Config, hold: Hold) -> (Decision, Option<LeaseId>) {
+    // A standby's or a subscriber's slots are locks the primary never sees.
+    storage::prevent_during_recovery(c"acquire");
+    not_on_a_subscriber();
     let want = req.count as usize;
     within_slots_per_transaction(want);
     let name = stored_name(req.name, req.inline.as_ref());
@@ -162,6 +173,7 @@ pub fn free(req: &Request<'_>, config: &Config) -> (f64, f64) {
 
 /// End the lease `id` of (name, key) before its time; whether it still held its slots.
 pub fn release(name: &str, key: Option<&str>, id: &LeaseId) -> bool {
+    not_on_a_subscriber();
     leases::release(name, key, id, clock::now_ms())
 }
 
@@ -170,6 +182,7 @@ pub fn release(name: &str, key: Option<&str>, id: &LeaseId) -> bool {
 /// transaction ends, so that no call takes them as the old end passes before this commits;
 /// the lease is judged after that, by the clock then.
 pub fn renew(name: &str, key: Option<&str>, id: &LeaseId, ms: f64) -> bool {
+    not_on_a_subscriber();
     let Some(stored) = leases::lease_name(name, key, id) else { return false };
     let slots = Slots::of(&stored, key);
     let mine = |now: f64| leases::of_lease(&stored, key, id, now);

@@ -242,24 +242,7 @@ impl DebitLog {
 /// Whether this database subscribes to the log itself (a logical replica of the extension's
 /// tables, not only of its limits): the publisher's folds then arrive as changes of their own.
 pub fn log_is_subscribed() -> bool {
-    let Some((table, _)) = cache::relations().debits else { return false };
-    // pg_subscription_rel, its (srrelid, srsubid) index and srrelid: fixed in the catalog
-    // headers of every supported version, not in pgrx's bindings.
-    const SUBSCRIPTION_REL: u32 = 6102;
-    const BY_RELATION: u32 = 6117;
-    const SRRELID: pg_sys::AttrNumber = 2;
-    // SAFETY: inside the caller's transaction; a catalog scan by its own unique index, ended
-    // and closed before returning, reading no column.
-    unsafe {
-        let catalog = pg_sys::table_open(pg_sys::Oid::from(SUBSCRIPTION_REL), pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let mut key = pg_sys::ScanKeyData::default();
-        pg_sys::ScanKeyInit(&mut key, SRRELID, pg_sys::BTEqualStrategyNumber as u16, pg_sys::F_OIDEQ.into(), table.into());
-        let scan = pg_sys::systable_beginscan(catalog, pg_sys::Oid::from(BY_RELATION), true, null_mut(), 1, &mut key);
-        let subscribed = !pg_sys::systable_getnext(scan).is_null();
-        pg_sys::systable_endscan(scan);
-        pg_sys::table_close(catalog, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        subscribed
-    }
+    cache::relations().debits.is_some_and(|(table, _)| super::subscribed(table))
 }
 
 impl Drop for DebitLog {

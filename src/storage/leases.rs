@@ -40,6 +40,12 @@ fn table() -> String {
     }
 }
 
+/// Whether this database subscribes to `rate_limiter.leases`: its leases then arrive from
+/// a publisher, whose slots this server never sees.
+pub fn subscribed() -> bool {
+    cache::relations().leases.is_some_and(super::subscribed)
+}
+
 /// The unexpired leases of (name, key) at `now`, in slot order.
 pub fn unexpired(name: &str, key: Option<&str>, now: f64) -> Vec<Leased> {
     let sql = format!(

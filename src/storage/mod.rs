@@ -44,6 +44,36 @@ pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
     }
 }
 
+/// Whether this database subscribes to `table` (it is in `pg_subscription_rel`): its rows
+/// then arrive from a publisher.
+pub fn subscribed(table: pg_sys::Oid) -> bool {
+    // pg_subscription_rel, its (srrelid, srsubid) index and srrelid: fixed in the catalog
+    // headers of every supported version, not in pgrx's bindings.
+    const SUBSCRIPTION_REL: u32 = 6102;
+    const BY_RELATION: u32 = 6117;
+    const SRRELID: pg_sys::AttrNumber = 2;
+    // SAFETY: inside the caller's transaction; a catalog scan by its own unique index, ended
+    // and closed before returning, reading no column.
+    unsafe {
+        let catalog = pg_sys::table_open(pg_sys::Oid::from(SUBSCRIPTION_REL), pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let mut key = pg_sys::ScanKeyData::default();
+        pg_sys::ScanKeyInit(&mut key, SRRELID, pg_sys::BTEqualStrategyNumber as u16, pg_sys::F_OIDEQ.into(), table.into());
+        let scan = pg_sys::systable_beginscan(catalog, pg_sys::Oid::from(BY_RELATION), true, std::ptr::null_mut(), 1, &mut key);
+        let subscribed = !pg_sys::systable_getnext(scan).is_null();
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(catalog, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        subscribed
+    }
+}
+
+/// 25006 on a standby, as a core command that needs the primary: `command` takes slot locks
+/// the primary never sees.
+pub fn prevent_during_recovery(command: &std::ffi::CStr) {
+    // SAFETY: `command` is NUL-terminated and alive for the call, which only reads whether
+    // recovery is in progress and raises an ERROR if so.
+    unsafe { pg_sys::PreventCommandDuringRecovery(command.as_ptr()) }
+}
+
 /// Wait for every transaction that called a limit to end, and keep new calls out until this
 /// one ends: `SHARE ROW EXCLUSIVE` on `rate_limiter.state`, which every consuming call holds
 /// in `ROW EXCLUSIVE` (what a change of a hot limit needs, docs/hot-limits.md).
