@@ -47,6 +47,21 @@ test("express-rate-limit answers 429 with its headers once the window in Postgre
   }
 });
 
+test("express-rate-limit: a failed request keeps its hit unless skipFailedRequests says otherwise", async () => {
+  const app = express();
+  app.use(rateLimit({ windowMs: 60_000, limit: 2, store: new PostgresStore({ db: pool, name: unique("express_fail") }) }));
+  app.get("/missing", (_req, res) => res.status(404).send("no such invite"));
+  app.get("/broken", () => { throw new Error("the handler failed after its hit was counted"); });
+  const { url, close } = await serve(app);
+  try {
+    const codes = [];
+    for (const path of ["/missing", "/broken", "/missing"]) codes.push((await fetch(url + path)).status);
+    assert.deepEqual(codes, [404, 500, 429]);
+  } finally {
+    await close();
+  }
+});
+
 test("express-rate-limit's skipFailedRequests gives failed requests back through decrement", async () => {
   const app = express();
   app.use(rateLimit({ windowMs: 60_000, limit: 1, skipFailedRequests: true,
@@ -125,6 +140,9 @@ test("@fastify/rate-limit answers 429 with retry-after from the store in Postgre
   await fastify.register(fastifyRateLimit, { max: 2, timeWindow: 60_000, store: postgresStore({ db: pool, name: unique("fastify") }) });
   fastify.get("/", async () => "hello");
   fastify.get("/strict", { config: { rateLimit: { max: 1, timeWindow: 60_000 } } }, async () => "strict");
+  fastify.get("/failing", { config: { rateLimit: { max: 1, timeWindow: 60_000 } } }, async () => {
+    throw new Error("the handler failed after its hit was counted");
+  });
   await fastify.listen({ port: 0, host: "127.0.0.1" });
   const url = `http://127.0.0.1:${fastify.server.address().port}`;
   try {
@@ -136,6 +154,8 @@ test("@fastify/rate-limit answers 429 with retry-after from the store in Postgre
     assert.ok(Number(answers[2].headers.get("retry-after")) > 0);
     // The route's own limit counts apart.
     assert.deepEqual([(await fetch(`${url}/strict`)).status, (await fetch(`${url}/strict`)).status], [200, 429]);
+    // A handler that throws keeps its hit.
+    assert.deepEqual([(await fetch(`${url}/failing`)).status, (await fetch(`${url}/failing`)).status], [500, 429]);
   } finally {
     await fastify.close();
   }

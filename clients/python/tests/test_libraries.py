@@ -11,7 +11,7 @@ import urllib.request
 import asyncpg
 import pytest
 import uvicorn
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from flask import Flask
 from flask_limiter import Limiter as FlaskLimiter
 from flask_limiter.util import get_remote_address
@@ -51,6 +51,11 @@ def test_flask_limiter_on_the_extension_answers_429_in_each_strategy(storage_uri
     def index():
         return "hello"
 
+    @app.get("/fail")
+    @limiter.limit("2/minute")
+    def fail():
+        raise RuntimeError("the view failed after its hit was counted")
+
     server = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -59,6 +64,8 @@ def test_flask_limiter_on_the_extension_answers_429_in_each_strategy(storage_uri
         assert [a[0] for a in answers] == [200, 200, 429]
         assert answers[0][1]["X-RateLimit-Remaining"] == "1"
         assert int(answers[2][1]["Retry-After"]) > 0
+        # A view that fails keeps its hit: each commits on the storage's connection.
+        assert [get(f"{url}fail")[0] for _ in range(3)] == [500, 500, 429]
     finally:
         server.shutdown()
 
@@ -101,6 +108,13 @@ def test_slowapi_and_the_starlette_dependency_on_fastapi_answer_429(storage_uri,
     async def dep_route(d=Depends(limited)):
         return {"remaining": d.remaining}
 
+    guarded = rate_limit(name + "_fail", key=lambda request: "client", db=lambda request: pools["pg"],
+                         config={"kind": "fixed window", "rate": 2, "period": 60000})
+
+    @app.get("/missing")
+    async def missing_route(d=Depends(guarded)):
+        raise HTTPException(status_code=404)  # a wrong guess: its token stays taken
+
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -117,6 +131,7 @@ def test_slowapi_and_the_starlette_dependency_on_fastapi_answer_429(storage_uri,
         assert [a[0] for a in answers] == [200, 200, 429]
         assert answers[0][1]["RateLimit"].startswith(f'"{name}";r=1')
         assert int(answers[2][1]["Retry-After"]) > 0
+        assert [get(f"{base}/missing")[0] for _ in range(3)] == [404, 404, 429]
     finally:
         server.should_exit = True
         thread.join(10)
