@@ -203,8 +203,8 @@ check_server() {
 # Headers source $2 (a line of pg_sources ... headers) of major $1 into prefix $3 (as
 # $3/server); on failure prints why.
 obtain_headers_from() {
-    local major=$1 kind package version sha prefix=$3 include
-    read -r kind package version sha <<<"$2"
+    local major=$1 kind prefix=$3 include
+    read -r kind _ <<<"$2"
     fetch_source "$2" || return 1
     case $kind in
         deb)

@@ -314,12 +314,12 @@ pub fn register() {
 
 /// `rate_limiter.max_lease`, in ms.
 pub fn max_lease_ms() -> f64 {
-    f64::from(MAX_LEASE.get().max(1)) * 1000.0
+    f64::from(MAX_LEASE.get()) * 1000.0
 }
 
 /// `rate_limiter.max_slots_per_transaction`.
 pub fn max_slots_per_transaction() -> u32 {
-    MAX_SLOTS_PER_TRANSACTION.get().max(1) as u32
+    MAX_SLOTS_PER_TRANSACTION.get() as u32
 }
 
 /// Whether a call under `config` answers a denial in shadow mode: the limit's `enforce`

@@ -289,6 +289,15 @@ def test_logical_replication_publisher_keeps_working_and_subscriber_applies(clus
         sub.execute("DROP SUBSCRIPTION s")
 
 
+def slot_calls(lease):
+    """Every call that takes or ends slots of concurrency limit 'c' for key 'k' (`lease` is one
+    of its leases): what a standby or a subscriber of the leases refuses."""
+    return ("SELECT rate_limiter.acquire('c', 'k')", "SELECT rate_limiter.rate_limit('c', 'k')",
+            "SELECT rate_limiter.acquire('c', 'k', lease => '1 hour')",
+            f"SELECT rate_limiter.release('c', 'k', '{lease}')",
+            f"SELECT rate_limiter.renew('c', 'k', '{lease}', '2 hours')")
+
+
 @every_version
 def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clusters):
     primary = clusters("primary", PORTS["primary"]).init().start()
@@ -323,10 +332,7 @@ def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clu
         # there would be a lock the primary never sees (0.5.0 admitted it), and ending a lease
         # is a write.
         assert s.execute("SELECT remaining FROM rate_limiter.check_rate_limit('c', 'k', 0)").fetchone() == (1,)
-        for sql in ("SELECT rate_limiter.acquire('c', 'k')", "SELECT rate_limiter.rate_limit('c', 'k')",
-                    "SELECT rate_limiter.acquire('c', 'k', lease => '1 hour')",
-                    f"SELECT rate_limiter.release('c', 'k', '{lease}')",
-                    f"SELECT rate_limiter.renew('c', 'k', '{lease}', '2 hours')"):
+        for sql in slot_calls(lease):
             with pytest.raises(errors.ReadOnlySqlTransaction):
                 s.execute(sql)
     primary.stop()
@@ -376,10 +382,7 @@ def test_a_subscriber_of_the_leases_sees_the_publishers_and_takes_none_of_its_ow
                  "the subscriber to apply the lease and the limit")
         wait_for(lambda: own.execute(limit_there).fetchone() == (1,), "the limits-only subscriber to apply the limit")
         assert sub.execute("SELECT remaining FROM rate_limiter.check_rate_limit('c', 'k', 0)").fetchone() == (1,)
-        for sql in ("SELECT rate_limiter.acquire('c', 'k')", "SELECT rate_limiter.rate_limit('c', 'k')",
-                    "SELECT rate_limiter.acquire('c', 'k', lease => '1 hour')",
-                    f"SELECT rate_limiter.release('c', 'k', '{lease}')",
-                    f"SELECT rate_limiter.renew('c', 'k', '{lease}', '2 hours')"):
+        for sql in slot_calls(lease):
             with pytest.raises(errors.FeatureNotSupported):
                 sub.execute(sql)
         assert own.execute("SELECT ok FROM rate_limiter.acquire('c', 'k', 2, lease => '1 hour')").fetchone() == (True,), \

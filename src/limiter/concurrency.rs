@@ -11,12 +11,11 @@ use crate::bucket::concurrency::{self, Held};
 use crate::bucket::Config;
 use crate::call::{Decision, Reason, Request};
 use crate::clock;
-use crate::storage;
-use crate::storage::leases::{self, LeaseId, Leased};
 use crate::config;
 use crate::error::Error;
+use crate::storage::leases::{self, LeaseId, Leased};
 use crate::storage::slots::{self, Slots, Tried};
-use crate::storage::stored_name;
+use crate::storage::{self, stored_name};
 
 /// How the slots a call takes are held.
 #[derive(Clone, Copy, Debug, PartialEq)]
