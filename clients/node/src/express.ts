@@ -22,6 +22,13 @@ export interface PostgresStoreOptions {
   schema?: string;
 }
 
+interface Counted {
+  denials: number;
+  windowEnd: Date | undefined;
+  /** When this process's clock may forget the entry. */
+  until: number;
+}
+
 export class PostgresStore {
   /** Keys live in the database, shared by every process. */
   readonly localKeys = false;
@@ -31,11 +38,12 @@ export class PostgresStore {
   private windowMs = 60_000;
   /** express-rate-limit's own limit is a function: a denial must be over any it could return. */
   private dynamic = false;
-  /** Denials this process answered and has not seen decremented (a decrement of one gives
-   * nothing back), with when each may be forgotten: a window and one more after it was
-   * answered, for a late decrement. In order of last change, so that those whose time has
-   * come are at the front: client-chosen keys cannot grow it without end. */
-  private readonly denials = new Map<string, { count: number; until: number }>();
+  /** Per key, what this process counted and may yet be asked to decrement: denials (a
+   * decrement of one gives nothing back) and where the window of the last granted hit ends by
+   * the database's clock. Each entry leaves a window after its own window ends; in order of
+   * last change, so that those whose time has come are at the front: client-chosen keys
+   * cannot grow it without end. */
+  private readonly counted = new Map<string, Counted>();
 
   constructor(private readonly options: PostgresStoreOptions) {
     this.limiter = new RateLimiter(options.db, { schema: options.schema });
@@ -61,52 +69,54 @@ export class PostgresStore {
 
   /** Hits in the key's window: `limit` minus what is left (at least 1: an allowed key took
    * nothing); when denied, more than any limit express-rate-limit could compare it with. */
-  private info(d: { ok: boolean; remaining: number; resetAfter: number; retryAfter: number | null }, limit: number): ClientRateLimitInfo {
-    const denied = this.dynamic ? Number.MAX_SAFE_INTEGER : limit + 1;
-    const totalHits = d.ok ? Math.max(1, Math.round(limit - d.remaining)) : denied;
-    const wait = d.ok ? d.resetAfter : d.retryAfter ?? d.resetAfter;
-    return { totalHits, resetTime: new Date(Date.now() + wait) };
+  private hits(d: { ok: boolean; remaining: number }, limit: number): number {
+    if (!d.ok) return this.dynamic ? Number.MAX_SAFE_INTEGER : limit + 1;
+    return Math.max(1, Math.round(limit - d.remaining));
   }
 
-  /** One request: taken from the key's window, or (window spent) counted as over the limit, taking nothing. */
+  /** One request: taken from the key's window, or (window spent) counted as over the limit,
+   * taking nothing. Its reset time is the window's end counted from before the call, so that
+   * express-rate-limit (8.6 and later) never decrements it after the window has ended there. */
   async increment(key: string): Promise<ClientRateLimitInfo> {
+    const started = Date.now();
     if (this.limit === 0) {
-      this.denied(key, 1, this.windowMs);
-      return { totalHits: 1, resetTime: new Date(Date.now() + this.windowMs) };
+      this.remember(key, started, this.windowMs, { denials: 1 });
+      return { totalHits: 1, resetTime: new Date(started + this.windowMs) };
     }
-    const config = this.config();
-    const d = await this.limiter.limit(this.prefix, key, { config });
-    if (!d.ok) this.denied(key, 1, d.retryAfter ?? d.resetAfter);
-    return this.info(d, this.limit as number);
+    const d = await this.limiter.limit(this.prefix, key, { config: this.config() });
+    const windowLeft = d.ok ? d.resetAfter : d.retryAfter ?? d.resetAfter;
+    this.remember(key, started, windowLeft, d.ok ? { windowEnd: new Date(d.at.getTime() + d.resetAfter) } : { denials: 1 });
+    return { totalHits: this.hits(d, this.limit as number), resetTime: new Date(started + windowLeft) };
   }
 
-  /** `n` more (or, negative, fewer) denials of `key`, the last answered in a window that ends
-   * in `windowLeft` ms. */
-  private denied(key: string, n: number, windowLeft = 0): void {
+  /** Note a hit of `key` counted at `started` in a window with `windowLeft` ms to go. */
+  private remember(key: string, started: number, windowLeft: number, hit: { denials?: number; windowEnd?: Date }): void {
     const now = Date.now();
-    for (const [k, { until }] of this.denials) {
+    for (const [k, { until }] of this.counted) {
       if (until > now) break;
-      this.denials.delete(k);
+      this.counted.delete(k);
     }
-    const entry = this.denials.get(key);
-    const count = (entry?.count ?? 0) + n;
-    this.denials.delete(key);
-    if (count > 0) {
-      const until = Math.max(entry?.until ?? 0, now + Math.min(windowLeft, this.windowMs) + this.windowMs);
-      this.denials.set(key, { count, until });
-    }
+    const entry = this.counted.get(key) ?? { denials: 0, windowEnd: undefined, until: 0 };
+    this.counted.delete(key);
+    this.counted.set(key, {
+      denials: entry.denials + (hit.denials ?? 0),
+      windowEnd: hit.windowEnd ?? entry.windowEnd,
+      until: Math.max(entry.until, started + Math.min(windowLeft, this.windowMs) + this.windowMs),
+    });
   }
 
   /** A request not to count after all (skipFailedRequests, skipSuccessfulRequests): a denied
    * one took nothing and gives nothing back (its 429 is a failed request too); a granted one is
-   * given back as far as the window still counts it. */
+   * given back only into the window it was counted in, never the next. */
   async decrement(key: string): Promise<void> {
-    if ((this.denials.get(key)?.count ?? 0) > 0) {
-      this.denied(key, -1);
+    const entry = this.counted.get(key);
+    if (entry === undefined) return;
+    if (entry.denials > 0) {
+      entry.denials -= 1;
       return;
     }
-    if (this.limit === 0) return;
-    await this.limiter.credit(this.prefix, key, { config: this.config() });
+    if (entry.windowEnd === undefined || this.limit === 0) return;
+    await this.limiter.creditBefore(this.prefix, key, entry.windowEnd, { config: this.config() });
   }
 
   /** The key's hits so far, taking nothing; `undefined` when it has none. */

@@ -22,6 +22,9 @@ export interface Decision {
   resetAfter: number;
   /** Tokens this call took. */
   granted: number;
+  /** The statement's start by the database's clock: `at` plus `resetAfter` is no later than
+   * when the limit is full there, whatever this process's clock says. */
+  at: Date;
   /** Why it was denied ('exhausted', 'blocked', ...), or 'allowed'/'shadow' when ok. */
   reason: string | null;
   /** The limit that denied the call. */
@@ -66,7 +69,7 @@ export class RateLimitedError extends Error {
   }
 }
 
-const DECISION = "ok, retry_after, remaining, reset_after, granted, reason, limited_by";
+const DECISION = "ok, retry_after, remaining, reset_after, granted, reason, limited_by, pg_catalog.statement_timestamp() AS at";
 
 function decision(row: any): Decision {
   return {
@@ -75,6 +78,7 @@ function decision(row: any): Decision {
     remaining: row.remaining,
     resetAfter: row.reset_after,
     granted: row.granted,
+    at: row.at,
     reason: row.reason,
     limitedBy: row.limited_by,
   };
@@ -148,6 +152,19 @@ export class RateLimiter {
       json(options.config),
     ]);
     return decision(row);
+  }
+
+  /** `credit`, kept only where it lands before `before` by the database's clock (the end of the
+   * window the tokens were taken in): one that lands later is taken back in the same statement,
+   * under the key's row lock, so that no other call sees it. The tokens given back. */
+  async creditBefore(name: string, key: string | null, before: Date, options: { count?: number; config?: Config } = {}): Promise<number> {
+    const [row] = await this.rows(
+      `SELECT c.granted, CASE WHEN c.granted < 0 AND pg_catalog.clock_timestamp() >= $5 THEN ` +
+        `(SELECT r.granted FROM ${this.schema}.rate_limit($1, $2, -c.granted, false, false, $4::jsonb) r) END AS taken_back ` +
+        `FROM ${this.schema}.credit($1, $2, $3, $4::jsonb) c`,
+      [name, key, options.count ?? 1, json(options.config), before],
+    );
+    return -row.granted - (row.taken_back ?? 0);
   }
 
   /** Forget (name, key): it is full again (`reset_rate_limit`, an administrator's call). */

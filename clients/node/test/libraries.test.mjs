@@ -102,18 +102,24 @@ test("express-rate-limit with a limit function: a denial is over any limit it re
   }
 });
 
+const sleep = (ms) => new Promise((r) => setTimeout(r, Math.max(ms, 0)));
+
+/** The first hit of `key` on `store`, early in its window (the key's windows have a phase of their own). */
+async function earlyInWindow(store, key) {
+  let first = await store.increment(key);
+  while (first.resetTime - Date.now() < 500) {
+    await sleep(first.resetTime - Date.now() + 20);
+    await store.resetKey(key);
+    first = await store.increment(key);
+  }
+  assert.equal(first.totalHits, 1);
+  return first;
+}
+
 test("express-rate-limit's decrement after the window has moved on gives back nothing", async () => {
   const store = new PostgresStore({ db: pool, name: unique("express_late") });
   store.init({ windowMs: 1000, limit: 2 });
-  const sleep = (ms) => new Promise((r) => setTimeout(r, Math.max(ms, 0)));
-  // The key's windows have a phase of their own: start early in one, so that two hits share it.
-  let first = await store.increment("k");
-  while (first.resetTime - Date.now() < 500) {
-    await sleep(first.resetTime - Date.now() + 20);
-    await store.resetKey("k");
-    first = await store.increment("k");
-  }
-  assert.equal(first.totalHits, 1);
+  const first = await earlyInWindow(store, "k");
   assert.equal((await store.increment("k")).totalHits, 2);
   await sleep(first.resetTime - Date.now() + 50);
   await store.decrement("k");  // the hit it gives back was the last window's
@@ -124,15 +130,45 @@ test("express-rate-limit's decrement after the window has moved on gives back no
   assert.equal(await store.get("k"), undefined);
 });
 
+test("express-rate-limit's decrement sent in its window that reaches the key after the window ended gives back nothing", async () => {
+  // Issue 41: a decrement of a window-1 hit that landed in window 2 gave back one of window 2's
+  // hits, so that window 2 admitted one more than the limit.
+  const name = unique("express_straddle");
+  const store = new PostgresStore({ db: pool, name });
+  store.init({ windowMs: 1000, limit: 3 });
+  const config = JSON.stringify({ kind: "fixed window", rate: 3, period: 1000 });
+  const take = (db) => db.query("SELECT ok FROM rate_limiter.rate_limit($1, 'k', 1, false, false, $2::jsonb)", [name, config]);
+  const first = await earlyInWindow(store, "k");
+  assert.equal((await store.increment("k")).totalHits, 2);
+  // Another transaction takes the window's last hit and holds the key's row over the window's
+  // end, so that the decrement, sent while its window is current (as express-rate-limit sends
+  // it), reaches the key in the next.
+  const holder = await pool.connect();
+  try {
+    await holder.query("BEGIN");
+    assert.equal((await take(holder)).rows[0].ok, true);
+    const decremented = store.decrement("k");
+    await sleep(first.resetTime - Date.now() + 50);
+    assert.equal((await take(holder)).rows[0].ok, true, "the holder takes one hit of window 2");
+    await holder.query("COMMIT");
+    await decremented;
+  } finally {
+    holder.release();
+  }
+  const hits = [];
+  for (let i = 0; i < 3; i++) hits.push((await store.increment("k")).totalHits);
+  assert.deepEqual(hits, [2, 3, 4], "window 2 holds the holder's hit and two more");
+});
+
 test("express-rate-limit's store forgets the denials it answered once their windows have ended", async () => {
   // Issue 41: 1,995 of 2,000 denied client-chosen keys stayed in process memory for good.
   const store = new PostgresStore({ db: pool, name: unique("express_denials") });
   store.init({ windowMs: 200, limit: 0 });
   for (let i = 0; i < 2000; i++) await store.increment(`client-${i}`);
-  assert.equal(store.denials.size, 2000);
+  assert.equal(store.counted.size, 2000);
   await new Promise((r) => setTimeout(r, 450));
   await store.increment("one more");
-  assert.equal(store.denials.size, 1, "only the denial whose window has not ended");
+  assert.equal(store.counted.size, 1, "only the denial whose window has not ended");
 });
 
 test("@fastify/rate-limit answers 429 with retry-after from the store in Postgres, per route", async () => {
