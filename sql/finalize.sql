@@ -235,3 +235,64 @@ COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
 -- needs (see the README). The tables stay private; the functions are the only way in.
 REVOKE ALL ON ALL TABLES IN SCHEMA rate_limiter FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA rate_limiter FROM PUBLIC;
+
+-- Default privileges (ALTER DEFAULT PRIVILEGES) never reach an object this install or update
+-- created: it keeps only the grants the scripts give, so that a role given EXECUTE on every
+-- new function or SELECT on every new table gets neither define() nor a table (issue 41).
+-- What PostgreSQL grants without any default privileges (PUBLIC's USAGE of a type) stays.
+-- Created here means its membership of the extension (or, for the schema CREATE EXTENSION
+-- makes, the schema) was recorded by this transaction (age 0, or below for a subtransaction);
+-- an object replaced in place keeps its membership row, and with it every grant an
+-- administrator made.
+DO $pin$
+DECLARE
+    leaked record;
+BEGIN
+    FOR leaked IN
+        WITH created AS (
+            SELECT d.classid, d.objid
+            FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+            WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+              AND d.deptype OPERATOR(pg_catalog.=) 'e' AND e.extname OPERATOR(pg_catalog.=) 'rate_limiter'
+              AND pg_catalog.age(d.xmin) OPERATOR(pg_catalog.<=) 0),
+        objects (what, owner, namespace, kind, acl) AS (
+            SELECT 'ROUTINE ' OPERATOR(pg_catalog.||) p.oid::pg_catalog.regprocedure::pg_catalog.text,
+                   p.proowner, p.pronamespace, 'f'::"char", p.proacl
+            FROM created c JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) c.objid
+            WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+            UNION ALL
+            SELECT CASE r.relkind WHEN 'S' THEN 'SEQUENCE ' ELSE 'TABLE ' END
+                       OPERATOR(pg_catalog.||) r.oid::pg_catalog.regclass::pg_catalog.text,
+                   r.relowner, r.relnamespace, CASE r.relkind WHEN 'S' THEN 'S' ELSE 'r' END::"char", r.relacl
+            FROM created c JOIN pg_catalog.pg_class r ON r.oid OPERATOR(pg_catalog.=) c.objid
+            WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+            UNION ALL
+            SELECT 'TYPE ' OPERATOR(pg_catalog.||) t.oid::pg_catalog.regtype::pg_catalog.text,
+                   t.typowner, t.typnamespace, 'T'::"char", t.typacl
+            FROM created c JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) c.objid
+            WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+            UNION ALL
+            SELECT 'SCHEMA ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(n.nspname), n.nspowner, 0::pg_catalog.oid,
+                   'n'::"char", n.nspacl
+            FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_extension e ON e.extnamespace OPERATOR(pg_catalog.=) n.oid
+            WHERE e.extname OPERATOR(pg_catalog.=) 'rate_limiter' AND pg_catalog.age(n.xmin) OPERATOR(pg_catalog.<=) 0)
+        SELECT o.what, a.privilege_type,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END AS grantee
+        FROM objects o, pg_catalog.aclexplode(o.acl) a
+        WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
+          AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(pg_catalog.acldefault(
+                              CASE o.kind WHEN 'S' THEN 's' ELSE o.kind END, o.owner)) b
+                          WHERE b.grantee OPERATOR(pg_catalog.=) a.grantee
+                            AND b.privilege_type OPERATOR(pg_catalog.=) a.privilege_type)
+          AND EXISTS (SELECT FROM pg_catalog.pg_default_acl d, pg_catalog.aclexplode(d.defaclacl) g
+                      WHERE d.defaclrole OPERATOR(pg_catalog.=) o.owner
+                        AND d.defaclnamespace OPERATOR(pg_catalog.=) ANY (ARRAY[0::pg_catalog.oid, o.namespace])
+                        AND d.defaclobjtype OPERATOR(pg_catalog.=) o.kind
+                        AND g.grantee OPERATOR(pg_catalog.=) a.grantee
+                        AND g.privilege_type OPERATOR(pg_catalog.=) a.privilege_type)
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE %s ON %s FROM %s CASCADE', leaked.privilege_type, leaked.what, leaked.grantee);
+    END LOOP;
+END
+$pin$;

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from calls import amcheck_clean
-from catalog import catalog_of
+from catalog import catalog_of, default_privileges, granted_to
 from clusters import every_version
 
 
@@ -31,25 +31,31 @@ def databases(main):
 
 
 @every_version
-@pytest.mark.parametrize("released", ["0.1.0", "0.2.0", "0.3.0", "0.4.0"])
+@pytest.mark.parametrize("released", ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0"])
 def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, databases, released):
-    role = "app_" + uuid.uuid4().hex[:8]
+    role, intruder = "app_" + uuid.uuid4().hex[:8], "intruder_" + uuid.uuid4().hex[:8]
     with main.connect(databases["fresh"]) as fresh, main.connect(databases["upgraded"]) as old:
+        fresh.execute(f"CREATE ROLE {intruder}")
+        fresh.execute(f"CREATE ROLE {role}")
+        # Issue 41: objects an install or update creates get no grant from default privileges
+        # (0.4.0 -> 0.5.0 gave define() and the leases to whoever they named).
+        default_privileges(fresh, intruder)
         fresh.execute("CREATE EXTENSION rate_limiter")
         old.execute(f"CREATE EXTENSION rate_limiter VERSION '{released}'")
         old.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES ('kept', 'token bucket', 10, '1 second')")
         # Periods of months, which 0.4.0 and before read as 30 days each.
-        old.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES "
-                    "('monthly_bucket', 'token bucket', 10, '1 month'), ('monthly_window', 'fixed window', 10, '1 month'), "
-                    "('quarter_and_a_day', 'fixed window', 10, '3 months 1 day'), ('daily_window', 'fixed window', 10, '1 day'), "
-                    "('daily_bucket', 'token bucket', 10, '1 day')")
+        months = released != "0.5.0"
+        if months:
+            old.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period) VALUES "
+                        "('monthly_bucket', 'token bucket', 10, '1 month'), ('monthly_window', 'fixed window', 10, '1 month'), "
+                        "('quarter_and_a_day', 'fixed window', 10, '3 months 1 day'), ('daily_window', 'fixed window', 10, '1 day'), "
+                        "('daily_bucket', 'token bucket', 10, '1 day')")
         if released in ("0.1.0", "0.2.0"):
             old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01')")
             old.execute("INSERT INTO rate_limiter.state VALUES ('inline', 'k', 0, 1, '2030-01-01')")
         else:  # as 0.3.0 and 0.4.0 write them: with their expiry, inline rows with shard -1 - shard
             old.execute("INSERT INTO rate_limiter.state VALUES ('kept', 'k', 0, 3, '2030-01-01', '2030-01-01 00:00:01.7')")
             old.execute("INSERT INTO rate_limiter.state VALUES ('inline', 'k', -1, 1, '2030-01-01', 'infinity')")
-        old.execute(f"CREATE ROLE {role}")
         try:
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {role}")
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.define TO {role}")
@@ -81,7 +87,10 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
                         "DECLARE d rate_limiter.decision; "
                         "BEGIN SELECT * INTO d FROM rate_limiter.rate_limit('kept', k); RETURN d.ok; END $$")
 
+            default_privileges(old, intruder, schema="rate_limiter")
             old.execute("ALTER EXTENSION rate_limiter UPDATE")
+            for db in (fresh, old):
+                assert granted_to(db, "rate_limiter", intruder) == [], "no default privilege reached the extension"
             if released == "0.4.0":
                 assert old.execute("SELECT ok FROM rate_limiter.rate_limit('hot_before_update', 'k')").fetchone() == (True,)
                 old.execute("DELETE FROM rate_limiter.limits WHERE name = 'hot_before_update'")
@@ -90,10 +99,10 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
             # The limits defined before keep the lengths 0.4.0 gave them, written out: no window
             # moves (a fixed window of months or days defined from now on is a calendar one).
             periods = "SELECT name, period::text FROM rate_limiter.limits WHERE name ~ '^(month|quarter|daily)'"
-            assert dict(old.execute(periods).fetchall()) == {
+            assert dict(old.execute(periods).fetchall()) == ({
                 "monthly_bucket": "720:00:00", "monthly_window": "720:00:00", "quarter_and_a_day": "2184:00:00",
-                "daily_window": "24:00:00", "daily_bucket": "1 day"}
-            for name in ("monthly_bucket", "monthly_window", "quarter_and_a_day", "daily_window"):
+                "daily_window": "24:00:00", "daily_bucket": "1 day"} if months else {})
+            for name in ("monthly_bucket", "monthly_window", "quarter_and_a_day", "daily_window") if months else ():
                 assert old.execute("SELECT ok FROM rate_limiter.rate_limit(%s, 'k')", (name,)).fetchone() == (True,)
             old.execute("DELETE FROM rate_limiter.state WHERE name ~ '^(month|quarter|daily)'")
             assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == (
@@ -136,8 +145,9 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
             assert old.execute("SELECT rate_limiter.prune()").fetchone() == (0,), "the inline row is not refilled"
         finally:
             old.execute("DROP FUNCTION IF EXISTS public.app_call(text)")
-            old.execute(f"DROP OWNED BY {role}")
-            old.execute(f"DROP ROLE {role}")
+            for db in (fresh, old):
+                db.execute(f"DROP OWNED BY {role}, {intruder}")
+            old.execute(f"DROP ROLE {role}, {intruder}")
 
 
 def test_a_session_survives_the_extension_being_dropped_and_created_again(main, databases):

@@ -11,7 +11,7 @@ import pytest
 from psycopg import errors
 
 from calls import OF_NAME
-from catalog import catalog_of
+from catalog import catalog_of, default_privileges, granted_to
 from clusters import PORTS, Cluster
 from together import in_sessions
 
@@ -823,6 +823,9 @@ def test_names_and_keys_with_pl_proxy_markers_get_the_partitions_errors(fleet2):
 def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_and_grants(new_role):
     fresh, updated, granted, app = (unique("rl_router_fresh"), unique("rl_router_updated"), unique("rl_router_granted"),
                                     new_role("app"))
+    # Issue 41: objects an install or update creates get no grant from default privileges
+    # (0.5.0 created define() again, and the lease calls, under them).
+    intruder = new_role("intruder")
     everyone = ("SELECT bool_and(has_function_privilege('public', p.oid, 'EXECUTE')) FROM pg_proc p "
                 "WHERE p.pronamespace = 'rate_limiter_proxy'::regnamespace")
     with psycopg.connect(autocommit=True) as admin:
@@ -843,12 +846,18 @@ def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_an
                                                   "member", "initial privileges", "extension"}
             assert ("extension", "rate_limiter_proxy") in {row[:2] for row in catalog}
             assert u.execute(everyone).fetchone() == (False,)
+            f.execute("DROP EXTENSION rate_limiter_proxy")
+            default_privileges(f, intruder)
+            f.execute("CREATE EXTENSION rate_limiter_proxy")
+            assert granted_to(f, "rate_limiter_proxy", intruder) == []
         with psycopg.connect(dbname=granted, autocommit=True) as g:
             g.execute("CREATE EXTENSION rate_limiter_proxy VERSION '0.3.0' CASCADE")
             g.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter_proxy.rate_limit TO {app}")
             g.execute("ALTER EXTENSION rate_limiter_proxy UPDATE TO '0.4.0'")
             g.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter_proxy.define TO {app}")
+            default_privileges(g, intruder, schema="rate_limiter_proxy")
             g.execute("ALTER EXTENSION rate_limiter_proxy UPDATE")
+            assert granted_to(g, "rate_limiter_proxy", intruder) == []
             assert g.execute(f"SELECT has_function_privilege('{app}', 'rate_limiter_proxy.define(text, text, float8, interval, "
                              "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, "
                              "boolean, text)', 'EXECUTE')").fetchone() == (True,), "define, created again in 0.5.0, kept its grant"
