@@ -56,6 +56,7 @@ CREATE TABLE rate_limiter.limits (
     hot boolean NOT NULL DEFAULT false,
     enforce boolean NOT NULL DEFAULT true,
     tz text,
+    durable boolean NOT NULL DEFAULT true,
     CONSTRAINT limits_deny_cache_is_for_one_row_per_key_in_mode_all
         CHECK (deny_cache IS NULL OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all')),
     CONSTRAINT limits_one_row_per_key_for_lock_timeout
@@ -71,7 +72,9 @@ CREATE TABLE rate_limiter.limits (
     CONSTRAINT limits_reservations_are_for_token_bucket_and_fixed_window
         CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window']) OR max_reserved IS NULL),
     CONSTRAINT limits_hot_is_one_row_in_mode_all
-        CHECK (NOT hot OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all' AND min_gap IS NULL AND lock_timeout IS NULL))
+        CHECK (NOT hot OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all' AND min_gap IS NULL AND lock_timeout IS NULL)),
+    CONSTRAINT limits_memory_is_one_row_in_mode_all
+        CHECK (durable OR (NOT hot AND shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all' AND min_gap IS NULL AND lock_timeout IS NULL AND kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window', 'sliding window'])))
 );
 COMMENT ON TABLE rate_limiter.limits IS
     'Named rate limits, one row each. Manage with INSERT/UPDATE/DELETE or rate_limiter.define().';
@@ -91,6 +94,7 @@ COMMENT ON COLUMN rate_limiter.limits.start IS 'Window kinds: windows (a rolling
 COMMENT ON COLUMN rate_limiter.limits.hot IS 'Concurrent transactions consume it without queueing on its row: admitted against shared memory, each call logged in rate_limiter.debits (needs shared_preload_libraries; see docs/hot-limits.md).';
 COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a period is cut into, 1 to 64; NULL means 10.';
 COMMENT ON COLUMN rate_limiter.limits.enforce IS 'false puts the limit in shadow mode: a call it would deny is answered ok with reason ''shadow'', taking nothing, and counted in rate_limiter.stats.shadow_denied (a block still denies).';
+COMMENT ON COLUMN rate_limiter.limits.durable IS 'false makes it a memory limit: counted in shared memory alone, with no row and no WAL, rolled back with the transaction as a durable one is (needs shared_preload_libraries; see docs/memory-limits.md).';
 COMMENT ON COLUMN rate_limiter.limits.tz IS 'Fixed window of whole months, ''1 day'' or ''1 week'': the time zone its calendar windows start in (a name PostgreSQL knows, such as ''Europe/Berlin''); NULL is UTC.';
 
 -- Keep user configuration in pg_dump output.

@@ -147,7 +147,7 @@ COMMENT ON FUNCTION rate_limiter.renew(text, text, uuid, interval) IS
     'Move the end of a lease to lease from now in the caller''s transaction; returns false when it had already ended.';
 COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS
     'The stored value and ts of (name, key) (fullest of sample_shards shards) and the effective config.';
-COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text) IS
+COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean) IS
     'Create or replace a named limit in rate_limiter.limits.';
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
     'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows and leases that have ended; returns how many. Skips rows in use.';

@@ -1,5 +1,5 @@
--- rate_limiter 0.5.0 -> 0.6.0: no grant reaches the extension's objects through default
--- privileges. 0.4.0 -> 0.5.0 created define() again (SECURITY DEFINER) and created leases,
+-- rate_limiter 0.5.0 -> 0.6.0: memory limits (durable => false, docs/memory-limits.md);
+-- no grant reaches the extension's objects through default privileges. 0.4.0 -> 0.5.0 created define() again (SECURITY DEFINER) and created leases,
 -- acquire, release and renew under the updating role's default privileges: after ALTER
 -- DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO app, app could redefine any limit, and
 -- with GRANT SELECT ON TABLES read every lease id (issue 41). From here on, whatever an
@@ -8,6 +8,63 @@
 -- Runs as a superuser with search_path = rate_limiter: every object and operator is qualified.
 
 \echo Use "ALTER EXTENSION rate_limiter UPDATE TO '0.6.0'" to load this file. \quit
+
+-- Memory limits (docs/memory-limits.md): durable => false counts a limit in shared memory
+-- alone. Every limit defined before stays durable.
+ALTER TABLE rate_limiter.limits ADD COLUMN durable boolean NOT NULL DEFAULT true;
+ALTER TABLE rate_limiter.limits ADD CONSTRAINT limits_memory_is_one_row_in_mode_all
+    CHECK (durable OR (NOT hot AND shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all' AND min_gap IS NULL AND lock_timeout IS NULL AND kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window', 'sliding window'])));
+COMMENT ON COLUMN rate_limiter.limits.durable IS 'false makes it a memory limit: counted in shared memory alone, with no row and no WAL, rolled back with the transaction as a durable one is (needs shared_preload_libraries; see docs/memory-limits.md).';
+
+-- define() takes durable. A function's arguments cannot change in place: create it again,
+-- and give back the EXECUTE grants it had (with their grant option; PUBLIC's too).
+DO $define$
+DECLARE
+    grants text[];
+    one text;
+BEGIN
+    SELECT pg_catalog.array_agg(pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean) TO %s%s',
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END,
+               CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END))
+    INTO grants
+    FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+    WHERE p.oid OPERATOR(pg_catalog.=) 'rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text)'::pg_catalog.regprocedure
+      AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+      AND a.grantee OPERATOR(pg_catalog.<>) p.proowner;
+    DROP FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text);
+    CREATE FUNCTION rate_limiter."define"(
+        "name" TEXT,
+        "kind" TEXT,
+        "rate" double precision,
+        "period" interval,
+        "capacity" double precision DEFAULT NULL,
+        "max_reserved" double precision DEFAULT NULL,
+        "shards" INT DEFAULT 1,
+        "start" timestamp with time zone DEFAULT NULL,
+        "min_gap" interval DEFAULT NULL,
+        "mode" TEXT DEFAULT 'all',
+        "buckets" INT DEFAULT NULL,
+        "lock_timeout" interval DEFAULT NULL,
+        "on_lock_timeout" TEXT DEFAULT 'deny',
+        "deny_cache" interval DEFAULT NULL,
+        "hot" bool DEFAULT false,
+        "enforce" bool DEFAULT true,
+        "tz" TEXT DEFAULT NULL,
+        "durable" bool DEFAULT true
+    ) RETURNS void
+    VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+    SET search_path TO pg_catalog, pg_temp
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'define_since_0_6_0_wrapper';
+    REVOKE ALL ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean) IS
+        'Create or replace a named limit in rate_limiter.limits.';
+    FOREACH one IN ARRAY coalesce(grants, '{}') LOOP
+        EXECUTE one;
+    END LOOP;
+END
+$define$;
 
 -- The lease ids are the right to end or extend another's lease: no role but the table's
 -- owner reads them, whichever grant an update from 0.4.0 in an earlier transaction gave.

@@ -87,6 +87,9 @@ pub struct Config {
     /// Consumed through an escrow in shared memory and a debit log instead of a row lock
     /// (`hot`, docs/hot-limits.md). Not arithmetic either.
     pub hot: bool,
+    /// Counted in the database's tables (`true`), or in shared memory alone (`durable =>
+    /// false`, docs/memory-limits.md). Not arithmetic either.
+    pub durable: bool,
     /// Denials are answered; `false` is shadow mode: a call that would be denied is ok and
     /// takes nothing (docs/semantics.md). Not arithmetic either.
     pub enforce: bool,

@@ -108,6 +108,7 @@ pub struct LimitRow {
     pub hot: bool,
     pub enforce: bool,
     pub tz: Option<String>,
+    pub durable: bool,
 }
 
 impl TryFrom<&LimitRow> for Config {
@@ -135,6 +136,7 @@ impl TryFrom<&LimitRow> for Config {
             on_lock_timeout: parse_on_lock_timeout(&row.on_lock_timeout)?,
             deny_cache: row.deny_cache.map(clock::interval_ms),
             hot: row.hot,
+            durable: row.durable,
             enforce: row.enforce,
         })
     }
@@ -159,6 +161,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
     let mut on_lock_timeout = None;
     let mut deny_cache = None;
     let mut enforce = None;
+    let mut durable = None;
     let mut tz = None;
     // The period as interval text, whose months and days say whether it is a calendar one.
     let mut period_interval = None;
@@ -195,10 +198,11 @@ pub fn from_json(value: &Value) -> Result<Config> {
                 return Err(Error::NotSupported("hot with an inline config: define the limit by name".into()))
             }
             "hot" if v == &Value::Bool(false) || v.is_null() => {}
+            "durable" => durable = optional(v, |v| v.as_bool().ok_or_else(|| wrong_type(field, "a boolean", v)))?,
             other => {
                 return Err(Error::InvalidConfig(format!(
                     "unknown key \"{other}\" (known: kind, rate, period, capacity, maxReserved, shards, \
-                     start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache, hot, enforce, tz)"
+                     start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache, hot, durable, enforce, tz)"
                 )))
             }
         }
@@ -221,6 +225,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
         on_lock_timeout: on_lock_timeout.unwrap_or(OnLockTimeout::Deny),
         deny_cache,
         hot: false,
+        durable: durable.unwrap_or(true),
         enforce: enforce.unwrap_or(true),
         calendar: calendar(kind, period_interval, tz, start, NamedBy::Inline)?,
     })
@@ -425,6 +430,9 @@ pub fn to_json(config: &Config) -> Value {
     if !config.enforce {
         object.insert("enforce".into(), false.into());
     }
+    if !config.durable {
+        object.insert("durable".into(), false.into());
+    }
     Value::Object(object)
 }
 
@@ -519,6 +527,9 @@ fn validate(config: Config) -> Result<Config> {
             return Err(Error::NotSupported(format!("a hot limit with {setting}")));
         }
     }
+    if !config.durable {
+        memory(&config)?;
+    }
     if config.kind == Kind::Concurrency {
         concurrency(&config)?;
     }
@@ -542,6 +553,30 @@ fn validate(config: Config) -> Result<Config> {
             "start must be a finite instant PostgreSQL can store, not {start} ms since the epoch"
         ))),
         _ => Ok(config),
+    }
+}
+
+/// What a memory limit's entry holds (docs/memory-limits.md): one escrow per key, of a fixed
+/// size in shared memory, whose argument covers mode 'all' without min_gap, as a hot
+/// limit's does.
+fn memory(config: &Config) -> Result<()> {
+    if config.hot {
+        return Err(Error::InvalidConfig(
+            "a limit is hot (its calls logged in rows, nothing queueing on one) or durable => false (no rows at all), not both".into(),
+        ));
+    }
+    let uncovered = [
+        (config.kind == Kind::Concurrency).then(|| "kind 'concurrency' (its slots are locks and leases already)".to_owned()),
+        (config.kind == Kind::RollingWindow)
+            .then(|| "kind 'rolling window' (a key's entry holds two counts; use a sliding window)".to_owned()),
+        (config.shards > 1).then(|| "shards > 1 (nothing queues on a memory limit's key)".to_owned()),
+        config.min_gap.map(|_| "minGap (a rollback of the last granted call would make a refusal wrong)".to_owned()),
+        (config.mode != Mode::All).then(|| format!("mode '{}' (it counts denials)", config.mode.as_str())),
+        config.lock_timeout.map(|_| "lockTimeout (a memory call never waits for a row)".to_owned()),
+    ];
+    match uncovered.into_iter().flatten().next() {
+        Some(setting) => Err(Error::NotSupported(format!("a memory limit (durable => false) with {setting}"))),
+        None => Ok(()),
     }
 }
 

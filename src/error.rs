@@ -74,14 +74,20 @@ pub enum Error {
     #[error("this database holds its {0} of the rate_limiter.hot_keys entries, each a hot (name, key) with calls in flight")]
     HotKeysShareFull(usize),
 
-    #[error("the hot limit \"{0}\" changed while calls to it were in flight")]
-    HotConfigRace(String),
+    #[error("the limit \"{0}\" changed while calls to it were in flight")]
+    ConfigRace(String),
 
-    #[error("cannot PREPARE a transaction that called a hot limit")]
-    HotPrepared,
+    #[error("cannot PREPARE a transaction that called a hot or memory limit")]
+    PreparedInFlight,
 
-    #[error("the hot limit \"{0}\" was reset or changed earlier in this transaction")]
-    HotChangedHere(String),
+    #[error("the hot or memory limit \"{0}\" was reset or changed earlier in this transaction")]
+    ChangedHere(String),
+
+    #[error("memory limits need shared memory: rate_limiter is not in shared_preload_libraries, or rate_limiter.memory_keys is 0")]
+    MemoryUnavailable,
+
+    #[error("no rate_limiter.memory_keys entry is free for a new key{}", share.map_or(String::new(), |n| format!(": this database holds its {n} of the entries of the key's partition")))]
+    MemoryKeysFull { share: Option<usize> },
 }
 
 impl Error {
@@ -105,13 +111,20 @@ impl Error {
             }
             Error::TimeOutOfRange(_) => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
             Error::UntrustedOwner { .. } | Error::NotAMonitor(_) => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            Error::NotAMember(_) | Error::ShapeChanged { .. } | Error::HotUnavailable | Error::HotConfigRace(_) => {
+            Error::NotAMember(_)
+            | Error::ShapeChanged { .. }
+            | Error::HotUnavailable
+            | Error::MemoryUnavailable
+            | Error::ConfigRace(_) => {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
-            Error::HotKeysFull | Error::HotKeysShareFull(_) | Error::SlotsPerTransaction { .. } => {
+            Error::HotKeysFull
+            | Error::HotKeysShareFull(_)
+            | Error::MemoryKeysFull { .. }
+            | Error::SlotsPerTransaction { .. } => {
                 PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED
             }
-            Error::HotPrepared | Error::HotChangedHere(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            Error::PreparedInFlight | Error::ChangedHere(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
         }
     }
 
@@ -229,17 +242,27 @@ impl Error {
                  rate_limiter.hot_keys), or end this database's transactions that hold hot calls \
                  open (see pg_stat_activity for sessions idle in transaction)."
             }
-            Error::HotConfigRace(_) => {
-                "A change of a hot limit waits for the calls in flight; retry the call."
+            Error::ConfigRace(_) => {
+                "A change of a hot or memory limit waits for the calls in flight; retry the call."
             }
-            Error::HotPrepared => {
-                "A hot call's debit is settled when its own session commits or aborts; commit the \
-                 transaction directly, or call a limit that is not hot before PREPARE TRANSACTION."
+            Error::PreparedInFlight => {
+                "A hot or memory call's tokens are settled when its own session commits or aborts; \
+                 commit the transaction directly, or call a durable limit that is not hot before \
+                 PREPARE TRANSACTION."
             }
-            Error::HotChangedHere(_) => {
-                "reset_rate_limit and define() of a hot limit reach its calls when their transaction \
-                 commits: commit first and call it in a later transaction, or roll back to a \
-                 savepoint taken before the change."
+            Error::ChangedHere(_) => {
+                "reset_rate_limit and define() of a hot or memory limit reach its calls when their \
+                 transaction commits: commit first and call it in a later transaction, or roll back \
+                 to a savepoint taken before the change."
+            }
+            Error::MemoryUnavailable => {
+                "Add rate_limiter to shared_preload_libraries with rate_limiter.memory_keys > 0 and \
+                 restart, or define the limit with durable => true."
+            }
+            Error::MemoryKeysFull { .. } => {
+                "Every entry holds a key whose tokens are still counted; none is admitted rather than \
+                 one forgotten. Raise rate_limiter.memory_keys (a restart) or \
+                 rate_limiter.memory_keys_per_database, or make the limit durable."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

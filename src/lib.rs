@@ -38,6 +38,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::stats::register(preloading);
     shmem::deny_cache::register(preloading);
     shmem::hot::register(preloading);
+    shmem::memory::register(preloading);
     if preloading {
         shmem::register();
     }

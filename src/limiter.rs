@@ -24,6 +24,8 @@ use crate::storage::{Created, Locked, Owner, Row, Slot, StateTable, Written};
 mod all;
 pub mod concurrency;
 pub mod hot;
+mod in_flight;
+pub mod memory;
 pub use all::{decide_all, Decided, Part};
 
 /// How many times a call re-picks shards when those it chose are locked by other
@@ -159,6 +161,9 @@ pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision
     if config.hot {
         return hot::check(table, req, config);
     }
+    if !config.durable {
+        return memory::check(req, config);
+    }
     let per_shard = config.per_shard();
     let now = clock::now_ms();
     let all: Vec<i32> = (0..config.shards as i32).collect();
@@ -177,6 +182,9 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     }
     if config.hot {
         return hot::consume(table, req, config);
+    }
+    if !config.durable {
+        return memory::consume(req, config);
     }
     write(table, req, config, &|states, per_shard, now| bucket::plan(states, per_shard, now, req.count, req.reserve))
 }
@@ -370,6 +378,9 @@ pub fn value(table: &StateTable, req: &Request<'_>, config: &Config, sample_shar
     }
     if config.hot {
         return (hot::value(table, req, config), 0);
+    }
+    if !config.durable {
+        return (memory::value(req, config), 0);
     }
     let per_shard = config.per_shard();
     let now = clock::now_ms();

@@ -1,4 +1,4 @@
-"""A hot limit against its oracle: the same random single-session sequence of calls, checks,
+"""A hot limit, and a memory limit, against its oracle: the same random single-session sequence of calls, checks,
 reads, resets, redefinitions (capacity up and down, into and out of hot mode), transactions
 (READ COMMITTED and REPEATABLE READ), savepoints, clock steps, evictions of the escrow and,
 on a cluster of its own, crashes, run on a hot limit in one database and on the same limit,
@@ -55,18 +55,19 @@ def rounded(row):
 
 
 class Side:
-    """One database's session and its limit: `hot` decides whether define() makes it hot."""
+    """One database's session and its limit: `mode` says what define() makes it, "hot"
+    (whenever a define op says so), "memory" (always) or None (a row-based limit)."""
 
-    def __init__(self, conn, name, hot):
-        self.conn, self.name, self.hot = conn, name, hot
+    def __init__(self, conn, name, mode):
+        self.conn, self.name, self.mode = conn, name, mode
         self.dbname = conn.info.dbname
 
     def execute(self, sql, args=()):
         return self.conn.execute(sql, args)
 
     def define(self, capacity, hot):
-        self.execute("SELECT rate_limiter.define(%s, 'token bucket', 2, '10 seconds', capacity => %s, hot => %s)",
-                     (self.name, capacity, hot and self.hot))
+        self.execute("SELECT rate_limiter.define(%s, 'token bucket', 2, '10 seconds', capacity => %s, hot => %s, "
+                     "durable => %s)", (self.name, capacity, hot and self.mode == "hot", self.mode != "memory"))
 
     def call(self, op):
         kind = op[0]
@@ -197,7 +198,7 @@ class Cluster:
         self.evicting = self.session(self.hot_db)
 
 
-def sequences_of(lists, examples, hot_conn, oracle_conn, cluster):
+def sequences_of(lists, examples, hot_conn, oracle_conn, cluster, mode="hot"):
     """Hypothesis's runs of the sequences `lists` draws, each against a fresh limit; a crash
     replaces the sessions, so the latest are kept in `sides`."""
     sides = {"hot": hot_conn, "oracle": oracle_conn}
@@ -211,7 +212,7 @@ def sequences_of(lists, examples, hot_conn, oracle_conn, cluster):
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.execute("ROLLBACK")
             set_clock(conn, START_MS)
-        hot, oracle = Side(sides["hot"], name, True), Side(sides["oracle"], name, False)
+        hot, oracle = Side(sides["hot"], name, mode), Side(sides["oracle"], name, None)
         try:
             difference = run(hot, oracle, ops, cluster)
         finally:
@@ -240,6 +241,19 @@ def test_a_hot_limit_answers_as_its_row_based_oracle(main, database):
         cluster = Cluster(main, database)
         with cluster.session(database) as h, cluster.session(oracle_db) as o:
             sequences_of(st.lists(OPS, min_size=5, max_size=40), 3000, h, o, cluster)
+        cluster.evicting.close()
+
+    with_oracle_database(main, database, body)
+
+
+@every_version
+def test_a_memory_limit_answers_as_its_row_based_oracle(main, database):
+    """The same sequences on a memory limit (durable => false, docs/memory-limits.md), with
+    its own documented refusal: a call after a reset or change of it in the transaction."""
+    def body(oracle_db):
+        cluster = Cluster(main, database)
+        with cluster.session(database) as m, cluster.session(oracle_db) as o:
+            sequences_of(st.lists(OPS, min_size=5, max_size=40), 1500, m, o, cluster, mode="memory")
         cluster.evicting.close()
 
     with_oracle_database(main, database, body)

@@ -27,6 +27,7 @@ fn reset_rate_limit(name: Option<&str>, key: default!(Option<&str>, "NULL")) {
     if storage::load_limit(name).is_some_and(|row| row.hot) {
         limiter::hot::reset(name, key);
     }
+    limiter::memory::reset(name, key);
     storage::delete(name, key);
     deny_cache::forget_pair(name, key);
 }
@@ -100,12 +101,13 @@ fn prune(max_rows: default!(Option<i32>, 10000)) -> i64 {
 }
 
 /// Create or replace a named limit (an upsert into `rate_limiter.limits`). Its C symbol is
-/// new in 0.5.0, which added `enforce` and `tz`: the SQL of 0.2.0 to 0.4.0 names `define_wrapper`,
-/// `define_limit_wrapper` and `define_since_0_4_0_wrapper` (see below).
+/// new in 0.6.0, which added `durable`: the SQL of 0.2.0 to 0.5.0 names `define_wrapper`,
+/// `define_limit_wrapper`, `define_since_0_4_0_wrapper` and `define_since_0_5_0_wrapper`
+/// (see below).
 #[pg_extern(name = "define", security_definer, volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
-fn define_since_0_5_0(
+fn define_since_0_6_0(
     name: Option<&str>,
     kind: Option<&str>,
     rate: Option<f64>,
@@ -123,6 +125,7 @@ fn define_since_0_5_0(
     hot: default!(Option<bool>, false),
     enforce: default!(Option<bool>, true),
     tz: default!(Option<&str>, "NULL"),
+    durable: default!(Option<bool>, true),
 ) {
     storage::prevent_writes_unless_allowed(c"define()");
     let result = (|| -> Result<()> {
@@ -145,6 +148,7 @@ fn define_since_0_5_0(
             hot: hot.ok_or_else(|| required("hot"))?,
             enforce: enforce.ok_or_else(|| required("enforce"))?,
             tz: tz.map(str::to_owned),
+            durable: durable.ok_or_else(|| required("durable"))?,
         };
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;
@@ -152,6 +156,35 @@ fn define_since_0_5_0(
         Ok(())
     })();
     result.unwrap_or_else(|e| e.raise())
+}
+
+/// `define` of 0.5.0, which has no `durable`, for a database not yet updated: the same,
+/// durable. No SQL: 0.5.0's script declares it.
+#[pg_extern(sql = false)]
+#[allow(clippy::too_many_arguments)]
+fn define_since_0_5_0(
+    name: Option<&str>,
+    kind: Option<&str>,
+    rate: Option<f64>,
+    period: Option<Interval>,
+    capacity: Option<f64>,
+    max_reserved: Option<f64>,
+    shards: Option<i32>,
+    start: Option<TimestampWithTimeZone>,
+    min_gap: Option<Interval>,
+    mode: Option<&str>,
+    buckets: Option<i32>,
+    lock_timeout: Option<Interval>,
+    on_lock_timeout: Option<&str>,
+    deny_cache: Option<Interval>,
+    hot: Option<bool>,
+    enforce: Option<bool>,
+    tz: Option<&str>,
+) {
+    define_since_0_6_0(
+        name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, lock_timeout,
+        on_lock_timeout, deny_cache, hot, enforce, tz, Some(true),
+    )
 }
 
 /// `define` of 0.4.0, which has no `enforce` and `tz`, for a database not yet updated: the

@@ -31,9 +31,13 @@ use super::{fmgr_v1_info, parts, request, resolve_for, usable};
 
 fn decide(req: &mut Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<(Decision, Config)> {
     // Open the table first: its lock takes in pending invalidations of cached configs.
-    let table = StateTable::open(consume.then_some(c"rate_limit()"));
+    let mut table = if consume { StateTable::open_for_call() } else { StateTable::open(None) };
     let config = resolve_for(req, inline)?;
     usable(req, &config)?;
+    if consume && config.durable {
+        // A memory limit's call writes nothing: in a read-only transaction and on a standby too.
+        table.prepare_writes(c"rate_limit()");
+    }
     Ok((limiter::decide(&table, req, &config, consume), config))
 }
 
@@ -299,10 +303,11 @@ unsafe extern "C-unwind" fn answer_credit(fcinfo: FunctionCallInfo) -> Answer {
                 req.name
             )));
         }
-        if config.hot {
+        if config.hot || !config.durable {
             // A give-back in flight would make the escrow more permissive, and its abort
             // would take that back from calls already admitted.
-            return Err(Error::NotSupported(format!("credit on the hot limit \"{}\"", req.name)));
+            let what = if config.hot { "hot" } else { "memory" };
+            return Err(Error::NotSupported(format!("credit on the {what} limit \"{}\"", req.name)));
         }
         Ok(limiter::credit(&table, &req, &config))
     })()

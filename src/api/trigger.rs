@@ -26,6 +26,7 @@ fn _limits_changed<'a>(
     let has_hot = trigger.relation().is_ok_and(|r| r.tuple_desc().iter().any(|a| a.name() == "hot" && !a.is_dropped()));
     if has_hot && relid == cache::relations().limits {
         hot_limit_changing(trigger);
+        memory_limit_changing(trigger);
         concurrency_limit_shrinking(trigger);
     }
     // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
@@ -80,6 +81,36 @@ fn hot_limit_changing(trigger: &PgTrigger<'_>) {
     }
 }
 
+/// A change of a memory limit (docs/memory-limits.md) waits for the calls in flight, so that
+/// the next call takes its counts on under the new config, as a durable limit's row is; a
+/// memory limit deleted or renamed has its counts forgotten at commit. A limit moves between
+/// durable and memory only by a DELETE and a new define, which starts its counts afresh:
+/// an update that moves it is refused, but in an apply worker, which never refuses (its
+/// counts start afresh there).
+fn memory_limit_changing(trigger: &PgTrigger<'_>) {
+    if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) {
+        return; // the hot limits' truncate forgets every escrow of the database
+    }
+    let memory = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<bool>("durable").ok().flatten() == Some(false);
+    let name = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<String>("name").ok().flatten().unwrap_or_default();
+    let (old, new) = (trigger.old(), trigger.new());
+    if let (Some(old), Some(new)) = (&old, &new) {
+        // SAFETY: plain values of this single-threaded backend, set at its start or by SET.
+        let applying = unsafe { pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 };
+        if memory(old) != memory(new) && !applying {
+            Error::NotSupported(format!(
+                "moving the limit \"{}\" between durable and memory: DELETE it and define it again (its counts start afresh)",
+                name(old)
+            ))
+            .raise()
+        }
+    }
+    if let Some(old) = old.as_ref().filter(|row| memory(row)) {
+        let gone = new.as_ref().is_none_or(|new| !memory(new) || name(new) != name(old));
+        limiter::memory::limit_changing(&name(old), gone);
+    }
+}
+
 /// Any change that can lower how many slots a concurrency name allows: wait for every
 /// transaction that called a limit to end (and keep new calls out until this one does), so
 /// that no transaction still holds a slot the new limit does not look at. That is every
@@ -127,6 +158,7 @@ fn limit_row(row: &PgHeapTuple<'_, AllocatedByPostgres>) -> LimitRow {
         on_lock_timeout: row.get_by_name("on_lock_timeout").ok().flatten().expect(required),
         deny_cache: row.get_by_name("deny_cache").ok().flatten(),
         hot: true,
+        durable: row.get_by_name("durable").ok().flatten().unwrap_or(true),
         enforce: row.get_by_name("enforce").ok().flatten().unwrap_or(true),
         tz: row.get_by_name("tz").ok().flatten(),
     }

@@ -45,12 +45,29 @@ pub struct Admitted {
     pub seq: Option<u64>,
 }
 
+/// How an escrow keeps a state: as it is (`State`, for hot limits), or packed into fewer
+/// bytes for the kinds that need them (memory limits, one entry per key).
+pub trait Stored: Copy {
+    fn store(state: State) -> Self;
+    fn load(&self) -> State;
+}
+
+impl Stored for State {
+    fn store(state: State) -> State {
+        state
+    }
+
+    fn load(&self) -> State {
+        *self
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
-pub struct Escrow<const N: usize> {
+pub struct Escrow<const N: usize, S: Stored = State> {
     /// The state after every debit before the list.
-    base: State,
+    base: S,
     /// The base with every listed debit applied, in order: what calls are admitted against.
-    tail: State,
+    tail: S,
     /// The latest instant of a debit in the base. Listed debits' instants never go back
     /// (see `admit`), so the last listed one, or else this, is the latest instant of all.
     base_at: f64,
@@ -65,10 +82,11 @@ pub struct Escrow<const N: usize> {
     sunk_in_flight: u64,
 }
 
-impl<const N: usize> Escrow<N> {
+impl<const N: usize, S: Stored> Escrow<N, S> {
     /// An escrow over `base`, the committed state.
     #[cfg(test)]
     pub fn new(base: State) -> Self {
+        let base = S::store(base);
         Escrow { base, tail: base, base_at: f64::NEG_INFINITY, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0, sunk_in_flight: 0 }
     }
 
@@ -82,8 +100,8 @@ impl<const N: usize> Escrow<N> {
         // SAFETY: the caller's promise; only fields are written, through raw pointers, so
         // nothing reads the fields that may not be valid yet.
         unsafe {
-            (&raw mut (*this).base).write(base);
-            (&raw mut (*this).tail).write(base);
+            (&raw mut (*this).base).write(S::store(base));
+            (&raw mut (*this).tail).write(S::store(base));
             (&raw mut (*this).base_at).write(base_at);
             (&raw mut (*this).head).write(0);
             (&raw mut (*this).len).write(0);
@@ -94,11 +112,11 @@ impl<const N: usize> Escrow<N> {
 
     #[cfg(test)]
     pub fn base(&self) -> State {
-        self.base
+        self.base.load()
     }
 
     pub fn tail(&self) -> State {
-        self.tail
+        self.tail.load()
     }
 
     /// The instant a call at `now` is admitted at.
@@ -151,7 +169,7 @@ impl<const N: usize> Escrow<N> {
 
     fn pop_into_base(&mut self, config: &Config) -> Debit {
         let debit = *self.at(0);
-        self.base = apply(self.base, config, &debit);
+        self.base = S::store(apply(self.base.load(), config, &debit));
         self.base_at = self.base_at.max(debit.at);
         self.head = (self.head + 1) % N;
         self.len -= 1;
@@ -174,7 +192,7 @@ impl<const N: usize> Escrow<N> {
         );
         assert!(self.len == 0 || self.at(self.len - 1).seq < seq, "debits are numbered in admission order");
         let at = self.admission_instant(now);
-        let outcome = plan(&[self.tail], config, at, count, reserve);
+        let outcome = plan(&[self.tail.load()], config, at, count, reserve);
         if !outcome.ok || count <= 0.0 {
             return Admitted { outcome, at, seq: None };
         }
@@ -189,7 +207,7 @@ impl<const N: usize> Escrow<N> {
             }
             self.settle(config);
         }
-        self.tail = outcome.after[0].0;
+        self.tail = S::store(outcome.after[0].0);
         let len = self.len;
         *self.at_mut(len) = Debit { seq, at, count, committed: false };
         self.len += 1;
@@ -225,11 +243,11 @@ impl<const N: usize> Escrow<N> {
             *self.at_mut(j) = *self.at(j + 1);
         }
         self.len -= 1;
-        let mut tail = self.base;
+        let mut tail = self.base.load();
         for j in 0..self.len {
             tail = apply(tail, config, self.at(j));
         }
-        self.tail = tail;
+        self.tail = S::store(tail);
         // Committed debits queued behind the aborted one are settled now.
         self.settle(config);
         true

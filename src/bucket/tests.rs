@@ -28,6 +28,7 @@ pub(super) fn config(kind: Kind, rate: f64, period: f64) -> Config {
         on_lock_timeout: OnLockTimeout::Deny,
         deny_cache: None,
         hot: false,
+        durable: true,
         enforce: true,
         calendar: None,
     }

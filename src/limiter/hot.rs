@@ -3,61 +3,18 @@
 //! its transaction ends (the callbacks below), and folded into the key's base row now and
 //! then by a caller. Transactions on one hot key never wait for each other.
 
-use std::cell::{Cell, RefCell};
-use std::ffi::c_void;
-
-use pgrx::pg_sys;
-use pgrx::prelude::*;
-
 use crate::bucket::escrow::{self, Debit};
 use crate::bucket::{self, Config, State};
 use crate::call::{Decision, Request};
 use crate::clock;
 use crate::error::Error;
-use crate::shmem::hot::{self, Ticket};
+use crate::shmem::hot;
 use crate::storage::{self, DebitLog, Latest, Owner, Seen, Slot, StateTable};
 
+use super::in_flight::{self, Forget};
+
 /// Commits between two folds of a key's log into its base row.
-const FOLD_EVERY: u64 = 1000;
-
-/// What this backend's open transaction did to hot limits, for its end.
-#[derive(Default)]
-struct Open {
-    /// Debits in flight: where, which number, and in which subtransaction.
-    debits: Vec<(Ticket, u64, pg_sys::SubTransactionId)>,
-    /// Escrows to drop at commit, and the subtransaction that asked.
-    forget: Vec<(Forget, pg_sys::SubTransactionId)>,
-    /// The escrows whose logs this transaction folds, and in which subtransaction.
-    folding: Vec<(Ticket, pg_sys::SubTransactionId)>,
-}
-
-/// Which escrows a commit drops.
-enum Forget {
-    Key(String, Option<String>),
-    Name(String),
-    Database,
-}
-
-thread_local! {
-    static OPEN: RefCell<Open> = RefCell::new(Open::default());
-    static REGISTERED: Cell<bool> = const { Cell::new(false) };
-}
-
-fn subtransaction() -> pg_sys::SubTransactionId {
-    // SAFETY: reads this backend's transaction state, inside a transaction.
-    unsafe { pg_sys::GetCurrentSubTransactionId() }
-}
-
-fn register_callbacks() {
-    if !REGISTERED.get() {
-        // SAFETY: both callbacks live as long as the library; registered once per backend.
-        unsafe {
-            pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
-            pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
-        }
-        REGISTERED.set(true);
-    }
-}
+pub const FOLD_EVERY: u64 = 1000;
 
 fn slot<'a>(req: &Request<'a>) -> Slot<'a> {
     Slot { name: req.name, key: req.key, shard: 0, owner: Owner::Named }
@@ -69,10 +26,10 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     // An escrow is built only from what every other transaction sees, whichever way this one
     // ends; this one's own reset or change of the limit is not that (docs/hot-limits.md).
     if changed_here(req.name, req.key) {
-        Error::HotChangedHere(req.name.to_owned()).raise()
+        Error::ChangedHere(req.name.to_owned()).raise()
     }
     let mut log = DebitLog::open(Some(c"rate_limit()"));
-    register_callbacks();
+    in_flight::register_callbacks();
     let now = clock::now_ms();
     let mut guard = hot::hold(req.name, req.key, config, || load(table, &log, req, config, now)).unwrap_or_else(|e| e.raise());
     let ticket = guard.ticket();
@@ -81,14 +38,12 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     let fold_below = (admitted.seq.is_some() && entry.start_fold(FOLD_EVERY))
         .then(|| entry.escrow().unsettled_from());
     // Noted before anything can fail, so that the transaction's end settles both.
-    OPEN.with_borrow_mut(|open| {
-        if let Some(seq) = admitted.seq {
-            open.debits.push((ticket, seq, subtransaction()));
-        }
-        if fold_below.is_some() {
-            open.folding.push((ticket, subtransaction()));
-        }
-    });
+    if let Some(seq) = admitted.seq {
+        in_flight::note_debit(in_flight::Debit::Hot(ticket, seq));
+    }
+    if fold_below.is_some() {
+        in_flight::note_folding(ticket);
+    }
     drop(guard);
     if let Some(seq) = admitted.seq {
         log.insert(req.name, req.key, &Debit { seq, at: admitted.at, count: req.count, committed: false });
@@ -204,11 +159,10 @@ fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, 
 /// caller deletes the base row), and its escrow when this transaction commits.
 pub fn reset(name: &str, key: Option<&str>) {
     storage::hold_calls_off();
-    register_callbacks();
     let log = DebitLog::open(Some(c"reset_rate_limit()"));
     log.each(name, Some(key), None, Seen::Now, |_, _, row| log.delete(row));
     log.deleted();
-    forget_at_commit(Forget::Key(name.to_owned(), key.map(str::to_owned)));
+    in_flight::forget_at_commit(Forget::Key(name.to_owned(), key.map(str::to_owned)));
 }
 
 /// Where a change of a limit comes from.
@@ -225,8 +179,7 @@ pub enum Change {
 /// in flight, a limit that was hot (`was`, its config) has its whole log folded into base
 /// rows, and its escrows go when this transaction commits; calls after it load the new one.
 pub fn limit_changing(name: &str, was: Option<&Config>, change: Change) {
-    register_callbacks();
-    forget_at_commit(Forget::Name(name.to_owned()));
+    in_flight::forget_at_commit(Forget::Name(name.to_owned()));
     if change == Change::Replicated {
         return;
     }
@@ -246,9 +199,8 @@ pub fn logged(name: &str) -> bool {
 /// configs are gone, and a limit defined again would forget them); else every escrow of the
 /// database goes at commit.
 pub fn limits_truncated(change: Change) {
-    register_callbacks();
     if change == Change::Replicated {
-        forget_at_commit(Forget::Database);
+        in_flight::forget_at_commit(Forget::Database);
         return;
     }
     storage::hold_calls_off();
@@ -259,122 +211,16 @@ pub fn limits_truncated(change: Change) {
         )
         .raise()
     }
-    forget_at_commit(Forget::Database);
+    in_flight::forget_at_commit(Forget::Database);
 }
 
 /// Whether this transaction (in a subtransaction not rolled back) reset `key` of `name`,
 /// changed `name`, or truncated the limits.
 fn changed_here(name: &str, key: Option<&str>) -> bool {
-    OPEN.with_borrow(|open| {
-        open.forget.iter().any(|(what, _)| match what {
-            Forget::Key(n, k) => n == name && k.as_deref() == key,
-            Forget::Name(n) => n == name,
-            Forget::Database => true,
-        })
+    in_flight::forgotten_here(|what| match what {
+        Forget::Key(n, k) => n == name && k.as_deref() == key,
+        Forget::Name(n) => n == name,
+        Forget::Database => true,
+        Forget::MemoryKey(_) | Forget::MemoryLimit(_) | Forget::MemoryChanged(_) => false,
     })
-}
-
-fn forget_at_commit(what: Forget) {
-    OPEN.with_borrow_mut(|open| open.forget.push((what, subtransaction())));
-}
-
-/// The folds of these escrows ended, done or undone.
-fn end_folds(folding: Vec<(Ticket, pg_sys::SubTransactionId)>, folded: bool) {
-    for mut guard in folding.into_iter().filter_map(|(ticket, _)| hot::redeem(ticket)) {
-        guard.entry().end_fold(folded, FOLD_EVERY);
-    }
-}
-
-/// Settle this backend's debits: committed, or taken back.
-fn settle(debits: Vec<(Ticket, u64, pg_sys::SubTransactionId)>, committed: bool) {
-    for (ticket, seq, _) in debits {
-        // Gone only when this transaction itself reset or redefined the limit after the call.
-        if let Some(mut guard) = hot::redeem(ticket) {
-            let entry = guard.entry();
-            let config = *entry.config();
-            if committed {
-                if entry.escrow().commit(&config, seq) {
-                    entry.note_committed();
-                }
-            } else {
-                entry.escrow().abort(&config, seq);
-            }
-        }
-    }
-}
-
-/// # Safety
-/// Only as a transaction callback, registered by `register_callbacks`.
-#[pg_guard]
-unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
-    use pg_sys::XactEvent::*;
-    match event {
-        XACT_EVENT_PRE_PREPARE => {
-            // COMMIT PREPARED runs in another backend, whose callbacks know nothing of these.
-            let open = OPEN.with_borrow(|o| !o.debits.is_empty() || !o.forget.is_empty() || !o.folding.is_empty());
-            if open {
-                Error::HotPrepared.raise()
-            }
-        }
-        // After the commit is durable and visible, before the locks are released: so a
-        // change that waited for calls drops escrows before the next call can load one.
-        XACT_EVENT_COMMIT | XACT_EVENT_ABORT => {
-            let open = OPEN.take();
-            let committed = event == XACT_EVENT_COMMIT;
-            settle(open.debits, committed);
-            end_folds(open.folding, committed);
-            if committed {
-                for (what, _) in open.forget {
-                    match what {
-                        Forget::Key(name, key) => hot::forget(Some(&name), Some(key.as_deref())),
-                        Forget::Name(name) => hot::forget(Some(&name), None),
-                        Forget::Database => hot::forget(None, None),
-                    }
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// # Safety
-/// Only as a subtransaction callback, registered by `register_callbacks`.
-#[pg_guard]
-unsafe extern "C-unwind" fn at_subtransaction_end(
-    event: pg_sys::SubXactEvent::Type,
-    ending: pg_sys::SubTransactionId,
-    parent: pg_sys::SubTransactionId,
-    _arg: *mut c_void,
-) {
-    use pg_sys::SubXactEvent::*;
-    // Subtransactions still open when `ending` ends are nested in it: numbered after it.
-    let inside = |sub: pg_sys::SubTransactionId| sub >= ending;
-    match event {
-        SUBXACT_EVENT_ABORT_SUB => {
-            let (aborted, unfolded) = OPEN.with_borrow_mut(|open| {
-                open.forget.retain(|(_, sub)| !inside(*sub));
-                let (unfolded, folding) = std::mem::take(&mut open.folding).into_iter().partition(|(_, sub)| inside(*sub));
-                open.folding = folding;
-                let (aborted, kept) = std::mem::take(&mut open.debits).into_iter().partition(|(_, _, sub)| inside(*sub));
-                open.debits = kept;
-                (aborted, unfolded)
-            });
-            settle(aborted, false);
-            end_folds(unfolded, false);
-        }
-        SUBXACT_EVENT_COMMIT_SUB => OPEN.with_borrow_mut(|open| {
-            for (_, _, sub) in open.debits.iter_mut() {
-                if inside(*sub) {
-                    *sub = parent;
-                }
-            }
-            let subs = open.forget.iter_mut().map(|(_, sub)| sub).chain(open.folding.iter_mut().map(|(_, sub)| sub));
-            for sub in subs {
-                if inside(*sub) {
-                    *sub = parent;
-                }
-            }
-        }),
-        _ => {}
-    }
 }

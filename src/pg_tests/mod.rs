@@ -6,6 +6,7 @@ mod concurrency;
 mod helpers;
 mod keys;
 mod kinds;
+mod memory;
 mod shmem;
 mod surface;
 mod transactions;

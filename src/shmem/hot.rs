@@ -335,7 +335,7 @@ pub fn hold(name: &str, key: Option<&str>, config: &Config, mut load: impl FnMut
             // A change of the limit drops its escrows when it commits, and waits for every
             // call in flight: a config that differs with nothing listed is reloaded.
             if !entry.idle() || entry.folding {
-                return Err(Error::HotConfigRace(name.to_owned()));
+                return Err(Error::ConfigRace(name.to_owned()));
             }
             entry.loaded = false;
             entry.generation += 1; // a load in progress elsewhere read the old config

@@ -1,4 +1,4 @@
-//! Shared memory, for the statistics, the deny cache and the escrows of hot limits: with `shared_preload_libraries`,
+//! Shared memory, for the statistics, the deny cache and the escrows of hot and memory limits: with `shared_preload_libraries`,
 //! the postmaster sets aside each one's area at start; backends inherit them. This file
 //! holds the hooks and asks each user for its area; the users call down to `area`, never up.
 //! It also drops what each user keeps of a database when the database is dropped, so that a
@@ -12,6 +12,7 @@ use pgrx::pg_sys;
 mod area;
 pub mod deny_cache;
 pub mod hot;
+pub mod memory;
 pub mod stats;
 
 static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
@@ -71,6 +72,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
         pg_sys::XactEvent::XACT_EVENT_COMMIT => {
             for database in DROPPING.take() {
                 hot::forget_database(database);
+                memory::forget_database(database);
                 stats::forget_database(database);
                 deny_cache::forget_database(database);
             }
@@ -94,6 +96,7 @@ unsafe extern "C-unwind" fn request() {
         stats::request();
         deny_cache::request();
         hot::request();
+        memory::request();
     }
 }
 
@@ -112,5 +115,6 @@ unsafe extern "C-unwind" fn startup() {
         stats::attach();
         deny_cache::attach();
         hot::attach();
+        memory::attach();
     }
 }

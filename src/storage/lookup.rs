@@ -126,7 +126,8 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
 }
 
 /// The current row of `limits`: name, kind, rate, period, capacity, max_reserved, shards,
-/// start, min_gap, mode, buckets, lock_timeout, on_lock_timeout, deny_cache, hot, enforce, tz;
+/// start, min_gap, mode, buckets, lock_timeout, on_lock_timeout, deny_cache, hot, enforce, tz,
+/// durable;
 /// NOT NULL where
 /// `required`.
 fn limit_row(limits: &Lookup) -> LimitRow {
@@ -150,5 +151,7 @@ fn limit_row(limits: &Lookup) -> LimitRow {
         // New in 0.5.0: a database not yet updated enforces every limit, in UTC.
         enforce: !limits.has(&shape::LIMITS_SINCE_0_5_0) || limits.column(16).expect(required),
         tz: if limits.has(&shape::LIMITS_SINCE_0_5_0) { limits.column(17) } else { None },
+        // New in 0.6.0: a database not yet updated has only durable limits.
+        durable: !limits.has(&shape::LIMITS_SINCE_0_6_0) || limits.column(18).expect(required),
     }
 }

@@ -65,6 +65,17 @@ pub const LIMITS_SINCE_0_5_0: [(&CStr, pg_sys::Oid); 17] = {
     columns
 };
 
+/// `LIMITS_SINCE_0_5_0` and 0.6.0's `durable` after it.
+pub const LIMITS_SINCE_0_6_0: [(&CStr, pg_sys::Oid); 18] = {
+    let mut columns = [(c"durable", pg_sys::BOOLOID); 18];
+    let mut i = 0;
+    while i < LIMITS_SINCE_0_5_0.len() {
+        columns[i] = LIMITS_SINCE_0_5_0[i];
+        i += 1;
+    }
+    columns
+};
+
 /// `rate_limiter.debits`, whose rows the hot path forms.
 pub const DEBITS: [(&CStr, pg_sys::Oid); 5] = [
     (c"seq", pg_sys::INT8OID),

@@ -182,10 +182,13 @@ pub fn delete_listed(list: List, name: Option<&str>, key: Option<&str>) -> bool 
 /// Insert or replace a named limit.
 pub fn upsert_limit(row: &LimitRow, name: &str) {
     // A database not yet updated to 0.4.0 has no hot column (and `define` there never sets
-    // it), one not yet updated to 0.5.0 no enforce and tz (every limit there is enforced, in UTC).
+    // it), one not yet updated to 0.5.0 no enforce and tz (every limit there is enforced, in
+    // UTC), one not yet updated to 0.6.0 no durable (every limit there is).
     let with_hot = cache::relations().debits.is_some();
-    let since_0_5_0 = super::Lookup::limits().has(&super::shape::LIMITS_SINCE_0_5_0);
-    let extra: Vec<&str> = [("hot", with_hot), ("enforce", since_0_5_0), ("tz", since_0_5_0)]
+    let limits = super::Lookup::limits();
+    let since_0_5_0 = limits.has(&super::shape::LIMITS_SINCE_0_5_0);
+    let since_0_6_0 = limits.has(&super::shape::LIMITS_SINCE_0_6_0);
+    let extra: Vec<&str> = [("hot", with_hot), ("enforce", since_0_5_0), ("tz", since_0_5_0), ("durable", since_0_6_0)]
         .iter()
         .filter(|c| c.1)
         .map(|c| c.0)
@@ -231,6 +234,9 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
     if since_0_5_0 {
         args.push(row.enforce.into());
         args.push(row.tz.as_deref().into());
+    }
+    if since_0_6_0 {
+        args.push(row.durable.into());
     }
     Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -95,16 +95,33 @@ impl StateTable {
         Self::opened(Some(command), false)
     }
 
+    /// Open for a consuming call whose limit is not known yet: locked as for writing, so that
+    /// a change of a limit waits for it, but writable only once `prepare_writes` says so (a
+    /// memory limit's call writes nothing, in a read-only transaction or on a standby too).
+    pub fn open_for_call() -> StateTable {
+        Self::locked(pg_sys::RowExclusiveLock as pg_sys::LOCKMODE, xact_snapshot_isolation())
+    }
+
     fn opened(write: Option<&std::ffi::CStr>, snapshot_isolation: bool) -> StateTable {
+        let lockmode = if write.is_some() { pg_sys::RowExclusiveLock } else { pg_sys::AccessShareLock };
+        let mut table = Self::locked(lockmode as pg_sys::LOCKMODE, snapshot_isolation);
+        match write {
+            Some(command) => table.prepare_writes(command),
+            None => {
+                // Taking the table's lock took in invalidations: the index OID is the current one.
+                // SAFETY: a valid index of the table, locked as the table is.
+                table.index = unsafe { pg_sys::index_open(cache::relations().state_key, lockmode as pg_sys::LOCKMODE) };
+                let info = std::cell::Cell::new(null_mut());
+                table.indexes.push(StateIndex { relation: table.index, info, valid: true });
+            }
+        }
+        table
+    }
+
+    /// The table locked in `lockmode`, its shape checked, with the call's snapshot; no index.
+    fn locked(lockmode: pg_sys::LOCKMODE, snapshot_isolation: bool) -> StateTable {
         // SAFETY: taking in invalidations is allowed anywhere in a transaction.
         unsafe { pg_sys::AcceptInvalidationMessages() };
-        let lockmode = match write {
-            Some(command) => {
-                prevent_writes_unless_allowed(command);
-                pg_sys::RowExclusiveLock
-            }
-            None => pg_sys::AccessShareLock,
-        } as pg_sys::LOCKMODE;
         // SAFETY: the OID is the extension's table, looked up after the invalidations above;
         // the lock is held to the end of the transaction.
         let heap = unsafe { pg_sys::table_open(cache::relations().state, lockmode) };
@@ -118,24 +135,6 @@ impl StateTable {
         };
         // SAFETY: `heap` is open and locked, so its descriptor is current.
         unsafe { check_shape(heap) };
-        if write.is_some() {
-            // As the executor does before an UPDATE: refuse if a publication would get
-            // updates it cannot identify on the subscriber.
-            // SAFETY: `heap` is open; this only reads its publication info or raises.
-            unsafe { pg_sys::CheckCmdReplicaIdentity(heap, pg_sys::CmdType::CMD_UPDATE) };
-            // Writes here fire no triggers: refuse rather than skip one silently.
-            // SAFETY: `heap` is open; its trigger descriptor is null or valid.
-            if unsafe { !(*heap).trigdesc.is_null() && (*(*heap).trigdesc).numtriggers > 0 } {
-                Error::StateTableChanged.raise()
-            }
-            table.open_indexes(lockmode);
-        } else {
-            // Taking the table's lock took in invalidations: the index OID is the current one.
-            // SAFETY: a valid index of the table, locked as the table is.
-            table.index = unsafe { pg_sys::index_open(cache::relations().state_key, lockmode) };
-            let info = std::cell::Cell::new(null_mut());
-            table.indexes.push(StateIndex { relation: table.index, info, valid: true });
-        }
         // SAFETY: as SPI does for each statement of a VOLATILE function: a fresh snapshot at
         // READ COMMITTED (the transaction's otherwise, unless the newest rows were asked
         // for), which also sees this transaction's earlier commands. Popped on drop.
@@ -151,6 +150,26 @@ impl StateTable {
             table.tuple_slot = pg_sys::table_slot_create(heap, null_mut());
         }
         table
+    }
+
+    /// Ready to write rows, opened by `open_for_call` or for writing (which a read-only
+    /// transaction refuses, with `command` named in the error). Once per table.
+    pub fn prepare_writes(&mut self, command: &std::ffi::CStr) {
+        if !self.indexes.is_empty() {
+            return;
+        }
+        prevent_writes_unless_allowed(command);
+        let heap = self.heap;
+        // As the executor does before an UPDATE: refuse if a publication would get
+        // updates it cannot identify on the subscriber.
+        // SAFETY: `heap` is open; this only reads its publication info or raises.
+        unsafe { pg_sys::CheckCmdReplicaIdentity(heap, pg_sys::CmdType::CMD_UPDATE) };
+        // Writes here fire no triggers: refuse rather than skip one silently.
+        // SAFETY: `heap` is open; its trigger descriptor is null or valid.
+        if unsafe { !(*heap).trigdesc.is_null() && (*(*heap).trigdesc).numtriggers > 0 } {
+            Error::StateTableChanged.raise()
+        }
+        self.open_indexes(pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
     }
 
     /// Open every index of the table, which must each be the unique index or a copy of it:

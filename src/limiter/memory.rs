@@ -1,0 +1,105 @@
+//! Memory limits (`durable => false`, docs/memory-limits.md): calls admitted against an
+//! escrow in shared memory that counts every call still in flight, as a hot limit's does,
+//! with no row, no log and no WAL. A call takes tokens at once; its transaction's commit
+//! keeps them, and an abort (or a rolled-back savepoint) gives them back (`in_flight`).
+
+use crate::bucket::{self, Config, State};
+use crate::cache;
+use crate::call::{Decision, Request};
+use crate::clock;
+use crate::config;
+use crate::error::Error;
+use crate::shmem::memory::{self, Identity};
+use crate::storage;
+use super::in_flight::{self, Forget};
+
+/// The entry of a call's (limit, key): the extension's incarnation is the state table's
+/// OID, which a DROP and CREATE EXTENSION changes.
+fn identity(req: &Request<'_>) -> Identity {
+    Identity::new(cache::relations().state, req.name, req.key, req.inline)
+}
+
+/// Whether this transaction reset the key, or changed or deleted the limit, or truncated
+/// the limits (`kept`: but for a change that keeps the counts): its escrow changes only at
+/// commit, so this transaction's calls would be decided against what its own rollback could
+/// not take back.
+fn changed_here(id: &Identity, kept: bool) -> bool {
+    in_flight::forgotten_here(|what| match what {
+        Forget::MemoryKey(key) => key.same_key(id),
+        Forget::MemoryLimit(limit) => *limit == id.limit_tag(),
+        Forget::MemoryChanged(limit) => kept && *limit == id.limit_tag(),
+        Forget::Database => true,
+        Forget::Key(..) | Forget::Name(_) => false,
+    })
+}
+
+/// `rate_limit` on a memory limit: admitted against the escrow, the debit settled when the
+/// (sub)transaction ends.
+pub fn consume(req: &Request<'_>, config: &Config) -> Decision {
+    let id = identity(req);
+    if changed_here(&id, true) {
+        Error::ChangedHere(req.name.to_owned()).raise()
+    }
+    in_flight::register_callbacks();
+    let now = clock::now_ms();
+    let fingerprint = config::fingerprint(config);
+    let mut guard = memory::hold(&id, req.name, &fingerprint, now, || super::fresh(req, config, now)).unwrap_or_else(|e| e.raise());
+    let ticket = guard.ticket();
+    let entry = guard.entry();
+    let seq = entry.draw_seq();
+    let admitted = entry.escrow().admit(config, now, req.count, req.reserve, seq);
+    entry.settled(config);
+    if let Some(seq) = admitted.seq {
+        in_flight::note_debit(in_flight::Debit::Memory(ticket, seq, *config));
+    }
+    drop(guard);
+    super::decision(req, &admitted.outcome, config, config, admitted.at)
+}
+
+/// The state calls are decided against and the instant they are decided at: the escrow's,
+/// calls in flight included, or a fresh one for a key not counted, or that this transaction
+/// reset (as a durable limit's reads see its own reset).
+fn current(req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
+    let id = identity(req);
+    if changed_here(&id, false) {
+        return (super::fresh(req, config, now), now);
+    }
+    if let Some(mut guard) = memory::peek(&id) {
+        let escrow = guard.entry().escrow();
+        return (escrow.tail(), escrow.admission_instant(now));
+    }
+    (super::fresh(req, config, now), now)
+}
+
+/// `check_rate_limit` on a memory limit.
+pub fn check(req: &Request<'_>, config: &Config) -> Decision {
+    let (state, at) = current(req, config, clock::now_ms());
+    let outcome = bucket::plan(&[state], config, at, req.count, req.reserve);
+    super::decision(req, &outcome, config, config, at)
+}
+
+/// The state `rate_limit_value` reports for a memory limit.
+pub fn value(req: &Request<'_>, config: &Config) -> State {
+    current(req, config, clock::now_ms()).0
+}
+
+/// `reset_rate_limit` of (name, key), under its named limit and every inline config: once
+/// no call is in flight (a reset of a key this server counts in memory waits for every
+/// call, and keeps new ones out until it commits, as a hot limit's does), its counts go
+/// when this transaction commits.
+pub fn reset(name: &str, key: Option<&str>) {
+    let id = identity(&Request { name, key, count: 0.0, reserve: false, inline: None });
+    if memory::counts_key(&id) {
+        storage::hold_calls_off();
+        in_flight::forget_at_commit(Forget::MemoryKey(id));
+    }
+}
+
+/// A memory limit changing (`rate_limiter.limits`' trigger): it waits for the calls in
+/// flight, so that a call after it takes the state on under the new config; deleted or
+/// renamed (`gone`), its counts go when this transaction commits.
+pub fn limit_changing(name: &str, gone: bool) {
+    storage::hold_calls_off();
+    let limit = Identity::limit(cache::relations().state, name);
+    in_flight::forget_at_commit(if gone { Forget::MemoryLimit(limit) } else { Forget::MemoryChanged(limit) });
+}

@@ -1,0 +1,431 @@
+//! The counts of memory limits (`durable => false`, docs/memory-limits.md) in shared memory:
+//! `rate_limiter.memory_keys` entries, each the escrow of one (database, limit, key), in
+//! partitions of `PARTITION` entries under an LWLock each, so that a call holds one lock
+//! for a bounded scan and never waits for I/O.
+//!
+//! An entry is found by a 128-bit tag, SHA-256 of what names it, so that no caller can
+//! bring a key that shares another key's counts. It is given to another key only when
+//! nothing is listed in its escrow and its committed state equals an absent key's (it
+//! `expires`): forgetting it changes no answer. When a partition has no such entry, a new
+//! key is refused (53400), never admitted. One database holds at most its share of each
+//! partition (`rate_limiter.memory_keys_per_database`).
+
+use std::ffi::CStr;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use sha2::{Digest, Sha256};
+
+use crate::bucket::escrow::{Escrow, Stored};
+use crate::bucket::{self, Config, Counts, State};
+use crate::error::{Error, Result};
+
+use super::area::{self, Held};
+
+/// Calls of one key in flight at once that an escrow lists before it sinks the older half
+/// (docs/hot-limits.md: a rollback of a sunk call gives nothing back).
+pub const RING: usize = 16;
+
+/// Entries per partition, each partition under a lock of its own.
+const PARTITION: usize = 64;
+
+/// `rate_limiter.memory_keys`: how many (limit, key) pairs of memory limits can be counted
+/// at once.
+static ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+
+/// `rate_limiter.memory_keys_per_database`: how many of them one database may hold; -1 for
+/// half of them.
+static PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(-1);
+
+const SHMEM_NAME: &CStr = c"rate_limiter memory keys";
+const TRANCHE: &CStr = c"rate_limiter memory keys";
+
+/// A state as a memory limit's kinds need it: the value, the instant and up to two counts
+/// (a sliding window's); no `granted_at` (a memory limit has no `min_gap`).
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Packed {
+    value: f64,
+    ts: f64,
+    counts: [f64; 2],
+    len: usize,
+}
+
+impl Stored for Packed {
+    fn store(state: State) -> Packed {
+        let counts = state.counts.as_slice();
+        assert!(counts.len() <= 2 && state.granted_at.is_none(), "a memory limit's kind keeps at most two counts");
+        let mut packed = Packed { value: state.value, ts: state.ts, counts: [0.0; 2], len: counts.len() };
+        packed.counts[..counts.len()].copy_from_slice(counts);
+        packed
+    }
+
+    fn load(&self) -> State {
+        let counts = Counts::new(&self.counts[..self.len]).expect("at most two counts");
+        State { value: self.value, ts: self.ts, counts, granted_at: None }
+    }
+}
+
+/// What names an entry: the tag of its (limit, key), the tag of its limit alone, and which
+/// inline config of the name it counts (zeros for the named limit).
+#[derive(Clone, Copy, PartialEq)]
+pub struct Identity {
+    tag: [u8; 16],
+    limit: [u8; 16],
+    variant: [u8; 16],
+}
+
+impl Identity {
+    /// (limit, key) of the extension's incarnation `install` (an OID that changes when the
+    /// extension is created again) in this database; `inline` an inline config's fingerprint.
+    pub fn new(install: pg_sys::Oid, name: &str, key: Option<&str>, inline: Option<[u8; 16]>) -> Identity {
+        let limit = Identity::limit(install, name);
+        let key_part: &[u8] = key.map_or(b"", str::as_bytes);
+        let tag = digest(&[b"memory key", &limit, &[u8::from(key.is_some())], key_part]);
+        Identity { tag, limit, variant: inline.unwrap_or([0; 16]) }
+    }
+
+    /// The tag of limit `name`, to forget all its keys.
+    pub fn limit(install: pg_sys::Oid, name: &str) -> [u8; 16] {
+        digest(&[b"memory limit", &u32::from(install).to_le_bytes(), name.as_bytes()])
+    }
+
+    pub fn limit_tag(&self) -> [u8; 16] {
+        self.limit
+    }
+
+    /// The same (limit, key), under any config of the name.
+    pub fn same_key(&self, other: &Identity) -> bool {
+        self.tag == other.tag
+    }
+}
+
+fn digest(parts: &[&[u8]]) -> [u8; 16] {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        // Each part's length first, so that no two lists of parts hash alike.
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize()[..16].try_into().expect("16 bytes")
+}
+
+#[repr(C)]
+struct Header {
+    entries: u64,
+}
+
+/// One memory (database, limit, key) and its escrow.
+#[repr(C)]
+pub struct Entry {
+    used: bool,
+    database: pg_sys::Oid,
+    id: [u8; 16],
+    limit: [u8; 16],
+    variant: [u8; 16],
+    /// Raised whenever the entry is given to a key or dropped: tickets of before are void.
+    generation: u64,
+    /// The fingerprint of the config its state is in.
+    config: [u8; 16],
+    /// When the committed state holds what an absent key's would (`bucket::expires`).
+    expires: f64,
+    /// The last debit number drawn: numbers ascend along the escrow.
+    last_seq: u64,
+    escrow: Escrow<RING, Packed>,
+}
+
+impl Entry {
+    pub fn escrow(&mut self) -> &mut Escrow<RING, Packed> {
+        &mut self.escrow
+    }
+
+    /// The next debit number.
+    pub fn draw_seq(&mut self) -> u64 {
+        self.last_seq += 1;
+        self.last_seq
+    }
+
+    /// After a change of the escrow under `config`: when the entry may be given away.
+    pub fn settled(&mut self, config: &Config) {
+        self.expires = bucket::expires(self.escrow.tail(), config);
+    }
+
+    fn free(&mut self) {
+        self.used = false;
+        self.generation += 1;
+    }
+
+    fn is(&self, database: pg_sys::Oid, id: &Identity) -> bool {
+        self.used && self.database == database && self.id == id.tag && self.variant == id.variant
+    }
+
+    fn reusable(&self, now: f64) -> bool {
+        !self.used || (self.escrow.idle() && self.expires <= now)
+    }
+}
+
+/// Where a call's debit is, for the callbacks at its transaction's end.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ticket {
+    index: usize,
+    generation: u64,
+}
+
+static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
+static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(null_mut());
+
+/// The entries asked for, in whole partitions.
+fn entry_count() -> usize {
+    (ENTRIES.get().max(0) as usize).next_multiple_of(PARTITION)
+}
+
+fn size(entries: usize) -> usize {
+    size_of::<Header>().next_multiple_of(align_of::<Entry>()) + entries * size_of::<Entry>()
+}
+
+/// The header and entries, when the library was preloaded with entries.
+fn table() -> Option<(&'static Header, *mut Entry)> {
+    // SAFETY: set by `attach` to an area of `size(entries)` bytes that lives as long as the
+    // server, a header and then the entries.
+    unsafe {
+        let header = AREA.load(Acquire).as_ref()?;
+        let first = (header as *const Header as *mut u8).add(size_of::<Header>().next_multiple_of(align_of::<Entry>()));
+        (header.entries > 0).then_some((header, first.cast::<Entry>()))
+    }
+}
+
+fn partition_lock(partition: usize) -> *mut pg_sys::LWLock {
+    // SAFETY: `LOCKS` holds one lock per partition from the named tranche (see `attach`).
+    unsafe { &raw mut (*LOCKS.load(Acquire).add(partition)).lock }
+}
+
+/// From `_PG_init`: the settings, only when preloading (a postmaster setting).
+pub fn register(preloading: bool) {
+    if preloading {
+        GucRegistry::define_int_guc(
+            c"rate_limiter.memory_keys",
+            c"How many (limit, key) pairs of memory limits (durable => false) can be counted at once; 0 turns memory limits off.",
+            c"Each takes about 750 bytes of shared memory; counted in whole partitions of 64.",
+            &ENTRIES,
+            0,
+            1 << 22,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+        GucRegistry::define_int_guc(
+            c"rate_limiter.memory_keys_per_database",
+            c"How many of the rate_limiter.memory_keys entries one database may hold; -1 for half of them.",
+            c"So that one database's keys cannot take every entry from the others. Applied per partition of 64.",
+            &PER_DATABASE,
+            -1,
+            1 << 22,
+            GucContext::Suset,
+            GucFlags::default(),
+        );
+    }
+}
+
+/// The entries of one partition that one database may hold.
+fn share_of_partition(entries: usize) -> usize {
+    match PER_DATABASE.get() {
+        -1 => PARTITION / 2,
+        n => (n.max(1) as usize * PARTITION).div_ceil(entries.max(1)).clamp(1, PARTITION),
+    }
+}
+
+/// The postmaster's shmem request.
+///
+/// # Safety
+/// Only from `shmem_request_hook`.
+pub unsafe fn request() {
+    // SAFETY: the request hook is where both may be called.
+    unsafe {
+        pg_sys::RequestAddinShmemSpace(size(entry_count()));
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), (entry_count() / PARTITION).max(1) as i32);
+    }
+}
+
+/// # Safety
+/// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
+pub unsafe fn attach() {
+    let entries = entry_count();
+    // SAFETY: requested with this size and these locks in `request`; a fresh area is all
+    // zeros, which is a valid header and entries that are not used (numbers, `false`, and
+    // escrows whose rings hold debits of zeros).
+    unsafe {
+        let (area, found) = area::area(SHMEM_NAME, size(entries));
+        let header = area.cast::<Header>();
+        if !found {
+            (*header).entries = entries as u64;
+        }
+        LOCKS.store(pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()), Release);
+        AREA.store(header, Release);
+    }
+}
+
+fn database() -> pg_sys::Oid {
+    // SAFETY: written only while the backend connects, before any SQL runs.
+    unsafe { pg_sys::MyDatabaseId }
+}
+
+/// An entry, its partition's lock held until the guard drops.
+pub struct Guard {
+    entry: *mut Entry,
+    index: usize,
+    _held: Held,
+}
+
+impl Guard {
+    pub fn entry(&mut self) -> &mut Entry {
+        // SAFETY: `entry` is in the table, and its partition's lock is held while the guard lives.
+        unsafe { &mut *self.entry }
+    }
+
+    pub fn ticket(&mut self) -> Ticket {
+        Ticket { index: self.index, generation: self.entry().generation }
+    }
+}
+
+/// Partition `partition`, held, with its first entry's index.
+fn hold_partition(partition: usize) -> (Held, usize) {
+    // SAFETY: a partition's lock, initialized by the postmaster; a backend holds one at a time.
+    (unsafe { Held::take(partition_lock(partition)) }, partition * PARTITION)
+}
+
+fn partition_of(id: &Identity, entries: usize) -> usize {
+    let bits = u64::from_le_bytes(id.tag[..8].try_into().expect("8 bytes"));
+    (bits % (entries / PARTITION) as u64) as usize
+}
+
+/// The escrow of `id` in this database under the config whose fingerprint is `config`, held;
+/// a key not counted yet starts from `fresh`. A limit changed since the entry was written is
+/// taken on with its state, as a durable limit's row is, once nothing is in flight (a change
+/// waits for every call in flight). 53400 when the partition has no entry to give.
+pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl FnOnce() -> State) -> Result<Guard> {
+    let (header, entries) = table().ok_or(Error::MemoryUnavailable)?;
+    let count = header.entries as usize;
+    let database = database();
+    let (held, first) = hold_partition(partition_of(id, count));
+    // SAFETY: the partition's entries, below the table's count, under its lock.
+    let entry_at = |i: usize| unsafe { &mut *entries.add(first + i) };
+    let found = (0..PARTITION).find(|i| entry_at(*i).is(database, id));
+    let index = match found {
+        Some(i) => {
+            let entry = entry_at(i);
+            if entry.config != *config {
+                if !entry.escrow.idle() {
+                    return Err(Error::ConfigRace(name.to_owned()));
+                }
+                entry.config = *config;
+            }
+            i
+        }
+        None => {
+            let ours = (0..PARTITION).filter(|i| entry_at(*i).used && entry_at(*i).database == database).count();
+            let own_only = ours >= share_of_partition(count);
+            let candidate = (0..PARTITION).find(|i| {
+                let e = entry_at(*i);
+                e.reusable(now) && (!own_only || (e.used && e.database == database))
+            });
+            let Some(i) = candidate else {
+                return Err(Error::MemoryKeysFull { share: own_only.then(|| share_of_partition(count)) });
+            };
+            let entry = entry_at(i);
+            entry.used = true;
+            entry.database = database;
+            entry.id = id.tag;
+            entry.limit = id.limit;
+            entry.variant = id.variant;
+            entry.config = *config;
+            entry.generation += 1;
+            let base = fresh();
+            // SAFETY: the entry's escrow, whose ring holds zeros or debits.
+            unsafe { Escrow::restart(&raw mut entry.escrow, base, f64::NEG_INFINITY) };
+            entry.expires = f64::INFINITY; // set by the caller's `settled`
+            i
+        }
+    };
+    // SAFETY: as above.
+    Ok(Guard { entry: unsafe { entries.add(first + index) }, index: first + index, _held: held })
+}
+
+/// The escrow of `id` in this database, held, if it is counted.
+pub fn peek(id: &Identity) -> Option<Guard> {
+    let (header, entries) = table()?;
+    let database = database();
+    let (held, first) = hold_partition(partition_of(id, header.entries as usize));
+    // SAFETY: the partition's entries, under its lock.
+    // SAFETY: as above.
+    let index = (first..first + PARTITION).find(|i| unsafe { (*entries.add(*i)).is(database, id) })?;
+    // SAFETY: as above.
+    Some(Guard { entry: unsafe { entries.add(index) }, index, _held: held })
+}
+
+/// Whether this database counts (limit, key) of `id` under any config of its name.
+pub fn counts_key(id: &Identity) -> bool {
+    let Some((header, entries)) = table() else { return false };
+    let database = database();
+    let (_held, first) = hold_partition(partition_of(id, header.entries as usize));
+    // SAFETY: the partition's entries, under its lock.
+    (first..first + PARTITION).any(|i| unsafe {
+        let e = &*entries.add(i);
+        e.used && e.database == database && e.id == id.tag
+    })
+}
+
+/// The entry of `ticket`, held, if it is still the one the ticket was taken from.
+pub fn redeem(ticket: Ticket) -> Option<Guard> {
+    let (_, entries) = table()?;
+    let (held, _) = hold_partition(ticket.index / PARTITION);
+    // SAFETY: the ticket's index is below the table's count, its partition's lock held.
+    let entry = unsafe { entries.add(ticket.index) };
+    // SAFETY: as above.
+    let current = unsafe { (*entry).used && (*entry).generation == ticket.generation };
+    current.then_some(Guard { entry, index: ticket.index, _held: held })
+}
+
+/// Drop the entries `ours` accepts, one partition at a time. An entry with calls still in
+/// flight keeps them for their tickets but answers for no database any more (`orphan`), or
+/// is kept (a change that forgets waited for every call in flight, so none is left then).
+fn drop_entries(ours: impl Fn(&Entry) -> bool, orphan: bool) {
+    let Some((header, entries)) = table() else { return };
+    for partition in 0..header.entries as usize / PARTITION {
+        let (_held, first) = hold_partition(partition);
+        for i in first..first + PARTITION {
+            // SAFETY: below the count, its partition's lock held.
+            let entry = unsafe { &mut *entries.add(i) };
+            if entry.used && ours(entry) {
+                if entry.escrow.idle() {
+                    entry.free();
+                } else if orphan {
+                    entry.database = pg_sys::InvalidOid;
+                }
+            }
+        }
+    }
+}
+
+/// Forget the counts of a dropped database: a new database with the same OID starts empty.
+pub fn forget_database(database: pg_sys::Oid) {
+    drop_entries(|entry| entry.database == database, true);
+}
+
+/// Forget the counts of limit `limit` (`Identity::limit`) in this database, or of one key of
+/// it (`id`, under every inline config of the name).
+pub fn forget(limit: [u8; 16], id: Option<&Identity>) {
+    let database = database();
+    let Some((header, entries)) = table() else { return };
+    let Some(id) = id else {
+        return drop_entries(|entry| entry.database == database && entry.limit == limit, false);
+    };
+    let (_held, first) = hold_partition(partition_of(id, header.entries as usize));
+    for i in first..first + PARTITION {
+        // SAFETY: below the count, its partition's lock held.
+        let entry = unsafe { &mut *entries.add(i) };
+        if entry.used && entry.database == database && entry.id == id.tag && entry.escrow.idle() {
+            entry.free();
+        }
+    }
+}

@@ -1,0 +1,155 @@
+"""Memory limits (durable => false, docs/memory-limits.md): counted in shared memory with no
+row and no WAL, exact under concurrent sessions, given back on rollback, bounded in the
+entries one database can take, and forgotten with their database or extension. Each check of
+the bound is the ledger's (tests/ledger.py); the answers against a row-based limit are
+tests/test_hot_oracle.py's."""
+
+import re
+
+import pytest
+from psycopg import errors
+
+from calls import define
+from clusters import PORTS, every_version
+from ledger import NOW, granted, ledger, mixed_load, remaining, session, take
+
+
+@every_version
+@pytest.mark.parametrize("keys", [1, 40])
+def test_the_bound_is_exact_under_concurrent_sessions(database, keys):
+    """8 sessions mixing commits, rollbacks and savepoint rollbacks, on one key (at most 8
+    calls in flight, inside the ring) and spread over 40."""
+    with session(database) as admin:
+        ledger(admin)
+        define(admin, "mem_token", "token bucket", rate=300, period="1 day", durable=False)
+        define(admin, "mem_fixed", "fixed window", rate=300, period="1 day", durable=False)
+    for name in ("mem_token", "mem_fixed"):
+        for k in range(keys):
+            mixed_load(database, name, f"k{k}", 8, 60 if keys == 1 else 4)
+        with session(database) as c:
+            for k in range(keys):
+                used, left = granted(c, name, f"k{k}"), remaining(c, name, f"k{k}")
+                assert used + left == 300, f"{name} k{k}: {used} granted and {left} left of 300"
+            if keys == 1:
+                assert remaining(c, name, "k0") < 10, "the load ran the limit down"
+            assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (0,)
+
+
+def test_rollback_and_savepoint_rollback_give_back(database):
+    with session(database) as c:
+        ledger(c)
+        define(c, "mem", rate=10, period="1 hour", durable=False)
+        take(c, "mem", "k", 4, rollback=True)
+        assert remaining(c, "mem", "k") == 10
+        take(c, "mem", "k", 4, savepoint=True)  # 4 rolled back to the savepoint, 4 kept
+        assert remaining(c, "mem", "k") == 6
+        c.execute("BEGIN")
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 5)")
+        c.execute("SAVEPOINT a")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k', 2)").fetchone() == (False,), "5 in flight"
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 1)")
+        c.execute("ROLLBACK TO a")
+        c.execute("COMMIT")
+        assert remaining(c, "mem", "k") == 1
+        assert granted(c, "mem", "k") + 5 + remaining(c, "mem", "k") == 10, "the ledger's 4, and 5 outside it"
+
+
+def test_a_call_writes_no_wal_and_a_durable_one_does(database):
+    with session(database) as c:
+        define(c, "mem", rate=100, period="1 hour", durable=False)
+        define(c, "row", rate=100, period="1 hour")
+        for name, writes in (("mem", False), ("row", True)):
+            # The second call: the first may set hint bits, which checksums WAL-log.
+            c.execute("SELECT rate_limiter.rate_limit(%s, 'k')", (name,))
+            plan = "\n".join(row for (row,) in c.execute(
+                "EXPLAIN (ANALYZE, WAL, COSTS OFF, TIMING OFF, SUMMARY OFF) "
+                "SELECT * FROM rate_limiter.rate_limit(%s, 'k')", (name,)))
+            wal = re.search(r"WAL: records=(\d+)", plan)
+            assert (wal is not None and int(wal.group(1)) > 0) == writes, f"{name}:\n{plan}"
+        c.execute("BEGIN READ ONLY")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k')").fetchone() == (True,)
+        assert c.execute("SELECT pg_current_xact_id_if_assigned()").fetchone() == (None,)
+        c.execute("COMMIT")
+
+
+def test_a_change_waits_for_calls_in_flight_and_keeps_the_counts(database):
+    with session(database) as a, session(database) as b:
+        define(a, "mem", rate=10, period="1 hour", durable=False)
+        a.execute("BEGIN")
+        a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
+        b.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(errors.LockNotAvailable):
+            define(b, "mem", rate=20, period="1 hour", durable=False)
+        a.execute("COMMIT")
+        define(b, "mem", rate=20, period="1 hour", durable=False)
+        assert remaining(b, "mem", "k") == 6, "the 4 taken still count under the new rate"
+        b.execute("BEGIN")
+        define(b, "mem", rate=30, period="1 hour", durable=False)
+        with pytest.raises(errors.FeatureNotSupported):
+            b.execute("SELECT rate_limiter.rate_limit('mem', 'k')")
+        b.execute("ROLLBACK")
+        b.execute("SELECT rate_limiter.reset_rate_limit('mem', 'k')")
+        assert remaining(b, "mem", "k") == 20
+        a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 3)")
+        a.execute("DELETE FROM rate_limiter.limits WHERE name = 'mem'")
+        define(a, "mem", rate=10, period="1 hour", durable=False)
+        assert remaining(a, "mem", "k") == 10, "deleted and defined again: afresh"
+
+
+def test_a_database_or_extension_dropped_and_made_again_starts_empty(main):
+    config = """'{"kind": "fixed window", "rate": 2, "period": "1 day", "durable": false}'"""
+    with main.connect() as admin:
+        admin.execute("CREATE DATABASE rl_memory_oid")
+        oid = admin.execute("SELECT oid FROM pg_database WHERE datname = 'rl_memory_oid'").fetchone()[0]
+        try:
+            for _ in range(2):
+                with main.connect("rl_memory_oid") as c:
+                    c.execute("CREATE EXTENSION rate_limiter")
+                    c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+                    full = c.execute(f"SELECT remaining FROM rate_limiter.check_rate_limit('m', 'k', 0, config => {config})")
+                    assert full.fetchone() == (2,), "a new database's key is full, one given a dropped one's OID too"
+                    c.execute(f"SELECT rate_limiter.rate_limit('m', 'k', 2, config => {config})")
+                    c.execute("DROP EXTENSION rate_limiter")
+                    c.execute("CREATE EXTENSION rate_limiter")
+                    c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+                    assert c.execute(f"SELECT remaining FROM rate_limiter.check_rate_limit('m', 'k', 0, config => {config})"
+                                     ).fetchone() == (2,), "the extension made again starts empty"
+                    c.execute(f"SELECT rate_limiter.rate_limit('m', 'k', 2, config => {config})")
+                admin.execute("DROP DATABASE rl_memory_oid")
+                admin.execute(f"CREATE DATABASE rl_memory_oid OID {oid}")
+        finally:
+            admin.execute("DROP DATABASE IF EXISTS rl_memory_oid")
+
+
+def test_full_entries_refuse_new_keys_and_each_database_keeps_its_share(clusters):
+    """One partition of 64 entries, half of them each database's: keys holding tokens fill a
+    database's share, after which its new keys get 53400 while another database's still
+    count; once the windows end, the entries are given to new keys."""
+    small = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                   "-c rate_limiter.memory_keys=64"]).init().start()
+    config = """'{"kind": "fixed window", "rate": 1, "period": "1 hour", "start": 1893456000000, "durable": false}'"""
+    with small.connect() as admin:
+        admin.execute("CREATE DATABASE other")
+    for dbname in ("postgres", "other"):
+        with small.connect(dbname) as c:
+            c.execute("CREATE EXTENSION rate_limiter")
+            c.execute(f"ALTER DATABASE {dbname} SET rate_limiter.fake_now = '{NOW}'")
+    with small.connect() as c, small.connect("other") as o:
+        take = f"SELECT ok FROM rate_limiter.rate_limit('m', %s, config => {config})"
+        for i in range(32):
+            assert c.execute(take, (f"k{i}",)).fetchone() == (True,)
+        with pytest.raises(errors.ConfigurationLimitExceeded) as raised:
+            c.execute(take, ("one too many",))
+        assert "memory_keys" in raised.value.diag.message_hint
+        assert c.execute(take, ("k0",)).fetchone() == (False,), "a counted key still answers"
+        for i in range(32):
+            assert o.execute(take, (f"k{i}",)).fetchone() == (True,), "the other database has its own share"
+        c.execute("SET rate_limiter.fake_now = '2030-01-01 01:00:00+00'")
+        assert c.execute(take, ("one too many",)).fetchone() == (True,), "an ended window's entry is given away"
+    small.stop()
+    small.settings = ["-c rate_limiter.prune_interval=0"]
+    small.start()
+    with small.connect() as c:
+        with pytest.raises(errors.ObjectNotInPrerequisiteState) as raised:
+            c.execute(f"SELECT rate_limiter.rate_limit('m', 'k', config => {config})")
+        assert "shared_preload_libraries" in raised.value.diag.message_hint
