@@ -111,7 +111,7 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
             old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.rate_limit FROM {role}")
             # define() was created again with more arguments; its grant came along.
             assert old.execute(f"SELECT has_function_privilege('{role}', 'rate_limiter.define(text, text, float8, "
-                               "interval, float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text)', 'EXECUTE')"
+                               "interval, float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean)', 'EXECUTE')"
                                ).fetchone() == (True,)
             old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.define FROM {role}")
             if released == "0.4.0":

@@ -4,28 +4,30 @@ entries one database can take, and forgotten with their database or extension. E
 the bound is the ledger's (tests/ledger.py); the answers against a row-based limit are
 tests/test_hot_oracle.py's."""
 
+import os
 import re
+import subprocess
 
 import pytest
 from psycopg import errors
 
 from calls import define
-from clusters import PORTS, every_version
+from clusters import PORTS, as_postgres, every_version, wait_for
 from ledger import NOW, granted, ledger, mixed_load, remaining, session, take
 
 
 @every_version
-@pytest.mark.parametrize("keys", [1, 40])
-def test_the_bound_is_exact_under_concurrent_sessions(database, keys):
-    """8 sessions mixing commits, rollbacks and savepoint rollbacks, on one key (at most 8
-    calls in flight, inside the ring) and spread over 40."""
+@pytest.mark.parametrize("keys, sessions", [(1, 8), (1, 32), (40, 8)])
+def test_the_bound_is_exact_under_concurrent_sessions(database, keys, sessions):
+    """Sessions mixing commits, rollbacks and savepoint rollbacks, on one key (32 sessions
+    fill its ring: a call then waits for the oldest call in flight) and spread over 40."""
     with session(database) as admin:
         ledger(admin)
         define(admin, "mem_token", "token bucket", rate=300, period="1 day", durable=False)
         define(admin, "mem_fixed", "fixed window", rate=300, period="1 day", durable=False)
     for name in ("mem_token", "mem_fixed"):
         for k in range(keys):
-            mixed_load(database, name, f"k{k}", 8, 60 if keys == 1 else 4)
+            mixed_load(database, name, f"k{k}", sessions, 60 if keys == 1 else 4)
         with session(database) as c:
             for k in range(keys):
                 used, left = granted(c, name, f"k{k}"), remaining(c, name, f"k{k}")
@@ -54,6 +56,30 @@ def test_rollback_and_savepoint_rollback_give_back(database):
         assert granted(c, "mem", "k") + 5 + remaining(c, "mem", "k") == 10, "the ledger's 4, and 5 outside it"
 
 
+def test_a_full_ring_waits_for_the_oldest_call_in_flight_whose_rollback_then_gives_back(database):
+    """16 calls of one key in flight fill its entry's ring: the next call waits for the
+    oldest one's transaction, as a durable call waits for the row, rather than fold it into
+    the committed counts (where its rollback would give nothing back)."""
+    holders = [session(database) for _ in range(16)]
+    try:
+        define(holders[0], "mem", rate=100, period="1 hour", durable=False)
+        for h in holders:
+            h.execute("BEGIN")
+            h.execute("SELECT rate_limiter.rate_limit('mem', 'k')")
+        with session(database) as late:
+            late.execute("SET lock_timeout = '300ms'")
+            with pytest.raises(errors.LockNotAvailable):
+                late.execute("SELECT rate_limiter.rate_limit('mem', 'k')")
+            holders[0].execute("ROLLBACK")
+            assert late.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k')").fetchone() == (True,)
+            for h in holders[1:]:
+                h.execute("ROLLBACK")
+            assert remaining(late, "mem", "k") == 99, "every rollback gave its token back"
+    finally:
+        for h in holders:
+            h.close()
+
+
 def test_a_call_writes_no_wal_and_a_durable_one_does(database):
     with session(database) as c:
         define(c, "mem", rate=100, period="1 hour", durable=False)
@@ -66,10 +92,11 @@ def test_a_call_writes_no_wal_and_a_durable_one_does(database):
                 "SELECT * FROM rate_limiter.rate_limit(%s, 'k')", (name,)))
             wal = re.search(r"WAL: records=(\d+)", plan)
             assert (wal is not None and int(wal.group(1)) > 0) == writes, f"{name}:\n{plan}"
-        c.execute("BEGIN READ ONLY")
-        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k')").fetchone() == (True,)
-        assert c.execute("SELECT pg_current_xact_id_if_assigned()").fetchone() == (None,)
-        c.execute("COMMIT")
+        for begin in ("BEGIN", "BEGIN READ ONLY"):
+            c.execute(begin)
+            assert c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k')").fetchone() == (True,)
+            assert c.execute("SELECT pg_current_xact_id_if_assigned()").fetchone() == (None,), "no transaction id"
+            c.execute("COMMIT")
 
 
 def test_a_change_waits_for_calls_in_flight_and_keeps_the_counts(database):
@@ -153,3 +180,32 @@ def test_full_entries_refuse_new_keys_and_each_database_keeps_its_share(clusters
         with pytest.raises(errors.ObjectNotInPrerequisiteState) as raised:
             c.execute(f"SELECT rate_limiter.rate_limit('m', 'k', config => {config})")
         assert "shared_preload_libraries" in raised.value.diag.message_hint
+
+
+def test_a_standby_counts_its_own_calls(clusters):
+    """A memory limit works on a hot standby, in its read-only transactions: it counts that
+    server's calls, and the primary's are not there (docs/memory-limits.md)."""
+    primary = clusters("primary", PORTS["primary"], ["-c shared_preload_libraries=rate_limiter"]).init().start()
+    standby = clusters("standby", PORTS["standby"], ["-c shared_preload_libraries=rate_limiter"])
+    with primary.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "mem", rate=5, period="1 hour", durable=False)
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
+    os.makedirs(standby.dir, exist_ok=True)
+    subprocess.run(["chown", "postgres:", standby.dir], check=True)
+    as_postgres(f"{standby.bin}/pg_basebackup", "-h", "/tmp", "-p", str(primary.port), "-U", "postgres",
+                "-D", standby.dir, "-R", "-X", "stream")
+    os.chmod(standby.dir, 0o700)
+    standby.start()
+    with standby.connect() as s:
+        wait_for(lambda: s.execute("SELECT count(*) FROM rate_limiter.limits WHERE name = 'mem'").fetchone() == (1,),
+                 "the limit replayed")
+        answers = [s.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k', 2)").fetchone()[0] for _ in range(3)]
+        assert answers == [True, True, False], "the standby's own 5, none of the primary's 4"
+        s.execute("BEGIN")
+        assert s.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'other', 5)").fetchone() == (True,)
+        s.execute("ROLLBACK")
+        assert s.execute("SELECT remaining FROM rate_limiter.check_rate_limit('mem', 'other', 0)").fetchone() == (5,)
+        with pytest.raises(errors.ReadOnlySqlTransaction):
+            s.execute("""SELECT rate_limiter.rate_limit('durable', 'k', config => '{"kind": "token bucket", "rate": 1, "period": 1000}')""")

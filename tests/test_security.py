@@ -279,7 +279,7 @@ def test_updating_from_each_release_runs_none_of_the_operators_the_schemas_owner
         assert admin.execute("SELECT ok, remaining FROM rate_limiter.rate_limit('kept', 'k')").fetchone() == (True, 2)
         assert trap_runs(admin, counter) == 0
         assert admin.execute("SELECT has_function_privilege(%s, 'rate_limiter.define(text, text, float8, interval, "
-                             "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text)', "
+                             "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean)', "
                              "'EXECUTE')", (role,)).fetchone() == (True,)
 
 
@@ -293,7 +293,7 @@ def test_updating_from_020_keeps_the_grants_of_a_role_whose_name_needs_quoting(e
             admin.execute("ALTER EXTENSION rate_limiter UPDATE")
             assert admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.6.0",)
             assert admin.execute("SELECT has_function_privilege(%s, 'rate_limiter.define(text, text, float8, interval, "
-                                 "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text)', "
+                                 "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean)', "
                                  "'EXECUTE')", (role,)).fetchone() == (True,)
         finally:
             admin.execute(f'DROP OWNED BY "{role}"')

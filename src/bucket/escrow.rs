@@ -132,6 +132,11 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
         (self.len > 0).then(|| self.at(0).seq)
     }
 
+    /// Whether the ring is full: the next admission sinks the older half.
+    pub fn full(&self) -> bool {
+        self.len == N
+    }
+
     /// Whether nothing is listed and no sunk debit is still in flight: only then does the
     /// committed log hold everything this escrow counts, so that it may be rebuilt from it.
     pub fn idle(&self) -> bool {

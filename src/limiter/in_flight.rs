@@ -113,8 +113,10 @@ fn settle(debits: Vec<(Debit, pg_sys::SubTransactionId)>, committed: bool) {
             Debit::Memory(ticket, seq, config) => {
                 if let Some(mut guard) = memory::redeem(ticket) {
                     let entry = guard.entry();
+                    entry.end_holder(seq);
                     if committed {
                         entry.escrow().commit(&config, seq);
+                        entry.note_committed();
                     } else {
                         entry.escrow().abort(&config, seq);
                     }

@@ -41,19 +41,49 @@ pub fn consume(req: &Request<'_>, config: &Config) -> Decision {
         Error::ChangedHere(req.name.to_owned()).raise()
     }
     in_flight::register_callbacks();
-    let now = clock::now_ms();
     let fingerprint = config::fingerprint(config);
-    let mut guard = memory::hold(&id, req.name, &fingerprint, now, || super::fresh(req, config, now)).unwrap_or_else(|e| e.raise());
-    let ticket = guard.ticket();
-    let entry = guard.entry();
-    let seq = entry.draw_seq();
-    let admitted = entry.escrow().admit(config, now, req.count, req.reserve, seq);
-    entry.settled(config);
-    if let Some(seq) = admitted.seq {
-        in_flight::note_debit(in_flight::Debit::Memory(ticket, seq, *config));
+    let me = storage::my_transaction();
+    let mut waited = None;
+    loop {
+        let now = clock::now_ms();
+        let mut guard =
+            memory::hold(&id, req.name, &fingerprint, now, || super::fresh(req, config, now)).unwrap_or_else(|e| e.raise());
+        let ticket = guard.ticket();
+        let entry = guard.entry();
+        if let Some(holder) = oldest_to_wait_for(entry, req, config, now).filter(|h| *h != me && Some(*h) != waited) {
+            // As a durable call waits for the row: the ring is full, and a call that would
+            // list its debit waits for the transaction of the oldest debit in flight rather
+            // than fold it into the base, where its rollback would give nothing back.
+            drop(guard);
+            storage::wait_for_transaction(holder);
+            waited = Some(holder);
+            continue;
+        }
+        let seq = entry.draw_seq();
+        let admitted = entry.escrow().admit(config, now, req.count, req.reserve, seq);
+        entry.settled(config);
+        if let Some(seq) = admitted.seq {
+            entry.note_holder(seq, me);
+            in_flight::note_debit(in_flight::Debit::Memory(ticket, seq, *config));
+        }
+        drop(guard);
+        return super::decision(req, &admitted.outcome, config, config, admitted.at);
     }
-    drop(guard);
-    super::decision(req, &admitted.outcome, config, config, admitted.at)
+}
+
+/// When the entry's ring is full and this call would list a debit: the transaction holding
+/// the oldest debit in flight, which the call waits for.
+fn oldest_to_wait_for(entry: &mut memory::Entry, req: &Request<'_>, config: &Config, now: f64) -> Option<(i32, u32)> {
+    let escrow = entry.escrow();
+    if !escrow.full() || req.count <= 0.0 {
+        return None;
+    }
+    let at = escrow.admission_instant(now);
+    if !bucket::plan(&[escrow.tail()], config, at, req.count, req.reserve).ok {
+        return None;
+    }
+    let oldest = escrow.unsettled_from()?;
+    entry.holder_of(oldest)
 }
 
 /// The state calls are decided against and the instant they are decided at: the escrow's,
@@ -64,7 +94,7 @@ fn current(req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
     if changed_here(&id, false) {
         return (super::fresh(req, config, now), now);
     }
-    if let Some(mut guard) = memory::peek(&id) {
+    if let Some(mut guard) = memory::peek(&id).filter(|g| !g.entry_ref().absent()) {
         let escrow = guard.entry().escrow();
         return (escrow.tail(), escrow.admission_instant(now));
     }

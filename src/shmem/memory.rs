@@ -117,6 +117,15 @@ struct Header {
     entries: u64,
 }
 
+/// The transaction (as `storage::my_transaction` gives it) that holds a listed debit in flight.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct Holder {
+    /// 0: none.
+    seq: u64,
+    transaction: (i32, u32),
+}
+
 /// One memory (database, limit, key) and its escrow.
 #[repr(C)]
 pub struct Entry {
@@ -131,8 +140,14 @@ pub struct Entry {
     config: [u8; 16],
     /// When the committed state holds what an absent key's would (`bucket::expires`).
     expires: f64,
+    /// A debit committed since the entry was claimed: until then the key is as absent as a
+    /// durable limit's row that was never committed.
+    committed: bool,
     /// The last debit number drawn: numbers ascend along the escrow.
     last_seq: u64,
+    /// Who holds the debits in flight, so that a call finding the ring full can wait for the
+    /// oldest one's transaction.
+    holders: [Holder; RING],
     escrow: Escrow<RING, Packed>,
 }
 
@@ -145,6 +160,36 @@ impl Entry {
     pub fn draw_seq(&mut self) -> u64 {
         self.last_seq += 1;
         self.last_seq
+    }
+
+    /// Debit `seq` is held by `transaction` until it ends.
+    pub fn note_holder(&mut self, seq: u64, transaction: (i32, u32)) {
+        if let Some(free) = self.holders.iter_mut().find(|h| h.seq == 0) {
+            *free = Holder { seq, transaction };
+        }
+    }
+
+    /// The transaction that holds debit `seq`, when known.
+    pub fn holder_of(&self, seq: u64) -> Option<(i32, u32)> {
+        self.holders.iter().find(|h| h.seq == seq).map(|h| h.transaction)
+    }
+
+    /// Nothing in flight and nothing ever committed: the key is as absent as a durable
+    /// limit's row that was never committed.
+    pub fn absent(&self) -> bool {
+        !self.committed && self.escrow.idle()
+    }
+
+    /// A debit committed.
+    pub fn note_committed(&mut self) {
+        self.committed = true;
+    }
+
+    /// Debit `seq` ended.
+    pub fn end_holder(&mut self, seq: u64) {
+        for h in self.holders.iter_mut().filter(|h| h.seq == seq) {
+            *h = Holder::default();
+        }
     }
 
     /// After a change of the escrow under `config`: when the entry may be given away.
@@ -283,6 +328,11 @@ impl Guard {
         unsafe { &mut *self.entry }
     }
 
+    pub fn entry_ref(&self) -> &Entry {
+        // SAFETY: as in `entry`.
+        unsafe { &*self.entry }
+    }
+
     pub fn ticket(&mut self) -> Ticket {
         Ticket { index: self.index, generation: self.entry().generation }
     }
@@ -319,6 +369,11 @@ pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl 
                     return Err(Error::ConfigRace(name.to_owned()));
                 }
                 entry.config = *config;
+                if entry.absent() {
+                    // Only rolled-back calls: fresh under the new config.
+                    // SAFETY: the entry's escrow, whose ring holds zeros or debits.
+                    unsafe { Escrow::restart(&raw mut entry.escrow, fresh(), f64::NEG_INFINITY) };
+                }
             }
             i
         }
@@ -344,6 +399,8 @@ pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl 
             // SAFETY: the entry's escrow, whose ring holds zeros or debits.
             unsafe { Escrow::restart(&raw mut entry.escrow, base, f64::NEG_INFINITY) };
             entry.expires = f64::INFINITY; // set by the caller's `settled`
+            entry.holders = [Holder::default(); RING];
+            entry.committed = false;
             i
         }
     };

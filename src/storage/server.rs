@@ -157,3 +157,30 @@ pub unsafe fn die_on_sigterm() {
         pg_sys::BackgroundWorkerUnblockSignals();
     }
 }
+
+/// This backend's transaction, as another backend can wait for it: its proc number (backend
+/// id before 17) and local transaction id.
+pub fn my_transaction() -> (i32, u32) {
+    // SAFETY: MyProc is this backend's PGPROC, set before any SQL runs; only this backend
+    // writes its transaction ids.
+    unsafe {
+        let proc = &*pg_sys::MyProc;
+        #[cfg(any(feature = "pg17", feature = "pg18"))]
+        return (proc.vxid.procNumber, proc.vxid.lxid);
+        #[cfg(any(feature = "pg15", feature = "pg16"))]
+        return (proc.backendId, proc.lxid);
+    }
+}
+
+/// Wait until the transaction `my_transaction` gave in another backend has ended (at once if
+/// it has), through the lock every transaction holds on itself: the deadlock detector sees
+/// the wait, and a cancel or statement_timeout ends it.
+pub fn wait_for_transaction(transaction: (i32, u32)) {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    let vxid = pg_sys::VirtualTransactionId { procNumber: transaction.0, localTransactionId: transaction.1 };
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    let vxid = pg_sys::VirtualTransactionId { backendId: transaction.0, localTransactionId: transaction.1 };
+    // SAFETY: a plain value; VirtualXactLock waits or returns, and raises on a deadlock or an
+    // interrupt, inside the caller's transaction.
+    unsafe { pg_sys::VirtualXactLock(vxid, true) };
+}
