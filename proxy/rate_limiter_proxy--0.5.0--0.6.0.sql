@@ -59,73 +59,143 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION rate_limiter_proxy.define(
-    name text,
-    kind text,
-    rate double precision,
-    period interval,
-    capacity double precision DEFAULT NULL,
-    max_reserved double precision DEFAULT NULL,
-    shards integer DEFAULT 1,
-    start timestamptz DEFAULT NULL,
-    min_gap interval DEFAULT NULL,
-    mode text DEFAULT 'all',
-    buckets integer DEFAULT NULL,
-    lock_timeout interval DEFAULT NULL,
-    on_lock_timeout text DEFAULT 'deny',
-    deny_cache interval DEFAULT NULL,
-    hot boolean DEFAULT false,
-    enforce boolean DEFAULT true,
-    tz text DEFAULT NULL
-) RETURNS void
-LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $define$
+-- Memory limits (durable => false) through the router: define() and its hop take durable,
+-- and a limit keeps it. A call goes where a limit of its shape goes (a memory limit has
+-- shards = 1: the key's partition), where rate_limiter counts it.
+ALTER TABLE rate_limiter_proxy.limits ADD COLUMN durable boolean NOT NULL DEFAULT true;
+COMMENT ON COLUMN rate_limiter_proxy.limits.durable IS 'false: a memory limit on each partition (see rate_limiter''s docs/memory-limits.md).';
+
+-- A function's arguments cannot change in place: create define() and its hop again, and give
+-- back the EXECUTE grants they had.
+DO $$
 DECLARE
-    partitions integer;
-    spread integer := 1;
-    code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+    grantee pg_catalog.regrole;
+    define_grantees pg_catalog.regrole[] := (SELECT pg_catalog.array_agg(a.grantee::pg_catalog.regrole)
+        FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+        WHERE p.oid OPERATOR(pg_catalog.=) 'rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text)'::pg_catalog.regprocedure
+          AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+          AND a.grantee OPERATOR(pg_catalog.<>) p.proowner AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid);
+    hop_grantees pg_catalog.regrole[] := (SELECT pg_catalog.array_agg(a.grantee::pg_catalog.regrole)
+        FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+        WHERE p.oid OPERATOR(pg_catalog.=) 'rate_limiter_proxy._define_everywhere(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, text)'::pg_catalog.regprocedure
+          AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+          AND a.grantee OPERATOR(pg_catalog.<>) p.proowner AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid);
 BEGIN
-    -- INSERT and UPDATE on rate_limiter_proxy.limits (see _gate), before any partition is
-    -- touched: the router's own write below comes after the partitions'.
-    PERFORM rate_limiter_proxy._gate('define');
-    -- A hot limit's escrow is one database's: through the router, define it on the
-    -- partitions themselves.
-    IF hot THEN
-        RAISE EXCEPTION 'not supported: a hot limit through the router'
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'Define it with rate_limiter.define(..., hot => true) on each partition, or shard it.';
-    END IF;
-    partitions := rate_limiter_proxy.partitions();
-    -- A concurrency limit's slots are one set per key: never spread. Each partition gets the
-    -- whole limit, and refuses shards > 1 as the extension does (0A000).
-    IF coalesce(shards, 1) OPERATOR(pg_catalog.>) 1 AND kind IS DISTINCT FROM 'concurrency' THEN
-        spread := partitions;
-    END IF;
-    -- Every partition at once, each in a transaction of its own: after an error some may
-    -- have the new definition; define again.
-    PERFORM rate_limiter_proxy._define_everywhere(name, kind,
-        rate OPERATOR(pg_catalog./) spread::double precision, period,
-        capacity OPERATOR(pg_catalog./) spread::double precision,
-        max_reserved OPERATOR(pg_catalog./) spread::double precision,
-        rate_limiter_proxy._shards_per_partition(shards, spread), start, min_gap, mode,
-        buckets, lock_timeout, on_lock_timeout, deny_cache, coalesce(enforce, true), tz);
-    INSERT INTO rate_limiter_proxy.limits AS l (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap,
-            mode, buckets, lock_timeout, on_lock_timeout, deny_cache, partitions, enforce, tz)
-        VALUES (name, kind, rate, period, capacity, max_reserved, coalesce(shards, 1), start, min_gap,
-            coalesce(mode, 'all'), buckets, lock_timeout, coalesce(on_lock_timeout, 'deny'), deny_cache, partitions,
-            coalesce(enforce, true), tz)
-        ON CONFLICT ON CONSTRAINT limits_pkey DO UPDATE SET
-            kind = EXCLUDED.kind, rate = EXCLUDED.rate, period = EXCLUDED.period, capacity = EXCLUDED.capacity,
-            max_reserved = EXCLUDED.max_reserved, shards = EXCLUDED.shards, start = EXCLUDED.start,
-            min_gap = EXCLUDED.min_gap, mode = EXCLUDED.mode, buckets = EXCLUDED.buckets,
-            lock_timeout = EXCLUDED.lock_timeout, on_lock_timeout = EXCLUDED.on_lock_timeout,
-            deny_cache = EXCLUDED.deny_cache, partitions = EXCLUDED.partitions, enforce = EXCLUDED.enforce, tz = EXCLUDED.tz,
-            defined_at = pg_catalog.now();
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
-    PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, NULL);
-    RAISE;
+    DROP FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text);
+    DROP FUNCTION rate_limiter_proxy._define_everywhere(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, text);
+    CREATE FUNCTION rate_limiter_proxy._define_everywhere(name text, kind text, rate double precision, period interval,
+        capacity double precision, max_reserved double precision, shards integer, start timestamptz, min_gap interval,
+        mode text, buckets integer, lock_timeout interval, on_lock_timeout text, deny_cache interval, enforce boolean,
+        tz text, durable boolean)
+    RETURNS SETOF integer LANGUAGE plproxy SET search_path = pg_catalog, pg_temp AS $body$
+        CLUSTER rate_limiter_proxy._gate('define');
+        RUN ON ALL;
+        -- By position: PL/Proxy reads every argument's name in the query as the argument.
+        -- A hot limit is never defined through the router: hot is false.
+        SELECT 1 FROM rate_limiter.define(name, kind, rate, period, capacity, max_reserved, shards, start, min_gap,
+                                          mode, buckets, lock_timeout, on_lock_timeout, deny_cache, false, enforce, tz,
+                                          durable);
+    $body$;
+    REVOKE ALL ON FUNCTION rate_limiter_proxy._define_everywhere(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, text, boolean) FROM PUBLIC;
+    CREATE FUNCTION rate_limiter_proxy.define(
+        name text,
+        kind text,
+        rate double precision,
+        period interval,
+        capacity double precision DEFAULT NULL,
+        max_reserved double precision DEFAULT NULL,
+        shards integer DEFAULT 1,
+        start timestamptz DEFAULT NULL,
+        min_gap interval DEFAULT NULL,
+        mode text DEFAULT 'all',
+        buckets integer DEFAULT NULL,
+        lock_timeout interval DEFAULT NULL,
+        on_lock_timeout text DEFAULT 'deny',
+        deny_cache interval DEFAULT NULL,
+        hot boolean DEFAULT false,
+        enforce boolean DEFAULT true,
+        tz text DEFAULT NULL,
+        durable boolean DEFAULT true
+    ) RETURNS void
+    LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $define$
+    DECLARE
+        partitions integer;
+        spread integer := 1;
+        code pg_catalog.text; msg pg_catalog.text; det pg_catalog.text; hnt pg_catalog.text;
+    BEGIN
+        -- INSERT and UPDATE on rate_limiter_proxy.limits (see _gate), before any partition is
+        -- touched: the router's own write below comes after the partitions'.
+        PERFORM rate_limiter_proxy._gate('define');
+        -- A hot limit's escrow is one database's: through the router, define it on the
+        -- partitions themselves.
+        IF hot THEN
+            RAISE EXCEPTION 'not supported: a hot limit through the router'
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'Define it with rate_limiter.define(..., hot => true) on each partition, or shard it.';
+        END IF;
+        partitions := rate_limiter_proxy.partitions();
+        -- A concurrency limit's slots are one set per key: never spread. Each partition gets the
+        -- whole limit, and refuses shards > 1 as the extension does (0A000).
+        IF coalesce(shards, 1) OPERATOR(pg_catalog.>) 1 AND kind IS DISTINCT FROM 'concurrency' THEN
+            spread := partitions;
+        END IF;
+        -- Every partition at once, each in a transaction of its own: after an error some may
+        -- have the new definition; define again.
+        PERFORM rate_limiter_proxy._define_everywhere(name, kind,
+            rate OPERATOR(pg_catalog./) spread::double precision, period,
+            capacity OPERATOR(pg_catalog./) spread::double precision,
+            max_reserved OPERATOR(pg_catalog./) spread::double precision,
+            rate_limiter_proxy._shards_per_partition(shards, spread), start, min_gap, mode,
+            buckets, lock_timeout, on_lock_timeout, deny_cache, coalesce(enforce, true), tz, coalesce(durable, true));
+        INSERT INTO rate_limiter_proxy.limits AS l (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap,
+                mode, buckets, lock_timeout, on_lock_timeout, deny_cache, partitions, enforce, tz, durable)
+            VALUES (name, kind, rate, period, capacity, max_reserved, coalesce(shards, 1), start, min_gap,
+                coalesce(mode, 'all'), buckets, lock_timeout, coalesce(on_lock_timeout, 'deny'), deny_cache, partitions,
+                coalesce(enforce, true), tz, coalesce(durable, true))
+            ON CONFLICT ON CONSTRAINT limits_pkey DO UPDATE SET
+                kind = EXCLUDED.kind, rate = EXCLUDED.rate, period = EXCLUDED.period, capacity = EXCLUDED.capacity,
+                max_reserved = EXCLUDED.max_reserved, shards = EXCLUDED.shards, start = EXCLUDED.start,
+                min_gap = EXCLUDED.min_gap, mode = EXCLUDED.mode, buckets = EXCLUDED.buckets,
+                lock_timeout = EXCLUDED.lock_timeout, on_lock_timeout = EXCLUDED.on_lock_timeout,
+                deny_cache = EXCLUDED.deny_cache, partitions = EXCLUDED.partitions, enforce = EXCLUDED.enforce, tz = EXCLUDED.tz,
+                durable = EXCLUDED.durable,
+                defined_at = pg_catalog.now();
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+        PERFORM rate_limiter_proxy._raise_again(code, msg, det, hnt, NULL);
+        RAISE;
+    END
+    $define$;
+    REVOKE ALL ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean) IS
+        'rate_limiter.define on every partition (a spread limit, shards > 1, with each partition''s share), recorded in rate_limiter_proxy.limits. Needs INSERT and UPDATE on rate_limiter_proxy.limits.';
+    -- A regrole's text is the role's name quoted as an identifier already: %s, not %I.
+    FOREACH grantee IN ARRAY coalesce(hop_grantees, '{}') LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter_proxy._define_everywhere(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, text, boolean) TO %s', grantee);
+    END LOOP;
+    FOREACH grantee IN ARRAY coalesce(define_grantees, '{}') LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION rate_limiter_proxy.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean) TO %s', grantee);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rate_limiter_proxy.redefine_all() RETURNS integer
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l rate_limiter_proxy.limits;
+    n integer := 0;
+BEGIN
+    -- SELECT, INSERT and UPDATE on rate_limiter_proxy.limits (see _gate), before any
+    -- partition is touched.
+    PERFORM rate_limiter_proxy._gate('redefine_all');
+    FOR l IN SELECT * FROM rate_limiter_proxy.limits ORDER BY name LOOP
+        PERFORM rate_limiter_proxy.define(l.name, l.kind, l.rate, l.period, l.capacity, l.max_reserved, l.shards,
+            l.start, l.min_gap, l.mode, l.buckets, l.lock_timeout, l.on_lock_timeout, l.deny_cache,
+            enforce => l.enforce, tz => l.tz, durable => l.durable);
+        n := n OPERATOR(pg_catalog.+) 1;
+    END LOOP;
+    RETURN n;
 END
-$define$;
+$$;
 
 -- Default privileges (ALTER DEFAULT PRIVILEGES) never reach an object this install or update
 -- created: it keeps only the grants the scripts give, so that a role given EXECUTE on every

@@ -42,7 +42,9 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def partition_clusters():
-    made = [Cluster(f"partition{i}_{uuid.uuid4().hex[:6]}", port).init().start()
+    # Preloaded for memory limits, with no prune worker to change the rows tests count.
+    settings = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.prune_interval=0"]
+    made = [Cluster(f"partition{i}_{uuid.uuid4().hex[:6]}", port, settings).init().start()
             for i, port in enumerate(PARTITION_PORTS)]
     try:
         for cluster in made:
@@ -204,6 +206,27 @@ def test_a_limit_defined_through_the_router_in_shadow_mode_is_so_on_every_partit
     for i in range(2):
         with fleet2.on_partition(i) as c:
             assert c.execute("SELECT enforce FROM rate_limiter.limits WHERE name = %s", (name,)).fetchone() == (True,)
+
+
+def test_a_memory_limit_through_the_router_counts_on_the_partition_of_the_key(fleet2):
+    name = unique("memory")
+    with fleet2.connect() as c:
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 2, '1 hour', durable => false)", (name,))
+        assert c.execute("SELECT durable FROM rate_limiter_proxy.limits WHERE name = %s", (name,)).fetchone() == (False,)
+        answers = [c.execute("SELECT ok FROM rate_limiter_proxy.rate_limit(%s, 'k')", (name,)).fetchone()[0]
+                   for _ in range(3)]
+        assert answers == [True, True, False]
+        owner = c.execute("SELECT rate_limiter_proxy.partition_of('k')").fetchone()[0]
+        c.execute("SELECT rate_limiter_proxy.redefine_all()")
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 2, '1 hour', shards => 4, durable => false)",
+                      (name,))
+    for i in range(2):
+        with fleet2.on_partition(i) as p:
+            assert p.execute("SELECT durable FROM rate_limiter.limits WHERE name = %s", (name,)).fetchone() == (False,)
+            assert p.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (0,)
+            left = p.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, 'k', 0)", (name,)).fetchone()[0]
+            assert left == (0 if i == owner else 2), "counted on the key's partition, in memory"
 
 
 def test_a_concurrency_limit_through_the_router_holds_leases_on_the_partition_of_the_key(fleet2):
@@ -580,7 +603,7 @@ PARTITION_CHANGES = [
     ("SELECT rate_limiter_proxy.disallow(%(name)s, 'victim')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy.reset_rate_limit(%(name)s, 'used')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._define_everywhere(%(name)s, 'token bucket', 1000000, '1 second', NULL, NULL, 1, "
-     "NULL, NULL, 'all', NULL, NULL, 'deny', NULL, true, NULL)", DEFINE_HINT),
+     "NULL, NULL, 'all', NULL, NULL, 'deny', NULL, true, NULL, true)", DEFINE_HINT),
     ("SELECT rate_limiter_proxy._block_everywhere(%(name)s, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._block_everywhere(NULL, 'alice', 'infinity', 'mine now')", UPDATE_HINT),
     ("SELECT rate_limiter_proxy._unblock_everywhere(%(name)s, 'victim')", UPDATE_HINT),
@@ -860,7 +883,7 @@ def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_an
             assert granted_to(g, "rate_limiter_proxy", intruder) == []
             assert g.execute(f"SELECT has_function_privilege('{app}', 'rate_limiter_proxy.define(text, text, float8, interval, "
                              "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, "
-                             "boolean, text)', 'EXECUTE')").fetchone() == (True,), "define, created again in 0.5.0, kept its grant"
+                             "boolean, text, boolean)', 'EXECUTE')").fetchone() == (True,), "define, created again in 0.6.0, kept its grant"
             assert g.execute(f"SELECT has_function_privilege('{app}', 'rate_limiter_proxy.rate_limit(text, text, float8, "
                              "boolean, boolean, jsonb)', 'EXECUTE')").fetchone() == (True,), "the update kept a grant"
             assert g.execute(everyone).fetchone() == (False,)

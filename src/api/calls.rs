@@ -31,7 +31,7 @@ use super::{fmgr_v1_info, parts, request, resolve_for, usable};
 
 fn decide(req: &mut Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<(Decision, Config)> {
     // Open the table first: its lock takes in pending invalidations of cached configs.
-    let mut table = if consume { StateTable::open_for_call() } else { StateTable::open(None) };
+    let mut table = if consume { StateTable::open_for_call(c"rate_limit()") } else { StateTable::open(None) };
     let config = resolve_for(req, inline)?;
     usable(req, &config)?;
     if consume && config.durable {

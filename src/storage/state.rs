@@ -98,7 +98,12 @@ impl StateTable {
     /// Open for a consuming call whose limit is not known yet: locked as for writing, so that
     /// a change of a limit waits for it, but writable only once `prepare_writes` says so (a
     /// memory limit's call writes nothing, in a read-only transaction or on a standby too).
-    pub fn open_for_call() -> StateTable {
+    /// A parallel worker is refused either way: its calls would end with the worker, not
+    /// with the transaction they belong to.
+    pub fn open_for_call(command: &std::ffi::CStr) -> StateTable {
+        // SAFETY: `command` is NUL-terminated and alive for the call, which only reads this
+        // backend's state and raises an ERROR in parallel mode.
+        unsafe { pg_sys::PreventCommandIfParallelMode(command.as_ptr()) };
         Self::locked(pg_sys::RowExclusiveLock as pg_sys::LOCKMODE, xact_snapshot_isolation())
     }
 
