@@ -209,3 +209,38 @@ def test_a_standby_counts_its_own_calls(clusters):
         assert s.execute("SELECT remaining FROM rate_limiter.check_rate_limit('mem', 'other', 0)").fetchone() == (5,)
         with pytest.raises(errors.ReadOnlySqlTransaction):
             s.execute("""SELECT rate_limiter.rate_limit('durable', 'k', config => '{"kind": "token bucket", "rate": 1, "period": 1000}')""")
+
+
+@every_version
+def test_a_clean_restart_keeps_the_counts_and_a_crash_starts_them_full(clusters):
+    """The postmaster writes the counted keys at a clean shutdown and reads them back at the
+    next start; after a crash (immediate stop) there is no file, and every key is full."""
+    server = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                    "-c rate_limiter.prune_interval=0"]).init().start()
+    inline = """'{"kind": "token bucket", "rate": 10, "period": "1 hour", "durable": false}'"""
+    with server.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "mem", rate=10, period="1 hour", durable=False)
+    with server.connect() as c:
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 7)")
+        c.execute(f"SELECT rate_limiter.rate_limit('inline', 'k', 4, config => {inline})")
+        c.execute("BEGIN")
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'other', 5)")  # rolled back by the stop
+    server.stop("fast")
+    server.start()
+    left = "SELECT (SELECT remaining FROM rate_limiter.check_rate_limit('mem', %s, 0))"
+    with server.connect() as c:
+        assert c.execute(left, ("k",)).fetchone() == (3,), "kept through a clean restart"
+        assert c.execute(left, ("other",)).fetchone() == (10,), "a call in flight at the stop rolled back"
+        assert c.execute(f"SELECT remaining FROM rate_limiter.check_rate_limit('inline', 'k', 0, config => {inline})"
+                         ).fetchone() == (6,)
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 2)")
+    server.stop("immediate")
+    server.start()
+    with server.connect() as c:
+        assert c.execute(left, ("k",)).fetchone() == (10,), "a crash starts every key full (docs/memory-limits.md)"
+    server.stop("fast")
+    server.start()
+    with server.connect() as c:
+        assert c.execute(left, ("k",)).fetchone() == (10,), "no older file is read after a crash"

@@ -132,6 +132,12 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
         (self.len > 0).then(|| self.at(0).seq)
     }
 
+    /// The committed state and its latest debit's instant, when nothing is listed or sunk in
+    /// flight (the escrow then holds only what committed).
+    pub fn at_rest(&self) -> Option<(State, f64)> {
+        self.idle().then(|| (self.base.load(), self.base_at))
+    }
+
     /// Whether the ring is full: the next admission sinks the older half.
     pub fn full(&self) -> bool {
         self.len == N

@@ -24,6 +24,8 @@ use crate::error::{Error, Result};
 
 use super::area::{self, Held};
 
+mod saved;
+
 /// Calls of one key in flight at once that an escrow lists before it sinks the older half
 /// (docs/hot-limits.md: a rollback of a sunk call gives nothing back).
 pub const RING: usize = 16;
@@ -307,6 +309,35 @@ pub unsafe fn attach() {
         }
         LOCKS.store(pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()), Release);
         AREA.store(header, Release);
+        if !found && !pg_sys::IsUnderPostmaster {
+            // The postmaster, making shared memory at start or after a crash: what the last
+            // clean shutdown counted, and the counts to write at the next one.
+            if let Some((_, first)) = table() {
+                let (loaded, dropped) = saved::load(first, entries);
+                if loaded + dropped > 0 {
+                    pgrx::log!("rate_limiter: {loaded} memory limit keys loaded from the last shutdown, {dropped} without room");
+                }
+            }
+            pg_sys::on_shmem_exit(Some(save_at_exit), pg_sys::Datum::from(0));
+        }
+    }
+}
+
+/// # Safety
+/// Only as the postmaster's `on_shmem_exit` callback, registered by `attach`.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn save_at_exit(code: i32, _arg: pg_sys::Datum) {
+    // A crash or an error exit: shared memory may be inconsistent, and nothing is written, so
+    // that the next start has no file and every key starts full.
+    if code != 0 {
+        return;
+    }
+    if let Some((header, first)) = table() {
+        // SAFETY: the postmaster exits after every backend has: no one else uses the entries.
+        match unsafe { saved::save(first, header.entries as usize) } {
+            Ok(n) => pgrx::log!("rate_limiter: {n} memory limit keys saved for the next start"),
+            Err(e) => pgrx::warning!("rate_limiter: memory limit counts not saved: {e}"),
+        }
     }
 }
 
