@@ -194,7 +194,11 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
 /// is never dropped. A denial cached for the key is forgotten.
 pub fn credit(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     let config = Config { lock_timeout: None, ..*config };
-    let d = write(table, req, &config, &|states, per_shard, now| bucket::plan_credit(states, per_shard, now, req.count));
+    let d = if config.durable {
+        write(table, req, &config, &|states, per_shard, now| bucket::plan_credit(states, per_shard, now, req.count))
+    } else {
+        memory::credit(req, &config)
+    };
     if d.granted < 0.0 {
         deny_cache::forget_pair(req.name, req.key);
     }

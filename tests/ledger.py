@@ -24,8 +24,9 @@ def granted(conn, name, key, since=None):
                         (name, key, since or "-infinity")).fetchone()[0]
 
 
-def session(dbname, fake_now=NOW, **kw):
-    conn = connect(dbname=dbname, **kw)
+def session(dbname, fake_now=NOW, server=None, **kw):
+    """A session on `dbname` of `server` (a Cluster; the test command's 15 when None)."""
+    conn = server.connect(dbname, **kw) if server else connect(dbname=dbname, **kw)
     conn.execute(f"SET rate_limiter.fake_now = '{fake_now}'")
     return conn
 
@@ -44,13 +45,13 @@ def take(conn, name, key, count=1, rollback=False, savepoint=False, hold=0.0):
             time.sleep(hold)
 
 
-def mixed_load(dbname, name, key, sessions, calls, stop=None):
+def mixed_load(dbname, name, key, sessions, calls, stop=None, server=None):
     """`sessions` sessions each make `calls` transactions (or until `stop` is set): most
     commit, some roll back whole, some roll back a savepoint around a call, a few hold their
     transaction open a moment so that debits are in flight together."""
     def body(i):
         rng = random.Random(i)
-        with session(dbname) as conn:
+        with session(dbname, server=server) as conn:
             for _ in range(calls):
                 if stop is not None and stop.is_set():
                     break

@@ -18,17 +18,17 @@ from ledger import NOW, granted, ledger, mixed_load, remaining, session, take
 
 @every_version
 @pytest.mark.parametrize("keys, sessions", [(1, 8), (1, 32), (40, 8)])
-def test_the_bound_is_exact_under_concurrent_sessions(database, keys, sessions):
+def test_the_bound_is_exact_under_concurrent_sessions(main, database, keys, sessions):
     """Sessions mixing commits, rollbacks and savepoint rollbacks, on one key (32 sessions
     fill its ring: a call then waits for the oldest call in flight) and spread over 40."""
-    with session(database) as admin:
+    with session(database, server=main) as admin:
         ledger(admin)
         define(admin, "mem_token", "token bucket", rate=300, period="1 day", durable=False)
         define(admin, "mem_fixed", "fixed window", rate=300, period="1 day", durable=False)
     for name in ("mem_token", "mem_fixed"):
         for k in range(keys):
-            mixed_load(database, name, f"k{k}", sessions, 60 if keys == 1 else 4)
-        with session(database) as c:
+            mixed_load(database, name, f"k{k}", sessions, 60 if keys == 1 else 4, server=main)
+        with session(database, server=main) as c:
             for k in range(keys):
                 used, left = granted(c, name, f"k{k}"), remaining(c, name, f"k{k}")
                 assert used + left == 300, f"{name} k{k}: {used} granted and {left} left of 300"
@@ -78,6 +78,19 @@ def test_a_full_ring_waits_for_the_oldest_call_in_flight_whose_rollback_then_giv
     finally:
         for h in holders:
             h.close()
+
+
+def test_a_credit_counts_once_committed_and_a_rolled_back_one_never(database):
+    with session(database) as a, session(database) as b:
+        define(a, "mem", "fixed window", rate=3, period="1 hour", durable=False)
+        a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 3)")
+        b.execute("BEGIN")
+        assert b.execute("SELECT granted FROM rate_limiter.credit('mem', 'k', 2)").fetchone() == (-2,)
+        assert a.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k')").fetchone() == (False,), "in flight"
+        b.execute("ROLLBACK")
+        assert remaining(a, "mem", "k") == 0, "rolled back: nothing given"
+        b.execute("SELECT rate_limiter.credit('mem', 'k', 2)")
+        assert remaining(a, "mem", "k") == 2, "committed: 2 back"
 
 
 def test_a_call_writes_no_wal_and_a_durable_one_does(database):
@@ -225,9 +238,11 @@ def test_a_clean_restart_keeps_the_counts_and_a_crash_starts_them_full(clusters)
     with server.connect() as c:
         c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 7)")
         c.execute(f"SELECT rate_limiter.rate_limit('inline', 'k', 4, config => {inline})")
-        c.execute("BEGIN")
-        c.execute("SELECT rate_limiter.rate_limit('mem', 'other', 5)")  # rolled back by the stop
+    holder = server.connect()
+    holder.execute("BEGIN")
+    holder.execute("SELECT rate_limiter.rate_limit('mem', 'other', 5)")  # in flight: the stop rolls it back
     server.stop("fast")
+    holder.close()
     server.start()
     left = "SELECT (SELECT remaining FROM rate_limiter.check_rate_limit('mem', %s, 0))"
     with server.connect() as c:

@@ -295,7 +295,7 @@ unsafe extern "C-unwind" fn answer_credit(fcinfo: FunctionCallInfo) -> Answer {
     let d = (|| -> Result<Decision> {
         let mut req = request(name, key, count, None)?;
         // Open the table first: its lock takes in pending invalidations of cached configs.
-        let table = StateTable::open(Some(c"credit()"));
+        let mut table = StateTable::open_for_call(c"credit()");
         let config = resolve_for(&mut req, inline)?;
         if config.kind == Kind::Concurrency {
             return Err(Error::Concurrency(format!(
@@ -303,11 +303,14 @@ unsafe extern "C-unwind" fn answer_credit(fcinfo: FunctionCallInfo) -> Answer {
                 req.name
             )));
         }
-        if config.hot || !config.durable {
+        if config.hot {
             // A give-back in flight would make the escrow more permissive, and its abort
-            // would take that back from calls already admitted.
-            let what = if config.hot { "hot" } else { "memory" };
-            return Err(Error::NotSupported(format!("credit on the {what} limit \"{}\"", req.name)));
+            // would take that back from calls already admitted (a memory limit's escrow
+            // counts it only once committed; a hot one's log could not).
+            return Err(Error::NotSupported(format!("credit on the hot limit \"{}\"", req.name)));
+        }
+        if config.durable {
+            table.prepare_writes(c"credit()");
         }
         Ok(limiter::credit(&table, &req, &config))
     })()

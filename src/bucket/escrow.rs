@@ -16,9 +16,10 @@
 //! Pure and of fixed size (a ring of `N` debits), so that it lives in shared memory as it
 //! is (`shmem::hot`).
 
-use super::{check, plan, Config, Mode, Outcome, State};
+use super::{check, credit, plan, plan_credit, Config, Mode, Outcome, State};
 
-/// A call that took tokens, as it is replayed: refilled to `at`, then `count` taken.
+/// A call that took tokens, as it is replayed: refilled to `at`, then `count` taken; or, with
+/// a negative `count`, a credit of its opposite (memory limits only).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Debit {
     pub seq: u64,
@@ -31,9 +32,25 @@ pub struct Debit {
 const NO_DEBIT: Debit = Debit { seq: 0, at: 0.0, count: 0.0, committed: false };
 
 /// The state after `debit`: refilled to its instant, its count taken whatever is left (it
-/// was admitted once, and is replayed as it was).
+/// was admitted once, and is replayed as it was); a credit gives back what the state still
+/// counts of it.
 pub fn apply(state: State, config: &Config, debit: &Debit) -> State {
+    if debit.is_credit() {
+        return credit::credit(state, config, debit.at, -debit.count).0;
+    }
     check(state, config, debit.at, debit.count, false).state()
+}
+
+impl Debit {
+    pub fn is_credit(&self) -> bool {
+        self.count < 0.0
+    }
+
+    /// Whether the tail counts it: a credit only once committed, so that no call is admitted
+    /// on tokens a rollback could take back.
+    fn in_tail(&self) -> bool {
+        !self.is_credit() || self.committed
+    }
 }
 
 /// What `admit` decided: the outcome as `plan` gives it, the instant it was decided at,
@@ -207,28 +224,78 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
         if !outcome.ok || count <= 0.0 {
             return Admitted { outcome, at, seq: None };
         }
-        if self.len == N {
-            // Full: a transaction holding an old debit is still open. Fold the older half
-            // into the base as if committed; that only keeps them counted.
-            for _ in 0..N.div_ceil(2) {
-                if !self.pop_into_base(config).committed {
-                    self.sunk += 1;
-                    self.sunk_in_flight += 1;
-                }
-            }
-            self.settle(config);
-        }
+        self.make_room(config);
         self.tail = S::store(outcome.after[0].0);
-        let len = self.len;
-        *self.at_mut(len) = Debit { seq, at, count, committed: false };
-        self.len += 1;
+        self.list(Debit { seq, at, count, committed: false });
         Admitted { outcome, at, seq: Some(seq) }
+    }
+
+    /// Give back `count` at `now` (`credit`), listed as number `seq`: counted by the tail only
+    /// once its transaction commits. The outcome is the tail's with the credit applied, as
+    /// the caller's answer.
+    pub fn credit(&mut self, config: &Config, now: f64, count: f64, seq: u64) -> Admitted {
+        assert!(self.len == 0 || self.at(self.len - 1).seq < seq, "debits are numbered in admission order");
+        let at = self.admission_instant(now);
+        let outcome = plan_credit(&[self.tail.load()], config, at, count);
+        if outcome.granted >= 0.0 {
+            return Admitted { outcome, at, seq: None };
+        }
+        self.make_room(config);
+        self.list(Debit { seq, at, count: -count, committed: false });
+        Admitted { outcome, at, seq: Some(seq) }
+    }
+
+    fn list(&mut self, debit: Debit) {
+        let len = self.len;
+        *self.at_mut(len) = debit;
+        self.len += 1;
+    }
+
+    /// Full: a transaction holding an old debit is still open. Fold the older half into the
+    /// base as if committed, which only keeps them counted; a credit in flight among them is
+    /// dropped instead (its give-back is lost, never counted before its commit).
+    fn make_room(&mut self, config: &Config) {
+        if self.len < N {
+            return;
+        }
+        for _ in 0..N.div_ceil(2) {
+            let front = *self.at(0);
+            if front.committed {
+                self.pop_into_base(config);
+                continue;
+            }
+            if front.is_credit() {
+                self.head = (self.head + 1) % N;
+                self.len -= 1;
+            } else {
+                self.pop_into_base(config);
+            }
+            self.sunk += 1;
+            self.sunk_in_flight += 1;
+        }
+        self.settle(config);
+        self.recompute(config);
+    }
+
+    /// The tail from the base through every listed debit it counts.
+    fn recompute(&mut self, config: &Config) {
+        let mut tail = self.base.load();
+        for j in 0..self.len {
+            let debit = *self.at(j);
+            if debit.in_tail() {
+                tail = apply(tail, config, &debit);
+            }
+        }
+        self.tail = S::store(tail);
     }
 
     /// The transaction of debit `seq` committed. False when it is no longer listed (sunk).
     pub fn commit(&mut self, config: &Config, seq: u64) -> bool {
         let Some(i) = self.find(seq) else { return self.sunk_ended() };
         self.at_mut(i).committed = true;
+        if self.at(i).is_credit() {
+            self.recompute(config);
+        }
         self.settle(config);
         true
     }
@@ -254,11 +321,7 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
             *self.at_mut(j) = *self.at(j + 1);
         }
         self.len -= 1;
-        let mut tail = self.base.load();
-        for j in 0..self.len {
-            tail = apply(tail, config, self.at(j));
-        }
-        self.tail = S::store(tail);
+        self.recompute(config);
         // Committed debits queued behind the aborted one are settled now.
         self.settle(config);
         true
@@ -326,6 +389,81 @@ mod tests {
         let ahead = escrow.admit(&c, NOW + 1_000.0, 1.0, false, 2).seq.expect("refilled, a second on");
         assert!(escrow.abort(&c, ahead));
         assert_eq!(escrow.admit(&c, NOW, 1.0, false, 3).seq, None, "now, nothing has refilled");
+    }
+
+    #[test]
+    fn a_credit_counts_only_once_committed() {
+        let c = config(Kind::FixedWindow, 3.0, 60_000.0);
+        let mut escrow = Escrow::<8>::new(fresh_state(&c, NOW, 0.0));
+        for seq in 1..=3 {
+            let taken = escrow.admit(&c, NOW, 1.0, false, seq).seq.expect("admitted");
+            assert!(escrow.commit(&c, taken));
+        }
+        let given = escrow.credit(&c, NOW, 2.0, 4);
+        assert_eq!(given.outcome.granted, -2.0, "the answer: 2 given back");
+        assert_eq!(escrow.admit(&c, NOW, 1.0, false, 5).seq, None, "in flight, it helps no one");
+        assert!(escrow.abort(&c, 4));
+        assert_eq!(escrow.admit(&c, NOW, 1.0, false, 6).seq, None, "rolled back, it never did");
+        let given = escrow.credit(&c, NOW, 2.0, 7).seq.expect("listed");
+        assert!(escrow.commit(&c, given));
+        assert!(escrow.admit(&c, NOW, 2.0, false, 8).seq.is_some(), "committed, its 2 are back");
+        assert_eq!(escrow.credit(&c, NOW, 5.0, 9).outcome.granted, -3.0, "no more than is counted");
+    }
+
+    /// With credits: the tail is never more permissive than the committed history of debits
+    /// and credits, and once every call has ended it is that history.
+    #[test]
+    fn credits_in_flight_never_make_the_tail_more_permissive() {
+        let mut rng = StdRng::seed_from_u64(42);
+        for round in 0..2_000 {
+            let kind = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow][round % 3];
+            let c = config(kind, f64::from(rng.gen_range(2..20)), f64::from(rng.gen_range(100..5_000)));
+            let base = fresh_state(&c, NOW, 0.0);
+            let mut escrow = Escrow::<64>::new(base);
+            let (mut now, mut seq) = (NOW, 0);
+            let mut in_flight: Vec<Debit> = Vec::new();
+            let mut committed: Vec<Debit> = Vec::new();
+            for _ in 0..60 {
+                now += f64::from(rng.gen_range(0..(c.period as u32 / 4).max(1)));
+                seq += 1;
+                match rng.gen_range(0..10) {
+                    0..=3 => {
+                        let count = f64::from(rng.gen_range(1..=c.capacity as u32));
+                        let admitted = escrow.admit(&c, now, count, false, seq);
+                        if admitted.seq.is_some() {
+                            in_flight.push(Debit { seq, at: admitted.at, count, committed: false });
+                        }
+                    }
+                    4..=5 => {
+                        let count = f64::from(rng.gen_range(1..=c.capacity as u32));
+                        let given = escrow.credit(&c, now, count, seq);
+                        if given.seq.is_some() {
+                            in_flight.push(Debit { seq, at: given.at, count: -count, committed: false });
+                        }
+                    }
+                    6..=7 if !in_flight.is_empty() => {
+                        let debit = in_flight.swap_remove(rng.gen_range(0..in_flight.len()));
+                        assert!(escrow.commit(&c, debit.seq));
+                        committed.push(debit);
+                    }
+                    _ if !in_flight.is_empty() => {
+                        let debit = in_flight.swap_remove(rng.gen_range(0..in_flight.len()));
+                        assert!(escrow.abort(&c, debit.seq));
+                    }
+                    _ => {}
+                }
+                committed.sort_by_key(|d| d.seq);
+                let history = committed.iter().fold(base, |s, d| apply(s, &c, d));
+                let from = escrow.admission_instant(now);
+                assert!(no_more_permissive(escrow.tail(), history, &c, from), "{c:?}: more permissive than committed");
+            }
+            for debit in in_flight {
+                assert!(escrow.commit(&c, debit.seq));
+                committed.push(debit);
+            }
+            committed.sort_by_key(|d| d.seq);
+            assert_eq!(escrow.tail(), committed.iter().fold(base, |s, d| apply(s, &c, d)), "{c:?}");
+        }
     }
 
     /// The property the design rests on, over random interleavings of admissions, commits

@@ -36,6 +36,22 @@ fn changed_here(id: &Identity, kept: bool) -> bool {
 /// `rate_limit` on a memory limit: admitted against the escrow, the debit settled when the
 /// (sub)transaction ends.
 pub fn consume(req: &Request<'_>, config: &Config) -> Decision {
+    list(req, config, Listing::Take)
+}
+
+/// `credit` on a memory limit: listed in the escrow, counted by other calls only once its
+/// (sub)transaction commits (a rollback takes it back, as a durable credit's does).
+pub fn credit(req: &Request<'_>, config: &Config) -> Decision {
+    list(req, config, Listing::Credit)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Listing {
+    Take,
+    Credit,
+}
+
+fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
     let id = identity(req);
     if changed_here(&id, true) {
         Error::ChangedHere(req.name.to_owned()).raise()
@@ -50,7 +66,8 @@ pub fn consume(req: &Request<'_>, config: &Config) -> Decision {
             memory::hold(&id, req.name, &fingerprint, now, || super::fresh(req, config, now)).unwrap_or_else(|e| e.raise());
         let ticket = guard.ticket();
         let entry = guard.entry();
-        if let Some(holder) = oldest_to_wait_for(entry, req, config, now).filter(|h| *h != me && Some(*h) != waited) {
+        let would_list = what == Listing::Credit || would_take(entry, req, config, now);
+        if let Some(holder) = oldest_to_wait_for(entry, would_list).filter(|h| *h != me && Some(*h) != waited) {
             // As a durable call waits for the row: the ring is full, and a call that would
             // list its debit waits for the transaction of the oldest debit in flight rather
             // than fold it into the base, where its rollback would give nothing back.
@@ -60,7 +77,10 @@ pub fn consume(req: &Request<'_>, config: &Config) -> Decision {
             continue;
         }
         let seq = entry.draw_seq();
-        let admitted = entry.escrow().admit(config, now, req.count, req.reserve, seq);
+        let admitted = match what {
+            Listing::Take => entry.escrow().admit(config, now, req.count, req.reserve, seq),
+            Listing::Credit => entry.escrow().credit(config, now, req.count, seq),
+        };
         entry.settled(config);
         if let Some(seq) = admitted.seq {
             entry.note_holder(seq, me);
@@ -71,18 +91,20 @@ pub fn consume(req: &Request<'_>, config: &Config) -> Decision {
     }
 }
 
+/// Whether a take would list a debit: it takes something, and is admitted.
+fn would_take(entry: &mut memory::Entry, req: &Request<'_>, config: &Config, now: f64) -> bool {
+    let escrow = entry.escrow();
+    let at = escrow.admission_instant(now);
+    req.count > 0.0 && bucket::plan(&[escrow.tail()], config, at, req.count, req.reserve).ok
+}
+
 /// When the entry's ring is full and this call would list a debit: the transaction holding
 /// the oldest debit in flight, which the call waits for.
-fn oldest_to_wait_for(entry: &mut memory::Entry, req: &Request<'_>, config: &Config, now: f64) -> Option<(i32, u32)> {
-    let escrow = entry.escrow();
-    if !escrow.full() || req.count <= 0.0 {
+fn oldest_to_wait_for(entry: &mut memory::Entry, would_list: bool) -> Option<(i32, u32)> {
+    if !would_list || !entry.escrow().full() {
         return None;
     }
-    let at = escrow.admission_instant(now);
-    if !bucket::plan(&[escrow.tail()], config, at, req.count, req.reserve).ok {
-        return None;
-    }
-    let oldest = escrow.unsettled_from()?;
+    let oldest = entry.escrow().unsettled_from()?;
     entry.holder_of(oldest)
 }
 

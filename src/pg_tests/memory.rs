@@ -56,7 +56,11 @@ mod tests {
             "rolling window",
         );
         fails("SELECT rate_limiter.define('mem_hot', 'token bucket', 3, '1 second', hot => true, durable => false)", "22023", "not both");
-        fails(&format!("SELECT * FROM rate_limiter.credit('mem_no', 'k', 1, {})", config("")), "0A000", "credit on the memory limit");
+        // A credit in flight is counted by no call, this transaction's own included.
+        assert!(decide(&format!("rate_limiter.rate_limit('mem_credit', 'k', 3, config => {})", config(""))).ok);
+        let given = decide(&format!("rate_limiter.credit('mem_credit', 'k', 2, {})", config("")));
+        assert_eq!((given.granted, given.remaining.floor()), (-2.0, 2.0), "the answer: given back, as if committed");
+        assert!(!decide(&format!("rate_limiter.rate_limit('mem_credit', 'k', 1, config => {})", config(""))).ok);
         fails(
             &format!("SELECT * FROM rate_limiter.rate_limit_all(jsonb_build_array(jsonb_build_object('name', 'mem_no', 'config', {}::jsonb)))", config("")),
             "0A000",

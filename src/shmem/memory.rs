@@ -327,9 +327,9 @@ pub unsafe fn attach() {
 /// Only as the postmaster's `on_shmem_exit` callback, registered by `attach`.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn save_at_exit(code: i32, _arg: pg_sys::Datum) {
-    // A crash or an error exit: shared memory may be inconsistent, and nothing is written, so
-    // that the next start has no file and every key starts full.
-    if code != 0 {
+    // A crash, an error exit or an immediate shutdown: shared memory may be inconsistent,
+    // and nothing is written, so that the next start has no file and every key starts full.
+    if code != 0 || !saved::shut_down_cleanly() {
         return;
     }
     if let Some((header, first)) = table() {

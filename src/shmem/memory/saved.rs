@@ -35,6 +35,17 @@ fn record(entry: &Entry) -> Option<Vec<u8>> {
     Some(r)
 }
 
+/// Whether the server shut down cleanly: its last checkpoint was a shutdown checkpoint, which
+/// an immediate shutdown (a crash as far as the counts go) never writes.
+pub fn shut_down_cleanly() -> bool {
+    let mut crc_ok = false;
+    // SAFETY: DataDir is the data directory, set before shared memory is made; pg_control
+    // always exists there, and is read into memory of the current context.
+    let control = unsafe { pg_sys::get_controlfile(pg_sys::DataDir, &mut crc_ok) };
+    // SAFETY: non-null (checked first): the ControlFileData just read.
+    crc_ok && !control.is_null() && unsafe { (*control).state } == pg_sys::DBState::DB_SHUTDOWNED
+}
+
 /// Write the counted keys of `entries` (`count` of them), when nothing is in flight.
 ///
 /// # Safety
