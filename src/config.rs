@@ -572,7 +572,7 @@ fn memory(config: &Config) -> Result<()> {
         (config.shards > 1).then(|| "shards > 1 (nothing queues on a memory limit's key)".to_owned()),
         config.min_gap.map(|_| "minGap (a rollback of the last granted call would make a refusal wrong)".to_owned()),
         (config.mode != Mode::All).then(|| format!("mode '{}' (it counts denials)", config.mode.as_str())),
-        config.lock_timeout.map(|_| "lockTimeout (a memory call never waits for a row)".to_owned()),
+        config.lock_timeout.map(|_| "lockTimeout (a memory call has no row to wait for)".to_owned()),
     ];
     match uncovered.into_iter().flatten().next() {
         Some(setting) => Err(Error::NotSupported(format!("a memory limit (durable => false) with {setting}"))),

@@ -106,8 +106,10 @@ fn memory_limit_changing(trigger: &PgTrigger<'_>) {
         }
     }
     if let Some(old) = old.as_ref().filter(|row| memory(row)) {
-        let gone = new.as_ref().is_none_or(|new| !memory(new) || name(new) != name(old));
-        limiter::memory::limit_changing(&name(old), gone);
+        let stays = new.as_ref().filter(|new| memory(new) && name(new) == name(old));
+        // The new config, when it is one (a row outside the bounds is refused by calls).
+        let now = stays.map(|new| Config::try_from(&limit_row(new)).ok());
+        limiter::memory::limit_changing(&name(old), now);
     }
 }
 

@@ -221,6 +221,6 @@ fn changed_here(name: &str, key: Option<&str>) -> bool {
         Forget::Key(n, k) => n == name && k.as_deref() == key,
         Forget::Name(n) => n == name,
         Forget::Database => true,
-        Forget::MemoryKey(_) | Forget::MemoryLimit(_) | Forget::MemoryChanged(_) => false,
+        Forget::MemoryKey(_) | Forget::MemoryLimit(_) | Forget::MemoryChanged(..) => false,
     })
 }

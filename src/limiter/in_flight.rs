@@ -9,6 +9,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::bucket::Config;
+use crate::config;
 use crate::error::Error;
 use crate::shmem::{hot, memory};
 
@@ -28,9 +29,9 @@ pub enum Forget {
     /// A memory limit's key (`Identity`'s tag), or every key of one.
     MemoryKey(memory::Identity),
     MemoryLimit([u8; 16]),
-    /// Nothing: a memory limit changed, and its counts are taken on under the new config by
-    /// the calls after the commit (this transaction's own are refused until then).
-    MemoryChanged([u8; 16]),
+    /// Nothing dropped: a memory limit changed, and its keys' counts are taken on under the
+    /// new config (this transaction's own calls are refused until the commit).
+    MemoryChanged([u8; 16], Option<Config>),
 }
 
 #[derive(Default)]
@@ -138,7 +139,7 @@ fn forget(what: Forget) {
         }
         Forget::MemoryKey(id) => memory::forget(id.limit_tag(), Some(&id)),
         Forget::MemoryLimit(limit) => memory::forget(limit, None),
-        Forget::MemoryChanged(_) => {}
+        Forget::MemoryChanged(limit, config) => memory::retune(limit, config.map(|c| (config::fingerprint(&c), c)).as_ref()),
     }
 }
 

@@ -27,7 +27,7 @@ fn changed_here(id: &Identity, kept: bool) -> bool {
     in_flight::forgotten_here(|what| match what {
         Forget::MemoryKey(key) => key.same_key(id),
         Forget::MemoryLimit(limit) => *limit == id.limit_tag(),
-        Forget::MemoryChanged(limit) => kept && *limit == id.limit_tag(),
+        Forget::MemoryChanged(limit, _) => kept && *limit == id.limit_tag(),
         Forget::Database => true,
         Forget::Key(..) | Forget::Name(_) => false,
     })
@@ -66,15 +66,25 @@ fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
             memory::hold(&id, req.name, &fingerprint, now, || super::fresh(req, config, now)).unwrap_or_else(|e| e.raise());
         let ticket = guard.ticket();
         let entry = guard.entry();
-        let would_list = what == Listing::Credit || would_take(entry, req, config, now);
-        if let Some(holder) = oldest_to_wait_for(entry, would_list).filter(|h| *h != me && Some(*h) != waited) {
+        let would_list = match what {
+            Listing::Take => would_take(entry, req, config, now),
+            Listing::Credit => would_credit(entry, req, config, now),
+        };
+        let full = would_list && entry.escrow().full();
+        if let Some(holder) = oldest_to_wait_for(entry, full, me).filter(|h| Some(*h) != waited) {
             // As a durable call waits for the row: the ring is full, and a call that would
-            // list its debit waits for the transaction of the oldest debit in flight rather
-            // than fold it into the base, where its rollback would give nothing back.
+            // list its debit waits for the transaction of the oldest debit in flight (not
+            // its own) rather than fold it into the base, where its rollback would give
+            // nothing back.
             drop(guard);
             storage::wait_for_transaction(holder);
             waited = Some(holder);
             continue;
+        }
+        if full {
+            // Every debit in flight is this transaction's, or its holder was waited for
+            // already: the older half is folded, counted for good.
+            entry.note_committed();
         }
         let seq = entry.draw_seq();
         let admitted = match what {
@@ -82,6 +92,7 @@ fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
             Listing::Credit => entry.escrow().credit(config, now, req.count, seq),
         };
         entry.settled(config);
+        entry.forget_holders_of_settled();
         if let Some(seq) = admitted.seq {
             entry.note_holder(seq, me);
             in_flight::note_debit(in_flight::Debit::Memory(ticket, seq, *config));
@@ -98,14 +109,21 @@ fn would_take(entry: &mut memory::Entry, req: &Request<'_>, config: &Config, now
     req.count > 0.0 && bucket::plan(&[escrow.tail()], config, at, req.count, req.reserve).ok
 }
 
-/// When the entry's ring is full and this call would list a debit: the transaction holding
-/// the oldest debit in flight, which the call waits for.
-fn oldest_to_wait_for(entry: &mut memory::Entry, would_list: bool) -> Option<(i32, u32)> {
-    if !would_list || !entry.escrow().full() {
+/// Whether a credit would list itself: it gives something back.
+fn would_credit(entry: &mut memory::Entry, req: &Request<'_>, config: &Config, now: f64) -> bool {
+    let escrow = entry.escrow();
+    let at = escrow.admission_instant(now);
+    bucket::plan_credit(&[escrow.tail()], config, at, req.count).granted < 0.0
+}
+
+/// When the entry's ring is `full` for this call: the transaction holding the oldest debit
+/// in flight that is not `me`'s, which the call waits for.
+fn oldest_to_wait_for(entry: &mut memory::Entry, full: bool, me: (i32, u32)) -> Option<(i32, u32)> {
+    if !full {
         return None;
     }
-    let oldest = entry.escrow().unsettled_from()?;
-    entry.holder_of(oldest)
+    let seqs: Vec<u64> = entry.escrow().in_flight().collect();
+    seqs.into_iter().filter_map(|seq| entry.holder_of(seq)).find(|h| *h != me)
 }
 
 /// The state calls are decided against and the instant they are decided at: the escrow's,
@@ -148,10 +166,13 @@ pub fn reset(name: &str, key: Option<&str>) {
 }
 
 /// A memory limit changing (`rate_limiter.limits`' trigger): it waits for the calls in
-/// flight, so that a call after it takes the state on under the new config; deleted or
-/// renamed (`gone`), its counts go when this transaction commits.
-pub fn limit_changing(name: &str, gone: bool) {
+/// flight, and at commit its keys' counts are taken on under the new config (`now`), as a
+/// durable limit's rows are; deleted or renamed (`now` is `None`), its counts go.
+pub fn limit_changing(name: &str, now: Option<Option<Config>>) {
     storage::hold_calls_off();
     let limit = Identity::limit(cache::relations().state, name);
-    in_flight::forget_at_commit(if gone { Forget::MemoryLimit(limit) } else { Forget::MemoryChanged(limit) });
+    in_flight::forget_at_commit(match now {
+        None => Forget::MemoryLimit(limit),
+        Some(config) => Forget::MemoryChanged(limit, config),
+    });
 }

@@ -149,7 +149,7 @@ pub struct Entry {
     last_seq: u64,
     /// Who holds the debits in flight, so that a call finding the ring full can wait for the
     /// oldest one's transaction.
-    holders: [Holder; RING],
+    holders: [Holder; 2 * RING],
     escrow: Escrow<RING, Packed>,
 }
 
@@ -182,7 +182,16 @@ impl Entry {
         !self.committed && self.escrow.idle()
     }
 
-    /// A debit committed.
+    /// Forget the holders of debits no longer listed in flight (settled, or folded when the
+    /// ring was full): the room is for those that are.
+    pub fn forget_holders_of_settled(&mut self) {
+        let listed: Vec<u64> = self.escrow.in_flight().collect();
+        for h in self.holders.iter_mut().filter(|h| h.seq != 0 && !listed.contains(&h.seq)) {
+            *h = Holder::default();
+        }
+    }
+
+    /// A debit committed, or was folded for good.
     pub fn note_committed(&mut self) {
         self.committed = true;
     }
@@ -418,6 +427,8 @@ pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl 
             let Some(i) = candidate else {
                 return Err(Error::MemoryKeysFull { share: own_only.then(|| share_of_partition(count)) });
             };
+            // Computed before the entry changes hands, so that an error leaves it as it was.
+            let base = fresh();
             let entry = entry_at(i);
             entry.used = true;
             entry.database = database;
@@ -426,11 +437,10 @@ pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl 
             entry.variant = id.variant;
             entry.config = *config;
             entry.generation += 1;
-            let base = fresh();
             // SAFETY: the entry's escrow, whose ring holds zeros or debits.
             unsafe { Escrow::restart(&raw mut entry.escrow, base, f64::NEG_INFINITY) };
             entry.expires = f64::INFINITY; // set by the caller's `settled`
-            entry.holders = [Holder::default(); RING];
+            entry.holders = [Holder::default(); 2 * RING];
             entry.committed = false;
             i
         }
@@ -498,6 +508,32 @@ fn drop_entries(ours: impl Fn(&Entry) -> bool, orphan: bool) {
 /// Forget the counts of a dropped database: a new database with the same OID starts empty.
 pub fn forget_database(database: pg_sys::Oid) {
     drop_entries(|entry| entry.database == database, true);
+}
+
+/// Limit `limit` (`Identity::limit`) of this database changed: its named keys' counts are
+/// taken on under the new config (`fingerprint`, `config`), which says from when each equals
+/// an absent key's; with no config to go by, none is given away until called again.
+pub fn retune(limit: [u8; 16], now: Option<&([u8; 16], Config)>) {
+    let Some((header, entries)) = table() else { return };
+    let database = database();
+    for partition in 0..header.entries as usize / PARTITION {
+        let (_held, first) = hold_partition(partition);
+        for i in first..first + PARTITION {
+            // SAFETY: below the count, its partition's lock held.
+            let entry = unsafe { &mut *entries.add(i) };
+            if entry.used && entry.database == database && entry.limit == limit && entry.variant == [0; 16] {
+                match now {
+                    // Only rolled-back calls: as absent as a key never called.
+                    _ if entry.absent() => entry.free(),
+                    Some((fingerprint, config)) if entry.escrow.idle() => {
+                        entry.config = *fingerprint;
+                        entry.settled(config);
+                    }
+                    _ => entry.expires = f64::INFINITY,
+                }
+            }
+        }
+    }
 }
 
 /// Forget the counts of limit `limit` (`Identity::limit`) in this database, or of one key of

@@ -43,7 +43,9 @@ pub fn shut_down_cleanly() -> bool {
     // always exists there, and is read into memory of the current context.
     let control = unsafe { pg_sys::get_controlfile(pg_sys::DataDir, &mut crc_ok) };
     // SAFETY: non-null (checked first): the ControlFileData just read.
-    crc_ok && !control.is_null() && unsafe { (*control).state } == pg_sys::DBState::DB_SHUTDOWNED
+    let state = if crc_ok && !control.is_null() { unsafe { (*control).state } } else { pg_sys::DBState::DB_IN_PRODUCTION };
+    // A standby shut down cleanly says so too.
+    matches!(state, pg_sys::DBState::DB_SHUTDOWNED | pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY)
 }
 
 /// Write the counted keys of `entries` (`count` of them), when nothing is in flight.
