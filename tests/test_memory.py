@@ -181,6 +181,8 @@ def test_full_entries_refuse_new_keys_and_each_database_keeps_its_share(clusters
         with pytest.raises(errors.ConfigurationLimitExceeded) as raised:
             c.execute(take, ("one too many",))
         assert "memory_keys" in raised.value.diag.message_hint
+        assert c.execute("SELECT allowed, denied FROM rate_limiter.stats WHERE name = 'm'").fetchone() == (32, 1), \
+            "the refusal counts as a denial"
         assert c.execute(take, ("k0",)).fetchone() == (False,), "a counted key still answers"
         for i in range(32):
             assert o.execute(take, (f"k{i}",)).fetchone() == (True,), "the other database has its own share"

@@ -5,11 +5,12 @@
 
 use crate::bucket::{self, Config, State};
 use crate::cache;
-use crate::call::{Decision, Request};
+use crate::call::{Decision, Reason, Request};
 use crate::clock;
 use crate::config;
 use crate::error::Error;
 use crate::shmem::memory::{self, Identity};
+use crate::shmem::stats;
 use crate::storage;
 use super::in_flight::{self, Forget};
 
@@ -62,8 +63,8 @@ fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
     let mut waited = None;
     loop {
         let now = clock::now_ms();
-        let mut guard =
-            memory::hold(&id, req.name, &fingerprint, now, || super::fresh(req, config, now)).unwrap_or_else(|e| e.raise());
+        let mut guard = memory::hold(&id, req.name, &fingerprint, now, || super::fresh(req, config, now))
+            .unwrap_or_else(|e| refused(req, e));
         let ticket = guard.ticket();
         let entry = guard.entry();
         let would_list = match what {
@@ -100,6 +101,24 @@ fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
         drop(guard);
         return super::decision(req, &admitted.outcome, config, config, admitted.at);
     }
+}
+
+/// Raise `error`; a key refused for want of an entry (53400) is counted as denied in the
+/// statistics first, and named in the top denied keys, so that a flood of new keys shows.
+fn refused(req: &Request<'_>, error: Error) -> ! {
+    if matches!(error, Error::MemoryKeysFull { .. }) {
+        let denied = Decision {
+            ok: false,
+            retry_after: None,
+            remaining: 0.0,
+            reset_after: 0.0,
+            granted: 0.0,
+            reason: Some(Reason::Exhausted),
+            limited_by: Some(req.name.to_owned()),
+        };
+        stats::record(req.name, req.key, &denied, true);
+    }
+    error.raise()
 }
 
 /// Whether a take would list a debit: it takes something, and is admitted.
