@@ -54,10 +54,12 @@ def test_a_hot_call_does_not_wait_for_another_transaction_and_a_row_based_one_do
         assert other.execute("SELECT remaining FROM rate_limiter.check_rate_limit('hot', 'k', 0)").fetchone() == (9,)
 
 
-def test_rollback_and_savepoint_rollback_give_back(database):
+@pytest.mark.parametrize("escrow", [{"hot": True}, {"durable": False}], ids=["hot", "memory"])
+def test_rollback_and_savepoint_rollback_give_back(database, escrow):
+    """Either escrow, a hot limit's or a memory limit's (tests/test_memory.py)."""
     with session(database) as c:
         ledger(c)
-        define(c, "hot", rate=10, period="1 hour", hot=True)
+        define(c, "hot", rate=10, period="1 hour", **escrow)
         take(c, "hot", "k", 4, rollback=True)
         assert remaining(c, "hot", "k") == 10
         take(c, "hot", "k", 4, savepoint=True)  # 4 rolled back to the savepoint, 4 kept

@@ -2,7 +2,7 @@
 row and no WAL, exact under concurrent sessions, given back on rollback, bounded in the
 entries one database can take, and forgotten with their database or extension. Each check of
 the bound is the ledger's (tests/ledger.py); the answers against a row-based limit are
-tests/test_hot_oracle.py's."""
+tests/test_hot_oracle.py's, rollbacks and nested savepoints tests/test_hot.py's."""
 
 import os
 import re
@@ -13,7 +13,7 @@ from psycopg import errors
 
 from calls import define
 from clusters import PORTS, as_postgres, every_version, wait_for
-from ledger import NOW, granted, ledger, mixed_load, remaining, session, take
+from ledger import NOW, granted, ledger, mixed_load, remaining, session
 
 
 @every_version
@@ -35,25 +35,6 @@ def test_the_bound_is_exact_under_concurrent_sessions(main, database, keys, sess
             if keys == 1:
                 assert remaining(c, name, "k0") < 10, "the load ran the limit down"
             assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (0,)
-
-
-def test_rollback_and_savepoint_rollback_give_back(database):
-    with session(database) as c:
-        ledger(c)
-        define(c, "mem", rate=10, period="1 hour", durable=False)
-        take(c, "mem", "k", 4, rollback=True)
-        assert remaining(c, "mem", "k") == 10
-        take(c, "mem", "k", 4, savepoint=True)  # 4 rolled back to the savepoint, 4 kept
-        assert remaining(c, "mem", "k") == 6
-        c.execute("BEGIN")
-        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 5)")
-        c.execute("SAVEPOINT a")
-        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k', 2)").fetchone() == (False,), "5 in flight"
-        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 1)")
-        c.execute("ROLLBACK TO a")
-        c.execute("COMMIT")
-        assert remaining(c, "mem", "k") == 1
-        assert granted(c, "mem", "k") + 5 + remaining(c, "mem", "k") == 10, "the ledger's 4, and 5 outside it"
 
 
 def test_a_full_ring_waits_for_the_oldest_call_in_flight_whose_rollback_then_gives_back(database):

@@ -58,7 +58,8 @@ fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
         Error::ChangedHere(req.name.to_owned()).raise()
     }
     in_flight::register_callbacks();
-    let fingerprint = config::fingerprint(config);
+    // An inline config's is its request's already.
+    let fingerprint = req.inline.unwrap_or_else(|| config::fingerprint(config));
     let me = storage::my_transaction();
     let mut waited = None;
     loop {
@@ -93,7 +94,10 @@ fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
             Listing::Credit => entry.escrow().credit(config, now, req.count, seq),
         };
         entry.settled(config);
-        entry.forget_holders_of_settled();
+        if full {
+            // The older half was folded: its holders are no longer waited for.
+            entry.forget_holders_of_settled();
+        }
         if let Some(seq) = admitted.seq {
             entry.note_holder(seq, me);
             in_flight::note_debit(in_flight::Debit::Memory(ticket, seq, *config));

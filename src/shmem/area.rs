@@ -22,6 +22,16 @@ pub unsafe fn area(name: &CStr, size: usize) -> (*mut u8, bool) {
     }
 }
 
+/// Where the entries `E` that follow a header `H` start, in bytes from the area's start.
+pub const fn entries_offset<H, E>() -> usize {
+    size_of::<H>().next_multiple_of(align_of::<E>())
+}
+
+/// The bytes of an area holding a header `H` and then `n` entries `E`.
+pub const fn table_size<H, E>(n: usize) -> usize {
+    entries_offset::<H, E>() + n * size_of::<E>()
+}
+
 /// An LWLock held until dropped, on error paths too.
 pub struct Held(*mut pg_sys::LWLock);
 

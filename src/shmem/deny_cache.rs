@@ -79,7 +79,7 @@ fn slot_count() -> u64 {
 }
 
 fn size(slots: u64) -> usize {
-    size_of::<Header>().next_multiple_of(align_of::<Slot>()) + slots as usize * size_of::<Slot>()
+    area::table_size::<Header, Slot>(slots as usize)
 }
 
 /// The header and slots, when the library was preloaded with slots.
@@ -90,7 +90,7 @@ fn table() -> Option<(&'static Header, &'static [Slot])> {
     unsafe {
         let header = header.as_ref()?;
         let first = header as *const Header as *const u8;
-        let slots = first.add(size_of::<Header>().next_multiple_of(align_of::<Slot>())).cast::<Slot>();
+        let slots = first.add(area::entries_offset::<Header, Slot>()).cast::<Slot>();
         Some((header, std::slice::from_raw_parts(slots, header.slots as usize)))
     }
 }

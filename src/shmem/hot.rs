@@ -150,7 +150,7 @@ fn entry_count() -> usize {
 }
 
 fn size(entries: usize) -> usize {
-    size_of::<Header>().next_multiple_of(align_of::<Entry>()) + entries * size_of::<Entry>()
+    area::table_size::<Header, Entry>(entries)
 }
 
 /// The header and entries, when the library was preloaded with entries.
@@ -159,7 +159,7 @@ fn table() -> Option<(&'static Header, *mut Entry)> {
     // server, a header and then the entries.
     unsafe {
         let header = AREA.load(Acquire).as_ref()?;
-        let first = (header as *const Header as *mut u8).add(size_of::<Header>().next_multiple_of(align_of::<Entry>()));
+        let first = (header as *const Header as *mut u8).add(area::entries_offset::<Header, Entry>());
         (header.entries > 0).then_some((header, first.cast::<Entry>()))
     }
 }

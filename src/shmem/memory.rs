@@ -182,8 +182,9 @@ impl Entry {
         !self.committed && self.escrow.idle()
     }
 
-    /// Forget the holders of debits no longer listed in flight (settled, or folded when the
-    /// ring was full): the room is for those that are.
+    /// Forget the holders of debits no longer listed in flight (folded when the ring was
+    /// full; a settled debit's holder is forgotten when it settles): the room is for those
+    /// that are.
     pub fn forget_holders_of_settled(&mut self) {
         let listed: Vec<u64> = self.escrow.in_flight().collect();
         for h in self.holders.iter_mut().filter(|h| h.seq != 0 && !listed.contains(&h.seq)) {
@@ -238,7 +239,7 @@ fn entry_count() -> usize {
 }
 
 fn size(entries: usize) -> usize {
-    size_of::<Header>().next_multiple_of(align_of::<Entry>()) + entries * size_of::<Entry>()
+    area::table_size::<Header, Entry>(entries)
 }
 
 /// The header and entries, when the library was preloaded with entries.
@@ -247,7 +248,7 @@ fn table() -> Option<(&'static Header, *mut Entry)> {
     // server, a header and then the entries.
     unsafe {
         let header = AREA.load(Acquire).as_ref()?;
-        let first = (header as *const Header as *mut u8).add(size_of::<Header>().next_multiple_of(align_of::<Entry>()));
+        let first = (header as *const Header as *mut u8).add(area::entries_offset::<Header, Entry>());
         (header.entries > 0).then_some((header, first.cast::<Entry>()))
     }
 }
