@@ -242,3 +242,23 @@ def test_a_clean_restart_keeps_the_counts_and_a_crash_starts_them_full(clusters)
     server.start()
     with server.connect() as c:
         assert c.execute(left, ("k",)).fetchone() == (10,), "no older file is read after a crash"
+
+
+def test_a_redefined_limit_keeps_its_keys_counted_under_the_new_period(clusters):
+    """A key drained under a window of a minute, its limit then given windows of an hour: two
+    minutes on, its entry is not given to a new key (it still counts under the hour), so the
+    key stays drained and the new key is refused."""
+    small = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                   "-c rate_limiter.memory_keys=64"]).init().start()
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "m", "fixed window", rate=1, period="1 minute", start=NOW, durable=False)
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'k')").fetchone() == (True,)
+        define(c, "m", "fixed window", rate=1, period="1 hour", start=NOW, durable=False)
+        c.execute("SET rate_limiter.fake_now = '2030-01-01 00:02:00+00'")
+        for i in range(31):  # the rest of this database's half of the one partition
+            assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (f"n{i}",)).fetchone() == (True,)
+        with pytest.raises(errors.ConfigurationLimitExceeded):
+            c.execute("SELECT rate_limiter.rate_limit('m', 'one more')")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'k')").fetchone() == (False,), "still drained"
