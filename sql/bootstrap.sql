@@ -222,6 +222,22 @@ COMMENT ON COLUMN rate_limiter.leases.lease_id IS 'The lease''s id, a random UUI
 COMMENT ON COLUMN rate_limiter.leases.expires_at IS 'From this instant the slot is free again, and rate_limiter.prune() may delete the row.';
 COMMENT ON INDEX rate_limiter.leases_lease_id IS 'A lease''s rows by its id: what release() and renew() find.';
 
+-- Memory limits' counts as the background worker last wrote them (docs/memory-limits.md,
+-- "Crashes and failover"): what a server loads after a crash, or a standby at promotion.
+CREATE TABLE rate_limiter.memory_snapshot (
+    entry bytea PRIMARY KEY,
+    counts bytea NOT NULL,
+    expires timestamptz NOT NULL,
+    saved_at timestamptz NOT NULL
+);
+COMMENT ON TABLE rate_limiter.memory_snapshot IS
+    'The counts of memory limits (durable => false) as the background worker last wrote them, every rate_limiter.memory_snapshot: loaded after a crash and at a promotion. Written only by the rate_limiter library.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.entry IS 'Which (limit, key) and config the counts are of: 128-bit tags of SHA-256, as shared memory finds them.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.counts IS 'The counts, calls in flight at the time included, in the library''s own encoding.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.expires IS 'From this instant the counts equal an absent key''s: rate_limiter.prune() deletes the row.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.saved_at IS 'When the worker wrote the row.';
+COMMENT ON INDEX rate_limiter.memory_snapshot_pkey IS 'One row per entry, which the worker updates in place.';
+
 CREATE TYPE rate_limiter.decision AS (
     ok boolean,
     retry_after double precision,

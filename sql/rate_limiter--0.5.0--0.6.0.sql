@@ -83,6 +83,22 @@ BEGIN
 END
 $leases$;
 
+-- Memory limits' counts as the background worker last wrote them (docs/memory-limits.md,
+-- "Crashes and failover"): what a server loads after a crash, or a standby at promotion.
+CREATE TABLE rate_limiter.memory_snapshot (
+    entry bytea PRIMARY KEY,
+    counts bytea NOT NULL,
+    expires timestamptz NOT NULL,
+    saved_at timestamptz NOT NULL
+);
+COMMENT ON TABLE rate_limiter.memory_snapshot IS
+    'The counts of memory limits (durable => false) as the background worker last wrote them, every rate_limiter.memory_snapshot: loaded after a crash and at a promotion. Written only by the rate_limiter library.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.entry IS 'Which (limit, key) and config the counts are of: 128-bit tags of SHA-256, as shared memory finds them.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.counts IS 'The counts, calls in flight at the time included, in the library''s own encoding.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.expires IS 'From this instant the counts equal an absent key''s: rate_limiter.prune() deletes the row.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.saved_at IS 'When the worker wrote the row.';
+COMMENT ON INDEX rate_limiter.memory_snapshot_pkey IS 'One row per entry, which the worker updates in place.';
+
 -- Default privileges (ALTER DEFAULT PRIVILEGES) never reach an object this install or update
 -- created: it keeps only the grants the scripts give, so that a role given EXECUTE on every
 -- new function or SELECT on every new table gets neither define() nor a table (issue 41).

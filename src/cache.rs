@@ -34,6 +34,9 @@ pub struct Relations {
     /// `rate_limiter.leases`, the leases of concurrency limits; None in a database whose
     /// extension is older than 0.5.0.
     pub leases: Option<pg_sys::Oid>,
+    /// `rate_limiter.memory_snapshot`, memory limits' counts as the worker last wrote them;
+    /// None in a database whose extension is older than 0.6.0: it has no memory limits.
+    pub memory_snapshot: Option<pg_sys::Oid>,
     pub decision_type: pg_sys::Oid,
     decision: pg_sys::Oid,
 }
@@ -120,6 +123,8 @@ fn look_up() -> Relations {
             .filter(|_| pg_sys::get_relname_relid(c"debits_key".as_ptr(), schema) != pg_sys::InvalidOid)
             .map(|(debits, _)| index_of(debits, c"debits_key"));
         let leases = (pg_sys::get_relname_relid(c"leases".as_ptr(), schema) != pg_sys::InvalidOid).then(|| table(c"leases"));
+        let memory_snapshot =
+            (pg_sys::get_relname_relid(c"memory_snapshot".as_ptr(), schema) != pg_sys::InvalidOid).then(|| table(c"memory_snapshot"));
         Relations {
             state,
             state_key: index_of(state, c"state_key_name_shard_key"),
@@ -131,6 +136,7 @@ fn look_up() -> Relations {
             debits,
             debits_key,
             leases,
+            memory_snapshot,
             decision_type,
             decision,
         }

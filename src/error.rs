@@ -88,6 +88,9 @@ pub enum Error {
 
     #[error("no rate_limiter.memory_keys entry is free for a new key{}", share.map_or(String::new(), |n| format!(": this database holds its {n} of the entries of the key's partition")))]
     MemoryKeysFull { share: Option<usize> },
+
+    #[error("too many databases loaded memory limits' snapshots since the last crash or promotion")]
+    MemoryDatabasesFull,
 }
 
 impl Error {
@@ -121,6 +124,7 @@ impl Error {
             Error::HotKeysFull
             | Error::HotKeysShareFull(_)
             | Error::MemoryKeysFull { .. }
+            | Error::MemoryDatabasesFull
             | Error::SlotsPerTransaction { .. } => {
                 PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED
             }
@@ -263,6 +267,10 @@ impl Error {
                 "Every entry holds a key whose tokens are still counted; none is admitted rather than \
                  one forgotten. Raise rate_limiter.memory_keys (a restart) or \
                  rate_limiter.memory_keys_per_database, or make the limit durable."
+            }
+            Error::MemoryDatabasesFull => {
+                "Shared memory keeps which databases loaded their counts for 1024 of them: restart the \
+                 server cleanly, or make some of the limits durable."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

@@ -16,8 +16,10 @@ mod hash;
 mod http;
 mod limiter;
 mod lists;
+mod worker;
 mod prune_worker;
 mod shmem;
+mod snapshot_worker;
 mod storage;
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -41,6 +43,9 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::memory::register(preloading);
     if preloading {
         shmem::register();
+        if shmem::memory::enabled() {
+            snapshot_worker::register();
+        }
     }
 }
 

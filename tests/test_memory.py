@@ -7,6 +7,7 @@ tests/test_hot_oracle.py's, rollbacks and nested savepoints tests/test_hot.py's.
 import os
 import re
 import subprocess
+import time
 
 import pytest
 from psycopg import errors
@@ -178,9 +179,12 @@ def test_full_entries_refuse_new_keys_and_each_database_keeps_its_share(clusters
         assert "shared_preload_libraries" in raised.value.diag.message_hint
 
 
-def test_a_standby_counts_its_own_calls(clusters):
+@every_version
+def test_a_standby_counts_its_own_calls_and_once_promoted_the_primarys_last_snapshot(clusters):
     """A memory limit works on a hot standby, in its read-only transactions: it counts that
-    server's calls, and the primary's are not there (docs/memory-limits.md)."""
+    server's calls, and the primary's are not there (docs/memory-limits.md). Promoted, it
+    starts from the primary's last snapshot, which replicated: a key the primary drained is
+    drained there, over the standby's own count of it."""
     primary = clusters("primary", PORTS["primary"], ["-c shared_preload_libraries=rate_limiter"]).init().start()
     standby = clusters("standby", PORTS["standby"], ["-c shared_preload_libraries=rate_limiter"])
     with primary.connect() as c:
@@ -205,14 +209,31 @@ def test_a_standby_counts_its_own_calls(clusters):
         assert s.execute("SELECT remaining FROM rate_limiter.check_rate_limit('mem', 'other', 0)").fetchone() == (5,)
         with pytest.raises(errors.ReadOnlySqlTransaction):
             s.execute("""SELECT rate_limiter.rate_limit('durable', 'k', config => '{"kind": "token bucket", "rate": 1, "period": 1000}')""")
+    with primary.connect() as c:
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 5)")  # the primary's 'k' drained
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'p', 3)")
+        wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot").fetchone() == (2,),
+                 "the primary's snapshot")
+        c.execute("SELECT pg_switch_wal()")
+        lsn = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    with standby.connect() as s:
+        wait_for(lambda: s.execute("SELECT pg_last_wal_replay_lsn() >= %s", (lsn,)).fetchone() == (True,),
+                 "the snapshot replayed")
+        s.execute("SELECT pg_promote()")
+        left = "SELECT remaining FROM rate_limiter.check_rate_limit('mem', %s, 0)"
+        assert s.execute(left, ("p",)).fetchone() == (2,), "the primary's count, loaded at promotion"
+        assert s.execute(left, ("k",)).fetchone() == (0,), "the primary's count over the standby's own (1 left)"
+        assert s.execute(left, ("other",)).fetchone() == (5,)
 
 
 @every_version
-def test_a_clean_restart_keeps_the_counts_and_a_crash_starts_them_full(clusters):
+def test_a_clean_restart_keeps_the_counts_and_a_crash_without_snapshots_starts_them_full(clusters):
     """The postmaster writes the counted keys at a clean shutdown and reads them back at the
-    next start; after a crash (immediate stop) there is no file, and every key is full."""
+    next start; after a crash (immediate stop) with snapshots off there is no file and no
+    snapshot, and every key is full."""
     server = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
-                                                    "-c rate_limiter.prune_interval=0"]).init().start()
+                                                    "-c rate_limiter.prune_interval=0",
+                                                    "-c rate_limiter.memory_snapshot=0"]).init().start()
     inline = """'{"kind": "token bucket", "rate": 10, "period": "1 hour", "durable": false}'"""
     with server.connect() as c:
         c.execute("CREATE EXTENSION rate_limiter")
@@ -234,14 +255,63 @@ def test_a_clean_restart_keeps_the_counts_and_a_crash_starts_them_full(clusters)
         assert c.execute(f"SELECT remaining FROM rate_limiter.check_rate_limit('inline', 'k', 0, config => {inline})"
                          ).fetchone() == (6,)
         c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 2)")
+        assert c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot").fetchone() == (0,), "snapshots are off"
     server.stop("immediate")
     server.start()
     with server.connect() as c:
-        assert c.execute(left, ("k",)).fetchone() == (10,), "a crash starts every key full (docs/memory-limits.md)"
+        assert c.execute(left, ("k",)).fetchone() == (10,), "a crash with snapshots off starts every key full"
     server.stop("fast")
     server.start()
     with server.connect() as c:
         assert c.execute(left, ("k",)).fetchone() == (10,), "no older file is read after a crash"
+
+
+LOAD = """
+\\set r random(1, 5)
+BEGIN;
+INSERT INTO ledger SELECT 'mem', 'k', granted, clock_timestamp() FROM rate_limiter.rate_limit('mem', 'k');
+\\if :r = 1
+ROLLBACK;
+\\else
+COMMIT;
+\\endif
+"""
+
+
+@every_version
+def test_a_crash_under_load_forgets_at_most_the_admissions_since_the_last_snapshot(clusters, tmp_path):
+    """8 sessions take tokens (a fifth roll back) and the server is killed (SIGKILL, every
+    process) mid-load: after the restart the key counts every committed admission but those
+    of the last snapshot interval and the worker's round (1 s allowed), and no more than was
+    committed plus one call in flight per session (the snapshot counts calls in flight)."""
+    interval = 0.2
+    server = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                    f"-c rate_limiter.memory_snapshot={int(interval * 1000)}"]
+                      ).init().start()
+    with server.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")  # no refill
+        define(c, "mem", rate=5000, period="1 hour", durable=False)
+        ledger(c)
+    script = tmp_path / "load.sql"
+    script.write_text(LOAD)
+    os.chmod(tmp_path, 0o755)
+    load = subprocess.Popen([f"{server.bin}/pgbench", "-h", "/tmp", "-p", str(server.port), "-U", "postgres",
+                             "-n", "-c", "8", "-R", "300", "-T", "30", "-f", str(script), "postgres"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(4)
+    killed_at = time.time()
+    server.kill9()
+    load.wait(30)
+    server.start()
+    with server.connect() as c:
+        committed = c.execute("SELECT sum(granted) FROM ledger").fetchone()[0]
+        recent = c.execute("SELECT coalesce(sum(granted), 0) FROM ledger WHERE at > to_timestamp(%s)",
+                           (killed_at - interval - 1.0,)).fetchone()[0]
+        counted = 5000 - remaining(c, "mem", "k")
+    assert committed > 2 * recent, f"the load ran long enough to tell ({committed} committed, {recent} recent)"
+    assert committed - recent <= counted, f"forgot more than the last snapshot: {committed} committed, {counted} counted"
+    assert counted <= committed + 8, f"counted more than was committed and in flight: {committed}, {counted}"
 
 
 def test_a_redefined_limit_keeps_its_keys_counted_under_the_new_period(clusters):

@@ -149,10 +149,12 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
         (self.len > 0).then(|| self.at(0).seq)
     }
 
-    /// The committed state and its latest debit's instant, when nothing is listed or sunk in
-    /// flight (the escrow then holds only what committed).
-    pub fn at_rest(&self) -> Option<(State, f64)> {
-        self.idle().then(|| (self.base.load(), self.base_at))
+    /// The tail and its latest debit's instant: what is committed, with the debits still in
+    /// flight counted as if they will commit and the credits as if they will not. A state
+    /// to start over from that never admits more than the escrow would (at rest, when
+    /// nothing is in flight, the committed state itself).
+    pub fn snapshot(&self) -> (State, f64) {
+        (self.tail.load(), self.admission_instant(f64::NEG_INFINITY))
     }
 
     /// The numbers of the debits listed in flight, oldest first.

@@ -9,7 +9,7 @@ use crate::call::{Decision, Reason, Request};
 use crate::clock;
 use crate::config;
 use crate::error::Error;
-use crate::shmem::memory::{self, Identity};
+use crate::shmem::memory::{self, snapshot, Identity};
 use crate::shmem::stats;
 use crate::storage;
 use super::in_flight::{self, Forget};
@@ -53,6 +53,7 @@ enum Listing {
 }
 
 fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
+    load_snapshot();
     let id = identity(req);
     if changed_here(&id, true) {
         Error::ChangedHere(req.name.to_owned()).raise()
@@ -153,12 +154,13 @@ fn oldest_to_wait_for(entry: &mut memory::Entry, full: bool, me: (i32, u32)) -> 
 /// calls in flight included, or a fresh one for a key not counted, or that this transaction
 /// reset (as a durable limit's reads see its own reset).
 fn current(req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
+    load_snapshot();
     let id = identity(req);
     if changed_here(&id, false) {
         return (super::fresh(req, config, now), now);
     }
-    if let Some(mut guard) = memory::peek(&id).filter(|g| !g.entry_ref().absent()) {
-        let escrow = guard.entry().escrow();
+    if let Some(guard) = memory::peek(&id).filter(|g| !g.entry_ref().absent()) {
+        let escrow = guard.entry_ref().escrow_ref();
         return (escrow.tail(), escrow.admission_instant(now));
     }
     (super::fresh(req, config, now), now)
@@ -181,6 +183,7 @@ pub fn value(req: &Request<'_>, config: &Config) -> State {
 /// call, and keeps new ones out until it commits, as a hot limit's does), its counts go
 /// when this transaction commits.
 pub fn reset(name: &str, key: Option<&str>) {
+    load_snapshot();
     let id = identity(&Request { name, key, count: 0.0, reserve: false, inline: None });
     if memory::counts_key(&id) {
         storage::hold_calls_off();
@@ -192,10 +195,30 @@ pub fn reset(name: &str, key: Option<&str>) {
 /// flight, and at commit its keys' counts are taken on under the new config (`now`), as a
 /// durable limit's rows are; deleted or renamed (`now` is `None`), its counts go.
 pub fn limit_changing(name: &str, now: Option<Option<Config>>) {
+    load_snapshot();
     storage::hold_calls_off();
     let limit = Identity::limit(cache::relations().state, name);
     in_flight::forget_at_commit(match now {
         None => Forget::MemoryLimit(limit),
         Some(config) => Forget::MemoryChanged(limit, config),
     });
+}
+
+/// After a crash or a promotion, this database's counts as the worker last wrote them,
+/// before anything reads or changes them: loaded by the first session to need them, while
+/// the others wait (once per loss).
+fn load_snapshot() {
+    if !snapshot::needs_load() {
+        return;
+    }
+    let _one_at_a_time = storage::snapshot::LoadLock::take();
+    if !snapshot::needs_load() {
+        return;
+    }
+    let rows = storage::snapshot::read();
+    let rows = rows.iter().map(|(name, counts, expires)| (name.as_slice(), counts.as_slice(), *expires));
+    match snapshot::restore(rows, clock::now_ms()) {
+        Ok((restored, dropped)) => pgrx::log!("rate_limiter: {restored} memory limit keys loaded from rate_limiter.memory_snapshot, {dropped} without room"),
+        Err(e) => e.raise(),
+    }
 }

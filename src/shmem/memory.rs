@@ -12,7 +12,7 @@
 
 use std::ffi::CStr;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
@@ -24,7 +24,9 @@ use crate::error::{Error, Result};
 
 use super::area::{self, Held};
 
+mod record;
 mod saved;
+pub mod snapshot;
 
 /// Calls of one key in flight at once that an escrow lists before it sinks the older half
 /// (docs/hot-limits.md: a rollback of a sunk call gives nothing back).
@@ -114,9 +116,34 @@ fn digest(parts: &[&[u8]]) -> [u8; 16] {
     hasher.finalize()[..16].try_into().expect("16 bytes")
 }
 
+/// Databases that can have loaded the snapshot table since the counts were last lost (a
+/// crash or a promotion).
+const DATABASES: usize = 1024;
+
+/// Partitions at most (`memory_keys` at most 2^22, 64 to a partition), one bit each.
+const PARTITION_WORDS: usize = (1 << 22) / PARTITION / 64;
+
 #[repr(C)]
 struct Header {
     entries: u64,
+    /// Raised when shared memory holds less than the snapshot tables (`snapshot`): made after
+    /// a crash (1), or a promotion. 0: nothing to load.
+    epoch: AtomicU64,
+    /// Started in recovery: its end (a promotion) raises `epoch`.
+    recovering: AtomicBool,
+    /// Which databases loaded their snapshot at which epoch, under the last lock of the
+    /// tranche.
+    loaded: [Loaded; DATABASES],
+    /// A bit per partition with an entry changed since its last snapshot: the worker's
+    /// round reads only those.
+    changed: [AtomicU64; PARTITION_WORDS],
+}
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Loaded {
+    database: pg_sys::Oid,
+    epoch: u64,
 }
 
 /// The transaction (as `storage::my_transaction` gives it) that holds a listed debit in flight.
@@ -147,6 +174,9 @@ pub struct Entry {
     committed: bool,
     /// The last debit number drawn: numbers ascend along the escrow.
     last_seq: u64,
+    /// Raised by every change; the snapshot table holds the entry as of `saved`.
+    changes: u64,
+    saved: u64,
     /// Who holds the debits in flight, so that a call finding the ring full can wait for the
     /// oldest one's transaction.
     holders: [Holder; 2 * RING],
@@ -156,6 +186,10 @@ pub struct Entry {
 impl Entry {
     pub fn escrow(&mut self) -> &mut Escrow<RING, Packed> {
         &mut self.escrow
+    }
+
+    pub fn escrow_ref(&self) -> &Escrow<RING, Packed> {
+        &self.escrow
     }
 
     /// The next debit number.
@@ -233,6 +267,11 @@ pub struct Ticket {
 static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
 static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(null_mut());
 
+/// Whether memory limits are on: a preloaded library with `rate_limiter.memory_keys` > 0.
+pub fn enabled() -> bool {
+    entry_count() > 0
+}
+
 /// The entries asked for, in whole partitions.
 fn entry_count() -> usize {
     (ENTRIES.get().max(0) as usize).next_multiple_of(PARTITION)
@@ -253,8 +292,10 @@ fn table() -> Option<(&'static Header, *mut Entry)> {
     }
 }
 
+/// The lock of partition `partition`, or with the count of partitions, of `Header::loaded`.
 fn partition_lock(partition: usize) -> *mut pg_sys::LWLock {
-    // SAFETY: `LOCKS` holds one lock per partition from the named tranche (see `attach`).
+    // SAFETY: `LOCKS` holds one lock per partition and one more from the named tranche (see
+    // `attach`).
     unsafe { &raw mut (*LOCKS.load(Acquire).add(partition)).lock }
 }
 
@@ -300,7 +341,7 @@ pub unsafe fn request() {
     // SAFETY: the request hook is where both may be called.
     unsafe {
         pg_sys::RequestAddinShmemSpace(size(entry_count()));
-        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), (entry_count() / PARTITION).max(1) as i32);
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), (entry_count() / PARTITION).max(1) as i32 + 1);
     }
 }
 
@@ -323,11 +364,18 @@ pub unsafe fn attach() {
             // The postmaster, making shared memory at start or after a crash: what the last
             // clean shutdown counted, and the counts to write at the next one.
             if let Some((_, first)) = table() {
-                let (loaded, dropped) = saved::load(first, entries);
-                if loaded + dropped > 0 {
-                    pgrx::log!("rate_limiter: {loaded} memory limit keys loaded from the last shutdown, {dropped} without room");
+                match saved::load(first, entries) {
+                    Some((loaded, dropped)) => {
+                        if loaded + dropped > 0 {
+                            pgrx::log!("rate_limiter: {loaded} memory limit keys loaded from the last shutdown, {dropped} without room");
+                        }
+                    }
+                    // A crash, or the first start: each database loads its snapshot table
+                    // before its first memory call.
+                    None => (*header).epoch.store(1, Release),
                 }
             }
+            (*header).recovering.store(snapshot::starts_in_recovery(), Release);
             pg_sys::on_shmem_exit(Some(save_at_exit), pg_sys::Datum::from(0));
         }
     }
@@ -351,6 +399,17 @@ unsafe extern "C-unwind" fn save_at_exit(code: i32, _arg: pg_sys::Datum) {
     }
 }
 
+/// Partition `partition` has an entry changed since its last snapshot.
+fn note_changed(partition: usize) {
+    if let Some((header, _)) = table() {
+        let (word, bit) = (&header.changed[partition / 64], 1u64 << (partition % 64));
+        // Read first: the word is shared by 64 partitions, and written only when it changes.
+        if word.load(Relaxed) & bit == 0 {
+            word.fetch_or(bit, Relaxed);
+        }
+    }
+}
+
 fn database() -> pg_sys::Oid {
     // SAFETY: written only while the backend connects, before any SQL runs.
     unsafe { pg_sys::MyDatabaseId }
@@ -364,9 +423,13 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// The entry, to change: it is written at the next snapshot.
     pub fn entry(&mut self) -> &mut Entry {
+        note_changed(self.index / PARTITION);
         // SAFETY: `entry` is in the table, and its partition's lock is held while the guard lives.
-        unsafe { &mut *self.entry }
+        let entry = unsafe { &mut *self.entry };
+        entry.changes += 1;
+        entry
     }
 
     pub fn entry_ref(&self) -> &Entry {
@@ -509,6 +572,7 @@ fn drop_entries(ours: impl Fn(&Entry) -> bool, orphan: bool) {
 /// Forget the counts of a dropped database: a new database with the same OID starts empty.
 pub fn forget_database(database: pg_sys::Oid) {
     drop_entries(|entry| entry.database == database, true);
+    snapshot::forget_database(database);
 }
 
 /// Limit `limit` (`Identity::limit`) of this database changed: its named keys' counts are
@@ -529,6 +593,8 @@ pub fn retune(limit: [u8; 16], now: Option<&([u8; 16], Config)>) {
                     Some((fingerprint, config)) if entry.escrow.idle() => {
                         entry.config = *fingerprint;
                         entry.settled(config);
+                        entry.changes += 1;
+                        note_changed(partition);
                     }
                     _ => entry.expires = f64::INFINITY,
                 }

@@ -23,6 +23,8 @@ mod scan;
 mod server;
 pub mod shape;
 pub mod slots;
+pub mod snapshot;
+mod spi;
 mod sql;
 mod state;
 

@@ -55,45 +55,35 @@ pub fn delete(name: &str, key: Option<&str>) {
 /// lock re-checks `expires` on the newest version, so a row a call has just written again
 /// is kept.
 pub fn prune(now: f64, max_rows: i32) -> i64 {
+    let relations = cache::relations();
+    let ended = [
+        list_table(List::Blocks).map(|(table, _)| (table, "until")),
+        list_table(List::Allows).map(|(table, _)| (table, "until")),
+        // Leases that ended hold nothing any more.
+        relations.leases.map(|t| (cache::qualified_name(t), "expires_at")),
+        // Memory limits' counts that equal an absent key's.
+        relations.memory_snapshot.map(|t| (cache::qualified_name(t), "expires")),
+    ];
     let mut deleted = 0;
-    for list in [List::Blocks, List::Allows] {
-        deleted += delete_ended(list, now, max_rows - deleted as i32);
+    for (table, until) in ended.into_iter().flatten() {
+        deleted += delete_past(&table, until, now, max_rows - deleted as i32);
         if deleted == max_rows as i64 {
             return deleted;
         }
     }
-    deleted += delete_expired_leases(now, max_rows - deleted as i32);
-    if deleted == max_rows as i64 {
-        return deleted;
-    }
     deleted + prune_state(now, max_rows - deleted as i32)
 }
 
-/// Delete up to `max_rows` leases that ended at `now` (they hold nothing any more).
-fn delete_expired_leases(now: f64, max_rows: i32) -> i64 {
-    let Some(leases) = cache::relations().leases else { return 0 };
-    let table = cache::qualified_name(leases);
+/// Delete up to `max_rows` rows of `table` whose `until` column has passed at `now`. The row
+/// lock re-checks `until` on the newest version, so a row written again is kept.
+fn delete_past(table: &str, until: &str, now: f64, max_rows: i32) -> i64 {
     let sql = format!(
         "WITH ended AS ( \
-             SELECT ctid FROM {table} WHERE expires_at OPERATOR(pg_catalog.<=) $2 \
+             SELECT ctid FROM {table} WHERE {until} OPERATOR(pg_catalog.<=) $2 \
              LIMIT $1 FOR UPDATE SKIP LOCKED) \
          DELETE FROM {table} \
-         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended))"
-    );
-    let now = clock::ms_timestamptz(now);
-    Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), now.into()]).map(|t| t.len() as i64))
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-/// Delete up to `max_rows` blocks or allows whose `until` has passed at `now`.
-fn delete_ended(list: List, now: f64, max_rows: i32) -> i64 {
-    let Some((table, _)) = list_table(list) else { return 0 };
-    let sql = format!(
-        "WITH ended AS ( \
-             SELECT ctid FROM {table} WHERE until OPERATOR(pg_catalog.<=) $2 \
-             LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         DELETE FROM {table} \
-         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended))"
+         WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM ended)) \
+           AND {until} OPERATOR(pg_catalog.<=) $2"
     );
     let now = clock::ms_timestamptz(now);
     Spi::connect_mut(|client| client.update(&sql, None, &[max_rows.into(), now.into()]).map(|t| t.len() as i64))

@@ -1,39 +1,22 @@
 //! Memory limits' counts across a clean restart, as pg_stat_statements keeps its counters: the
 //! postmaster writes every counted key to a file when it shuts down cleanly, and reads them
-//! back when it makes shared memory again, then removes the file, so that after a crash (when
-//! the file would be older than the counts) every key starts full.
+//! back when it makes shared memory again, then removes the file. After a crash (when the
+//! file would be older than the counts) there is none, and the snapshot table is loaded
+//! instead (`snapshot`).
 
 use std::fs;
 use std::io::Write;
 
 use pgrx::pg_sys;
 
-use crate::bucket::escrow::{Escrow, Stored};
-
-use super::{partition_of, Entry, Identity, Packed, PARTITION};
+use super::record::{self, COUNTS};
+use super::{partition_of, Entry, PARTITION};
 
 const FILE: &str = "pg_stat/rate_limiter_memory.dat";
-const MAGIC: &[u8; 8] = b"rlmem001";
+const MAGIC: &[u8; 8] = b"rlmem002";
 
-/// database, tag, limit, variant, config, expires, the packed base state, base_at.
-const RECORD: usize = 4 + 16 * 4 + 8 + (8 * 4 + 1) + 8;
-
-fn record(entry: &Entry) -> Option<Vec<u8>> {
-    let (base, base_at) = entry.escrow.at_rest()?;
-    let base = Packed::store(base);
-    let mut r = Vec::with_capacity(RECORD);
-    r.extend_from_slice(&u32::from(entry.database).to_le_bytes());
-    for part in [&entry.id, &entry.limit, &entry.variant, &entry.config] {
-        r.extend_from_slice(part);
-    }
-    r.extend_from_slice(&entry.expires.to_le_bytes());
-    for v in [base.value, base.ts, base.counts[0], base.counts[1]] {
-        r.extend_from_slice(&v.to_le_bytes());
-    }
-    r.push(base.len as u8);
-    r.extend_from_slice(&base_at.to_le_bytes());
-    Some(r)
-}
+/// database, name, expires, counts.
+const RECORD: usize = 4 + 32 + 8 + COUNTS;
 
 /// Whether the server shut down cleanly: its last checkpoint was a shutdown checkpoint, which
 /// an immediate shutdown (a crash as far as the counts go) never writes.
@@ -59,10 +42,12 @@ pub unsafe fn save(entries: *mut Entry, count: usize) -> std::io::Result<usize> 
         // SAFETY: the caller's promise.
         let entry = unsafe { &*entries.add(i) };
         if entry.used && entry.database != pg_sys::InvalidOid && entry.committed {
-            if let Some(r) = record(entry) {
-                out.extend_from_slice(&r);
-                saved += 1;
-            }
+            let r = record::of(entry);
+            out.extend_from_slice(&u32::from(entry.database).to_le_bytes());
+            out.extend_from_slice(&r.name);
+            out.extend_from_slice(&r.expires.to_le_bytes());
+            out.extend_from_slice(&r.counts);
+            saved += 1;
         }
     }
     let tmp = format!("{FILE}.tmp");
@@ -74,31 +59,24 @@ pub unsafe fn save(entries: *mut Entry, count: usize) -> std::io::Result<usize> 
 }
 
 /// Read the file back into `entries` (`count` of them, all free), and remove it; how many
-/// keys were loaded, and how many found no free entry of their partition.
+/// keys were loaded, and how many found no free entry of their partition; None when there
+/// was no file (a crash, or the first start).
 ///
 /// # Safety
 /// `entries` points to `count` free entries that no other process uses yet.
-pub unsafe fn load(entries: *mut Entry, count: usize) -> (usize, usize) {
-    let Ok(bytes) = fs::read(FILE) else { return (0, 0) };
+pub unsafe fn load(entries: *mut Entry, count: usize) -> Option<(usize, usize)> {
+    let bytes = fs::read(FILE).ok()?;
     let _ = fs::remove_file(FILE);
     if !bytes.starts_with(MAGIC) || !(bytes.len() - MAGIC.len()).is_multiple_of(RECORD) || count == 0 {
-        return (0, 0);
+        return None;
     }
     let (mut loaded, mut dropped) = (0, 0);
     for r in bytes[MAGIC.len()..].chunks_exact(RECORD) {
-        let mut at = 0;
-        let mut take = |n: usize| {
-            at += n;
-            &r[at - n..at]
-        };
-        let database = pg_sys::Oid::from(u32::from_le_bytes(take(4).try_into().expect("4 bytes")));
-        let tags: Vec<[u8; 16]> = (0..4).map(|_| take(16).try_into().expect("16 bytes")).collect();
-        let mut number = || f64::from_le_bytes(take(8).try_into().expect("8 bytes"));
-        let expires = number();
-        let (value, ts, c0, c1) = (number(), number(), number(), number());
-        let len = usize::from(take(1)[0]).min(2);
-        let base_at = f64::from_le_bytes(take(8).try_into().expect("8 bytes"));
-        let id = Identity { tag: tags[0], limit: tags[1], variant: tags[2] };
+        let database = pg_sys::Oid::from(u32::from_le_bytes(r[..4].try_into().expect("4 bytes")));
+        let (name, rest) = r[4..].split_at(32);
+        let (expires, counts) = rest.split_at(8);
+        let expires = f64::from_le_bytes(expires.try_into().expect("8 bytes"));
+        let id = record::identity(name, counts).expect("sizes of a record");
         let first = partition_of(&id, count) * PARTITION;
         // SAFETY: the caller's promise; the partition's entries are below the count.
         let free = (first..first + PARTITION).map(|i| unsafe { &mut *entries.add(i) }).find(|e| !e.used);
@@ -106,19 +84,11 @@ pub unsafe fn load(entries: *mut Entry, count: usize) -> (usize, usize) {
             dropped += 1;
             continue;
         };
-        entry.used = true;
-        entry.database = database;
-        entry.id = id.tag;
-        entry.limit = id.limit;
-        entry.variant = id.variant;
-        entry.config = tags[3];
-        entry.generation += 1;
-        entry.expires = expires;
-        entry.committed = true;
-        let base = Packed { value, ts, counts: [c0, c1], len };
-        // SAFETY: the entry's escrow, whose ring holds zeros.
-        unsafe { Escrow::restart(&raw mut entry.escrow, base.load(), base_at) };
+        record::install(entry, database, &id, counts, expires);
+        // Newer than the snapshot table's row: written there at the worker's next round.
+        entry.changes = entry.saved + 1;
+        super::note_changed(first / PARTITION);
         loaded += 1;
     }
-    (loaded, dropped)
+    Some((loaded, dropped))
 }

@@ -1,0 +1,233 @@
+//! What bounds the counts a crash or a promotion loses (docs/memory-limits.md, "Crashes and
+//! failover"): the background worker copies the entries changed since its last round out
+//! of shared memory, writes them to the database's `rate_limiter.memory_snapshot`, and marks
+//! them saved once that committed. Shared memory made after a crash (no file of a clean
+//! shutdown), or a standby's once it is promoted, holds less than the tables: each database
+//! loads its table before its first memory call, once per such loss (`Header::epoch`).
+
+use std::cell::Cell;
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering::*;
+
+use pgrx::pg_sys;
+
+use crate::error::{Error, Result};
+
+use super::area::Held;
+use super::record::{self, Record};
+use super::{database, hold_partition, partition_lock, partition_of, table, Header, Loaded, PARTITION};
+
+thread_local! {
+    /// The epoch at which this backend's database was seen loaded.
+    static LOADED_AT: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Whether the server starts as a standby or for a targeted recovery, whose end is a
+/// promotion.
+pub fn starts_in_recovery() -> bool {
+    ["standby.signal", "recovery.signal"].iter().any(|f| std::path::Path::new(f).exists())
+}
+
+fn in_recovery() -> bool {
+    // SAFETY: reads shared recovery state, callable from any backend attached to shared memory.
+    unsafe { pg_sys::RecoveryInProgress() }
+}
+
+fn hold_loaded(header: &Header, exclusive: bool) -> Held {
+    let lock = partition_lock(header.entries as usize / PARTITION);
+    // SAFETY: the tranche's last lock, initialized by the postmaster; held here alone.
+    unsafe {
+        if exclusive {
+            Held::take(lock)
+        } else {
+            Held::share(lock)
+        }
+    }
+}
+
+fn loaded(header: &Header) -> &mut [Loaded] {
+    // SAFETY: read and written only under the lock `hold_loaded` takes, which every caller
+    // holds; the header lives as long as the server.
+    unsafe { &mut *(&raw const header.loaded as *mut [Loaded; super::DATABASES]) }
+}
+
+/// The epoch the counts are at: a promotion since the last call raises it first.
+fn epoch(header: &Header) -> u64 {
+    if header.recovering.load(Acquire) && !in_recovery() {
+        let _held = hold_loaded(header, true);
+        if header.recovering.load(Acquire) {
+            header.epoch.fetch_add(1, AcqRel);
+            header.recovering.store(false, Release);
+        }
+    }
+    header.epoch.load(Acquire)
+}
+
+/// Whether `database` loaded its snapshot at `epoch`.
+fn loaded_at(header: &Header, database: pg_sys::Oid, epoch: u64) -> bool {
+    epoch == 0 || {
+        let _held = hold_loaded(header, false);
+        loaded(header).iter().any(|l| l.database == database && l.epoch == epoch)
+    }
+}
+
+/// Whether this database must load its snapshot table before its memory limits count: after
+/// a crash or a promotion, not yet loaded. A standby counts its own calls, and loads nothing
+/// until it is promoted.
+pub fn needs_load() -> bool {
+    let Some((header, _)) = table() else { return false };
+    let epoch = epoch(header);
+    if epoch == 0 || LOADED_AT.get() == epoch || in_recovery() {
+        return false;
+    }
+    if loaded_at(header, database(), epoch) {
+        LOADED_AT.set(epoch);
+        return false;
+    }
+    true
+}
+
+/// Load the rows of this database's snapshot table (name, counts, expires) into its entries:
+/// an entry of the same name is replaced if nothing is in flight in it (a promoted standby's
+/// own count of a key gives way to the primary's). Rows whose counts equal an absent key's
+/// at `now` are skipped; a row that finds no room is dropped. Then this database is loaded
+/// at the current epoch; 53400 when too many databases loaded since the loss.
+pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f64) -> Result<(usize, usize)> {
+    let Some((header, entries)) = table() else { return Ok((0, 0)) };
+    let database = database();
+    let count = header.entries as usize;
+    let (mut restored, mut dropped) = (0, 0);
+    for (name, counts, expires) in rows {
+        let Some(id) = record::identity(name, counts) else { continue };
+        if expires <= now {
+            continue;
+        }
+        let (_held, first) = hold_partition(partition_of(&id, count));
+        // SAFETY: the partition's entries, below the table's count, under its lock.
+        let entry_at = |i: usize| unsafe { &mut *entries.add(first + i) };
+        let slot = (0..PARTITION)
+            .find(|i| entry_at(*i).is(database, &id))
+            .or_else(|| (0..PARTITION).find(|i| entry_at(*i).reusable(now)));
+        match slot.map(entry_at) {
+            Some(entry) if !entry.used || entry.escrow.idle() => {
+                record::install(entry, database, &id, counts, expires);
+                entry.saved = entry.changes;
+                restored += 1;
+            }
+            _ => dropped += 1,
+        }
+    }
+    let epoch = epoch(header);
+    let _held = hold_loaded(header, true);
+    let slots = loaded(header);
+    let slot = slots.iter().position(|l| l.database == database).or_else(|| slots.iter().position(|l| l.epoch < epoch));
+    let Some(slot) = slot else { return Err(Error::MemoryDatabasesFull) };
+    slots[slot] = Loaded { database, epoch };
+    LOADED_AT.set(epoch);
+    Ok((restored, dropped))
+}
+
+/// A dropped database's place among the loaded ones is free again.
+pub fn forget_database(database: pg_sys::Oid) {
+    let Some((header, _)) = table() else { return };
+    let _held = hold_loaded(header, true);
+    for l in loaded(header).iter_mut().filter(|l| l.database == database) {
+        *l = Loaded { database: pg_sys::InvalidOid, epoch: 0 };
+    }
+}
+
+/// An entry changed since the last snapshot, as copied out.
+pub struct Changed {
+    index: usize,
+    generation: u64,
+    changes: u64,
+    pub record: Record,
+}
+
+/// Whether `entry` of `database` has counts to write: changed since its last snapshot, and
+/// not equal to an absent key's at `now` (there is nothing to load of those: they are
+/// marked saved instead).
+fn to_write(entry: &mut super::Entry, now: f64) -> bool {
+    if !entry.used || entry.changes == entry.saved {
+        return false;
+    }
+    if entry.absent() || (entry.escrow.idle() && entry.expires <= now) {
+        entry.saved = entry.changes;
+        return false;
+    }
+    true
+}
+
+/// The partitions marked changed, each held in turn with its first entry's index.
+fn each_changed_partition(header: &Header, mut visit: impl FnMut(usize, usize)) {
+    for (w, word) in header.changed.iter().enumerate().take((header.entries as usize / PARTITION).div_ceil(64)) {
+        let mut bits = word.load(Relaxed);
+        while bits != 0 {
+            let partition = w * 64 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let (_held, first) = hold_partition(partition);
+            visit(partition, first);
+        }
+    }
+}
+
+/// The databases with entries to write at `now`, of those loaded at the current epoch
+/// (until it loads, a database's table holds more than its entries). A partition left with
+/// none is unmarked, under its lock, which every change holds while it marks it.
+pub fn databases_changed(now: f64) -> Vec<pg_sys::Oid> {
+    let Some((header, entries)) = table() else { return Vec::new() };
+    let mut changed = BTreeSet::new();
+    each_changed_partition(header, |partition, first| {
+        let mut any = false;
+        for i in first..first + PARTITION {
+            // SAFETY: below the count, its partition's lock held.
+            let entry = unsafe { &mut *entries.add(i) };
+            if to_write(entry, now) {
+                any = true;
+                if entry.database != pg_sys::InvalidOid {
+                    changed.insert(u32::from(entry.database));
+                }
+            }
+        }
+        if !any {
+            header.changed[partition / 64].fetch_and(!(1u64 << (partition % 64)), Relaxed);
+        }
+    });
+    let epoch = epoch(header);
+    changed.into_iter().map(pg_sys::Oid::from).filter(|d| loaded_at(header, *d, epoch)).collect()
+}
+
+/// This database's entries to write at `now`, copied one partition at a time.
+pub fn changed(now: f64) -> Vec<Changed> {
+    let Some((header, entries)) = table() else { return Vec::new() };
+    let database = database();
+    if !loaded_at(header, database, epoch(header)) {
+        return Vec::new();
+    }
+    let mut changed = Vec::new();
+    each_changed_partition(header, |_, first| {
+        for index in first..first + PARTITION {
+            // SAFETY: below the count, its partition's lock held.
+            let entry = unsafe { &mut *entries.add(index) };
+            if entry.database == database && to_write(entry, now) {
+                let record = record::of(entry);
+                changed.push(Changed { index, generation: entry.generation, changes: entry.changes, record });
+            }
+        }
+    });
+    changed
+}
+
+/// `changed` committed to the table: each entry is saved as of its copy, if it is still
+/// the same key.
+pub fn mark_saved(changed: &[Changed]) {
+    let Some((_, entries)) = table() else { return };
+    for c in changed {
+        let (_held, _) = hold_partition(c.index / PARTITION);
+        // SAFETY: an index below the count, its partition's lock held.
+        let entry = unsafe { &mut *entries.add(c.index) };
+        if entry.used && entry.generation == c.generation {
+            entry.saved = entry.saved.max(c.changes);
+        }
+    }
+}

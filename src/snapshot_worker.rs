@@ -1,0 +1,116 @@
+//! The background worker that bounds what a crash or a promotion loses of memory limits'
+//! counts (docs/memory-limits.md, "Crashes and failover"): with memory limits on, a
+//! launcher wakes every `rate_limiter.memory_snapshot` and, for each database whose entries
+//! changed since, starts a worker that writes them to that database's
+//! `rate_limiter.memory_snapshot` table, one transaction, then marks them saved. Nothing
+//! runs while no memory limit is called, nor on a standby (its tables are the primary's).
+//!
+//! As the prune workers do, these run as the bootstrap superuser in databases other roles
+//! own: `search_path` pinned, the extension found by catalog lookups, no SQL that names its
+//! objects, and one database's worker waited for at most one interval (at least 10 s).
+
+use std::time::Duration;
+
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::prelude::*;
+
+use crate::shmem::memory::snapshot;
+use crate::worker::{own_settings, pin_search_path, wait_for};
+use crate::{clock, storage};
+
+/// `rate_limiter.memory_snapshot`, in milliseconds; 0 turns the snapshots off.
+static INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// From `_PG_init`, when memory limits are on (`memory_keys` > 0 in a preloaded library).
+pub fn register() {
+    GucRegistry::define_int_guc(
+        c"rate_limiter.memory_snapshot",
+        c"How often memory limits' changed counts are written to rate_limiter.memory_snapshot, which a crash or a promotion loads; 0 turns it off.",
+        c"After a crash, a key of a memory limit may admit again at most what it admitted in the last interval (and the worker's round).",
+        &INTERVAL,
+        0,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    BackgroundWorkerBuilder::new("rate_limiter memory snapshot launcher")
+        .set_type("rate_limiter memory snapshot launcher")
+        .set_library("rate_limiter")
+        .set_function("rate_limiter_memory_snapshot_launcher")
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load();
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn rate_limiter_memory_snapshot_launcher(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    loop {
+        // Off (0): look at the setting again hourly, or at the next reload.
+        let interval = Duration::from_millis(match INTERVAL.get() {
+            0 => 3_600_000,
+            ms => ms as u64,
+        });
+        if !BackgroundWorker::wait_latch(Some(interval)) {
+            break;
+        }
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: the launcher's main loop, outside any signal handler and with no
+            // transaction, is where ProcessConfigFile(PGC_SIGHUP) may run.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            continue;
+        }
+        // SAFETY: reads shared recovery state; this worker is attached to shared memory.
+        if INTERVAL.get() == 0 || unsafe { pg_sys::RecoveryInProgress() } {
+            continue;
+        }
+        for database in snapshot::databases_changed(clock::now_ms()) {
+            let started = BackgroundWorkerBuilder::new("rate_limiter memory snapshot")
+                .set_type("rate_limiter memory snapshot")
+                .set_library("rate_limiter")
+                .set_function("rate_limiter_memory_snapshot_database")
+                .set_argument(database.into_datum())
+                .enable_spi_access()
+                // SAFETY: MyProcPid is set once at process start, before this entry point
+                // runs, and never written again; the process is single-threaded.
+                .set_notify_pid(unsafe { pg_sys::MyProcPid })
+                .load_dynamic();
+            match started {
+                Ok(worker) => {
+                    if !wait_for(worker, interval.max(Duration::from_secs(10))) {
+                        return;
+                    }
+                }
+                Err(e) => log!("rate_limiter: could not start a memory snapshot worker: {e:?}"),
+            }
+        }
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datum) {
+    // SAFETY: the start of this worker, before it connects.
+    unsafe { storage::die_on_sigterm() };
+    // SAFETY: the launcher passed a database OID as the argument.
+    let database = unsafe { pg_sys::Oid::from_datum(arg, false) }.expect("a database OID");
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
+    pin_search_path();
+    own_settings();
+    let written = BackgroundWorker::transaction(|| {
+        // SAFETY: inside a transaction, as the catalog scan needs; with missing_ok it returns
+        // InvalidOid rather than raise.
+        if unsafe { pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), true) } == pg_sys::InvalidOid {
+            return Vec::new();
+        }
+        let changed = snapshot::changed(clock::now_ms());
+        let rows: Vec<(&[u8], &[u8], f64)> =
+            changed.iter().map(|c| (c.record.name.as_slice(), c.record.counts.as_slice(), c.record.expires)).collect();
+        storage::snapshot::write(&rows);
+        changed
+    });
+    // Committed: saved as of the copy (a change since is written at the next round).
+    snapshot::mark_saved(&written);
+    debug1!("rate_limiter: {} memory limit keys written to rate_limiter.memory_snapshot", written.len());
+}

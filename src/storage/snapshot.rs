@@ -1,0 +1,77 @@
+//! `rate_limiter.memory_snapshot`: memory limits' counts as the background worker last wrote
+//! them (`shmem::memory::snapshot`), read back after a crash or a promotion. Written once a
+//! round by the worker, read once per loss, so plain SQL through `spi`, as the table's owner.
+
+use pgrx::pg_sys;
+use pgrx::IntoDatum;
+
+use crate::cache;
+use crate::clock;
+
+use super::spi;
+
+/// One entry's row: its name, counts, and when they equal an absent key's (ms).
+pub type Row = (Vec<u8>, Vec<u8>, f64);
+
+fn table() -> Option<pg_sys::Oid> {
+    cache::relations().memory_snapshot
+}
+
+/// Every row of the table.
+pub fn read() -> Vec<Row> {
+    let Some(table) = table() else { return Vec::new() };
+    let sql = format!("SELECT entry, counts, expires FROM {}", cache::qualified_name(table));
+    let mut rows = Vec::new();
+    spi::run(table, &sql, &[], |row| rows.push((row.bytea(1), row.bytea(2), row.timestamptz(3))));
+    rows
+}
+
+/// Write `rows` over the rows of the same entries.
+pub fn write(rows: &[(&[u8], &[u8], f64)]) {
+    let Some(table) = table() else { return };
+    if rows.is_empty() {
+        return;
+    }
+    let sql = format!(
+        "INSERT INTO {} AS s (entry, counts, expires, saved_at) \
+         SELECT e, c, x, pg_catalog.clock_timestamp() \
+         FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.bytea[]), pg_catalog.unnest($2::pg_catalog.bytea[]), \
+                        pg_catalog.unnest($3::pg_catalog.timestamptz[])) AS u (e, c, x) \
+         ON CONFLICT (entry) DO UPDATE SET counts = excluded.counts, expires = excluded.expires, saved_at = excluded.saved_at",
+        cache::qualified_name(table)
+    );
+    let names: Vec<Vec<u8>> = rows.iter().map(|r| r.0.to_vec()).collect();
+    let counts: Vec<Vec<u8>> = rows.iter().map(|r| r.1.to_vec()).collect();
+    let expires: Vec<_> = rows.iter().map(|r| clock::ms_timestamptz(r.2)).collect();
+    let args = [
+        (pg_sys::BYTEAARRAYOID, names.into_datum()),
+        (pg_sys::BYTEAARRAYOID, counts.into_datum()),
+        (pg_sys::TIMESTAMPTZARRAYOID, expires.into_datum()),
+    ];
+    spi::run(table, &sql, &args, |_| {});
+}
+
+/// This database's load of the table, one session at a time, until dropped: a lock on the
+/// extension (a sub-object of it no command locks, so that nothing but another load waits).
+pub struct LoadLock(pg_sys::Oid);
+
+impl LoadLock {
+    const SUB_OBJECT: u16 = 1;
+
+    pub fn take() -> LoadLock {
+        // SAFETY: inside a transaction, as a call is; the extension exists (its tables were
+        // found). A lock on an object tag, released on drop or at the transaction's end.
+        unsafe {
+            let extension = pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false);
+            pg_sys::LockDatabaseObject(pg_sys::ExtensionRelationId, extension, LoadLock::SUB_OBJECT, pg_sys::ExclusiveLock as i32);
+            LoadLock(extension)
+        }
+    }
+}
+
+impl Drop for LoadLock {
+    fn drop(&mut self) {
+        // SAFETY: the lock `take` took, released once.
+        unsafe { pg_sys::UnlockDatabaseObject(pg_sys::ExtensionRelationId, self.0, LoadLock::SUB_OBJECT, pg_sys::ExclusiveLock as i32) }
+    }
+}
