@@ -229,7 +229,7 @@ CREATE TABLE rate_limiter.memory_snapshot (
     counts bytea NOT NULL,
     expires timestamptz NOT NULL,
     saved_at timestamptz NOT NULL
-);
+) WITH (fillfactor = 50);  -- room on each page for the next round's row versions (HOT updates)
 COMMENT ON TABLE rate_limiter.memory_snapshot IS
     'The counts of memory limits (durable => false) as the background worker last wrote them, every rate_limiter.memory_snapshot: loaded after a crash and at a promotion. Written only by the rate_limiter library.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.entry IS 'Which (limit, key) and config the counts are of: 128-bit tags of SHA-256, as shared memory finds them.';

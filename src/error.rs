@@ -186,7 +186,8 @@ impl Error {
                  mode 'all'; minGap, modes other than 'all', lockTimeout and denyCache need \
                  shards = 1; denyCache needs mode 'all'; rate_limit_all takes limits in mode 'all' only. \
                  A hot limit is named, shards = 1, mode 'all', without minGap or lockTimeout, and takes \
-                 no credit and no part in rate_limit_all. A limit in shadow mode (enforce false) takes \
+                 no credit and no part in rate_limit_all. A memory limit (durable false) is a token \
+                 bucket, fixed or sliding window, shards = 1, mode 'all', without minGap or lockTimeout. A limit in shadow mode (enforce false) takes \
                  no part in rate_limit_all either: call it on its own, or SET rate_limiter.shadow \
                  for the whole call."
             }

@@ -5,6 +5,7 @@ the bound is the ledger's (tests/ledger.py); the answers against a row-based lim
 tests/test_hot_oracle.py's, rollbacks and nested savepoints tests/test_hot.py's."""
 
 import os
+import random
 import re
 import subprocess
 import time
@@ -15,6 +16,7 @@ from psycopg import errors
 from calls import define
 from clusters import PORTS, as_postgres, every_version, wait_for
 from ledger import NOW, granted, ledger, mixed_load, remaining, session
+from together import in_sessions
 
 
 @every_version
@@ -36,6 +38,56 @@ def test_the_bound_is_exact_under_concurrent_sessions(main, database, keys, sess
             if keys == 1:
                 assert remaining(c, name, "k0") < 10, "the load ran the limit down"
             assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (0,)
+
+
+ALL = """SELECT ok, limited_by FROM rate_limiter.rate_limit_all(jsonb_build_array(
+    jsonb_build_object('name', 'mem', 'key', %s::text, 'count', %s::float8),
+    jsonb_build_object('name', 'dur', 'key', %s::text, 'count', %s::float8)))"""
+
+
+def test_rate_limit_all_takes_memory_parts_with_durable_ones_all_or_none(database):
+    """A denial by either part takes nothing from the other; both granted take from both,
+    and a rollback gives the memory part back with the durable one."""
+    with session(database) as c:
+        define(c, "mem", rate=3, period="1 hour", durable=False)
+        define(c, "dur", rate=5, period="1 hour")
+        assert c.execute(ALL, ("k", 2, "k", 2)).fetchone() == (True, None)
+        assert (remaining(c, "mem", "k"), remaining(c, "dur", "k")) == (1, 3)
+        assert c.execute(ALL, ("k", 2, "k", 1)).fetchone() == (False, "mem")
+        assert c.execute(ALL, ("k", 1, "k", 4)).fetchone() == (False, "dur")
+        assert (remaining(c, "mem", "k"), remaining(c, "dur", "k")) == (1, 3), "a denial took nothing"
+        c.execute("BEGIN")
+        assert c.execute(ALL, ("k", 1, "k", 1)).fetchone() == (True, None)
+        c.execute("ROLLBACK")
+        assert (remaining(c, "mem", "k"), remaining(c, "dur", "k")) == (1, 3), "rolled back from both"
+
+
+def test_rate_limit_all_under_concurrent_sessions_takes_every_part_or_none(main, database):
+    """8 sessions call rate_limit_all on two memory limits and a durable one, the smaller
+    memory limit running out first: a memory part denied after the other was taken gives
+    it back, so each limit counts exactly the committed calls that were granted."""
+    take = """INSERT INTO ledger SELECT 'all', 'k', ok::int, clock_timestamp()
+              FROM rate_limiter.rate_limit_all(jsonb_build_array(
+                  jsonb_build_object('name', 'big', 'key', 'k'), jsonb_build_object('name', 'small', 'key', 'k'),
+                  jsonb_build_object('name', 'dur', 'key', 'k')))"""
+    with session(database, server=main) as admin:
+        ledger(admin)
+        define(admin, "big", rate=1000, period="1 day", durable=False)
+        define(admin, "small", rate=60, period="1 day", durable=False)
+        define(admin, "dur", rate=1000, period="1 day")
+
+    def body(i):
+        rng = random.Random(i)
+        with session(database, server=main) as conn:
+            for _ in range(30):
+                with conn.transaction(force_rollback=rng.random() < 0.2):
+                    conn.execute(take)
+    in_sessions(8, body)
+    with session(database, server=main) as c:
+        granted_all = granted(c, "all", "k")
+        assert granted_all == 60 - remaining(c, "small", "k") and remaining(c, "small", "k") < 10, "the small one ran out"
+        assert 1000 - remaining(c, "big", "k") == granted_all, "the big memory limit counts the granted calls only"
+        assert 1000 - remaining(c, "dur", "k") == granted_all, "the durable limit too"
 
 
 def test_a_full_ring_waits_for_the_oldest_call_in_flight_whose_rollback_then_gives_back(database):

@@ -182,10 +182,10 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
                 config.mode.as_str()
             )));
         }
-        if config.hot || !config.durable {
-            // Its admission would have to be taken back when another part denies.
-            let what = if config.hot { "hot" } else { "memory" };
-            return Err(Error::NotSupported(format!("rate_limit_all with the {what} limit \"{}\"", req.name)));
+        if config.hot {
+            // Its admission would have to be taken back when another part denies, and a hot
+            // limit's log has nothing to take back from.
+            return Err(Error::NotSupported(format!("rate_limit_all with the hot limit \"{}\"", req.name)));
         }
         if config.kind == Kind::Concurrency {
             // Its slots would have to be given back when another part denies.

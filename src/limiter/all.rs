@@ -3,14 +3,15 @@
 //! Each request is read and decided as a single call is, without locks, and a denial
 //! returns there. Otherwise every row to be taken from is locked in one global order, that
 //! of the unique index (key, name, shard), so that calls naming the same limits in another
-//! order queue instead of deadlocking; then every request is decided again on its locked
-//! rows with the clock read after locking, and all are written or none.
+//! order queue instead of deadlocking; then every durable request is decided again on its
+//! locked rows with the clock read after locking, memory requests are taken (and taken back
+//! if one is denied), and all are written or none.
 
 use crate::bucket::{self, Config};
 use crate::clock;
 use crate::storage::StateTable;
 
-use super::{decision, lock_one, look, pick_shards, slot, Decision, Request};
+use super::{decision, in_flight, lock_one, look, memory, pick_shards, slot, Decision, Request};
 use crate::lists::listed;
 
 /// One request of the call, with its config.
@@ -55,74 +56,86 @@ pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> Deci
     }
 }
 
-/// `decide_all` for requests that are neither blocked nor allowed.
+/// `decide_all` for requests that are neither blocked nor allowed: durable parts' rows are
+/// locked and decided again first; then memory parts are taken one by one, and taken back
+/// at once if one is denied (as a rolled-back savepoint gives them back); only when all
+/// are granted are the durable rows written.
 fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Decided {
     let now = clock::now_ms();
     let per_shard: Vec<Config> = parts.iter().map(|p| p.config.per_shard()).collect();
-    let looked: Vec<_> = parts
+    let durable: Vec<usize> = (0..parts.len()).filter(|p| parts[*p].config.durable).collect();
+    let looked: Vec<_> = durable
         .iter()
-        .zip(&per_shard)
-        .map(|(p, per)| {
-            let all: Vec<i32> = (0..p.config.shards as i32).collect();
-            look(table, &p.req, per, pick_shards(p.config.shards, &all, &[]), now)
+        .map(|&p| {
+            let all: Vec<i32> = (0..parts[p].config.shards as i32).collect();
+            look(table, &parts[p].req, &per_shard[p], pick_shards(parts[p].config.shards, &all, &[]), now)
         })
         .collect();
-    let outcomes: Vec<_> = parts
-        .iter()
-        .zip(&per_shard)
-        .zip(&looked)
-        .map(|((p, per), l)| bucket::plan(&l.states, per, now, p.req.count, p.req.reserve))
-        .collect();
-    let decisions = |outcomes: &[bucket::Outcome], now: f64| -> Vec<Decision> {
-        parts
-            .iter()
-            .zip(&per_shard)
-            .zip(outcomes)
-            .map(|((p, per), o)| decision(&p.req, o, &p.config, per, now))
-            .collect()
+    let durable_decisions = |outcomes: &[bucket::Outcome], now: f64, decisions: &mut [Option<Decision>]| {
+        for (&p, o) in durable.iter().zip(outcomes) {
+            decisions[p] = Some(decision(&parts[p].req, o, &parts[p].config, &per_shard[p], now));
+        }
     };
-    if !consume || outcomes.iter().any(|o| !o.ok) {
-        return decided(decisions(&outcomes, now));
+    let outcomes: Vec<_> = durable
+        .iter()
+        .zip(&looked)
+        .map(|(&p, l)| bucket::plan(&l.states, &per_shard[p], now, parts[p].req.count, parts[p].req.reserve))
+        .collect();
+    let mut decisions: Vec<Option<Decision>> = (0..parts.len())
+        .map(|p| (!parts[p].config.durable).then(|| memory::check(&parts[p].req, &parts[p].config)))
+        .collect();
+    durable_decisions(&outcomes, now, &mut decisions);
+    if !consume || decisions.iter().flatten().any(|d| !d.ok) {
+        return decided(decisions.into_iter().map(|d| d.expect("decided")).collect());
     }
 
-    // (part, looked-at shard) of every row to take from, in the unique index's order.
+    // (durable part, looked-at shard) of every row to take from, in the unique index's order.
     let mut order: Vec<(usize, usize)> = outcomes
         .iter()
         .enumerate()
         .flat_map(|(p, o)| (0..o.after.len()).filter(move |i| o.after[*i].1).map(move |i| (p, i)))
         .collect();
-    order.sort_by(|a, b| {
-        let key = |(p, i): (usize, usize)| slot(&parts[p].req, looked[p].shards[i]).order_key();
-        key(*a).cmp(&key(*b))
-    });
-    let mut locked = vec![Vec::new(); parts.len()];
+    let slot_of = |p: usize, i: usize| slot(&parts[durable[p]].req, looked[p].shards[i]);
+    order.sort_by(|a, b| slot_of(a.0, a.1).order_key().cmp(&slot_of(b.0, b.1).order_key()));
+    let mut locked = vec![Vec::new(); durable.len()];
     for &(p, i) in &order {
-        let row = lock_one(table, &parts[p].req, &per_shard[p], slot(&parts[p].req, looked[p].shards[i]), looked[p].rows[i], true, &clock::now_ms)
+        let part = parts[durable[p]];
+        let row = lock_one(table, &part.req, &per_shard[durable[p]], slot_of(p, i), looked[p].rows[i], true, &clock::now_ms)
             .expect("a waiting lock is always obtained");
         locked[p].push((i, row));
     }
     let now = clock::now_ms();
-    let outcomes: Vec<_> = parts
+    let outcomes: Vec<_> = durable
         .iter()
-        .zip(&per_shard)
         .zip(&mut locked)
-        .map(|((p, per), rows)| {
+        .map(|(&p, rows)| {
             rows.sort_by_key(|(i, _)| *i);
             let states: Vec<_> = rows.iter().map(|(_, r)| r.state).collect();
-            bucket::plan(&states, per, now, p.req.count, p.req.reserve)
+            bucket::plan(&states, &per_shard[p], now, parts[p].req.count, parts[p].req.reserve)
         })
         .collect();
-    if outcomes.iter().all(|o| o.ok) {
-        for (p, (o, rows)) in outcomes.iter().zip(&locked).enumerate() {
-            for ((state, changed), (i, row)) in o.after.iter().zip(rows) {
-                if *changed {
-                    let slot = slot(&parts[p].req, looked[p].shards[*i]);
-                    table.write_locked(row, slot, *state, bucket::expires(*state, &per_shard[p]));
-                }
+    durable_decisions(&outcomes, now, &mut decisions);
+    if outcomes.iter().any(|o| !o.ok) {
+        return decided(decisions.into_iter().map(|d| d.expect("decided")).collect());
+    }
+    let mark = in_flight::mark();
+    for p in (0..parts.len()).filter(|p| !parts[*p].config.durable) {
+        let d = memory::consume(&parts[p].req, &parts[p].config);
+        let denied = !d.ok;
+        decisions[p] = Some(d);
+        if denied {
+            in_flight::take_back_since(mark);
+            return decided(decisions.into_iter().map(|d| d.expect("decided")).collect());
+        }
+    }
+    for (p, (o, rows)) in outcomes.iter().zip(&locked).enumerate() {
+        for ((state, changed), (i, row)) in o.after.iter().zip(rows) {
+            if *changed {
+                table.write_locked(row, slot_of(p, *i), *state, bucket::expires(*state, &per_shard[durable[p]]));
             }
         }
     }
-    decided(decisions(&outcomes, now))
+    decided(decisions.into_iter().map(|d| d.expect("decided")).collect())
 }
 
 fn decided(parts: Vec<Decision>) -> Decided {

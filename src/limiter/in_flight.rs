@@ -69,6 +69,18 @@ pub fn note_debit(debit: Debit) {
     OPEN.with_borrow_mut(|open| open.debits.push((debit, subtransaction())));
 }
 
+/// How many debits this transaction holds: a mark to take back to.
+pub fn mark() -> usize {
+    OPEN.with_borrow(|open| open.debits.len())
+}
+
+/// Take back every debit noted since `mark` (`rate_limit_all`'s memory parts, when one is
+/// denied), as a rolled-back savepoint around them would.
+pub fn take_back_since(mark: usize) {
+    let taken = OPEN.with_borrow_mut(|open| open.debits.split_off(mark));
+    settle(taken, false);
+}
+
 /// Note a fold of a hot log by this transaction.
 pub fn note_folding(ticket: hot::Ticket) {
     OPEN.with_borrow_mut(|open| open.folding.push((ticket, subtransaction())));

@@ -61,10 +61,12 @@ mod tests {
         let given = decide(&format!("rate_limiter.credit('mem_credit', 'k', 2, {})", config("")));
         assert_eq!((given.granted, given.remaining.floor()), (-2.0, 2.0), "the answer: given back, as if committed");
         assert!(!decide(&format!("rate_limiter.rate_limit('mem_credit', 'k', 1, config => {})", config(""))).ok);
+        // rate_limit_all takes a memory part (tests/test_memory.py), a hot one still not.
+        run("SELECT rate_limiter.define('hot_no', 'token bucket', 3, '1 second', hot => true)");
         fails(
-            &format!("SELECT * FROM rate_limiter.rate_limit_all(jsonb_build_array(jsonb_build_object('name', 'mem_no', 'config', {}::jsonb)))", config("")),
+            &format!("SELECT * FROM rate_limiter.rate_limit_all(jsonb_build_array(jsonb_build_object('name', 'mem_no', 'config', {}::jsonb), jsonb_build_object('name', 'hot_no')))", config("")),
             "0A000",
-            "memory limit",
+            "hot limit",
         );
         run("SELECT rate_limiter.define('mem_flip', 'token bucket', 3, '1 second', durable => false)");
         fails("UPDATE rate_limiter.limits SET durable = true WHERE name = 'mem_flip'", "0A000", "between durable and memory");

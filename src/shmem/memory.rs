@@ -12,7 +12,7 @@
 
 use std::ffi::CStr;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
@@ -139,11 +139,12 @@ struct Header {
     changed: [AtomicU64; PARTITION_WORDS],
 }
 
-#[derive(Clone, Copy)]
+/// A database (its OID) and the epoch it loaded at; atomics so that the header is shared
+/// as it is, but read and written only under the lock (see `snapshot`).
 #[repr(C)]
 struct Loaded {
-    database: pg_sys::Oid,
-    epoch: u64,
+    database: AtomicU32,
+    epoch: AtomicU64,
 }
 
 /// The transaction (as `storage::my_transaction` gives it) that holds a listed debit in flight.

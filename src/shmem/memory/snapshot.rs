@@ -45,10 +45,15 @@ fn hold_loaded(header: &Header, exclusive: bool) -> Held {
     }
 }
 
-fn loaded(header: &Header) -> &mut [Loaded] {
-    // SAFETY: read and written only under the lock `hold_loaded` takes, which every caller
-    // holds; the header lives as long as the server.
-    unsafe { &mut *(&raw const header.loaded as *mut [Loaded; super::DATABASES]) }
+impl Loaded {
+    fn is(&self, database: pg_sys::Oid, epoch: u64) -> bool {
+        self.database.load(Relaxed) == u32::from(database) && self.epoch.load(Relaxed) == epoch
+    }
+
+    fn set(&self, database: pg_sys::Oid, epoch: u64) {
+        self.database.store(u32::from(database), Relaxed);
+        self.epoch.store(epoch, Relaxed);
+    }
 }
 
 /// The epoch the counts are at: a promotion since the last call raises it first.
@@ -67,7 +72,7 @@ fn epoch(header: &Header) -> u64 {
 fn loaded_at(header: &Header, database: pg_sys::Oid, epoch: u64) -> bool {
     epoch == 0 || {
         let _held = hold_loaded(header, false);
-        loaded(header).iter().any(|l| l.database == database && l.epoch == epoch)
+        header.loaded.iter().any(|l| l.is(database, epoch))
     }
 }
 
@@ -119,10 +124,13 @@ pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f
     }
     let epoch = epoch(header);
     let _held = hold_loaded(header, true);
-    let slots = loaded(header);
-    let slot = slots.iter().position(|l| l.database == database).or_else(|| slots.iter().position(|l| l.epoch < epoch));
+    let slots = &header.loaded;
+    let slot = slots
+        .iter()
+        .find(|l| l.database.load(Relaxed) == u32::from(database))
+        .or_else(|| slots.iter().find(|l| l.epoch.load(Relaxed) < epoch));
     let Some(slot) = slot else { return Err(Error::MemoryDatabasesFull) };
-    slots[slot] = Loaded { database, epoch };
+    slot.set(database, epoch);
     LOADED_AT.set(epoch);
     Ok((restored, dropped))
 }
@@ -131,8 +139,8 @@ pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f
 pub fn forget_database(database: pg_sys::Oid) {
     let Some((header, _)) = table() else { return };
     let _held = hold_loaded(header, true);
-    for l in loaded(header).iter_mut().filter(|l| l.database == database) {
-        *l = Loaded { database: pg_sys::InvalidOid, epoch: 0 };
+    for l in header.loaded.iter().filter(|l| l.database.load(Relaxed) == u32::from(database)) {
+        l.set(pg_sys::InvalidOid, 0);
     }
 }
 
