@@ -20,6 +20,11 @@ export interface PostgresStoreOptions {
   limit?: number;
   /** The extension's schema (default `rate_limiter`). */
   schema?: string;
+  /** `false` keeps the windows in the server's shared memory (a memory limit): a request writes
+   * no row and no WAL. Needs the extension preloaded with `rate_limiter.memory_keys` > 0; a
+   * crash forgets at most the last second. Not with `skipFailedRequests` or
+   * `skipSuccessfulRequests`: their give-back could land in the next window. */
+  durable?: boolean;
 }
 
 interface Counted {
@@ -44,6 +49,8 @@ export class PostgresStore {
    * last change, so that those whose time has come are at the front: client-chosen keys
    * cannot grow it without end. */
   private readonly counted = new Map<string, Counted>();
+  /** Options that cannot be kept: every request fails with this. */
+  private refused: Error | undefined;
 
   constructor(private readonly options: PostgresStoreOptions) {
     this.limiter = new RateLimiter(options.db, { schema: options.schema });
@@ -52,7 +59,15 @@ export class PostgresStore {
   }
 
   /** Called by express-rate-limit with its options: the window, and the limit when it is a number. */
-  init(options: { windowMs: number; limit?: unknown }): void {
+  init(options: { windowMs: number; limit?: unknown; skipFailedRequests?: boolean; skipSuccessfulRequests?: boolean }): void {
+    if (this.options.durable === false && (options.skipFailedRequests || options.skipSuccessfulRequests)) {
+      // A memory limit's give-back counts only once committed, and this store cannot take one
+      // back in the statement that gives it when the window has ended meanwhile. The library
+      // only logs an error thrown here: every request fails with it instead.
+      this.refused = new TypeError(
+        "PostgresStore: durable: false does not go with skipFailedRequests or skipSuccessfulRequests; keep the limit durable",
+      );
+    }
     this.windowMs = options.windowMs;
     if (typeof options.limit === "number") this.limit = options.limit;
     this.dynamic = typeof options.limit === "function";
@@ -64,7 +79,7 @@ export class PostgresStore {
         "PostgresStore: express-rate-limit's limit is a function, which a store never sees; give the store its own `limit`",
       );
     }
-    return fixedWindow(this.limit, this.windowMs);
+    return fixedWindow(this.limit, this.windowMs, this.options.durable === false ? { durable: false } : {});
   }
 
   /** Hits in the key's window: `limit` minus what is left (at least 1: an allowed key took
@@ -78,6 +93,7 @@ export class PostgresStore {
    * taking nothing. Its reset time is the window's end counted from before the call, so that
    * express-rate-limit (8.6 and later) never decrements it after the window has ended there. */
   async increment(key: string): Promise<ClientRateLimitInfo> {
+    if (this.refused) throw this.refused;
     const started = Date.now();
     if (this.limit === 0) {
       this.remember(key, started, this.windowMs, { denials: 1 });

@@ -13,6 +13,10 @@ export interface PostgresStoreOptions {
   /** The limit's name in the extension (default `fastify-rate-limit`); a route's own limit adds its method and URL. */
   name?: string;
   schema?: string;
+  /** `false` keeps the windows in the server's shared memory (a memory limit): a request writes
+   * no row and no WAL. Needs the extension preloaded with `rate_limiter.memory_keys` > 0; a
+   * crash forgets at most the last second. */
+  durable?: boolean;
 }
 
 /** The parameters @fastify/rate-limit constructs a store (or a route's) with. */
@@ -31,6 +35,7 @@ export interface FastifyRateLimitStore {
 export function postgresStore(options: PostgresStoreOptions): new (params?: StoreParams) => FastifyRateLimitStore {
   const limiter = new RateLimiter(options.db, { schema: options.schema });
   const base = options.name ?? "fastify-rate-limit";
+  const extra = options.durable === false ? { durable: false } : {};
 
   return class PostgresStore implements FastifyRateLimitStore {
     private readonly name: string;
@@ -53,7 +58,7 @@ export function postgresStore(options: PostgresStoreOptions): new (params?: Stor
         return;
       }
       limiter
-        .limit(this.name, key, { config: fixedWindow(max, timeWindow) })
+        .limit(this.name, key, { config: fixedWindow(max, timeWindow, extra) })
         .then((d) => callback(null, this.answer(d, max)), (error) => callback(error));
     }
 
@@ -64,7 +69,7 @@ export function postgresStore(options: PostgresStoreOptions): new (params?: Stor
         return;
       }
       limiter
-        .check(this.name, key, { count: 0, config: fixedWindow(max, timeWindow) })
+        .check(this.name, key, { count: 0, config: fixedWindow(max, timeWindow, extra) })
         .then((d) => callback(null, this.answer({ ...d, ok: true }, max)), (error) => callback(error));
     }
 

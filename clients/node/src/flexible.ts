@@ -29,6 +29,10 @@ export interface RateLimiterPostgresExtensionOptions {
   /** The limit's name in the extension (default `rlflx`). */
   keyPrefix?: string;
   schema?: string;
+  /** `false` keeps the windows in the server's shared memory (a memory limit): a request writes
+   * no row and no WAL. Needs the extension preloaded with `rate_limiter.memory_keys` > 0; a
+   * crash forgets at most the last second. */
+  durable?: boolean;
 }
 
 export class RateLimiterPostgresExtension extends RateLimiterCompatibleAbstract implements Compatible {
@@ -47,7 +51,10 @@ export class RateLimiterPostgresExtension extends RateLimiterCompatibleAbstract 
     this._keyPrefix = options.keyPrefix ?? "rlflx";
     this.limiter = new RateLimiter(options.db, { schema: options.schema });
     // maxReserved lets a penalty take the window into debt by up to one window's points.
-    this.config = fixedWindow(this.points, this.duration * 1000, { maxReserved: this.points });
+    this.config = fixedWindow(this.points, this.duration * 1000, {
+      maxReserved: this.points,
+      ...(options.durable === false ? { durable: false } : {}),
+    });
   }
 
   get keyPrefix(): string {

@@ -242,3 +242,51 @@ test("rate-limiter-flexible's RateLimiterUnion, RateLimiterQueue and RLWrapperBl
   await assert.rejects(wrapped.consume("evil"));
   assert.equal(await perMinute.get("trusted"), null, "a white-listed key never reached Postgres");
 });
+
+test("durable: false keeps each store's windows in the server's shared memory: the same answers, no row", async () => {
+  const rows = async (prefix) =>
+    Number((await pool.query("SELECT count(*) AS n FROM rate_limiter.state WHERE name LIKE $1 || '%'", [prefix])).rows[0].n);
+  const expressName = unique("express_mem");
+  const app = express();
+  app.use(rateLimit({ windowMs: 60_000, limit: 2, standardHeaders: "draft-7", legacyHeaders: false,
+                      store: new PostgresStore({ db: pool, name: expressName, durable: false }) }));
+  app.get("/", (_req, res) => res.send("hello"));
+  const { url, close } = await serve(app);
+  try {
+    const answers = [];
+    for (let i = 0; i < 3; i++) answers.push(await fetch(url));
+    assert.deepEqual(answers.map((r) => r.status), [200, 200, 429]);
+    assert.match(answers[0].headers.get("ratelimit"), /^limit=2, remaining=1, reset=\d+$/);
+  } finally {
+    await close();
+  }
+  // A give-back of a memory limit counts once committed, and could land in the next window.
+  const refusing = new PostgresStore({ db: pool, durable: false });
+  refusing.init({ windowMs: 60_000, limit: 2, skipFailedRequests: true });
+  await assert.rejects(refusing.increment("k"), /durable: false does not go with skipFailedRequests/);
+
+  const fastifyName = unique("fastify_mem");
+  const fastify = Fastify();
+  await fastify.register(fastifyRateLimit, { max: 2, timeWindow: 60_000, store: postgresStore({ db: pool, name: fastifyName, durable: false }) });
+  fastify.get("/", async () => "hello");
+  await fastify.listen({ port: 0, host: "127.0.0.1" });
+  try {
+    const base = `http://127.0.0.1:${fastify.server.address().port}`;
+    const answers = [];
+    for (let i = 0; i < 3; i++) answers.push(await fetch(base));
+    assert.deepEqual(answers.map((r) => r.status), [200, 200, 429]);
+  } finally {
+    await fastify.close();
+  }
+
+  const flexiblePrefix = unique("rlf_mem");
+  const limiter = new RateLimiterPostgresExtension({ db: pool, keyPrefix: flexiblePrefix, points: 3, duration: 60, durable: false });
+  assert.equal((await limiter.consume("u", 2)).remainingPoints, 1);
+  await assert.rejects(limiter.consume("u", 2), (res) => res instanceof RateLimiterRes && res.remainingPoints === 1);
+  assert.equal((await limiter.reward("u", 1)).remainingPoints, 2);
+  assert.equal((await limiter.penalty("u", 9)).remainingPoints, 0);
+
+  for (const prefix of [expressName, fastifyName, flexiblePrefix]) {
+    assert.equal(await rows(prefix), 0, `${prefix}: counted in shared memory, not in rate_limiter.state`);
+  }
+});

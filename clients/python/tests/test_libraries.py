@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 import asyncpg
+import psycopg
 import pytest
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
@@ -68,6 +69,29 @@ def test_flask_limiter_on_the_extension_answers_429_in_each_strategy(storage_uri
         assert [get(f"{url}fail")[0] for _ in range(3)] == [500, 500, 429]
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("strategy", ["fixed-window", "sliding-window-counter"])
+def test_flask_limiter_on_a_memory_limit_answers_alike_and_writes_no_row(storage_uri, name, strategy):
+    """storage_options durable=False: the windows in the server's shared memory."""
+    app = Flask(__name__)
+    limiter = FlaskLimiter(get_remote_address, app=app, storage_uri=storage_uri, strategy=strategy,
+                           key_prefix=name, storage_options={"name": f"flask_{name}", "durable": False})
+
+    @app.get("/")
+    @limiter.limit("2/minute")
+    def index():
+        return "hello"
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert [get(f"http://127.0.0.1:{server.server_port}/")[0] for _ in range(3)] == [200, 200, 429]
+    finally:
+        server.shutdown()
+    with psycopg.connect(host=HOST, port=PORT, user=USER, dbname=DB) as conn:
+        assert conn.execute("SELECT count(*) FROM rate_limiter.state WHERE name LIKE %s",
+                            (f"flask_{name}%",)).fetchone() == (0,)
 
 
 def test_the_storage_refuses_to_reset_everything_and_clears_one_key(storage_uri, name):

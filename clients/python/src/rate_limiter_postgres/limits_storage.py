@@ -37,13 +37,17 @@ def _amount(key: str) -> int:
 
 class RateLimiterStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
     """``limits`` storage on the extension. Options: ``name`` (the limit name its keys are
-    counted under, default ``limits``), ``schema``, and libpq connection parameters."""
+    counted under, default ``limits``), ``schema``, ``durable`` (``False`` keeps the windows in
+    the server's shared memory, a memory limit: no row and no WAL per hit; needs the extension
+    preloaded with ``rate_limiter.memory_keys`` > 0, and refuses the moving window with
+    0A000), and libpq connection parameters."""
 
     STORAGE_SCHEME = ["rate-limiter+postgresql", "rate-limiter+postgres"]
 
     def __init__(self, uri: str, wrap_exceptions: bool = False, **options: Any):
         self.name = str(options.pop("name", "limits"))
         self.schema = str(options.pop("schema", "rate_limiter"))
+        self.durable = options.pop("durable", True) not in (False, "false", "False", "0", 0)
         # A libpq URI: what follows the scheme, as postgresql:// (empty: the libpq environment).
         self.conninfo = "postgresql://" + uri.split("://", 1)[-1] if "://" in uri else "postgresql://"
         self.connect_options = options
@@ -62,9 +66,11 @@ class RateLimiterStorage(Storage, MovingWindowSupport, SlidingWindowCounterSuppo
             limiter = self.local.limiter = RateLimiter(conn, self.schema)
         return limiter
 
-    @staticmethod
-    def _config(kind: str, limit: int, expiry: float) -> dict[str, Any]:
-        return {"kind": kind, "rate": limit, "period": expiry * 1000}
+    def _config(self, kind: str, limit: int, expiry: float) -> dict[str, Any]:
+        config: dict[str, Any] = {"kind": kind, "rate": limit, "period": expiry * 1000}
+        if not self.durable:
+            config["durable"] = False
+        return config
 
     def _hit(self, key: str, kind: str, limit: int, expiry: float, amount: int) -> bool:
         if amount > limit:
