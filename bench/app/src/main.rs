@@ -1,19 +1,47 @@
-//! The application's own transaction (insert a message), alone, with a rate limit inside
-//! it, and with a Redis token bucket called before it: a closed loop of N connections for
-//! a fixed time, latencies in an HdrHistogram, a ledger checked after every run. Variants
-//! take turns within each round. Set up and run by bench/app/run.sh; everything comes from
-//! the environment (see `Settings`).
+//! The application's own transaction (insert a message, or read the user's row), alone,
+//! with a rate limit inside it, and with a Redis token bucket called before it: a closed
+//! loop of N connections for a fixed time, latencies in an HdrHistogram, a ledger checked
+//! after every run. Variants take turns within each round. Set up and run by
+//! bench/app/run.sh; everything comes from the environment (see `Settings`).
 use hdrhistogram::Histogram;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls, Statement};
 
-/// What stands between the request and its insert.
+/// What the request does in its transaction.
+#[derive(Clone, Copy, PartialEq)]
+enum Work {
+    /// Insert a message for the user.
+    Write,
+    /// Read the user's row by primary key.
+    Read,
+}
+
+impl Work {
+    fn label(self) -> &'static str {
+        match self {
+            Work::Write => "write",
+            Work::Read => "read",
+        }
+    }
+
+    /// The limits compared on it: a read has no hot key or shards to compare.
+    fn limits(self) -> &'static [Limit] {
+        match self {
+            Work::Write => &Limit::ALL,
+            Work::Read => &[Limit::None, Limit::PerUser, Limit::Memory, Limit::RedisAlways, Limit::RedisEverysec],
+        }
+    }
+}
+
+/// What stands between the request and its work.
 #[derive(Clone, Copy, PartialEq)]
 enum Limit {
     None,
     /// rate_limiter.rate_limit on the user's key (USERS keys).
     PerUser,
+    /// The same limit, `durable => false`: counted in shared memory.
+    Memory,
     /// rate_limiter.rate_limit on one key of a `hot => true` limit.
     Hot,
     /// rate_limiter.rate_limit on one key of a `shards => 16` limit.
@@ -24,9 +52,10 @@ enum Limit {
 }
 
 impl Limit {
-    const ALL: [Limit; 6] = [
+    const ALL: [Limit; 7] = [
         Limit::None,
         Limit::PerUser,
+        Limit::Memory,
         Limit::Hot,
         Limit::Sharded,
         Limit::RedisAlways,
@@ -37,6 +66,7 @@ impl Limit {
         match self {
             Limit::None => "none",
             Limit::PerUser => "per_user",
+            Limit::Memory => "memory",
             Limit::Hot => "hot",
             Limit::Sharded => "sharded",
             Limit::RedisAlways => "redis_always",
@@ -48,6 +78,7 @@ impl Limit {
     fn limit_name(self) -> Option<&'static str> {
         match self {
             Limit::PerUser => Some("app_per_user"),
+            Limit::Memory => Some("app_memory"),
             Limit::Hot => Some("app_hot"),
             Limit::Sharded => Some("app_sharded"),
             _ => None,
@@ -132,12 +163,13 @@ struct Session {
     commit: Statement,
     rollback: Statement,
     limit: Statement,
-    insert: Statement,
+    /// The work alone: the INSERT, or the SELECT of the user's row.
+    work: Statement,
     one_trip: Statement,
 }
 
 impl Session {
-    async fn open(settings: &Settings, limit: Limit) -> Session {
+    async fn open(settings: &Settings, work: Work, limit: Limit) -> Session {
         let mut config: tokio_postgres::Config = settings.postgres.parse().expect("APP_POSTGRES");
         config.options("-c synchronous_commit=on");
         let (pg, connection) = config.connect(NoTls).await.expect("connect to Postgres");
@@ -147,25 +179,32 @@ impl Session {
             }
         });
         let redis = limit.redis(settings).await;
-        let one_trip = match limit.limit_name() {
-            Some(_) => "WITH l AS (SELECT ok FROM rate_limiter.rate_limit($1, $2)) \
+        let alone = match work {
+            Work::Write => "INSERT INTO app.messages (user_id, body) VALUES ($1, $2) RETURNING id",
+            Work::Read => "SELECT id, name, plan FROM app.users WHERE id = $1",
+        };
+        let one_trip = match (work, limit.limit_name()) {
+            (Work::Write, Some(_)) => "WITH l AS (SELECT ok FROM rate_limiter.rate_limit($1, $2)) \
                         INSERT INTO app.messages (user_id, body) SELECT $3, $4 FROM l WHERE l.ok RETURNING id",
-            None => "INSERT INTO app.messages (user_id, body) VALUES ($1, $2) RETURNING id",
+            (Work::Read, Some(_)) => "SELECT u.id, u.name, u.plan FROM rate_limiter.rate_limit($1, $2) l, app.users u \
+                        WHERE l.ok AND u.id = $3",
+            (_, None) => alone,
         };
         Session {
             begin: pg.prepare("BEGIN").await.unwrap(),
             commit: pg.prepare("COMMIT").await.unwrap(),
             rollback: pg.prepare("ROLLBACK").await.unwrap(),
             limit: pg.prepare("SELECT ok FROM rate_limiter.rate_limit($1, $2)").await.unwrap(),
-            insert: pg.prepare("INSERT INTO app.messages (user_id, body) VALUES ($1, $2)").await.unwrap(),
+            work: pg.prepare(alone).await.unwrap(),
             one_trip: pg.prepare(one_trip).await.unwrap(),
             pg,
             redis,
         }
     }
 
-    /// One request: true when its message committed.
-    async fn request(&mut self, settings: &Settings, limit: Limit, form: Form, user: i64) -> bool {
+    /// One request: true when its transaction committed with its work done (the message
+    /// inserted, the row read).
+    async fn request(&mut self, settings: &Settings, work: Work, limit: Limit, form: Form, user: i64) -> bool {
         const BODY: &str = "hello from the application";
         let key = match limit {
             Limit::Hot | Limit::Sharded => "global".to_string(),
@@ -186,14 +225,19 @@ impl Session {
             }
         }
         let pg = &self.pg;
+        let write = work == Work::Write;
         match (form, limit.limit_name()) {
             (Form::OneTrip, Some(name)) => {
-                let rows = pg.query(&self.one_trip, &[&name, &key, &user, &BODY]).await.expect("one trip");
-                rows.len() == 1
+                let rows = if write {
+                    pg.query(&self.one_trip, &[&name, &key, &user, &BODY]).await
+                } else {
+                    pg.query(&self.one_trip, &[&name, &key, &user]).await
+                };
+                rows.expect("one trip").len() == 1
             }
             (Form::OneTrip, None) => {
-                let rows = pg.query(&self.one_trip, &[&user, &BODY]).await.expect("insert");
-                rows.len() == 1
+                let rows = if write { pg.query(&self.one_trip, &[&user, &BODY]).await } else { pg.query(&self.one_trip, &[&user]).await };
+                rows.expect("the work alone").len() == 1
             }
             (Form::Statements, name) => {
                 pg.execute(&self.begin, &[]).await.expect("BEGIN");
@@ -204,9 +248,14 @@ impl Session {
                         return false;
                     }
                 }
-                pg.execute(&self.insert, &[&user, &BODY]).await.expect("INSERT");
+                let done = if write {
+                    pg.query(&self.work, &[&user, &BODY]).await
+                } else {
+                    pg.query(&self.work, &[&user]).await
+                };
+                let done = done.expect("the work").len() == 1;
                 pg.execute(&self.commit, &[]).await.expect("COMMIT");
-                true
+                done
             }
         }
     }
@@ -243,6 +292,7 @@ fn histogram() -> Histogram<u64> {
 async fn connection(
     settings: std::sync::Arc<Settings>,
     mut session: Session,
+    work: Work,
     limit: Limit,
     form: Form,
     seed: u64,
@@ -261,7 +311,7 @@ async fn connection(
         if began >= end {
             break;
         }
-        let committed = session.request(&settings, limit, form, users.next(settings.users)).await;
+        let committed = session.request(&settings, work, limit, form, users.next(settings.users)).await;
         if committed {
             tally.committed += 1;
         } else {
@@ -277,9 +327,20 @@ async fn connection(
 
 /// Tokens the variant's limit counts as used, and the messages committed: the ledger's two
 /// sides are their changes over a run.
-async fn ledger(admin: &Client, redis: &mut Option<redis::aio::MultiplexedConnection>, limit: Limit) -> (f64, i64) {
+async fn ledger(admin: &Client, redis: &mut Option<redis::aio::MultiplexedConnection>, limit: Limit, users: u64) -> (f64, i64) {
     let messages: i64 = admin.query_one("SELECT count(*) FROM app.messages", &[]).await.unwrap().get(0);
-    let used = if let Some(name) = limit.limit_name() {
+    let used = if limit == Limit::Memory {
+        // No row: each user's count as the limit reports it.
+        admin
+            .query_one(
+                "SELECT coalesce(sum(1e12 - v.value), 0)::float8 FROM generate_series(1, $1::bigint) g,
+                        rate_limiter.rate_limit_value('app_memory', g::text) v",
+                &[&(users as i64)],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    } else if let Some(name) = limit.limit_name() {
         admin
             .query_one(
                 "SELECT coalesce((SELECT sum(l.capacity / l.shards - s.value) FROM rate_limiter.state s
@@ -316,6 +377,7 @@ async fn ledger(admin: &Client, redis: &mut Option<redis::aio::MultiplexedConnec
 struct Run {
     round: usize,
     clients: usize,
+    work: Work,
     limit: Limit,
     form: Form,
     latencies: Histogram<u64>,
@@ -326,18 +388,18 @@ struct Run {
     messages: i64,
 }
 
-async fn run(settings: &std::sync::Arc<Settings>, admin: &Client, round: usize, clients: usize, limit: Limit, form: Form) -> Run {
+async fn run(settings: &std::sync::Arc<Settings>, admin: &Client, round: usize, clients: usize, work: Work, limit: Limit, form: Form) -> Run {
     // Every run starts alike: no messages, no dead rows for autovacuum to take on mid-run,
     // no dirty pages for a checkpoint to write.
     for step in ["TRUNCATE app.messages", "VACUUM", "CHECKPOINT"] {
         admin.batch_execute(step).await.unwrap();
     }
     let mut redis = limit.redis(settings).await;
-    let before = ledger(admin, &mut redis, limit).await;
+    let before = ledger(admin, &mut redis, limit, settings.users).await;
     // Every connection opens and prepares before the clock starts; a failure stops here.
     let mut sessions = Vec::with_capacity(clients);
     for _ in 0..clients {
-        sessions.push(Session::open(settings, limit).await);
+        sessions.push(Session::open(settings, work, limit).await);
     }
     let (go, start) = tokio::sync::watch::channel(None);
     let tasks: Vec<_> = sessions
@@ -345,7 +407,7 @@ async fn run(settings: &std::sync::Arc<Settings>, admin: &Client, round: usize, 
         .enumerate()
         .map(|(c, session)| {
             let seed = (round * 1_000_003 + clients * 1_009 + c) as u64;
-            tokio::spawn(connection(settings.clone(), session, limit, form, seed, start.clone()))
+            tokio::spawn(connection(settings.clone(), session, work, limit, form, seed, start.clone()))
         })
         .collect();
     let now = Instant::now();
@@ -359,10 +421,11 @@ async fn run(settings: &std::sync::Arc<Settings>, admin: &Client, round: usize, 
         committed += tally.committed;
         refused += tally.refused;
     }
-    let after = ledger(admin, &mut redis, limit).await;
+    let after = ledger(admin, &mut redis, limit, settings.users).await;
     Run {
         round,
         clients,
+        work,
         limit,
         form,
         latencies,
@@ -386,20 +449,24 @@ async fn main() {
     std::fs::create_dir_all(&settings.out).unwrap();
     let runs_path = format!("{}/runs.tsv", settings.out);
     let cdf_path = format!("{}/cdf.tsv", settings.out);
-    std::fs::write(&runs_path, "round\tclients\tlimit\tform\trps\tp50_us\tp99_us\tp999_us\tcommitted\tused\tmessages\n").unwrap();
-    std::fs::write(&cdf_path, "clients\tlimit\tform\tpercentile\tlatency_us\n").unwrap();
+    std::fs::write(&runs_path, "round\twork\tclients\tlimit\tform\trps\tp50_us\tp99_us\tp999_us\tcommitted\tused\tmessages\n").unwrap();
+    std::fs::write(&cdf_path, "work\tclients\tlimit\tform\tpercentile\tlatency_us\n").unwrap();
     let (admin, connection) = tokio_postgres::connect(&settings.postgres, NoTls).await.expect("connect to Postgres");
     tokio::spawn(connection);
 
     let forms = [Form::Statements, Form::OneTrip];
-    let mut merged: Vec<((usize, Limit, Form), Histogram<u64>)> = Vec::new();
+    let mut merged: Vec<((Work, usize, Limit, Form), Histogram<u64>)> = Vec::new();
     let mut ledger_failures = 0;
     for round in 1..=settings.rounds {
+        for work in [Work::Read, Work::Write] {
         for &clients in &settings.clients {
-            for limit in Limit::ALL {
+            for &limit in work.limits() {
                 for form in forms {
-                    let r = run(&settings, &admin, round, clients, limit, form).await;
-                    let balanced = r.used == r.committed as f64 && r.messages == r.committed as i64 && r.refused == 0;
+                    let r = run(&settings, &admin, round, clients, work, limit, form).await;
+                    // A read writes no message, and with no limit counts no token either.
+                    let messages = if work == Work::Write { r.committed as i64 } else { 0 };
+                    let used = if work == Work::Read && limit == Limit::None { 0.0 } else { r.committed as f64 };
+                    let balanced = r.used == used && r.messages == messages && r.refused == 0;
                     if !balanced {
                         ledger_failures += 1;
                     }
@@ -409,34 +476,36 @@ async fn main() {
                         r.latencies.value_at_quantile(0.999),
                     );
                     println!(
-                        "round {} clients {:>2} {:<15} {:<10} {:>7.0} req/s  p50 {:>6} µs  p99 {:>6} µs  p99.9 {:>6} µs  ledger {} committed, {} tokens, {} messages{}",
-                        r.round, r.clients, r.limit.label(), r.form.label(), r.rps, p50, p99, p999,
+                        "round {} {:<5} clients {:>2} {:<15} {:<10} {:>7.0} req/s  p50 {:>6} µs  p99 {:>6} µs  p99.9 {:>6} µs  ledger {} committed, {} tokens, {} messages{}",
+                        r.round, r.work.label(), r.clients, r.limit.label(), r.form.label(), r.rps, p50, p99, p999,
                         r.committed, r.used, r.messages,
                         if balanced { "" } else { "  MISMATCH" }
                     );
                     append(
                         &runs_path,
                         &format!(
-                            "{}\t{}\t{}\t{}\t{:.1}\t{}\t{}\t{}\t{}\t{}\t{}\n",
-                            r.round, r.clients, r.limit.label(), r.form.label(), r.rps, p50, p99, p999,
+                            "{}\t{}\t{}\t{}\t{}\t{:.1}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+                            r.round, r.work.label(), r.clients, r.limit.label(), r.form.label(), r.rps, p50, p99, p999,
                             r.committed, r.used, r.messages
                         ),
                     );
-                    match merged.iter_mut().find(|(k, _)| *k == (clients, limit, form)) {
+                    match merged.iter_mut().find(|(k, _)| *k == (work, clients, limit, form)) {
                         Some((_, h)) => h.add(&r.latencies).unwrap(),
-                        None => merged.push(((clients, limit, form), r.latencies)),
+                        None => merged.push(((work, clients, limit, form), r.latencies)),
                     }
                 }
             }
         }
+        }
     }
     // Every round's latencies together, for the chart's distribution.
     let mut cdf = String::new();
-    for ((clients, limit, form), h) in &merged {
+    for ((work, clients, limit, form), h) in &merged {
         for v in h.iter_quantiles(2) {
             writeln!(
                 cdf,
-                "{clients}\t{}\t{}\t{}\t{}",
+                "{}\t{clients}\t{}\t{}\t{}\t{}",
+                work.label(),
                 limit.label(),
                 form.label(),
                 v.percentile(),
