@@ -1,95 +1,30 @@
-//! One rate-limit decision: which shards to look at, reading them, locking and writing
-//! what the bucket math decided.
-//!
-//! A call first reads the state as of its snapshot without locking. If that already denies,
-//! it returns without taking a lock or writing. When it takes from one row, it writes that
-//! row straight away, and only when a transaction that committed meanwhile changed the row
-//! does it lock the newest version, read the clock again and decide again. Taking from two
-//! shards locks both first (in shard order) and then writes.
-
-use pgrx::check_for_interrupts;
-use rand::seq::index::sample;
-
-use std::time::{Duration, Instant};
+//! One whole decision: a block denies it outright and an allow lets it through, the deny
+//! cache answers a denial it holds, and the rest is asked of the limit's store (`store`):
+//! the rows of a durable limit (`rows`), a hot limit's escrow (`hot`), a memory limit's
+//! entry (`memory`) or a concurrency limit's slots (`concurrency`). Each store keeps its own
+//! concurrency control, runs the same bucket arithmetic and answers through `decision`.
 
 use crate::config;
 use crate::lists;
 use crate::shmem::deny_cache;
 pub use crate::call::{Decision, Reason, Request};
-use crate::bucket::{self, Config, Kind, OnLockTimeout, Outcome, State, MIN_CHOOSE_TWO};
+use crate::bucket::{self, Config, Outcome, State};
 use crate::storage::leases::LeaseId;
-use crate::clock::{self, sleep_ms};
-use crate::storage::{Created, Locked, Owner, Row, Slot, StateTable, Written};
+use crate::storage::StateTable;
 
 mod all;
 pub mod concurrency;
 pub mod hot;
 mod in_flight;
 pub mod memory;
+mod rows;
+mod store;
 pub use all::{decide_all, Decided, Part};
-
-/// How many times a call re-picks shards when those it chose are locked by other
-/// transactions, before it queues for its choice.
-const SKIP_LOCKED_ROUNDS: usize = 3;
-
-/// The shards one call looks at, their rows when they exist and their states (fresh when
-/// never written).
-struct Looked {
-    shards: Vec<i32>,
-    rows: Vec<Option<Row>>,
-    states: Vec<State>,
-}
-
-fn slot<'a>(req: &Request<'a>, shard: i32) -> Slot<'a> {
-    let owner = req.inline.map_or(Owner::Named, Owner::Inline);
-    Slot { name: req.name, key: req.key, shard, owner }
-}
+use store::Store;
 
 fn fresh(req: &Request<'_>, config: &Config, now: f64) -> State {
     let phase = bucket::phase_fraction(req.name, req.key) * config.period;
     bucket::fresh_state(config, now, phase.floor())
-}
-
-/// The state a missing row starts from: fresh, or for an inline config the row 0.4.0 kept
-/// for every inline config of (name, key), while one is left (it expires, and nothing writes
-/// it any more).
-fn start(table: &StateTable, req: &Request<'_>, config: &Config, shard: i32, now: f64) -> State {
-    let shared = || table.read(Slot { owner: Owner::SharedInline, ..slot(req, shard) });
-    match req.inline.and_then(|_| shared()) {
-        Some(row) => row.state,
-        None => fresh(req, config, now),
-    }
-}
-
-/// One random shard, or two distinct ones from `MIN_CHOOSE_TWO` shards up, out of `pool`
-/// and, when that leaves enough, not out of `avoid`.
-fn pick_shards(shards: u32, pool: &[i32], avoid: &[i32]) -> Vec<i32> {
-    if shards == 1 {
-        return vec![0];
-    }
-    let preferred: Vec<i32> = pool.iter().copied().filter(|s| !avoid.contains(s)).collect();
-    let want = if shards >= MIN_CHOOSE_TWO { 2 } else { 1 };
-    let pool = if preferred.len() >= want.min(pool.len()) { preferred } else { pool.to_vec() };
-    let want = want.min(pool.len());
-    sample(&mut rand::thread_rng(), pool.len(), want).into_iter().map(|i| pool[i]).collect()
-}
-
-/// The shards a call may queue for: those it already holds (from rounds that gave up) and
-/// those above all of them. Queueing only upwards, no two calls can wait for each other.
-fn waitable(shards: u32, held: &[i32]) -> Vec<i32> {
-    match held.iter().max() {
-        None => (0..shards as i32).collect(),
-        Some(&top) => held.iter().copied().chain(top + 1..shards as i32).collect(),
-    }
-}
-
-fn look(table: &StateTable, req: &Request<'_>, per_shard: &Config, shards: Vec<i32>, now: f64) -> Looked {
-    let rows: Vec<Option<Row>> = shards.iter().map(|s| table.read(slot(req, *s))).collect();
-    Looked {
-        states: rows.iter().zip(&shards).map(|(r, s)| r.map_or_else(|| start(table, req, per_shard, *s, now), |r| r.state)).collect(),
-        rows,
-        shards,
-    }
 }
 
 fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &Config, now: f64) -> Decision {
@@ -155,291 +90,28 @@ pub fn shadowed(d: Decision, shadow: bool) -> Decision {
 
 /// Answer without writing or locking anything (`check_rate_limit`).
 pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
-    if config.kind == Kind::Concurrency {
-        return concurrency::check(req, config);
-    }
-    if config.hot {
-        return hot::check(table, req, config);
-    }
-    if !config.durable {
-        return memory::check(req, config);
-    }
-    let per_shard = config.per_shard();
-    let now = clock::now_ms();
-    let all: Vec<i32> = (0..config.shards as i32).collect();
-    let looked = look(table, req, &per_shard, pick_shards(config.shards, &all, &[]), now);
-    let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
-    decision(req, &outcome, config, &per_shard, now)
+    Store::of(config).check(table, req, config)
 }
-
-/// What a writing call does to the states of the shards it looked at (per-shard config, now).
-type Plan<'p> = &'p dyn Fn(&[State], &Config, f64) -> Outcome;
 
 /// Consume (`rate_limit`).
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
-    if config.kind == Kind::Concurrency {
-        return concurrency::acquire(req, config, concurrency::Hold::Transaction).0;
-    }
-    if config.hot {
-        return hot::consume(table, req, config);
-    }
-    if !config.durable {
-        return memory::consume(req, config);
-    }
-    write(table, req, config, &|states, per_shard, now| bucket::plan(states, per_shard, now, req.count, req.reserve))
+    Store::of(config).consume(table, req, config)
 }
 
-/// Give `req.count` tokens back (`credit`), to the emptiest shard looked at. It waits for a
-/// row that another transaction holds, whatever the limit's `lock_timeout`: a give-back
-/// is never dropped. A denial cached for the key is forgotten.
+/// Give `req.count` tokens back (`credit`). It waits for a row that another transaction
+/// holds, whatever the limit's `lock_timeout`: a give-back is never dropped. A denial cached
+/// for the key is forgotten.
 pub fn credit(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     let config = Config { lock_timeout: None, ..*config };
-    let d = if config.durable {
-        write(table, req, &config, &|states, per_shard, now| bucket::plan_credit(states, per_shard, now, req.count))
-    } else {
-        memory::credit(req, &config)
-    };
+    let d = Store::of(&config).credit(table, req, &config);
     if d.granted < 0.0 {
         deny_cache::forget_pair(req.name, req.key);
     }
     d
 }
 
-/// Plan on the shards' states and write what the plan changed: the write path that
-/// consuming and crediting share.
-fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>) -> Decision {
-    let per_shard = config.per_shard();
-    // Shards other transactions were seen holding, and shards this call holds (rounds that
-    // gave up keep what they locked or created until the transaction ends).
-    let mut busy: Vec<i32> = Vec::new();
-    let mut held: Vec<i32> = Vec::new();
-    // With a lock_timeout, a call that must wait tries without waiting until the deadline
-    // instead, so that giving up aborts nothing and leaves no lock queued.
-    let deadline = config.lock_timeout.map(|ms| (Instant::now() + Duration::from_secs_f64(ms / 1000.0), ms));
-    let mut pause = LOCK_POLL_FIRST_MS;
-    let mut round = 0;
-    loop {
-        check_for_interrupts!();
-        // One shard has no other to turn to: queue for it at once.
-        let must_wait = round >= SKIP_LOCKED_ROUNDS || config.shards == 1;
-        let wait = must_wait && deadline.is_none();
-        let pool = if must_wait { waitable(config.shards, &held) } else { (0..config.shards as i32).collect() };
-        let now = clock::now_ms();
-        let looked = look(table, req, &per_shard, pick_shards(config.shards, &pool, &busy), now);
-        let outcome = plan(&looked.states, &per_shard, now);
-        // What the call changes: nothing when denied, except in the penalize mode.
-        let taking: Vec<usize> = (0..looked.shards.len()).filter(|i| outcome.after[*i].1).collect();
-        if taking.is_empty() {
-            return decision(req, &outcome, config, &per_shard, now);
-        }
-        let mut try_locking = true;
-        if let [i] = taking[..] {
-            // The common case, one row to write: write it without locking it first.
-            let slot = slot(req, looked.shards[i]);
-            let state = outcome.after[i].0;
-            let expires = bucket::expires(state, &per_shard);
-            let written = match &looked.rows[i] {
-                Some(row) => table.update(row, slot, state, expires, wait),
-                None => match table.create(slot, state, expires, wait) {
-                    Created::Done(_) => Written::Done,
-                    Created::Exists(_) => Written::Moved,
-                    Created::Busy => Written::Busy,
-                },
-            };
-            match written {
-                Written::Done => return decision(req, &outcome, config, &per_shard, now),
-                Written::Busy => {
-                    busy.push(slot.shard);
-                    try_locking = false;
-                }
-                Written::Moved => {} // decide again on the newest version, locked
-            }
-        }
-        if try_locking {
-            match lock_all(table, req, &per_shard, &looked, &taking, wait, &mut held) {
-                Some(locked) => return apply(table, req, config, &looked, &taking, locked, plan),
-                None => busy.extend(taking.iter().map(|i| looked.shards[*i])),
-            }
-        }
-        match deadline {
-            Some((at, ms)) if must_wait => {
-                if Instant::now() >= at {
-                    return lock_timed_out(req, config, &decision(req, &outcome, config, &per_shard, now), ms);
-                }
-                sleep_ms(pause.min(at.saturating_duration_since(Instant::now()).as_secs_f64() * 1000.0));
-                pause = (pause * 2.0).min(LOCK_POLL_MAX_MS);
-            }
-            _ => round += 1,
-        }
-    }
-}
-
-/// A lock_timeout's first pause between tries, doubled up to the last.
-const LOCK_POLL_FIRST_MS: f64 = 1.0;
-const LOCK_POLL_MAX_MS: f64 = 20.0;
-
-/// What a call whose row stayed locked past `lock_timeout` (`waited` ms) answers, by the
-/// limit's policy: denied, to retry after as long again; or let through unmetered.
-fn lock_timed_out(req: &Request<'_>, config: &Config, planned: &Decision, waited: f64) -> Decision {
-    let allow = config.on_lock_timeout == OnLockTimeout::Allow;
-    Decision {
-        ok: allow,
-        retry_after: (!allow).then_some(waited.max(1.0)),
-        remaining: planned.remaining,
-        reset_after: planned.reset_after,
-        granted: 0.0,
-        reason: Some(Reason::LockTimeout),
-        limited_by: Some(req.name.to_owned()),
-    }
-}
-
-/// Lock the rows of the shards at `taking` in ascending shard order, creating missing ones,
-/// and note each in `held`. Without `wait`, gives up and returns `None` as soon as one is
-/// held by another transaction.
-fn lock_all(
-    table: &StateTable,
-    req: &Request<'_>,
-    per_shard: &Config,
-    looked: &Looked,
-    taking: &[usize],
-    wait: bool,
-    held: &mut Vec<i32>,
-) -> Option<Vec<Row>> {
-    let mut order = taking.to_vec();
-    order.sort_by_key(|i| looked.shards[*i]);
-    let mut locked: Vec<Option<Row>> = vec![None; looked.shards.len()];
-    for i in order {
-        let slot = slot(req, looked.shards[i]);
-        locked[i] = Some(lock_one(table, req, per_shard, slot, looked.rows[i], wait, &clock::now_ms)?);
-        if !held.contains(&slot.shard) {
-            held.push(slot.shard);
-        }
-    }
-    Some(taking.iter().map(|i| locked[*i].expect("every taken shard was locked")).collect())
-}
-
-/// Lock the row of `slot` (`known` when it was read), creating it full as of `fresh_at` when
-/// missing; `None` when another transaction holds it (only without `wait`).
-fn lock_one(
-    table: &StateTable,
-    req: &Request<'_>,
-    per_shard: &Config,
-    slot: Slot<'_>,
-    known: Option<Row>,
-    wait: bool,
-    fresh_at: &dyn Fn() -> f64,
-) -> Option<Row> {
-    let mut known = known;
-    loop {
-        check_for_interrupts!();
-        match known {
-            Some(row) => match table.lock(&row, wait) {
-                Locked::Row(row) => return Some(row),
-                Locked::Busy => return None,
-                Locked::Gone => known = None,
-            },
-            // Missing (never written, or reset meanwhile): create it as it starts; ours
-            // until commit. If a concurrent transaction created it first, lock theirs.
-            None => {
-                let state = start(table, req, per_shard, slot.shard, fresh_at());
-                match table.create(slot, state, bucket::expires(state, per_shard), wait) {
-                    Created::Done(row) => return Some(row),
-                    Created::Exists(row) => known = Some(row),
-                    Created::Busy => return None,
-                }
-            }
-        }
-    }
-}
-
-/// Decide again on the locked rows with the clock read after locking, and write.
-fn apply(
-    table: &StateTable,
-    req: &Request<'_>,
-    config: &Config,
-    looked: &Looked,
-    taking: &[usize],
-    locked: Vec<Row>,
-    plan: Plan<'_>,
-) -> Decision {
-    let per_shard = &config.per_shard();
-    let now = clock::now_ms();
-    let states: Vec<State> = locked.iter().map(|r| r.state).collect();
-    let outcome = plan(&states, per_shard, now);
-    for ((&i, row), (state, changed)) in taking.iter().zip(&locked).zip(&outcome.after) {
-        if *changed {
-            table.write_locked(row, slot(req, looked.shards[i]), *state, bucket::expires(*state, per_shard));
-        }
-    }
-    decision(req, &outcome, config, per_shard, now)
-}
-
-/// The stored state of the fullest of `sample` random shards, as `rate_limit_value` reports it.
+/// The stored state of (name, key), as `rate_limit_value` reports it: of a sharded limit, the
+/// fullest of `sample_shards` random shards, and which.
 pub fn value(table: &StateTable, req: &Request<'_>, config: &Config, sample_shards: u32) -> (State, i32) {
-    if config.kind == Kind::Concurrency {
-        let (free, now) = concurrency::free(req, config);
-        return (State::new(free, now), 0);
-    }
-    if config.hot {
-        return (hot::value(table, req, config), 0);
-    }
-    if !config.durable {
-        return (memory::value(req, config), 0);
-    }
-    let per_shard = config.per_shard();
-    let now = clock::now_ms();
-    let n = sample_shards.clamp(1, config.shards) as usize;
-    let shards: Vec<i32> = sample(&mut rand::thread_rng(), config.shards as usize, n)
-        .into_iter()
-        .map(|s| s as i32)
-        .collect();
-    let looked = look(table, req, &per_shard, shards, now);
-    // Compare as of now, so a shard that has since refilled counts as fuller.
-    let fullest = (0..looked.shards.len())
-        .max_by(|a, b| {
-            let value_now = |i: usize| bucket::check(looked.states[i], &per_shard, now, 0.0, false).available;
-            value_now(*a).total_cmp(&value_now(*b))
-        })
-        .unwrap_or(0);
-    (looked.states[fullest], looked.shards[fullest])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{pick_shards, MIN_CHOOSE_TWO};
-
-    #[test]
-    fn one_shard_is_always_shard_zero() {
-        assert_eq!(pick_shards(1, &[0], &[]), vec![0]);
-        assert_eq!(pick_shards(1, &[0], &[0]), vec![0]);
-    }
-
-    #[test]
-    fn from_min_choose_two_shards_two_distinct_ones_are_picked_from_the_pool() {
-        let pool: Vec<i32> = (0..8).collect();
-        for _ in 0..200 {
-            let two = pick_shards(8, &pool, &[]);
-            assert_eq!(two.len(), 2);
-            assert_ne!(two[0], two[1]);
-            assert!(two.iter().all(|s| pool.contains(s)));
-        }
-        assert_eq!(pick_shards(MIN_CHOOSE_TWO - 1, &[0, 1], &[]).len(), 1, "below it, one");
-    }
-
-    #[test]
-    fn busy_shards_are_avoided_while_enough_others_are_left() {
-        let pool: Vec<i32> = (0..8).collect();
-        for _ in 0..200 {
-            let picked = pick_shards(8, &pool, &[0, 1, 2, 3, 4, 5]);
-            assert!(picked.iter().all(|s| *s >= 6), "{picked:?}");
-        }
-        // One free shard is not enough for two: the whole pool is used again.
-        let mut seen_busy = false;
-        for _ in 0..200 {
-            let picked = pick_shards(8, &pool, &[0, 1, 2, 3, 4, 5, 6]);
-            assert_eq!(picked.len(), 2);
-            seen_busy |= picked.iter().any(|s| *s < 7);
-        }
-        assert!(seen_busy);
-    }
+    Store::of(config).value(table, req, config, sample_shards)
 }

@@ -11,7 +11,8 @@ use crate::bucket::{self, Config};
 use crate::clock;
 use crate::storage::StateTable;
 
-use super::{decision, in_flight, lock_one, look, memory, pick_shards, slot, Decision, Request};
+use super::rows::{lock_one, look, pick_shards, slot};
+use super::{decision, in_flight, memory, Decision, Request};
 use crate::lists::listed;
 
 /// One request of the call, with its config.

@@ -141,7 +141,7 @@ fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, 
             }
             let req = Request { name, key: row_key, count: 0.0, reserve: false, inline: None };
             let first = debit.at;
-            let row = super::lock_one(table, &req, config, slot(&req), table.read(slot(&req)), true, &|| first)
+            let row = super::rows::lock_one(table, &req, config, slot(&req), table.read(slot(&req)), true, &|| first)
                 .expect("waited for the row");
             folding = Some(Folding { key: row_key.map(str::to_owned), state: row.state, row });
         }
