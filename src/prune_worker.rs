@@ -25,7 +25,7 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use pgrx::PgMemoryContexts;
 
-use crate::worker::{own_settings, pin_search_path, wait_for};
+use crate::worker::{pin_search_path, run_in, start_in_database};
 use crate::{cache, clock, storage};
 
 /// `rate_limiter.prune_interval`, in seconds; 0 turns the worker off.
@@ -94,26 +94,10 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
             .unwrap_or_default()
         });
         for database in databases {
-            if BackgroundWorker::sigterm_received() {
+            if BackgroundWorker::sigterm_received()
+                || !run_in("rate_limiter prune", "rate_limiter_prune_database", database, Duration::from_secs(interval))
+            {
                 return;
-            }
-            let started = BackgroundWorkerBuilder::new("rate_limiter prune")
-                .set_type("rate_limiter prune")
-                .set_library("rate_limiter")
-                .set_function("rate_limiter_prune_database")
-                .set_argument(database.into_datum())
-                .enable_spi_access()
-                // SAFETY: MyProcPid is set once at process start, before this entry point
-                // runs, and never written again; the process is single-threaded.
-                .set_notify_pid(unsafe { pg_sys::MyProcPid })
-                .load_dynamic();
-            match started {
-                Ok(worker) => {
-                    if !wait_for(worker, Duration::from_secs(interval)) {
-                        return;
-                    }
-                }
-                Err(e) => log!("rate_limiter: could not start a prune worker: {e:?}"),
             }
         }
     }
@@ -122,21 +106,7 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn rate_limiter_prune_database(arg: pg_sys::Datum) {
-    // SAFETY: the start of this worker, before it connects.
-    unsafe { storage::die_on_sigterm() };
-    // SAFETY: the launcher passed a database OID as the argument.
-    let database = unsafe { pg_sys::Oid::from_datum(arg, false) }.expect("a database OID");
-    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
-    // This worker is a superuser in a database another role may own.
-    pin_search_path();
-    own_settings();
-    // SAFETY: inside the transaction BackgroundWorker::transaction starts, as the catalog scan
-    // needs; with missing_ok it returns InvalidOid rather than raise. No SQL, so no name
-    // resolves through another role's schemas.
-    let installed = BackgroundWorker::transaction(|| unsafe {
-        pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), true) != pg_sys::InvalidOid
-    });
-    if !installed {
+    if !start_in_database(arg) {
         return;
     }
     let mut total = 0i64;

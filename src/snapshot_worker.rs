@@ -16,7 +16,7 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
 use crate::shmem::memory::snapshot;
-use crate::worker::{own_settings, pin_search_path, wait_for};
+use crate::worker::{run_in, start_in_database};
 use crate::{clock, storage};
 
 /// `rate_limiter.memory_snapshot`, in milliseconds; 0 turns the snapshots off.
@@ -65,24 +65,10 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_launcher(_arg: pg_sys::Dat
         if INTERVAL.get() == 0 || unsafe { pg_sys::RecoveryInProgress() } {
             continue;
         }
+        let limit = interval.max(Duration::from_secs(10));
         for database in snapshot::databases_changed(clock::now_ms()) {
-            let started = BackgroundWorkerBuilder::new("rate_limiter memory snapshot")
-                .set_type("rate_limiter memory snapshot")
-                .set_library("rate_limiter")
-                .set_function("rate_limiter_memory_snapshot_database")
-                .set_argument(database.into_datum())
-                .enable_spi_access()
-                // SAFETY: MyProcPid is set once at process start, before this entry point
-                // runs, and never written again; the process is single-threaded.
-                .set_notify_pid(unsafe { pg_sys::MyProcPid })
-                .load_dynamic();
-            match started {
-                Ok(worker) => {
-                    if !wait_for(worker, interval.max(Duration::from_secs(10))) {
-                        return;
-                    }
-                }
-                Err(e) => log!("rate_limiter: could not start a memory snapshot worker: {e:?}"),
+            if !run_in("rate_limiter memory snapshot", "rate_limiter_memory_snapshot_database", database, limit) {
+                return;
             }
         }
     }
@@ -91,19 +77,10 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_launcher(_arg: pg_sys::Dat
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datum) {
-    // SAFETY: the start of this worker, before it connects.
-    unsafe { storage::die_on_sigterm() };
-    // SAFETY: the launcher passed a database OID as the argument.
-    let database = unsafe { pg_sys::Oid::from_datum(arg, false) }.expect("a database OID");
-    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
-    pin_search_path();
-    own_settings();
+    if !start_in_database(arg) {
+        return;
+    }
     let written = BackgroundWorker::transaction(|| {
-        // SAFETY: inside a transaction, as the catalog scan needs; with missing_ok it returns
-        // InvalidOid rather than raise.
-        if unsafe { pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), true) } == pg_sys::InvalidOid {
-            return Vec::new();
-        }
         let changed = snapshot::changed(clock::now_ms());
         let rows: Vec<(&[u8], &[u8], f64)> =
             changed.iter().map(|c| (c.record.name.as_slice(), c.record.counts.as_slice(), c.record.expires)).collect();

@@ -1,14 +1,56 @@
-//! What the background workers share: settings of their own over a database's, and a bounded
-//! wait for a database's worker.
+//! What the background workers share: a database's worker started and waited for with a
+//! bound, its start (connected, settings of its own over the database's, the extension
+//! found), and those settings.
 
 use std::time::Duration;
 
-use pgrx::bgworkers::BackgroundWorker;
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder};
 use pgrx::prelude::*;
+
+use crate::storage;
+
+/// Run `function` of this library as a worker of type `kind` connected to `database`, and
+/// wait for it at most `limit` (see `wait_for`). False when this launcher was terminated.
+pub fn run_in(kind: &str, function: &str, database: pg_sys::Oid, limit: Duration) -> bool {
+    let started = BackgroundWorkerBuilder::new(kind)
+        .set_type(kind)
+        .set_library("rate_limiter")
+        .set_function(function)
+        .set_argument(database.into_datum())
+        .enable_spi_access()
+        // SAFETY: MyProcPid is set once at process start, before this entry point runs, and
+        // never written again; the process is single-threaded.
+        .set_notify_pid(unsafe { pg_sys::MyProcPid })
+        .load_dynamic();
+    match started {
+        Ok(worker) => wait_for(worker, limit),
+        Err(e) => {
+            log!("rate_limiter: could not start a {kind} worker: {e:?}");
+            true
+        }
+    }
+}
+
+/// The start of a database's worker, whose argument `arg` is the database's OID: it ends at
+/// SIGTERM, connects, pins `search_path` and its own settings (it is a superuser in a
+/// database another role may own). Whether the extension is installed there.
+pub fn start_in_database(arg: pg_sys::Datum) -> bool {
+    // SAFETY: the start of this worker, before it connects.
+    unsafe { storage::die_on_sigterm() };
+    // SAFETY: the launcher passed a database OID as the argument.
+    let database = unsafe { pg_sys::Oid::from_datum(arg, false) }.expect("a database OID");
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
+    pin_search_path();
+    own_settings();
+    // SAFETY: inside the transaction BackgroundWorker::transaction starts, as the catalog scan
+    // needs; with missing_ok it returns InvalidOid rather than raise. No SQL, so no name
+    // resolves through another role's schemas.
+    BackgroundWorker::transaction(|| unsafe { pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), true) != pg_sys::InvalidOid })
+}
 
 /// Wait for a database's worker to end, at most `limit`; then terminate it and wait for that
 /// (it ends at its next interrupt check). False when the launcher itself was terminated.
-pub fn wait_for(worker: pgrx::bgworkers::DynamicBackgroundWorker, limit: Duration) -> bool {
+fn wait_for(worker: pgrx::bgworkers::DynamicBackgroundWorker, limit: Duration) -> bool {
     use pgrx::bgworkers::BackgroundWorkerStatus::{PostmasterDied, Stopped};
     let deadline = std::time::Instant::now() + limit;
     // Not yet started counts as running: the postmaster forks it after this registered it.
