@@ -40,6 +40,10 @@ OPS = st.one_of(
     # one that stays idle is: its next call loads it again from the base row and the log.
     st.tuples(st.just("evict")),
 )
+# A memory limit takes credits too (a hot one refuses them), each in a transaction of its
+# own: within a transaction a memory limit's credit counts for no call until it commits, where
+# a row-based one's counts for that transaction's next calls (docs/memory-limits.md).
+MEMORY_OPS = st.one_of(OPS, st.tuples(st.just("credit"), st.sampled_from([1, 2, 4])))
 # A crash of the cluster (immediate stop, then start): both sides lose their open transaction,
 # and the escrow with shared memory.
 OPS_WITH_CRASHES = st.one_of(OPS, st.tuples(st.just("crash")))
@@ -84,6 +88,9 @@ class Side:
                                         "FROM rate_limiter.rate_limit_value(%s, 'k')", (self.name,)).fetchone())
         if kind == "reset":
             return self.execute("SELECT rate_limiter.reset_rate_limit(%s, 'k')", (self.name,)).fetchone()
+        if kind == "credit":
+            return rounded(self.execute("SELECT ok, remaining, granted FROM rate_limiter.credit(%s, 'k', %s)",
+                                        (self.name, op[1])).fetchone())
         if kind == "define":
             return self.define(op[1], op[2])
         raise AssertionError(op)
@@ -110,6 +117,8 @@ def run(hot, oracle, ops, cluster):
             if not depth:
                 cluster.evict()
             continue
+        if kind == "credit" and depth:
+            continue  # see MEMORY_OPS
         if kind == "tick":
             # Between transactions, so that no rollback takes a step back.
             if not depth:
@@ -249,11 +258,12 @@ def test_a_hot_limit_answers_as_its_row_based_oracle(main, database):
 @every_version
 def test_a_memory_limit_answers_as_its_row_based_oracle(main, database):
     """The same sequences on a memory limit (durable => false, docs/memory-limits.md), with
-    its own documented refusal: a call after a reset or change of it in the transaction."""
+    credits, and its own documented refusal: a call after a reset or change of it in the
+    transaction."""
     def body(oracle_db):
         cluster = Cluster(main, database)
         with cluster.session(database) as m, cluster.session(oracle_db) as o:
-            sequences_of(st.lists(OPS, min_size=5, max_size=40), 1500, m, o, cluster, mode="memory")
+            sequences_of(st.lists(MEMORY_OPS, min_size=5, max_size=40), 1500, m, o, cluster, mode="memory")
         cluster.evicting.close()
 
     with_oracle_database(main, database, body)
