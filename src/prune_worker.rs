@@ -95,7 +95,7 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
         });
         for database in databases {
             if BackgroundWorker::sigterm_received()
-                || !run_in("rate_limiter prune", "rate_limiter_prune_database", database, Duration::from_secs(interval))
+                || !run_in("rate_limiter prune", "rate_limiter_prune_database", database, Duration::from_secs(interval), "rate_limiter.prune_interval")
             {
                 return;
             }

@@ -67,7 +67,8 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_launcher(_arg: pg_sys::Dat
         }
         let limit = interval.max(Duration::from_secs(10));
         for database in snapshot::databases_changed(clock::now_ms()) {
-            if !run_in("rate_limiter memory snapshot", "rate_limiter_memory_snapshot_database", database, limit) {
+            let setting = "rate_limiter.memory_snapshot (at least 10 s)";
+            if !run_in("rate_limiter memory snapshot", "rate_limiter_memory_snapshot_database", database, limit, setting) {
                 return;
             }
         }

@@ -10,8 +10,9 @@ use pgrx::prelude::*;
 use crate::storage;
 
 /// Run `function` of this library as a worker of type `kind` connected to `database`, and
-/// wait for it at most `limit` (see `wait_for`). False when this launcher was terminated.
-pub fn run_in(kind: &str, function: &str, database: pg_sys::Oid, limit: Duration) -> bool {
+/// wait for it at most `limit`, which `setting` gives (see `wait_for`). False when this
+/// launcher was terminated.
+pub fn run_in(kind: &str, function: &str, database: pg_sys::Oid, limit: Duration, setting: &str) -> bool {
     let started = BackgroundWorkerBuilder::new(kind)
         .set_type(kind)
         .set_library("rate_limiter")
@@ -23,7 +24,7 @@ pub fn run_in(kind: &str, function: &str, database: pg_sys::Oid, limit: Duration
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic();
     match started {
-        Ok(worker) => wait_for(worker, limit),
+        Ok(worker) => wait_for(worker, limit, kind, setting),
         Err(e) => {
             log!("rate_limiter: could not start a {kind} worker: {e:?}");
             true
@@ -50,13 +51,13 @@ pub fn start_in_database(arg: pg_sys::Datum) -> bool {
 
 /// Wait for a database's worker to end, at most `limit`; then terminate it and wait for that
 /// (it ends at its next interrupt check). False when the launcher itself was terminated.
-fn wait_for(worker: pgrx::bgworkers::DynamicBackgroundWorker, limit: Duration) -> bool {
+fn wait_for(worker: pgrx::bgworkers::DynamicBackgroundWorker, limit: Duration, kind: &str, setting: &str) -> bool {
     use pgrx::bgworkers::BackgroundWorkerStatus::{PostmasterDied, Stopped};
     let deadline = std::time::Instant::now() + limit;
     // Not yet started counts as running: the postmaster forks it after this registered it.
     while !matches!(worker.pid(), Err(Stopped | PostmasterDied)) {
         if std::time::Instant::now() >= deadline {
-            log!("rate_limiter: a worker ran past its time ({limit:?}); terminating it");
+            log!("{kind}: a worker ran past {setting}; terminating it");
             let _ = worker.terminate().wait_for_shutdown();
             return true;
         }

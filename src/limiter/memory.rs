@@ -46,6 +46,22 @@ pub fn credit(req: &Request<'_>, config: &Config) -> Decision {
     list(req, config, Listing::Credit)
 }
 
+/// The fingerprint of a named limit's config: the last one computed is kept, as a backend
+/// calls the same limit again and again (equal configs have equal fingerprints).
+fn fingerprint(config: &Config) -> [u8; 16] {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<(Config, [u8; 16])>> = const { std::cell::Cell::new(None) };
+    }
+    match LAST.get() {
+        Some((last, fingerprint)) if last == *config => fingerprint,
+        _ => {
+            let fingerprint = config::fingerprint(config);
+            LAST.set(Some((*config, fingerprint)));
+            fingerprint
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum Listing {
     Take,
@@ -60,7 +76,7 @@ fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
     }
     in_flight::register_callbacks();
     // An inline config's is its request's already.
-    let fingerprint = req.inline.unwrap_or_else(|| config::fingerprint(config));
+    let fingerprint = req.inline.unwrap_or_else(|| fingerprint(config));
     let me = storage::my_transaction();
     let mut waited = None;
     loop {

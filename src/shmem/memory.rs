@@ -91,9 +91,20 @@ impl Identity {
         Identity { tag, limit, variant: inline.unwrap_or([0; 16]) }
     }
 
-    /// The tag of limit `name`, to forget all its keys.
+    /// The tag of limit `name`, to forget all its keys; the last one computed is kept, as a
+    /// backend calls the same limit again and again.
     pub fn limit(install: pg_sys::Oid, name: &str) -> [u8; 16] {
-        digest(&[b"memory limit", &u32::from(install).to_le_bytes(), name.as_bytes()])
+        thread_local! {
+            static LAST: std::cell::RefCell<(pg_sys::Oid, String, [u8; 16])> =
+                const { std::cell::RefCell::new((pg_sys::InvalidOid, String::new(), [0; 16])) };
+        }
+        LAST.with_borrow_mut(|(last_install, last_name, tag)| {
+            if *last_install != install || last_name != name || *last_install == pg_sys::InvalidOid {
+                *tag = digest(&[b"memory limit", &u32::from(install).to_le_bytes(), name.as_bytes()]);
+                (*last_install, *last_name) = (install, name.to_owned());
+            }
+            *tag
+        })
     }
 
     pub fn limit_tag(&self) -> [u8; 16] {
@@ -278,8 +289,49 @@ fn entry_count() -> usize {
     (ENTRIES.get().max(0) as usize).next_multiple_of(PARTITION)
 }
 
+/// The header, the entries, then a tag per entry (`tag_of`): what a call scans to find its
+/// key's entry, 64 of them in 8 cache lines, rather than the entries themselves.
 fn size(entries: usize) -> usize {
-    area::table_size::<Header, Entry>(entries)
+    area::table_size::<Header, Entry>(entries) + entries * size_of::<u64>()
+}
+
+/// The tag of (database, key, variant) that finds its entry: 64 bits of the key's tag other
+/// than those that pick its partition, never 0 (a free entry's).
+fn tag_of(database: pg_sys::Oid, id: &[u8; 16], variant: &[u8; 16]) -> u64 {
+    let bits = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    (bits(&id[8..]) ^ bits(&variant[..8]) ^ u64::from(u32::from(database)).rotate_left(29)) | 1
+}
+
+/// The tags, one per entry, after the entries.
+fn tags(header: &Header, entries: *mut Entry) -> *mut u64 {
+    // SAFETY: `size` leaves room for one tag per entry after the entries, 8-byte aligned
+    // since an entry is.
+    unsafe { entries.add(header.entries as usize).cast::<u64>() }
+}
+
+/// Entry `index` changed hands (claimed, freed, orphaned, loaded): its tag follows, under its
+/// partition's lock.
+fn retag(index: usize) {
+    if let Some((header, entries)) = table() {
+        // SAFETY: an index below the count, whose partition's lock the caller holds (or, in
+        // the postmaster, no one else uses the table yet).
+        unsafe {
+            let entry = &*entries.add(index);
+            let live = entry.used && entry.database != pg_sys::InvalidOid;
+            *tags(header, entries).add(index) = if live { tag_of(entry.database, &entry.id, &entry.variant) } else { 0 };
+        }
+    }
+}
+
+/// The index in the partition starting at `first` of the entry of (`database`, `id`), if any.
+fn find(header: &Header, entries: *mut Entry, first: usize, database: pg_sys::Oid, id: &Identity) -> Option<usize> {
+    let want = tag_of(database, &id.tag, &id.variant);
+    // SAFETY: the partition's tags and entries, below the count, under its lock (held by the
+    // caller).
+    unsafe {
+        let tags = tags(header, entries).add(first);
+        (0..PARTITION).find(|i| *tags.add(*i) == want && (*entries.add(first + i)).is(database, id))
+    }
 }
 
 /// The header and entries, when the library was preloaded with entries.
@@ -465,8 +517,7 @@ pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl 
     let (held, first) = hold_partition(partition_of(id, count));
     // SAFETY: the partition's entries, below the table's count, under its lock.
     let entry_at = |i: usize| unsafe { &mut *entries.add(first + i) };
-    let found = (0..PARTITION).find(|i| entry_at(*i).is(database, id));
-    let index = match found {
+    let index = match find(header, entries, first, database, id) {
         Some(i) => {
             let entry = entry_at(i);
             if entry.config != *config {
@@ -507,6 +558,7 @@ pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl 
             entry.expires = f64::INFINITY; // set by the caller's `settled`
             entry.holders = [Holder::default(); 2 * RING];
             entry.committed = false;
+            retag(first + i);
             i
         }
     };
@@ -519,10 +571,8 @@ pub fn peek(id: &Identity) -> Option<Guard> {
     let (header, entries) = table()?;
     let database = database();
     let (held, first) = hold_partition(partition_of(id, header.entries as usize));
-    // SAFETY: the partition's entries, under its lock.
-    // SAFETY: as above.
-    let index = (first..first + PARTITION).find(|i| unsafe { (*entries.add(*i)).is(database, id) })?;
-    // SAFETY: as above.
+    let index = first + find(header, entries, first, database, id)?;
+    // SAFETY: an index below the count, its partition's lock held by the guard.
     Some(Guard { entry: unsafe { entries.add(index) }, index, _held: held })
 }
 
@@ -565,6 +615,7 @@ fn drop_entries(ours: impl Fn(&Entry) -> bool, orphan: bool) {
                 } else if orphan {
                     entry.database = pg_sys::InvalidOid;
                 }
+                retag(i);
             }
         }
     }
@@ -590,7 +641,10 @@ pub fn retune(limit: [u8; 16], now: Option<&([u8; 16], Config)>) {
             if entry.used && entry.database == database && entry.limit == limit && entry.variant == [0; 16] {
                 match now {
                     // Only rolled-back calls: as absent as a key never called.
-                    _ if entry.absent() => entry.free(),
+                    _ if entry.absent() => {
+                        entry.free();
+                        retag(i);
+                    }
                     Some((fingerprint, config)) if entry.escrow.idle() => {
                         entry.config = *fingerprint;
                         entry.settled(config);
@@ -618,6 +672,7 @@ pub fn forget(limit: [u8; 16], id: Option<&Identity>) {
         let entry = unsafe { &mut *entries.add(i) };
         if entry.used && entry.database == database && entry.id == id.tag && entry.escrow.idle() {
             entry.free();
+            retag(i);
         }
     }
 }

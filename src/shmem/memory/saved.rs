@@ -79,12 +79,14 @@ pub unsafe fn load(entries: *mut Entry, count: usize) -> Option<(usize, usize)> 
         let id = record::identity(name, counts).expect("sizes of a record");
         let first = partition_of(&id, count) * PARTITION;
         // SAFETY: the caller's promise; the partition's entries are below the count.
-        let free = (first..first + PARTITION).map(|i| unsafe { &mut *entries.add(i) }).find(|e| !e.used);
-        let Some(entry) = free else {
+        let Some(i) = (first..first + PARTITION).find(|i| unsafe { !(*entries.add(*i)).used }) else {
             dropped += 1;
             continue;
         };
+        // SAFETY: as above.
+        let entry = unsafe { &mut *entries.add(i) };
         record::install(entry, database, &id, counts, expires);
+        super::retag(i);
         // Newer than the snapshot table's row: written there at the worker's next round.
         entry.changes = entry.saved + 1;
         super::note_changed(first / PARTITION);

@@ -113,9 +113,10 @@ pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f
         let slot = (0..PARTITION)
             .find(|i| entry_at(*i).is(database, &id))
             .or_else(|| (0..PARTITION).find(|i| entry_at(*i).reusable(now)));
-        match slot.map(entry_at) {
-            Some(entry) if !entry.used || entry.escrow.idle() => {
+        match slot.map(|i| (i, entry_at(i))) {
+            Some((i, entry)) if !entry.used || entry.escrow.idle() => {
                 record::install(entry, database, &id, counts, expires);
+                super::retag(first + i);
                 entry.saved = entry.changes;
                 restored += 1;
             }
