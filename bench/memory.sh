@@ -24,7 +24,7 @@ setup 15
 build_and_install >/dev/null
 # Room for every user whose tokens are still counted: a key of 10 a second is counted for
 # 0.1 s after a call, about 6,000 at once at 60,000 requests/s, and a database may take half
-# of each partition of 64 (about 150 MB of shared memory).
+# of each partition of 64 (about 260 MB of shared memory).
 CLUSTER_SETTINGS+=" -c rate_limiter.memory_keys=200000"
 restart_cluster
 fresh_database $DB

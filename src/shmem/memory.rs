@@ -289,10 +289,10 @@ fn entry_count() -> usize {
     (ENTRIES.get().max(0) as usize).next_multiple_of(PARTITION)
 }
 
-/// The header, the entries, then a tag per entry (`tag_of`): what a call scans to find its
-/// key's entry, 64 of them in 8 cache lines, rather than the entries themselves.
+/// The header, the entries, then an index of them (`Index`): what a call scans to find its
+/// key's entry, or one to give it, rather than the entries themselves (1,264 bytes each).
 fn size(entries: usize) -> usize {
-    area::table_size::<Header, Entry>(entries) + entries * size_of::<u64>()
+    area::table_size::<Header, Entry>(entries) + entries * Index::BYTES_PER_ENTRY
 }
 
 /// The tag of (database, key, variant) that finds its entry: 64 bits of the key's tag other
@@ -302,23 +302,49 @@ fn tag_of(database: pg_sys::Oid, id: &[u8; 16], variant: &[u8; 16]) -> u64 {
     (bits(&id[8..]) ^ bits(&variant[..8]) ^ u64::from(u32::from(database)).rotate_left(29)) | 1
 }
 
-/// The tags, one per entry, after the entries.
-fn tags(header: &Header, entries: *mut Entry) -> *mut u64 {
-    // SAFETY: `size` leaves room for one tag per entry after the entries, 8-byte aligned
-    // since an entry is.
-    unsafe { entries.add(header.entries as usize).cast::<u64>() }
+/// Three arrays after the entries, an element per entry, each kept by `refresh` under the
+/// entry's partition lock: its tag (`tag_of`, 0 when free), its database (0 when free), and
+/// from when it may be given away (`Entry::reusable`: -inf when free, +inf while calls are
+/// in flight). A partition's 64 of each are 8, 4 and 8 cache lines.
+struct Index {
+    tags: *mut u64,
+    owners: *mut u32,
+    free_after: *mut f64,
 }
 
-/// Entry `index` changed hands (claimed, freed, orphaned, loaded): its tag follows, under its
-/// partition's lock.
-fn retag(index: usize) {
+impl Index {
+    const BYTES_PER_ENTRY: usize = 8 + 4 + 8;
+
+    fn of(header: &Header, entries: *mut Entry) -> Index {
+        let n = header.entries as usize;
+        // SAFETY: `size` leaves BYTES_PER_ENTRY bytes per entry after the entries: n tags,
+        // n owners, n instants; the tags and instants 8-byte aligned (an entry is, and n is a
+        // multiple of 64, so the owners end 8-byte aligned too).
+        unsafe {
+            let tags = entries.add(n).cast::<u64>();
+            let owners = tags.add(n).cast::<u32>();
+            let free_after = owners.add(n).cast::<f64>();
+            Index { tags, owners, free_after }
+        }
+    }
+}
+
+/// Entry `index` changed: its place in the index follows. Under its partition's lock (or, in
+/// the postmaster, before anyone else uses the table).
+fn refresh(index: usize) {
     if let Some((header, entries)) = table() {
-        // SAFETY: an index below the count, whose partition's lock the caller holds (or, in
-        // the postmaster, no one else uses the table yet).
+        let at = Index::of(header, entries);
+        // SAFETY: an index below the count, whose partition's lock the caller holds.
         unsafe {
             let entry = &*entries.add(index);
             let live = entry.used && entry.database != pg_sys::InvalidOid;
-            *tags(header, entries).add(index) = if live { tag_of(entry.database, &entry.id, &entry.variant) } else { 0 };
+            *at.tags.add(index) = if live { tag_of(entry.database, &entry.id, &entry.variant) } else { 0 };
+            *at.owners.add(index) = if entry.used { u32::from(entry.database) } else { 0 };
+            *at.free_after.add(index) = match (entry.used, entry.escrow.idle()) {
+                (false, _) => f64::NEG_INFINITY,
+                (true, true) => entry.expires,
+                (true, false) => f64::INFINITY,
+            };
         }
     }
 }
@@ -326,11 +352,23 @@ fn retag(index: usize) {
 /// The index in the partition starting at `first` of the entry of (`database`, `id`), if any.
 fn find(header: &Header, entries: *mut Entry, first: usize, database: pg_sys::Oid, id: &Identity) -> Option<usize> {
     let want = tag_of(database, &id.tag, &id.variant);
-    // SAFETY: the partition's tags and entries, below the count, under its lock (held by the
+    let at = Index::of(header, entries);
+    // SAFETY: the partition's index and entries, below the count, under its lock (held by the
     // caller).
+    (0..PARTITION).find(|i| unsafe { *at.tags.add(first + i) == want && (*entries.add(first + i)).is(database, id) })
+}
+
+/// An entry of the partition starting at `first` to give to a new key of `database` at `now`
+/// (only one of its own when it holds its share), and whether it holds its share.
+fn reusable(header: &Header, entries: *mut Entry, first: usize, database: pg_sys::Oid, now: f64) -> (Option<usize>, bool) {
+    let at = Index::of(header, entries);
+    let database = u32::from(database);
+    // SAFETY: as in `find`.
     unsafe {
-        let tags = tags(header, entries).add(first);
-        (0..PARTITION).find(|i| *tags.add(*i) == want && (*entries.add(first + i)).is(database, id))
+        let ours = (0..PARTITION).filter(|i| *at.owners.add(first + i) == database).count();
+        let own_only = ours >= share_of_partition(header.entries as usize);
+        let free = |i: &usize| *at.free_after.add(first + i) <= now && (!own_only || *at.owners.add(first + i) == database);
+        ((0..PARTITION).find(free), own_only)
     }
 }
 
@@ -358,7 +396,7 @@ pub fn register(preloading: bool) {
         GucRegistry::define_int_guc(
             c"rate_limiter.memory_keys",
             c"How many (limit, key) pairs of memory limits (durable => false) can be counted at once; 0 turns memory limits off.",
-            c"Each takes about 750 bytes of shared memory; counted in whole partitions of 64.",
+            c"Each takes about 1.3 kB of shared memory; counted in whole partitions of 64.",
             &ENTRIES,
             0,
             1 << 22,
@@ -475,6 +513,13 @@ pub struct Guard {
     _held: Held,
 }
 
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // Before the lock is released (the fields drop after this).
+        refresh(self.index);
+    }
+}
+
 impl Guard {
     /// The entry, to change: it is written at the next snapshot.
     pub fn entry(&mut self) -> &mut Entry {
@@ -534,12 +579,7 @@ pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl 
             i
         }
         None => {
-            let ours = (0..PARTITION).filter(|i| entry_at(*i).used && entry_at(*i).database == database).count();
-            let own_only = ours >= share_of_partition(count);
-            let candidate = (0..PARTITION).find(|i| {
-                let e = entry_at(*i);
-                e.reusable(now) && (!own_only || (e.used && e.database == database))
-            });
+            let (candidate, own_only) = reusable(header, entries, first, database, now);
             let Some(i) = candidate else {
                 return Err(Error::MemoryKeysFull { share: own_only.then(|| share_of_partition(count)) });
             };
@@ -558,7 +598,7 @@ pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl 
             entry.expires = f64::INFINITY; // set by the caller's `settled`
             entry.holders = [Holder::default(); 2 * RING];
             entry.committed = false;
-            retag(first + i);
+            refresh(first + i);
             i
         }
     };
@@ -615,7 +655,7 @@ fn drop_entries(ours: impl Fn(&Entry) -> bool, orphan: bool) {
                 } else if orphan {
                     entry.database = pg_sys::InvalidOid;
                 }
-                retag(i);
+                refresh(i);
             }
         }
     }
@@ -641,10 +681,7 @@ pub fn retune(limit: [u8; 16], now: Option<&([u8; 16], Config)>) {
             if entry.used && entry.database == database && entry.limit == limit && entry.variant == [0; 16] {
                 match now {
                     // Only rolled-back calls: as absent as a key never called.
-                    _ if entry.absent() => {
-                        entry.free();
-                        retag(i);
-                    }
+                    _ if entry.absent() => entry.free(),
                     Some((fingerprint, config)) if entry.escrow.idle() => {
                         entry.config = *fingerprint;
                         entry.settled(config);
@@ -653,6 +690,7 @@ pub fn retune(limit: [u8; 16], now: Option<&([u8; 16], Config)>) {
                     }
                     _ => entry.expires = f64::INFINITY,
                 }
+                refresh(i);
             }
         }
     }
@@ -672,7 +710,20 @@ pub fn forget(limit: [u8; 16], id: Option<&Identity>) {
         let entry = unsafe { &mut *entries.add(i) };
         if entry.used && entry.database == database && entry.id == id.tag && entry.escrow.idle() {
             entry.free();
-            retag(i);
+            refresh(i);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Entry, Index};
+
+    /// What docs/memory-limits.md and `rate_limiter.memory_keys` say a key costs.
+    #[test]
+    fn a_key_takes_at_most_1_3_kb_of_shared_memory() {
+        let per_key = size_of::<Entry>() + Index::BYTES_PER_ENTRY;
+        assert!(per_key <= 1300, "{per_key} bytes per key");
+        println!("{per_key} bytes per key");
     }
 }

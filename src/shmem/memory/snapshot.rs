@@ -116,7 +116,7 @@ pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f
         match slot.map(|i| (i, entry_at(i))) {
             Some((i, entry)) if !entry.used || entry.escrow.idle() => {
                 record::install(entry, database, &id, counts, expires);
-                super::retag(first + i);
+                super::refresh(first + i);
                 entry.saved = entry.changes;
                 restored += 1;
             }
