@@ -85,8 +85,7 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datu
         let changed = snapshot::changed(clock::now_ms());
         let rows: Vec<(&[u8], &[u8], f64)> =
             changed.iter().map(|c| (c.record.name.as_slice(), c.record.counts.as_slice(), c.record.expires)).collect();
-        storage::snapshot::write(&rows);
-        changed
+        if storage::snapshot::write(&rows) { changed } else { Vec::new() }
     });
     // Committed: saved as of the copy (a change since is written at the next round).
     snapshot::mark_saved(&written);

@@ -83,6 +83,9 @@ pub fn own_settings() {
     set(c"lock_timeout", c"5s");
     set(c"statement_timeout", c"0");
     set(c"idle_in_transaction_session_timeout", c"0");
+    // A snapshot marked saved once committed must be durable then, whatever the database's
+    // or role's setting.
+    set(c"synchronous_commit", c"on");
 }
 
 fn set(name: &std::ffi::CStr, value: &std::ffi::CStr) {

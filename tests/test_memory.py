@@ -264,18 +264,24 @@ def test_a_standby_counts_its_own_calls_and_once_promoted_the_primarys_last_snap
     with primary.connect() as c:
         c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 5)")  # the primary's 'k' drained
         c.execute("SELECT rate_limiter.rate_limit('mem', 'p', 3)")
-        wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot").fetchone() == (2,),
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'q', 5)")
+        wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot").fetchone() == (3,),
                  "the primary's snapshot")
         c.execute("SELECT pg_switch_wal()")
         lsn = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-    with standby.connect() as s:
+    with standby.connect() as s, standby.connect() as holder:
         wait_for(lambda: s.execute("SELECT pg_last_wal_replay_lsn() >= %s", (lsn,)).fetchone() == (True,),
                  "the snapshot replayed")
+        holder.execute("BEGIN")  # the standby's own call of 'q', in flight at the promotion
+        holder.execute("SELECT rate_limiter.rate_limit('mem', 'q', 1)")
         s.execute("SELECT pg_promote()")
         left = "SELECT remaining FROM rate_limiter.check_rate_limit('mem', %s, 0)"
         assert s.execute(left, ("p",)).fetchone() == (2,), "the primary's count, loaded at promotion"
         assert s.execute(left, ("k",)).fetchone() == (0,), "the primary's count over the standby's own (1 left)"
         assert s.execute(left, ("other",)).fetchone() == (5,)
+        assert s.execute(left, ("q",)).fetchone() == (0,), "the primary's count over a call in flight"
+        holder.execute("COMMIT")
+        assert s.execute(left, ("q",)).fetchone() == (0,)
 
 
 @every_version
@@ -364,6 +370,48 @@ def test_a_crash_under_load_forgets_at_most_the_admissions_since_the_last_snapsh
     assert committed > 2 * recent, f"the load ran long enough to tell ({committed} committed, {recent} recent)"
     assert committed - recent <= counted, f"forgot more than the last snapshot: {committed} committed, {counted} counted"
     assert counted <= committed + 8, f"counted more than was committed and in flight: {committed}, {counted}"
+
+
+def test_a_truncate_of_the_limits_after_a_crash_keeps_the_database_loaded(clusters):
+    """After a crash the database loads its snapshot once; a TRUNCATE of its limits forgets
+    the counts, but not that it loaded: a new session does not load the old rows over the
+    counts since, and the worker goes on writing them."""
+    server = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                    "-c rate_limiter.memory_snapshot=200"]).init().start()
+    with server.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+    with server.connect() as c:
+        define(c, "mem", rate=10, period="1 hour", durable=False)
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 6)")
+        wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot").fetchone() == (1,),
+                 "the snapshot")
+    server.kill9()
+    server.start()
+    with server.connect() as c:
+        assert remaining(c, "mem", "k") == 4, "loaded after the crash"
+        c.execute("TRUNCATE rate_limiter.limits")
+        define(c, "mem", rate=10, period="1 hour", durable=False)
+        c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 1)")
+        saved = c.execute("SELECT saved_at FROM rate_limiter.memory_snapshot").fetchone()[0]
+        wait_for(lambda: c.execute("SELECT saved_at > %s FROM rate_limiter.memory_snapshot", (saved,)).fetchone() == (True,),
+                 "the worker writing the database's counts again")
+    with server.connect() as c:
+        assert remaining(c, "mem", "k") == 9, "the counts since the truncate, not the rows from before it"
+
+
+def test_rate_limit_all_refuses_a_memory_part_whose_ring_is_full_of_its_own_calls(database):
+    """Its older calls would be folded for good, which a denial of another part could not
+    take back: refused (0A000) rather than taken in part."""
+    with session(database) as c:
+        define(c, "mem", rate=100, period="1 hour", durable=False)
+        c.execute("BEGIN")
+        for _ in range(16):
+            c.execute("SELECT rate_limiter.rate_limit('mem', 'k')")
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute("""SELECT rate_limiter.rate_limit_all('[{"name": "mem", "key": "k"}]')""")
+        c.execute("ROLLBACK")
+        assert remaining(c, "mem", "k") == 100
 
 
 def test_a_redefined_limit_keeps_its_keys_counted_under_the_new_period(clusters):

@@ -121,7 +121,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
     }
     let mark = in_flight::mark();
     for p in (0..parts.len()).filter(|p| !parts[*p].config.durable) {
-        let d = memory::consume(&parts[p].req, &parts[p].config);
+        let d = memory::consume_to_take_back(&parts[p].req, &parts[p].config);
         let denied = !d.ok;
         decisions[p] = Some(d);
         if denied {

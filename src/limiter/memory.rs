@@ -37,13 +37,19 @@ fn changed_here(id: &Identity, kept: bool) -> bool {
 /// `rate_limit` on a memory limit: admitted against the escrow, the debit settled when the
 /// (sub)transaction ends.
 pub fn consume(req: &Request<'_>, config: &Config) -> Decision {
-    list(req, config, Listing::Take)
+    list(req, config, Listing::Take, true)
+}
+
+/// `consume` as a part of `rate_limit_all`, which may have to take it back: refused (0A000)
+/// where the key's ring is full of this transaction's own calls, whose fold could not be.
+pub fn consume_to_take_back(req: &Request<'_>, config: &Config) -> Decision {
+    list(req, config, Listing::Take, false)
 }
 
 /// `credit` on a memory limit: listed in the escrow, counted by other calls only once its
 /// (sub)transaction commits (a rollback takes it back, as a durable credit's does).
 pub fn credit(req: &Request<'_>, config: &Config) -> Decision {
-    list(req, config, Listing::Credit)
+    list(req, config, Listing::Credit, true)
 }
 
 /// The fingerprint of a named limit's config: the last one computed is kept, as a backend
@@ -68,7 +74,7 @@ enum Listing {
     Credit,
 }
 
-fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
+fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> Decision {
     load_snapshot();
     let id = identity(req);
     if changed_here(&id, true) {
@@ -101,6 +107,15 @@ fn list(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
             continue;
         }
         if full {
+            if !may_fold {
+                drop(guard);
+                Error::NotSupported(format!(
+                    "rate_limit_all with the memory limit \"{}\" while this transaction has {} calls of the key in flight",
+                    req.name,
+                    memory::RING
+                ))
+                .raise()
+            }
             // Every debit in flight is this transaction's, or its holder was waited for
             // already: the older half is folded, counted for good.
             entry.note_committed();

@@ -264,9 +264,6 @@ impl Entry {
         self.used && self.database == database && self.id == id.tag && self.variant == id.variant
     }
 
-    fn reusable(&self, now: f64) -> bool {
-        !self.used || (self.escrow.idle() && self.expires <= now)
-    }
 }
 
 /// Where a call's debit is, for the callbacks at its transaction's end.
@@ -304,8 +301,8 @@ fn tag_of(database: pg_sys::Oid, id: &[u8; 16], variant: &[u8; 16]) -> u64 {
 
 /// Three arrays after the entries, an element per entry, each kept by `refresh` under the
 /// entry's partition lock: its tag (`tag_of`, 0 when free), its database (0 when free), and
-/// from when it may be given away (`Entry::reusable`: -inf when free, +inf while calls are
-/// in flight). A partition's 64 of each are 8, 4 and 8 cache lines.
+/// from when it may be given away (when nothing is in flight and its counts equal an absent
+/// key's: -inf when free, +inf while calls are in flight). A partition's 64 of each are 8, 4 and 8 cache lines.
 struct Index {
     tags: *mut u64,
     owners: *mut u32,
@@ -661,9 +658,15 @@ fn drop_entries(ours: impl Fn(&Entry) -> bool, orphan: bool) {
     }
 }
 
-/// Forget the counts of a dropped database: a new database with the same OID starts empty.
+/// Forget the counts of a database (its limits truncated); it stays loaded.
 pub fn forget_database(database: pg_sys::Oid) {
     drop_entries(|entry| entry.database == database, true);
+}
+
+/// Forget a dropped database: its counts, and that it loaded its snapshot, so that a new
+/// database with the same OID starts empty and loads its own.
+pub fn drop_database(database: pg_sys::Oid) {
+    forget_database(database);
     snapshot::forget_database(database);
 }
 

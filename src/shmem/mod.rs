@@ -72,7 +72,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
         pg_sys::XactEvent::XACT_EVENT_COMMIT => {
             for database in DROPPING.take() {
                 hot::forget_database(database);
-                memory::forget_database(database);
+                memory::drop_database(database);
                 stats::forget_database(database);
                 deny_cache::forget_database(database);
             }

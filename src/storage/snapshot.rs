@@ -26,11 +26,17 @@ pub fn read() -> Vec<Row> {
     rows
 }
 
-/// Write `rows` over the rows of the same entries.
-pub fn write(rows: &[(&[u8], &[u8], f64)]) {
-    let Some(table) = table() else { return };
+/// Write `rows` over the rows of the same entries, one round at a time in the database;
+/// whether they were written (false: another round is writing, or there is no table).
+pub fn write(rows: &[(&[u8], &[u8], f64)]) -> bool {
+    let Some(table) = table() else { return false };
     if rows.is_empty() {
-        return;
+        return true;
+    }
+    // Two rounds at once (a launcher restarted while its worker ran) could commit in the
+    // other order, an older copy over a newer one: the second waits for the next round.
+    if !one_round_at_a_time() {
+        return false;
     }
     let sql = format!(
         "INSERT INTO {} AS s (entry, counts, expires, saved_at) \
@@ -49,6 +55,18 @@ pub fn write(rows: &[(&[u8], &[u8], f64)]) {
         (pg_sys::TIMESTAMPTZARRAYOID, expires.into_datum()),
     ];
     spi::run(table, &sql, &args, |_| {});
+    true
+}
+
+/// A lock on a sub-object of the extension (one no command takes) until the transaction ends,
+/// if no other round holds it.
+fn one_round_at_a_time() -> bool {
+    // SAFETY: inside the worker's transaction; the extension exists (its table was found).
+    // The lock is released at the transaction's end.
+    unsafe {
+        let extension = pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false);
+        pg_sys::ConditionalLockDatabaseObject(pg_sys::ExtensionRelationId, extension, LoadLock::ROUND, pg_sys::ExclusiveLock as i32)
+    }
 }
 
 /// This database's load of the table, one session at a time, until dropped: a lock on the
@@ -57,6 +75,8 @@ pub struct LoadLock(pg_sys::Oid);
 
 impl LoadLock {
     const SUB_OBJECT: u16 = 1;
+    /// The sub-object a snapshot round locks.
+    const ROUND: u16 = 2;
 
     pub fn take() -> LoadLock {
         // SAFETY: inside a transaction, as a call is; the extension exists (its tables were

@@ -86,9 +86,9 @@ pub unsafe fn load(entries: *mut Entry, count: usize) -> Option<(usize, usize)> 
         // SAFETY: as above.
         let entry = unsafe { &mut *entries.add(i) };
         record::install(entry, database, &id, counts, expires);
-        super::refresh(i);
         // Newer than the snapshot table's row: written there at the worker's next round.
         entry.changes = entry.saved + 1;
+        super::refresh(i);
         super::note_changed(first / PARTITION);
         loaded += 1;
     }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 
 use super::area::Held;
 use super::record::{self, Record};
-use super::{database, hold_partition, partition_lock, partition_of, table, Header, Loaded, PARTITION};
+use super::{database, find, hold_partition, partition_lock, partition_of, reusable, table, Header, Loaded, PARTITION};
 
 thread_local! {
     /// The epoch at which this backend's database was seen loaded.
@@ -93,9 +93,9 @@ pub fn needs_load() -> bool {
 }
 
 /// Load the rows of this database's snapshot table (name, counts, expires) into its entries:
-/// an entry of the same name is replaced if nothing is in flight in it (a promoted standby's
-/// own count of a key gives way to the primary's). Rows whose counts equal an absent key's
-/// at `now` are skipped; a row that finds no room is dropped. Then this database is loaded
+/// a promoted standby's own count of a key gives way to the primary's. Rows whose counts
+/// equal an absent key's at `now` are skipped; a row that finds no room (within the
+/// database's share of its partition) is dropped. Then this database is loaded
 /// at the current epoch; 53400 when too many databases loaded since the loss.
 pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f64) -> Result<(usize, usize)> {
     let Some((header, entries)) = table() else { return Ok((0, 0)) };
@@ -110,17 +110,27 @@ pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f
         let (_held, first) = hold_partition(partition_of(&id, count));
         // SAFETY: the partition's entries, below the table's count, under its lock.
         let entry_at = |i: usize| unsafe { &mut *entries.add(first + i) };
-        let slot = (0..PARTITION)
-            .find(|i| entry_at(*i).is(database, &id))
-            .or_else(|| (0..PARTITION).find(|i| entry_at(*i).reusable(now)));
-        match slot.map(|i| (i, entry_at(i))) {
-            Some((i, entry)) if !entry.used || entry.escrow.idle() => {
-                record::install(entry, database, &id, counts, expires);
+        if let Some(i) = find(header, entries, first, database, &id) {
+            let entry = entry_at(i);
+            if entry.escrow.idle() {
+                install(entry, database, &id, counts, expires);
                 super::refresh(first + i);
-                entry.saved = entry.changes;
+                restored += 1;
+                continue;
+            }
+            // A promoted standby's own calls of the key in flight: they end in this entry,
+            // which answers for no database any more, and the key takes the primary's counts
+            // in another (docs/memory-limits.md).
+            entry.database = pg_sys::InvalidOid;
+            super::refresh(first + i);
+        }
+        match reusable(header, entries, first, database, now).0 {
+            Some(i) => {
+                install(entry_at(i), database, &id, counts, expires);
+                super::refresh(first + i);
                 restored += 1;
             }
-            _ => dropped += 1,
+            None => dropped += 1,
         }
     }
     let epoch = epoch(header);
@@ -134,6 +144,12 @@ pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f
     slot.set(database, epoch);
     LOADED_AT.set(epoch);
     Ok((restored, dropped))
+}
+
+/// Make `entry` the saved (database, `id`), as written in the table (nothing to write again).
+fn install(entry: &mut super::Entry, database: pg_sys::Oid, id: &super::Identity, counts: &[u8], expires: f64) {
+    record::install(entry, database, id, counts, expires);
+    entry.saved = entry.changes;
 }
 
 /// A dropped database's place among the loaded ones is free again.
