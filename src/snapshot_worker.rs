@@ -82,6 +82,9 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datu
         return;
     }
     let written = BackgroundWorker::transaction(|| {
+        if !storage::snapshot::begin_round() {
+            return Vec::new();
+        }
         let changed = snapshot::changed(clock::now_ms());
         let rows: Vec<(&[u8], &[u8], f64)> =
             changed.iter().map(|c| (c.record.name.as_slice(), c.record.counts.as_slice(), c.record.expires)).collect();

@@ -400,6 +400,15 @@ def test_a_truncate_of_the_limits_after_a_crash_keeps_the_database_loaded(cluste
         assert remaining(c, "mem", "k") == 9, "the counts since the truncate, not the rows from before it"
 
 
+def test_a_clock_before_1970_finds_entries_for_new_keys(database):
+    """Entries never used since the server started are free whatever the clock says."""
+    with session(database, fake_now="1960-06-01 00:00:00+00") as c:
+        define(c, "mem", rate=3, period="1 hour", durable=False)
+        oks = [c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', %s)", (f"k{i}",)).fetchone()[0]
+               for i in range(20)]
+        assert oks == [True] * 20
+
+
 def test_rate_limit_all_refuses_a_memory_part_whose_ring_is_full_of_its_own_calls(database):
     """Its older calls would be folded for good, which a denial of another part could not
     take back: refused (0A000) rather than taken in part."""

@@ -448,6 +448,14 @@ pub unsafe fn attach() {
         }
         LOCKS.store(pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()), Release);
         AREA.store(header, Release);
+        if !found && entries > 0 {
+            // Zeros say "free" in the tags and owners; in the instants it takes -inf, since a
+            // clock set before 1970 reads below 0.
+            let at = Index::of(&*header, table().expect("entries").1);
+            for i in 0..entries {
+                *at.free_after.add(i) = f64::NEG_INFINITY;
+            }
+        }
         if !found && !pg_sys::IsUnderPostmaster {
             // The postmaster, making shared memory at start or after a crash: what the last
             // clean shutdown counted, and the counts to write at the next one.
@@ -633,7 +641,7 @@ pub fn redeem(ticket: Ticket) -> Option<Guard> {
     let entry = unsafe { entries.add(ticket.index) };
     // SAFETY: as above.
     let current = unsafe { (*entry).used && (*entry).generation == ticket.generation };
-    current.then_some(Guard { entry, index: ticket.index, _held: held })
+    current.then(|| Guard { entry, index: ticket.index, _held: held })
 }
 
 /// Drop the entries `ours` accepts, one partition at a time. An entry with calls still in

@@ -26,17 +26,12 @@ pub fn read() -> Vec<Row> {
     rows
 }
 
-/// Write `rows` over the rows of the same entries, one round at a time in the database;
-/// whether they were written (false: another round is writing, or there is no table).
+/// Write `rows` over the rows of the same entries, in a round `begin_round` began; whether
+/// they were written (false: there is no table).
 pub fn write(rows: &[(&[u8], &[u8], f64)]) -> bool {
     let Some(table) = table() else { return false };
     if rows.is_empty() {
         return true;
-    }
-    // Two rounds at once (a launcher restarted while its worker ran) could commit in the
-    // other order, an older copy over a newer one: the second waits for the next round.
-    if !one_round_at_a_time() {
-        return false;
     }
     let sql = format!(
         "INSERT INTO {} AS s (entry, counts, expires, saved_at) \
@@ -58,9 +53,11 @@ pub fn write(rows: &[(&[u8], &[u8], f64)]) -> bool {
     true
 }
 
-/// A lock on a sub-object of the extension (one no command takes) until the transaction ends,
-/// if no other round holds it.
-fn one_round_at_a_time() -> bool {
+/// A round of the snapshot, before it copies anything: one at a time in a database, until
+/// its transaction ends (a lock on a sub-object of the extension that no command takes).
+/// Two at once (a launcher restarted while its worker ran) could commit an older copy over
+/// a newer one; false when another holds it, and this round does nothing.
+pub fn begin_round() -> bool {
     // SAFETY: inside the worker's transaction; the extension exists (its table was found).
     // The lock is released at the transaction's end.
     unsafe {

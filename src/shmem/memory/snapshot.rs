@@ -110,28 +110,28 @@ pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f
         let (_held, first) = hold_partition(partition_of(&id, count));
         // SAFETY: the partition's entries, below the table's count, under its lock.
         let entry_at = |i: usize| unsafe { &mut *entries.add(first + i) };
-        if let Some(i) = find(header, entries, first, database, &id) {
-            let entry = entry_at(i);
-            if entry.escrow.idle() {
-                install(entry, database, &id, counts, expires);
-                super::refresh(first + i);
-                restored += 1;
-                continue;
-            }
+        let found = find(header, entries, first, database, &id);
+        if let Some(i) = found.filter(|i| entry_at(*i).escrow.idle()) {
+            install(entry_at(i), database, &id, counts, expires);
+            super::refresh(first + i);
+            restored += 1;
+            continue;
+        }
+        // A busy entry is never the one `reusable` gives.
+        let Some(i) = reusable(header, entries, first, database, now).0 else {
+            dropped += 1; // the key keeps what it has (a standby's own count)
+            continue;
+        };
+        if let Some(busy) = found {
             // A promoted standby's own calls of the key in flight: they end in this entry,
             // which answers for no database any more, and the key takes the primary's counts
             // in another (docs/memory-limits.md).
-            entry.database = pg_sys::InvalidOid;
-            super::refresh(first + i);
+            entry_at(busy).database = pg_sys::InvalidOid;
+            super::refresh(first + busy);
         }
-        match reusable(header, entries, first, database, now).0 {
-            Some(i) => {
-                install(entry_at(i), database, &id, counts, expires);
-                super::refresh(first + i);
-                restored += 1;
-            }
-            None => dropped += 1,
-        }
+        install(entry_at(i), database, &id, counts, expires);
+        super::refresh(first + i);
+        restored += 1;
     }
     let epoch = epoch(header);
     let _held = hold_loaded(header, true);
