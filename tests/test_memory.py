@@ -392,12 +392,45 @@ def test_a_truncate_of_the_limits_after_a_crash_keeps_the_database_loaded(cluste
         assert remaining(c, "mem", "k") == 4, "loaded after the crash"
         c.execute("TRUNCATE rate_limiter.limits")
         define(c, "mem", rate=10, period="1 hour", durable=False)
+        assert c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot").fetchone() == (0,), "gone with the limits"
         c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 1)")
-        saved = c.execute("SELECT saved_at FROM rate_limiter.memory_snapshot").fetchone()[0]
-        wait_for(lambda: c.execute("SELECT saved_at > %s FROM rate_limiter.memory_snapshot", (saved,)).fetchone() == (True,),
+        wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot").fetchone() == (1,),
                  "the worker writing the database's counts again")
     with server.connect() as c:
         assert remaining(c, "mem", "k") == 9, "the counts since the truncate, not the rows from before it"
+
+
+def test_a_reset_a_deleted_limit_and_a_truncate_take_their_snapshot_rows_with_them(clusters):
+    """What a reset, a delete of the limit or a TRUNCATE forgets is not loaded back after a
+    crash: their rows go in the same transaction."""
+    server = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                    "-c rate_limiter.memory_snapshot=200"]).init().start()
+    rows = "SELECT count(*) FROM rate_limiter.memory_snapshot"
+    with server.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+    with server.connect() as c:
+        for name in ("mem", "gone"):
+            define(c, name, rate=10, period="1 hour", durable=False)
+        for name, key in (("mem", "k"), ("mem", "kept"), ("gone", "k")):
+            c.execute("SELECT rate_limiter.rate_limit(%s, %s, 6)", (name, key))
+        wait_for(lambda: c.execute(rows).fetchone() == (3,), "the snapshot")
+        c.execute("BEGIN")
+        c.execute("SELECT rate_limiter.reset_rate_limit('mem', 'k')")
+        c.execute("ROLLBACK")
+        assert c.execute(rows).fetchone() == (3,), "a rolled-back reset keeps its row"
+        c.execute("SELECT rate_limiter.reset_rate_limit('mem', 'k')")
+        c.execute("DELETE FROM rate_limiter.limits WHERE name = 'gone'")
+        assert c.execute(rows).fetchone() == (1,), "only 'kept' is left"
+    server.kill9()
+    server.start()
+    with server.connect() as c:
+        assert remaining(c, "mem", "k") == 10, "the reset key is not loaded back"
+        assert remaining(c, "mem", "kept") == 4
+        define(c, "gone", rate=10, period="1 hour", durable=False)
+        assert remaining(c, "gone", "k") == 10, "nor the deleted limit's"
+        c.execute("TRUNCATE rate_limiter.limits")
+        assert c.execute(rows).fetchone() == (0,)
 
 
 def test_a_clock_before_1970_finds_entries_for_new_keys(database):

@@ -51,6 +51,9 @@ fn hot_limit_changing(trigger: &PgTrigger<'_>) {
     let change = if applying && storage::log_is_subscribed() { Change::Replicated } else { Change::Local };
     if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) {
         limiter::hot::limits_truncated(if applying { Change::Replicated } else { Change::Local });
+        if !applying {
+            limiter::memory::limits_truncated();
+        }
         return;
     }
     let hot = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<bool>("hot").ok().flatten().unwrap_or(false);

@@ -216,6 +216,7 @@ pub fn value(req: &Request<'_>, config: &Config) -> State {
 pub fn reset(name: &str, key: Option<&str>) {
     load_snapshot();
     let id = identity(&Request { name, key, count: 0.0, reserve: false, inline: None });
+    storage::snapshot::forget(Some(&id.key_tag()), None);
     if memory::counts_key(&id) {
         storage::hold_calls_off();
         in_flight::forget_at_commit(Forget::MemoryKey(id));
@@ -229,6 +230,9 @@ pub fn limit_changing(name: &str, now: Option<Option<Config>>) {
     load_snapshot();
     storage::hold_calls_off();
     let limit = Identity::limit(cache::relations().state, name);
+    if now.is_none() {
+        storage::snapshot::forget(None, Some(&limit));
+    }
     in_flight::forget_at_commit(match now {
         None => Forget::MemoryLimit(limit),
         Some(config) => Forget::MemoryChanged(limit, config),
@@ -252,4 +256,10 @@ fn load_snapshot() {
         Ok((restored, dropped)) => pgrx::log!("rate_limiter: {restored} memory limit keys loaded from rate_limiter.memory_snapshot, {dropped} without room"),
         Err(e) => e.raise(),
     }
+}
+
+/// `TRUNCATE rate_limiter.limits` (not replicated: a subscriber's snapshot is its own): the
+/// snapshot's rows go with the counts.
+pub fn limits_truncated() {
+    storage::snapshot::forget(None, None);
 }

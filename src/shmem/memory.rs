@@ -107,6 +107,11 @@ impl Identity {
         })
     }
 
+    /// The tag of (limit, key), under any config of the name.
+    pub fn key_tag(&self) -> [u8; 16] {
+        self.tag
+    }
+
     pub fn limit_tag(&self) -> [u8; 16] {
         self.limit
     }

@@ -53,6 +53,28 @@ pub fn write(rows: &[(&[u8], &[u8], f64)]) -> bool {
     true
 }
 
+/// Forget the rows of one key (`key`, its tag: every config of its name), of a limit
+/// (`limit`, its tag), or all of them, in the transaction that resets the key, deletes the
+/// limit or truncates the limits: a crash after it commits loads none of them.
+pub fn forget(key: Option<&[u8; 16]>, limit: Option<&[u8; 16]>) {
+    let Some(table) = table() else { return };
+    let name = cache::qualified_name(table);
+    let bytes = |b: Vec<u8>| (pg_sys::BYTEAOID, b.into_datum());
+    let (sql, args) = match (key, limit) {
+        // The entry is the key's tag, then its config's: a range of the primary key.
+        (Some(key), _) => (
+            format!("DELETE FROM {name} WHERE entry OPERATOR(pg_catalog.>=) $1 AND entry OPERATOR(pg_catalog.<=) $2"),
+            vec![bytes([&key[..], &[0u8; 16]].concat()), bytes([&key[..], &[0xffu8; 16]].concat())],
+        ),
+        (None, Some(limit)) => (
+            format!("DELETE FROM {name} WHERE pg_catalog.substring(counts, 1, 16) OPERATOR(pg_catalog.=) $1"),
+            vec![bytes(limit.to_vec())],
+        ),
+        (None, None) => (format!("DELETE FROM {name}"), Vec::new()),
+    };
+    spi::run(table, &sql, &args, |_| {});
+}
+
 /// A round of the snapshot, before it copies anything: one at a time in a database, until
 /// its transaction ends (a lock on a sub-object of the extension that no command takes).
 /// Two at once (a launcher restarted while its worker ran) could commit an older copy over
