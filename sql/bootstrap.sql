@@ -223,7 +223,7 @@ COMMENT ON COLUMN rate_limiter.leases.expires_at IS 'From this instant the slot 
 COMMENT ON INDEX rate_limiter.leases_lease_id IS 'A lease''s rows by its id: what release() and renew() find.';
 
 -- Memory limits' counts as the background worker last wrote them (docs/memory-limits.md,
--- "Crashes and failover"): what a server loads after a crash, or a standby at promotion.
+-- "Restarts and crashes"): what a server loads after a crash, or a standby at promotion.
 CREATE TABLE rate_limiter.memory_snapshot (
     entry bytea PRIMARY KEY,
     counts bytea NOT NULL,

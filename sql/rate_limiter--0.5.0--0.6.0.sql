@@ -84,7 +84,7 @@ END
 $leases$;
 
 -- Memory limits' counts as the background worker last wrote them (docs/memory-limits.md,
--- "Crashes and failover"): what a server loads after a crash, or a standby at promotion.
+-- "Restarts and crashes"): what a server loads after a crash, or a standby at promotion.
 CREATE TABLE rate_limiter.memory_snapshot (
     entry bytea PRIMARY KEY,
     counts bytea NOT NULL,

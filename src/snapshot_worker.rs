@@ -1,5 +1,5 @@
 //! The background worker that bounds what a crash or a promotion loses of memory limits'
-//! counts (docs/memory-limits.md, "Crashes and failover"): with memory limits on, a
+//! counts (docs/memory-limits.md, "Restarts and crashes"): with memory limits on, a
 //! launcher wakes every `rate_limiter.memory_snapshot` and, for each database whose entries
 //! changed since, starts a worker that writes them to that database's
 //! `rate_limiter.memory_snapshot` table, one transaction, then marks them saved. Nothing

@@ -44,7 +44,7 @@ pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> Deci
     }
     let metered: Vec<usize> = (0..parts.len()).filter(|i| answered[*i].is_none()).collect();
     if metered.is_empty() {
-        return decided(answered.into_iter().map(|d| d.expect("allowed")).collect());
+        return all_decided(answered);
     }
     let decided_metered = decide_metered(table, &metered.iter().map(|i| &parts[*i]).collect::<Vec<_>>(), consume);
     for (i, d) in metered.iter().zip(decided_metered.parts) {
@@ -87,7 +87,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
         .collect();
     durable_decisions(&outcomes, now, &mut decisions);
     if !consume || decisions.iter().flatten().any(|d| !d.ok) {
-        return decided(decisions.into_iter().map(|d| d.expect("decided")).collect());
+        return all_decided(decisions);
     }
 
     // (durable part, looked-at shard) of every row to take from, in the unique index's order.
@@ -117,7 +117,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
         .collect();
     durable_decisions(&outcomes, now, &mut decisions);
     if outcomes.iter().any(|o| !o.ok) {
-        return decided(decisions.into_iter().map(|d| d.expect("decided")).collect());
+        return all_decided(decisions);
     }
     let mark = in_flight::mark();
     for p in (0..parts.len()).filter(|p| !parts[*p].config.durable) {
@@ -126,7 +126,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
         decisions[p] = Some(d);
         if denied {
             in_flight::take_back_since(mark);
-            return decided(decisions.into_iter().map(|d| d.expect("decided")).collect());
+            return all_decided(decisions);
         }
     }
     for (p, (o, rows)) in outcomes.iter().zip(&locked).enumerate() {
@@ -136,6 +136,11 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
             }
         }
     }
+    all_decided(decisions)
+}
+
+/// `decided`, once every part has its decision.
+fn all_decided(decisions: Vec<Option<Decision>>) -> Decided {
     decided(decisions.into_iter().map(|d| d.expect("decided")).collect())
 }
 

@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::shmem::memory::{self, snapshot, Identity};
 use crate::shmem::stats;
 use crate::storage;
+use crate::storage::snapshot::Rows;
 use super::in_flight::{self, Forget};
 
 /// The entry of a call's (limit, key): the extension's incarnation is the state table's
@@ -216,7 +217,7 @@ pub fn value(req: &Request<'_>, config: &Config) -> State {
 pub fn reset(name: &str, key: Option<&str>) {
     load_snapshot();
     let id = identity(&Request { name, key, count: 0.0, reserve: false, inline: None });
-    storage::snapshot::forget(Some(&id.key_tag()), None);
+    storage::snapshot::forget(Rows::Key(id.key_tag()));
     if memory::counts_key(&id) {
         storage::hold_calls_off();
         in_flight::forget_at_commit(Forget::MemoryKey(id));
@@ -231,7 +232,7 @@ pub fn limit_changing(name: &str, now: Option<Option<Config>>) {
     storage::hold_calls_off();
     let limit = Identity::limit(cache::relations().state, name);
     if now.is_none() {
-        storage::snapshot::forget(None, Some(&limit));
+        storage::snapshot::forget(Rows::Limit(limit));
     }
     in_flight::forget_at_commit(match now {
         None => Forget::MemoryLimit(limit),
@@ -261,5 +262,5 @@ fn load_snapshot() {
 /// `TRUNCATE rate_limiter.limits` (not replicated: a subscriber's snapshot is its own): the
 /// snapshot's rows go with the counts.
 pub fn limits_truncated() {
-    storage::snapshot::forget(None, None);
+    storage::snapshot::forget(Rows::All);
 }

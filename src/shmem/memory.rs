@@ -268,7 +268,6 @@ impl Entry {
     fn is(&self, database: pg_sys::Oid, id: &Identity) -> bool {
         self.used && self.database == database && self.id == id.tag && self.variant == id.variant
     }
-
 }
 
 /// Where a call's debit is, for the callbacks at its transaction's end.
@@ -545,8 +544,8 @@ impl Guard {
         unsafe { &*self.entry }
     }
 
-    pub fn ticket(&mut self) -> Ticket {
-        Ticket { index: self.index, generation: self.entry().generation }
+    pub fn ticket(&self) -> Ticket {
+        Ticket { index: self.index, generation: self.entry_ref().generation }
     }
 }
 
@@ -608,7 +607,6 @@ pub fn hold(id: &Identity, name: &str, config: &[u8; 16], now: f64, fresh: impl 
             entry.expires = f64::INFINITY; // set by the caller's `settled`
             entry.holders = [Holder::default(); 2 * RING];
             entry.committed = false;
-            refresh(first + i);
             i
         }
     };

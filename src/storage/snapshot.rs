@@ -53,24 +53,32 @@ pub fn write(rows: &[(&[u8], &[u8], f64)]) -> bool {
     true
 }
 
-/// Forget the rows of one key (`key`, its tag: every config of its name), of a limit
-/// (`limit`, its tag), or all of them, in the transaction that resets the key, deletes the
-/// limit or truncates the limits: a crash after it commits loads none of them.
-pub fn forget(key: Option<&[u8; 16]>, limit: Option<&[u8; 16]>) {
+/// Whose rows `forget` deletes.
+pub enum Rows {
+    /// One key's (its tag), under every config of its name.
+    Key([u8; 16]),
+    /// One limit's (its tag).
+    Limit([u8; 16]),
+    All,
+}
+
+/// Forget `rows` in the transaction that resets the key, deletes the limit or truncates the
+/// limits: a crash after it commits loads none of them.
+pub fn forget(rows: Rows) {
     let Some(table) = table() else { return };
     let name = cache::qualified_name(table);
     let bytes = |b: Vec<u8>| (pg_sys::BYTEAOID, b.into_datum());
-    let (sql, args) = match (key, limit) {
+    let (sql, args) = match rows {
         // The entry is the key's tag, then its config's: a range of the primary key.
-        (Some(key), _) => (
+        Rows::Key(key) => (
             format!("DELETE FROM {name} WHERE entry OPERATOR(pg_catalog.>=) $1 AND entry OPERATOR(pg_catalog.<=) $2"),
             vec![bytes([&key[..], &[0u8; 16]].concat()), bytes([&key[..], &[0xffu8; 16]].concat())],
         ),
-        (None, Some(limit)) => (
+        Rows::Limit(limit) => (
             format!("DELETE FROM {name} WHERE pg_catalog.substring(counts, 1, 16) OPERATOR(pg_catalog.=) $1"),
             vec![bytes(limit.to_vec())],
         ),
-        (None, None) => (format!("DELETE FROM {name}"), Vec::new()),
+        Rows::All => (format!("DELETE FROM {name}"), Vec::new()),
     };
     spi::run(table, &sql, &args, |_| {});
 }
@@ -84,7 +92,7 @@ pub fn begin_round() -> bool {
     // The lock is released at the transaction's end.
     unsafe {
         let extension = pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false);
-        pg_sys::ConditionalLockDatabaseObject(pg_sys::ExtensionRelationId, extension, LoadLock::ROUND, pg_sys::ExclusiveLock as i32)
+        pg_sys::ConditionalLockDatabaseObject(pg_sys::ExtensionRelationId, extension, ROUND, pg_sys::ExclusiveLock as i32)
     }
 }
 
@@ -92,17 +100,19 @@ pub fn begin_round() -> bool {
 /// extension (a sub-object of it no command locks, so that nothing but another load waits).
 pub struct LoadLock(pg_sys::Oid);
 
+/// Sub-objects of the extension that no command locks (DROP EXTENSION locks 0): one for a
+/// database's load of the table, one for a round of its snapshot.
+const LOAD: u16 = 1;
+const ROUND: u16 = 2;
+
 impl LoadLock {
-    const SUB_OBJECT: u16 = 1;
-    /// The sub-object a snapshot round locks.
-    const ROUND: u16 = 2;
 
     pub fn take() -> LoadLock {
         // SAFETY: inside a transaction, as a call is; the extension exists (its tables were
         // found). A lock on an object tag, released on drop or at the transaction's end.
         unsafe {
             let extension = pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false);
-            pg_sys::LockDatabaseObject(pg_sys::ExtensionRelationId, extension, LoadLock::SUB_OBJECT, pg_sys::ExclusiveLock as i32);
+            pg_sys::LockDatabaseObject(pg_sys::ExtensionRelationId, extension, LOAD, pg_sys::ExclusiveLock as i32);
             LoadLock(extension)
         }
     }
@@ -111,6 +121,6 @@ impl LoadLock {
 impl Drop for LoadLock {
     fn drop(&mut self) {
         // SAFETY: the lock `take` took, released once.
-        unsafe { pg_sys::UnlockDatabaseObject(pg_sys::ExtensionRelationId, self.0, LoadLock::SUB_OBJECT, pg_sys::ExclusiveLock as i32) }
+        unsafe { pg_sys::UnlockDatabaseObject(pg_sys::ExtensionRelationId, self.0, LOAD, pg_sys::ExclusiveLock as i32) }
     }
 }

@@ -1,5 +1,5 @@
-//! What bounds the counts a crash or a promotion loses (docs/memory-limits.md, "Crashes and
-//! failover"): the background worker copies the entries changed since its last round out
+//! What bounds the counts a crash or a promotion loses (docs/memory-limits.md, "Restarts and
+//! crashes"): the background worker copies the entries changed since its last round out
 //! of shared memory, writes them to the database's `rate_limiter.memory_snapshot`, and marks
 //! them saved once that committed. Shared memory made after a crash (no file of a clean
 //! shutdown), or a standby's once it is promoted, holds less than the tables: each database
