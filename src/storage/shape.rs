@@ -133,29 +133,52 @@ pub unsafe fn require(desc: pg_sys::TupleDesc, shown: &str, shape: &Shape, colum
 }
 
 /// What differs between a row descriptor and `shape`, said for a person; `None` if nothing.
+/// It runs at every call, twice: the common answer, nothing, allocates nothing and compares
+/// each name's bytes against the NameData in place (no strlen).
 ///
 /// # Safety
 /// `desc` is a valid descriptor.
 pub unsafe fn difference(desc: pg_sys::TupleDesc, shape: &Shape, columns: Columns) -> Option<String> {
-    // SAFETY: a descriptor holds `natts` attributes.
-    let attrs: Vec<&pg_sys::FormData_pg_attribute> =
-        unsafe { (0..(*desc).natts as usize).map(|i| server::attribute(desc, i)).collect() };
-    if attrs.len() < shape.len() || (columns == Columns::Exactly && attrs.len() > shape.len()) {
-        return Some(format!("it has {} columns where the extension made {}", attrs.len(), shape.len()));
+    // SAFETY: the caller's contract.
+    let natts = unsafe { (*desc).natts } as usize;
+    if natts < shape.len() || (columns == Columns::Exactly && natts > shape.len()) {
+        return Some(format!("it has {natts} columns where the extension made {}", shape.len()));
     }
-    shape.iter().zip(attrs).enumerate().find_map(|(i, ((name, ty), attr))| {
+    shape.iter().enumerate().find_map(|(i, (name, ty))| {
+        // SAFETY: `i` < `shape.len()` <= natts, the descriptor's attributes.
+        let attr = unsafe { server::attribute(desc, i) };
+        let wanted = name.to_bytes_with_nul();
+        // SAFETY: NameData holds NAMEDATALEN (64) bytes, more than any name of a shape with
+        // its NUL; read as bytes, the comparison is one memcmp.
+        let stored = unsafe { std::slice::from_raw_parts(attr.attname.data.as_ptr().cast::<u8>(), wanted.len()) };
+        let same_name = stored == wanted;
+        if !attr.attisdropped && same_name && attr.atttypid == *ty {
+            return None;
+        }
         // SAFETY: attname is a NUL-terminated NameData.
         let actual = unsafe { CStr::from_ptr(attr.attname.data.as_ptr()) };
-        (attr.attisdropped || actual != *name || attr.atttypid != *ty).then(|| {
-            format!(
-                "column {} should be {} of type OID {}, not {}{} of type OID {}",
-                i + 1,
-                name.to_string_lossy(),
-                ty.to_u32(),
-                if attr.attisdropped { "a dropped column " } else { "" },
-                actual.to_string_lossy(),
-                attr.atttypid.to_u32()
-            )
-        })
+        Some(format!(
+            "column {} should be {} of type OID {}, not {}{} of type OID {}",
+            i + 1,
+            name.to_string_lossy(),
+            ty.to_u32(),
+            if attr.attisdropped { "a dropped column " } else { "" },
+            actual.to_string_lossy(),
+            attr.atttypid.to_u32()
+        ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_of_a_shape_fits_a_name_data_with_its_nul() {
+        for shape in [&STATE[..], &LIMITS_SINCE_0_6_0, &DEBITS, &LISTS, &DECISION, &ACQUIRED] {
+            for (name, _) in shape {
+                assert!(name.to_bytes_with_nul().len() <= pg_sys::NAMEDATALEN as usize, "{name:?}");
+            }
+        }
+    }
 }

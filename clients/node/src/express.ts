@@ -4,6 +4,7 @@
  */
 import { type Queryable, RateLimiter } from "./index.js";
 import { fixedWindow } from "./names.js";
+import { Grants } from "./grants.js";
 
 /** What express-rate-limit 8 expects back from a store. */
 export interface ClientRateLimitInfo {
@@ -51,11 +52,18 @@ export class PostgresStore {
   private readonly counted = new Map<string, Counted>();
   /** Options that cannot be kept: every request fails with this. */
   private refused: Error | undefined;
+  /** Whether decrement is called (skipFailedRequests, skipSuccessfulRequests): it needs `credit`. */
+  private decrements = false;
+  private readonly grants: Grants;
 
   constructor(private readonly options: PostgresStoreOptions) {
     this.limiter = new RateLimiter(options.db, { schema: options.schema });
     this.prefix = options.name ?? "express-rate-limit";
     this.limit = options.limit;
+    this.grants = new Grants(this.limiter, "PostgresStore", () => ({
+      rate_limit: "increment",
+      ...(this.decrements ? { credit: "decrement, which skipFailedRequests and skipSuccessfulRequests call" } : {}),
+    }));
   }
 
   /** Called by express-rate-limit with its options: the window, and the limit when it is a number. */
@@ -68,6 +76,7 @@ export class PostgresStore {
         "PostgresStore: durable: false does not go with skipFailedRequests or skipSuccessfulRequests; keep the limit durable",
       );
     }
+    this.decrements = Boolean(options.skipFailedRequests || options.skipSuccessfulRequests);
     this.windowMs = options.windowMs;
     if (typeof options.limit === "number") this.limit = options.limit;
     this.dynamic = typeof options.limit === "function";
@@ -94,6 +103,7 @@ export class PostgresStore {
    * express-rate-limit (8.6 and later) never decrements it after the window has ended there. */
   async increment(key: string): Promise<ClientRateLimitInfo> {
     if (this.refused) throw this.refused;
+    await this.grants.require();
     const started = Date.now();
     if (this.limit === 0) {
       this.remember(key, started, this.windowMs, { denials: 1 });
@@ -135,16 +145,21 @@ export class PostgresStore {
     await this.limiter.creditBefore(this.prefix, key, entry.windowEnd, { config: this.config() });
   }
 
-  /** The key's hits so far, taking nothing; `undefined` when it has none. */
+  /** The key's hits so far, taking nothing, as MemoryStore answers: `undefined` for a key with
+   * no window, `{ totalHits: 0 }` for one this process counted whose hits were all given back
+   * in a window still running. */
   async get(key: string): Promise<ClientRateLimitInfo | undefined> {
     if (this.limit === 0) return undefined;
     const d = await this.limiter.check(this.prefix, key, { count: 0, config: this.config() });
     const totalHits = Math.round((this.limit as number) - d.remaining);
-    return totalHits > 0 ? { totalHits, resetTime: new Date(Date.now() + d.resetAfter) } : undefined;
+    if (totalHits > 0) return { totalHits, resetTime: new Date(Date.now() + d.resetAfter) };
+    const windowEnd = this.counted.get(key)?.windowEnd;
+    return windowEnd !== undefined && windowEnd.getTime() > d.at.getTime() ? { totalHits: 0, resetTime: windowEnd } : undefined;
   }
 
   /** Forget the key (the extension's `reset_rate_limit`, which needs its grant). */
   async resetKey(key: string): Promise<void> {
     await this.limiter.reset(this.prefix, key);
+    this.counted.delete(key);
   }
 }

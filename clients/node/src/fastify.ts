@@ -5,6 +5,7 @@
  */
 import { type Queryable, RateLimiter } from "./index.js";
 import { fixedWindow, limitName } from "./names.js";
+import { Grants } from "./grants.js";
 
 type Callback = (error: Error | null, result?: { current: number; ttl: number }) => void;
 
@@ -36,6 +37,7 @@ export function postgresStore(options: PostgresStoreOptions): new (params?: Stor
   const limiter = new RateLimiter(options.db, { schema: options.schema });
   const base = options.name ?? "fastify-rate-limit";
   const extra = options.durable === false ? { durable: false } : {};
+  const grants = new Grants(limiter, "postgresStore", () => ({ rate_limit: "incr" }));
 
   return class PostgresStore implements FastifyRateLimitStore {
     private readonly name: string;
@@ -57,8 +59,9 @@ export function postgresStore(options: PostgresStoreOptions): new (params?: Stor
         callback(null, { current: 1, ttl: timeWindow });  // a limit of 0 denies every request
         return;
       }
-      limiter
-        .limit(this.name, key, { config: fixedWindow(max, timeWindow, extra) })
+      grants
+        .require()
+        .then(() => limiter.limit(this.name, key, { config: fixedWindow(max, timeWindow, extra) }))
         .then((d) => callback(null, this.answer(d, max)), (error) => callback(error));
     }
 

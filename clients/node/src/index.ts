@@ -133,6 +133,20 @@ export class RateLimiter {
     return decision(row);
   }
 
+  /** The current role, and which of `functions` (names in the extension's schema) it may not
+   * execute: no overload it has EXECUTE on, or no USAGE on the schema. */
+  async missingGrants(functions: string[]): Promise<{ role: string; missing: string[] }> {
+    const rows = await this.rows(
+      `SELECT current_user AS role, pg_catalog.array_remove(pg_catalog.array_agg(f.name), NULL) AS missing ` +
+        `FROM (SELECT w AS name FROM pg_catalog.unnest($2::text[]) w WHERE NOT EXISTS (` +
+        `SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace ` +
+        `WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND p.proname OPERATOR(pg_catalog.=) w ` +
+        `AND pg_catalog.has_schema_privilege(n.oid, 'USAGE') AND pg_catalog.has_function_privilege(p.oid, 'EXECUTE'))) f`,
+      [this.schema, functions],
+    );
+    return { role: rows[0].role, missing: rows[0].missing ?? [] };
+  }
+
   /** Take `count` tokens from (name, key) in the handle's transaction (`rate_limit`). */
   limit(name: string, key: string | null = null, options: CallOptions = {}): Promise<Decision> {
     return this.call("rate_limit", name, key, options);

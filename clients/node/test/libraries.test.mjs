@@ -202,7 +202,8 @@ test("rate-limiter-flexible: consume, get, reward, penalty, block and delete kee
   const first = await limiter.consume("u", 2);
   assert.ok(first instanceof RateLimiterRes);
   assert.deepEqual([first.remainingPoints, first.consumedPoints, first.isFirstInDuration], [1, 2, true]);
-  await assert.rejects(limiter.consume("u", 2), (res) => res instanceof RateLimiterRes && res.remainingPoints === 1);
+  await assert.rejects(limiter.consume("u", 2), (res) => res instanceof RateLimiterRes && res.remainingPoints === 0 && res.consumedPoints === 4);
+  assert.equal((await limiter.get("u")).remainingPoints, 1, "the refused consume took nothing");
   assert.equal((await limiter.get("u")).consumedPoints, 2);
   assert.equal((await limiter.reward("u", 1)).remainingPoints, 2);
   assert.equal((await limiter.consume("u", -1)).remainingPoints, 3, "negative points are a reward, down to none taken");
@@ -282,11 +283,43 @@ test("durable: false keeps each store's windows in the server's shared memory: t
   const flexiblePrefix = unique("rlf_mem");
   const limiter = new RateLimiterPostgresExtension({ db: pool, keyPrefix: flexiblePrefix, points: 3, duration: 60, durable: false });
   assert.equal((await limiter.consume("u", 2)).remainingPoints, 1);
-  await assert.rejects(limiter.consume("u", 2), (res) => res instanceof RateLimiterRes && res.remainingPoints === 1);
+  await assert.rejects(limiter.consume("u", 2), (res) => res instanceof RateLimiterRes && res.remainingPoints === 0 && res.consumedPoints === 4);
+  assert.equal((await limiter.get("u")).remainingPoints, 1, "the refused consume took nothing");
   assert.equal((await limiter.reward("u", 1)).remainingPoints, 2);
   assert.equal((await limiter.penalty("u", 9)).remainingPoints, 0);
 
   for (const prefix of [expressName, fastifyName, flexiblePrefix]) {
     assert.equal(await rows(prefix), 0, `${prefix}: counted in shared memory, not in rate_limiter.state`);
+  }
+});
+
+test("a store whose role lacks a grant its options need fails at its first call, naming the GRANT", async () => {
+  const role = unique("rl_app");
+  await pool.query(`CREATE ROLE ${role} LOGIN`);
+  await pool.query(`GRANT USAGE ON SCHEMA rate_limiter TO ${role}`);
+  // What docs/api.md's privileges example grants an application: the two calls, no credit.
+  await pool.query(`DO $$ DECLARE f regprocedure; BEGIN
+    FOR f IN SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'rate_limiter'::regnamespace
+      AND p.proname IN ('rate_limit', 'check_rate_limit') LOOP
+      EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO ${role}', f);
+    END LOOP; END $$`);
+  const app = new pg.Pool({ user: role, max: 2 });
+  try {
+    const skipping = new PostgresStore({ db: app, name: unique("express_grants") });
+    skipping.init({ windowMs: 60_000, limit: 5, skipFailedRequests: true });
+    await assert.rejects(skipping.increment("k"), (e) =>
+      /may not execute rate_limiter\.credit \(decrement, which skipFailedRequests/.test(e.message) &&
+      e.message.includes(`GRANT EXECUTE ON FUNCTION rate_limiter.credit TO ${role};`));
+    const plain = new PostgresStore({ db: app, name: unique("express_grants") });
+    plain.init({ windowMs: 60_000, limit: 5 });
+    assert.equal((await plain.increment("k")).totalHits, 1, "without the skip options, rate_limit is enough");
+    const blocking = new RateLimiterPostgresExtension({ db: app, keyPrefix: unique("rlf_grants"), points: 1, duration: 60, blockDuration: 10 });
+    await assert.rejects(blocking.consume("k"), /may not execute rate_limiter\.block \(consume with blockDuration\)/);
+    const flexible = new RateLimiterPostgresExtension({ db: app, keyPrefix: unique("rlf_grants"), points: 1, duration: 60 });
+    assert.equal((await flexible.consume("k")).remainingPoints, 0);
+  } finally {
+    await app.end();
+    await pool.query(`DROP OWNED BY ${role}`);
+    await pool.query(`DROP ROLE ${role}`);
   }
 });

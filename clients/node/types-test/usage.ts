@@ -9,7 +9,7 @@ import { RateLimiterPostgresExtension } from "../dist/esm/flexible.js";
 
 declare const pool: { query(text: string, values?: unknown[]): Promise<{ rows: any[] }> };
 const limiter = new RateLimiterPostgresExtension({ db: pool, points: 5, duration: 60 });
-new RateLimiterUnion(limiter, new RateLimiterPostgresExtension({ db: pool, keyPrefix: "b" }));
+new RateLimiterUnion(limiter, new RateLimiterPostgresExtension({ db: pool, keyPrefix: "b", points: 10, duration: 3600 }));
 new RateLimiterQueue(limiter, { maxQueueSize: 10 });
 new RLWrapperBlackAndWhite({ limiter, whiteList: ["127.0.0.1"] });
 const res: Promise<RateLimiterRes> = limiter.consume("k");
