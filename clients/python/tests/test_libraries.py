@@ -2,11 +2,14 @@
 strategies on the rate-limiter+postgresql:// storage, SlowAPI on FastAPI, and this package's
 Starlette dependency."""
 
+import asyncio
+import gc
 import socket
 import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 
 import asyncpg
 import psycopg
@@ -159,3 +162,68 @@ def test_slowapi_and_the_starlette_dependency_on_fastapi_answer_429(storage_uri,
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_flask_limiter_on_a_threaded_server_shares_a_bounded_pool_and_leaves_no_connection_open(storage_uri, name):
+    """Werkzeug serves each request on a thread of its own: the storage's connections come from
+    its pool (at most pool_max_size), not one per request thread, and closing it closes them."""
+    app = Flask(__name__)
+    limiter = FlaskLimiter(get_remote_address, app=app, storage_uri=storage_uri, key_prefix=name,
+                           storage_options={"name": f"flask_{name}", "pool_max_size": 4})
+
+    @app.get("/")
+    @limiter.limit("100/minute")
+    def index():
+        return "hello"
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            statuses = [get(f"http://127.0.0.1:{server.server_port}/")[0] for _ in range(50)]
+        finally:
+            server.shutdown()
+        storage = limiter._storage
+        assert statuses == [200] * 50
+        stats = storage.pool.get_stats()
+        assert stats["connections_num"] <= 4, stats
+        storage.close()
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+
+
+def test_the_async_storage_for_limits_aio_counts_as_the_sync_one(storage_uri, name):
+    from limits import RateLimitItemPerMinute
+    from limits.aio.strategies import MovingWindowRateLimiter
+
+    async def main():
+        storage = storage_from_string("async+" + storage_uri, name=name)
+        limiter = MovingWindowRateLimiter(storage)
+        item = RateLimitItemPerMinute(3)
+        assert [await limiter.hit(item, "k") for _ in range(4)] == [True, True, True, False]
+        assert (await limiter.get_window_stats(item, "k")).remaining == 0
+        await storage.aclose()
+
+    asyncio.run(main())
+    sync = storage_from_string(storage_uri, name=name)
+    assert sync.get_moving_window("LIMITER/k/3/1/minute", 3, 60)[1] == 3, "the same rows as the sync storage's"
+    sync.close()
+
+
+def test_a_storage_whose_role_lacks_a_grant_fails_at_its_first_call_naming_the_grant(storage_uri, name, conn):
+    role = f"rl_py_{name}"
+    conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        conn.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
+        conn.execute(f"""DO $$ DECLARE f regprocedure; BEGIN
+            FOR f IN SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'rate_limiter'::regnamespace
+              AND p.proname = 'rate_limit' LOOP EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO {role}', f); END LOOP; END $$""")
+        storage = storage_from_string(storage_uri.replace(f"://{USER}@", f"://{role}@"), name=name)
+        with pytest.raises(PermissionError, match=rf"may not execute rate_limiter\.check_rate_limit .*GRANT EXECUTE ON FUNCTION "
+                                                  rf"rate_limiter\.check_rate_limit TO {role};"):
+            storage.incr(f"LIMITER/{name}/2/1/minute", 60)
+        storage.close()
+    finally:
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")

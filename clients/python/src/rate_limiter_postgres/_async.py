@@ -34,7 +34,7 @@ class AsyncRateLimiter:
         return cls(raw.driver_connection, schema)
 
     async def _row(self, sql: str, params: tuple) -> Any:
-        keyed = sql is not self.sql.headers  # every other statement's second argument is the key
+        keyed = len(params) > 1 and sql is not self.sql.headers  # every other statement's second argument is the key
         if self.asyncpg and keyed and params[1] is not None and not isinstance(params[1], str):
             params = (params[0], str(params[1])) + params[2:]  # a key such as an integer id, as text
         try:
@@ -75,6 +75,11 @@ class AsyncRateLimiter:
                     note: Optional[str] = None) -> None:
         check_seconds(seconds)
         await self._row(self.sql.block, self.sql.block_params(name, key, None if seconds is None else float(seconds), note))
+
+    async def missing_grants(self, functions: list[str]) -> tuple[str, list[str]]:
+        """The current role, and which of ``functions`` (of the extension's schema) it may not execute."""
+        role, missing = await self._row(self.sql.missing_grants, (list(functions),))
+        return role, list(missing or [])
 
     async def unblock(self, name: Optional[str], key: Optional[str]) -> bool:
         return bool((await self._row(self.sql.unblock, (name, key)))[0])

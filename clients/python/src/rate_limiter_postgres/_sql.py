@@ -60,6 +60,16 @@ class Statements:
             f"ELSE now() + make_interval(secs => {m(3)}::float8) END, {m(4)}::text)"
         )
         self.unblock = f"SELECT {s}.unblock({args(2, ('::text', '::text'))})"
+        # The current role, and which of the functions named by the array it may not execute
+        # (no overload it has EXECUTE on, or no USAGE on the schema).
+        self.missing_grants = (
+            "SELECT current_user::text, pg_catalog.array_remove(pg_catalog.array_agg(f.w), NULL) "
+            f"FROM (SELECT w FROM pg_catalog.unnest({m(1)}::text[]) w WHERE NOT EXISTS ("
+            "SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
+            f"WHERE n.nspname OPERATOR(pg_catalog.=) '{s}' AND p.proname OPERATOR(pg_catalog.=) w "
+            "AND pg_catalog.has_schema_privilege(n.oid, 'USAGE') "
+            "AND pg_catalog.has_function_privilege(p.oid, 'EXECUTE'))) f"
+        )
         # %s binds by position: the seconds, used twice, are passed twice.
         self.positional = m(1) == m(2)
 

@@ -67,6 +67,11 @@ class RateLimiter:
         check_seconds(seconds)
         self._row(self.sql.block, self.sql.block_params(name, key, seconds, note))
 
+    def missing_grants(self, functions: list[str]) -> tuple[str, list[str]]:
+        """The current role, and which of ``functions`` (of the extension's schema) it may not execute."""
+        role, missing = self._row(self.sql.missing_grants, (list(functions),))
+        return role, list(missing or [])
+
     def unblock(self, name: Optional[str], key: Optional[str]) -> bool:
         return bool(self._row(self.sql.unblock, (name, key))[0])
 
