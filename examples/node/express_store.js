@@ -8,6 +8,9 @@ import { RateLimiter } from "rate-limiter-postgres";
 import { PostgresStore } from "rate-limiter-postgres/express";
 
 const pool = new pg.Pool();
+// An idle client that loses its server (a restart, a failover) emits 'error' on the pool:
+// without a listener, Node ends the process.
+pool.on("error", (error) => console.error("idle PostgreSQL client:", error.message));
 const app = express();
 const name = `example_${process.pid}`;
 

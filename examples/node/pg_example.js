@@ -44,6 +44,9 @@ async function inTransaction(pool, work) {
 }
 
 const pool = new pg.Pool();
+// An idle client that loses its server (a restart, a failover) emits 'error' on the pool:
+// without a listener, Node ends the process.
+pool.on("error", (error) => console.error("idle PostgreSQL client:", error.message));
 await pool.query("SELECT rate_limiter.define('pg_send', 'token bucket', 3, '1 hour')");
 await pool.query("SELECT rate_limiter.reset_rate_limit('pg_send', 'alice')");
 await pool.query("DROP TABLE IF EXISTS pg_messages");

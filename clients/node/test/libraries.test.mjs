@@ -323,3 +323,22 @@ test("a store whose role lacks a grant its options need fails at its first call,
     await pool.query(`DROP ROLE ${role}`);
   }
 });
+
+test("the README's pool outlives its idle clients' server ending them (a restart, a failover), as its error handler lets it", async () => {
+  const app = `rl_readme_${process.pid}`;
+  const readmePool = new pg.Pool({ application_name: app, max: 2 });
+  const errors = [];
+  // The README's handler (clients/node/README.md, "The client"): without it, the 'error' an
+  // idle client emits ends the process, and this test file with it.
+  readmePool.on("error", (error) => errors.push(error.message));
+  try {
+    const limiter = new RateLimiterPostgresExtension({ db: readmePool, keyPrefix: unique("readme"), points: 5, duration: 60 });
+    await limiter.consume("k");
+    await pool.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", [app]);
+    for (let i = 0; i < 50 && errors.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
+    assert.ok(errors.length > 0, "the idle client's error reached the pool");
+    assert.equal((await limiter.consume("k")).consumedPoints, 2, "the next call runs on a new client");
+  } finally {
+    await readmePool.end();
+  }
+});
