@@ -1,0 +1,161 @@
+-- The SQL surface: the extension's functions, with its signatures, SQLSTATEs, messages and
+-- hints (src/error.rs), for what needs no shared memory and no C.
+
+-- A float8 as Rust's Display prints it (the extension's messages): the shortest digits that
+-- read back as the same number, never an exponent, no ".0" on whole numbers.
+CREATE FUNCTION rate_limiter._display(x double precision) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET extra_float_digits = 1 AS $$
+DECLARE
+    t text;
+    m text;
+    e int;
+    neg boolean;
+    digits text;
+    point int;
+BEGIN
+    IF x = 'Infinity'::float8 THEN RETURN 'inf'; END IF;
+    IF x = '-Infinity'::float8 THEN RETURN '-inf'; END IF;
+    IF x = 'NaN'::float8 THEN RETURN 'NaN'; END IF;
+    t := x::text;
+    IF t = '-0' THEN RETURN '-0'; END IF;
+    IF position('e' IN t) = 0 THEN RETURN t; END IF;
+    neg := left(t, 1) = '-';
+    m := split_part(ltrim(t, '-'), 'e', 1);
+    e := split_part(t, 'e', 2)::int;
+    digits := replace(m, '.', '');
+    point := coalesce(nullif(position('.' IN m), 0) - 1, length(m)) + e;  -- digits before the point
+    IF point <= 0 THEN
+        t := '0.' || repeat('0', -point) || digits;
+    ELSIF point >= length(digits) THEN
+        t := digits || repeat('0', point - length(digits));
+    ELSE
+        t := left(digits, point) || '.' || substr(digits, point + 1);
+    END IF;
+    RETURN CASE WHEN neg THEN '-' ELSE '' END || t;
+END $$;
+
+-- A float8 as Rust's {:.2} prints it: its exact binary value rounded half to even at two
+-- decimals (the bits, read from float8send, as m * 2^e, are exact in numeric).
+CREATE FUNCTION rate_limiter._display2(x double precision) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    bits bytea := float8send(x);
+    raw numeric := 0;
+    exponent int;
+    mantissa numeric;
+    exact numeric;
+    scaled numeric;
+    whole numeric;
+    rest numeric;
+BEGIN
+    FOR i IN 0 .. 7 LOOP raw := raw * 256 + get_byte(bits, i); END LOOP;
+    exponent := ((raw / 4503599627370496)::numeric(30, 0) % 2048)::int;
+    exponent := (floor(raw / 4503599627370496) % 2048)::int;
+    mantissa := raw % 4503599627370496;
+    IF exponent > 0 THEN mantissa := mantissa + 4503599627370496; END IF;
+    exponent := greatest(exponent, 1) - 1075;
+    -- x * 100 exactly, then rounded half to even.
+    IF exponent >= 0 THEN
+        scaled := mantissa * (2::numeric ^ exponent) * 100;
+        rest := 0;
+        whole := scaled;
+    ELSE
+        -- mantissa * 100 / 2^-exponent: the integer part and the exact remainder's size.
+        whole := floor(mantissa * 100 / (2::numeric ^ (-exponent)));
+        rest := mantissa * 100 - whole * (2::numeric ^ (-exponent));
+        IF rest * 2 > 2::numeric ^ (-exponent) OR (rest * 2 = 2::numeric ^ (-exponent) AND whole % 2 = 1) THEN
+            whole := whole + 1;
+        END IF;
+    END IF;
+    RETURN CASE WHEN x < 0 OR (x = 0 AND left(x::text, 1) = '-') THEN '-' ELSE '' END
+        || (floor(whole / 100))::text || '.' || lpad((whole % 100)::text, 2, '0');
+END $$;
+
+-- The shapes of src/error.rs: each raises its SQLSTATE with the extension's message and hint.
+CREATE FUNCTION rate_limiter._raise(kind text, message text, detail text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    CASE kind
+    WHEN 'argument' THEN
+        RAISE EXCEPTION 'invalid rate limit argument: %', message USING ERRCODE = '22023',
+            HINT = 'name must be a non-empty text of at most 128 bytes other than *other*, key at most 1024 bytes, count a finite number >= 0; rate_limit_all takes at most 1000 limits.';
+    WHEN 'config' THEN
+        RAISE EXCEPTION 'invalid rate limit config: %', message USING ERRCODE = '22023',
+            HINT = 'A config looks like {"kind": "token bucket", "rate": 10, "period": 60000}: kind ''token bucket'', ''fixed window'', ''sliding window'', ''rolling window'' or ''concurrency'', rate > 0, period > 0 (ms or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch).';
+    WHEN 'range' THEN
+        RAISE EXCEPTION 'rate limit number out of range: %', message USING ERRCODE = '22023',
+            HINT = 'rate, capacity, maxReserved, a count and a credit are at most 1e15; a period is 1 ms to 100 years, minGap and denyCache at most 100 years, lockTimeout at most 2147483647 ms (as PostgreSQL''s lock_timeout); a rolling window''s cells are at least 1 ms (period / buckets); a lease at most rate_limiter.max_lease (a day unless a superuser set it longer). A limit defined before these bounds: define it again within them.';
+    WHEN 'calendar' THEN
+        RAISE EXCEPTION 'invalid calendar window: %', message USING ERRCODE = '22023',
+            HINT = 'A fixed window whose period is whole months (''1 month'', ''3 months'', ''1 year''), ''1 day'' or ''1 week'' starts its windows on the calendar, in the time zone tz (default UTC; a name PostgreSQL knows, such as ''Europe/Berlin''), at start''s day and time when given. The other kinds count fixed lengths: give them one, such as ''30 days''. Inline configs of one session may name at most 100 POSIX-style zone specs (such as ''<+03>-3''); zones of the tz database, and named limits'' zones, are never counted.';
+    WHEN 'unknown' THEN
+        RAISE EXCEPTION 'rate limit "%" does not exist', message USING ERRCODE = '42704',
+            HINT = 'Define it with rate_limiter.define(name, kind, rate, period) or pass config => ''{...}''::jsonb.';
+    WHEN 'count' THEN
+        RAISE EXCEPTION '%', message USING ERRCODE = '22023', DETAIL = detail,
+            HINT = 'No call can take more than the capacity (plus max_reserved when reserving); raise capacity or split the work into smaller counts.';
+    WHEN 'time' THEN
+        RAISE EXCEPTION 'instant out of range: %', message USING ERRCODE = '22008',
+            HINT = 'Instants must lie between 4714 BC and 294276 AD: use a finite start and rate_limiter.fake_now, and a period that keeps windows inside that range.';
+    WHEN 'edition' THEN
+        -- What only the compiled extension does: shared memory, C, the background worker.
+        RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
+            HINT = 'The SQL-only edition keeps named token buckets and fixed windows of fixed length, one row per key (shards = 1), in mode ''all''; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
+    END CASE;
+END $$;
+
+-- now in ms: the real clock (clock_timestamp(), as the extension's GetCurrentTimestamp), or
+-- rate_limiter.fake_now for a superuser or the database's owner. Without the library the
+-- setting is anyone's to set: for anyone else it is refused, never taken.
+CREATE FUNCTION rate_limiter._now() RETURNS double precision
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    fake text := current_setting('rate_limiter.fake_now', true);
+    at timestamptz;
+BEGIN
+    IF coalesce(current_setting('rate_limiter.shadow', true), '') NOT IN ('', 'off', 'false', '0') THEN
+        PERFORM rate_limiter._raise('edition', 'the session setting rate_limiter.shadow (define a limit with enforce => false)');
+    END IF;
+    IF coalesce(fake, '') = '' THEN
+        RETURN rate_limiter._ms(clock_timestamp());
+    END IF;
+    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = session_user)
+       AND NOT pg_catalog.pg_has_role(session_user, (SELECT d.datdba FROM pg_catalog.pg_database d
+                                                     WHERE d.datname = current_database()), 'MEMBER') THEN
+        RAISE EXCEPTION 'permission denied to set rate_limiter.fake_now' USING ERRCODE = '42501',
+            HINT = 'rate_limiter.fake_now moves the limiter''s clock: only superusers and the database''s owner may set it (RESET rate_limiter.fake_now).';
+    END IF;
+    at := fake::timestamptz;
+    IF NOT isfinite(at) THEN
+        PERFORM rate_limiter._raise('time', 'rate_limiter.fake_now must be a finite timestamp');
+    END IF;
+    RETURN rate_limiter._ms(at);
+END $$;
+
+-- valid_name and valid_key of src/call.rs.
+CREATE FUNCTION rate_limiter._valid_name(name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF name IS NULL THEN PERFORM rate_limiter._raise('argument', 'name must not be NULL'); END IF;
+    IF name = '' THEN PERFORM rate_limiter._raise('argument', 'name must not be empty'); END IF;
+    IF octet_length(name) > 128 THEN
+        PERFORM rate_limiter._raise('argument', format('name is %s bytes, more than 128', octet_length(name)));
+    END IF;
+    IF name = '*other*' THEN PERFORM rate_limiter._raise('argument', 'the name *other* is reserved'); END IF;
+    IF octet_length(name) > 33 AND right(name, 33) ~ '^#[0-9a-f]{32}$' THEN
+        PERFORM rate_limiter._raise('argument', format('a name ending in ''#'' and 32 hex digits is reserved, not %s', to_json(name)));
+    END IF;
+END $$;
+
+-- An interval as ms, as clock::interval_ms: a year 365.25 days, a month 30, in float8 in its
+-- order of operations.
+CREATE FUNCTION rate_limiter._interval_ms(i interval) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    months float8 := (extract(year FROM i) * 12 + extract(month FROM i))::float8;
+    micros float8 := ((extract(hour FROM i) * 3600 + extract(minute FROM i) * 60) * 1000000 + extract(microseconds FROM i))::float8;
+    days float8 := extract(day FROM i)::float8 + trunc(months / 12::float8) * 365.25::float8
+                   + (months - trunc(months / 12::float8) * 12::float8) * 30::float8;
+BEGIN
+    RETURN days * 86400000::float8 + micros / 1000::float8;
+END $$;

@@ -1,0 +1,97 @@
+"""Assembles sql-only/rate_limiter.sql, the edition's one install script: the extension's own
+tables and decision type, taken from sql/bootstrap.sql so that the two never drift apart
+(the same shapes, constraints and comments: a database can move to the extension with its
+state), then the edition's arithmetic and functions. `python3 sql-only/build.py` writes it;
+`--check` fails when the committed file is not what it would write (the test command runs that).
+"""
+
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OUT = HERE / "rate_limiter.sql"
+VERSION = "0.6.0"
+# The extension's objects the edition has: what it keeps no state in (debits, leases, the
+# memory snapshot) is left out.
+OBJECTS = {"limits", "blocks", "allows", "state", "decision"}
+
+HEADER = f"""-- rate_limiter {VERSION}, the SQL-only edition: plain SQL and PL/pgSQL for databases where no
+-- compiled extension can be installed (RDS, Cloud SQL, Azure, Supabase, Neon). Written by
+-- sql-only/build.py: edit its parts (sql-only/*.sql, sql/bootstrap.sql), not this file.
+--
+-- Install as the database's owner (no superuser needed), into a database without the
+-- extension:   psql -v ON_ERROR_STOP=1 -d DB -f rate_limiter.sql
+\\set ON_ERROR_STOP on
+BEGIN;
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'rate_limiter') THEN
+        RAISE EXCEPTION 'the rate_limiter extension is installed in this database' USING ERRCODE = '42710',
+            HINT = 'The SQL-only edition is for databases where the extension cannot be installed; keep the extension.';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) 'rate_limiter') THEN
+        RAISE EXCEPTION 'schema rate_limiter exists already' USING ERRCODE = '42P06',
+            HINT = 'The edition installs into a schema of its own: drop or rename the schema first.';
+    END IF;
+END $$;
+SET LOCAL search_path = pg_catalog, pg_temp;
+CREATE SCHEMA rate_limiter;
+COMMENT ON SCHEMA rate_limiter IS 'rate_limiter {VERSION}, SQL-only edition (sql-only/README.md).';
+"""
+
+FOOTER = f"""
+-- The edition's version, as extversion is the extension's.
+CREATE FUNCTION rate_limiter.edition() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN 'sql-only {VERSION}';
+COMMENT ON FUNCTION rate_limiter.edition() IS 'The SQL-only edition''s version.';
+
+-- As the extension: nothing for PUBLIC; the owner grants the application what it calls
+-- (docs/api.md, Privileges).
+REVOKE ALL ON ALL TABLES IN SCHEMA rate_limiter FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA rate_limiter FROM PUBLIC;
+REVOKE ALL ON SCHEMA rate_limiter FROM PUBLIC;
+COMMIT;
+"""
+
+
+def statements(sql):
+    """The statements of a script, with the comments just above each; $$ bodies kept whole."""
+    out, buf, quoted = [], "", False
+    for line in sql.splitlines(keepends=True):
+        buf += line
+        if line.count("$$") % 2 == 1:
+            quoted = not quoted
+        if not quoted and line.rstrip().endswith(";"):
+            out.append(buf)
+            buf = ""
+    return out
+
+
+def tables():
+    kept = []
+    for st in statements((ROOT / "sql" / "bootstrap.sql").read_text()):
+        code = "\n".join(line for line in st.splitlines() if not line.strip().startswith("--"))
+        subject = re.search(r"rate_limiter\.(\w+)", code)  # the object a statement is about
+        if subject and subject.group(1) in OBJECTS and "pg_extension_config_dump" not in code:
+            kept.append(st.strip("\n") + "\n")
+    return "\n".join(kept)
+
+
+def build():
+    parts = [HEADER, "\n-- The extension's tables and decision type (sql/bootstrap.sql).\n\n", tables()]
+    for name in ("arithmetic.sql", "api.sql", "calls.sql"):
+        parts += ["\n", (HERE / name).read_text()]
+    parts.append(FOOTER)
+    return "".join(parts)
+
+
+if __name__ == "__main__":
+    text = build()
+    if "--check" in sys.argv:
+        if OUT.read_text() != text:
+            sys.exit(f"{OUT} is not what sql-only/build.py writes: run python3 sql-only/build.py")
+    else:
+        OUT.write_text(text)

@@ -1,0 +1,374 @@
+-- define, the calls, and the administrator's calls of the edition.
+
+-- 25006 as PreventCommandIfReadOnly raises it (a READ ONLY transaction, a hot standby).
+CREATE FUNCTION rate_limiter._writable(command text) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION 'cannot execute % in a read-only transaction', command USING ERRCODE = '25006';
+    END IF;
+END $$;
+
+-- config::within: 22023 unless low <= v <= high.
+CREATE FUNCTION rate_limiter._within(what text, v double precision, low double precision, high double precision, unit text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT (v >= low AND v <= high) THEN
+        PERFORM rate_limiter._raise('range', format('%s must be between %s%s and %s%s, not %s%s', what,
+            rate_limiter._display(low), unit, rate_limiter._display(high), unit, rate_limiter._display(v), unit));
+    END IF;
+END $$;
+
+-- The config of a limits row, checked as Config::try_from and config::validate check it (the
+-- same errors in the same order); then what only the extension does is refused (0A000).
+CREATE FUNCTION rate_limiter._config_of(l rate_limiter.limits) RETURNS rate_limiter._config
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c rate_limiter._config;
+    months int := (extract(year FROM l.period) * 12 + extract(month FROM l.period))::int;
+    days int := extract(day FROM l.period)::int;
+    micros numeric := (extract(hour FROM l.period) * 3600 + extract(minute FROM l.period) * 60) * 1000000
+                      + extract(microseconds FROM l.period);
+    calendar boolean := false;
+    lock_timeout float8 := rate_limiter._interval_ms(l.lock_timeout);
+    deny_cache float8 := rate_limiter._interval_ms(l.deny_cache);
+BEGIN
+    IF l.shards < 0 THEN PERFORM rate_limiter._raise('config', format('shards must be >= 1, not %s', l.shards)); END IF;
+    IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window', 'concurrency') THEN
+        PERFORM rate_limiter._raise('config', format('unknown kind %s (expected "token bucket", "fixed window", "sliding window", "rolling window" or "concurrency")', to_json(l.kind)));
+    END IF;
+    IF l.buckets IS NOT NULL AND NOT l.buckets BETWEEN 1 AND 64 THEN
+        PERFORM rate_limiter._raise('config', format('buckets must be an integer between 1 and 64, not %s', l.buckets));
+    END IF;
+    IF months <> 0 AND l.kind <> 'fixed window' THEN
+        PERFORM rate_limiter._raise('calendar', format('a %s counts a fixed length, and a period of months ''%s'' has none', l.kind, l.period));
+    END IF;
+    IF l.kind = 'fixed window' THEN
+        IF months <> 0 AND (days <> 0 OR micros <> 0) THEN
+            PERFORM rate_limiter._raise('calendar', format('a calendar period is whole months, ''1 day'' or ''1 week'', not ''%s''', l.period));
+        END IF;
+        calendar := (months > 0 AND days = 0 AND micros = 0) OR (months = 0 AND days IN (1, 7) AND micros = 0);
+    END IF;
+    IF l.tz IS NOT NULL AND NOT calendar THEN
+        PERFORM rate_limiter._raise('calendar', format('tz is for a fixed window of whole months, ''1 day'' or ''1 week'', not a %s of''%s''', l.kind, l.period));
+    END IF;
+    IF l.mode NOT IN ('all', 'partial', 'penalize') THEN
+        PERFORM rate_limiter._raise('config', format('unknown mode %s (expected "all", "partial" or "penalize")', to_json(l.mode)));
+    END IF;
+    IF l.buckets IS NOT NULL AND l.kind <> 'rolling window' THEN
+        PERFORM rate_limiter._raise('config', 'buckets applies only to a rolling window');
+    END IF;
+    IF l.on_lock_timeout NOT IN ('deny', 'allow') THEN
+        PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout %s (expected "deny" or "allow")', to_json(l.on_lock_timeout)));
+    END IF;
+    c := ROW(l.kind, l.rate, rate_limiter._interval_ms(l.period), coalesce(l.capacity, l.rate), l.max_reserved,
+             rate_limiter._ms(l.start), rate_limiter._interval_ms(l.min_gap))::rate_limiter._config;
+    -- validate.
+    IF NOT (c.rate > 0 AND c.rate < 'Infinity') THEN
+        PERFORM rate_limiter._raise('config', format('rate must be a finite number > 0, not %s', rate_limiter._display(c.rate)));
+    END IF;
+    IF NOT (c.period > 0 AND c.period < 'Infinity') THEN
+        PERFORM rate_limiter._raise('config', format('period must be a finite number > 0, not %s', rate_limiter._display(c.period)));
+    END IF;
+    IF NOT (c.capacity >= 0 AND c.capacity < 'Infinity') THEN
+        PERFORM rate_limiter._raise('config', format('capacity must be a finite number >= 0, not %s', rate_limiter._display(c.capacity)));
+    END IF;
+    IF c.max_reserved IS NOT NULL AND NOT (c.max_reserved >= 0 AND c.max_reserved < 'Infinity') THEN
+        PERFORM rate_limiter._raise('config', format('maxReserved must be a finite number >= 0, not %s', rate_limiter._display(c.max_reserved)));
+    END IF;
+    PERFORM rate_limiter._within('rate', c.rate, 0, 1e15, '');
+    PERFORM rate_limiter._within('capacity', c.capacity, 0, 1e15, '');
+    PERFORM rate_limiter._within('maxReserved', coalesce(c.max_reserved, 0), 0, 1e15, '');
+    PERFORM rate_limiter._within('period', c.period, 1, 3155760000000, ' ms');
+    IF l.kind = 'rolling window' THEN
+        PERFORM rate_limiter._within('a rolling window''s cell (period / buckets)', c.period / greatest(coalesce(l.buckets, 10), 1), 1, 3155760000000, ' ms');
+    END IF;
+    PERFORM rate_limiter._within('minGap', coalesce(c.min_gap, 0), 0, 3155760000000, ' ms');
+    PERFORM rate_limiter._within('denyCache', coalesce(deny_cache, 0), 0, 3155760000000, ' ms');
+    PERFORM rate_limiter._within('lockTimeout', coalesce(lock_timeout, 0), 0, 2147483647, ' ms');
+    IF NOT l.shards BETWEEN 1 AND 1024 THEN
+        PERFORM rate_limiter._raise('config', format('shards must be between 1 and 1024, not %s', l.shards));
+    END IF;
+    IF l.start IS NOT NULL AND l.kind = 'token bucket' THEN
+        PERFORM rate_limiter._raise('config', 'start applies only to a fixed, sliding or rolling window');
+    END IF;
+    IF l.start IS NOT NULL AND NOT isfinite(l.start) THEN
+        PERFORM rate_limiter._raise('time', format('start must be a finite instant PostgreSQL can store, not %s ms since the epoch', rate_limiter._display(c.start)));
+    END IF;
+    -- What the edition does not do (the extension's further checks of these are its own).
+    IF l.kind NOT IN ('token bucket', 'fixed window') THEN
+        PERFORM rate_limiter._raise('edition', format('a %s', l.kind));
+    ELSIF calendar THEN
+        PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', l.period));
+    ELSIF l.shards > 1 THEN
+        PERFORM rate_limiter._raise('edition', 'shards > 1');
+    ELSIF l.mode <> 'all' THEN
+        PERFORM rate_limiter._raise('edition', format('mode ''%s''', l.mode));
+    ELSIF l.lock_timeout IS NOT NULL THEN
+        PERFORM rate_limiter._raise('edition', 'lock_timeout');
+    ELSIF l.hot THEN
+        PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
+    ELSIF NOT l.durable THEN
+        PERFORM rate_limiter._raise('edition', 'memory limits (durable => false: counts in shared memory)');
+    END IF;
+    RETURN c;
+END $$;
+
+CREATE FUNCTION rate_limiter.define(name text, kind text, rate double precision, period interval,
+    capacity double precision DEFAULT NULL, max_reserved double precision DEFAULT NULL, shards integer DEFAULT 1,
+    start timestamptz DEFAULT NULL, min_gap interval DEFAULT NULL, mode text DEFAULT 'all', buckets integer DEFAULT NULL,
+    lock_timeout interval DEFAULT NULL, on_lock_timeout text DEFAULT 'deny', deny_cache interval DEFAULT NULL,
+    hot boolean DEFAULT false, enforce boolean DEFAULT true, tz text DEFAULT NULL, durable boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l rate_limiter.limits;
+BEGIN
+    PERFORM rate_limiter._writable('define()');
+    PERFORM rate_limiter._valid_name(name);
+    IF kind IS NULL THEN PERFORM rate_limiter._raise('config', 'kind must not be NULL'); END IF;
+    IF rate IS NULL THEN PERFORM rate_limiter._raise('config', 'rate must not be NULL'); END IF;
+    IF period IS NULL THEN PERFORM rate_limiter._raise('config', 'period must not be NULL'); END IF;
+    IF shards IS NULL THEN PERFORM rate_limiter._raise('config', 'shards must not be NULL'); END IF;
+    IF mode IS NULL THEN PERFORM rate_limiter._raise('config', 'mode must not be NULL'); END IF;
+    IF on_lock_timeout IS NULL THEN PERFORM rate_limiter._raise('config', 'on_lock_timeout must not be NULL'); END IF;
+    IF hot IS NULL THEN PERFORM rate_limiter._raise('config', 'hot must not be NULL'); END IF;
+    IF enforce IS NULL THEN PERFORM rate_limiter._raise('config', 'enforce must not be NULL'); END IF;
+    IF durable IS NULL THEN PERFORM rate_limiter._raise('config', 'durable must not be NULL'); END IF;
+    l := ROW(name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, lock_timeout,
+             on_lock_timeout, deny_cache, hot, enforce, tz, durable)::rate_limiter.limits;
+    PERFORM rate_limiter._config_of(l);
+    INSERT INTO rate_limiter.limits AS o VALUES (l.*)
+    ON CONFLICT ON CONSTRAINT limits_pkey DO UPDATE SET kind = excluded.kind, rate = excluded.rate, period = excluded.period,
+        capacity = excluded.capacity, max_reserved = excluded.max_reserved, shards = excluded.shards,
+        start = excluded.start, min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets,
+        lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout,
+        deny_cache = excluded.deny_cache, hot = excluded.hot, enforce = excluded.enforce, tz = excluded.tz,
+        durable = excluded.durable;
+END $$;
+COMMENT ON FUNCTION rate_limiter.define IS 'Create or replace a named limit in rate_limiter.limits.';
+
+-- A limit's config and its row's columns the call needs, after the checks of a call's
+-- arguments (src/api/mod.rs request): count, name, key, then the limit, then the count
+-- against what a call could ever be granted.
+CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
+                                      OUT c rate_limiter._config, OUT enforce boolean)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l rate_limiter.limits;
+BEGIN
+    IF count IS NULL THEN PERFORM rate_limiter._raise('argument', 'count must not be NULL'); END IF;
+    IF NOT (count >= 0 AND count < 'Infinity') THEN
+        PERFORM rate_limiter._raise('argument', format('count must be a finite number >= 0, not %s', rate_limiter._display(count)));
+    END IF;
+    IF count > 1e15 THEN
+        PERFORM rate_limiter._raise('range', format('count must be at most 1000000000000000, not %s', rate_limiter._display(count)));
+    END IF;
+    PERFORM rate_limiter._valid_name(name);
+    IF octet_length(key) > 1024 THEN
+        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
+    END IF;
+    IF config IS NOT NULL THEN
+        PERFORM rate_limiter._raise('edition', 'inline configs (config => ...)');
+    END IF;
+    SELECT * INTO l FROM rate_limiter.limits AS x WHERE x.name = _request.name;
+    IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
+    c := rate_limiter._config_of(l);
+    enforce := l.enforce;
+    IF NOT coalesce(reserve, false) AND count > c.capacity THEN
+        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
+            rate_limiter._display(c.capacity)), format('count = %s', rate_limiter._display(count)));
+    ELSIF coalesce(reserve, false) AND c.max_reserved IS NOT NULL AND count > c.capacity + c.max_reserved THEN
+        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
+            rate_limiter._display2(c.capacity + c.max_reserved)), format('count = %s', rate_limiter._display(count)));
+    END IF;
+END $$;
+
+-- The block or allow list's answer for (name, key), as lists::listed: a block wins; an entry
+-- that has ended counts for nothing. NULL when neither applies.
+CREATE FUNCTION rate_limiter._listed(name text, key text, count double precision, capacity double precision)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    until timestamptz;
+    now float8;
+    retry float8;
+BEGIN
+    SELECT max(b.until) INTO until FROM rate_limiter.blocks b
+    WHERE b.key IS NOT DISTINCT FROM _listed.key AND (b.name = _listed.name OR b.name IS NULL);
+    IF until IS NOT NULL THEN
+        now := rate_limiter._now();
+        IF rate_limiter._ms(until) > now THEN
+            retry := CASE WHEN until = 'infinity' THEN NULL ELSE rate_limiter._ms(until) - now END;
+            RETURN ROW(false, retry, 0, coalesce(retry, 0), 0, 'blocked', name)::rate_limiter.decision;
+        END IF;
+    END IF;
+    SELECT max(a.until) INTO until FROM rate_limiter.allows a
+    WHERE a.key IS NOT DISTINCT FROM _listed.key AND (a.name = _listed.name OR a.name IS NULL);
+    IF until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now() THEN
+        RETURN ROW(true, NULL, capacity, 0, count, 'allowed', NULL)::rate_limiter.decision;
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- What one call decides on one state at now (bucket::plan for one shard, limiter::decision):
+-- the decision, and the state to write when the call takes.
+CREATE FUNCTION rate_limiter._decide(s rate_limiter._state, c rate_limiter._config, now double precision, name text,
+                                     count double precision, reserve boolean,
+                                     OUT d rate_limiter.decision, OUT after rate_limiter._state)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    took rate_limiter._check := rate_limiter._check(s, c, now, count, coalesce(reserve, false));
+    refilled rate_limiter._check;
+BEGIN
+    IF took.ok THEN
+        after := ROW(took.value, took.ts, took.granted_at)::rate_limiter._state;
+        d := ROW(true, took.retry_after, took.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
+                 count, NULL, NULL)::rate_limiter.decision;
+    ELSE
+        refilled := rate_limiter._check(s, c, now, 0, false);
+        d := ROW(false, took.retry_after, refilled.available,
+                 greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at)::rate_limiter._state, c, now)),
+                 0, took.reason, name)::rate_limiter.decision;
+    END IF;
+END $$;
+
+-- A denial answered as shadow mode answers it, and throws => true's RL429.
+CREATE FUNCTION rate_limiter._answer(d rate_limiter.decision, enforce boolean, name text, key text, throws boolean)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT d.ok AND NOT enforce AND d.reason IS DISTINCT FROM 'blocked' THEN
+        d := ROW(true, d.retry_after, d.remaining, d.reset_after, 0, 'shadow', d.limited_by)::rate_limiter.decision;
+    END IF;
+    IF coalesce(throws, false) AND (NOT d.ok OR d.retry_after IS NOT NULL) AND d.reason IS DISTINCT FROM 'shadow' THEN
+        RAISE EXCEPTION 'rate limit "%" exceeded', name USING ERRCODE = 'RL429',
+            DETAIL = format('{"kind":"RateLimited","name":%s,"key":%s,"retryAfter":%s%s}', to_json(name),
+                            coalesce(to_json(key)::text, 'null'), coalesce(rate_limiter._display(d.retry_after), 'null'),
+                            CASE WHEN d.reason IS NOT NULL AND d.reason <> 'exhausted' THEN format(',"reason":%s', to_json(d.reason)) ELSE '' END),
+            HINT = CASE WHEN d.retry_after IS NULL THEN 'The key is blocked until further notice: see rate_limiter.blocks.'
+                        ELSE format('Retry after %s ms.', rate_limiter._display(d.retry_after)) END;
+    END IF;
+    RETURN d;
+END $$;
+
+-- A state row's state; the state of a key never written, fresh as of now.
+CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._config, name text, key text, now double precision)
+RETURNS rate_limiter._state
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN r.shard IS NOT NULL
+            THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at))::rate_limiter._state
+            ELSE rate_limiter._fresh(c, now, floor(rate_limiter._phase_fraction(name, key) * c.period)) END;
+
+CREATE FUNCTION rate_limiter.check_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
+    reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    req record := rate_limiter._request(name, key, count, reserve, config);
+    d rate_limiter.decision := rate_limiter._listed(name, key, count, (req.c).capacity);
+    r rate_limiter.state;
+    now float8;
+BEGIN
+    IF d.ok IS NULL THEN  -- not listed
+        SELECT * INTO r FROM rate_limiter.state s
+        WHERE s.key IS NOT DISTINCT FROM check_rate_limit.key AND s.name = check_rate_limit.name AND s.shard = 0;
+        now := rate_limiter._now();
+        d := (rate_limiter._decide(rate_limiter._state_of(r, req.c, name, key, now), req.c, now, name, count, reserve)).d;
+    END IF;
+    RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
+END $$;
+COMMENT ON FUNCTION rate_limiter.check_rate_limit IS 'The answer rate_limit would give, without writing or locking anything.';
+
+-- Take count from (name, key), as limiter/rows.rs does: the row read without a lock, a
+-- denial answered from it at once; an allowed call writes the version it read (waiting for
+-- a transaction that holds it), or, when a committed change moved it meanwhile, locks the
+-- newest, reads the clock again and decides again.
+CREATE FUNCTION rate_limiter.rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
+    reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    req record := rate_limiter._request(name, key, count, reserve, config);
+    d rate_limiter.decision;
+    r rate_limiter.state;
+    locked rate_limiter.state;
+    read record;
+    seen tid;
+    now float8;
+    decided record;
+BEGIN
+    PERFORM rate_limiter._writable('rate_limit()');
+    d := rate_limiter._listed(name, key, count, (req.c).capacity);
+    IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
+        RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
+    END IF;
+    SELECT s AS row, s.ctid AS at INTO read FROM rate_limiter.state s
+    WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0;
+    r := read.row;
+    seen := read.at;
+    now := rate_limiter._now();
+    decided := rate_limiter._decide(rate_limiter._state_of(r, req.c, name, key, now), req.c, now, name, count, reserve);
+    IF (decided.d).ok THEN
+        IF seen IS NULL THEN
+            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
+            VALUES (name, key, 0, (decided.after).value, rate_limiter._ts((decided.after).ts),
+                    rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), NULL,
+                    rate_limiter._ts((decided.after).granted_at))
+            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
+            IF NOT FOUND THEN seen := '(0,0)'; END IF;  -- created meanwhile: decide again on it, locked
+        END IF;
+        IF seen IS NOT NULL THEN
+            SELECT s.* INTO locked FROM rate_limiter.state s
+            WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0 FOR UPDATE;
+            IF (SELECT s.ctid FROM rate_limiter.state s
+                WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0) IS DISTINCT FROM seen THEN
+                now := rate_limiter._now();
+                decided := rate_limiter._decide(rate_limiter._state_of(locked, req.c, name, key, now), req.c, now, name, count, reserve);
+            END IF;
+            IF (decided.d).ok THEN
+                UPDATE rate_limiter.state s SET value = (decided.after).value, ts = rate_limiter._ts((decided.after).ts),
+                    expires = rate_limiter._ts(rate_limiter._expires(decided.after, req.c)),
+                    granted_at = rate_limiter._ts((decided.after).granted_at)
+                WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0;
+            END IF;
+        END IF;
+    END IF;
+    RETURN rate_limiter._answer(decided.d, req.enforce, name, key, throws);
+END $$;
+COMMENT ON FUNCTION rate_limiter.rate_limit IS 'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';
+
+CREATE FUNCTION rate_limiter.reset_rate_limit(name text, key text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('reset_rate_limit()');
+    PERFORM rate_limiter._valid_name(name);
+    DELETE FROM rate_limiter.state s
+    WHERE s.key IS NOT DISTINCT FROM reset_rate_limit.key AND s.name = reset_rate_limit.name;
+END $$;
+COMMENT ON FUNCTION rate_limiter.reset_rate_limit IS 'Forget the state of (name, key), every shard, and a concurrency limit''s leases: it is full again (slots that transactions hold stay theirs).';
+
+CREATE FUNCTION rate_limiter.block(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('block()');
+    IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
+    IF octet_length(key) > 1024 THEN
+        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
+    END IF;
+    IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
+    INSERT INTO rate_limiter.blocks AS b (name, key, until, note) VALUES (name, key, until, note)
+    ON CONFLICT ON CONSTRAINT blocks_key_name_key DO UPDATE SET until = excluded.until, note = excluded.note, created = pg_catalog.now();
+END $$;
+COMMENT ON FUNCTION rate_limiter.block IS 'Deny (name, key) until until (NULL name: under every limit), with reason ''blocked''; replaces an earlier block of the pair.';
+
+CREATE FUNCTION rate_limiter.unblock(name text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('unblock()');
+    DELETE FROM rate_limiter.blocks b
+    WHERE b.name IS NOT DISTINCT FROM unblock.name AND b.key IS NOT DISTINCT FROM unblock.key;
+    RETURN FOUND;
+END $$;
+COMMENT ON FUNCTION rate_limiter.unblock IS 'Lift the block of (name, key); returns whether there was one.';

@@ -1,0 +1,204 @@
+"""The SQL-only edition (sql-only/): installed by a database's owner who is not a superuser,
+with one `psql -f`, on every version; its answers against the extension's, call by call and
+bit for bit (random sequences on both, in two databases of one server); its clock closed to
+a role that may only call it; its functions immune to the caller's search_path."""
+
+import struct
+import subprocess
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clusters import every_version, pg_bin
+
+ROOT = Path(__file__).resolve().parent.parent
+EDITION = ROOT / "sql-only" / "rate_limiter.sql"
+START = "2026-03-01 00:00:00+00"
+
+
+def test_the_install_script_is_what_its_parts_build():
+    result = subprocess.run(["python3", str(ROOT / "sql-only" / "build.py"), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def install(main, dbname, owner):
+    """The edition, installed into a new database of `owner` by `owner`, as the README says."""
+    with main.connect() as admin:
+        admin.execute(f"CREATE DATABASE {dbname} OWNER {owner}")
+    result = subprocess.run([f"{pg_bin(main.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", owner,
+                             "-d", dbname, "-v", "ON_ERROR_STOP=1", "-f", str(EDITION)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture
+def edition(main):
+    """A database with the edition, installed by its owner, a role that is not a superuser."""
+    owner, dbname = "ed_owner_" + uuid.uuid4().hex[:6], "ed_" + uuid.uuid4().hex[:8]
+    with main.connect() as admin:
+        admin.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
+    try:
+        install(main, dbname, owner)
+        yield dbname, owner
+    finally:
+        with main.connect() as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+            admin.execute(f"DROP ROLE {owner}")
+
+
+@every_version
+def test_a_database_owner_who_is_not_a_superuser_installs_it_with_one_psql_f(main, edition, pg):
+    dbname, owner = edition
+    with main.connect(dbname, user=owner) as c:
+        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.6.0",)
+        assert c.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone() == (False,)
+        # Nothing for PUBLIC, as the extension: the schema, its tables and functions.
+        assert c.execute("SELECT nspacl FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone()[0] is None or \
+            "=U/" not in str(c.execute("SELECT nspacl FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone()[0])
+        assert c.execute("""SELECT count(*) FROM pg_proc p WHERE p.pronamespace = 'rate_limiter'::regnamespace
+                            AND has_function_privilege('public', p.oid, 'EXECUTE')""").fetchone() == (0,)
+        # Every function pins its search_path.
+        assert c.execute("""SELECT array_agg(proname) FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace
+                            AND NOT coalesce(proconfig::text LIKE '%search_path=pg_catalog, pg_temp%', false)""").fetchone() == (None,)
+    # A second install, or one beside the extension, is refused before it creates anything.
+    result = subprocess.run([f"{pg_bin(pg)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", owner, "-d", dbname,
+                             "-f", str(EDITION)], capture_output=True, text=True)
+    assert result.returncode != 0 and "schema rate_limiter exists already" in result.stderr
+
+
+def bits(v):
+    """A float8 as its bits: bit for bit, -0.0 apart from 0.0."""
+    return None if v is None else struct.pack(">d", v).hex()
+
+
+def run(conn, sql, params=()):
+    """A statement's rows, or its error as (SQLSTATE, message); floats as their bits."""
+    try:
+        with conn.transaction():
+            rows = conn.execute(sql, params).fetchall()
+        return [tuple(bits(v) if isinstance(v, float) else v for v in row) for row in rows]
+    except psycopg.Error as e:
+        return ("error", e.sqlstate, e.diag.message_primary, e.diag.message_detail, e.diag.message_hint)
+
+
+names = st.sampled_from(["tb", "fw"])
+keys = st.sampled_from(["a", "b", None, "é"])
+amounts = st.sampled_from([0, 0.5, 1, 1, 1, 1, 2, 3, 7, 11, 1e16, -1])
+call = st.tuples(st.just("call"), st.sampled_from(["rate_limit", "check_rate_limit"]), names, keys, amounts,
+                 st.booleans(), st.booleans())
+steps = st.lists(st.one_of(
+    call, call, call,
+    st.tuples(st.just("define"), names, st.sampled_from(["token bucket", "fixed window"]),
+              st.sampled_from([1, 2.5, 5, 10, 100]), st.sampled_from([1, 500, 1000, 60000, 3600000]),
+              st.sampled_from([None, 0, 3, 20]), st.sampled_from([None, 0, 5]),
+              st.sampled_from([None, 0, 700, 5000]), st.sampled_from([None, "2026-02-28 23:59:59.5+00"]),
+              st.booleans()),
+    st.tuples(st.just("clock"), st.sampled_from([0, 1, 250, 999, 1000, 30000, 3600000, -5000])),
+    st.tuples(st.just("rolled back"), names, keys, amounts),
+    st.tuples(st.just("block"), names, keys, st.sampled_from([None, 1500])),
+    st.tuples(st.just("unblock"), names, keys),
+    st.tuples(st.just("reset"), names, keys),
+), min_size=1, max_size=40)
+
+
+def step(conn, s, now_ms):
+    kind = s[0]
+    if kind == "define":
+        _, name, k, rate, period, capacity, max_reserved, min_gap, start, enforce = s
+        return run(conn, "SELECT rate_limiter.define(%s, %s, %s, make_interval(secs => %s::float8 / 1000), %s, %s, "
+                         "min_gap => make_interval(secs => %s::float8 / 1000), start => %s, enforce => %s)",
+                   (name, k, rate, period, capacity, max_reserved, min_gap,
+                    start if k == "fixed window" else None, enforce))
+    if kind == "call":
+        _, fn, name, key, count, reserve, throws = s
+        return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s, %s, %s, %s, %s)", (name, key, count, reserve, throws))
+    if kind == "rolled back":
+        _, name, key, count = s
+        result = []
+        with conn.transaction():
+            result.append(run(conn, "SELECT * FROM rate_limiter.rate_limit(%s, %s, %s)", (name, key, count)))
+            conn.execute("SAVEPOINT s")
+            result.append(run(conn, "SELECT * FROM rate_limiter.rate_limit(%s, %s, %s)", (name, key, count)))
+            conn.execute("ROLLBACK TO SAVEPOINT s")
+            result.append(run(conn, "SELECT * FROM rate_limiter.check_rate_limit(%s, %s, %s)", (name, key, count)))
+        return result
+    if kind == "block":
+        _, name, key, ms = s
+        until = "infinity" if ms is None else f"{START}"
+        return run(conn, "SELECT rate_limiter.block(%s, %s, %s::timestamptz + make_interval(secs => %s::float8 / 1000))",
+                   (name, key, until, now_ms + (ms or 0)))
+    if kind == "unblock":
+        return run(conn, "SELECT rate_limiter.unblock(%s, %s)", s[1:])
+    if kind == "reset":
+        return run(conn, "SELECT rate_limiter.reset_rate_limit(%s, %s)", s[1:])
+    raise AssertionError(s)
+
+
+@every_version
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sequence=steps)
+def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, database, edition, pg, sequence):
+    dbname, _ = edition
+    with main.connect(database) as ext, main.connect(dbname) as ed:
+        for conn in (ext, ed):
+            conn.execute("DELETE FROM rate_limiter.limits")
+            conn.execute("DELETE FROM rate_limiter.state")
+            conn.execute("DELETE FROM rate_limiter.blocks")
+        now_ms = 0
+        for n, s in enumerate(sequence):
+            if s[0] == "clock":
+                now_ms = max(now_ms + s[1], 0) if s[1] >= 0 else now_ms + s[1]
+                continue
+            answers = []
+            for conn in (ext, ed):
+                conn.execute("SELECT set_config('rate_limiter.fake_now', (%s::timestamptz + make_interval(secs => %s::float8 / 1000))::text, false)",
+                             (START, now_ms))
+                answers.append(step(conn, s, now_ms))
+            assert answers[0] == answers[1], f"step {n} {s}:\nextension {answers[0]}\nedition   {answers[1]}"
+        state = "SELECT name, key, shard, value, ts, expires, granted_at FROM rate_limiter.state ORDER BY 1, 2"
+        assert run(ext, state) == run(ed, state), "the same rows"
+
+
+def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_path_changes_nothing(main, edition):
+    dbname, owner = edition
+    app = "ed_app_" + uuid.uuid4().hex[:6]
+    with main.connect() as admin:
+        admin.execute(f"CREATE ROLE {app} LOGIN")
+    try:
+        with main.connect(dbname, user=owner) as c:
+            c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {app}")
+            c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit, rate_limiter.check_rate_limit TO {app}")
+            c.execute("SELECT rate_limiter.define('api', 'token bucket', 2, '1 hour')")
+        with main.connect(dbname, user=app) as c:
+            # Without the library, the setting is a placeholder anyone may SET: the edition refuses it.
+            c.execute("SET rate_limiter.fake_now = '2999-01-01'")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="fake_now"):
+                c.execute("SELECT * FROM rate_limiter.rate_limit('api', 'k')")
+            c.execute("RESET rate_limiter.fake_now")
+            c.execute("SET rate_limiter.shadow = on")
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match="rate_limiter.shadow"):
+                c.execute("SELECT * FROM rate_limiter.rate_limit('api', 'k')")
+            c.execute("RESET rate_limiter.shadow")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT * FROM rate_limiter.state")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT rate_limiter.define('api', 'token bucket', 1e6, '1 second')")
+        # Look-alikes of what the functions use, first on the caller's path.
+        with main.connect(dbname) as admin:
+            admin.execute("CREATE SCHEMA evil")
+            admin.execute(f"GRANT USAGE ON SCHEMA evil TO {app}")
+            admin.execute("CREATE FUNCTION evil.least(float8, float8) RETURNS float8 LANGUAGE sql AS 'SELECT 1e9::float8'")
+            admin.execute("CREATE FUNCTION evil.gt(float8, float8) RETURNS boolean LANGUAGE sql AS 'SELECT true'")
+            admin.execute("CREATE OPERATOR evil.> (LEFTARG = float8, RIGHTARG = float8, FUNCTION = evil.gt)")
+            admin.execute("CREATE FUNCTION evil.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS 'SELECT ''1970-01-01''::timestamptz'")
+        with main.connect(dbname, user=app) as c:
+            c.execute("SET search_path = evil, pg_catalog, public")
+            answers = [c.execute("SELECT ok, round(remaining) FROM rate_limiter.rate_limit('api', 'k')").fetchone() for _ in range(3)]
+            assert answers == [(True, 1.0), (True, 0.0), (False, 0.0)]
+    finally:
+        with main.connect(dbname) as admin:
+            admin.execute(f"DROP OWNED BY {app} CASCADE")  # its grants live in the edition's database
+            admin.execute(f"DROP ROLE {app}")
