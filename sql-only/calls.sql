@@ -282,9 +282,9 @@ END $$;
 COMMENT ON FUNCTION rate_limiter.check_rate_limit IS 'The answer rate_limit would give, without writing or locking anything.';
 
 -- Take count from (name, key), as limiter/rows.rs does: the row read without a lock, a
--- denial answered from it at once; an allowed call writes the version it read (waiting for
--- a transaction that holds it), or, when a committed change moved it meanwhile, locks the
--- newest, reads the clock again and decides again.
+-- denial answered from it at once; an allowed call creates the row, or locks it (waiting for
+-- a transaction that holds it) and writes what it decided when the row is the version it
+-- read, else reads the clock again and decides again on the newest.
 CREATE FUNCTION rate_limiter.rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
     reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
 RETURNS rate_limiter.decision
@@ -292,10 +292,8 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_
 DECLARE
     req record := rate_limiter._request(name, key, count, reserve, config);
     d rate_limiter.decision;
-    r rate_limiter.state;
-    locked rate_limiter.state;
     read record;
-    seen tid;
+    locked record;
     now float8;
     decided record;
 BEGIN
@@ -304,37 +302,38 @@ BEGIN
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
     END IF;
-    SELECT s AS row, s.ctid AS at INTO read FROM rate_limiter.state s
+    SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
     WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0;
-    r := read.row;
-    seen := read.at;
     now := rate_limiter._now();
-    decided := rate_limiter._decide(rate_limiter._state_of(r, req.c, name, key, now), req.c, now, name, count, reserve);
-    IF (decided.d).ok THEN
-        IF seen IS NULL THEN
+    decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
+    LOOP
+        EXIT WHEN NOT (decided.d).ok;  -- a denial writes nothing and waits for no one
+        IF read.at IS NULL THEN
             INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
             VALUES (name, key, 0, (decided.after).value, rate_limiter._ts((decided.after).ts),
                     rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), NULL,
                     rate_limiter._ts((decided.after).granted_at))
             ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
-            IF NOT FOUND THEN seen := '(0,0)'; END IF;  -- created meanwhile: decide again on it, locked
+            EXIT WHEN FOUND;
         END IF;
-        IF seen IS NOT NULL THEN
-            SELECT s.* INTO locked FROM rate_limiter.state s
-            WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0 FOR UPDATE;
-            IF (SELECT s.ctid FROM rate_limiter.state s
-                WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0) IS DISTINCT FROM seen THEN
-                now := rate_limiter._now();
-                decided := rate_limiter._decide(rate_limiter._state_of(locked, req.c, name, key, now), req.c, now, name, count, reserve);
-            END IF;
-            IF (decided.d).ok THEN
-                UPDATE rate_limiter.state s SET value = (decided.after).value, ts = rate_limiter._ts((decided.after).ts),
-                    expires = rate_limiter._ts(rate_limiter._expires(decided.after, req.c)),
-                    granted_at = rate_limiter._ts((decided.after).granted_at)
-                WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0;
-            END IF;
+        -- The newest version, locked (waiting for a transaction that holds it).
+        SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
+        WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0 FOR UPDATE;
+        IF locked.at IS DISTINCT FROM read.at THEN
+            -- Created, changed or deleted by a transaction that committed meanwhile: the clock
+            -- read again and the call decided again, on what is there now.
+            read := locked;
+            now := rate_limiter._now();
+            decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
+            CONTINUE WHEN read.at IS NULL;  -- deleted: create it again
+            EXIT WHEN NOT (decided.d).ok;
         END IF;
-    END IF;
+        UPDATE rate_limiter.state s SET value = (decided.after).value, ts = rate_limiter._ts((decided.after).ts),
+            expires = rate_limiter._ts(rate_limiter._expires(decided.after, req.c)),
+            granted_at = rate_limiter._ts((decided.after).granted_at)
+        WHERE s.ctid = locked.at;
+        EXIT;
+    END LOOP;
     RETURN rate_limiter._answer(decided.d, req.enforce, name, key, throws);
 END $$;
 COMMENT ON FUNCTION rate_limiter.rate_limit IS 'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';

@@ -202,3 +202,61 @@ def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_p
         with main.connect(dbname) as admin:
             admin.execute(f"DROP OWNED BY {app} CASCADE")  # its grants live in the edition's database
             admin.execute(f"DROP ROLE {app}")
+
+
+@every_version
+def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_counts_exactly(main, edition, pg):
+    """8 sessions on one key and on a few, each call committed, rolled back, or undone by a
+    rolled-back savepoint, with the clock stopped (no refill): what the committed calls were
+    granted is never more than the capacity, and what is left is exactly the rest."""
+    import random
+    import threading
+
+    dbname, _ = edition
+    with main.connect(dbname) as c:
+        c.execute("SELECT rate_limiter.define('ledger', 'token bucket', 40, '1 hour')")
+        c.execute("SELECT rate_limiter.define('ledger_fw', 'fixed window', 25, '1 hour', start => '2026-01-01')")
+    kept = {("ledger", "one"): 0.0, ("ledger_fw", "one"): 0.0, ("ledger", "two"): 0.0}
+    lock = threading.Lock()
+    errors = []
+
+    def session(seed):
+        rnd = random.Random(seed)
+        try:
+            with main.connect(dbname, autocommit=False) as c:
+                c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
+                c.commit()
+                for _ in range(40):
+                    limit, key = rnd.choice(list(kept))
+                    count = rnd.choice([1, 1, 2, 3])
+                    how = rnd.choice(["commit", "commit", "rollback", "savepoint"])
+                    if how == "savepoint":
+                        c.execute("SAVEPOINT s")
+                    ok, granted = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit(%s, %s, %s)",
+                                            (limit, key, count)).fetchone()
+                    if how == "savepoint":
+                        c.execute("ROLLBACK TO SAVEPOINT s")
+                        c.commit()
+                    elif how == "rollback":
+                        c.rollback()
+                    else:
+                        c.commit()
+                        with lock:
+                            kept[(limit, key)] += granted
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=session, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    capacity = {"ledger": 40, "ledger_fw": 25}
+    with main.connect(dbname) as c:
+        c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
+        for (limit, key), granted in kept.items():
+            assert granted <= capacity[limit], (limit, key, granted)
+            remaining = c.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, %s, 0)", (limit, key)).fetchone()[0]
+            assert remaining == capacity[limit] - granted, (limit, key, granted, remaining)
+    assert any(g == capacity[lim] for (lim, _), g in kept.items()), f"some key was drained: {kept}"
