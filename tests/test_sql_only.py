@@ -260,3 +260,29 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
             remaining = c.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, %s, 0)", (limit, key)).fetchone()[0]
             assert remaining == capacity[limit] - granted, (limit, key, granted, remaining)
     assert any(g == capacity[lim] for (lim, _), g in kept.items()), f"some key was drained: {kept}"
+
+
+def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_state(main, edition):
+    """sql-only/to_extension.sql: the edition used, then the extension created over its rows by
+    the documented step; every key answers as it did, its state kept."""
+    dbname, owner = edition
+    with main.connect(dbname, user=owner) as c:
+        c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
+        c.execute("SELECT rate_limiter.define('api', 'token bucket', 10, '1 minute')")
+        c.execute("SELECT rate_limiter.define('daily', 'fixed window', 3, '2 days', max_reserved => 2)")
+        c.execute("SELECT rate_limiter.rate_limit('api', 'alice', 4)")
+        c.execute("SELECT rate_limiter.rate_limit('daily', 'bob', 5, reserve => true)")
+        c.execute("SELECT rate_limiter.block('api', 'mallory')")
+        before = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1)", k).fetchone()
+                  for k in [("api", "alice"), ("daily", "bob"), ("api", "mallory"), ("api", "new")]]
+    result = subprocess.run([f"{pg_bin(main.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", "postgres",
+                             "-d", dbname, "-f", str(ROOT / "sql-only" / "to_extension.sql")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    with main.connect(dbname) as c:
+        assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.6.0",)
+        assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rate_limiter_sql%'").fetchone() == (0,)
+        c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
+        after = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1)", k).fetchone()
+                 for k in [("api", "alice"), ("daily", "bob"), ("api", "mallory"), ("api", "new")]]
+    assert after == before
+    assert before[0][2] == 5 and before[1][0] is False and before[2][5] == "blocked"
