@@ -58,13 +58,17 @@ COMMIT;
 
 
 def statements(sql):
-    """The statements of a script, with the comments just above each; $$ bodies kept whole."""
-    out, buf, quoted = [], "", False
+    """The statements of a script, with the comments just above each; dollar-quoted bodies
+    ($$, $function$, ...) kept whole."""
+    out, buf, tag = [], "", None
     for line in sql.splitlines(keepends=True):
         buf += line
-        if line.count("$$") % 2 == 1:
-            quoted = not quoted
-        if not quoted and line.rstrip().endswith(";"):
+        for quote in re.findall(r"\$[A-Za-z_]*\$", line):
+            if tag is None:
+                tag = quote
+            elif quote == tag:
+                tag = None
+        if tag is None and line.rstrip().endswith(";"):
             out.append(buf)
             buf = ""
     return out
@@ -80,10 +84,19 @@ def tables():
     return "\n".join(kept)
 
 
+def ip_key():
+    """The extension's ip_key, PL/pgSQL already (sql/finalize.sql), and its comment."""
+    kept = [st.strip("\n") + "\n" for st in statements((ROOT / "sql" / "finalize.sql").read_text())
+            if re.search(r"(CREATE FUNCTION|COMMENT ON FUNCTION) rate_limiter\.ip_key\b", st)]
+    assert len(kept) == 2, "ip_key and its comment in sql/finalize.sql"
+    return "\n-- ip_key, as the extension's (sql/finalize.sql).\n" + "\n".join(kept)
+
+
 def build():
     parts = [HEADER, "\n-- The extension's tables and decision type (sql/bootstrap.sql).\n\n", tables()]
     for name in ("arithmetic.sql", "api.sql", "calls.sql"):
         parts += ["\n", (HERE / name).read_text()]
+    parts.append(ip_key())
     parts.append(FOOTER)
     return "".join(parts)
 

@@ -709,14 +709,9 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION rate_limiter.define IS 'Create or replace a named limit in rate_limiter.limits.';
 
--- A limit's config and its row's columns the call needs, after the checks of a call's
--- arguments (src/api/mod.rs request): count, name, key, then the limit, then the count
--- against what a call could ever be granted.
-CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
-                                      OUT c rate_limiter._config, OUT enforce boolean)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    l rate_limiter.limits;
+-- The checks of a call's count, name and key (src/api/mod.rs request), in that order.
+CREATE FUNCTION rate_limiter._arguments(name text, key text, count double precision) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF count IS NULL THEN PERFORM rate_limiter._raise('argument', 'count must not be NULL'); END IF;
     IF NOT (count >= 0 AND count < 'Infinity') THEN
@@ -729,13 +724,36 @@ BEGIN
     IF octet_length(key) > 1024 THEN
         PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
     END IF;
+END $$;
+
+-- A named limit's config and shadow setting (42704 when there is none); an inline config is
+-- the extension's.
+CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l rate_limiter.limits;
+BEGIN
     IF config IS NOT NULL THEN
         PERFORM rate_limiter._raise('edition', 'inline configs (config => ...)');
     END IF;
-    SELECT * INTO l FROM rate_limiter.limits AS x WHERE x.name = _request.name;
+    SELECT * INTO l FROM rate_limiter.limits AS x WHERE x.name = _named.name;
     IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
     c := rate_limiter._config_of(l);
     enforce := l.enforce;
+END $$;
+
+-- A consuming call's or a check's request: its arguments, its limit, then its count against
+-- what one call could ever be granted.
+CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
+                                      OUT c rate_limiter._config, OUT enforce boolean)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    named record;
+BEGIN
+    PERFORM rate_limiter._arguments(name, key, count);
+    named := rate_limiter._named(name, config);
+    c := named.c;
+    enforce := named.enforce;
     IF NOT coalesce(reserve, false) AND count > c.capacity THEN
         PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
             rate_limiter._display(c.capacity)), format('count = %s', rate_limiter._display(count)));
@@ -931,6 +949,304 @@ BEGIN
     RETURN FOUND;
 END $$;
 COMMENT ON FUNCTION rate_limiter.unblock IS 'Lift the block of (name, key); returns whether there was one.';
+
+CREATE FUNCTION rate_limiter.allow(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('allow()');
+    IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
+    IF octet_length(key) > 1024 THEN
+        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
+    END IF;
+    IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
+    INSERT INTO rate_limiter.allows AS a (name, key, until, note) VALUES (name, key, until, note)
+    ON CONFLICT ON CONSTRAINT allows_key_name_key DO UPDATE SET until = excluded.until, note = excluded.note, created = pg_catalog.now();
+END $$;
+COMMENT ON FUNCTION rate_limiter.allow IS 'Never limit (name, key) until until (NULL name: under every limit): calls are ok with reason ''allowed'', state untouched; a block wins. Replaces an earlier allow of the pair.';
+
+CREATE FUNCTION rate_limiter.disallow(name text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('disallow()');
+    DELETE FROM rate_limiter.allows a
+    WHERE a.name IS NOT DISTINCT FROM disallow.name AND a.key IS NOT DISTINCT FROM disallow.key;
+    RETURN FOUND;
+END $$;
+COMMENT ON FUNCTION rate_limiter.disallow IS 'Lift the allow of (name, key); returns whether there was one.';
+
+-- Give count back to (name, key), as bucket::plan_credit for one row: the state refilled to
+-- now rises by count, capped at the capacity (a debt is paid first). No lists, no shadow, no
+-- count bound; written only when something was given back, so a credit never creates a row.
+CREATE FUNCTION rate_limiter.credit(name text, key text DEFAULT NULL, count double precision DEFAULT 1, config jsonb DEFAULT NULL)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    named record;
+    c rate_limiter._config;
+    read record;
+    locked record;
+    now float8;
+    credited record;
+BEGIN
+    PERFORM rate_limiter._arguments(name, key, count);
+    named := rate_limiter._named(name, config);
+    c := named.c;
+    PERFORM rate_limiter._writable('credit()');
+    SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
+    WHERE s.key IS NOT DISTINCT FROM credit.key AND s.name = credit.name AND s.shard = 0;
+    now := rate_limiter._now();
+    credited := rate_limiter._credited(rate_limiter._state_of(read.row, c, name, key, now), c, now, count);
+    IF credited.given > 0 THEN
+        -- The version read, locked (waiting for a transaction that holds it, whatever the
+        -- limit's lock_timeout: a give-back is never dropped); else decided again on the newest.
+        SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
+        WHERE s.key IS NOT DISTINCT FROM credit.key AND s.name = credit.name AND s.shard = 0 FOR UPDATE;
+        IF locked.at IS DISTINCT FROM read.at THEN
+            now := rate_limiter._now();
+            credited := rate_limiter._credited(rate_limiter._state_of(locked.row, c, name, key, now), c, now, count);
+        END IF;
+        IF credited.given > 0 AND locked.at IS NOT NULL THEN
+            UPDATE rate_limiter.state s SET value = (credited.after).value, ts = rate_limiter._ts((credited.after).ts),
+                expires = rate_limiter._ts(rate_limiter._expires(credited.after, c)),
+                granted_at = rate_limiter._ts((credited.after).granted_at)
+            WHERE s.ctid = locked.at;
+        END IF;
+    END IF;
+    RETURN ROW(true, NULL, (credited.after).value, greatest(0::float8, rate_limiter._reset_after(credited.after, c, now)),
+               0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
+END $$;
+COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';
+
+-- bucket/credit.rs for a token bucket and a fixed window: what the state holds after count
+-- comes back at now, refilled as a call at now would, and how much came back.
+CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision,
+                                       OUT after rate_limiter._state, OUT given double precision)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
+    back rate_limiter._check;
+BEGIN
+    given := greatest(least(count, c.capacity - refilled.value), 0::float8);
+    back := rate_limiter._check(ROW(refilled.value + given, refilled.ts, refilled.granted_at)::rate_limiter._state, c, now, 0, false);
+    after := ROW(back.value, back.ts, back.granted_at)::rate_limiter._state;
+END $$;
+
+-- Delete what has ended, at most max_rows rows: blocks and allows whose until has passed,
+-- then state rows whose expires has, then (READ COMMITTED, and when no transaction is
+-- changing the limits) rows of limits that no longer exist. The number deleted.
+CREATE FUNCTION rate_limiter.prune(max_rows integer DEFAULT 10000) RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now timestamptz;
+    deleted bigint := 0;
+    n bigint;
+BEGIN
+    PERFORM rate_limiter._writable('prune()');
+    IF max_rows IS NULL OR max_rows < 0 THEN
+        PERFORM rate_limiter._raise('argument', format('max_rows must be >= 0, not %s',
+            CASE WHEN max_rows IS NULL THEN 'None' ELSE format('Some(%s)', max_rows) END));
+    END IF;
+    now := rate_limiter._ts(rate_limiter._now());
+    WITH ended AS (SELECT ctid FROM rate_limiter.blocks WHERE until <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.blocks WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows THEN RETURN deleted; END IF;
+    WITH ended AS (SELECT ctid FROM rate_limiter.allows WHERE until <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.allows WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows THEN RETURN deleted; END IF;
+    WITH doomed AS (SELECT ctid FROM rate_limiter.state WHERE expires <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.state WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows OR current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RETURN deleted;
+    END IF;
+    BEGIN
+        LOCK TABLE rate_limiter.limits IN SHARE MODE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN deleted;  -- a transaction is changing the limits: their rows wait for the next prune
+    END;
+    WITH doomed AS (SELECT ctid FROM rate_limiter.state s WHERE shard >= 0
+                    AND NOT EXISTS (SELECT FROM rate_limiter.limits l WHERE l.name = s.name)
+                    LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.state WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN deleted + n;
+END $$;
+COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows and leases that have ended; returns how many. Skips rows in use.';
+
+-- A number as Rust's `as u64` makes it (saturating, NaN and negatives 0), as text.
+CREATE FUNCTION rate_limiter._u64(x double precision) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
+            WHEN x >= 18446744073709551616::float8 THEN '18446744073709551615'
+            WHEN x < 9007199254740992::float8 THEN trunc(x)::bigint::text
+            ELSE (trunc(x / 4294967296::float8)::numeric * 4294967296 + (x - trunc(x / 4294967296::float8) * 4294967296::float8)::numeric)::text END;
+
+-- Whole seconds, rounded up, of ms (api/headers.rs seconds()).
+CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms <> ms OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
+
+CREATE FUNCTION rate_limiter.http_headers(name text, d rate_limiter.decision, config jsonb DEFAULT NULL) RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    named record;
+    quoted text;
+    headers jsonb;
+BEGIN
+    PERFORM rate_limiter._valid_name(name);
+    IF d IS NULL OR (d.ok IS NULL AND d.retry_after IS NULL AND d.remaining IS NULL AND d.reset_after IS NULL
+                     AND d.granted IS NULL AND d.reason IS NULL AND d.limited_by IS NULL) THEN
+        PERFORM rate_limiter._raise('argument', 'd must not be NULL');
+    END IF;
+    named := rate_limiter._named(name, config);
+    IF d.ok IS NULL THEN PERFORM rate_limiter._raise('argument', 'decision.ok must not be NULL'); END IF;
+    IF name !~ '^[ -~]*$' OR octet_length(name) <> length(name) THEN
+        PERFORM rate_limiter._raise('argument', format('the name "%s" is not printable ASCII, which an HTTP header cannot carry', name));
+    END IF;
+    quoted := '"' || replace(replace(name, '\', '\\'), '"', '\"') || '"';
+    headers := jsonb_build_object(
+        'RateLimit-Policy', format('%s;q=%s;w=%s', quoted,
+            CASE WHEN (named.c).rate = trunc((named.c).rate) THEN rate_limiter._u64((named.c).rate) ELSE rate_limiter._display((named.c).rate) END,
+            greatest(rate_limiter._seconds((named.c).period)::numeric, 1)),
+        'RateLimit', format('%s;r=%s;t=%s', quoted, rate_limiter._u64(floor(coalesce(d.remaining, 0))),
+            rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END)));
+    IF NOT d.ok AND d.retry_after IS NOT NULL THEN
+        headers := headers || jsonb_build_object('Retry-After', rate_limiter._seconds(d.retry_after));
+    END IF;
+    RETURN headers;
+END $$;
+COMMENT ON FUNCTION rate_limiter.http_headers IS 'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
+
+-- The stored value and ts of (name, key), not refilled; a key never written, fresh as of now.
+CREATE FUNCTION rate_limiter.rate_limit_value(name text, key text DEFAULT NULL, config jsonb DEFAULT NULL, sample_shards integer DEFAULT 1)
+RETURNS TABLE(value double precision, ts timestamptz, shard integer, effective_config jsonb)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET extra_float_digits = 1 AS $$
+DECLARE
+    named record;
+    c rate_limiter._config;
+    r rate_limiter.state;
+    s rate_limiter._state;
+    now float8;
+BEGIN
+    PERFORM rate_limiter._valid_name(name);
+    IF octet_length(key) > 1024 THEN
+        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
+    END IF;
+    IF sample_shards IS NULL OR sample_shards < 1 THEN
+        PERFORM rate_limiter._raise('argument', format('sample_shards must be >= 1, not %s',
+            CASE WHEN sample_shards IS NULL THEN 'None' ELSE format('Some(%s)', sample_shards) END));
+    END IF;
+    named := rate_limiter._named(name, config);
+    c := named.c;
+    SELECT * INTO r FROM rate_limiter.state x
+    WHERE x.key IS NOT DISTINCT FROM rate_limit_value.key AND x.name = rate_limit_value.name AND x.shard = 0;
+    now := rate_limiter._now();
+    s := rate_limiter._state_of(r, c, name, key, now);
+    value := s.value;
+    ts := rate_limiter._ts(s.ts);
+    shard := 0;
+    effective_config := jsonb_strip_nulls(jsonb_build_object(
+        'kind', c.kind, 'rate', rate_limiter._json_number(c.rate), 'period', rate_limiter._json_number(c.period),
+        'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
+        'shards', 1, 'start', CASE WHEN c.kind = 'fixed window' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
+        'minGap', rate_limiter._json_number(c.min_gap), 'mode', 'all',
+        'denyCache', rate_limiter._json_number(rate_limiter._interval_ms((SELECT l.deny_cache FROM rate_limiter.limits l WHERE l.name = rate_limit_value.name))),
+        'enforce', CASE WHEN NOT named.enforce THEN false END));
+    RETURN NEXT;
+END $$;
+COMMENT ON FUNCTION rate_limiter.rate_limit_value IS 'The stored value and ts of (name, key) (fullest of sample_shards shards) and the effective config.';
+
+-- A number as config::to_json writes it: whole numbers below 9e15 as integers, the rest in
+-- their shortest form (and whole ones from 9e15 with ".0", as ryu writes them).
+CREATE FUNCTION rate_limiter._json_number(v double precision) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET extra_float_digits = 1
+RETURN CASE WHEN v IS NULL THEN NULL
+            WHEN v = trunc(v) AND abs(v) < 9e15::float8 THEN to_jsonb(v::bigint)
+            WHEN v = trunc(v) AND abs(v) < 1e16::float8 THEN (rate_limiter._display(v) || '.0')::jsonb
+            ELSE to_jsonb(v) END;
+
+-- rate_limit, sleeping retry_after and trying again while that fits in the timeout (real
+-- time, measured after each try); then the last denial, with reason 'timeout' if it slept.
+CREATE FUNCTION rate_limiter.wait_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
+    timeout interval DEFAULT '00:00:30', config jsonb DEFAULT NULL)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    limit_ms float8 := coalesce(rate_limiter._interval_ms(timeout), 'NaN'::float8);
+    started timestamptz := clock_timestamp();
+    waited boolean := false;
+    d rate_limiter.decision;
+    left_ms float8;
+BEGIN
+    PERFORM rate_limiter._arguments(name, key, count);
+    IF NOT (limit_ms >= 0 AND limit_ms < 'Infinity') THEN
+        PERFORM rate_limiter._raise('argument', format('timeout must be a finite interval >= 0, not %s ms', rate_limiter._display(limit_ms)));
+    END IF;
+    LOOP
+        d := rate_limiter.rate_limit(name, key, count, false, false, config);
+        left_ms := limit_ms - rate_limiter._ms(clock_timestamp()) + rate_limiter._ms(started);
+        IF NOT d.ok AND d.retry_after IS NOT NULL AND d.retry_after <= left_ms THEN
+            PERFORM pg_sleep(least(greatest(d.retry_after, 0), 31536000000) / 1000);
+            waited := true;
+        ELSIF NOT d.ok AND waited THEN
+            RETURN ROW(d.ok, d.retry_after, d.remaining, d.reset_after, d.granted, 'timeout', d.limited_by)::rate_limiter.decision;
+        ELSE
+            RETURN d;
+        END IF;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION rate_limiter.wait_rate_limit IS 'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';
+
+-- ip_key, as the extension's (sql/finalize.sql).
+-- A stable key for a client address. An IPv6 address that carries a client's IPv4 address
+-- (decided by its bits, however it was written) is that IPv4 address: IPv4-mapped
+-- (::ffff:0:0/96), NAT64's well-known prefix (64:ff9b::/96, RFC 6052), 6to4 (2002::/16,
+-- RFC 3056: the site's address) and Teredo (2001::/32, RFC 4380: the client's public address,
+-- its bits inverted). The address, its own mask dropped, is masked to v4_prefix or v6_prefix,
+-- and the key is that network as cidr text. In SQL so that the text is PostgreSQL's own cidr
+-- output; the embedded address is read from inet_send's bytes (4 of header, then the address).
+CREATE FUNCTION rate_limiter.ip_key(addr inet, v4_prefix integer DEFAULT 32, v6_prefix integer DEFAULT 56)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+AS $function$
+DECLARE
+    address inet := pg_catalog.set_masklen(addr, CASE pg_catalog.family(addr) WHEN 4 THEN 32 ELSE 128 END);
+    v4_at integer;
+    v4 bit(32);
+BEGIN
+    IF v4_prefix OPERATOR(pg_catalog.<) 0 OR v4_prefix OPERATOR(pg_catalog.>) 32 THEN
+        RAISE EXCEPTION 'rate_limiter: v4_prefix must be between 0 and 32, not %', v4_prefix
+            USING ERRCODE = 'invalid_parameter_value', HINT = '32 keys each IPv4 address on its own; 24 keys its /24.';
+    END IF;
+    IF v6_prefix OPERATOR(pg_catalog.<) 0 OR v6_prefix OPERATOR(pg_catalog.>) 128 THEN
+        RAISE EXCEPTION 'rate_limiter: v6_prefix must be between 0 and 128, not %', v6_prefix
+            USING ERRCODE = 'invalid_parameter_value', HINT = '56 (the default) keys a typical customer''s whole IPv6 allocation; 64 keys one subnet.';
+    END IF;
+    -- Where the IPv4 address starts among the IPv6 address's 16 bytes.
+    v4_at := CASE
+        WHEN address OPERATOR(pg_catalog.<<=) '::ffff:0.0.0.0/96'::inet THEN 12
+        WHEN address OPERATOR(pg_catalog.<<=) '64:ff9b::/96'::inet THEN 12
+        WHEN address OPERATOR(pg_catalog.<<=) '2002::/16'::inet THEN 2
+        WHEN address OPERATOR(pg_catalog.<<=) '2001::/32'::inet THEN 12
+    END;
+    IF v4_at IS NOT NULL THEN
+        v4 := CAST('x' OPERATOR(pg_catalog.||) pg_catalog.encode(
+            pg_catalog.substring(pg_catalog.inet_send(address), 5 OPERATOR(pg_catalog.+) v4_at, 4), 'hex') AS bit(32));
+        IF address OPERATOR(pg_catalog.<<=) '2001::/32'::inet THEN
+            v4 := OPERATOR(pg_catalog.~) v4;
+        END IF;
+        address := '0.0.0.0'::inet OPERATOR(pg_catalog.+) CAST(v4 AS bigint);
+    END IF;
+    RETURN pg_catalog.network(pg_catalog.set_masklen(address,
+        CASE pg_catalog.family(address) WHEN 4 THEN v4_prefix ELSE v6_prefix END))::text;
+END
+$function$;
+
+COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
+    'A rate-limit key for a client address: an IPv6 address carrying an IPv4 one (mapped, NAT64 64:ff9b::/96, 6to4, Teredo) as that IPv4 address, IPv4 masked to v4_prefix, IPv6 to v6_prefix, as cidr text.';
 
 -- The edition's version, as extversion is the extension's.
 CREATE FUNCTION rate_limiter.edition() RETURNS text

@@ -87,20 +87,31 @@ def run(conn, sql, params=()):
 names = st.sampled_from(["tb", "fw"])
 keys = st.sampled_from(["a", "b", None, "é"])
 amounts = st.sampled_from([0, 0.5, 1, 1, 1, 1, 2, 3, 7, 11, 1e16, -1])
+def define(name):
+    return st.tuples(st.just("define"), st.just(name), st.sampled_from(["token bucket", "fixed window"]),
+                     st.sampled_from([1, 2.5, 5, 10, 100]), st.sampled_from([1, 500, 1000, 60000, 3600000]),
+                     st.sampled_from([None, 0, 3, 20]), st.sampled_from([None, 0, 5]),
+                     st.sampled_from([None, 0, 700, 5000]), st.sampled_from([None, "2026-02-28 23:59:59.5+00"]),
+                     st.booleans())
+
+
 call = st.tuples(st.just("call"), st.sampled_from(["rate_limit", "check_rate_limit"]), names, keys, amounts,
                  st.booleans(), st.booleans())
 steps = st.lists(st.one_of(
     call, call, call,
-    st.tuples(st.just("define"), names, st.sampled_from(["token bucket", "fixed window"]),
-              st.sampled_from([1, 2.5, 5, 10, 100]), st.sampled_from([1, 500, 1000, 60000, 3600000]),
-              st.sampled_from([None, 0, 3, 20]), st.sampled_from([None, 0, 5]),
-              st.sampled_from([None, 0, 700, 5000]), st.sampled_from([None, "2026-02-28 23:59:59.5+00"]),
-              st.booleans()),
+    define("tb"), define("fw"),
     st.tuples(st.just("clock"), st.sampled_from([0, 1, 250, 999, 1000, 30000, 3600000, -5000])),
     st.tuples(st.just("rolled back"), names, keys, amounts),
     st.tuples(st.just("block"), names, keys, st.sampled_from([None, 1500])),
     st.tuples(st.just("unblock"), names, keys),
     st.tuples(st.just("reset"), names, keys),
+    st.tuples(st.just("credit"), names, keys, amounts),
+    st.tuples(st.just("allow"), st.sampled_from(["tb", "fw", None]), keys, st.sampled_from([None, 700])),
+    st.tuples(st.just("disallow"), st.sampled_from(["tb", "fw", None]), keys),
+    st.tuples(st.just("headers"), names, keys, amounts),
+    st.tuples(st.just("value"), names, keys),
+    st.tuples(st.just("wait"), names, keys, amounts),
+    st.tuples(st.just("prune"), st.sampled_from([0, 1, 10000])),
 ), min_size=1, max_size=40)
 
 
@@ -132,6 +143,24 @@ def step(conn, s, now_ms):
                    (name, key, until, now_ms + (ms or 0)))
     if kind == "unblock":
         return run(conn, "SELECT rate_limiter.unblock(%s, %s)", s[1:])
+    if kind == "allow":
+        _, name, key, ms = s
+        return run(conn, "SELECT rate_limiter.allow(%s, %s, %s::timestamptz + make_interval(secs => %s::float8 / 1000))",
+                   (name, key, "infinity" if ms is None else START, now_ms + (ms or 0)))
+    if kind == "disallow":
+        return run(conn, "SELECT rate_limiter.disallow(%s, %s)", s[1:])
+    if kind == "credit":
+        return run(conn, "SELECT * FROM rate_limiter.credit(%s, %s, %s)", s[1:])
+    if kind == "headers":
+        _, name, key, count = s
+        return run(conn, "SELECT rate_limiter.http_headers(%s, d) FROM rate_limiter.check_rate_limit(%s, %s, %s) d",
+                   (name, name, key, count))
+    if kind == "value":
+        return run(conn, "SELECT * FROM rate_limiter.rate_limit_value(%s, %s)", s[1:])
+    if kind == "wait":
+        return run(conn, "SELECT * FROM rate_limiter.wait_rate_limit(%s, %s, %s, '0')", s[1:])
+    if kind == "prune":
+        return run(conn, "SELECT rate_limiter.prune(%s)", s[1:])
     if kind == "reset":
         return run(conn, "SELECT rate_limiter.reset_rate_limit(%s, %s)", s[1:])
     raise AssertionError(s)
@@ -139,16 +168,15 @@ def step(conn, s, now_ms):
 
 @every_version
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
-@given(sequence=steps)
-def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, database, edition, pg, sequence):
+@given(limits=st.tuples(define("tb"), define("fw")), sequence=steps)
+def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, database, edition, pg, limits, sequence):
     dbname, _ = edition
     with main.connect(database) as ext, main.connect(dbname) as ed:
         for conn in (ext, ed):
-            conn.execute("DELETE FROM rate_limiter.limits")
-            conn.execute("DELETE FROM rate_limiter.state")
-            conn.execute("DELETE FROM rate_limiter.blocks")
+            for table in ("limits", "state", "blocks", "allows"):
+                conn.execute(f"DELETE FROM rate_limiter.{table}")
         now_ms = 0
-        for n, s in enumerate(sequence):
+        for n, s in enumerate([*limits, *sequence]):
             if s[0] == "clock":
                 now_ms = max(now_ms + s[1], 0) if s[1] >= 0 else now_ms + s[1]
                 continue
@@ -160,6 +188,28 @@ def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, dat
             assert answers[0] == answers[1], f"step {n} {s}:\nextension {answers[0]}\nedition   {answers[1]}"
         state = "SELECT name, key, shard, value, ts, expires, granted_at FROM rate_limiter.state ORDER BY 1, 2"
         assert run(ext, state) == run(ed, state), "the same rows"
+
+
+@every_version
+def test_ip_key_and_the_waits_answer_as_the_extension(main, database, edition, pg):
+    dbname, _ = edition
+    addresses = ["::ffff:203.0.113.7", "2001:db8:1234:5678::1", "198.51.100.23/8", "64:ff9b::198.51.100.23",
+                 "2002:c000:204::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "::1", "10.1.2.3"]
+    with main.connect(database) as ext, main.connect(dbname) as ed:
+        for addr in addresses:
+            for prefixes in [(32, 56), (24, 64), (0, 0), (33, 56), (32, 129)]:
+                sql = "SELECT rate_limiter.ip_key(%s::inet, %s, %s)"
+                assert run(ext, sql, (addr, *prefixes))[:1] == run(ed, sql, (addr, *prefixes))[:1]
+        # A wait that sleeps once (the real clock), then gets its token; and one that times out.
+        for conn in (ext, ed):
+            conn.execute("SELECT rate_limiter.define('w', 'token bucket', 10, '1 second')")
+            conn.execute("SELECT rate_limiter.rate_limit('w', 'k', 10)")
+        for conn in (ext, ed):
+            d = conn.execute("SELECT ok, reason FROM rate_limiter.wait_rate_limit('w', 'k', 2, '1 second')").fetchone()
+            assert d == (True, None)
+            conn.execute("SELECT rate_limiter.rate_limit('w', 'k', 10, reserve => true)")
+            d = conn.execute("SELECT ok, reason FROM rate_limiter.wait_rate_limit('w', 'k', 1, '150 ms')").fetchone()
+            assert d == (False, "exhausted")
 
 
 def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_path_changes_nothing(main, edition):
