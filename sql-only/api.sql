@@ -97,10 +97,13 @@ BEGIN
     WHEN 'time' THEN
         RAISE EXCEPTION 'instant out of range: %', message USING ERRCODE = '22008',
             HINT = 'Instants must lie between 4714 BC and 294276 AD: use a finite start and rate_limiter.fake_now, and a period that keeps windows inside that range.';
+    WHEN 'unsupported' THEN
+        RAISE EXCEPTION 'not supported: %', message USING ERRCODE = '0A000',
+            HINT = 'Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in mode ''all''; minGap, modes other than ''all'', lockTimeout and denyCache need shards = 1; denyCache needs mode ''all''; rate_limit_all takes limits in mode ''all'' only. A hot limit is named, shards = 1, mode ''all'', without minGap or lockTimeout, and takes no credit and no part in rate_limit_all. A memory limit (durable false) is a token bucket, fixed or sliding window, shards = 1, mode ''all'', without minGap or lockTimeout. A limit in shadow mode (enforce false) takes no part in rate_limit_all either: call it on its own, or SET rate_limiter.shadow for the whole call.';
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
-            HINT = 'The SQL-only edition keeps named token buckets and fixed windows of fixed length, one row per key (shards = 1), in mode ''all''; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
+            HINT = 'The SQL-only edition keeps named token buckets, fixed windows of fixed length and sliding windows, one row per key (shards = 1), in mode ''all''; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
     END CASE;
 END $$;
 

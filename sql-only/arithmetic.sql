@@ -52,8 +52,10 @@ CREATE FUNCTION rate_limiter._unsigned(b bit(64)) RETURNS numeric
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN b::int8 < 0 THEN b::int8::numeric + 18446744073709551616 ELSE b::int8::numeric END;
 
--- One shard's state, as bucket::State (token bucket and fixed window: no counts).
-CREATE TYPE rate_limiter._state AS (value double precision, ts double precision, granted_at double precision);
+-- One shard's state, as bucket::State: counts are the sliding window's {previous, current}
+-- (NULL for a token bucket and a fixed window).
+CREATE TYPE rate_limiter._state AS (value double precision, ts double precision, granted_at double precision,
+                                    counts double precision[]);
 
 -- The config the arithmetic reads, as bucket::Config (per shard).
 CREATE TYPE rate_limiter._config AS (
@@ -63,7 +65,105 @@ CREATE TYPE rate_limiter._config AS (
 -- bucket::Check: what taking `count` from a state at `now` gives.
 CREATE TYPE rate_limiter._check AS (
     ok boolean, value double precision, ts double precision, available double precision,
-    retry_after double precision, granted_at double precision, reason text);
+    retry_after double precision, granted_at double precision, reason text, counts double precision[]);
+
+-- The sliding window (bucket/sliding_window.rs): windows aligned as the fixed window's; at a
+-- fraction f into the window, the previous window's tokens weigh 1 - f, and a call of count
+-- is allowed iff previous * (1 - f) + current + count <= rate.
+
+-- The tokens taken in the window starting at s.ts (a row of another kind: rate - value).
+CREATE FUNCTION rate_limiter._sliding_current(s rate_limiter._state, c rate_limiter._config) RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN array_length(s.counts, 1) = 2 THEN s.counts[2] ELSE greatest(c.rate - s.value, 0::float8) END;
+
+-- The window at falls in (start), and the tokens taken in it and in the one before.
+CREATE FUNCTION rate_limiter._sliding_windows(s rate_limiter._state, c rate_limiter._config, at double precision,
+                                              OUT start double precision, OUT current double precision, OUT previous double precision)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    elapsed float8 := floor(greatest(at - s.ts, 0::float8) / c.period);
+    taken float8 := rate_limiter._sliding_current(s, c);
+BEGIN
+    IF elapsed = 0 THEN
+        previous := coalesce(s.counts[1], 0); current := taken;
+    ELSIF elapsed = 1 THEN
+        previous := taken; current := 0;
+    ELSE
+        previous := 0; current := 0;
+    END IF;
+    start := s.ts + elapsed * c.period;
+END $$;
+
+-- The tokens that count against the rate at `at`.
+CREATE FUNCTION rate_limiter._sliding_weighted(start double precision, current double precision, previous double precision,
+                                               c rate_limiter._config, at double precision) RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN previous * (1::float8 - least(greatest((at - start) / c.period, 0::float8), 1::float8)) + current;
+
+CREATE FUNCTION rate_limiter._sliding_ok(s rate_limiter._state, c rate_limiter._config, at double precision, count double precision)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, at);
+BEGIN
+    RETURN rate_limiter._sliding_weighted(w.start, w.current, w.previous, c, at) + count <= c.rate;
+END $$;
+
+-- The earliest instant from now on at which count is allowed: closed form, then checked so
+-- that rounding only makes it later.
+CREATE FUNCTION rate_limiter._sliding_retry_at(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, now);
+    room float8 := c.rate - w.current - count;
+    at float8;
+    step float8;
+BEGIN
+    IF room >= 0 AND w.previous > 0 THEN
+        at := w.start + (1::float8 - room / w.previous) * c.period;
+    ELSIF w.current > c.rate - count THEN
+        at := w.start + c.period + (1::float8 - (c.rate - count) / w.current) * c.period;
+    ELSE
+        at := w.start + c.period;
+    END IF;
+    step := abs(at) * 2.220446049250313e-16::float8;
+    FOR i IN 1 .. 128 LOOP
+        IF at >= now AND rate_limiter._sliding_ok(s, c, at, count) THEN
+            RETURN at;
+        END IF;
+        at := greatest(at + step, now);
+        step := step * 2;
+    END LOOP;
+    RETURN w.start + 2::float8 * c.period;
+END $$;
+
+CREATE FUNCTION rate_limiter._sliding_check(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision)
+RETURNS rate_limiter._check
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, now);
+    weighted float8 := rate_limiter._sliding_weighted(w.start, w.current, w.previous, c, now);
+    r rate_limiter._check;
+BEGIN
+    r.ok := weighted + count <= c.rate;
+    r.value := c.rate - (w.current + count);
+    r.ts := w.start;
+    r.counts := ARRAY[w.previous, w.current + count];
+    r.available := c.rate - weighted - count;
+    IF NOT r.ok THEN r.retry_after := rate_limiter._sliding_retry_at(s, c, now, count) - now; END IF;
+    RETURN r;
+END $$;
+
+CREATE FUNCTION rate_limiter._sliding_reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, now);
+BEGIN
+    RETURN greatest(CASE WHEN w.current > 0 THEN w.start + 2::float8 * c.period
+                         WHEN w.previous > 0 THEN w.start + c.period ELSE now END - now, 0::float8);
+END $$;
 
 -- bucket::END_OF_TIME_MS and storable_debt: what a key may owe without max_reserved.
 CREATE FUNCTION rate_limiter._storable_debt(c rate_limiter._config, now double precision) RETURNS double precision
@@ -78,7 +178,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN ROW(c.capacity,
            CASE c.kind WHEN 'token bucket' THEN now
            ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END,
-           NULL)::rate_limiter._state;
+           NULL, NULL)::rate_limiter._state;
 
 -- bucket::convex_check and check: refill to now, take count, min_gap after the last grant.
 CREATE FUNCTION rate_limiter._check(s rate_limiter._state, c rate_limiter._config, now double precision,
@@ -92,7 +192,9 @@ DECLARE
     windows float8;
     gap_end float8;
 BEGIN
-    IF c.kind = 'token bucket' THEN
+    IF c.kind = 'sliding window' THEN
+        r := rate_limiter._sliding_check(s, c, now, count);
+    ELSIF c.kind = 'token bucket' THEN
         per_ms := c.rate / c.period;
         r.value := least(s.value + elapsed * per_ms, c.capacity) - count;
         r.ts := greatest(now, s.ts);
@@ -105,8 +207,11 @@ BEGIN
             r.retry_after := (r.ts + ceil(-r.value / c.rate) * c.period) - now;
         END IF;
     END IF;
-    r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
-    r.available := r.value;
+    IF c.kind <> 'sliding window' THEN
+        r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
+        r.available := r.value;
+        r.counts := s.counts;
+    END IF;
     r.reason := 'exhausted';
     -- A gap that has passed is forgotten, so the row can expire.
     IF s.granted_at IS NOT NULL AND c.min_gap IS NOT NULL AND now < s.granted_at + c.min_gap THEN
@@ -126,7 +231,8 @@ END $$;
 CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
 RETURNS double precision
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN CASE WHEN c.capacity - s.value <= 0 THEN 0::float8
+RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
+            WHEN c.capacity - s.value <= 0 THEN 0::float8
             WHEN c.kind = 'token bucket' THEN (c.capacity - s.value) / (c.rate / c.period)
             ELSE greatest((s.ts + ceil((c.capacity - s.value) / c.rate) * c.period) - now, 0::float8) END;
 
@@ -141,13 +247,16 @@ DECLARE
 BEGIN
     IF c.kind = 'token bucket' THEN
         at := s.ts + greatest((c.capacity - s.value) / (c.rate / c.period), 0::float8);
+    ELSIF c.kind = 'sliding window' THEN
+        at := s.ts + (CASE WHEN rate_limiter._sliding_current(s, c) > 0 THEN 2 WHEN coalesce(s.counts[1], 0) > 0 THEN 1 ELSE 0 END)::float8 * c.period;
     ELSE
         at := s.ts + greatest(ceil((c.capacity - s.value) / c.rate), 0::float8) * c.period;
     END IF;
     at := ceil(greatest(at, coalesce(s.granted_at + c.min_gap, '-Infinity'::float8)));
     FOR i IN 1 .. 64 LOOP
         refilled := rate_limiter._check(s, c, at, 0, false);
-        IF refilled.value >= c.capacity AND at >= s.ts AND refilled.granted_at IS NULL THEN
+        IF refilled.value >= c.capacity AND at >= s.ts AND refilled.granted_at IS NULL
+           AND coalesce(refilled.counts[1], 0) = 0 AND coalesce(refilled.counts[2], 0) = 0 THEN
             RETURN at;
         END IF;
         at := at + step;
@@ -155,3 +264,4 @@ BEGIN
     END LOOP;
     RETURN 'Infinity'::float8;
 END $$;
+

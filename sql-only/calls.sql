@@ -90,6 +90,15 @@ BEGIN
     IF NOT l.shards BETWEEN 1 AND 1024 THEN
         PERFORM rate_limiter._raise('config', format('shards must be between 1 and 1024, not %s', l.shards));
     END IF;
+    IF l.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
+        IF c.capacity <> c.rate THEN
+            PERFORM rate_limiter._raise('config', format('a %s holds rate tokens: capacity must be NULL or equal to rate (%s), not %s',
+                l.kind, rate_limiter._display(c.rate), rate_limiter._display(c.capacity)));
+        END IF;
+        IF c.max_reserved IS NOT NULL THEN
+            PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations: leave maxReserved out', l.kind));
+        END IF;
+    END IF;
     IF l.start IS NOT NULL AND l.kind = 'token bucket' THEN
         PERFORM rate_limiter._raise('config', 'start applies only to a fixed, sliding or rolling window');
     END IF;
@@ -97,7 +106,7 @@ BEGIN
         PERFORM rate_limiter._raise('time', format('start must be a finite instant PostgreSQL can store, not %s ms since the epoch', rate_limiter._display(c.start)));
     END IF;
     -- What the edition does not do (the extension's further checks of these are its own).
-    IF l.kind NOT IN ('token bucket', 'fixed window') THEN
+    IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window') THEN
         PERFORM rate_limiter._raise('edition', format('a %s', l.kind));
     ELSIF calendar THEN
         PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', l.period));
@@ -194,6 +203,9 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     enforce := named.enforce;
+    IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
+        PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
+    END IF;
     IF NOT coalesce(reserve, false) AND count > c.capacity THEN
         PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
             rate_limiter._display(c.capacity)), format('count = %s', rate_limiter._display(count)));
@@ -241,13 +253,13 @@ DECLARE
     refilled rate_limiter._check;
 BEGIN
     IF took.ok THEN
-        after := ROW(took.value, took.ts, took.granted_at)::rate_limiter._state;
+        after := ROW(took.value, took.ts, took.granted_at, took.counts)::rate_limiter._state;
         d := ROW(true, took.retry_after, took.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
                  count, NULL, NULL)::rate_limiter.decision;
     ELSE
         refilled := rate_limiter._check(s, c, now, 0, false);
         d := ROW(false, took.retry_after, refilled.available,
-                 greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at)::rate_limiter._state, c, now)),
+                 greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state, c, now)),
                  0, took.reason, name)::rate_limiter.decision;
     END IF;
 END $$;
@@ -276,7 +288,7 @@ CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._con
 RETURNS rate_limiter._state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN r.shard IS NOT NULL
-            THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at))::rate_limiter._state
+            THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at), r.counts)::rate_limiter._state
             ELSE rate_limiter._fresh(c, now, floor(rate_limiter._phase_fraction(name, key) * c.period)) END;
 
 CREATE FUNCTION rate_limiter.check_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
@@ -329,7 +341,7 @@ BEGIN
         IF read.at IS NULL THEN
             INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
             VALUES (name, key, 0, (decided.after).value, rate_limiter._ts((decided.after).ts),
-                    rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), NULL,
+                    rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), (decided.after).counts,
                     rate_limiter._ts((decided.after).granted_at))
             ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
             EXIT WHEN FOUND;
@@ -347,7 +359,7 @@ BEGIN
             EXIT WHEN NOT (decided.d).ok;
         END IF;
         UPDATE rate_limiter.state s SET value = (decided.after).value, ts = rate_limiter._ts((decided.after).ts),
-            expires = rate_limiter._ts(rate_limiter._expires(decided.after, req.c)),
+            expires = rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), counts = (decided.after).counts,
             granted_at = rate_limiter._ts((decided.after).granted_at)
         WHERE s.ctid = locked.at;
         EXIT;
@@ -447,7 +459,7 @@ BEGIN
         END IF;
         IF credited.given > 0 AND locked.at IS NOT NULL THEN
             UPDATE rate_limiter.state s SET value = (credited.after).value, ts = rate_limiter._ts((credited.after).ts),
-                expires = rate_limiter._ts(rate_limiter._expires(credited.after, c)),
+                expires = rate_limiter._ts(rate_limiter._expires(credited.after, c)), counts = (credited.after).counts,
                 granted_at = rate_limiter._ts((credited.after).granted_at)
             WHERE s.ctid = locked.at;
         END IF;
@@ -464,11 +476,28 @@ CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._co
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
+    now_state rate_limiter._state := ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
     back rate_limiter._check;
+    current float8;
+    previous float8;
+    from_current float8;
+    from_previous float8;
 BEGIN
-    given := greatest(least(count, c.capacity - refilled.value), 0::float8);
-    back := rate_limiter._check(ROW(refilled.value + given, refilled.ts, refilled.granted_at)::rate_limiter._state, c, now, 0, false);
-    after := ROW(back.value, back.ts, back.granted_at)::rate_limiter._state;
+    IF c.kind = 'sliding window' THEN
+        -- From the current window's tokens, then the previous one's while it still weighs.
+        current := rate_limiter._sliding_current(now_state, c);
+        previous := coalesce(now_state.counts[1], 0);
+        from_current := least(count, current);
+        from_previous := least(count - from_current, previous);
+        now_state := ROW(c.rate - (current - from_current), now_state.ts, now_state.granted_at,
+                         ARRAY[previous - from_previous, current - from_current])::rate_limiter._state;
+        given := from_current + from_previous;
+    ELSE
+        given := greatest(least(count, c.capacity - refilled.value), 0::float8);
+        now_state.value := refilled.value + given;
+    END IF;
+    back := rate_limiter._check(now_state, c, now, 0, false);
+    after := ROW(back.value, back.ts, back.granted_at, back.counts)::rate_limiter._state;
 END $$;
 
 -- Delete what has ended, at most max_rows rows: blocks and allows whose until has passed,
@@ -590,7 +619,7 @@ BEGIN
     effective_config := jsonb_strip_nulls(jsonb_build_object(
         'kind', c.kind, 'rate', rate_limiter._json_number(c.rate), 'period', rate_limiter._json_number(c.period),
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
-        'shards', 1, 'start', CASE WHEN c.kind = 'fixed window' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
+        'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', 'all',
         'denyCache', rate_limiter._json_number(rate_limiter._interval_ms((SELECT l.deny_cache FROM rate_limiter.limits l WHERE l.name = rate_limit_value.name))),
         'enforce', CASE WHEN NOT named.enforce THEN false END));

@@ -292,8 +292,10 @@ CREATE FUNCTION rate_limiter._unsigned(b bit(64)) RETURNS numeric
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN b::int8 < 0 THEN b::int8::numeric + 18446744073709551616 ELSE b::int8::numeric END;
 
--- One shard's state, as bucket::State (token bucket and fixed window: no counts).
-CREATE TYPE rate_limiter._state AS (value double precision, ts double precision, granted_at double precision);
+-- One shard's state, as bucket::State: counts are the sliding window's {previous, current}
+-- (NULL for a token bucket and a fixed window).
+CREATE TYPE rate_limiter._state AS (value double precision, ts double precision, granted_at double precision,
+                                    counts double precision[]);
 
 -- The config the arithmetic reads, as bucket::Config (per shard).
 CREATE TYPE rate_limiter._config AS (
@@ -303,7 +305,105 @@ CREATE TYPE rate_limiter._config AS (
 -- bucket::Check: what taking `count` from a state at `now` gives.
 CREATE TYPE rate_limiter._check AS (
     ok boolean, value double precision, ts double precision, available double precision,
-    retry_after double precision, granted_at double precision, reason text);
+    retry_after double precision, granted_at double precision, reason text, counts double precision[]);
+
+-- The sliding window (bucket/sliding_window.rs): windows aligned as the fixed window's; at a
+-- fraction f into the window, the previous window's tokens weigh 1 - f, and a call of count
+-- is allowed iff previous * (1 - f) + current + count <= rate.
+
+-- The tokens taken in the window starting at s.ts (a row of another kind: rate - value).
+CREATE FUNCTION rate_limiter._sliding_current(s rate_limiter._state, c rate_limiter._config) RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN array_length(s.counts, 1) = 2 THEN s.counts[2] ELSE greatest(c.rate - s.value, 0::float8) END;
+
+-- The window at falls in (start), and the tokens taken in it and in the one before.
+CREATE FUNCTION rate_limiter._sliding_windows(s rate_limiter._state, c rate_limiter._config, at double precision,
+                                              OUT start double precision, OUT current double precision, OUT previous double precision)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    elapsed float8 := floor(greatest(at - s.ts, 0::float8) / c.period);
+    taken float8 := rate_limiter._sliding_current(s, c);
+BEGIN
+    IF elapsed = 0 THEN
+        previous := coalesce(s.counts[1], 0); current := taken;
+    ELSIF elapsed = 1 THEN
+        previous := taken; current := 0;
+    ELSE
+        previous := 0; current := 0;
+    END IF;
+    start := s.ts + elapsed * c.period;
+END $$;
+
+-- The tokens that count against the rate at `at`.
+CREATE FUNCTION rate_limiter._sliding_weighted(start double precision, current double precision, previous double precision,
+                                               c rate_limiter._config, at double precision) RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN previous * (1::float8 - least(greatest((at - start) / c.period, 0::float8), 1::float8)) + current;
+
+CREATE FUNCTION rate_limiter._sliding_ok(s rate_limiter._state, c rate_limiter._config, at double precision, count double precision)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, at);
+BEGIN
+    RETURN rate_limiter._sliding_weighted(w.start, w.current, w.previous, c, at) + count <= c.rate;
+END $$;
+
+-- The earliest instant from now on at which count is allowed: closed form, then checked so
+-- that rounding only makes it later.
+CREATE FUNCTION rate_limiter._sliding_retry_at(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, now);
+    room float8 := c.rate - w.current - count;
+    at float8;
+    step float8;
+BEGIN
+    IF room >= 0 AND w.previous > 0 THEN
+        at := w.start + (1::float8 - room / w.previous) * c.period;
+    ELSIF w.current > c.rate - count THEN
+        at := w.start + c.period + (1::float8 - (c.rate - count) / w.current) * c.period;
+    ELSE
+        at := w.start + c.period;
+    END IF;
+    step := abs(at) * 2.220446049250313e-16::float8;
+    FOR i IN 1 .. 128 LOOP
+        IF at >= now AND rate_limiter._sliding_ok(s, c, at, count) THEN
+            RETURN at;
+        END IF;
+        at := greatest(at + step, now);
+        step := step * 2;
+    END LOOP;
+    RETURN w.start + 2::float8 * c.period;
+END $$;
+
+CREATE FUNCTION rate_limiter._sliding_check(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision)
+RETURNS rate_limiter._check
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, now);
+    weighted float8 := rate_limiter._sliding_weighted(w.start, w.current, w.previous, c, now);
+    r rate_limiter._check;
+BEGIN
+    r.ok := weighted + count <= c.rate;
+    r.value := c.rate - (w.current + count);
+    r.ts := w.start;
+    r.counts := ARRAY[w.previous, w.current + count];
+    r.available := c.rate - weighted - count;
+    IF NOT r.ok THEN r.retry_after := rate_limiter._sliding_retry_at(s, c, now, count) - now; END IF;
+    RETURN r;
+END $$;
+
+CREATE FUNCTION rate_limiter._sliding_reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, now);
+BEGIN
+    RETURN greatest(CASE WHEN w.current > 0 THEN w.start + 2::float8 * c.period
+                         WHEN w.previous > 0 THEN w.start + c.period ELSE now END - now, 0::float8);
+END $$;
 
 -- bucket::END_OF_TIME_MS and storable_debt: what a key may owe without max_reserved.
 CREATE FUNCTION rate_limiter._storable_debt(c rate_limiter._config, now double precision) RETURNS double precision
@@ -318,7 +418,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN ROW(c.capacity,
            CASE c.kind WHEN 'token bucket' THEN now
            ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END,
-           NULL)::rate_limiter._state;
+           NULL, NULL)::rate_limiter._state;
 
 -- bucket::convex_check and check: refill to now, take count, min_gap after the last grant.
 CREATE FUNCTION rate_limiter._check(s rate_limiter._state, c rate_limiter._config, now double precision,
@@ -332,7 +432,9 @@ DECLARE
     windows float8;
     gap_end float8;
 BEGIN
-    IF c.kind = 'token bucket' THEN
+    IF c.kind = 'sliding window' THEN
+        r := rate_limiter._sliding_check(s, c, now, count);
+    ELSIF c.kind = 'token bucket' THEN
         per_ms := c.rate / c.period;
         r.value := least(s.value + elapsed * per_ms, c.capacity) - count;
         r.ts := greatest(now, s.ts);
@@ -345,8 +447,11 @@ BEGIN
             r.retry_after := (r.ts + ceil(-r.value / c.rate) * c.period) - now;
         END IF;
     END IF;
-    r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
-    r.available := r.value;
+    IF c.kind <> 'sliding window' THEN
+        r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
+        r.available := r.value;
+        r.counts := s.counts;
+    END IF;
     r.reason := 'exhausted';
     -- A gap that has passed is forgotten, so the row can expire.
     IF s.granted_at IS NOT NULL AND c.min_gap IS NOT NULL AND now < s.granted_at + c.min_gap THEN
@@ -366,7 +471,8 @@ END $$;
 CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
 RETURNS double precision
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN CASE WHEN c.capacity - s.value <= 0 THEN 0::float8
+RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
+            WHEN c.capacity - s.value <= 0 THEN 0::float8
             WHEN c.kind = 'token bucket' THEN (c.capacity - s.value) / (c.rate / c.period)
             ELSE greatest((s.ts + ceil((c.capacity - s.value) / c.rate) * c.period) - now, 0::float8) END;
 
@@ -381,13 +487,16 @@ DECLARE
 BEGIN
     IF c.kind = 'token bucket' THEN
         at := s.ts + greatest((c.capacity - s.value) / (c.rate / c.period), 0::float8);
+    ELSIF c.kind = 'sliding window' THEN
+        at := s.ts + (CASE WHEN rate_limiter._sliding_current(s, c) > 0 THEN 2 WHEN coalesce(s.counts[1], 0) > 0 THEN 1 ELSE 0 END)::float8 * c.period;
     ELSE
         at := s.ts + greatest(ceil((c.capacity - s.value) / c.rate), 0::float8) * c.period;
     END IF;
     at := ceil(greatest(at, coalesce(s.granted_at + c.min_gap, '-Infinity'::float8)));
     FOR i IN 1 .. 64 LOOP
         refilled := rate_limiter._check(s, c, at, 0, false);
-        IF refilled.value >= c.capacity AND at >= s.ts AND refilled.granted_at IS NULL THEN
+        IF refilled.value >= c.capacity AND at >= s.ts AND refilled.granted_at IS NULL
+           AND coalesce(refilled.counts[1], 0) = 0 AND coalesce(refilled.counts[2], 0) = 0 THEN
             RETURN at;
         END IF;
         at := at + step;
@@ -395,6 +504,7 @@ BEGIN
     END LOOP;
     RETURN 'Infinity'::float8;
 END $$;
+
 
 -- The SQL surface: the extension's functions, with its signatures, SQLSTATEs, messages and
 -- hints (src/error.rs), for what needs no shared memory and no C.
@@ -495,10 +605,13 @@ BEGIN
     WHEN 'time' THEN
         RAISE EXCEPTION 'instant out of range: %', message USING ERRCODE = '22008',
             HINT = 'Instants must lie between 4714 BC and 294276 AD: use a finite start and rate_limiter.fake_now, and a period that keeps windows inside that range.';
+    WHEN 'unsupported' THEN
+        RAISE EXCEPTION 'not supported: %', message USING ERRCODE = '0A000',
+            HINT = 'Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in mode ''all''; minGap, modes other than ''all'', lockTimeout and denyCache need shards = 1; denyCache needs mode ''all''; rate_limit_all takes limits in mode ''all'' only. A hot limit is named, shards = 1, mode ''all'', without minGap or lockTimeout, and takes no credit and no part in rate_limit_all. A memory limit (durable false) is a token bucket, fixed or sliding window, shards = 1, mode ''all'', without minGap or lockTimeout. A limit in shadow mode (enforce false) takes no part in rate_limit_all either: call it on its own, or SET rate_limiter.shadow for the whole call.';
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
-            HINT = 'The SQL-only edition keeps named token buckets and fixed windows of fixed length, one row per key (shards = 1), in mode ''all''; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
+            HINT = 'The SQL-only edition keeps named token buckets, fixed windows of fixed length and sliding windows, one row per key (shards = 1), in mode ''all''; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
     END CASE;
 END $$;
 
@@ -650,6 +763,15 @@ BEGIN
     IF NOT l.shards BETWEEN 1 AND 1024 THEN
         PERFORM rate_limiter._raise('config', format('shards must be between 1 and 1024, not %s', l.shards));
     END IF;
+    IF l.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
+        IF c.capacity <> c.rate THEN
+            PERFORM rate_limiter._raise('config', format('a %s holds rate tokens: capacity must be NULL or equal to rate (%s), not %s',
+                l.kind, rate_limiter._display(c.rate), rate_limiter._display(c.capacity)));
+        END IF;
+        IF c.max_reserved IS NOT NULL THEN
+            PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations: leave maxReserved out', l.kind));
+        END IF;
+    END IF;
     IF l.start IS NOT NULL AND l.kind = 'token bucket' THEN
         PERFORM rate_limiter._raise('config', 'start applies only to a fixed, sliding or rolling window');
     END IF;
@@ -657,7 +779,7 @@ BEGIN
         PERFORM rate_limiter._raise('time', format('start must be a finite instant PostgreSQL can store, not %s ms since the epoch', rate_limiter._display(c.start)));
     END IF;
     -- What the edition does not do (the extension's further checks of these are its own).
-    IF l.kind NOT IN ('token bucket', 'fixed window') THEN
+    IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window') THEN
         PERFORM rate_limiter._raise('edition', format('a %s', l.kind));
     ELSIF calendar THEN
         PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', l.period));
@@ -754,6 +876,9 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     enforce := named.enforce;
+    IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
+        PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
+    END IF;
     IF NOT coalesce(reserve, false) AND count > c.capacity THEN
         PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
             rate_limiter._display(c.capacity)), format('count = %s', rate_limiter._display(count)));
@@ -801,13 +926,13 @@ DECLARE
     refilled rate_limiter._check;
 BEGIN
     IF took.ok THEN
-        after := ROW(took.value, took.ts, took.granted_at)::rate_limiter._state;
+        after := ROW(took.value, took.ts, took.granted_at, took.counts)::rate_limiter._state;
         d := ROW(true, took.retry_after, took.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
                  count, NULL, NULL)::rate_limiter.decision;
     ELSE
         refilled := rate_limiter._check(s, c, now, 0, false);
         d := ROW(false, took.retry_after, refilled.available,
-                 greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at)::rate_limiter._state, c, now)),
+                 greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state, c, now)),
                  0, took.reason, name)::rate_limiter.decision;
     END IF;
 END $$;
@@ -836,7 +961,7 @@ CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._con
 RETURNS rate_limiter._state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN r.shard IS NOT NULL
-            THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at))::rate_limiter._state
+            THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at), r.counts)::rate_limiter._state
             ELSE rate_limiter._fresh(c, now, floor(rate_limiter._phase_fraction(name, key) * c.period)) END;
 
 CREATE FUNCTION rate_limiter.check_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
@@ -889,7 +1014,7 @@ BEGIN
         IF read.at IS NULL THEN
             INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
             VALUES (name, key, 0, (decided.after).value, rate_limiter._ts((decided.after).ts),
-                    rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), NULL,
+                    rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), (decided.after).counts,
                     rate_limiter._ts((decided.after).granted_at))
             ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
             EXIT WHEN FOUND;
@@ -907,7 +1032,7 @@ BEGIN
             EXIT WHEN NOT (decided.d).ok;
         END IF;
         UPDATE rate_limiter.state s SET value = (decided.after).value, ts = rate_limiter._ts((decided.after).ts),
-            expires = rate_limiter._ts(rate_limiter._expires(decided.after, req.c)),
+            expires = rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), counts = (decided.after).counts,
             granted_at = rate_limiter._ts((decided.after).granted_at)
         WHERE s.ctid = locked.at;
         EXIT;
@@ -1007,7 +1132,7 @@ BEGIN
         END IF;
         IF credited.given > 0 AND locked.at IS NOT NULL THEN
             UPDATE rate_limiter.state s SET value = (credited.after).value, ts = rate_limiter._ts((credited.after).ts),
-                expires = rate_limiter._ts(rate_limiter._expires(credited.after, c)),
+                expires = rate_limiter._ts(rate_limiter._expires(credited.after, c)), counts = (credited.after).counts,
                 granted_at = rate_limiter._ts((credited.after).granted_at)
             WHERE s.ctid = locked.at;
         END IF;
@@ -1024,11 +1149,28 @@ CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._co
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
+    now_state rate_limiter._state := ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
     back rate_limiter._check;
+    current float8;
+    previous float8;
+    from_current float8;
+    from_previous float8;
 BEGIN
-    given := greatest(least(count, c.capacity - refilled.value), 0::float8);
-    back := rate_limiter._check(ROW(refilled.value + given, refilled.ts, refilled.granted_at)::rate_limiter._state, c, now, 0, false);
-    after := ROW(back.value, back.ts, back.granted_at)::rate_limiter._state;
+    IF c.kind = 'sliding window' THEN
+        -- From the current window's tokens, then the previous one's while it still weighs.
+        current := rate_limiter._sliding_current(now_state, c);
+        previous := coalesce(now_state.counts[1], 0);
+        from_current := least(count, current);
+        from_previous := least(count - from_current, previous);
+        now_state := ROW(c.rate - (current - from_current), now_state.ts, now_state.granted_at,
+                         ARRAY[previous - from_previous, current - from_current])::rate_limiter._state;
+        given := from_current + from_previous;
+    ELSE
+        given := greatest(least(count, c.capacity - refilled.value), 0::float8);
+        now_state.value := refilled.value + given;
+    END IF;
+    back := rate_limiter._check(now_state, c, now, 0, false);
+    after := ROW(back.value, back.ts, back.granted_at, back.counts)::rate_limiter._state;
 END $$;
 
 -- Delete what has ended, at most max_rows rows: blocks and allows whose until has passed,
@@ -1150,7 +1292,7 @@ BEGIN
     effective_config := jsonb_strip_nulls(jsonb_build_object(
         'kind', c.kind, 'rate', rate_limiter._json_number(c.rate), 'period', rate_limiter._json_number(c.period),
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
-        'shards', 1, 'start', CASE WHEN c.kind = 'fixed window' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
+        'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', 'all',
         'denyCache', rate_limiter._json_number(rate_limiter._interval_ms((SELECT l.deny_cache FROM rate_limiter.limits l WHERE l.name = rate_limit_value.name))),
         'enforce', CASE WHEN NOT named.enforce THEN false END));

@@ -88,7 +88,7 @@ names = st.sampled_from(["tb", "fw"])
 keys = st.sampled_from(["a", "b", None, "é"])
 amounts = st.sampled_from([0, 0.5, 1, 1, 1, 1, 2, 3, 7, 11, 1e16, -1])
 def define(name):
-    return st.tuples(st.just("define"), st.just(name), st.sampled_from(["token bucket", "fixed window"]),
+    return st.tuples(st.just("define"), st.just(name), st.sampled_from(["token bucket", "fixed window", "sliding window"]),
                      st.sampled_from([1, 2.5, 5, 10, 100]), st.sampled_from([1, 500, 1000, 60000, 3600000]),
                      st.sampled_from([None, 0, 3, 20]), st.sampled_from([None, 0, 5]),
                      st.sampled_from([None, 0, 700, 5000]), st.sampled_from([None, "2026-02-28 23:59:59.5+00"]),
@@ -122,7 +122,7 @@ def step(conn, s, now_ms):
         return run(conn, "SELECT rate_limiter.define(%s, %s, %s, make_interval(secs => %s::float8 / 1000), %s, %s, "
                          "min_gap => make_interval(secs => %s::float8 / 1000), start => %s, enforce => %s)",
                    (name, k, rate, period, capacity, max_reserved, min_gap,
-                    start if k == "fixed window" else None, enforce))
+                    start if k != "token bucket" else None, enforce))
     if kind == "call":
         _, fn, name, key, count, reserve, throws = s
         return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s, %s, %s, %s, %s)", (name, key, count, reserve, throws))
