@@ -60,7 +60,7 @@ CREATE TYPE rate_limiter._state AS (value double precision, ts double precision,
 -- The config the arithmetic reads, as bucket::Config (per shard).
 CREATE TYPE rate_limiter._config AS (
     kind text, rate double precision, period double precision, capacity double precision,
-    max_reserved double precision, start double precision, min_gap double precision);
+    max_reserved double precision, start double precision, min_gap double precision, buckets integer);
 
 -- bucket::Check: what taking `count` from a state at `now` gives.
 CREATE TYPE rate_limiter._check AS (
@@ -165,6 +165,111 @@ BEGIN
                          WHEN w.previous > 0 THEN w.start + c.period ELSE now END - now, 0::float8);
 END $$;
 
+-- The rolling window (bucket/rolling_window.rs): buckets cells of width g (whole
+-- microseconds, period / buckets rounded up), aligned as windows are; the tokens of a cell
+-- count until buckets cells after it ends, so no interval of period holds more than rate.
+-- Stored: ts the start of the current cell, counts the counting cells' tokens, oldest first.
+
+-- ms as whole microseconds, rounded half away from zero (rolling_window::us).
+CREATE FUNCTION rate_limiter._us(ms double precision) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN (sign(ms * 1000::float8) * floor(abs(ms * 1000::float8) + 0.5::float8))::bigint;
+
+CREATE FUNCTION rate_limiter._cell_width(c rate_limiter._config) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN (rate_limiter._us(c.period) + c.buckets - 1) / c.buckets;
+
+-- The start of the cell now falls in, cells aligned to anchor.
+CREATE FUNCTION rate_limiter._cell_start(c rate_limiter._config, anchor double precision, now double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN (rate_limiter._us(anchor) + floor((rate_limiter._us(now) - rate_limiter._us(anchor))::numeric
+        / rate_limiter._cell_width(c))::bigint * rate_limiter._cell_width(c))::float8 / 1000::float8;
+
+-- The counting cells as of at: the start of the cell at falls in, and their counts.
+CREATE FUNCTION rate_limiter._cells(s rate_limiter._state, c rate_limiter._config, at double precision,
+                                    OUT start double precision, OUT counts double precision[])
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ts bigint := rate_limiter._us(s.ts);
+    g bigint := rate_limiter._cell_width(c);
+    n int := c.buckets + 1;
+    shift bigint := greatest(rate_limiter._us(at) - ts, 0) / g;  -- a clock that steps back stays
+    stored int := coalesce(array_length(s.counts, 1), 0);
+    skip int;
+BEGIN
+    counts := array_fill(0::float8, ARRAY[n]);
+    IF shift < n THEN
+        skip := greatest(stored + shift::int - n, 0);
+        FOR i IN skip .. stored - 1 LOOP
+            counts[i + n - stored - shift::int + 1] := s.counts[i + 1];
+        END LOOP;
+    END IF;
+    start := (ts + shift * g)::float8 / 1000::float8;
+END $$;
+
+-- Their sum, left to right (as Rust's iter().sum()).
+CREATE FUNCTION rate_limiter._sum(xs double precision[]) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    total float8 := 0;
+    x float8;
+BEGIN
+    FOREACH x IN ARRAY xs LOOP total := total + x; END LOOP;
+    RETURN total;
+END $$;
+
+CREATE FUNCTION rate_limiter._rolling_check(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision)
+RETURNS rate_limiter._check
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cells record := rate_limiter._cells(s, c, now);
+    counts float8[] := cells.counts;
+    taken float8 := rate_limiter._sum(cells.counts);
+    r rate_limiter._check;
+    left_ float8;
+    shift int;
+BEGIN
+    r.ok := taken + count <= c.rate;
+    counts[c.buckets + 1] := counts[c.buckets + 1] + count;
+    r.value := c.rate - taken - count;
+    r.ts := cells.start;
+    r.counts := counts;
+    r.available := c.rate - taken - count;
+    IF NOT r.ok THEN
+        -- The start of the first later cell from which enough of the oldest no longer count.
+        left_ := taken;
+        shift := c.buckets + 1;
+        FOR i IN 1 .. c.buckets + 1 LOOP
+            left_ := left_ - cells.counts[i];
+            IF left_ + count <= c.rate THEN shift := i; EXIT; END IF;
+        END LOOP;
+        r.retry_after := (rate_limiter._us(cells.start) + shift * rate_limiter._cell_width(c))::float8 / 1000::float8 - now;
+    END IF;
+    RETURN r;
+END $$;
+
+-- The last counting cell that holds tokens (1-based), or 0.
+CREATE FUNCTION rate_limiter._last_nonzero(xs double precision[]) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    FOR i IN REVERSE coalesce(array_length(xs, 1), 0) .. 1 LOOP
+        IF xs[i] <> 0 THEN RETURN i; END IF;
+    END LOOP;
+    RETURN 0;
+END $$;
+
+CREATE FUNCTION rate_limiter._rolling_reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cells record := rate_limiter._cells(s, c, now);
+    last int := rate_limiter._last_nonzero(cells.counts);
+BEGIN
+    IF last = 0 THEN RETURN 0; END IF;
+    RETURN greatest((rate_limiter._us(cells.start) + last * rate_limiter._cell_width(c))::float8 / 1000::float8 - now, 0::float8);
+END $$;
+
 -- bucket::END_OF_TIME_MS and storable_debt: what a key may owe without max_reserved.
 CREATE FUNCTION rate_limiter._storable_debt(c rate_limiter._config, now double precision) RETURNS double precision
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -177,6 +282,7 @@ RETURNS rate_limiter._state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN ROW(c.capacity,
            CASE c.kind WHEN 'token bucket' THEN now
+           WHEN 'rolling window' THEN rate_limiter._cell_start(c, coalesce(c.start, phase), now)
            ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END,
            NULL, NULL)::rate_limiter._state;
 
@@ -194,6 +300,8 @@ DECLARE
 BEGIN
     IF c.kind = 'sliding window' THEN
         r := rate_limiter._sliding_check(s, c, now, count);
+    ELSIF c.kind = 'rolling window' THEN
+        r := rate_limiter._rolling_check(s, c, now, count);
     ELSIF c.kind = 'token bucket' THEN
         per_ms := c.rate / c.period;
         r.value := least(s.value + elapsed * per_ms, c.capacity) - count;
@@ -207,7 +315,7 @@ BEGIN
             r.retry_after := (r.ts + ceil(-r.value / c.rate) * c.period) - now;
         END IF;
     END IF;
-    IF c.kind <> 'sliding window' THEN
+    IF c.kind NOT IN ('sliding window', 'rolling window') THEN
         r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
         r.available := r.value;
         r.counts := s.counts;
@@ -232,6 +340,7 @@ CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter.
 RETURNS double precision
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
+            WHEN c.kind = 'rolling window' THEN rate_limiter._rolling_reset_after(s, c, now)
             WHEN c.capacity - s.value <= 0 THEN 0::float8
             WHEN c.kind = 'token bucket' THEN (c.capacity - s.value) / (c.rate / c.period)
             ELSE greatest((s.ts + ceil((c.capacity - s.value) / c.rate) * c.period) - now, 0::float8) END;
@@ -242,11 +351,14 @@ CREATE FUNCTION rate_limiter._expires(s rate_limiter._state, c rate_limiter._con
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     at float8;
-    step float8 := CASE c.kind WHEN 'token bucket' THEN 1::float8 ELSE c.period END;
+    step float8 := CASE c.kind WHEN 'token bucket' THEN 1::float8 WHEN 'rolling window' THEN c.period / c.buckets ELSE c.period END;
     refilled rate_limiter._check;
 BEGIN
     IF c.kind = 'token bucket' THEN
         at := s.ts + greatest((c.capacity - s.value) / (c.rate / c.period), 0::float8);
+    ELSIF c.kind = 'rolling window' THEN
+        at := CASE WHEN rate_limiter._last_nonzero(s.counts) = 0 THEN s.ts
+                   ELSE (rate_limiter._us(s.ts) + rate_limiter._last_nonzero(s.counts) * rate_limiter._cell_width(c))::float8 / 1000::float8 END;
     ELSIF c.kind = 'sliding window' THEN
         at := s.ts + (CASE WHEN rate_limiter._sliding_current(s, c) > 0 THEN 2 WHEN coalesce(s.counts[1], 0) > 0 THEN 1 ELSE 0 END)::float8 * c.period;
     ELSE
@@ -256,7 +368,7 @@ BEGIN
     FOR i IN 1 .. 64 LOOP
         refilled := rate_limiter._check(s, c, at, 0, false);
         IF refilled.value >= c.capacity AND at >= s.ts AND refilled.granted_at IS NULL
-           AND coalesce(refilled.counts[1], 0) = 0 AND coalesce(refilled.counts[2], 0) = 0 THEN
+           AND rate_limiter._last_nonzero(refilled.counts) = 0 THEN
             RETURN at;
         END IF;
         at := at + step;

@@ -63,7 +63,8 @@ BEGIN
         PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout %s (expected "deny" or "allow")', to_json(l.on_lock_timeout)));
     END IF;
     c := ROW(l.kind, l.rate, rate_limiter._interval_ms(l.period), coalesce(l.capacity, l.rate), l.max_reserved,
-             rate_limiter._ms(l.start), rate_limiter._interval_ms(l.min_gap))::rate_limiter._config;
+             rate_limiter._ms(l.start), rate_limiter._interval_ms(l.min_gap),
+             CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END)::rate_limiter._config;
     -- validate.
     IF NOT (c.rate > 0 AND c.rate < 'Infinity') THEN
         PERFORM rate_limiter._raise('config', format('rate must be a finite number > 0, not %s', rate_limiter._display(c.rate)));
@@ -106,7 +107,7 @@ BEGIN
         PERFORM rate_limiter._raise('time', format('start must be a finite instant PostgreSQL can store, not %s ms since the epoch', rate_limiter._display(c.start)));
     END IF;
     -- What the edition does not do (the extension's further checks of these are its own).
-    IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window') THEN
+    IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
         PERFORM rate_limiter._raise('edition', format('a %s', l.kind));
     ELSIF calendar THEN
         PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', l.period));
@@ -482,6 +483,9 @@ DECLARE
     previous float8;
     from_current float8;
     from_previous float8;
+    cells float8[];
+    left_ float8;
+    back_ float8;
 BEGIN
     IF c.kind = 'sliding window' THEN
         -- From the current window's tokens, then the previous one's while it still weighs.
@@ -492,6 +496,17 @@ BEGIN
         now_state := ROW(c.rate - (current - from_current), now_state.ts, now_state.granted_at,
                          ARRAY[previous - from_previous, current - from_current])::rate_limiter._state;
         given := from_current + from_previous;
+    ELSIF c.kind = 'rolling window' THEN
+        -- From the newest cells that hold tokens, back to the oldest that still counts.
+        cells := now_state.counts;
+        left_ := count;
+        FOR i IN REVERSE array_length(cells, 1) .. 1 LOOP
+            back_ := least(left_, cells[i]);
+            cells[i] := cells[i] - back_;
+            left_ := left_ - back_;
+        END LOOP;
+        given := count - left_;
+        now_state := ROW(c.rate - rate_limiter._sum(cells), now_state.ts, now_state.granted_at, cells)::rate_limiter._state;
     ELSE
         given := greatest(least(count, c.capacity - refilled.value), 0::float8);
         now_state.value := refilled.value + given;
@@ -620,6 +635,7 @@ BEGIN
         'kind', c.kind, 'rate', rate_limiter._json_number(c.rate), 'period', rate_limiter._json_number(c.period),
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
         'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
+        'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', 'all',
         'denyCache', rate_limiter._json_number(rate_limiter._interval_ms((SELECT l.deny_cache FROM rate_limiter.limits l WHERE l.name = rate_limit_value.name))),
         'enforce', CASE WHEN NOT named.enforce THEN false END));

@@ -88,9 +88,9 @@ names = st.sampled_from(["tb", "fw"])
 keys = st.sampled_from(["a", "b", None, "é"])
 amounts = st.sampled_from([0, 0.5, 1, 1, 1, 1, 2, 3, 7, 11, 1e16, -1])
 def define(name):
-    return st.tuples(st.just("define"), st.just(name), st.sampled_from(["token bucket", "fixed window", "sliding window"]),
-                     st.sampled_from([1, 2.5, 5, 10, 100]), st.sampled_from([1, 500, 1000, 60000, 3600000]),
-                     st.sampled_from([None, 0, 3, 20]), st.sampled_from([None, 0, 5]),
+    return st.tuples(st.just("define"), st.just(name), st.sampled_from(["token bucket", "fixed window", "sliding window", "rolling window"]),
+                     st.sampled_from([1, 2, 2.5, 3, 5, 100]), st.sampled_from([1, 500, 1000, 60000, 3600000]),
+                     st.sampled_from([None, None, 0, 3, 20]), st.sampled_from([None, 0, 5]),
                      st.sampled_from([None, 0, 700, 5000]), st.sampled_from([None, "2026-02-28 23:59:59.5+00"]),
                      st.booleans())
 
@@ -98,7 +98,7 @@ def define(name):
 call = st.tuples(st.just("call"), st.sampled_from(["rate_limit", "check_rate_limit"]), names, keys, amounts,
                  st.booleans(), st.booleans())
 steps = st.lists(st.one_of(
-    call, call, call,
+    call, call, call, call, call,
     define("tb"), define("fw"),
     st.tuples(st.just("clock"), st.sampled_from([0, 1, 250, 999, 1000, 30000, 3600000, -5000])),
     st.tuples(st.just("rolled back"), names, keys, amounts),
@@ -112,7 +112,7 @@ steps = st.lists(st.one_of(
     st.tuples(st.just("value"), names, keys),
     st.tuples(st.just("wait"), names, keys, amounts),
     st.tuples(st.just("prune"), st.sampled_from([0, 1, 10000])),
-), min_size=1, max_size=40)
+), min_size=10, max_size=40)
 
 
 def step(conn, s, now_ms):
@@ -120,9 +120,9 @@ def step(conn, s, now_ms):
     if kind == "define":
         _, name, k, rate, period, capacity, max_reserved, min_gap, start, enforce = s
         return run(conn, "SELECT rate_limiter.define(%s, %s, %s, make_interval(secs => %s::float8 / 1000), %s, %s, "
-                         "min_gap => make_interval(secs => %s::float8 / 1000), start => %s, enforce => %s)",
+                         "min_gap => make_interval(secs => %s::float8 / 1000), start => %s, enforce => %s, buckets => %s)",
                    (name, k, rate, period, capacity, max_reserved, min_gap,
-                    start if k != "token bucket" else None, enforce))
+                    start if k != "token bucket" else None, enforce, 4 if k == "rolling window" and period > 1 else None))
     if kind == "call":
         _, fn, name, key, count, reserve, throws = s
         return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s, %s, %s, %s, %s)", (name, key, count, reserve, throws))
