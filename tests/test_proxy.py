@@ -279,13 +279,13 @@ def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(parti
     name = unique("grown")
     call = "SELECT ok FROM rate_limiter_proxy.rate_limit(%s)"
     with grown.connect() as c:
-        c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 40, '1 hour', shards => 4)", (name,))
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 40, '36500 days', shards => 4)", (name,))
         assert c.execute(call, (name,)).fetchone()[0]
         # Partitions 2 and 3 join as copies would: still holding the shares of 2 partitions,
         # which over 4 would add up to twice the limit.
         for i in (2, 3):
             with partition_clusters[i].connect("fleet2") as p:
-                p.execute("SELECT rate_limiter.define(%s, 'fixed window', 20, '1 hour', shards => 2)", (name,))
+                p.execute("SELECT rate_limiter.define(%s, 'fixed window', 20, '36500 days', shards => 2)", (name,))
         added = ", ".join(f"ADD p{i} '{partition_clusters[i].conninfo('fleet2')}'" for i in (2, 3))
         c.execute(f"ALTER SERVER rate_limiter OPTIONS ({added})")
         assert c.execute("SELECT rate_limiter_proxy.partitions()").fetchone()[0] == 4

@@ -1,23 +1,72 @@
 """The asynchronous storage for ``limits.aio`` (async SlowAPI, FastAPI):
 ``storage_uri="async+rate-limiter+postgresql://user@host/db"``, with the synchronous storage's
-options and answers (``limits_storage``). Its pool (psycopg_pool's ``AsyncConnectionPool``)
-opens in the event loop of the first call, and again in another loop (a pool belongs to the
-loop that opened it); ``await storage.aclose()`` closes it.
+options and answers (``limits_storage``). Its connections are pooled per event loop, at most
+``pool_max_size``, each made when a call needs one, in the caller's task: the pool runs no
+task of its own, so a loop that ends without ``await storage.aclose()`` (limits never closes
+a storage) has nothing of the storage's to wait for. (psycopg_pool's ``AsyncConnectionPool``
+grows in background tasks, which an ending loop waited on for good in a connection attempt.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional
 
 import psycopg
 from limits.aio.storage import MovingWindowSupport, SlidingWindowCounterSupport, Storage
-from psycopg_pool import AsyncConnectionPool
 
 from . import _limits_common as common
 from ._async import AsyncRateLimiter
 from ._limits_common import FIXED, MOVING, SLIDING
+
+
+def _finish(idle: list) -> None:
+    for conn in idle:
+        conn.pgconn.finish()
+    idle.clear()
+
+
+class _LoopPool:
+    """The connections of one event loop: at most `options.pool_max_size`, idle ones reused,
+    a connection whose call raised closed instead of reused."""
+
+    def __init__(self, options: common.StorageOptions):
+        self.options = options
+        self.idle: list[psycopg.AsyncConnection] = []
+        self.slots = asyncio.Semaphore(options.pool_max_size)
+        # Collected (its storage, or its loop, gone) without aclose(): the idle connections
+        # are ended at once, without a loop, as libpq's PQfinish ends them.
+        weakref.finalize(self, _finish, self.idle)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        try:
+            await asyncio.wait_for(self.slots.acquire(), self.options.pool_timeout)
+        except asyncio.TimeoutError:
+            raise psycopg.OperationalError(
+                f"no connection of async+rate-limiter+postgresql free within {self.options.pool_timeout} s "
+                f"(pool_max_size {self.options.pool_max_size}, pool_timeout)") from None
+        conn: Optional[psycopg.AsyncConnection] = None
+        try:
+            while self.idle and conn is None:
+                candidate = self.idle.pop()
+                if not candidate.closed and not candidate.broken:
+                    conn = candidate
+            if conn is None:
+                conn = await psycopg.AsyncConnection.connect(self.options.conninfo, **self.options.connect)
+            yield conn
+            self.idle.append(conn)
+            conn = None
+        finally:
+            if conn is not None:
+                await conn.close()
+            self.slots.release()
+
+    async def close(self) -> None:
+        while self.idle:
+            await self.idle.pop().close()
 
 
 class AsyncRateLimiterStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
@@ -26,9 +75,8 @@ class AsyncRateLimiterStorage(Storage, MovingWindowSupport, SlidingWindowCounter
     STORAGE_SCHEME = ["async+rate-limiter+postgresql", "async+rate-limiter+postgres"]
 
     def __init__(self, uri: str, wrap_exceptions: bool = False, **options: Any):
-        self._min_size = int(options.pop("pool_min_size", 0))
         self.options = common.StorageOptions.parse(uri, options)
-        self._pool: Optional[AsyncConnectionPool] = None
+        self._pool: Optional[_LoopPool] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._granted = False
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
@@ -37,19 +85,11 @@ class AsyncRateLimiterStorage(Storage, MovingWindowSupport, SlidingWindowCounter
     def base_exceptions(self) -> type[Exception]:
         return psycopg.Error
 
-    async def _pool_here(self) -> AsyncConnectionPool:
+    async def _pool_here(self) -> _LoopPool:
         loop = asyncio.get_running_loop()
         if self._pool is None or self._loop is not loop:
-            o = self.options
-            # open=False, then open in this loop: its workers and locks are this loop's. No
-            # connection is made in the background (min_size 0 unless asked): a loop that ends
-            # without aclose() then cancels only idle tasks, never a connection attempt.
-            self._pool = AsyncConnectionPool(o.conninfo, kwargs=o.connect, min_size=self._min_size,
-                                             max_size=o.pool_max_size, timeout=o.pool_timeout,
-                                             check=AsyncConnectionPool.check_connection, open=False,
-                                             name=f"async+rate-limiter+postgresql {o.name}")
-            self._loop = loop
-            await self._pool.open()
+            # A connection belongs to the loop it was made in.
+            self._pool, self._loop = _LoopPool(self.options), loop
         return self._pool
 
     async def aclose(self) -> None:
