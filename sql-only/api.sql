@@ -49,7 +49,6 @@ DECLARE
     rest numeric;
 BEGIN
     FOR i IN 0 .. 7 LOOP raw := raw * 256 + get_byte(bits, i); END LOOP;
-    exponent := ((raw / 4503599627370496)::numeric(30, 0) % 2048)::int;
     exponent := (floor(raw / 4503599627370496) % 2048)::int;
     mantissa := raw % 4503599627370496;
     IF exponent > 0 THEN mantissa := mantissa + 4503599627370496; END IF;
@@ -107,6 +106,15 @@ BEGIN
     END CASE;
 END $$;
 
+-- Whether a setting's text is a boolean false as PostgreSQL reads one ('off', 'no', 'f', ...).
+CREATE FUNCTION rate_limiter._is_false(v text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN NOT v::boolean;
+EXCEPTION WHEN invalid_text_representation THEN
+    RETURN false;
+END $$;
+
 -- now in ms: the real clock (clock_timestamp(), as the extension's GetCurrentTimestamp), or
 -- rate_limiter.fake_now for a superuser or the database's owner. Without the library the
 -- setting is anyone's to set: for anyone else it is refused, never taken.
@@ -114,17 +122,20 @@ CREATE FUNCTION rate_limiter._now() RETURNS double precision
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     fake text := current_setting('rate_limiter.fake_now', true);
+    shadow text := coalesce(current_setting('rate_limiter.shadow', true), '');
+    -- The caller's active role: SET ROLE's, else the login's (SECURITY DEFINER changes neither).
+    caller name := CASE current_setting('role') WHEN 'none' THEN session_user ELSE current_setting('role') END;
     at timestamptz;
 BEGIN
-    IF coalesce(current_setting('rate_limiter.shadow', true), '') NOT IN ('', 'off', 'false', '0') THEN
+    IF shadow <> '' AND NOT rate_limiter._is_false(shadow) THEN
         PERFORM rate_limiter._raise('edition', 'the session setting rate_limiter.shadow (define a limit with enforce => false)');
     END IF;
     IF coalesce(fake, '') = '' THEN
         RETURN rate_limiter._ms(clock_timestamp());
     END IF;
-    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = session_user)
-       AND NOT pg_catalog.pg_has_role(session_user, (SELECT d.datdba FROM pg_catalog.pg_database d
-                                                     WHERE d.datname = current_database()), 'MEMBER') THEN
+    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = caller)
+       AND NOT pg_catalog.pg_has_role(caller, (SELECT d.datdba FROM pg_catalog.pg_database d
+                                               WHERE d.datname = current_database()), 'MEMBER') THEN
         RAISE EXCEPTION 'permission denied to set rate_limiter.fake_now' USING ERRCODE = '42501',
             HINT = 'rate_limiter.fake_now moves the limiter''s clock: only superusers and the database''s owner may set it (RESET rate_limiter.fake_now).';
     END IF;

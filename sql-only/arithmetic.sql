@@ -4,14 +4,14 @@
 -- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds
 -- divided by 1000 once (numeric is exact, and its cast to float8 rounds once, as f64 division).
 CREATE FUNCTION rate_limiter._ms(t timestamptz) RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN CASE WHEN t OPERATOR(pg_catalog.=) 'infinity'::timestamptz THEN 'Infinity'::float8
             WHEN t OPERATOR(pg_catalog.=) '-infinity'::timestamptz THEN '-Infinity'::float8
             ELSE (extract(epoch FROM t) OPERATOR(pg_catalog.*) 1000)::float8 END;
 
 -- ms as a timestamptz, as clock::ms_to_pg_us: microseconds rounded half away from zero.
 CREATE FUNCTION rate_limiter._ts(ms double precision) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN CASE WHEN ms OPERATOR(pg_catalog.=) 'Infinity'::float8 THEN 'infinity'::timestamptz
             ELSE 'epoch'::timestamptz OPERATOR(pg_catalog.+) (interval '1 microsecond' OPERATOR(pg_catalog.*)
                  (pg_catalog.sign(ms OPERATOR(pg_catalog.*) 1000::float8) OPERATOR(pg_catalog.*)
@@ -46,10 +46,10 @@ END $$;
 
 -- An unsigned 64-bit number (numeric in [0, 2^64)) as its bits, and back.
 CREATE FUNCTION rate_limiter._bits(u numeric) RETURNS bit(64)
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN (CASE WHEN u >= 9223372036854775808 THEN u - 18446744073709551616 ELSE u END)::int8::bit(64);
 CREATE FUNCTION rate_limiter._unsigned(b bit(64)) RETURNS numeric
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN CASE WHEN b::int8 < 0 THEN b::int8::numeric + 18446744073709551616 ELSE b::int8::numeric END;
 
 -- One shard's state, as bucket::State: counts are the sliding window's {previous, current}
@@ -73,7 +73,7 @@ CREATE TYPE rate_limiter._check AS (
 
 -- The tokens taken in the window starting at s.ts (a row of another kind: rate - value).
 CREATE FUNCTION rate_limiter._sliding_current(s rate_limiter._state, c rate_limiter._config) RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN array_length(s.counts, 1) = 2 THEN s.counts[2] ELSE greatest(c.rate - s.value, 0::float8) END;
 
 -- The window at falls in (start), and the tokens taken in it and in the one before.
@@ -97,7 +97,7 @@ END $$;
 -- The tokens that count against the rate at `at`.
 CREATE FUNCTION rate_limiter._sliding_weighted(start double precision, current double precision, previous double precision,
                                                c rate_limiter._config, at double precision) RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN previous * (1::float8 - least(greatest((at - start) / c.period, 0::float8), 1::float8)) + current;
 
 CREATE FUNCTION rate_limiter._sliding_ok(s rate_limiter._state, c rate_limiter._config, at double precision, count double precision)
@@ -172,17 +172,17 @@ END $$;
 
 -- ms as whole microseconds, rounded half away from zero (rolling_window::us).
 CREATE FUNCTION rate_limiter._us(ms double precision) RETURNS bigint
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN (sign(ms * 1000::float8) * floor(abs(ms * 1000::float8) + 0.5::float8))::bigint;
 
 CREATE FUNCTION rate_limiter._cell_width(c rate_limiter._config) RETURNS bigint
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN (rate_limiter._us(c.period) + c.buckets - 1) / c.buckets;
 
 -- The start of the cell now falls in, cells aligned to anchor.
 CREATE FUNCTION rate_limiter._cell_start(c rate_limiter._config, anchor double precision, now double precision)
 RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN (rate_limiter._us(anchor) + floor((rate_limiter._us(now) - rate_limiter._us(anchor))::numeric
         / rate_limiter._cell_width(c))::bigint * rate_limiter._cell_width(c))::float8 / 1000::float8;
 
@@ -272,14 +272,14 @@ END $$;
 
 -- bucket::END_OF_TIME_MS and storable_debt: what a key may owe without max_reserved.
 CREATE FUNCTION rate_limiter._storable_debt(c rate_limiter._config, now double precision) RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN greatest(((9224318016000000::float8 - now) / c.period - 2::float8) * c.rate - c.capacity, 0::float8);
 
 -- bucket::fresh_state: full, and for a fixed window in the window containing now, aligned to
 -- start or else to the (name, key)'s phase.
 CREATE FUNCTION rate_limiter._fresh(c rate_limiter._config, now double precision, phase double precision)
 RETURNS rate_limiter._state
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN ROW(c.capacity,
            CASE c.kind WHEN 'token bucket' THEN now
            WHEN 'rolling window' THEN rate_limiter._cell_start(c, coalesce(c.start, phase), now)
@@ -338,7 +338,7 @@ END $$;
 -- bucket::reset_after: ms until a state is full again.
 CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
 RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
             WHEN c.kind = 'rolling window' THEN rate_limiter._rolling_reset_after(s, c, now)
             WHEN c.capacity - s.value <= 0 THEN 0::float8

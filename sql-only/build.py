@@ -27,6 +27,14 @@ HEADER = f"""-- rate_limiter {VERSION}, the SQL-only edition: plain SQL and PL/p
 BEGIN;
 DO $$
 BEGIN
+    IF pg_catalog.current_setting('server_version_num')::int OPERATOR(pg_catalog.<) 150000 THEN
+        RAISE EXCEPTION 'rate_limiter needs PostgreSQL 15 or later, not %', pg_catalog.current_setting('server_version')
+            USING ERRCODE = '0A000';
+    END IF;
+    IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user) THEN
+        RAISE EXCEPTION 'the SQL-only edition is installed by the database''s owner, not by a superuser' USING ERRCODE = '42501',
+            HINT = 'Its functions run with their owner''s rights: SET ROLE to the database''s owner (or a role without superuser) first.';
+    END IF;
     IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'rate_limiter') THEN
         RAISE EXCEPTION 'the rate_limiter extension is installed in this database' USING ERRCODE = '42710',
             HINT = 'The SQL-only edition is for databases where the extension cannot be installed; keep the extension.';
@@ -48,11 +56,33 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN 'sql-only {VERSION}';
 COMMENT ON FUNCTION rate_limiter.edition() IS 'The SQL-only edition''s version.';
 
--- As the extension: nothing for PUBLIC; the owner grants the application what it calls
--- (docs/api.md, Privileges).
+-- As the extension: nothing for PUBLIC, and none of what the installing role's default
+-- privileges (ALTER DEFAULT PRIVILEGES) gave other roles on what this script created: the
+-- owner grants the application what it calls (docs/api.md, Privileges).
 REVOKE ALL ON ALL TABLES IN SCHEMA rate_limiter FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA rate_limiter FROM PUBLIC;
 REVOKE ALL ON SCHEMA rate_limiter FROM PUBLIC;
+DO $$
+DECLARE
+    schema_oid oid := 'rate_limiter'::regnamespace;
+    grant_row record;
+BEGIN
+    FOR grant_row IN
+        SELECT 'SCHEMA rate_limiter' AS object, a.grantee FROM pg_catalog.pg_namespace n, pg_catalog.aclexplode(n.nspacl) a
+        WHERE n.oid OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner
+        UNION SELECT 'TABLE ' || c.oid::regclass::text, a.grantee FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+        WHERE c.relnamespace OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+        UNION SELECT 'FUNCTION ' || p.oid::regprocedure::text, a.grantee FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+        UNION SELECT 'TYPE ' || t.oid::regtype::text, a.grantee FROM pg_catalog.pg_type t, pg_catalog.aclexplode(t.typacl) a
+        WHERE t.typnamespace OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) t.typowner
+          AND a.grantee OPERATOR(pg_catalog.<>) 0  -- PUBLIC's USAGE on a type is PostgreSQL's own default
+          AND t.typcategory OPERATOR(pg_catalog.<>) 'A'  -- an array type follows its element's
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s', grant_row.object,
+            CASE WHEN grant_row.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE grant_row.grantee::regrole::text END);
+    END LOOP;
+END $$;
 COMMIT;
 """
 
@@ -92,13 +122,22 @@ def ip_key():
     return "\n-- ip_key, as the extension's (sql/finalize.sql).\n" + "\n".join(kept)
 
 
+def check(text):
+    """What an install must hold, whatever the parts' parsing did."""
+    for created in ("TABLE rate_limiter.limits", "TABLE rate_limiter.blocks", "TABLE rate_limiter.allows",
+                    "TABLE rate_limiter.state", "TYPE rate_limiter.decision", "FUNCTION rate_limiter.ip_key"):
+        assert f"CREATE {created}" in text, created
+    assert "@extschema@" not in text and "pg_extension_config_dump" not in text
+    return text
+
+
 def build():
     parts = [HEADER, "\n-- The extension's tables and decision type (sql/bootstrap.sql).\n\n", tables()]
     for name in ("arithmetic.sql", "api.sql", "calls.sql"):
         parts += ["\n", (HERE / name).read_text()]
     parts.append(ip_key())
     parts.append(FOOTER)
-    return "".join(parts)
+    return check("".join(parts))
 
 
 if __name__ == "__main__":

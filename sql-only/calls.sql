@@ -227,7 +227,7 @@ DECLARE
     retry float8;
 BEGIN
     SELECT max(b.until) INTO until FROM rate_limiter.blocks b
-    WHERE b.key IS NOT DISTINCT FROM _listed.key AND (b.name = _listed.name OR b.name IS NULL);
+    WHERE (b.key = _listed.key OR (b.key IS NULL AND _listed.key IS NULL)) AND (b.name = _listed.name OR b.name IS NULL);
     IF until IS NOT NULL THEN
         now := rate_limiter._now();
         IF rate_limiter._ms(until) > now THEN
@@ -236,7 +236,7 @@ BEGIN
         END IF;
     END IF;
     SELECT max(a.until) INTO until FROM rate_limiter.allows a
-    WHERE a.key IS NOT DISTINCT FROM _listed.key AND (a.name = _listed.name OR a.name IS NULL);
+    WHERE (a.key = _listed.key OR (a.key IS NULL AND _listed.key IS NULL)) AND (a.name = _listed.name OR a.name IS NULL);
     IF until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now() THEN
         RETURN ROW(true, NULL, capacity, 0, count, 'allowed', NULL)::rate_limiter.decision;
     END IF;
@@ -287,7 +287,7 @@ END $$;
 -- A state row's state; the state of a key never written, fresh as of now.
 CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._config, name text, key text, now double precision)
 RETURNS rate_limiter._state
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN r.shard IS NOT NULL
             THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at), r.counts)::rate_limiter._state
             ELSE rate_limiter._fresh(c, now, floor(rate_limiter._phase_fraction(name, key) * c.period)) END;
@@ -304,7 +304,7 @@ DECLARE
 BEGIN
     IF d.ok IS NULL THEN  -- not listed
         SELECT * INTO r FROM rate_limiter.state s
-        WHERE s.key IS NOT DISTINCT FROM check_rate_limit.key AND s.name = check_rate_limit.name AND s.shard = 0;
+        WHERE (s.key = check_rate_limit.key OR (s.key IS NULL AND check_rate_limit.key IS NULL)) AND s.name = check_rate_limit.name AND s.shard = 0;
         now := rate_limiter._now();
         d := (rate_limiter._decide(rate_limiter._state_of(r, req.c, name, key, now), req.c, now, name, count, reserve)).d;
     END IF;
@@ -334,7 +334,7 @@ BEGIN
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
     END IF;
     SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0;
+    WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = rate_limit.name AND s.shard = 0;
     now := rate_limiter._now();
     decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
     LOOP
@@ -349,8 +349,8 @@ BEGIN
         END IF;
         -- The newest version, locked (waiting for a transaction that holds it).
         SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0 FOR UPDATE;
-        IF locked.at IS DISTINCT FROM read.at THEN
+        WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = rate_limit.name AND s.shard = 0 FOR UPDATE;
+        IF locked.at IS DISTINCT FROM read.at OR locked.at IS NULL THEN
             -- Created, changed or deleted by a transaction that committed meanwhile: the clock
             -- read again and the call decided again, on what is there now.
             read := locked;
@@ -375,7 +375,7 @@ BEGIN
     PERFORM rate_limiter._writable('reset_rate_limit()');
     PERFORM rate_limiter._valid_name(name);
     DELETE FROM rate_limiter.state s
-    WHERE s.key IS NOT DISTINCT FROM reset_rate_limit.key AND s.name = reset_rate_limit.name;
+    WHERE (s.key = reset_rate_limit.key OR (s.key IS NULL AND reset_rate_limit.key IS NULL)) AND s.name = reset_rate_limit.name;
 END $$;
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit IS 'Forget the state of (name, key), every shard, and a concurrency limit''s leases: it is full again (slots that transactions hold stay theirs).';
 
@@ -446,14 +446,14 @@ BEGIN
     c := named.c;
     PERFORM rate_limiter._writable('credit()');
     SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE s.key IS NOT DISTINCT FROM credit.key AND s.name = credit.name AND s.shard = 0;
+    WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = credit.name AND s.shard = 0;
     now := rate_limiter._now();
     credited := rate_limiter._credited(rate_limiter._state_of(read.row, c, name, key, now), c, now, count);
     IF credited.given > 0 THEN
         -- The version read, locked (waiting for a transaction that holds it, whatever the
         -- limit's lock_timeout: a give-back is never dropped); else decided again on the newest.
         SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE s.key IS NOT DISTINCT FROM credit.key AND s.name = credit.name AND s.shard = 0 FOR UPDATE;
+        WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = credit.name AND s.shard = 0 FOR UPDATE;
         IF locked.at IS DISTINCT FROM read.at THEN
             now := rate_limiter._now();
             credited := rate_limiter._credited(rate_limiter._state_of(locked.row, c, name, key, now), c, now, count);
@@ -465,7 +465,7 @@ BEGIN
             WHERE s.ctid = locked.at;
         END IF;
     END IF;
-    RETURN ROW(true, NULL, (credited.after).value, greatest(0::float8, rate_limiter._reset_after(credited.after, c, now)),
+    RETURN ROW(true, NULL, credited.available, greatest(0::float8, rate_limiter._reset_after(credited.after, c, now)),
                0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
 END $$;
 COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';
@@ -473,7 +473,7 @@ COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key
 -- bucket/credit.rs for a token bucket and a fixed window: what the state holds after count
 -- comes back at now, refilled as a call at now would, and how much came back.
 CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision,
-                                       OUT after rate_limiter._state, OUT given double precision)
+                                       OUT after rate_limiter._state, OUT given double precision, OUT available double precision)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
@@ -513,6 +513,7 @@ BEGIN
     END IF;
     back := rate_limiter._check(now_state, c, now, 0, false);
     after := ROW(back.value, back.ts, back.granted_at, back.counts)::rate_limiter._state;
+    available := back.available;
 END $$;
 
 -- Delete what has ended, at most max_rows rows: blocks and allows whose until has passed,
@@ -561,7 +562,7 @@ COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_li
 
 -- A number as Rust's `as u64` makes it (saturating, NaN and negatives 0), as text.
 CREATE FUNCTION rate_limiter._u64(x double precision) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
             WHEN x >= 18446744073709551616::float8 THEN '18446744073709551615'
             WHEN x < 9007199254740992::float8 THEN trunc(x)::bigint::text
@@ -569,7 +570,7 @@ RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
 
 -- Whole seconds, rounded up, of ms (api/headers.rs seconds()).
 CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms <> ms OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
 
 CREATE FUNCTION rate_limiter.http_headers(name text, d rate_limiter.decision, config jsonb DEFAULT NULL) RETURNS jsonb
@@ -625,7 +626,7 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     SELECT * INTO r FROM rate_limiter.state x
-    WHERE x.key IS NOT DISTINCT FROM rate_limit_value.key AND x.name = rate_limit_value.name AND x.shard = 0;
+    WHERE (x.key = rate_limit_value.key OR (x.key IS NULL AND rate_limit_value.key IS NULL)) AND x.name = rate_limit_value.name AND x.shard = 0;
     now := rate_limiter._now();
     s := rate_limiter._state_of(r, c, name, key, now);
     value := s.value;
@@ -646,7 +647,7 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_value IS 'The stored value and ts of
 -- A number as config::to_json writes it: whole numbers below 9e15 as integers, the rest in
 -- their shortest form (and whole ones from 9e15 with ".0", as ryu writes them).
 CREATE FUNCTION rate_limiter._json_number(v double precision) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET extra_float_digits = 1
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET extra_float_digits = 1
 RETURN CASE WHEN v IS NULL THEN NULL
             WHEN v = trunc(v) AND abs(v) < 9e15::float8 THEN to_jsonb(v::bigint)
             WHEN v = trunc(v) AND abs(v) < 1e16::float8 THEN (rate_limiter._display(v) || '.0')::jsonb
@@ -657,7 +658,7 @@ RETURN CASE WHEN v IS NULL THEN NULL
 CREATE FUNCTION rate_limiter.wait_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
     timeout interval DEFAULT '00:00:30', config jsonb DEFAULT NULL)
 RETURNS rate_limiter.decision
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     limit_ms float8 := coalesce(rate_limiter._interval_ms(timeout), 'NaN'::float8);
     started timestamptz := clock_timestamp();

@@ -8,6 +8,14 @@
 BEGIN;
 DO $$
 BEGIN
+    IF pg_catalog.current_setting('server_version_num')::int OPERATOR(pg_catalog.<) 150000 THEN
+        RAISE EXCEPTION 'rate_limiter needs PostgreSQL 15 or later, not %', pg_catalog.current_setting('server_version')
+            USING ERRCODE = '0A000';
+    END IF;
+    IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user) THEN
+        RAISE EXCEPTION 'the SQL-only edition is installed by the database''s owner, not by a superuser' USING ERRCODE = '42501',
+            HINT = 'Its functions run with their owner''s rights: SET ROLE to the database''s owner (or a role without superuser) first.';
+    END IF;
     IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'rate_limiter') THEN
         RAISE EXCEPTION 'the rate_limiter extension is installed in this database' USING ERRCODE = '42710',
             HINT = 'The SQL-only edition is for databases where the extension cannot be installed; keep the extension.';
@@ -244,14 +252,14 @@ COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit tha
 -- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds
 -- divided by 1000 once (numeric is exact, and its cast to float8 rounds once, as f64 division).
 CREATE FUNCTION rate_limiter._ms(t timestamptz) RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN CASE WHEN t OPERATOR(pg_catalog.=) 'infinity'::timestamptz THEN 'Infinity'::float8
             WHEN t OPERATOR(pg_catalog.=) '-infinity'::timestamptz THEN '-Infinity'::float8
             ELSE (extract(epoch FROM t) OPERATOR(pg_catalog.*) 1000)::float8 END;
 
 -- ms as a timestamptz, as clock::ms_to_pg_us: microseconds rounded half away from zero.
 CREATE FUNCTION rate_limiter._ts(ms double precision) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN CASE WHEN ms OPERATOR(pg_catalog.=) 'Infinity'::float8 THEN 'infinity'::timestamptz
             ELSE 'epoch'::timestamptz OPERATOR(pg_catalog.+) (interval '1 microsecond' OPERATOR(pg_catalog.*)
                  (pg_catalog.sign(ms OPERATOR(pg_catalog.*) 1000::float8) OPERATOR(pg_catalog.*)
@@ -286,10 +294,10 @@ END $$;
 
 -- An unsigned 64-bit number (numeric in [0, 2^64)) as its bits, and back.
 CREATE FUNCTION rate_limiter._bits(u numeric) RETURNS bit(64)
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN (CASE WHEN u >= 9223372036854775808 THEN u - 18446744073709551616 ELSE u END)::int8::bit(64);
 CREATE FUNCTION rate_limiter._unsigned(b bit(64)) RETURNS numeric
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN CASE WHEN b::int8 < 0 THEN b::int8::numeric + 18446744073709551616 ELSE b::int8::numeric END;
 
 -- One shard's state, as bucket::State: counts are the sliding window's {previous, current}
@@ -313,7 +321,7 @@ CREATE TYPE rate_limiter._check AS (
 
 -- The tokens taken in the window starting at s.ts (a row of another kind: rate - value).
 CREATE FUNCTION rate_limiter._sliding_current(s rate_limiter._state, c rate_limiter._config) RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN array_length(s.counts, 1) = 2 THEN s.counts[2] ELSE greatest(c.rate - s.value, 0::float8) END;
 
 -- The window at falls in (start), and the tokens taken in it and in the one before.
@@ -337,7 +345,7 @@ END $$;
 -- The tokens that count against the rate at `at`.
 CREATE FUNCTION rate_limiter._sliding_weighted(start double precision, current double precision, previous double precision,
                                                c rate_limiter._config, at double precision) RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN previous * (1::float8 - least(greatest((at - start) / c.period, 0::float8), 1::float8)) + current;
 
 CREATE FUNCTION rate_limiter._sliding_ok(s rate_limiter._state, c rate_limiter._config, at double precision, count double precision)
@@ -412,17 +420,17 @@ END $$;
 
 -- ms as whole microseconds, rounded half away from zero (rolling_window::us).
 CREATE FUNCTION rate_limiter._us(ms double precision) RETURNS bigint
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN (sign(ms * 1000::float8) * floor(abs(ms * 1000::float8) + 0.5::float8))::bigint;
 
 CREATE FUNCTION rate_limiter._cell_width(c rate_limiter._config) RETURNS bigint
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN (rate_limiter._us(c.period) + c.buckets - 1) / c.buckets;
 
 -- The start of the cell now falls in, cells aligned to anchor.
 CREATE FUNCTION rate_limiter._cell_start(c rate_limiter._config, anchor double precision, now double precision)
 RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN (rate_limiter._us(anchor) + floor((rate_limiter._us(now) - rate_limiter._us(anchor))::numeric
         / rate_limiter._cell_width(c))::bigint * rate_limiter._cell_width(c))::float8 / 1000::float8;
 
@@ -512,14 +520,14 @@ END $$;
 
 -- bucket::END_OF_TIME_MS and storable_debt: what a key may owe without max_reserved.
 CREATE FUNCTION rate_limiter._storable_debt(c rate_limiter._config, now double precision) RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN greatest(((9224318016000000::float8 - now) / c.period - 2::float8) * c.rate - c.capacity, 0::float8);
 
 -- bucket::fresh_state: full, and for a fixed window in the window containing now, aligned to
 -- start or else to the (name, key)'s phase.
 CREATE FUNCTION rate_limiter._fresh(c rate_limiter._config, now double precision, phase double precision)
 RETURNS rate_limiter._state
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN ROW(c.capacity,
            CASE c.kind WHEN 'token bucket' THEN now
            WHEN 'rolling window' THEN rate_limiter._cell_start(c, coalesce(c.start, phase), now)
@@ -578,7 +586,7 @@ END $$;
 -- bucket::reset_after: ms until a state is full again.
 CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
 RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
             WHEN c.kind = 'rolling window' THEN rate_limiter._rolling_reset_after(s, c, now)
             WHEN c.capacity - s.value <= 0 THEN 0::float8
@@ -669,7 +677,6 @@ DECLARE
     rest numeric;
 BEGIN
     FOR i IN 0 .. 7 LOOP raw := raw * 256 + get_byte(bits, i); END LOOP;
-    exponent := ((raw / 4503599627370496)::numeric(30, 0) % 2048)::int;
     exponent := (floor(raw / 4503599627370496) % 2048)::int;
     mantissa := raw % 4503599627370496;
     IF exponent > 0 THEN mantissa := mantissa + 4503599627370496; END IF;
@@ -727,6 +734,15 @@ BEGIN
     END CASE;
 END $$;
 
+-- Whether a setting's text is a boolean false as PostgreSQL reads one ('off', 'no', 'f', ...).
+CREATE FUNCTION rate_limiter._is_false(v text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN NOT v::boolean;
+EXCEPTION WHEN invalid_text_representation THEN
+    RETURN false;
+END $$;
+
 -- now in ms: the real clock (clock_timestamp(), as the extension's GetCurrentTimestamp), or
 -- rate_limiter.fake_now for a superuser or the database's owner. Without the library the
 -- setting is anyone's to set: for anyone else it is refused, never taken.
@@ -734,17 +750,20 @@ CREATE FUNCTION rate_limiter._now() RETURNS double precision
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     fake text := current_setting('rate_limiter.fake_now', true);
+    shadow text := coalesce(current_setting('rate_limiter.shadow', true), '');
+    -- The caller's active role: SET ROLE's, else the login's (SECURITY DEFINER changes neither).
+    caller name := CASE current_setting('role') WHEN 'none' THEN session_user ELSE current_setting('role') END;
     at timestamptz;
 BEGIN
-    IF coalesce(current_setting('rate_limiter.shadow', true), '') NOT IN ('', 'off', 'false', '0') THEN
+    IF shadow <> '' AND NOT rate_limiter._is_false(shadow) THEN
         PERFORM rate_limiter._raise('edition', 'the session setting rate_limiter.shadow (define a limit with enforce => false)');
     END IF;
     IF coalesce(fake, '') = '' THEN
         RETURN rate_limiter._ms(clock_timestamp());
     END IF;
-    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = session_user)
-       AND NOT pg_catalog.pg_has_role(session_user, (SELECT d.datdba FROM pg_catalog.pg_database d
-                                                     WHERE d.datname = current_database()), 'MEMBER') THEN
+    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = caller)
+       AND NOT pg_catalog.pg_has_role(caller, (SELECT d.datdba FROM pg_catalog.pg_database d
+                                               WHERE d.datname = current_database()), 'MEMBER') THEN
         RAISE EXCEPTION 'permission denied to set rate_limiter.fake_now' USING ERRCODE = '42501',
             HINT = 'rate_limiter.fake_now moves the limiter''s clock: only superusers and the database''s owner may set it (RESET rate_limiter.fake_now).';
     END IF;
@@ -1012,7 +1031,7 @@ DECLARE
     retry float8;
 BEGIN
     SELECT max(b.until) INTO until FROM rate_limiter.blocks b
-    WHERE b.key IS NOT DISTINCT FROM _listed.key AND (b.name = _listed.name OR b.name IS NULL);
+    WHERE (b.key = _listed.key OR (b.key IS NULL AND _listed.key IS NULL)) AND (b.name = _listed.name OR b.name IS NULL);
     IF until IS NOT NULL THEN
         now := rate_limiter._now();
         IF rate_limiter._ms(until) > now THEN
@@ -1021,7 +1040,7 @@ BEGIN
         END IF;
     END IF;
     SELECT max(a.until) INTO until FROM rate_limiter.allows a
-    WHERE a.key IS NOT DISTINCT FROM _listed.key AND (a.name = _listed.name OR a.name IS NULL);
+    WHERE (a.key = _listed.key OR (a.key IS NULL AND _listed.key IS NULL)) AND (a.name = _listed.name OR a.name IS NULL);
     IF until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now() THEN
         RETURN ROW(true, NULL, capacity, 0, count, 'allowed', NULL)::rate_limiter.decision;
     END IF;
@@ -1072,7 +1091,7 @@ END $$;
 -- A state row's state; the state of a key never written, fresh as of now.
 CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._config, name text, key text, now double precision)
 RETURNS rate_limiter._state
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN r.shard IS NOT NULL
             THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at), r.counts)::rate_limiter._state
             ELSE rate_limiter._fresh(c, now, floor(rate_limiter._phase_fraction(name, key) * c.period)) END;
@@ -1089,7 +1108,7 @@ DECLARE
 BEGIN
     IF d.ok IS NULL THEN  -- not listed
         SELECT * INTO r FROM rate_limiter.state s
-        WHERE s.key IS NOT DISTINCT FROM check_rate_limit.key AND s.name = check_rate_limit.name AND s.shard = 0;
+        WHERE (s.key = check_rate_limit.key OR (s.key IS NULL AND check_rate_limit.key IS NULL)) AND s.name = check_rate_limit.name AND s.shard = 0;
         now := rate_limiter._now();
         d := (rate_limiter._decide(rate_limiter._state_of(r, req.c, name, key, now), req.c, now, name, count, reserve)).d;
     END IF;
@@ -1119,7 +1138,7 @@ BEGIN
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
     END IF;
     SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0;
+    WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = rate_limit.name AND s.shard = 0;
     now := rate_limiter._now();
     decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
     LOOP
@@ -1134,8 +1153,8 @@ BEGIN
         END IF;
         -- The newest version, locked (waiting for a transaction that holds it).
         SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE s.key IS NOT DISTINCT FROM rate_limit.key AND s.name = rate_limit.name AND s.shard = 0 FOR UPDATE;
-        IF locked.at IS DISTINCT FROM read.at THEN
+        WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = rate_limit.name AND s.shard = 0 FOR UPDATE;
+        IF locked.at IS DISTINCT FROM read.at OR locked.at IS NULL THEN
             -- Created, changed or deleted by a transaction that committed meanwhile: the clock
             -- read again and the call decided again, on what is there now.
             read := locked;
@@ -1160,7 +1179,7 @@ BEGIN
     PERFORM rate_limiter._writable('reset_rate_limit()');
     PERFORM rate_limiter._valid_name(name);
     DELETE FROM rate_limiter.state s
-    WHERE s.key IS NOT DISTINCT FROM reset_rate_limit.key AND s.name = reset_rate_limit.name;
+    WHERE (s.key = reset_rate_limit.key OR (s.key IS NULL AND reset_rate_limit.key IS NULL)) AND s.name = reset_rate_limit.name;
 END $$;
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit IS 'Forget the state of (name, key), every shard, and a concurrency limit''s leases: it is full again (slots that transactions hold stay theirs).';
 
@@ -1231,14 +1250,14 @@ BEGIN
     c := named.c;
     PERFORM rate_limiter._writable('credit()');
     SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE s.key IS NOT DISTINCT FROM credit.key AND s.name = credit.name AND s.shard = 0;
+    WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = credit.name AND s.shard = 0;
     now := rate_limiter._now();
     credited := rate_limiter._credited(rate_limiter._state_of(read.row, c, name, key, now), c, now, count);
     IF credited.given > 0 THEN
         -- The version read, locked (waiting for a transaction that holds it, whatever the
         -- limit's lock_timeout: a give-back is never dropped); else decided again on the newest.
         SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE s.key IS NOT DISTINCT FROM credit.key AND s.name = credit.name AND s.shard = 0 FOR UPDATE;
+        WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = credit.name AND s.shard = 0 FOR UPDATE;
         IF locked.at IS DISTINCT FROM read.at THEN
             now := rate_limiter._now();
             credited := rate_limiter._credited(rate_limiter._state_of(locked.row, c, name, key, now), c, now, count);
@@ -1250,7 +1269,7 @@ BEGIN
             WHERE s.ctid = locked.at;
         END IF;
     END IF;
-    RETURN ROW(true, NULL, (credited.after).value, greatest(0::float8, rate_limiter._reset_after(credited.after, c, now)),
+    RETURN ROW(true, NULL, credited.available, greatest(0::float8, rate_limiter._reset_after(credited.after, c, now)),
                0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
 END $$;
 COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';
@@ -1258,7 +1277,7 @@ COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key
 -- bucket/credit.rs for a token bucket and a fixed window: what the state holds after count
 -- comes back at now, refilled as a call at now would, and how much came back.
 CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision,
-                                       OUT after rate_limiter._state, OUT given double precision)
+                                       OUT after rate_limiter._state, OUT given double precision, OUT available double precision)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
@@ -1298,6 +1317,7 @@ BEGIN
     END IF;
     back := rate_limiter._check(now_state, c, now, 0, false);
     after := ROW(back.value, back.ts, back.granted_at, back.counts)::rate_limiter._state;
+    available := back.available;
 END $$;
 
 -- Delete what has ended, at most max_rows rows: blocks and allows whose until has passed,
@@ -1346,7 +1366,7 @@ COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_li
 
 -- A number as Rust's `as u64` makes it (saturating, NaN and negatives 0), as text.
 CREATE FUNCTION rate_limiter._u64(x double precision) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
             WHEN x >= 18446744073709551616::float8 THEN '18446744073709551615'
             WHEN x < 9007199254740992::float8 THEN trunc(x)::bigint::text
@@ -1354,7 +1374,7 @@ RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
 
 -- Whole seconds, rounded up, of ms (api/headers.rs seconds()).
 CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms <> ms OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
 
 CREATE FUNCTION rate_limiter.http_headers(name text, d rate_limiter.decision, config jsonb DEFAULT NULL) RETURNS jsonb
@@ -1410,7 +1430,7 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     SELECT * INTO r FROM rate_limiter.state x
-    WHERE x.key IS NOT DISTINCT FROM rate_limit_value.key AND x.name = rate_limit_value.name AND x.shard = 0;
+    WHERE (x.key = rate_limit_value.key OR (x.key IS NULL AND rate_limit_value.key IS NULL)) AND x.name = rate_limit_value.name AND x.shard = 0;
     now := rate_limiter._now();
     s := rate_limiter._state_of(r, c, name, key, now);
     value := s.value;
@@ -1431,7 +1451,7 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_value IS 'The stored value and ts of
 -- A number as config::to_json writes it: whole numbers below 9e15 as integers, the rest in
 -- their shortest form (and whole ones from 9e15 with ".0", as ryu writes them).
 CREATE FUNCTION rate_limiter._json_number(v double precision) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET extra_float_digits = 1
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET extra_float_digits = 1
 RETURN CASE WHEN v IS NULL THEN NULL
             WHEN v = trunc(v) AND abs(v) < 9e15::float8 THEN to_jsonb(v::bigint)
             WHEN v = trunc(v) AND abs(v) < 1e16::float8 THEN (rate_limiter._display(v) || '.0')::jsonb
@@ -1442,7 +1462,7 @@ RETURN CASE WHEN v IS NULL THEN NULL
 CREATE FUNCTION rate_limiter.wait_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
     timeout interval DEFAULT '00:00:30', config jsonb DEFAULT NULL)
 RETURNS rate_limiter.decision
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     limit_ms float8 := coalesce(rate_limiter._interval_ms(timeout), 'NaN'::float8);
     started timestamptz := clock_timestamp();
@@ -1524,9 +1544,31 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN 'sql-only 0.6.0';
 COMMENT ON FUNCTION rate_limiter.edition() IS 'The SQL-only edition''s version.';
 
--- As the extension: nothing for PUBLIC; the owner grants the application what it calls
--- (docs/api.md, Privileges).
+-- As the extension: nothing for PUBLIC, and none of what the installing role's default
+-- privileges (ALTER DEFAULT PRIVILEGES) gave other roles on what this script created: the
+-- owner grants the application what it calls (docs/api.md, Privileges).
 REVOKE ALL ON ALL TABLES IN SCHEMA rate_limiter FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA rate_limiter FROM PUBLIC;
 REVOKE ALL ON SCHEMA rate_limiter FROM PUBLIC;
+DO $$
+DECLARE
+    schema_oid oid := 'rate_limiter'::regnamespace;
+    grant_row record;
+BEGIN
+    FOR grant_row IN
+        SELECT 'SCHEMA rate_limiter' AS object, a.grantee FROM pg_catalog.pg_namespace n, pg_catalog.aclexplode(n.nspacl) a
+        WHERE n.oid OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner
+        UNION SELECT 'TABLE ' || c.oid::regclass::text, a.grantee FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+        WHERE c.relnamespace OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+        UNION SELECT 'FUNCTION ' || p.oid::regprocedure::text, a.grantee FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+        UNION SELECT 'TYPE ' || t.oid::regtype::text, a.grantee FROM pg_catalog.pg_type t, pg_catalog.aclexplode(t.typacl) a
+        WHERE t.typnamespace OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) t.typowner
+          AND a.grantee OPERATOR(pg_catalog.<>) 0  -- PUBLIC's USAGE on a type is PostgreSQL's own default
+          AND t.typcategory OPERATOR(pg_catalog.<>) 'A'  -- an array type follows its element's
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s', grant_row.object,
+            CASE WHEN grant_row.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE grant_row.grantee::regrole::text END);
+    END LOOP;
+END $$;
 COMMIT;

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from clusters import every_version, pg_bin
@@ -36,16 +36,32 @@ def install(main, dbname, owner):
 
 @pytest.fixture
 def edition(main):
-    """A database with the edition, installed by its owner, a role that is not a superuser."""
-    owner, dbname = "ed_owner_" + uuid.uuid4().hex[:6], "ed_" + uuid.uuid4().hex[:8]
+    """A database with the edition, installed by its owner, a role that is not a superuser,
+    whose default privileges would give another role everything it creates."""
+    owner, dbname, other = "ed_owner_" + uuid.uuid4().hex[:6], "ed_" + uuid.uuid4().hex[:8], "ed_other_" + uuid.uuid4().hex[:6]
     with main.connect() as admin:
         admin.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
+        admin.execute(f"CREATE ROLE {other}")
+        for kind in ("TABLES", "FUNCTIONS", "SCHEMAS", "TYPES", "SEQUENCES"):
+            admin.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT ALL ON {kind} TO {other}")
     try:
         install(main, dbname, owner)
+        with main.connect(dbname) as c:
+            assert c.execute("""SELECT count(*) FROM pg_class WHERE relnamespace = 'rate_limiter'::regnamespace
+                                AND relacl::text LIKE %s""", (f"%{other}%",)).fetchone() == (0,)
+            assert c.execute("""SELECT count(*) FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace
+                                AND proacl::text LIKE %s""", (f"%{other}%",)).fetchone() == (0,)
+            assert c.execute("""SELECT count(*) FROM pg_type WHERE typnamespace = 'rate_limiter'::regnamespace
+                                AND typacl::text LIKE %s""", (f"%{other}%",)).fetchone() == (0,)
+            assert other not in str(c.execute("SELECT nspacl FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone()[0])
         yield dbname, owner
     finally:
         with main.connect() as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+            admin.execute(f"DROP OWNED BY {other}")
+            for kind in ("TABLES", "FUNCTIONS", "SCHEMAS", "TYPES", "SEQUENCES"):
+                admin.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} REVOKE ALL ON {kind} FROM {other}")
+            admin.execute(f"DROP ROLE {other}")
             admin.execute(f"DROP ROLE {owner}")
 
 
@@ -60,9 +76,21 @@ def test_a_database_owner_who_is_not_a_superuser_installs_it_with_one_psql_f(mai
             "=U/" not in str(c.execute("SELECT nspacl FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone()[0])
         assert c.execute("""SELECT count(*) FROM pg_proc p WHERE p.pronamespace = 'rate_limiter'::regnamespace
                             AND has_function_privilege('public', p.oid, 'EXECUTE')""").fetchone() == (0,)
-        # Every function pins its search_path.
+        # Every function pins its search_path, but those with an SQL-standard body, whose names
+        # were bound when it was created.
         assert c.execute("""SELECT array_agg(proname) FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace
+                            AND prosqlbody IS NULL
                             AND NOT coalesce(proconfig::text LIKE '%search_path=pg_catalog, pg_temp%', false)""").fetchone() == (None,)
+    # A superuser's install is refused (its functions would run as a superuser).
+    with main.connect() as admin:
+        admin.execute(f"CREATE DATABASE {dbname}_su")
+    try:
+        result = subprocess.run([f"{pg_bin(pg)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", "postgres",
+                                 "-d", f"{dbname}_su", "-f", str(EDITION)], capture_output=True, text=True)
+        assert result.returncode != 0 and "not by a superuser" in result.stderr
+    finally:
+        with main.connect() as admin:
+            admin.execute(f"DROP DATABASE {dbname}_su")
     # A second install, or one beside the extension, is refused before it creates anything.
     result = subprocess.run([f"{pg_bin(pg)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", owner, "-d", dbname,
                              "-f", str(EDITION)], capture_output=True, text=True)
@@ -169,6 +197,12 @@ def step(conn, s, now_ms):
 @every_version
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(limits=st.tuples(define("tb"), define("fw")), sequence=steps)
+# A credit to a sliding window while the previous window still weighs (its remaining counts that weight).
+@example(limits=(("define", "tb", "sliding window", 10, 60000, None, None, None, "2026-02-28 23:59:59.5+00", True),
+                 ("define", "fw", "rolling window", 5, 1000, None, None, None, None, True)),
+         sequence=[("call", "rate_limit", "tb", "a", 10, False, False), ("clock", 90000), ("credit", "tb", "a", 3),
+                   ("call", "rate_limit", "fw", "a", 5, False, False), ("call", "rate_limit", "fw", "a", 1, False, False),
+                   ("clock", 250), ("credit", "fw", "a", 2), ("call", "check_rate_limit", "fw", "a", 3, False, False)])
 def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, database, edition, pg, limits, sequence):
     dbname, _ = edition
     with main.connect(database) as ext, main.connect(dbname) as ed:
@@ -220,7 +254,7 @@ def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_p
     try:
         with main.connect(dbname, user=owner) as c:
             c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {app}")
-            c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit, rate_limiter.check_rate_limit TO {app}")
+            c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit, rate_limiter.check_rate_limit, rate_limiter.wait_rate_limit TO {app}")
             c.execute("SELECT rate_limiter.define('api', 'token bucket', 2, '1 hour')")
         with main.connect(dbname, user=app) as c:
             # Without the library, the setting is a placeholder anyone may SET: the edition refuses it.
@@ -228,14 +262,27 @@ def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_p
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="fake_now"):
                 c.execute("SELECT * FROM rate_limiter.rate_limit('api', 'k')")
             c.execute("RESET rate_limiter.fake_now")
+            assert c.execute("SELECT ok FROM rate_limiter.wait_rate_limit('api', 'w', 1, '0')").fetchone() == (True,), \
+                "a role with EXECUTE on wait_rate_limit waits"
             c.execute("SET rate_limiter.shadow = on")
             with pytest.raises(psycopg.errors.FeatureNotSupported, match="rate_limiter.shadow"):
                 c.execute("SELECT * FROM rate_limiter.rate_limit('api', 'k')")
+            c.execute("RESET rate_limiter.shadow")
+            c.execute("SET rate_limiter.shadow = 'no'")  # off, as PostgreSQL reads a boolean
+            c.execute("SELECT * FROM rate_limiter.check_rate_limit('api', 'k')")
             c.execute("RESET rate_limiter.shadow")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute("SELECT * FROM rate_limiter.state")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute("SELECT rate_limiter.define('api', 'token bucket', 1e6, '1 second')")
+        # The owner's login with SET ROLE to the application: the application's clock rules.
+        with main.connect(dbname) as admin:
+            admin.execute(f"GRANT {app} TO {owner}")
+        with main.connect(dbname, user=owner) as c:
+            c.execute(f"SET ROLE {app}")
+            c.execute("SET rate_limiter.fake_now = '2999-01-01'")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="fake_now"):
+                c.execute("SELECT * FROM rate_limiter.rate_limit('api', 'k')")
         # Look-alikes of what the functions use, first on the caller's path.
         with main.connect(dbname) as admin:
             admin.execute("CREATE SCHEMA evil")
@@ -251,6 +298,7 @@ def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_p
     finally:
         with main.connect(dbname) as admin:
             admin.execute(f"DROP OWNED BY {app} CASCADE")  # its grants live in the edition's database
+            admin.execute(f"REVOKE {app} FROM {owner}")
             admin.execute(f"DROP ROLE {app}")
 
 
@@ -325,8 +373,17 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
         c.execute("SELECT rate_limiter.block('api', 'mallory')")
         before = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1)", k).fetchone()
                   for k in [("api", "alice"), ("daily", "bob"), ("api", "mallory"), ("api", "new")]]
-    result = subprocess.run([f"{pg_bin(main.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", "postgres",
-                             "-d", dbname, "-f", str(ROOT / "sql-only" / "to_extension.sql")], capture_output=True, text=True)
+    move = [f"{pg_bin(main.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", "postgres",
+            "-d", dbname, "-f", str(ROOT / "sql-only" / "to_extension.sql")]
+    # A view of the owner's over the edition stops the move (it would be dropped with it).
+    with main.connect(dbname, user=owner) as c:
+        c.execute("CREATE VIEW public.keys AS SELECT name, key FROM rate_limiter.state")
+    result = subprocess.run(move, capture_output=True, text=True)
+    assert result.returncode != 0 and "objects outside the edition use it: rule _RETURN on view public.keys" in result.stderr, result.stderr
+    with main.connect(dbname, user=owner) as c:
+        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.6.0",), "the edition as it was"
+        c.execute("DROP VIEW public.keys")
+    result = subprocess.run(move, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     with main.connect(dbname) as c:
         assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.6.0",)
