@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from clusters import every_version, pg_bin
+from clusters import PORTS, every_version, pg_bin
 
 ROOT = Path(__file__).resolve().parent.parent
 EDITION = ROOT / "sql-only" / "rate_limiter.sql"
@@ -246,8 +246,20 @@ def test_ip_key_and_the_waits_answer_as_the_extension(main, database, edition, p
             assert d == (False, "exhausted")
 
 
-def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_path_changes_nothing(main, edition):
-    dbname, owner = edition
+@pytest.fixture
+def bare(clusters):
+    """A server without the extension's library, as a managed service is, where the settings
+    rate_limiter.fake_now and rate_limiter.shadow are placeholders anyone may SET; the edition
+    installed by the database's owner."""
+    cluster = clusters("sql_only", PORTS["sql_only"]).init().start()
+    with cluster.connect() as admin:
+        admin.execute("CREATE ROLE ed_owner LOGIN NOSUPERUSER")
+    install(cluster, "ed", "ed_owner")
+    yield cluster, "ed", "ed_owner"
+
+
+def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_path_changes_nothing(bare):
+    main, dbname, owner = bare
     app = "ed_app_" + uuid.uuid4().hex[:6]
     with main.connect() as admin:
         admin.execute(f"CREATE ROLE {app} LOGIN")
@@ -364,7 +376,7 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
     """sql-only/to_extension.sql: the edition used, then the extension created over its rows by
     the documented step; every key answers as it did, its state kept."""
     dbname, owner = edition
-    with main.connect(dbname, user=owner) as c:
+    with main.connect(dbname) as c:  # a superuser's session: where the library is loaded, fake_now is theirs to SET
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
         c.execute("SELECT rate_limiter.define('api', 'token bucket', 10, '1 minute')")
         c.execute("SELECT rate_limiter.define('daily', 'fixed window', 3, '2 days', max_reserved => 2)")
