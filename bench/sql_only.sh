@@ -25,7 +25,10 @@ prepare() { # database, how to install
     if [ "$2" = extension ]; then
         psql -X -q -d "$1" -c "CREATE EXTENSION rate_limiter"
     else
-        psql -X -q -d "$1" -v ON_ERROR_STOP=1 -f "$ROOT/sql-only/rate_limiter.sql"
+        # As a managed service's database owner installs it: a role that is not a superuser.
+        psql -X -q -d postgres -c "DO \$\$ BEGIN CREATE ROLE bench_owner LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END \$\$" \
+            -c "ALTER DATABASE $1 OWNER TO bench_owner"
+        psql -X -q -U bench_owner -d "$1" -v ON_ERROR_STOP=1 -f "$ROOT/sql-only/rate_limiter.sql"
     fi
     psql -X -q -d "$1" -v ON_ERROR_STOP=1 <<'SQL'
 SELECT rate_limiter.define('bench', 'token bucket', 10, '1 second');
