@@ -982,7 +982,8 @@ END $$;
 
 -- A named limit's config and shadow setting (42704 when there is none); an inline config is
 -- the extension's.
-CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean)
+CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
+                                    OUT deny_cache interval)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l rate_limiter.limits;
@@ -994,6 +995,7 @@ BEGIN
     IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
     c := rate_limiter._config_of(l);
     enforce := l.enforce;
+    deny_cache := l.deny_cache;
 END $$;
 
 -- A consuming call's or a check's request: its arguments, its limit, then its count against
@@ -1385,8 +1387,7 @@ DECLARE
     headers jsonb;
 BEGIN
     PERFORM rate_limiter._valid_name(name);
-    IF d IS NULL OR (d.ok IS NULL AND d.retry_after IS NULL AND d.remaining IS NULL AND d.reset_after IS NULL
-                     AND d.granted IS NULL AND d.reason IS NULL AND d.limited_by IS NULL) THEN
+    IF num_nulls(d) = 1 THEN  -- the argument itself, not a row of NULLs (which IS NULL too)
         PERFORM rate_limiter._raise('argument', 'd must not be NULL');
     END IF;
     named := rate_limiter._named(name, config);
@@ -1442,7 +1443,7 @@ BEGIN
         'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', 'all',
-        'denyCache', rate_limiter._json_number(rate_limiter._interval_ms((SELECT l.deny_cache FROM rate_limiter.limits l WHERE l.name = rate_limit_value.name))),
+        'denyCache', rate_limiter._json_number(rate_limiter._interval_ms(named.deny_cache)),
         'enforce', CASE WHEN NOT named.enforce THEN false END));
     RETURN NEXT;
 END $$;

@@ -234,6 +234,12 @@ def test_ip_key_and_the_waits_answer_as_the_extension(main, database, edition, p
             for prefixes in [(32, 56), (24, 64), (0, 0), (33, 56), (32, 129)]:
                 sql = "SELECT rate_limiter.ip_key(%s::inet, %s, %s)"
                 assert run(ext, sql, (addr, *prefixes))[:1] == run(ed, sql, (addr, *prefixes))[:1]
+        # A decision that is NULL, and one of NULLs, told apart as the extension tells them.
+        for conn in (ext, ed):
+            conn.execute("SELECT rate_limiter.define('h', 'token bucket', 1, '1 minute')")
+        for d in ["NULL", "ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL)"]:
+            sql = f"SELECT rate_limiter.http_headers('h', {d}::rate_limiter.decision)"
+            assert run(ext, sql) == run(ed, sql)
         # A wait that sleeps once (the real clock), then gets its token; and one that times out.
         for conn in (ext, ed):
             conn.execute("SELECT rate_limiter.define('w', 'token bucket', 10, '1 second')")
