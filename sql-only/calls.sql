@@ -159,6 +159,15 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION rate_limiter.define IS 'Create or replace a named limit in rate_limiter.limits.';
 
+-- valid_key of src/call.rs: a NULL key is the shared one.
+CREATE FUNCTION rate_limiter._valid_key(key text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF octet_length(key) > 1024 THEN
+        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
+    END IF;
+END $$;
+
 -- The checks of a call's count, name and key (src/api/mod.rs request), in that order.
 CREATE FUNCTION rate_limiter._arguments(name text, key text, count double precision) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -171,9 +180,7 @@ BEGIN
         PERFORM rate_limiter._raise('range', format('count must be at most 1000000000000000, not %s', rate_limiter._display(count)));
     END IF;
     PERFORM rate_limiter._valid_name(name);
-    IF octet_length(key) > 1024 THEN
-        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
-    END IF;
+    PERFORM rate_limiter._valid_key(key);
 END $$;
 
 -- A named limit's config and shadow setting (42704 when there is none); an inline config is
@@ -286,12 +293,24 @@ BEGIN
     RETURN d;
 END $$;
 
+-- Write state s, decided under config c, to the locked row at `at`, as storage's
+-- write_locked does: its times as timestamptz, and from when it holds what a fresh one would.
+CREATE FUNCTION rate_limiter._store(at tid, s rate_limiter._state, c rate_limiter._config) RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+BEGIN ATOMIC
+    UPDATE rate_limiter.state SET value = s.value, ts = rate_limiter._ts(s.ts),
+        expires = rate_limiter._ts(rate_limiter._expires(s, c)), counts = s.counts, granted_at = rate_limiter._ts(s.granted_at)
+    WHERE ctid OPERATOR(pg_catalog.=) at;
+END;
+
 -- A state row's state; the state of a key never written, fresh as of now.
 CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._config, name text, key text, now double precision)
 RETURNS rate_limiter._state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN r.shard IS NOT NULL
             THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at), r.counts)::rate_limiter._state
+            -- A token bucket has no windows: its phase is never read, so never hashed.
+            WHEN c.kind = 'token bucket' THEN rate_limiter._fresh(c, now, 0)
             ELSE rate_limiter._fresh(c, now, floor(rate_limiter._phase_fraction(name, key) * c.period)) END;
 
 CREATE FUNCTION rate_limiter.check_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
@@ -361,10 +380,7 @@ BEGIN
             CONTINUE WHEN read.at IS NULL;  -- deleted: create it again
             EXIT WHEN NOT (decided.d).ok;
         END IF;
-        UPDATE rate_limiter.state s SET value = (decided.after).value, ts = rate_limiter._ts((decided.after).ts),
-            expires = rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), counts = (decided.after).counts,
-            granted_at = rate_limiter._ts((decided.after).granted_at)
-        WHERE s.ctid = locked.at;
+        PERFORM rate_limiter._store(locked.at, decided.after, req.c);
         EXIT;
     END LOOP;
     RETURN rate_limiter._answer(decided.d, req.enforce, name, key, throws);
@@ -386,9 +402,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_
 BEGIN
     PERFORM rate_limiter._writable('block()');
     IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
-    IF octet_length(key) > 1024 THEN
-        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
-    END IF;
+    PERFORM rate_limiter._valid_key(key);
     IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
     INSERT INTO rate_limiter.blocks AS b (name, key, until, note) VALUES (name, key, until, note)
     ON CONFLICT ON CONSTRAINT blocks_key_name_key DO UPDATE SET until = excluded.until, note = excluded.note, created = pg_catalog.now();
@@ -410,9 +424,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_
 BEGIN
     PERFORM rate_limiter._writable('allow()');
     IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
-    IF octet_length(key) > 1024 THEN
-        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
-    END IF;
+    PERFORM rate_limiter._valid_key(key);
     IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
     INSERT INTO rate_limiter.allows AS a (name, key, until, note) VALUES (name, key, until, note)
     ON CONFLICT ON CONSTRAINT allows_key_name_key DO UPDATE SET until = excluded.until, note = excluded.note, created = pg_catalog.now();
@@ -461,10 +473,7 @@ BEGIN
             credited := rate_limiter._credited(rate_limiter._state_of(locked.row, c, name, key, now), c, now, count);
         END IF;
         IF credited.given > 0 AND locked.at IS NOT NULL THEN
-            UPDATE rate_limiter.state s SET value = (credited.after).value, ts = rate_limiter._ts((credited.after).ts),
-                expires = rate_limiter._ts(rate_limiter._expires(credited.after, c)), counts = (credited.after).counts,
-                granted_at = rate_limiter._ts((credited.after).granted_at)
-            WHERE s.ctid = locked.at;
+            PERFORM rate_limiter._store(locked.at, credited.after, c);
         END IF;
     END IF;
     RETURN ROW(true, NULL, credited.available, greatest(0::float8, rate_limiter._reset_after(credited.after, c, now)),
@@ -617,9 +626,7 @@ DECLARE
     now float8;
 BEGIN
     PERFORM rate_limiter._valid_name(name);
-    IF octet_length(key) > 1024 THEN
-        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
-    END IF;
+    PERFORM rate_limiter._valid_key(key);
     IF sample_shards IS NULL OR sample_shards < 1 THEN
         PERFORM rate_limiter._raise('argument', format('sample_shards must be >= 1, not %s',
             CASE WHEN sample_shards IS NULL THEN 'None' ELSE format('Some(%s)', sample_shards) END));
