@@ -125,7 +125,8 @@ pub const DEFAULT_BUCKETS: u32 = 10;
 pub const MAX_BUCKETS: u32 = 64;
 
 impl Config {
-    /// The share of the limit one shard holds: rate, capacity and max_reserved divided evenly.
+    /// The share of the limit one shard holds: rate, capacity and max_reserved divided evenly,
+    /// a limit of one shard (so a share is never split again).
     pub fn per_shard(&self) -> Config {
         let n = f64::from(self.shards);
         if self.shards == 1 {
@@ -135,6 +136,7 @@ impl Config {
             rate: self.rate / n,
             capacity: self.capacity / n,
             max_reserved: self.max_reserved.map(|m| m / n),
+            shards: 1,
             ..*self
         }
     }
@@ -226,6 +228,16 @@ impl State {
 }
 
 pub use crate::call::Reason;
+use crate::call::Decision;
+
+/// The state of a shard of `name`'s `key` nobody has touched yet (`config` is the limit's,
+/// split per shard here): full, and for a window kind in the window that contains `now`,
+/// aligned to `start` or else to the key's own phase.
+pub fn fresh(config: &Config, name: &str, key: Option<&str>, now: f64) -> State {
+    let config = config.per_shard();
+    let phase = phase_fraction(name, key) * config.period;
+    fresh_state(&config, now, phase.floor())
+}
 
 /// The state of a shard nobody has touched yet: full, and for a window kind in the window
 /// that contains `now`, aligned to `start` or else to `phase`.
@@ -360,12 +372,44 @@ pub struct Outcome {
     pub granted: f64,
     /// Why it is denied, when it is.
     pub reason: Reason,
+    /// The instant it was decided at.
+    pub at: f64,
+    /// The limit's shards, and the config of each: what the decision reports is of the
+    /// whole limit.
+    shards: u32,
+    per_shard: Config,
+}
+
+impl Outcome {
+    /// The call's decision, as the caller of limit `name` gets it. Sharded limits report an
+    /// estimate from the shards looked at, scaled to all shards.
+    pub fn decision(&self, name: &str) -> Decision {
+        let looked = self.after.len() as f64;
+        let total: f64 = self.available.iter().sum();
+        let reset_after = self.after.iter().map(|(s, _)| reset_after(*s, &self.per_shard, self.at)).fold(0.0, f64::max);
+        Decision {
+            ok: self.ok,
+            retry_after: self.retry_after,
+            remaining: total * f64::from(self.shards) / looked,
+            reset_after,
+            granted: self.granted,
+            reason: (!self.ok).then_some(self.reason),
+            limited_by: (!self.ok).then(|| name.to_owned()),
+        }
+    }
+
+    /// When the row of the `i`th shard looked at can go, as the call leaves it.
+    pub fn expires(&self, i: usize) -> f64 {
+        expires_of_shard(self.after[i].0, &self.per_shard)
+    }
 }
 
 /// Take `count` from the looked-at shards, as the Convex component does: with one shard,
 /// from it; with two, from the one that can serve alone (the fuller when both can), else from
-/// both so they end level, else deny. `config` is the per-shard config.
+/// both so they end level, else deny. `config` is the limit's, split per shard here.
 pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bool) -> Outcome {
+    let shards = config.shards;
+    let config = &config.per_shard();
     let refilled: Vec<Check> = states.iter().map(|s| check(*s, config, now, 0.0, false)).collect();
     // `taken[i]`: the check of shard i when the call changes it.
     let outcome = |ok: bool, granted: f64, denied: &Check, taken: [Option<Check>; 2]| {
@@ -377,6 +421,9 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
             available: after.iter().map(|c| c.available).collect(),
             granted,
             reason: denied.reason,
+            at: now,
+            shards,
+            per_shard: *config,
         }
     };
     let taking = |i: usize, c: Check| {
@@ -423,8 +470,11 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
 
 /// Give `count` tokens back to the looked-at shards, as the Convex component does: to the
 /// emptiest of them (the fewest tokens available now), up to what it takes back (see
-/// `credit`). `config` is the per-shard config. Always ok; `granted` is minus what was given.
+/// `credit`). `config` is the limit's, split per shard here. Always ok; `granted` is minus
+/// what was given.
 pub fn plan_credit(states: &[State], config: &Config, now: f64, count: f64) -> Outcome {
+    let shards = config.shards;
+    let config = &config.per_shard();
     let refilled: Vec<Check> = states.iter().map(|s| check(*s, config, now, 0.0, false)).collect();
     let emptiest = (0..states.len())
         .min_by(|a, b| refilled[*a].available.total_cmp(&refilled[*b].available))
@@ -439,6 +489,9 @@ pub fn plan_credit(states: &[State], config: &Config, now: f64, count: f64) -> O
         available: after.iter().map(|c| c.available).collect(),
         granted: 0.0 - given,
         reason: Reason::Exhausted,
+        at: now,
+        shards,
+        per_shard: *config,
     }
 }
 
@@ -459,8 +512,18 @@ pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
 /// capacity, nothing owed or still weighing, and (window kinds) in a window aligned as a
 /// fresh one is. From then on the row can be deleted without changing any decision.
 /// Computed in closed form, then checked with `check` itself, so that rounding can only
-/// make it later, never early.
+/// make it later, never early. `config` is the limit's, split per shard here.
 pub fn expires(state: State, config: &Config) -> f64 {
+    expires_of_shard(state, &config.per_shard())
+}
+
+/// Tokens a shard holding `state` has as of `now` (`config` is the limit's).
+pub fn available(state: State, config: &Config, now: f64) -> f64 {
+    check(state, &config.per_shard(), now, 0.0, false).available
+}
+
+/// `expires` with the config of one shard.
+fn expires_of_shard(state: State, config: &Config) -> f64 {
     let full = |at: f64| {
         let c = check(state, config, at, 0.0, false);
         c.value >= config.capacity

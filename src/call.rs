@@ -75,6 +75,20 @@ pub struct Decision {
     pub limited_by: Option<String>,
 }
 
+impl Decision {
+    /// This decision as shadow mode answers it (when `shadow`): a denial other than a block
+    /// is ok, with reason `shadow`, nothing granted, and what it would have said of the
+    /// limit (`retry_after`, `remaining`, `limited_by`). The call took nothing it would not
+    /// have taken denied: the write path decided a denial before this (the penalize mode's
+    /// count stays counted).
+    pub fn shadowed(self, shadow: bool) -> Decision {
+        if self.ok || !shadow || self.reason == Some(Reason::Blocked) {
+            return self;
+        }
+        Decision { ok: true, granted: 0.0, reason: Some(Reason::Shadow), ..self }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Reason;

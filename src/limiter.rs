@@ -2,13 +2,14 @@
 //! cache answers a denial it holds, and the rest is asked of the limit's store (`store`):
 //! the rows of a durable limit (`rows`), a hot limit's escrow (`hot`), a memory limit's
 //! entry (`memory`) or a concurrency limit's slots (`concurrency`). Each store keeps its own
-//! concurrency control, runs the same bucket arithmetic and answers through `decision`.
+//! concurrency control, runs the same bucket arithmetic and answers with its outcome's
+//! decision (`bucket::Outcome::decision`).
 
 use crate::config;
-use crate::lists;
+use crate::lists::{self, Listed};
 use crate::shmem::deny_cache;
 pub use crate::call::{Decision, Reason, Request};
-use crate::bucket::{self, Config, Outcome, State};
+use crate::bucket::{Config, State};
 use crate::storage::leases::LeaseId;
 use crate::storage::StateTable;
 
@@ -22,28 +23,29 @@ mod store;
 pub use all::{decide_all, Decided, Part};
 use store::Store;
 
-fn fresh(req: &Request<'_>, config: &Config, now: f64) -> State {
-    let phase = bucket::phase_fraction(req.name, req.key) * config.period;
-    bucket::fresh_state(config, now, phase.floor())
-}
-
-fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &Config, now: f64) -> Decision {
-    // Sharded limits report an estimate from the shards looked at, scaled to all shards.
-    let looked = outcome.after.len() as f64;
-    let total: f64 = outcome.available.iter().sum();
-    let reset_after = outcome
-        .after
-        .iter()
-        .map(|(s, _)| bucket::reset_after(*s, per_shard, now))
-        .fold(0.0, f64::max);
-    Decision {
-        ok: outcome.ok,
-        retry_after: outcome.retry_after,
-        remaining: total * f64::from(config.shards) / looked,
-        reset_after,
-        granted: outcome.granted,
-        reason: (!outcome.ok).then_some(outcome.reason),
-        limited_by: (!outcome.ok).then(|| req.name.to_owned()),
+/// The answer to a call whose (name, key) is blocked or allowed: a block denies, with
+/// `remaining` 0 and no `retry_after` if it is for ever; an allow is ok, `granted` the count
+/// asked for and `remaining` the limit's `capacity` (nothing of it was used).
+pub(crate) fn listed_decision(req: &Request<'_>, listed: Listed, capacity: f64) -> Decision {
+    match listed {
+        Listed::Blocked(retry_after) => Decision {
+            ok: false,
+            retry_after,
+            remaining: 0.0,
+            reset_after: retry_after.unwrap_or(0.0),
+            granted: 0.0,
+            reason: Some(Reason::Blocked),
+            limited_by: Some(req.name.to_owned()),
+        },
+        Listed::Allowed => Decision {
+            ok: true,
+            retry_after: None,
+            remaining: capacity,
+            reset_after: 0.0,
+            granted: req.count,
+            reason: Some(Reason::Allowed),
+            limited_by: None,
+        },
     }
 }
 
@@ -52,8 +54,8 @@ fn decision(req: &Request<'_>, outcome: &Outcome, config: &Config, per_shard: &C
 /// else consumes, and a denial it gets is remembered there. In shadow mode, a denial other
 /// than a block is answered ok.
 pub fn decide(table: &StateTable, req: &Request<'_>, config: &Config, consume: bool) -> Decision {
-    if let Some(d) = lists::listed(req, config.capacity) {
-        return d;
+    if let Some(listed) = lists::listed(req) {
+        return listed_decision(req, listed, config.capacity);
     }
     let d = if !consume {
         check(table, req, config)
@@ -64,28 +66,17 @@ pub fn decide(table: &StateTable, req: &Request<'_>, config: &Config, consume: b
         deny_cache::remember(req, config, &d);
         d
     };
-    shadowed(d, config::shadow(config))
+    d.shadowed(config::shadow(config))
 }
 
 /// `acquire`: as `decide` for a consuming call, the slots held as `hold` says; with a
 /// lease, its id.
 pub fn acquire(req: &Request<'_>, config: &Config, hold: concurrency::Hold) -> (Decision, Option<LeaseId>) {
-    if let Some(d) = lists::listed(req, config.capacity) {
-        return (d, None);
+    if let Some(listed) = lists::listed(req) {
+        return (listed_decision(req, listed, config.capacity), None);
     }
     let (d, lease) = concurrency::acquire(req, config, hold);
-    (shadowed(d, config::shadow(config)), lease)
-}
-
-/// `d` as shadow mode answers it: a denial other than a block is ok, with reason `shadow`,
-/// nothing granted, and what it would have said of the limit (`retry_after`, `remaining`,
-/// `limited_by`). The call took nothing it would not have taken denied: the write path
-/// decided a denial before this (the penalize mode's count stays counted).
-pub fn shadowed(d: Decision, shadow: bool) -> Decision {
-    if d.ok || !shadow || d.reason == Some(Reason::Blocked) {
-        return d;
-    }
-    Decision { ok: true, granted: 0.0, reason: Some(Reason::Shadow), ..d }
+    (d.shadowed(config::shadow(config)), lease)
 }
 
 /// Answer without writing or locking anything (`check_rate_limit`).

@@ -5,7 +5,7 @@
 //! and not at all while a table is empty (per-backend flags that the tables' triggers reset).
 
 use crate::cache::{self, List};
-use crate::call::{Decision, Reason, Request};
+use crate::call::Request;
 use crate::clock;
 use crate::storage::Lookup;
 
@@ -37,31 +37,19 @@ fn listed_for(list: List, req: &Request<'_>) -> Option<f64> {
     (until > now).then_some(until - now)
 }
 
-/// The answer for `req` if its (name, key) is blocked or allowed now; its state is then
-/// neither read nor written. A block: denied, `remaining` 0, with no `retry_after` if
-/// indefinite. An allow: ok, `granted` the count asked for, `remaining` the limit's
-/// `capacity` (nothing of it was used).
-pub fn listed(req: &Request<'_>, capacity: f64) -> Option<Decision> {
+/// Where a (name, key) stands in the lists now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Listed {
+    /// Blocked, for this many more milliseconds (`None`: for ever).
+    Blocked(Option<f64>),
+    Allowed,
+}
+
+/// Whether `req`'s (name, key) is blocked or allowed now; a block wins. Its state is then
+/// neither read nor written.
+pub fn listed(req: &Request<'_>) -> Option<Listed> {
     if let Some(left) = listed_for(List::Blocks, req) {
-        let retry_after = left.is_finite().then_some(left);
-        return Some(Decision {
-            ok: false,
-            retry_after,
-            remaining: 0.0,
-            reset_after: retry_after.unwrap_or(0.0),
-            granted: 0.0,
-            reason: Some(Reason::Blocked),
-            limited_by: Some(req.name.to_owned()),
-        });
+        return Some(Listed::Blocked(left.is_finite().then_some(left)));
     }
-    listed_for(List::Allows, req)?;
-    Some(Decision {
-        ok: true,
-        retry_after: None,
-        remaining: capacity,
-        reset_after: 0.0,
-        granted: req.count,
-        reason: Some(Reason::Allowed),
-        limited_by: None,
-    })
+    listed_for(List::Allows, req).map(|_| Listed::Allowed)
 }

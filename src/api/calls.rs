@@ -386,7 +386,7 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
     let Decided { all: d, limiting, parts: decisions } = limiter::decide_all(&table, &parts, consume);
     drop(table);
     let denied = !d.ok;
-    let d = limiter::shadowed(d, config::shadow_session());
+    let d = d.shadowed(config::shadow_session());
     if consume {
         // A call counts under every limit it names: allowed with what each granted, or
         // denied (in shadow mode, shadow-denied) under all, with the key in the sketch of

@@ -264,7 +264,22 @@ fn impossible_counts_match_convex_messages() {
 fn per_shard_divides_the_limit() {
     let c = Config { shards: 4, max_reserved: Some(8.0), capacity: 40.0, ..config(Kind::TokenBucket, 20.0, SECOND) };
     let s = c.per_shard();
-    assert_eq!((s.rate, s.capacity, s.max_reserved), (5.0, 10.0, Some(2.0)));
+    assert_eq!((s.rate, s.capacity, s.max_reserved, s.shards), (5.0, 10.0, Some(2.0), 1));
+    assert_eq!(s.per_shard(), s, "a share is not split again");
+}
+
+/// What a call reports of a sharded limit is of the whole limit: the shards looked at,
+/// scaled to all of them.
+#[test]
+fn a_sharded_decision_reports_the_whole_limit() {
+    let c = Config { shards: 4, capacity: 40.0, ..config(Kind::TokenBucket, 40.0, 4.0 * SECOND) };
+    let full = fresh_state(&c.per_shard(), NOW, 0.0);
+    let outcome = plan(&[full, full], &c, NOW, 4.0, false);
+    assert!(outcome.ok);
+    assert_eq!(outcome.available.iter().sum::<f64>(), 16.0, "two shards of 10, 4 taken");
+    let d = outcome.decision("api");
+    assert_eq!((d.remaining, d.reset_after, d.granted), (32.0, 1600.0, 4.0), "scaled to 4 shards; the shard taken from refills 4 at 10 per 4 s");
+    assert_eq!(d.limited_by, None);
 }
 
 /// Deleting a row once `expires` has passed changes no decision: random call sequences

@@ -11,8 +11,8 @@ use crate::bucket::{self, Config};
 use crate::clock;
 use crate::storage::StateTable;
 
-use super::rows::{lock_one, look, pick_shards, slot};
-use super::{decision, in_flight, memory, Decision, Request};
+use super::rows::{lock_one, look, pick_shards, slot, starting};
+use super::{in_flight, listed_decision, memory, Decision, Request};
 use crate::lists::listed;
 
 /// One request of the call, with its config.
@@ -35,7 +35,8 @@ pub struct Decided {
 pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> Decided {
     // A blocked request denies all; an allowed one is ok and takes no further part; neither
     // has its state read.
-    let mut answered: Vec<Option<Decision>> = parts.iter().map(|p| listed(&p.req, p.config.capacity)).collect();
+    let mut answered: Vec<Option<Decision>> =
+        parts.iter().map(|p| listed(&p.req).map(|l| listed_decision(&p.req, l, p.config.capacity))).collect();
     let blocked: Vec<usize> = (0..parts.len()).filter(|i| answered[*i].as_ref().is_some_and(|d| !d.ok)).collect();
     if !blocked.is_empty() {
         let denials: Vec<Decision> = blocked.iter().map(|i| answered[*i].take().expect("blocked")).collect();
@@ -63,29 +64,31 @@ pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> Deci
 /// are granted are the durable rows written.
 fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Decided {
     let now = clock::now_ms();
-    let per_shard: Vec<Config> = parts.iter().map(|p| p.config.per_shard()).collect();
     let durable: Vec<usize> = (0..parts.len()).filter(|p| parts[*p].config.durable).collect();
     let looked: Vec<_> = durable
         .iter()
         .map(|&p| {
             let all: Vec<i32> = (0..parts[p].config.shards as i32).collect();
-            look(table, &parts[p].req, &per_shard[p], pick_shards(parts[p].config.shards, &all, &[]), now)
+            look(table, &parts[p].req, pick_shards(parts[p].config.shards, &all, &[]))
         })
         .collect();
-    let durable_decisions = |outcomes: &[bucket::Outcome], now: f64, decisions: &mut [Option<Decision>]| {
+    let durable_decisions = |outcomes: &[bucket::Outcome], decisions: &mut [Option<Decision>]| {
         for (&p, o) in durable.iter().zip(outcomes) {
-            decisions[p] = Some(decision(&parts[p].req, o, &parts[p].config, &per_shard[p], now));
+            decisions[p] = Some(o.decision(parts[p].req.name));
         }
     };
     let outcomes: Vec<_> = durable
         .iter()
         .zip(&looked)
-        .map(|(&p, l)| bucket::plan(&l.states, &per_shard[p], now, parts[p].req.count, parts[p].req.reserve))
+        .map(|(&p, l)| {
+            let (req, config) = (&parts[p].req, &parts[p].config);
+            bucket::plan(&l.states(req, config, now), config, now, req.count, req.reserve)
+        })
         .collect();
     let mut decisions: Vec<Option<Decision>> = (0..parts.len())
         .map(|p| (!parts[p].config.durable).then(|| memory::check(&parts[p].req, &parts[p].config)))
         .collect();
-    durable_decisions(&outcomes, now, &mut decisions);
+    durable_decisions(&outcomes, &mut decisions);
     if !consume || decisions.iter().flatten().any(|d| !d.ok) {
         return all_decided(decisions);
     }
@@ -101,7 +104,8 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
     let mut locked = vec![Vec::new(); durable.len()];
     for &(p, i) in &order {
         let part = parts[durable[p]];
-        let row = lock_one(table, &part.req, &per_shard[durable[p]], slot_of(p, i), looked[p].rows[i], true, &clock::now_ms)
+        let shard = looked[p].shards[i];
+        let row = lock_one(table, slot_of(p, i), looked[p].rows[i], true, &|| starting(table, &part.req, &part.config, shard, clock::now_ms()))
             .expect("a waiting lock is always obtained");
         locked[p].push((i, row));
     }
@@ -112,10 +116,10 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
         .map(|(&p, rows)| {
             rows.sort_by_key(|(i, _)| *i);
             let states: Vec<_> = rows.iter().map(|(_, r)| r.state).collect();
-            bucket::plan(&states, &per_shard[p], now, parts[p].req.count, parts[p].req.reserve)
+            bucket::plan(&states, &parts[p].config, now, parts[p].req.count, parts[p].req.reserve)
         })
         .collect();
-    durable_decisions(&outcomes, now, &mut decisions);
+    durable_decisions(&outcomes, &mut decisions);
     if outcomes.iter().any(|o| !o.ok) {
         return all_decided(decisions);
     }
@@ -130,9 +134,10 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
         }
     }
     for (p, (o, rows)) in outcomes.iter().zip(&locked).enumerate() {
-        for ((state, changed), (i, row)) in o.after.iter().zip(rows) {
-            if *changed {
-                table.write_locked(row, slot_of(p, *i), *state, bucket::expires(*state, &per_shard[durable[p]]));
+        for (j, (i, row)) in rows.iter().enumerate() {
+            let (state, changed) = o.after[j];
+            if changed {
+                table.write_locked(row, slot_of(p, *i), state, o.expires(j));
             }
         }
     }

@@ -51,7 +51,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     if let Some(below) = fold_below {
         fold(&log, req.name, Some(req.key), config, below, c"rate_limit()");
     }
-    super::decision(req, &admitted.outcome, config, config, admitted.at)
+    admitted.outcome.decision(req.name)
 }
 
 /// `check_rate_limit` on a hot limit: against the escrow (calls in flight count) when it is
@@ -59,7 +59,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
 pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     let (state, at) = current(table, req, config, clock::now_ms());
     let outcome = bucket::plan(&[state], config, at, req.count, req.reserve);
-    super::decision(req, &outcome, config, config, at)
+    outcome.decision(req.name)
 }
 
 /// The state `rate_limit_value` reports for a hot limit (see `check`).
@@ -109,12 +109,12 @@ fn committed(table: &StateTable, log: &DebitLog, req: &Request<'_>, config: &Con
 fn replay(req: &Request<'_>, config: &Config, base: Option<State>, log: &DebitLog, seen: Seen, now: f64) -> (State, f64, u64) {
     let (mut state, mut last, mut debits) = (base, f64::NEG_INFINITY, 0);
     log.each(req.name, Some(req.key), None, seen, |_, debit, _| {
-        let base = state.unwrap_or_else(|| super::fresh(req, config, debit.at.min(now)));
+        let base = state.unwrap_or_else(|| bucket::fresh(config, req.name, req.key, debit.at.min(now)));
         state = Some(escrow::apply(base, config, debit));
         last = last.max(debit.at);
         debits += 1;
     });
-    (state.unwrap_or_else(|| super::fresh(req, config, now)), last, debits)
+    (state.unwrap_or_else(|| bucket::fresh(config, req.name, req.key, now)), last, debits)
 }
 
 /// Move the logged debits of `name` (of `key` only, when given) numbered below `below` (all
@@ -140,9 +140,12 @@ fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, 
                 write(done);
             }
             let req = Request { name, key: row_key, count: 0.0, reserve: false, inline: None };
-            let first = debit.at;
-            let row = super::rows::lock_one(table, &req, config, slot(&req), table.read(slot(&req)), true, &|| first)
-                .expect("waited for the row");
+            // A missing base row starts fresh at the first debit's instant.
+            let starting = || {
+                let fresh = bucket::fresh(config, name, row_key, debit.at);
+                (fresh, bucket::expires(fresh, config))
+            };
+            let row = super::rows::lock_one(table, slot(&req), table.read(slot(&req)), true, &starting).expect("waited for the row");
             folding = Some(Folding { key: row_key.map(str::to_owned), state: row.state, row });
         }
         let f = folding.as_mut().expect("set above");

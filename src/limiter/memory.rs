@@ -88,7 +88,7 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
     let mut waited = None;
     loop {
         let now = clock::now_ms();
-        let mut guard = memory::hold(&id, req.name, &fingerprint, now, || super::fresh(req, config, now))
+        let mut guard = memory::hold(&id, req.name, &fingerprint, now, || bucket::fresh(config, req.name, req.key, now))
             .unwrap_or_else(|e| refused(req, e));
         let ticket = guard.ticket();
         let entry = guard.entry();
@@ -136,7 +136,7 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
             in_flight::note_debit(in_flight::Debit::Memory(ticket, seq, *config));
         }
         drop(guard);
-        return super::decision(req, &admitted.outcome, config, config, admitted.at);
+        return admitted.outcome.decision(req.name);
     }
 }
 
@@ -189,20 +189,20 @@ fn current(req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
     load_snapshot();
     let id = identity(req);
     if changed_here(&id, false) {
-        return (super::fresh(req, config, now), now);
+        return (bucket::fresh(config, req.name, req.key, now), now);
     }
     if let Some(guard) = memory::peek(&id).filter(|g| !g.entry_ref().absent()) {
         let escrow = guard.entry_ref().escrow_ref();
         return (escrow.tail(), escrow.admission_instant(now));
     }
-    (super::fresh(req, config, now), now)
+    (bucket::fresh(config, req.name, req.key, now), now)
 }
 
 /// `check_rate_limit` on a memory limit.
 pub fn check(req: &Request<'_>, config: &Config) -> Decision {
     let (state, at) = current(req, config, clock::now_ms());
     let outcome = bucket::plan(&[state], config, at, req.count, req.reserve);
-    super::decision(req, &outcome, config, config, at)
+    outcome.decision(req.name)
 }
 
 /// The state `rate_limit_value` reports for a memory limit.

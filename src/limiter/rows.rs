@@ -17,18 +17,27 @@ use crate::call::{Decision, Reason, Request};
 use crate::clock::{self, sleep_ms};
 use crate::storage::{Created, Locked, Owner, Row, Slot, StateTable, Written};
 
-use super::{decision, fresh};
 
 /// How many times a call re-picks shards when those it chose are locked by other
 /// transactions, before it queues for its choice.
 const SKIP_LOCKED_ROUNDS: usize = 3;
 
-/// The shards one call looks at, their rows when they exist and their states (fresh when
-/// never written).
+/// The shards one call looks at, their rows when they exist and the states they start from.
 pub(super) struct Looked {
     pub shards: Vec<i32>,
     pub rows: Vec<Option<Row>>,
-    pub states: Vec<State>,
+    /// A shard's row's state; for a missing row under an inline config, that of the row
+    /// 0.4.0 kept for every inline config of (name, key), while one is left (it expires, and
+    /// nothing writes it any more); `None`: fresh.
+    pub stored: Vec<Option<State>>,
+}
+
+impl Looked {
+    /// Each shard's state as of `now`: stored, else fresh.
+    pub fn states(&self, req: &Request<'_>, config: &Config, now: f64) -> Vec<State> {
+        let fresh = || bucket::fresh(config, req.name, req.key, now);
+        self.stored.iter().map(|s| s.unwrap_or_else(fresh)).collect()
+    }
 }
 
 pub(super) fn slot<'a>(req: &Request<'a>, shard: i32) -> Slot<'a> {
@@ -36,15 +45,18 @@ pub(super) fn slot<'a>(req: &Request<'a>, shard: i32) -> Slot<'a> {
     Slot { name: req.name, key: req.key, shard, owner }
 }
 
-/// The state a missing row starts from: fresh, or for an inline config the row 0.4.0 kept
-/// for every inline config of (name, key), while one is left (it expires, and nothing writes
-/// it any more).
-fn start(table: &StateTable, req: &Request<'_>, config: &Config, shard: i32, now: f64) -> State {
-    let shared = || table.read(Slot { owner: Owner::SharedInline, ..slot(req, shard) });
-    match req.inline.and_then(|_| shared()) {
-        Some(row) => row.state,
-        None => fresh(req, config, now),
-    }
+/// The state a missing row starts from when it is not fresh: for an inline config, that of
+/// the row 0.4.0 kept for every inline config of (name, key), while one is left.
+fn shared_inline(table: &StateTable, req: &Request<'_>, shard: i32) -> Option<State> {
+    req.inline?;
+    table.read(Slot { owner: Owner::SharedInline, ..slot(req, shard) }).map(|row| row.state)
+}
+
+/// What a missing row of `shard` is created with: the state it starts from as of `now`, and
+/// when that expires.
+pub(super) fn starting(table: &StateTable, req: &Request<'_>, config: &Config, shard: i32, now: f64) -> (State, f64) {
+    let state = shared_inline(table, req, shard).unwrap_or_else(|| bucket::fresh(config, req.name, req.key, now));
+    (state, bucket::expires(state, config))
 }
 
 /// One random shard, or two distinct ones from `MIN_CHOOSE_TWO` shards up, out of `pool`
@@ -69,10 +81,10 @@ fn waitable(shards: u32, held: &[i32]) -> Vec<i32> {
     }
 }
 
-pub(super) fn look(table: &StateTable, req: &Request<'_>, per_shard: &Config, shards: Vec<i32>, now: f64) -> Looked {
+pub(super) fn look(table: &StateTable, req: &Request<'_>, shards: Vec<i32>) -> Looked {
     let rows: Vec<Option<Row>> = shards.iter().map(|s| table.read(slot(req, *s))).collect();
     Looked {
-        states: rows.iter().zip(&shards).map(|(r, s)| r.map_or_else(|| start(table, req, per_shard, *s, now), |r| r.state)).collect(),
+        stored: rows.iter().zip(&shards).map(|(r, s)| r.map_or_else(|| shared_inline(table, req, *s), |r| Some(r.state))).collect(),
         rows,
         shards,
     }
@@ -81,32 +93,30 @@ pub(super) fn look(table: &StateTable, req: &Request<'_>, per_shard: &Config, sh
 /// Answer without writing or locking anything (`check_rate_limit`): the shards' rows as of
 /// the snapshot.
 pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
-    let per_shard = config.per_shard();
-    let now = clock::now_ms();
     let all: Vec<i32> = (0..config.shards as i32).collect();
-    let looked = look(table, req, &per_shard, pick_shards(config.shards, &all, &[]), now);
-    let outcome = bucket::plan(&looked.states, &per_shard, now, req.count, req.reserve);
-    decision(req, &outcome, config, &per_shard, now)
+    let looked = look(table, req, pick_shards(config.shards, &all, &[]));
+    let now = clock::now_ms();
+    let states = looked.states(req, config, now);
+    bucket::plan(&states, config, now, req.count, req.reserve).decision(req.name)
 }
 
-/// What a writing call does to the states of the shards it looked at (per-shard config, now).
-type Plan<'p> = &'p dyn Fn(&[State], &Config, f64) -> Outcome;
+/// What a writing call does to the states of the shards it looked at, as of an instant.
+type Plan<'p> = &'p dyn Fn(&[State], f64) -> Outcome;
 
 /// Take `req.count` (`rate_limit`).
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
-    write(table, req, config, &|states, per_shard, now| bucket::plan(states, per_shard, now, req.count, req.reserve))
+    write(table, req, config, &|states, now| bucket::plan(states, config, now, req.count, req.reserve))
 }
 
 /// Give `req.count` back (`credit`), to the emptiest shard looked at; `config` has no
 /// `lock_timeout` (a give-back is never dropped).
 pub fn credit(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
-    write(table, req, config, &|states, per_shard, now| bucket::plan_credit(states, per_shard, now, req.count))
+    write(table, req, config, &|states, now| bucket::plan_credit(states, config, now, req.count))
 }
 
 /// Plan on the shards' states and write what the plan changed: the write path that
 /// consuming and crediting share.
 fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>) -> Decision {
-    let per_shard = config.per_shard();
     // Shards other transactions were seen holding, and shards this call holds (rounds that
     // gave up keep what they locked or created until the transaction ends).
     let mut busy: Vec<i32> = Vec::new();
@@ -123,19 +133,19 @@ fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>)
         let wait = must_wait && deadline.is_none();
         let pool = if must_wait { waitable(config.shards, &held) } else { (0..config.shards as i32).collect() };
         let now = clock::now_ms();
-        let looked = look(table, req, &per_shard, pick_shards(config.shards, &pool, &busy), now);
-        let outcome = plan(&looked.states, &per_shard, now);
+        let looked = look(table, req, pick_shards(config.shards, &pool, &busy));
+        let outcome = plan(&looked.states(req, config, now), now);
         // What the call changes: nothing when denied, except in the penalize mode.
         let taking: Vec<usize> = (0..looked.shards.len()).filter(|i| outcome.after[*i].1).collect();
         if taking.is_empty() {
-            return decision(req, &outcome, config, &per_shard, now);
+            return outcome.decision(req.name);
         }
         let mut try_locking = true;
         if let [i] = taking[..] {
             // The common case, one row to write: write it without locking it first.
             let slot = slot(req, looked.shards[i]);
             let state = outcome.after[i].0;
-            let expires = bucket::expires(state, &per_shard);
+            let expires = outcome.expires(i);
             let written = match &looked.rows[i] {
                 Some(row) => table.update(row, slot, state, expires, wait),
                 None => match table.create(slot, state, expires, wait) {
@@ -145,7 +155,7 @@ fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>)
                 },
             };
             match written {
-                Written::Done => return decision(req, &outcome, config, &per_shard, now),
+                Written::Done => return outcome.decision(req.name),
                 Written::Busy => {
                     busy.push(slot.shard);
                     try_locking = false;
@@ -154,15 +164,16 @@ fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>)
             }
         }
         if try_locking {
-            match lock_all(table, req, &per_shard, &looked, &taking, wait, &mut held) {
-                Some(locked) => return apply(table, req, config, &looked, &taking, locked, plan),
+            let starting = |shard| starting(table, req, config, shard, clock::now_ms());
+            match lock_all(table, req, &looked, &taking, wait, &mut held, &starting) {
+                Some(locked) => return apply(table, req, &looked, &taking, locked, plan),
                 None => busy.extend(taking.iter().map(|i| looked.shards[*i])),
             }
         }
         match deadline {
             Some((at, ms)) if must_wait => {
                 if Instant::now() >= at {
-                    return lock_timed_out(req, config, &decision(req, &outcome, config, &per_shard, now), ms);
+                    return lock_timed_out(req, config, &outcome.decision(req.name), ms);
                 }
                 sleep_ms(pause.min(at.saturating_duration_since(Instant::now()).as_secs_f64() * 1000.0));
                 pause = (pause * 2.0).min(LOCK_POLL_MAX_MS);
@@ -191,24 +202,24 @@ fn lock_timed_out(req: &Request<'_>, config: &Config, planned: &Decision, waited
     }
 }
 
-/// Lock the rows of the shards at `taking` in ascending shard order, creating missing ones,
-/// and note each in `held`. Without `wait`, gives up and returns `None` as soon as one is
-/// held by another transaction.
+/// Lock the rows of the shards at `taking` in ascending shard order, creating missing ones
+/// as `starting` a shard says, and note each in `held`. Without `wait`, gives up and returns
+/// `None` as soon as one is held by another transaction.
 fn lock_all(
     table: &StateTable,
     req: &Request<'_>,
-    per_shard: &Config,
     looked: &Looked,
     taking: &[usize],
     wait: bool,
     held: &mut Vec<i32>,
+    starting: &dyn Fn(i32) -> (State, f64),
 ) -> Option<Vec<Row>> {
     let mut order = taking.to_vec();
     order.sort_by_key(|i| looked.shards[*i]);
     let mut locked: Vec<Option<Row>> = vec![None; looked.shards.len()];
     for i in order {
         let slot = slot(req, looked.shards[i]);
-        locked[i] = Some(lock_one(table, req, per_shard, slot, looked.rows[i], wait, &clock::now_ms)?);
+        locked[i] = Some(lock_one(table, slot, looked.rows[i], wait, &|| starting(slot.shard))?);
         if !held.contains(&slot.shard) {
             held.push(slot.shard);
         }
@@ -216,16 +227,15 @@ fn lock_all(
     Some(taking.iter().map(|i| locked[*i].expect("every taken shard was locked")).collect())
 }
 
-/// Lock the row of `slot` (`known` when it was read), creating it full as of `fresh_at` when
-/// missing; `None` when another transaction holds it (only without `wait`).
+/// Lock the row of `slot` (`known` when it was read), creating it when missing with the
+/// state and expiry `starting` gives; `None` when another transaction holds it (only without
+/// `wait`).
 pub(super) fn lock_one(
     table: &StateTable,
-    req: &Request<'_>,
-    per_shard: &Config,
     slot: Slot<'_>,
     known: Option<Row>,
     wait: bool,
-    fresh_at: &dyn Fn() -> f64,
+    starting: &dyn Fn() -> (State, f64),
 ) -> Option<Row> {
     let mut known = known;
     loop {
@@ -239,8 +249,8 @@ pub(super) fn lock_one(
             // Missing (never written, or reset meanwhile): create it as it starts; ours
             // until commit. If a concurrent transaction created it first, lock theirs.
             None => {
-                let state = start(table, req, per_shard, slot.shard, fresh_at());
-                match table.create(slot, state, bucket::expires(state, per_shard), wait) {
+                let (state, expires) = starting();
+                match table.create(slot, state, expires, wait) {
                     Created::Done(row) => return Some(row),
                     Created::Exists(row) => known = Some(row),
                     Created::Busy => return None,
@@ -251,45 +261,37 @@ pub(super) fn lock_one(
 }
 
 /// Decide again on the locked rows with the clock read after locking, and write.
-fn apply(
-    table: &StateTable,
-    req: &Request<'_>,
-    config: &Config,
-    looked: &Looked,
-    taking: &[usize],
-    locked: Vec<Row>,
-    plan: Plan<'_>,
-) -> Decision {
-    let per_shard = &config.per_shard();
+fn apply(table: &StateTable, req: &Request<'_>, looked: &Looked, taking: &[usize], locked: Vec<Row>, plan: Plan<'_>) -> Decision {
     let now = clock::now_ms();
     let states: Vec<State> = locked.iter().map(|r| r.state).collect();
-    let outcome = plan(&states, per_shard, now);
-    for ((&i, row), (state, changed)) in taking.iter().zip(&locked).zip(&outcome.after) {
-        if *changed {
-            table.write_locked(row, slot(req, looked.shards[i]), *state, bucket::expires(*state, per_shard));
+    let outcome = plan(&states, now);
+    for (j, (&i, row)) in taking.iter().zip(&locked).enumerate() {
+        let (state, changed) = outcome.after[j];
+        if changed {
+            table.write_locked(row, slot(req, looked.shards[i]), state, outcome.expires(j));
         }
     }
-    decision(req, &outcome, config, per_shard, now)
+    outcome.decision(req.name)
 }
 
 /// The stored state of the fullest of `sample` random shards, as `rate_limit_value` reports it.
 pub fn value(table: &StateTable, req: &Request<'_>, config: &Config, sample_shards: u32) -> (State, i32) {
-    let per_shard = config.per_shard();
     let now = clock::now_ms();
     let n = sample_shards.clamp(1, config.shards) as usize;
     let shards: Vec<i32> = sample(&mut rand::thread_rng(), config.shards as usize, n)
         .into_iter()
         .map(|s| s as i32)
         .collect();
-    let looked = look(table, req, &per_shard, shards, now);
+    let looked = look(table, req, shards);
+    let states = looked.states(req, config, now);
     // Compare as of now, so a shard that has since refilled counts as fuller.
     let fullest = (0..looked.shards.len())
         .max_by(|a, b| {
-            let value_now = |i: usize| bucket::check(looked.states[i], &per_shard, now, 0.0, false).available;
+            let value_now = |i: usize| bucket::available(states[i], config, now);
             value_now(*a).total_cmp(&value_now(*b))
         })
         .unwrap_or(0);
-    (looked.states[fullest], looked.shards[fullest])
+    (states[fullest], looked.shards[fullest])
 }
 
 #[cfg(test)]

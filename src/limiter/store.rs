@@ -2,7 +2,8 @@
 //! limit, a hot limit's escrow over its log, a memory limit's entry in shared memory, or a
 //! concurrency limit's slots. `Store::of` picks it from the config once; each of its calls
 //! reads the state, runs the bucket arithmetic and settles with the store under that
-//! store's own concurrency control, and answers through `limiter::decision`.
+//! store's own concurrency control, and answers with the outcome's decision
+//! (`bucket::Outcome::decision`).
 
 use crate::bucket::{Config, Kind, State};
 use crate::call::{Decision, Request};
