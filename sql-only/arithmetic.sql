@@ -60,7 +60,8 @@ CREATE TYPE rate_limiter._state AS (value double precision, ts double precision,
 -- The config the arithmetic reads, as bucket::Config (per shard).
 CREATE TYPE rate_limiter._config AS (
     kind text, rate double precision, period double precision, capacity double precision,
-    max_reserved double precision, start double precision, min_gap double precision, buckets integer);
+    max_reserved double precision, start double precision, min_gap double precision, buckets integer,
+    mode text);
 
 -- bucket::Check: what taking `count` from a state at `now` gives.
 CREATE TYPE rate_limiter._check AS (

@@ -64,7 +64,7 @@ BEGIN
     END IF;
     c := ROW(l.kind, l.rate, rate_limiter._interval_ms(l.period), coalesce(l.capacity, l.rate), l.max_reserved,
              rate_limiter._ms(l.start), rate_limiter._interval_ms(l.min_gap),
-             CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END)::rate_limiter._config;
+             CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode)::rate_limiter._config;
     -- validate.
     IF NOT (c.rate > 0 AND c.rate < 'Infinity') THEN
         PERFORM rate_limiter._raise('config', format('rate must be a finite number > 0, not %s', rate_limiter._display(c.rate)));
@@ -91,6 +91,11 @@ BEGIN
     IF NOT l.shards BETWEEN 1 AND 1024 THEN
         PERFORM rate_limiter._raise('config', format('shards must be between 1 and 1024, not %s', l.shards));
     END IF;
+    -- A cached denial would skip what a denial does besides denying (ignored here, but the
+    -- extension's config all the same).
+    IF deny_cache IS NOT NULL AND l.mode <> 'all' THEN
+        PERFORM rate_limiter._raise('unsupported', format('denyCache with mode ''%s''', l.mode));
+    END IF;
     IF l.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
         IF c.capacity <> c.rate THEN
             PERFORM rate_limiter._raise('config', format('a %s holds rate tokens: capacity must be NULL or equal to rate (%s), not %s',
@@ -113,8 +118,6 @@ BEGIN
         PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', l.period));
     ELSIF l.shards > 1 THEN
         PERFORM rate_limiter._raise('edition', 'shards > 1');
-    ELSIF l.mode <> 'all' THEN
-        PERFORM rate_limiter._raise('edition', format('mode ''%s''', l.mode));
     ELSIF l.lock_timeout IS NOT NULL THEN
         PERFORM rate_limiter._raise('edition', 'lock_timeout');
     ELSIF l.hot THEN
@@ -216,6 +219,9 @@ BEGIN
     IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
         PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
     END IF;
+    IF coalesce(reserve, false) AND c.mode <> 'all' THEN
+        PERFORM rate_limiter._raise('unsupported', format('mode ''%s'' has no reservations', c.mode));
+    END IF;
     IF NOT coalesce(reserve, false) AND count > c.capacity THEN
         PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
             rate_limiter._display(c.capacity)), format('count = %s', rate_limiter._display(count)));
@@ -252,8 +258,9 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- What one call decides on one state at now (bucket::plan for one shard, limiter::decision):
--- the decision, and the state to write when the call takes.
+-- What one call decides on one state at now (bucket::plan for one shard, with what a denial
+-- does instead by mode, bucket/modes.rs; Outcome::decision): the decision, and the state to
+-- write when the call changes it (an ok call; a denial in the penalize mode), else NULL.
 CREATE FUNCTION rate_limiter._decide(s rate_limiter._state, c rate_limiter._config, now double precision, name text,
                                      count double precision, reserve boolean,
                                      OUT d rate_limiter.decision, OUT after rate_limiter._state)
@@ -261,7 +268,33 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp A
 DECLARE
     took rate_limiter._check := rate_limiter._check(s, c, now, count, coalesce(reserve, false));
     refilled rate_limiter._check;
+    amount float8;
+    part rate_limiter._check;
+    penalized rate_limiter._check;
 BEGIN
+    IF NOT took.ok AND c.mode = 'partial' AND took.reason = 'exhausted' THEN
+        -- As much of count as there is now, whole tokens when count is whole.
+        amount := (rate_limiter._check(s, c, now, 0, false)).available;
+        amount := least(CASE WHEN count = trunc(count) THEN floor(amount) ELSE amount END, count);
+        IF amount > 0 THEN
+            part := rate_limiter._check(s, c, now, amount, false);
+            IF part.ok THEN
+                after := ROW(part.value, part.ts, part.granted_at, part.counts)::rate_limiter._state;
+                d := ROW(true, took.retry_after, part.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
+                         amount, NULL, NULL)::rate_limiter.decision;
+                RETURN;
+            END IF;
+        END IF;
+    ELSIF NOT took.ok AND c.mode = 'penalize' THEN
+        -- Denied, and counted down to -capacity; the gap keeps counting from the last grant.
+        refilled := rate_limiter._check(s, c, now, 0, false);
+        penalized := rate_limiter._check(s, c, now, greatest(least(count, refilled.value + c.capacity), 0::float8), false);
+        after := ROW(penalized.value, penalized.ts, took.granted_at, penalized.counts)::rate_limiter._state;
+        d := ROW(false, (rate_limiter._check(after, c, now, count, false)).retry_after,
+                 (rate_limiter._check(after, c, now, 0, false)).available,
+                 greatest(0::float8, rate_limiter._reset_after(after, c, now)), 0, took.reason, name)::rate_limiter.decision;
+        RETURN;
+    END IF;
     IF took.ok THEN
         after := ROW(took.value, took.ts, took.granted_at, took.counts)::rate_limiter._state;
         d := ROW(true, took.retry_after, took.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
@@ -359,7 +392,7 @@ BEGIN
     now := rate_limiter._now();
     decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
     LOOP
-        EXIT WHEN NOT (decided.d).ok;  -- a denial writes nothing and waits for no one
+        EXIT WHEN decided.after IS NULL;  -- a denial writes nothing and waits for no one (but a penalty)
         IF read.at IS NULL THEN
             INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
             VALUES (name, key, 0, (decided.after).value, rate_limiter._ts((decided.after).ts),
@@ -378,7 +411,7 @@ BEGIN
             now := rate_limiter._now();
             decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
             CONTINUE WHEN read.at IS NULL;  -- deleted: create it again
-            EXIT WHEN NOT (decided.d).ok;
+            EXIT WHEN decided.after IS NULL;
         END IF;
         PERFORM rate_limiter._store(locked.at, decided.after, req.c);
         EXIT;
@@ -645,7 +678,7 @@ BEGIN
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
         'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
-        'minGap', rate_limiter._json_number(c.min_gap), 'mode', 'all',
+        'minGap', rate_limiter._json_number(c.min_gap), 'mode', c.mode,
         'denyCache', rate_limiter._json_number(rate_limiter._interval_ms(named.deny_cache)),
         'enforce', CASE WHEN NOT named.enforce THEN false END));
     RETURN NEXT;

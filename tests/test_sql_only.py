@@ -120,7 +120,7 @@ def define(name):
                      st.sampled_from([1, 2, 2.5, 3, 5, 100]), st.sampled_from([1, 500, 1000, 60000, 3600000]),
                      st.sampled_from([None, None, 0, 3, 20]), st.sampled_from([None, 0, 5]),
                      st.sampled_from([None, 0, 700, 5000]), st.sampled_from([None, "2026-02-28 23:59:59.5+00"]),
-                     st.booleans())
+                     st.booleans(), st.sampled_from(["all", "all", "partial", "penalize"]))
 
 
 call = st.tuples(st.just("call"), st.sampled_from(["rate_limit", "check_rate_limit"]), names, keys, amounts,
@@ -146,11 +146,12 @@ steps = st.lists(st.one_of(
 def step(conn, s, now_ms):
     kind = s[0]
     if kind == "define":
-        _, name, k, rate, period, capacity, max_reserved, min_gap, start, enforce = s
+        _, name, k, rate, period, capacity, max_reserved, min_gap, start, enforce, mode = s
         return run(conn, "SELECT rate_limiter.define(%s, %s, %s, make_interval(secs => %s::float8 / 1000), %s, %s, "
-                         "min_gap => make_interval(secs => %s::float8 / 1000), start => %s, enforce => %s, buckets => %s)",
+                         "min_gap => make_interval(secs => %s::float8 / 1000), start => %s, enforce => %s, buckets => %s, "
+                         "mode => %s)",
                    (name, k, rate, period, capacity, max_reserved, min_gap,
-                    start if k != "token bucket" else None, enforce, 4 if k == "rolling window" and period > 1 else None))
+                    start if k != "token bucket" else None, enforce, 4 if k == "rolling window" and period > 1 else None, mode))
     if kind == "call":
         _, fn, name, key, count, reserve, throws = s
         return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s, %s, %s, %s, %s)", (name, key, count, reserve, throws))
@@ -198,11 +199,22 @@ def step(conn, s, now_ms):
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(limits=st.tuples(define("tb"), define("fw")), sequence=steps)
 # A credit to a sliding window while the previous window still weighs (its remaining counts that weight).
-@example(limits=(("define", "tb", "sliding window", 10, 60000, None, None, None, "2026-02-28 23:59:59.5+00", True),
-                 ("define", "fw", "rolling window", 5, 1000, None, None, None, None, True)),
+@example(limits=(("define", "tb", "sliding window", 10, 60000, None, None, None, "2026-02-28 23:59:59.5+00", True, "all"),
+                 ("define", "fw", "rolling window", 5, 1000, None, None, None, None, True, "all")),
          sequence=[("call", "rate_limit", "tb", "a", 10, False, False), ("clock", 90000), ("credit", "tb", "a", 3),
                    ("call", "rate_limit", "fw", "a", 5, False, False), ("call", "rate_limit", "fw", "a", 1, False, False),
                    ("clock", 250), ("credit", "fw", "a", 2), ("call", "check_rate_limit", "fw", "a", 3, False, False)])
+# Modes: a partial grant of what a sliding window has left (whole tokens of a fraction, once
+# the previous window weighs), a penalized denial of a fixed window counted down to -capacity
+# (its row written although denied), a check and a wait.
+@example(limits=(("define", "tb", "sliding window", 5, 1000, None, None, None, None, True, "partial"),
+                 ("define", "fw", "fixed window", 3, 1000, None, None, None, None, True, "penalize")),
+         sequence=[("call", "rate_limit", "tb", "a", 3, False, False), ("call", "rate_limit", "tb", "a", 3, False, True),
+                   ("call", "rate_limit", "tb", "a", 0.5, False, False), ("call", "rate_limit", "fw", "a", 3, False, False),
+                   ("call", "rate_limit", "fw", "a", 2, False, False), ("call", "check_rate_limit", "fw", "a", 2, False, False),
+                   ("call", "rate_limit", "fw", "a", 3, True, False), ("clock", 250), ("call", "rate_limit", "tb", "a", 3, False, False),
+                   ("clock", 250), ("call", "rate_limit", "tb", "a", 3, False, False), ("wait", "fw", "a", 1),
+                   ("value", "fw", "a"), ("credit", "fw", "a", 2), ("call", "rate_limit", "fw", "a", 1, False, False)])
 def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, database, edition, pg, limits, sequence):
     dbname, _ = edition
     with main.connect(database) as ext, main.connect(dbname) as ed:
@@ -222,6 +234,24 @@ def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, dat
             assert answers[0] == answers[1], f"step {n} {s}:\nextension {answers[0]}\nedition   {answers[1]}"
         state = "SELECT name, key, shard, value, ts, expires, granted_at FROM rate_limiter.state ORDER BY 1, 2"
         assert run(ext, state) == run(ed, state), "the same rows"
+
+
+@every_version
+def test_the_modes_refusals_answer_as_the_extension(main, database, edition, pg):
+    """What a mode other than 'all' cannot have is refused with the extension's error."""
+    dbname, _ = edition
+    statements = [
+        "SELECT rate_limiter.define('m', 'token bucket', 5, '1 second', mode => 'partial', deny_cache => '1 second')",
+        "SELECT rate_limiter.define('m', 'token bucket', 5, '1 second', mode => 'partial')",
+        "SELECT * FROM rate_limiter.rate_limit('m', 'k', 1, reserve => true)",
+        "SELECT rate_limiter.define('m', 'fixed window', 5, '1 second', mode => 'penalize', max_reserved => 3)",
+        "SELECT * FROM rate_limiter.check_rate_limit('m', 'k', 1, reserve => true)",
+        "SELECT rate_limiter.define('m', 'token bucket', 5, '1 second', mode => 'some')",
+    ]
+    with main.connect(database) as ext, main.connect(dbname) as ed:
+        answers = [[run(conn, sql) for sql in statements] for conn in (ext, ed)]
+    assert answers[0] == answers[1]
+    assert [a[1] if a[0] == "error" else None for a in answers[1]] == ["0A000", None, "0A000", None, "0A000", "22023"]
 
 
 @every_version
