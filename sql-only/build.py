@@ -1,8 +1,9 @@
 """Assembles sql-only/rate_limiter.sql, the edition's one install script: the extension's own
 tables and decision type, taken from sql/bootstrap.sql so that the two never drift apart
 (the same shapes, constraints and comments: a database can move to the extension with its
-state), then the edition's arithmetic and functions. `python3 sql-only/build.py` writes it;
-`--check` fails when the committed file is not what it would write (the test command runs that).
+state), then the edition's arithmetic and functions; and sql-only/pg_tle.sql, the same
+script as a pg_tle extension's. `python3 sql-only/build.py` writes them; `--check` fails when
+a committed file is not what it would write (the test command runs that).
 """
 
 import re
@@ -12,6 +13,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "rate_limiter.sql"
+PG_TLE_OUT = HERE / "pg_tle.sql"
+# pg_tle's name for the edition: not `rate_limiter`, the compiled extension's.
+PG_TLE_NAME = "rate_limiter_sql"
+PG_TLE_QUOTE = "$_pgtle_$"
 VERSION = "0.6.0"
 # The extension's objects the edition has: what it keeps no state in (debits, leases, the
 # memory snapshot) is left out.
@@ -31,6 +36,7 @@ BEGIN
         RAISE EXCEPTION 'rate_limiter needs PostgreSQL 15 or later, not %', pg_catalog.current_setting('server_version')
             USING ERRCODE = '0A000';
     END IF;
+    -- psql only (CREATE EXTENSION decides who owns an extension's objects):
     IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user) THEN
         RAISE EXCEPTION 'the SQL-only edition is installed by the database''s owner, not by a superuser' USING ERRCODE = '42501',
             HINT = 'Its functions run with their owner''s rights: SET ROLE to the database''s owner (or a role without superuser) first.';
@@ -140,10 +146,42 @@ def build():
     return check("".join(parts))
 
 
+def extension_script(script):
+    """The install script as an extension's: without psql's setting and the transaction
+    (CREATE EXTENSION runs in its own), and without the refusal of a superuser, which is the
+    psql install's (an extension's objects are owned as CREATE EXTENSION decides)."""
+    lines = script.splitlines(keepends=True)
+    assert lines.count("\\set ON_ERROR_STOP on\n") == lines.count("BEGIN;\n") == lines.count("COMMIT;\n") == 1
+    body = "".join(l for l in lines if l not in ("\\set ON_ERROR_STOP on\n", "BEGIN;\n", "COMMIT;\n"))
+    start = body.index("    -- psql only")
+    end = body.index("    END IF;\n", start) + len("    END IF;\n")
+    body = body[:start] + body[end:]
+    assert PG_TLE_QUOTE not in body and "superuser' USING" not in body
+    return body
+
+
+def pg_tle(script):
+    """sql-only/pg_tle.sql: the edition registered with pg_tle (RDS, Supabase), then created."""
+    return f"""-- rate_limiter {VERSION}, the SQL-only edition, as a pg_tle extension named {PG_TLE_NAME}: the
+-- install script of sql-only/rate_limiter.sql as an extension's (written by sql-only/build.py).
+-- Untested against pg_tle itself, which is not packaged for Debian; the test command installs
+-- the same script as a trusted extension of PostgreSQL's own (tests/test_sql_only.py).
+--
+-- As a role that may use pg_tle (pgtle_admin), into a database without the extension:
+--   psql -v ON_ERROR_STOP=1 -d DB -f pg_tle.sql
+SELECT pgtle.install_extension('{PG_TLE_NAME}', '{VERSION}',
+    'Rate limits inside your transactions: the SQL-only edition of rate_limiter', {PG_TLE_QUOTE}
+{extension_script(script)}{PG_TLE_QUOTE});
+CREATE EXTENSION {PG_TLE_NAME};
+"""
+
+
 if __name__ == "__main__":
     text = build()
-    if "--check" in sys.argv:
-        if OUT.read_text() != text:
-            sys.exit(f"{OUT} is not what sql-only/build.py writes: run python3 sql-only/build.py")
-    else:
-        OUT.write_text(text)
+    outputs = {OUT: text, PG_TLE_OUT: pg_tle(text)}
+    for path, content in outputs.items():
+        if "--check" in sys.argv:
+            if not path.exists() or path.read_text() != content:
+                sys.exit(f"{path} is not what sql-only/build.py writes: run python3 sql-only/build.py")
+        else:
+            path.write_text(content)

@@ -12,6 +12,7 @@ BEGIN
         RAISE EXCEPTION 'rate_limiter needs PostgreSQL 15 or later, not %', pg_catalog.current_setting('server_version')
             USING ERRCODE = '0A000';
     END IF;
+    -- psql only (CREATE EXTENSION decides who owns an extension's objects):
     IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user) THEN
         RAISE EXCEPTION 'the SQL-only edition is installed by the database''s owner, not by a superuser' USING ERRCODE = '42501',
             HINT = 'Its functions run with their owner''s rights: SET ROLE to the database''s owner (or a role without superuser) first.';

@@ -237,6 +237,49 @@ def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, dat
 
 
 @every_version
+def test_the_pg_tle_script_installs_as_an_extension_of_the_databases_owner(main, pg):
+    """pg_tle is not packaged for Debian: the script pg_tle.sql hands it is installed here as
+    an extension of PostgreSQL's own (a control file with superuser = false), created by a
+    database's owner who is not a superuser, used, granted to an application, and dropped."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("build", ROOT / "sql-only" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    script = build.extension_script(EDITION.read_text())
+    assert build.pg_tle(EDITION.read_text()) == (ROOT / "sql-only" / "pg_tle.sql").read_text()
+    owner, app, dbname = "tle_owner_" + uuid.uuid4().hex[:6], "tle_app_" + uuid.uuid4().hex[:6], "tle_" + uuid.uuid4().hex[:8]
+    with main.connect() as admin:
+        share = Path(admin.execute("SELECT setting FROM pg_config WHERE name = 'SHAREDIR'").fetchone()[0]) / "extension"
+        admin.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
+        admin.execute(f"CREATE ROLE {app} LOGIN NOSUPERUSER")
+        admin.execute(f"CREATE DATABASE {dbname} OWNER {owner}")
+    control, sql = share / f"{build.PG_TLE_NAME}.control", share / f"{build.PG_TLE_NAME}--{build.VERSION}.sql"
+    control.write_text(f"default_version = '{build.VERSION}'\nrelocatable = false\nsuperuser = false\n")
+    sql.write_text(script)
+    try:
+        with main.connect(dbname, user=owner) as c:
+            c.execute(f"CREATE EXTENSION {build.PG_TLE_NAME}")
+            assert c.execute("SELECT rate_limiter.edition()").fetchone() == (f"sql-only {build.VERSION}",)
+            c.execute("SELECT rate_limiter.define('api', 'token bucket', 2, '1 minute')")
+            c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {app}")
+            c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {app}")
+        with main.connect(dbname, user=app) as c:
+            assert [c.execute("SELECT ok FROM rate_limiter.rate_limit('api', 'k')").fetchone()[0] for _ in range(3)] == [True, True, False]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT * FROM rate_limiter.state")
+        with main.connect(dbname, user=owner) as c:
+            c.execute(f"DROP EXTENSION {build.PG_TLE_NAME}")
+            assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone() == (0,)
+    finally:
+        control.unlink()
+        sql.unlink()
+        with main.connect() as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+            admin.execute(f"DROP ROLE {app}")
+            admin.execute(f"DROP ROLE {owner}")
+
+
+@every_version
 def test_the_modes_refusals_answer_as_the_extension(main, database, edition, pg):
     """What a mode other than 'all' cannot have is refused with the extension's error."""
     dbname, _ = edition

@@ -1,0 +1,1620 @@
+-- rate_limiter 0.6.0, the SQL-only edition, as a pg_tle extension named rate_limiter_sql: the
+-- install script of sql-only/rate_limiter.sql as an extension's (written by sql-only/build.py).
+-- Untested against pg_tle itself, which is not packaged for Debian; the test command installs
+-- the same script as a trusted extension of PostgreSQL's own (tests/test_sql_only.py).
+--
+-- As a role that may use pg_tle (pgtle_admin), into a database without the extension:
+--   psql -v ON_ERROR_STOP=1 -d DB -f pg_tle.sql
+SELECT pgtle.install_extension('rate_limiter_sql', '0.6.0',
+    'Rate limits inside your transactions: the SQL-only edition of rate_limiter', $_pgtle_$
+-- rate_limiter 0.6.0, the SQL-only edition: plain SQL and PL/pgSQL for databases where no
+-- compiled extension can be installed (RDS, Cloud SQL, Azure, Supabase, Neon). Written by
+-- sql-only/build.py: edit its parts (sql-only/*.sql, sql/bootstrap.sql), not this file.
+--
+-- Install as the database's owner (no superuser needed), into a database without the
+-- extension:   psql -v ON_ERROR_STOP=1 -d DB -f rate_limiter.sql
+DO $$
+BEGIN
+    IF pg_catalog.current_setting('server_version_num')::int OPERATOR(pg_catalog.<) 150000 THEN
+        RAISE EXCEPTION 'rate_limiter needs PostgreSQL 15 or later, not %', pg_catalog.current_setting('server_version')
+            USING ERRCODE = '0A000';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'rate_limiter') THEN
+        RAISE EXCEPTION 'the rate_limiter extension is installed in this database' USING ERRCODE = '42710',
+            HINT = 'The SQL-only edition is for databases where the extension cannot be installed; keep the extension.';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) 'rate_limiter') THEN
+        RAISE EXCEPTION 'schema rate_limiter exists already' USING ERRCODE = '42P06',
+            HINT = 'The edition installs into a schema of its own: drop or rename the schema first.';
+    END IF;
+END $$;
+SET LOCAL search_path = pg_catalog, pg_temp;
+CREATE SCHEMA rate_limiter;
+COMMENT ON SCHEMA rate_limiter IS 'rate_limiter 0.6.0, SQL-only edition (sql-only/README.md).';
+
+-- The extension's tables and decision type (sql/bootstrap.sql).
+
+CREATE TABLE rate_limiter.limits (
+    name text PRIMARY KEY
+        CONSTRAINT limits_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    kind text NOT NULL
+        CONSTRAINT limits_kind_check CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window', 'sliding window', 'rolling window', 'concurrency'])),
+    rate double precision NOT NULL
+        CONSTRAINT limits_rate_check CHECK (rate OPERATOR(pg_catalog.>) 0::pg_catalog.float8 AND rate OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    period interval NOT NULL
+        CONSTRAINT limits_period_check CHECK (period OPERATOR(pg_catalog.>) '0'::pg_catalog.interval),
+    capacity double precision
+        CONSTRAINT limits_capacity_check CHECK (capacity OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND capacity OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    max_reserved double precision
+        CONSTRAINT limits_max_reserved_check CHECK (max_reserved OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND max_reserved OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    shards integer NOT NULL DEFAULT 1
+        CONSTRAINT limits_shards_check CHECK (shards OPERATOR(pg_catalog.>=) 1 AND shards OPERATOR(pg_catalog.<=) 1024),
+    start timestamptz
+        CONSTRAINT limits_start_check CHECK (pg_catalog.isfinite(start)),
+    min_gap interval
+        CONSTRAINT limits_min_gap_check CHECK (min_gap OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    mode text NOT NULL DEFAULT 'all'
+        CONSTRAINT limits_mode_check CHECK (mode OPERATOR(pg_catalog.=) ANY (ARRAY['all', 'partial', 'penalize'])),
+    buckets integer
+        CONSTRAINT limits_buckets_check CHECK (buckets OPERATOR(pg_catalog.>=) 1 AND buckets OPERATOR(pg_catalog.<=) 64),
+    lock_timeout interval
+        CONSTRAINT limits_lock_timeout_check CHECK (lock_timeout OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    on_lock_timeout text NOT NULL DEFAULT 'deny'
+        CONSTRAINT limits_on_lock_timeout_check CHECK (on_lock_timeout OPERATOR(pg_catalog.=) ANY (ARRAY['deny', 'allow'])),
+    deny_cache interval
+        CONSTRAINT limits_deny_cache_check CHECK (deny_cache OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    hot boolean NOT NULL DEFAULT false,
+    enforce boolean NOT NULL DEFAULT true,
+    tz text,
+    durable boolean NOT NULL DEFAULT true,
+    CONSTRAINT limits_deny_cache_is_for_one_row_per_key_in_mode_all
+        CHECK (deny_cache IS NULL OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all')),
+    CONSTRAINT limits_one_row_per_key_for_lock_timeout
+        CHECK (shards OPERATOR(pg_catalog.=) 1 OR lock_timeout IS NULL),
+    CONSTRAINT limits_buckets_are_for_rolling_window
+        CHECK (kind OPERATOR(pg_catalog.=) 'rolling window' OR buckets IS NULL),
+    CONSTRAINT limits_one_row_per_key_for_min_gap_and_modes
+        CHECK (shards OPERATOR(pg_catalog.=) 1 OR (min_gap IS NULL AND mode OPERATOR(pg_catalog.=) 'all')),
+    CONSTRAINT limits_start_is_for_windows
+        CHECK (kind OPERATOR(pg_catalog.<>) 'token bucket' OR start IS NULL),
+    CONSTRAINT limits_capacity_is_rate
+        CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window']) OR capacity IS NULL OR capacity OPERATOR(pg_catalog.=) rate),
+    CONSTRAINT limits_reservations_are_for_token_bucket_and_fixed_window
+        CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window']) OR max_reserved IS NULL),
+    CONSTRAINT limits_hot_is_one_row_in_mode_all
+        CHECK (NOT hot OR (shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all' AND min_gap IS NULL AND lock_timeout IS NULL)),
+    CONSTRAINT limits_memory_is_one_row_in_mode_all
+        CHECK (durable OR (NOT hot AND shards OPERATOR(pg_catalog.=) 1 AND mode OPERATOR(pg_catalog.=) 'all' AND min_gap IS NULL AND lock_timeout IS NULL AND kind OPERATOR(pg_catalog.=) ANY (ARRAY['token bucket', 'fixed window', 'sliding window'])))
+);
+
+COMMENT ON TABLE rate_limiter.limits IS
+    'Named rate limits, one row each. Manage with INSERT/UPDATE/DELETE or rate_limiter.define().';
+
+COMMENT ON COLUMN rate_limiter.limits.name IS 'The limit''s name, as passed to rate_limit(name => ...).';
+
+COMMENT ON COLUMN rate_limiter.limits.kind IS '''token bucket'' (continuous refill), ''fixed window'' (rate tokens at each window start), ''sliding window'' (the previous window weighs as it slides out), ''rolling window'' (at most rate in any period, counted in cells) or ''concurrency'' (at most rate slots held at once, by transactions or leases; period is how long a denied call is told to wait).';
+
+COMMENT ON COLUMN rate_limiter.limits.rate IS 'Tokens added per period.';
+
+COMMENT ON COLUMN rate_limiter.limits.period IS 'The period over which rate tokens are added.';
+
+COMMENT ON COLUMN rate_limiter.limits.capacity IS 'Most tokens that can accumulate (burst); NULL means rate.';
+
+COMMENT ON COLUMN rate_limiter.limits.max_reserved IS 'Most tokens that reservations may owe; NULL means unbounded.';
+
+COMMENT ON COLUMN rate_limiter.limits.shards IS 'Rows the limit is split across, so that concurrent transactions do not queue on one row lock.';
+
+COMMENT ON COLUMN rate_limiter.limits.min_gap IS 'Least time between two granted calls of one (name, key); NULL for none.';
+
+COMMENT ON COLUMN rate_limiter.limits.mode IS '''all'' (all of count or nothing), ''partial'' (as much of count as there is) or ''penalize'' (denied calls count too, down to -capacity).';
+
+COMMENT ON COLUMN rate_limiter.limits.lock_timeout IS 'Most time a consuming call waits for a row another transaction holds; NULL waits as UPDATE does.';
+
+COMMENT ON COLUMN rate_limiter.limits.on_lock_timeout IS 'When lock_timeout passes: ''deny'' (ok = false) or ''allow'' (ok, granted = 0, unmetered); reason is ''lock_timeout'' either way.';
+
+COMMENT ON COLUMN rate_limiter.limits.deny_cache IS 'Most time a denial may be answered again from shared memory without reading the state (needs shared_preload_libraries); NULL never.';
+
+COMMENT ON COLUMN rate_limiter.limits.start IS 'Window kinds: windows (a rolling window''s cells) are aligned to this instant; NULL picks a phase per (name, key).';
+
+COMMENT ON COLUMN rate_limiter.limits.hot IS 'Concurrent transactions consume it without queueing on its row: admitted against shared memory, each call logged in rate_limiter.debits (needs shared_preload_libraries; see docs/hot-limits.md).';
+
+COMMENT ON COLUMN rate_limiter.limits.buckets IS 'Rolling window: the cells a period is cut into, 1 to 64; NULL means 10.';
+
+COMMENT ON COLUMN rate_limiter.limits.enforce IS 'false puts the limit in shadow mode: a call it would deny is answered ok with reason ''shadow'', taking nothing, and counted in rate_limiter.stats.shadow_denied (a block still denies).';
+
+COMMENT ON COLUMN rate_limiter.limits.durable IS 'false makes it a memory limit: counted in shared memory alone, with no row and no WAL, rolled back with the transaction as a durable one is (needs shared_preload_libraries; see docs/memory-limits.md).';
+
+COMMENT ON COLUMN rate_limiter.limits.tz IS 'Fixed window of whole months, ''1 day'' or ''1 week'': the time zone its calendar windows start in (a name PostgreSQL knows, such as ''Europe/Berlin''); NULL is UTC.';
+
+-- Keys denied without their state being read (rate_limiter.block()). The unique index leads
+-- with key, as the state's does; a NULL name blocks the key under every limit.
+CREATE TABLE rate_limiter.blocks (
+    name text COLLATE "C"
+        CONSTRAINT blocks_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    key text COLLATE "C"
+        CONSTRAINT blocks_key_check CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024),
+    until timestamptz NOT NULL DEFAULT 'infinity',
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT blocks_key_name_key UNIQUE NULLS NOT DISTINCT (key, name)
+);
+
+COMMENT ON TABLE rate_limiter.blocks IS
+    'Blocked keys: a call for (name, key) is denied with reason ''blocked'' until until. Manage with rate_limiter.block() and unblock().';
+
+COMMENT ON COLUMN rate_limiter.blocks.name IS 'The limit whose key is blocked; NULL blocks the key under every limit.';
+
+COMMENT ON COLUMN rate_limiter.blocks.key IS 'The blocked key; NULL is the limit''s shared NULL key.';
+
+COMMENT ON COLUMN rate_limiter.blocks.until IS 'Denied until this instant; ''infinity'' until unblocked. rate_limiter.prune() deletes blocks that have ended.';
+
+COMMENT ON COLUMN rate_limiter.blocks.note IS 'Why, for the operator.';
+
+COMMENT ON COLUMN rate_limiter.blocks.created IS 'When the block was made or last changed.';
+
+-- Keys never limited (rate_limiter.allow()): a call for an allowed pair is ok without its
+-- state being read. Shaped as rate_limiter.blocks; a NULL name allows the key under every
+-- limit. A block of the same pair wins.
+CREATE TABLE rate_limiter.allows (
+    name text COLLATE "C"
+        CONSTRAINT allows_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    key text COLLATE "C"
+        CONSTRAINT allows_key_check CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024),
+    until timestamptz NOT NULL DEFAULT 'infinity',
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT allows_key_name_key UNIQUE NULLS NOT DISTINCT (key, name)
+);
+
+COMMENT ON TABLE rate_limiter.allows IS
+    'Allowed keys: a call for (name, key) is ok with reason ''allowed'', its state neither read nor written, until until; a block of the same pair wins. Manage with rate_limiter.allow() and disallow().';
+
+COMMENT ON COLUMN rate_limiter.allows.name IS 'The limit whose key is allowed; NULL allows the key under every limit.';
+
+COMMENT ON COLUMN rate_limiter.allows.key IS 'The allowed key; NULL is the limit''s shared NULL key.';
+
+COMMENT ON COLUMN rate_limiter.allows.until IS 'Allowed until this instant; ''infinity'' until disallowed. rate_limiter.prune() deletes allows that have ended.';
+
+COMMENT ON COLUMN rate_limiter.allows.note IS 'Why, for the operator.';
+
+COMMENT ON COLUMN rate_limiter.allows.created IS 'When the allow was made or last changed.';
+
+-- One small row per (name, key, shard). fillfactor leaves room on each page so updates
+-- stay HOT (no indexed column ever changes). COLLATE "C": equality is byte equality under
+-- any deterministic collation anyway, and the index compares bytes instead of calling strcoll.
+-- shard is smallint so that a row with short texts fits 64 bytes and an index entry 24.
+-- The unique index leads with key, which tells rows apart at the first comparison.
+-- expires is not indexed: an index on it would make every update non-HOT; prune() scans.
+CREATE TABLE rate_limiter.state (
+    name text COLLATE "C" NOT NULL,
+    key text COLLATE "C",
+    shard smallint NOT NULL,
+    value double precision NOT NULL,
+    ts timestamptz NOT NULL,
+    expires timestamptz NOT NULL,
+    counts double precision[],
+    granted_at timestamptz,
+    CONSTRAINT state_key_name_shard_key UNIQUE NULLS NOT DISTINCT (key, name, shard)
+) WITH (fillfactor = 90);
+
+-- The unique index has a nullable column, so it cannot identify rows to a logical
+-- replication subscriber; the whole old row (about 60 bytes) can.
+ALTER TABLE rate_limiter.state REPLICA IDENTITY FULL;
+
+COMMENT ON TABLE rate_limiter.state IS
+    'Current state of each (name, key, shard). Written only by the rate_limiter functions; a missing row means full.';
+
+COMMENT ON COLUMN rate_limiter.state.name IS
+    'The limit''s name; for an inline config, the name, ''#'' and 32 hex digits of the config''s fingerprint: each inline config keeps a state of its own.';
+
+COMMENT ON COLUMN rate_limiter.state.key IS 'The key within the limit; NULL is the one shared value.';
+
+COMMENT ON COLUMN rate_limiter.state.shard IS
+    'Shard number: 0 to shards - 1 for named limits, -1 - shard for inline configs.';
+
+COMMENT ON COLUMN rate_limiter.state.value IS 'Tokens held as of ts (negative while reservations are owed).';
+
+COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to. Rolling window: start of the newest cell.';
+
+COMMENT ON COLUMN rate_limiter.state.counts IS
+    'Sliding window: {tokens taken in the window before ts, tokens taken in the window from ts} (a row 0.4.0 wrote holds the first only). Rolling window: tokens taken per counting cell, oldest first, the last starting at ts. NULL for the other kinds.';
+
+COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
+
+COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
+
+CREATE TYPE rate_limiter.decision AS (
+    ok boolean,
+    retry_after double precision,
+    remaining double precision,
+    reset_after double precision,
+    granted double precision,
+    reason text,
+    limited_by text
+);
+
+COMMENT ON TYPE rate_limiter.decision IS 'The answer of rate_limit() and check_rate_limit(); times in milliseconds.';
+
+COMMENT ON COLUMN rate_limiter.decision.ok IS 'The tokens were taken (or, with reserve, reserved).';
+
+COMMENT ON COLUMN rate_limiter.decision.retry_after IS 'Milliseconds until a retry could succeed, or with a reservation until the reserved work may run; NULL when there is nothing to wait for.';
+
+COMMENT ON COLUMN rate_limiter.decision.remaining IS 'Tokens left after this call, as of now (negative while reservations are owed).';
+
+COMMENT ON COLUMN rate_limiter.decision.reset_after IS 'Milliseconds until the limit is full again.';
+
+COMMENT ON COLUMN rate_limiter.decision.granted IS 'Tokens this call took (0 when denied).';
+
+COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''exhausted'' (no tokens for it), ''min_gap'' (too soon after the last granted call), ''blocked'' (see rate_limiter.blocks), ''timeout'' (wait_rate_limit waited and its timeout came first) or ''lock_timeout'' (the row stayed locked past the limit''s lock_timeout; also with ok when on_lock_timeout is ''allow''); ''allowed'' with ok when the key is in rate_limiter.allows; otherwise NULL.';
+
+COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';
+
+-- The bucket arithmetic of src/bucket.rs, operation for operation (the same float8 rounding):
+-- times in ms since the Unix epoch, durations in ms. Pure functions, IMMUTABLE, no table.
+
+-- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds
+-- divided by 1000 once (numeric is exact, and its cast to float8 rounds once, as f64 division).
+CREATE FUNCTION rate_limiter._ms(t timestamptz) RETURNS double precision
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN CASE WHEN t OPERATOR(pg_catalog.=) 'infinity'::timestamptz THEN 'Infinity'::float8
+            WHEN t OPERATOR(pg_catalog.=) '-infinity'::timestamptz THEN '-Infinity'::float8
+            ELSE (extract(epoch FROM t) OPERATOR(pg_catalog.*) 1000)::float8 END;
+
+-- ms as a timestamptz, as clock::ms_to_pg_us: microseconds rounded half away from zero.
+CREATE FUNCTION rate_limiter._ts(ms double precision) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN CASE WHEN ms OPERATOR(pg_catalog.=) 'Infinity'::float8 THEN 'infinity'::timestamptz
+            ELSE 'epoch'::timestamptz OPERATOR(pg_catalog.+) (interval '1 microsecond' OPERATOR(pg_catalog.*)
+                 (pg_catalog.sign(ms OPERATOR(pg_catalog.*) 1000::float8) OPERATOR(pg_catalog.*)
+                  pg_catalog.floor(pg_catalog.abs(ms OPERATOR(pg_catalog.*) 1000::float8) OPERATOR(pg_catalog.+) 0.5::float8))) END;
+
+-- bucket::phase_fraction: FNV-1a over the name's bytes, a marker and the key's, finished by
+-- splitmix64, as a fraction in [0, 1). 64-bit unsigned arithmetic in numeric, XOR in bit(64).
+CREATE FUNCTION rate_limiter._phase_fraction(name text, key text) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    two64 CONSTANT numeric := 18446744073709551616;
+    h numeric := 14695981039346656037;
+    bytes bytea := convert_to(name, 'UTF8') || CASE WHEN key IS NULL THEN '\x00'::bytea ELSE '\x01'::bytea || convert_to(key, 'UTF8') END;
+    b int;
+    low int;
+    bits bit(64);
+BEGIN
+    FOR i IN 0 .. length(bytes) - 1 LOOP
+        b := get_byte(bytes, i);
+        low := (h % 256)::int;
+        h := (h - low + (low # b)) * 1099511628211 % two64;
+    END LOOP;
+    -- splitmix64's finish: h ^= h >> 30; h *= C1; h ^= h >> 27; h *= C2; h ^= h >> 31.
+    bits := rate_limiter._bits(h);
+    h := rate_limiter._unsigned(bits # (bits >> 30)) * 13787848793156543929 % two64;
+    bits := rate_limiter._bits(h);
+    h := rate_limiter._unsigned(bits # (bits >> 27)) * 10723151780598845931 % two64;
+    bits := rate_limiter._bits(h);
+    h := rate_limiter._unsigned(bits # (bits >> 31));
+    RETURN floor(h / 2048)::float8 / 9007199254740992::float8;
+END $$;
+
+-- An unsigned 64-bit number (numeric in [0, 2^64)) as its bits, and back.
+CREATE FUNCTION rate_limiter._bits(u numeric) RETURNS bit(64)
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN (CASE WHEN u >= 9223372036854775808 THEN u - 18446744073709551616 ELSE u END)::int8::bit(64);
+CREATE FUNCTION rate_limiter._unsigned(b bit(64)) RETURNS numeric
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN CASE WHEN b::int8 < 0 THEN b::int8::numeric + 18446744073709551616 ELSE b::int8::numeric END;
+
+-- One shard's state, as bucket::State: counts are the sliding window's {previous, current}
+-- (NULL for a token bucket and a fixed window).
+CREATE TYPE rate_limiter._state AS (value double precision, ts double precision, granted_at double precision,
+                                    counts double precision[]);
+
+-- The config the arithmetic reads, as bucket::Config (per shard).
+CREATE TYPE rate_limiter._config AS (
+    kind text, rate double precision, period double precision, capacity double precision,
+    max_reserved double precision, start double precision, min_gap double precision, buckets integer,
+    mode text);
+
+-- bucket::Check: what taking `count` from a state at `now` gives.
+CREATE TYPE rate_limiter._check AS (
+    ok boolean, value double precision, ts double precision, available double precision,
+    retry_after double precision, granted_at double precision, reason text, counts double precision[]);
+
+-- The sliding window (bucket/sliding_window.rs): windows aligned as the fixed window's; at a
+-- fraction f into the window, the previous window's tokens weigh 1 - f, and a call of count
+-- is allowed iff previous * (1 - f) + current + count <= rate.
+
+-- The tokens taken in the window starting at s.ts (a row of another kind: rate - value).
+CREATE FUNCTION rate_limiter._sliding_current(s rate_limiter._state, c rate_limiter._config) RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN array_length(s.counts, 1) = 2 THEN s.counts[2] ELSE greatest(c.rate - s.value, 0::float8) END;
+
+-- The window at falls in (start), and the tokens taken in it and in the one before.
+CREATE FUNCTION rate_limiter._sliding_windows(s rate_limiter._state, c rate_limiter._config, at double precision,
+                                              OUT start double precision, OUT current double precision, OUT previous double precision)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    elapsed float8 := floor(greatest(at - s.ts, 0::float8) / c.period);
+    taken float8 := rate_limiter._sliding_current(s, c);
+BEGIN
+    IF elapsed = 0 THEN
+        previous := coalesce(s.counts[1], 0); current := taken;
+    ELSIF elapsed = 1 THEN
+        previous := taken; current := 0;
+    ELSE
+        previous := 0; current := 0;
+    END IF;
+    start := s.ts + elapsed * c.period;
+END $$;
+
+-- The tokens that count against the rate at `at`.
+CREATE FUNCTION rate_limiter._sliding_weighted(start double precision, current double precision, previous double precision,
+                                               c rate_limiter._config, at double precision) RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN previous * (1::float8 - least(greatest((at - start) / c.period, 0::float8), 1::float8)) + current;
+
+CREATE FUNCTION rate_limiter._sliding_ok(s rate_limiter._state, c rate_limiter._config, at double precision, count double precision)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, at);
+BEGIN
+    RETURN rate_limiter._sliding_weighted(w.start, w.current, w.previous, c, at) + count <= c.rate;
+END $$;
+
+-- The earliest instant from now on at which count is allowed: closed form, then checked so
+-- that rounding only makes it later.
+CREATE FUNCTION rate_limiter._sliding_retry_at(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, now);
+    room float8 := c.rate - w.current - count;
+    at float8;
+    step float8;
+BEGIN
+    IF room >= 0 AND w.previous > 0 THEN
+        at := w.start + (1::float8 - room / w.previous) * c.period;
+    ELSIF w.current > c.rate - count THEN
+        at := w.start + c.period + (1::float8 - (c.rate - count) / w.current) * c.period;
+    ELSE
+        at := w.start + c.period;
+    END IF;
+    step := abs(at) * 2.220446049250313e-16::float8;
+    FOR i IN 1 .. 128 LOOP
+        IF at >= now AND rate_limiter._sliding_ok(s, c, at, count) THEN
+            RETURN at;
+        END IF;
+        at := greatest(at + step, now);
+        step := step * 2;
+    END LOOP;
+    RETURN w.start + 2::float8 * c.period;
+END $$;
+
+CREATE FUNCTION rate_limiter._sliding_check(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision)
+RETURNS rate_limiter._check
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, now);
+    weighted float8 := rate_limiter._sliding_weighted(w.start, w.current, w.previous, c, now);
+    r rate_limiter._check;
+BEGIN
+    r.ok := weighted + count <= c.rate;
+    r.value := c.rate - (w.current + count);
+    r.ts := w.start;
+    r.counts := ARRAY[w.previous, w.current + count];
+    r.available := c.rate - weighted - count;
+    IF NOT r.ok THEN r.retry_after := rate_limiter._sliding_retry_at(s, c, now, count) - now; END IF;
+    RETURN r;
+END $$;
+
+CREATE FUNCTION rate_limiter._sliding_reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w record := rate_limiter._sliding_windows(s, c, now);
+BEGIN
+    RETURN greatest(CASE WHEN w.current > 0 THEN w.start + 2::float8 * c.period
+                         WHEN w.previous > 0 THEN w.start + c.period ELSE now END - now, 0::float8);
+END $$;
+
+-- The rolling window (bucket/rolling_window.rs): buckets cells of width g (whole
+-- microseconds, period / buckets rounded up), aligned as windows are; the tokens of a cell
+-- count until buckets cells after it ends, so no interval of period holds more than rate.
+-- Stored: ts the start of the current cell, counts the counting cells' tokens, oldest first.
+
+-- ms as whole microseconds, rounded half away from zero (rolling_window::us).
+CREATE FUNCTION rate_limiter._us(ms double precision) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN (sign(ms * 1000::float8) * floor(abs(ms * 1000::float8) + 0.5::float8))::bigint;
+
+CREATE FUNCTION rate_limiter._cell_width(c rate_limiter._config) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN (rate_limiter._us(c.period) + c.buckets - 1) / c.buckets;
+
+-- The start of the cell now falls in, cells aligned to anchor.
+CREATE FUNCTION rate_limiter._cell_start(c rate_limiter._config, anchor double precision, now double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN (rate_limiter._us(anchor) + floor((rate_limiter._us(now) - rate_limiter._us(anchor))::numeric
+        / rate_limiter._cell_width(c))::bigint * rate_limiter._cell_width(c))::float8 / 1000::float8;
+
+-- The counting cells as of at: the start of the cell at falls in, and their counts.
+CREATE FUNCTION rate_limiter._cells(s rate_limiter._state, c rate_limiter._config, at double precision,
+                                    OUT start double precision, OUT counts double precision[])
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ts bigint := rate_limiter._us(s.ts);
+    g bigint := rate_limiter._cell_width(c);
+    n int := c.buckets + 1;
+    shift bigint := greatest(rate_limiter._us(at) - ts, 0) / g;  -- a clock that steps back stays
+    stored int := coalesce(array_length(s.counts, 1), 0);
+    skip int;
+BEGIN
+    counts := array_fill(0::float8, ARRAY[n]);
+    IF shift < n THEN
+        skip := greatest(stored + shift::int - n, 0);
+        FOR i IN skip .. stored - 1 LOOP
+            counts[i + n - stored - shift::int + 1] := s.counts[i + 1];
+        END LOOP;
+    END IF;
+    start := (ts + shift * g)::float8 / 1000::float8;
+END $$;
+
+-- Their sum, left to right (as Rust's iter().sum()).
+CREATE FUNCTION rate_limiter._sum(xs double precision[]) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    total float8 := 0;
+    x float8;
+BEGIN
+    FOREACH x IN ARRAY xs LOOP total := total + x; END LOOP;
+    RETURN total;
+END $$;
+
+CREATE FUNCTION rate_limiter._rolling_check(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision)
+RETURNS rate_limiter._check
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cells record := rate_limiter._cells(s, c, now);
+    counts float8[] := cells.counts;
+    taken float8 := rate_limiter._sum(cells.counts);
+    r rate_limiter._check;
+    left_ float8;
+    shift int;
+BEGIN
+    r.ok := taken + count <= c.rate;
+    counts[c.buckets + 1] := counts[c.buckets + 1] + count;
+    r.value := c.rate - taken - count;
+    r.ts := cells.start;
+    r.counts := counts;
+    r.available := c.rate - taken - count;
+    IF NOT r.ok THEN
+        -- The start of the first later cell from which enough of the oldest no longer count.
+        left_ := taken;
+        shift := c.buckets + 1;
+        FOR i IN 1 .. c.buckets + 1 LOOP
+            left_ := left_ - cells.counts[i];
+            IF left_ + count <= c.rate THEN shift := i; EXIT; END IF;
+        END LOOP;
+        r.retry_after := (rate_limiter._us(cells.start) + shift * rate_limiter._cell_width(c))::float8 / 1000::float8 - now;
+    END IF;
+    RETURN r;
+END $$;
+
+-- The last counting cell that holds tokens (1-based), or 0.
+CREATE FUNCTION rate_limiter._last_nonzero(xs double precision[]) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    FOR i IN REVERSE coalesce(array_length(xs, 1), 0) .. 1 LOOP
+        IF xs[i] <> 0 THEN RETURN i; END IF;
+    END LOOP;
+    RETURN 0;
+END $$;
+
+CREATE FUNCTION rate_limiter._rolling_reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cells record := rate_limiter._cells(s, c, now);
+    last int := rate_limiter._last_nonzero(cells.counts);
+BEGIN
+    IF last = 0 THEN RETURN 0; END IF;
+    RETURN greatest((rate_limiter._us(cells.start) + last * rate_limiter._cell_width(c))::float8 / 1000::float8 - now, 0::float8);
+END $$;
+
+-- bucket::END_OF_TIME_MS and storable_debt: what a key may owe without max_reserved.
+CREATE FUNCTION rate_limiter._storable_debt(c rate_limiter._config, now double precision) RETURNS double precision
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN greatest(((9224318016000000::float8 - now) / c.period - 2::float8) * c.rate - c.capacity, 0::float8);
+
+-- bucket::fresh_state: full, and for a fixed window in the window containing now, aligned to
+-- start or else to the (name, key)'s phase.
+CREATE FUNCTION rate_limiter._fresh(c rate_limiter._config, now double precision, phase double precision)
+RETURNS rate_limiter._state
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN ROW(c.capacity,
+           CASE c.kind WHEN 'token bucket' THEN now
+           WHEN 'rolling window' THEN rate_limiter._cell_start(c, coalesce(c.start, phase), now)
+           ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END,
+           NULL, NULL)::rate_limiter._state;
+
+-- bucket::convex_check and check: refill to now, take count, min_gap after the last grant.
+CREATE FUNCTION rate_limiter._check(s rate_limiter._state, c rate_limiter._config, now double precision,
+                                    count double precision, reserve boolean)
+RETURNS rate_limiter._check
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    elapsed float8 := greatest(now - s.ts, 0::float8);
+    r rate_limiter._check;
+    per_ms float8;
+    windows float8;
+    gap_end float8;
+BEGIN
+    IF c.kind = 'sliding window' THEN
+        r := rate_limiter._sliding_check(s, c, now, count);
+    ELSIF c.kind = 'rolling window' THEN
+        r := rate_limiter._rolling_check(s, c, now, count);
+    ELSIF c.kind = 'token bucket' THEN
+        per_ms := c.rate / c.period;
+        r.value := least(s.value + elapsed * per_ms, c.capacity) - count;
+        r.ts := greatest(now, s.ts);
+        IF r.value < 0 THEN r.retry_after := -r.value / per_ms; END IF;
+    ELSE
+        windows := floor(elapsed / c.period);
+        r.value := least(s.value + c.rate * windows, c.capacity) - count;
+        r.ts := s.ts + windows * c.period;
+        IF r.value < 0 THEN
+            r.retry_after := (r.ts + ceil(-r.value / c.rate) * c.period) - now;
+        END IF;
+    END IF;
+    IF c.kind NOT IN ('sliding window', 'rolling window') THEN
+        r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
+        r.available := r.value;
+        r.counts := s.counts;
+    END IF;
+    r.reason := 'exhausted';
+    -- A gap that has passed is forgotten, so the row can expire.
+    IF s.granted_at IS NOT NULL AND c.min_gap IS NOT NULL AND now < s.granted_at + c.min_gap THEN
+        gap_end := s.granted_at + c.min_gap;
+        r.granted_at := s.granted_at;
+        r.ok := false;
+        r.reason := 'min_gap';
+        r.retry_after := greatest(coalesce(r.retry_after, 0::float8), gap_end - now);
+    END IF;
+    IF r.ok AND count > 0 AND c.min_gap IS NOT NULL THEN
+        r.granted_at := now;
+    END IF;
+    RETURN r;
+END $$;
+
+-- bucket::reset_after: ms until a state is full again.
+CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
+            WHEN c.kind = 'rolling window' THEN rate_limiter._rolling_reset_after(s, c, now)
+            WHEN c.capacity - s.value <= 0 THEN 0::float8
+            WHEN c.kind = 'token bucket' THEN (c.capacity - s.value) / (c.rate / c.period)
+            ELSE greatest((s.ts + ceil((c.capacity - s.value) / c.rate) * c.period) - now, 0::float8) END;
+
+-- bucket::expires: from when the state holds what a fresh one would, checked with _check
+-- itself so that rounding only makes it later.
+CREATE FUNCTION rate_limiter._expires(s rate_limiter._state, c rate_limiter._config) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    at float8;
+    step float8 := CASE c.kind WHEN 'token bucket' THEN 1::float8 WHEN 'rolling window' THEN c.period / c.buckets ELSE c.period END;
+    refilled rate_limiter._check;
+BEGIN
+    IF c.kind = 'token bucket' THEN
+        at := s.ts + greatest((c.capacity - s.value) / (c.rate / c.period), 0::float8);
+    ELSIF c.kind = 'rolling window' THEN
+        at := CASE WHEN rate_limiter._last_nonzero(s.counts) = 0 THEN s.ts
+                   ELSE (rate_limiter._us(s.ts) + rate_limiter._last_nonzero(s.counts) * rate_limiter._cell_width(c))::float8 / 1000::float8 END;
+    ELSIF c.kind = 'sliding window' THEN
+        at := s.ts + (CASE WHEN rate_limiter._sliding_current(s, c) > 0 THEN 2 WHEN coalesce(s.counts[1], 0) > 0 THEN 1 ELSE 0 END)::float8 * c.period;
+    ELSE
+        at := s.ts + greatest(ceil((c.capacity - s.value) / c.rate), 0::float8) * c.period;
+    END IF;
+    at := ceil(greatest(at, coalesce(s.granted_at + c.min_gap, '-Infinity'::float8)));
+    FOR i IN 1 .. 64 LOOP
+        refilled := rate_limiter._check(s, c, at, 0, false);
+        IF refilled.value >= c.capacity AND at >= s.ts AND refilled.granted_at IS NULL
+           AND rate_limiter._last_nonzero(refilled.counts) = 0 THEN
+            RETURN at;
+        END IF;
+        at := at + step;
+        step := step * 2;
+    END LOOP;
+    RETURN 'Infinity'::float8;
+END $$;
+
+
+-- The SQL surface: the extension's functions, with its signatures, SQLSTATEs, messages and
+-- hints (src/error.rs), for what needs no shared memory and no C.
+
+-- A float8 as Rust's Display prints it (the extension's messages): the shortest digits that
+-- read back as the same number, never an exponent, no ".0" on whole numbers.
+CREATE FUNCTION rate_limiter._display(x double precision) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET extra_float_digits = 1 AS $$
+DECLARE
+    t text;
+    m text;
+    e int;
+    neg boolean;
+    digits text;
+    point int;
+BEGIN
+    IF x = 'Infinity'::float8 THEN RETURN 'inf'; END IF;
+    IF x = '-Infinity'::float8 THEN RETURN '-inf'; END IF;
+    IF x = 'NaN'::float8 THEN RETURN 'NaN'; END IF;
+    t := x::text;
+    IF t = '-0' THEN RETURN '-0'; END IF;
+    IF position('e' IN t) = 0 THEN RETURN t; END IF;
+    neg := left(t, 1) = '-';
+    m := split_part(ltrim(t, '-'), 'e', 1);
+    e := split_part(t, 'e', 2)::int;
+    digits := replace(m, '.', '');
+    point := coalesce(nullif(position('.' IN m), 0) - 1, length(m)) + e;  -- digits before the point
+    IF point <= 0 THEN
+        t := '0.' || repeat('0', -point) || digits;
+    ELSIF point >= length(digits) THEN
+        t := digits || repeat('0', point - length(digits));
+    ELSE
+        t := left(digits, point) || '.' || substr(digits, point + 1);
+    END IF;
+    RETURN CASE WHEN neg THEN '-' ELSE '' END || t;
+END $$;
+
+-- A float8 as Rust's {:.2} prints it: its exact binary value rounded half to even at two
+-- decimals (the bits, read from float8send, as m * 2^e, are exact in numeric).
+CREATE FUNCTION rate_limiter._display2(x double precision) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    bits bytea := float8send(x);
+    raw numeric := 0;
+    exponent int;
+    mantissa numeric;
+    exact numeric;
+    scaled numeric;
+    whole numeric;
+    rest numeric;
+BEGIN
+    FOR i IN 0 .. 7 LOOP raw := raw * 256 + get_byte(bits, i); END LOOP;
+    exponent := (floor(raw / 4503599627370496) % 2048)::int;
+    mantissa := raw % 4503599627370496;
+    IF exponent > 0 THEN mantissa := mantissa + 4503599627370496; END IF;
+    exponent := greatest(exponent, 1) - 1075;
+    -- x * 100 exactly, then rounded half to even.
+    IF exponent >= 0 THEN
+        scaled := mantissa * (2::numeric ^ exponent) * 100;
+        rest := 0;
+        whole := scaled;
+    ELSE
+        -- mantissa * 100 / 2^-exponent: the integer part and the exact remainder's size.
+        whole := floor(mantissa * 100 / (2::numeric ^ (-exponent)));
+        rest := mantissa * 100 - whole * (2::numeric ^ (-exponent));
+        IF rest * 2 > 2::numeric ^ (-exponent) OR (rest * 2 = 2::numeric ^ (-exponent) AND whole % 2 = 1) THEN
+            whole := whole + 1;
+        END IF;
+    END IF;
+    RETURN CASE WHEN x < 0 OR (x = 0 AND left(x::text, 1) = '-') THEN '-' ELSE '' END
+        || (floor(whole / 100))::text || '.' || lpad((whole % 100)::text, 2, '0');
+END $$;
+
+-- The shapes of src/error.rs: each raises its SQLSTATE with the extension's message and hint.
+CREATE FUNCTION rate_limiter._raise(kind text, message text, detail text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    CASE kind
+    WHEN 'argument' THEN
+        RAISE EXCEPTION 'invalid rate limit argument: %', message USING ERRCODE = '22023',
+            HINT = 'name must be a non-empty text of at most 128 bytes other than *other*, key at most 1024 bytes, count a finite number >= 0; rate_limit_all takes at most 1000 limits.';
+    WHEN 'config' THEN
+        RAISE EXCEPTION 'invalid rate limit config: %', message USING ERRCODE = '22023',
+            HINT = 'A config looks like {"kind": "token bucket", "rate": 10, "period": 60000}: kind ''token bucket'', ''fixed window'', ''sliding window'', ''rolling window'' or ''concurrency'', rate > 0, period > 0 (ms or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch).';
+    WHEN 'range' THEN
+        RAISE EXCEPTION 'rate limit number out of range: %', message USING ERRCODE = '22023',
+            HINT = 'rate, capacity, maxReserved, a count and a credit are at most 1e15; a period is 1 ms to 100 years, minGap and denyCache at most 100 years, lockTimeout at most 2147483647 ms (as PostgreSQL''s lock_timeout); a rolling window''s cells are at least 1 ms (period / buckets); a lease at most rate_limiter.max_lease (a day unless a superuser set it longer). A limit defined before these bounds: define it again within them.';
+    WHEN 'calendar' THEN
+        RAISE EXCEPTION 'invalid calendar window: %', message USING ERRCODE = '22023',
+            HINT = 'A fixed window whose period is whole months (''1 month'', ''3 months'', ''1 year''), ''1 day'' or ''1 week'' starts its windows on the calendar, in the time zone tz (default UTC; a name PostgreSQL knows, such as ''Europe/Berlin''), at start''s day and time when given. The other kinds count fixed lengths: give them one, such as ''30 days''. Inline configs of one session may name at most 100 POSIX-style zone specs (such as ''<+03>-3''); zones of the tz database, and named limits'' zones, are never counted.';
+    WHEN 'unknown' THEN
+        RAISE EXCEPTION 'rate limit "%" does not exist', message USING ERRCODE = '42704',
+            HINT = 'Define it with rate_limiter.define(name, kind, rate, period) or pass config => ''{...}''::jsonb.';
+    WHEN 'count' THEN
+        RAISE EXCEPTION '%', message USING ERRCODE = '22023', DETAIL = detail,
+            HINT = 'No call can take more than the capacity (plus max_reserved when reserving); raise capacity or split the work into smaller counts.';
+    WHEN 'time' THEN
+        RAISE EXCEPTION 'instant out of range: %', message USING ERRCODE = '22008',
+            HINT = 'Instants must lie between 4714 BC and 294276 AD: use a finite start and rate_limiter.fake_now, and a period that keeps windows inside that range.';
+    WHEN 'unsupported' THEN
+        RAISE EXCEPTION 'not supported: %', message USING ERRCODE = '0A000',
+            HINT = 'Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in mode ''all''; minGap, modes other than ''all'', lockTimeout and denyCache need shards = 1; denyCache needs mode ''all''; rate_limit_all takes limits in mode ''all'' only. A hot limit is named, shards = 1, mode ''all'', without minGap or lockTimeout, and takes no credit and no part in rate_limit_all. A memory limit (durable false) is a token bucket, fixed or sliding window, shards = 1, mode ''all'', without minGap or lockTimeout. A limit in shadow mode (enforce false) takes no part in rate_limit_all either: call it on its own, or SET rate_limiter.shadow for the whole call.';
+    WHEN 'edition' THEN
+        -- What only the compiled extension does: shared memory, C, the background worker.
+        RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
+            HINT = 'The SQL-only edition keeps named token buckets, fixed windows of fixed length, sliding and rolling windows, one row per key (shards = 1), in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
+    END CASE;
+END $$;
+
+-- Whether a setting's text is a boolean false as PostgreSQL reads one ('off', 'no', 'f', ...).
+CREATE FUNCTION rate_limiter._is_false(v text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN NOT v::boolean;
+EXCEPTION WHEN invalid_text_representation THEN
+    RETURN false;
+END $$;
+
+-- now in ms: the real clock (clock_timestamp(), as the extension's GetCurrentTimestamp), or
+-- rate_limiter.fake_now for a superuser or the database's owner. Without the library the
+-- setting is anyone's to set: for anyone else it is refused, never taken.
+CREATE FUNCTION rate_limiter._now() RETURNS double precision
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    fake text := current_setting('rate_limiter.fake_now', true);
+    shadow text := coalesce(current_setting('rate_limiter.shadow', true), '');
+    -- The caller's active role: SET ROLE's, else the login's (SECURITY DEFINER changes neither).
+    caller name := CASE current_setting('role') WHEN 'none' THEN session_user ELSE current_setting('role') END;
+    at timestamptz;
+BEGIN
+    IF shadow <> '' AND NOT rate_limiter._is_false(shadow) THEN
+        PERFORM rate_limiter._raise('edition', 'the session setting rate_limiter.shadow (define a limit with enforce => false)');
+    END IF;
+    IF coalesce(fake, '') = '' THEN
+        RETURN rate_limiter._ms(clock_timestamp());
+    END IF;
+    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = caller)
+       AND NOT pg_catalog.pg_has_role(caller, (SELECT d.datdba FROM pg_catalog.pg_database d
+                                               WHERE d.datname = current_database()), 'MEMBER') THEN
+        RAISE EXCEPTION 'permission denied to set rate_limiter.fake_now' USING ERRCODE = '42501',
+            HINT = 'rate_limiter.fake_now moves the limiter''s clock: only superusers and the database''s owner may set it (RESET rate_limiter.fake_now).';
+    END IF;
+    at := fake::timestamptz;
+    IF NOT isfinite(at) THEN
+        PERFORM rate_limiter._raise('time', 'rate_limiter.fake_now must be a finite timestamp');
+    END IF;
+    RETURN rate_limiter._ms(at);
+END $$;
+
+-- valid_name and valid_key of src/call.rs.
+CREATE FUNCTION rate_limiter._valid_name(name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF name IS NULL THEN PERFORM rate_limiter._raise('argument', 'name must not be NULL'); END IF;
+    IF name = '' THEN PERFORM rate_limiter._raise('argument', 'name must not be empty'); END IF;
+    IF octet_length(name) > 128 THEN
+        PERFORM rate_limiter._raise('argument', format('name is %s bytes, more than 128', octet_length(name)));
+    END IF;
+    IF name = '*other*' THEN PERFORM rate_limiter._raise('argument', 'the name *other* is reserved'); END IF;
+    IF octet_length(name) > 33 AND right(name, 33) ~ '^#[0-9a-f]{32}$' THEN
+        PERFORM rate_limiter._raise('argument', format('a name ending in ''#'' and 32 hex digits is reserved, not %s', to_json(name)));
+    END IF;
+END $$;
+
+-- An interval as ms, as clock::interval_ms: a year 365.25 days, a month 30, in float8 in its
+-- order of operations.
+CREATE FUNCTION rate_limiter._interval_ms(i interval) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    months float8 := (extract(year FROM i) * 12 + extract(month FROM i))::float8;
+    micros float8 := ((extract(hour FROM i) * 3600 + extract(minute FROM i) * 60) * 1000000 + extract(microseconds FROM i))::float8;
+    days float8 := extract(day FROM i)::float8 + trunc(months / 12::float8) * 365.25::float8
+                   + (months - trunc(months / 12::float8) * 12::float8) * 30::float8;
+BEGIN
+    RETURN days * 86400000::float8 + micros / 1000::float8;
+END $$;
+
+-- define, the calls, and the administrator's calls of the edition.
+
+-- 25006 as PreventCommandIfReadOnly raises it (a READ ONLY transaction, a hot standby).
+CREATE FUNCTION rate_limiter._writable(command text) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION 'cannot execute % in a read-only transaction', command USING ERRCODE = '25006';
+    END IF;
+END $$;
+
+-- config::within: 22023 unless low <= v <= high.
+CREATE FUNCTION rate_limiter._within(what text, v double precision, low double precision, high double precision, unit text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT (v >= low AND v <= high) THEN
+        PERFORM rate_limiter._raise('range', format('%s must be between %s%s and %s%s, not %s%s', what,
+            rate_limiter._display(low), unit, rate_limiter._display(high), unit, rate_limiter._display(v), unit));
+    END IF;
+END $$;
+
+-- The config of a limits row, checked as Config::try_from and config::validate check it (the
+-- same errors in the same order); then what only the extension does is refused (0A000).
+CREATE FUNCTION rate_limiter._config_of(l rate_limiter.limits) RETURNS rate_limiter._config
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c rate_limiter._config;
+    months int := (extract(year FROM l.period) * 12 + extract(month FROM l.period))::int;
+    days int := extract(day FROM l.period)::int;
+    micros numeric := (extract(hour FROM l.period) * 3600 + extract(minute FROM l.period) * 60) * 1000000
+                      + extract(microseconds FROM l.period);
+    calendar boolean := false;
+    lock_timeout float8 := rate_limiter._interval_ms(l.lock_timeout);
+    deny_cache float8 := rate_limiter._interval_ms(l.deny_cache);
+BEGIN
+    IF l.shards < 0 THEN PERFORM rate_limiter._raise('config', format('shards must be >= 1, not %s', l.shards)); END IF;
+    IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window', 'concurrency') THEN
+        PERFORM rate_limiter._raise('config', format('unknown kind %s (expected "token bucket", "fixed window", "sliding window", "rolling window" or "concurrency")', to_json(l.kind)));
+    END IF;
+    IF l.buckets IS NOT NULL AND NOT l.buckets BETWEEN 1 AND 64 THEN
+        PERFORM rate_limiter._raise('config', format('buckets must be an integer between 1 and 64, not %s', l.buckets));
+    END IF;
+    IF months <> 0 AND l.kind <> 'fixed window' THEN
+        PERFORM rate_limiter._raise('calendar', format('a %s counts a fixed length, and a period of months ''%s'' has none', l.kind, l.period));
+    END IF;
+    IF l.kind = 'fixed window' THEN
+        IF months <> 0 AND (days <> 0 OR micros <> 0) THEN
+            PERFORM rate_limiter._raise('calendar', format('a calendar period is whole months, ''1 day'' or ''1 week'', not ''%s''', l.period));
+        END IF;
+        calendar := (months > 0 AND days = 0 AND micros = 0) OR (months = 0 AND days IN (1, 7) AND micros = 0);
+    END IF;
+    IF l.tz IS NOT NULL AND NOT calendar THEN
+        PERFORM rate_limiter._raise('calendar', format('tz is for a fixed window of whole months, ''1 day'' or ''1 week'', not a %s of''%s''', l.kind, l.period));
+    END IF;
+    IF l.mode NOT IN ('all', 'partial', 'penalize') THEN
+        PERFORM rate_limiter._raise('config', format('unknown mode %s (expected "all", "partial" or "penalize")', to_json(l.mode)));
+    END IF;
+    IF l.buckets IS NOT NULL AND l.kind <> 'rolling window' THEN
+        PERFORM rate_limiter._raise('config', 'buckets applies only to a rolling window');
+    END IF;
+    IF l.on_lock_timeout NOT IN ('deny', 'allow') THEN
+        PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout %s (expected "deny" or "allow")', to_json(l.on_lock_timeout)));
+    END IF;
+    c := ROW(l.kind, l.rate, rate_limiter._interval_ms(l.period), coalesce(l.capacity, l.rate), l.max_reserved,
+             rate_limiter._ms(l.start), rate_limiter._interval_ms(l.min_gap),
+             CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode)::rate_limiter._config;
+    -- validate.
+    IF NOT (c.rate > 0 AND c.rate < 'Infinity') THEN
+        PERFORM rate_limiter._raise('config', format('rate must be a finite number > 0, not %s', rate_limiter._display(c.rate)));
+    END IF;
+    IF NOT (c.period > 0 AND c.period < 'Infinity') THEN
+        PERFORM rate_limiter._raise('config', format('period must be a finite number > 0, not %s', rate_limiter._display(c.period)));
+    END IF;
+    IF NOT (c.capacity >= 0 AND c.capacity < 'Infinity') THEN
+        PERFORM rate_limiter._raise('config', format('capacity must be a finite number >= 0, not %s', rate_limiter._display(c.capacity)));
+    END IF;
+    IF c.max_reserved IS NOT NULL AND NOT (c.max_reserved >= 0 AND c.max_reserved < 'Infinity') THEN
+        PERFORM rate_limiter._raise('config', format('maxReserved must be a finite number >= 0, not %s', rate_limiter._display(c.max_reserved)));
+    END IF;
+    PERFORM rate_limiter._within('rate', c.rate, 0, 1e15, '');
+    PERFORM rate_limiter._within('capacity', c.capacity, 0, 1e15, '');
+    PERFORM rate_limiter._within('maxReserved', coalesce(c.max_reserved, 0), 0, 1e15, '');
+    PERFORM rate_limiter._within('period', c.period, 1, 3155760000000, ' ms');
+    IF l.kind = 'rolling window' THEN
+        PERFORM rate_limiter._within('a rolling window''s cell (period / buckets)', c.period / greatest(coalesce(l.buckets, 10), 1), 1, 3155760000000, ' ms');
+    END IF;
+    PERFORM rate_limiter._within('minGap', coalesce(c.min_gap, 0), 0, 3155760000000, ' ms');
+    PERFORM rate_limiter._within('denyCache', coalesce(deny_cache, 0), 0, 3155760000000, ' ms');
+    PERFORM rate_limiter._within('lockTimeout', coalesce(lock_timeout, 0), 0, 2147483647, ' ms');
+    IF NOT l.shards BETWEEN 1 AND 1024 THEN
+        PERFORM rate_limiter._raise('config', format('shards must be between 1 and 1024, not %s', l.shards));
+    END IF;
+    -- A cached denial would skip what a denial does besides denying (ignored here, but the
+    -- extension's config all the same).
+    IF deny_cache IS NOT NULL AND l.mode <> 'all' THEN
+        PERFORM rate_limiter._raise('unsupported', format('denyCache with mode ''%s''', l.mode));
+    END IF;
+    IF l.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
+        IF c.capacity <> c.rate THEN
+            PERFORM rate_limiter._raise('config', format('a %s holds rate tokens: capacity must be NULL or equal to rate (%s), not %s',
+                l.kind, rate_limiter._display(c.rate), rate_limiter._display(c.capacity)));
+        END IF;
+        IF c.max_reserved IS NOT NULL THEN
+            PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations: leave maxReserved out', l.kind));
+        END IF;
+    END IF;
+    IF l.start IS NOT NULL AND l.kind = 'token bucket' THEN
+        PERFORM rate_limiter._raise('config', 'start applies only to a fixed, sliding or rolling window');
+    END IF;
+    IF l.start IS NOT NULL AND NOT isfinite(l.start) THEN
+        PERFORM rate_limiter._raise('time', format('start must be a finite instant PostgreSQL can store, not %s ms since the epoch', rate_limiter._display(c.start)));
+    END IF;
+    -- What the edition does not do (the extension's further checks of these are its own).
+    IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
+        PERFORM rate_limiter._raise('edition', format('a %s', l.kind));
+    ELSIF calendar THEN
+        PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', l.period));
+    ELSIF l.shards > 1 THEN
+        PERFORM rate_limiter._raise('edition', 'shards > 1');
+    ELSIF l.lock_timeout IS NOT NULL THEN
+        PERFORM rate_limiter._raise('edition', 'lock_timeout');
+    ELSIF l.hot THEN
+        PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
+    ELSIF NOT l.durable THEN
+        PERFORM rate_limiter._raise('edition', 'memory limits (durable => false: counts in shared memory)');
+    END IF;
+    RETURN c;
+END $$;
+
+CREATE FUNCTION rate_limiter.define(name text, kind text, rate double precision, period interval,
+    capacity double precision DEFAULT NULL, max_reserved double precision DEFAULT NULL, shards integer DEFAULT 1,
+    start timestamptz DEFAULT NULL, min_gap interval DEFAULT NULL, mode text DEFAULT 'all', buckets integer DEFAULT NULL,
+    lock_timeout interval DEFAULT NULL, on_lock_timeout text DEFAULT 'deny', deny_cache interval DEFAULT NULL,
+    hot boolean DEFAULT false, enforce boolean DEFAULT true, tz text DEFAULT NULL, durable boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l rate_limiter.limits;
+BEGIN
+    PERFORM rate_limiter._writable('define()');
+    PERFORM rate_limiter._valid_name(name);
+    IF kind IS NULL THEN PERFORM rate_limiter._raise('config', 'kind must not be NULL'); END IF;
+    IF rate IS NULL THEN PERFORM rate_limiter._raise('config', 'rate must not be NULL'); END IF;
+    IF period IS NULL THEN PERFORM rate_limiter._raise('config', 'period must not be NULL'); END IF;
+    IF shards IS NULL THEN PERFORM rate_limiter._raise('config', 'shards must not be NULL'); END IF;
+    IF mode IS NULL THEN PERFORM rate_limiter._raise('config', 'mode must not be NULL'); END IF;
+    IF on_lock_timeout IS NULL THEN PERFORM rate_limiter._raise('config', 'on_lock_timeout must not be NULL'); END IF;
+    IF hot IS NULL THEN PERFORM rate_limiter._raise('config', 'hot must not be NULL'); END IF;
+    IF enforce IS NULL THEN PERFORM rate_limiter._raise('config', 'enforce must not be NULL'); END IF;
+    IF durable IS NULL THEN PERFORM rate_limiter._raise('config', 'durable must not be NULL'); END IF;
+    l := ROW(name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets, lock_timeout,
+             on_lock_timeout, deny_cache, hot, enforce, tz, durable)::rate_limiter.limits;
+    PERFORM rate_limiter._config_of(l);
+    INSERT INTO rate_limiter.limits AS o VALUES (l.*)
+    ON CONFLICT ON CONSTRAINT limits_pkey DO UPDATE SET kind = excluded.kind, rate = excluded.rate, period = excluded.period,
+        capacity = excluded.capacity, max_reserved = excluded.max_reserved, shards = excluded.shards,
+        start = excluded.start, min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets,
+        lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout,
+        deny_cache = excluded.deny_cache, hot = excluded.hot, enforce = excluded.enforce, tz = excluded.tz,
+        durable = excluded.durable;
+END $$;
+COMMENT ON FUNCTION rate_limiter.define IS 'Create or replace a named limit in rate_limiter.limits.';
+
+-- valid_key of src/call.rs: a NULL key is the shared one.
+CREATE FUNCTION rate_limiter._valid_key(key text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF octet_length(key) > 1024 THEN
+        PERFORM rate_limiter._raise('argument', format('key is %s bytes, more than 1024; hash long keys first', octet_length(key)));
+    END IF;
+END $$;
+
+-- The checks of a call's count, name and key (src/api/mod.rs request), in that order.
+CREATE FUNCTION rate_limiter._arguments(name text, key text, count double precision) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF count IS NULL THEN PERFORM rate_limiter._raise('argument', 'count must not be NULL'); END IF;
+    IF NOT (count >= 0 AND count < 'Infinity') THEN
+        PERFORM rate_limiter._raise('argument', format('count must be a finite number >= 0, not %s', rate_limiter._display(count)));
+    END IF;
+    IF count > 1e15 THEN
+        PERFORM rate_limiter._raise('range', format('count must be at most 1000000000000000, not %s', rate_limiter._display(count)));
+    END IF;
+    PERFORM rate_limiter._valid_name(name);
+    PERFORM rate_limiter._valid_key(key);
+END $$;
+
+-- A named limit's config and shadow setting (42704 when there is none); an inline config is
+-- the extension's.
+CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
+                                    OUT deny_cache interval)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l rate_limiter.limits;
+BEGIN
+    IF config IS NOT NULL THEN
+        PERFORM rate_limiter._raise('edition', 'inline configs (config => ...)');
+    END IF;
+    SELECT * INTO l FROM rate_limiter.limits AS x WHERE x.name = _named.name;
+    IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
+    c := rate_limiter._config_of(l);
+    enforce := l.enforce;
+    deny_cache := l.deny_cache;
+END $$;
+
+-- A consuming call's or a check's request: its arguments, its limit, then its count against
+-- what one call could ever be granted.
+CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
+                                      OUT c rate_limiter._config, OUT enforce boolean)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    named record;
+BEGIN
+    PERFORM rate_limiter._arguments(name, key, count);
+    named := rate_limiter._named(name, config);
+    c := named.c;
+    enforce := named.enforce;
+    IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
+        PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
+    END IF;
+    IF coalesce(reserve, false) AND c.mode <> 'all' THEN
+        PERFORM rate_limiter._raise('unsupported', format('mode ''%s'' has no reservations', c.mode));
+    END IF;
+    IF NOT coalesce(reserve, false) AND count > c.capacity THEN
+        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
+            rate_limiter._display(c.capacity)), format('count = %s', rate_limiter._display(count)));
+    ELSIF coalesce(reserve, false) AND c.max_reserved IS NOT NULL AND count > c.capacity + c.max_reserved THEN
+        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
+            rate_limiter._display2(c.capacity + c.max_reserved)), format('count = %s', rate_limiter._display(count)));
+    END IF;
+END $$;
+
+-- The block or allow list's answer for (name, key), as lists::listed: a block wins; an entry
+-- that has ended counts for nothing. NULL when neither applies.
+CREATE FUNCTION rate_limiter._listed(name text, key text, count double precision, capacity double precision)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    until timestamptz;
+    now float8;
+    retry float8;
+BEGIN
+    SELECT max(b.until) INTO until FROM rate_limiter.blocks b
+    WHERE (b.key = _listed.key OR (b.key IS NULL AND _listed.key IS NULL)) AND (b.name = _listed.name OR b.name IS NULL);
+    IF until IS NOT NULL THEN
+        now := rate_limiter._now();
+        IF rate_limiter._ms(until) > now THEN
+            retry := CASE WHEN until = 'infinity' THEN NULL ELSE rate_limiter._ms(until) - now END;
+            RETURN ROW(false, retry, 0, coalesce(retry, 0), 0, 'blocked', name)::rate_limiter.decision;
+        END IF;
+    END IF;
+    SELECT max(a.until) INTO until FROM rate_limiter.allows a
+    WHERE (a.key = _listed.key OR (a.key IS NULL AND _listed.key IS NULL)) AND (a.name = _listed.name OR a.name IS NULL);
+    IF until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now() THEN
+        RETURN ROW(true, NULL, capacity, 0, count, 'allowed', NULL)::rate_limiter.decision;
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- What one call decides on one state at now (bucket::plan for one shard, with what a denial
+-- does instead by mode, bucket/modes.rs; Outcome::decision): the decision, and the state to
+-- write when the call changes it (an ok call; a denial in the penalize mode), else NULL.
+CREATE FUNCTION rate_limiter._decide(s rate_limiter._state, c rate_limiter._config, now double precision, name text,
+                                     count double precision, reserve boolean,
+                                     OUT d rate_limiter.decision, OUT after rate_limiter._state)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    took rate_limiter._check := rate_limiter._check(s, c, now, count, coalesce(reserve, false));
+    refilled rate_limiter._check;
+    amount float8;
+    part rate_limiter._check;
+    penalized rate_limiter._check;
+BEGIN
+    IF NOT took.ok AND c.mode = 'partial' AND took.reason = 'exhausted' THEN
+        -- As much of count as there is now, whole tokens when count is whole.
+        amount := (rate_limiter._check(s, c, now, 0, false)).available;
+        amount := least(CASE WHEN count = trunc(count) THEN floor(amount) ELSE amount END, count);
+        IF amount > 0 THEN
+            part := rate_limiter._check(s, c, now, amount, false);
+            IF part.ok THEN
+                after := ROW(part.value, part.ts, part.granted_at, part.counts)::rate_limiter._state;
+                d := ROW(true, took.retry_after, part.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
+                         amount, NULL, NULL)::rate_limiter.decision;
+                RETURN;
+            END IF;
+        END IF;
+    ELSIF NOT took.ok AND c.mode = 'penalize' THEN
+        -- Denied, and counted down to -capacity; the gap keeps counting from the last grant.
+        refilled := rate_limiter._check(s, c, now, 0, false);
+        penalized := rate_limiter._check(s, c, now, greatest(least(count, refilled.value + c.capacity), 0::float8), false);
+        after := ROW(penalized.value, penalized.ts, took.granted_at, penalized.counts)::rate_limiter._state;
+        d := ROW(false, (rate_limiter._check(after, c, now, count, false)).retry_after,
+                 (rate_limiter._check(after, c, now, 0, false)).available,
+                 greatest(0::float8, rate_limiter._reset_after(after, c, now)), 0, took.reason, name)::rate_limiter.decision;
+        RETURN;
+    END IF;
+    IF took.ok THEN
+        after := ROW(took.value, took.ts, took.granted_at, took.counts)::rate_limiter._state;
+        d := ROW(true, took.retry_after, took.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
+                 count, NULL, NULL)::rate_limiter.decision;
+    ELSE
+        refilled := rate_limiter._check(s, c, now, 0, false);
+        d := ROW(false, took.retry_after, refilled.available,
+                 greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state, c, now)),
+                 0, took.reason, name)::rate_limiter.decision;
+    END IF;
+END $$;
+
+-- A denial answered as shadow mode answers it, and throws => true's RL429.
+CREATE FUNCTION rate_limiter._answer(d rate_limiter.decision, enforce boolean, name text, key text, throws boolean)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT d.ok AND NOT enforce AND d.reason IS DISTINCT FROM 'blocked' THEN
+        d := ROW(true, d.retry_after, d.remaining, d.reset_after, 0, 'shadow', d.limited_by)::rate_limiter.decision;
+    END IF;
+    IF coalesce(throws, false) AND (NOT d.ok OR d.retry_after IS NOT NULL) AND d.reason IS DISTINCT FROM 'shadow' THEN
+        RAISE EXCEPTION 'rate limit "%" exceeded', name USING ERRCODE = 'RL429',
+            DETAIL = format('{"kind":"RateLimited","name":%s,"key":%s,"retryAfter":%s%s}', to_json(name),
+                            coalesce(to_json(key)::text, 'null'), coalesce(rate_limiter._display(d.retry_after), 'null'),
+                            CASE WHEN d.reason IS NOT NULL AND d.reason <> 'exhausted' THEN format(',"reason":%s', to_json(d.reason)) ELSE '' END),
+            HINT = CASE WHEN d.retry_after IS NULL THEN 'The key is blocked until further notice: see rate_limiter.blocks.'
+                        ELSE format('Retry after %s ms.', rate_limiter._display(d.retry_after)) END;
+    END IF;
+    RETURN d;
+END $$;
+
+-- Write state s, decided under config c, to the locked row at `at`, as storage's
+-- write_locked does: its times as timestamptz, and from when it holds what a fresh one would.
+CREATE FUNCTION rate_limiter._store(at tid, s rate_limiter._state, c rate_limiter._config) RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+BEGIN ATOMIC
+    UPDATE rate_limiter.state SET value = s.value, ts = rate_limiter._ts(s.ts),
+        expires = rate_limiter._ts(rate_limiter._expires(s, c)), counts = s.counts, granted_at = rate_limiter._ts(s.granted_at)
+    WHERE ctid OPERATOR(pg_catalog.=) at;
+END;
+
+-- A state row's state; the state of a key never written, fresh as of now.
+CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._config, name text, key text, now double precision)
+RETURNS rate_limiter._state
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN r.shard IS NOT NULL
+            THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at), r.counts)::rate_limiter._state
+            -- A token bucket has no windows: its phase is never read, so never hashed.
+            WHEN c.kind = 'token bucket' THEN rate_limiter._fresh(c, now, 0)
+            ELSE rate_limiter._fresh(c, now, floor(rate_limiter._phase_fraction(name, key) * c.period)) END;
+
+CREATE FUNCTION rate_limiter.check_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
+    reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    req record := rate_limiter._request(name, key, count, reserve, config);
+    d rate_limiter.decision := rate_limiter._listed(name, key, count, (req.c).capacity);
+    r rate_limiter.state;
+    now float8;
+BEGIN
+    IF d.ok IS NULL THEN  -- not listed
+        SELECT * INTO r FROM rate_limiter.state s
+        WHERE (s.key = check_rate_limit.key OR (s.key IS NULL AND check_rate_limit.key IS NULL)) AND s.name = check_rate_limit.name AND s.shard = 0;
+        now := rate_limiter._now();
+        d := (rate_limiter._decide(rate_limiter._state_of(r, req.c, name, key, now), req.c, now, name, count, reserve)).d;
+    END IF;
+    RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
+END $$;
+COMMENT ON FUNCTION rate_limiter.check_rate_limit IS 'The answer rate_limit would give, without writing or locking anything.';
+
+-- Take count from (name, key), as limiter/rows.rs does: the row read without a lock, a
+-- denial answered from it at once; an allowed call creates the row, or locks it (waiting for
+-- a transaction that holds it) and writes what it decided when the row is the version it
+-- read, else reads the clock again and decides again on the newest.
+CREATE FUNCTION rate_limiter.rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
+    reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    req record := rate_limiter._request(name, key, count, reserve, config);
+    d rate_limiter.decision;
+    read record;
+    locked record;
+    now float8;
+    decided record;
+BEGIN
+    PERFORM rate_limiter._writable('rate_limit()');
+    d := rate_limiter._listed(name, key, count, (req.c).capacity);
+    IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
+        RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
+    END IF;
+    SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
+    WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = rate_limit.name AND s.shard = 0;
+    now := rate_limiter._now();
+    decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
+    LOOP
+        EXIT WHEN decided.after IS NULL;  -- a denial writes nothing and waits for no one (but a penalty)
+        IF read.at IS NULL THEN
+            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
+            VALUES (name, key, 0, (decided.after).value, rate_limiter._ts((decided.after).ts),
+                    rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), (decided.after).counts,
+                    rate_limiter._ts((decided.after).granted_at))
+            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
+            EXIT WHEN FOUND;
+        END IF;
+        -- The newest version, locked (waiting for a transaction that holds it).
+        SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
+        WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = rate_limit.name AND s.shard = 0 FOR UPDATE;
+        IF locked.at IS DISTINCT FROM read.at OR locked.at IS NULL THEN
+            -- Created, changed or deleted by a transaction that committed meanwhile: the clock
+            -- read again and the call decided again, on what is there now.
+            read := locked;
+            now := rate_limiter._now();
+            decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
+            CONTINUE WHEN read.at IS NULL;  -- deleted: create it again
+            EXIT WHEN decided.after IS NULL;
+        END IF;
+        PERFORM rate_limiter._store(locked.at, decided.after, req.c);
+        EXIT;
+    END LOOP;
+    RETURN rate_limiter._answer(decided.d, req.enforce, name, key, throws);
+END $$;
+COMMENT ON FUNCTION rate_limiter.rate_limit IS 'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';
+
+CREATE FUNCTION rate_limiter.reset_rate_limit(name text, key text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('reset_rate_limit()');
+    PERFORM rate_limiter._valid_name(name);
+    DELETE FROM rate_limiter.state s
+    WHERE (s.key = reset_rate_limit.key OR (s.key IS NULL AND reset_rate_limit.key IS NULL)) AND s.name = reset_rate_limit.name;
+END $$;
+COMMENT ON FUNCTION rate_limiter.reset_rate_limit IS 'Forget the state of (name, key), every shard, and a concurrency limit''s leases: it is full again (slots that transactions hold stay theirs).';
+
+CREATE FUNCTION rate_limiter.block(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('block()');
+    IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
+    PERFORM rate_limiter._valid_key(key);
+    IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
+    INSERT INTO rate_limiter.blocks AS b (name, key, until, note) VALUES (name, key, until, note)
+    ON CONFLICT ON CONSTRAINT blocks_key_name_key DO UPDATE SET until = excluded.until, note = excluded.note, created = pg_catalog.now();
+END $$;
+COMMENT ON FUNCTION rate_limiter.block IS 'Deny (name, key) until until (NULL name: under every limit), with reason ''blocked''; replaces an earlier block of the pair.';
+
+CREATE FUNCTION rate_limiter.unblock(name text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('unblock()');
+    DELETE FROM rate_limiter.blocks b
+    WHERE b.name IS NOT DISTINCT FROM unblock.name AND b.key IS NOT DISTINCT FROM unblock.key;
+    RETURN FOUND;
+END $$;
+COMMENT ON FUNCTION rate_limiter.unblock IS 'Lift the block of (name, key); returns whether there was one.';
+
+CREATE FUNCTION rate_limiter.allow(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('allow()');
+    IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
+    PERFORM rate_limiter._valid_key(key);
+    IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
+    INSERT INTO rate_limiter.allows AS a (name, key, until, note) VALUES (name, key, until, note)
+    ON CONFLICT ON CONSTRAINT allows_key_name_key DO UPDATE SET until = excluded.until, note = excluded.note, created = pg_catalog.now();
+END $$;
+COMMENT ON FUNCTION rate_limiter.allow IS 'Never limit (name, key) until until (NULL name: under every limit): calls are ok with reason ''allowed'', state untouched; a block wins. Replaces an earlier allow of the pair.';
+
+CREATE FUNCTION rate_limiter.disallow(name text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('disallow()');
+    DELETE FROM rate_limiter.allows a
+    WHERE a.name IS NOT DISTINCT FROM disallow.name AND a.key IS NOT DISTINCT FROM disallow.key;
+    RETURN FOUND;
+END $$;
+COMMENT ON FUNCTION rate_limiter.disallow IS 'Lift the allow of (name, key); returns whether there was one.';
+
+-- Give count back to (name, key), as bucket::plan_credit for one row: the state refilled to
+-- now rises by count, capped at the capacity (a debt is paid first). No lists, no shadow, no
+-- count bound; written only when something was given back, so a credit never creates a row.
+CREATE FUNCTION rate_limiter.credit(name text, key text DEFAULT NULL, count double precision DEFAULT 1, config jsonb DEFAULT NULL)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    named record;
+    c rate_limiter._config;
+    read record;
+    locked record;
+    now float8;
+    credited record;
+BEGIN
+    PERFORM rate_limiter._arguments(name, key, count);
+    named := rate_limiter._named(name, config);
+    c := named.c;
+    PERFORM rate_limiter._writable('credit()');
+    SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
+    WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = credit.name AND s.shard = 0;
+    now := rate_limiter._now();
+    credited := rate_limiter._credited(rate_limiter._state_of(read.row, c, name, key, now), c, now, count);
+    IF credited.given > 0 THEN
+        -- The version read, locked (waiting for a transaction that holds it, whatever the
+        -- limit's lock_timeout: a give-back is never dropped); else decided again on the newest.
+        SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
+        WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = credit.name AND s.shard = 0 FOR UPDATE;
+        IF locked.at IS DISTINCT FROM read.at THEN
+            now := rate_limiter._now();
+            credited := rate_limiter._credited(rate_limiter._state_of(locked.row, c, name, key, now), c, now, count);
+        END IF;
+        IF credited.given > 0 AND locked.at IS NOT NULL THEN
+            PERFORM rate_limiter._store(locked.at, credited.after, c);
+        END IF;
+    END IF;
+    RETURN ROW(true, NULL, credited.available, greatest(0::float8, rate_limiter._reset_after(credited.after, c, now)),
+               0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
+END $$;
+COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';
+
+-- bucket/credit.rs for a token bucket and a fixed window: what the state holds after count
+-- comes back at now, refilled as a call at now would, and how much came back.
+CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision,
+                                       OUT after rate_limiter._state, OUT given double precision, OUT available double precision)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
+    now_state rate_limiter._state := ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
+    back rate_limiter._check;
+    current float8;
+    previous float8;
+    from_current float8;
+    from_previous float8;
+    cells float8[];
+    left_ float8;
+    back_ float8;
+BEGIN
+    IF c.kind = 'sliding window' THEN
+        -- From the current window's tokens, then the previous one's while it still weighs.
+        current := rate_limiter._sliding_current(now_state, c);
+        previous := coalesce(now_state.counts[1], 0);
+        from_current := least(count, current);
+        from_previous := least(count - from_current, previous);
+        now_state := ROW(c.rate - (current - from_current), now_state.ts, now_state.granted_at,
+                         ARRAY[previous - from_previous, current - from_current])::rate_limiter._state;
+        given := from_current + from_previous;
+    ELSIF c.kind = 'rolling window' THEN
+        -- From the newest cells that hold tokens, back to the oldest that still counts.
+        cells := now_state.counts;
+        left_ := count;
+        FOR i IN REVERSE array_length(cells, 1) .. 1 LOOP
+            back_ := least(left_, cells[i]);
+            cells[i] := cells[i] - back_;
+            left_ := left_ - back_;
+        END LOOP;
+        given := count - left_;
+        now_state := ROW(c.rate - rate_limiter._sum(cells), now_state.ts, now_state.granted_at, cells)::rate_limiter._state;
+    ELSE
+        given := greatest(least(count, c.capacity - refilled.value), 0::float8);
+        now_state.value := refilled.value + given;
+    END IF;
+    back := rate_limiter._check(now_state, c, now, 0, false);
+    after := ROW(back.value, back.ts, back.granted_at, back.counts)::rate_limiter._state;
+    available := back.available;
+END $$;
+
+-- Delete what has ended, at most max_rows rows: blocks and allows whose until has passed,
+-- then state rows whose expires has, then (READ COMMITTED, and when no transaction is
+-- changing the limits) rows of limits that no longer exist. The number deleted.
+CREATE FUNCTION rate_limiter.prune(max_rows integer DEFAULT 10000) RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now timestamptz;
+    deleted bigint := 0;
+    n bigint;
+BEGIN
+    PERFORM rate_limiter._writable('prune()');
+    IF max_rows IS NULL OR max_rows < 0 THEN
+        PERFORM rate_limiter._raise('argument', format('max_rows must be >= 0, not %s',
+            CASE WHEN max_rows IS NULL THEN 'None' ELSE format('Some(%s)', max_rows) END));
+    END IF;
+    now := rate_limiter._ts(rate_limiter._now());
+    WITH ended AS (SELECT ctid FROM rate_limiter.blocks WHERE until <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.blocks WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows THEN RETURN deleted; END IF;
+    WITH ended AS (SELECT ctid FROM rate_limiter.allows WHERE until <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.allows WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows THEN RETURN deleted; END IF;
+    WITH doomed AS (SELECT ctid FROM rate_limiter.state WHERE expires <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.state WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows OR current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RETURN deleted;
+    END IF;
+    BEGIN
+        LOCK TABLE rate_limiter.limits IN SHARE MODE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN deleted;  -- a transaction is changing the limits: their rows wait for the next prune
+    END;
+    WITH doomed AS (SELECT ctid FROM rate_limiter.state s WHERE shard >= 0
+                    AND NOT EXISTS (SELECT FROM rate_limiter.limits l WHERE l.name = s.name)
+                    LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.state WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN deleted + n;
+END $$;
+COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows and leases that have ended; returns how many. Skips rows in use.';
+
+-- A number as Rust's `as u64` makes it (saturating, NaN and negatives 0), as text.
+CREATE FUNCTION rate_limiter._u64(x double precision) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
+            WHEN x >= 18446744073709551616::float8 THEN '18446744073709551615'
+            WHEN x < 9007199254740992::float8 THEN trunc(x)::bigint::text
+            ELSE (trunc(x / 4294967296::float8)::numeric * 4294967296 + (x - trunc(x / 4294967296::float8) * 4294967296::float8)::numeric)::text END;
+
+-- Whole seconds, rounded up, of ms (api/headers.rs seconds()).
+CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms <> ms OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
+
+CREATE FUNCTION rate_limiter.http_headers(name text, d rate_limiter.decision, config jsonb DEFAULT NULL) RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    named record;
+    quoted text;
+    headers jsonb;
+BEGIN
+    PERFORM rate_limiter._valid_name(name);
+    IF num_nulls(d) = 1 THEN  -- the argument itself, not a row of NULLs (which IS NULL too)
+        PERFORM rate_limiter._raise('argument', 'd must not be NULL');
+    END IF;
+    named := rate_limiter._named(name, config);
+    IF d.ok IS NULL THEN PERFORM rate_limiter._raise('argument', 'decision.ok must not be NULL'); END IF;
+    IF name !~ '^[ -~]*$' OR octet_length(name) <> length(name) THEN
+        PERFORM rate_limiter._raise('argument', format('the name "%s" is not printable ASCII, which an HTTP header cannot carry', name));
+    END IF;
+    quoted := '"' || replace(replace(name, '\', '\\'), '"', '\"') || '"';
+    headers := jsonb_build_object(
+        'RateLimit-Policy', format('%s;q=%s;w=%s', quoted,
+            CASE WHEN (named.c).rate = trunc((named.c).rate) THEN rate_limiter._u64((named.c).rate) ELSE rate_limiter._display((named.c).rate) END,
+            greatest(rate_limiter._seconds((named.c).period)::numeric, 1)),
+        'RateLimit', format('%s;r=%s;t=%s', quoted, rate_limiter._u64(floor(coalesce(d.remaining, 0))),
+            rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END)));
+    IF NOT d.ok AND d.retry_after IS NOT NULL THEN
+        headers := headers || jsonb_build_object('Retry-After', rate_limiter._seconds(d.retry_after));
+    END IF;
+    RETURN headers;
+END $$;
+COMMENT ON FUNCTION rate_limiter.http_headers IS 'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
+
+-- The stored value and ts of (name, key), not refilled; a key never written, fresh as of now.
+CREATE FUNCTION rate_limiter.rate_limit_value(name text, key text DEFAULT NULL, config jsonb DEFAULT NULL, sample_shards integer DEFAULT 1)
+RETURNS TABLE(value double precision, ts timestamptz, shard integer, effective_config jsonb)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET extra_float_digits = 1 AS $$
+DECLARE
+    named record;
+    c rate_limiter._config;
+    r rate_limiter.state;
+    s rate_limiter._state;
+    now float8;
+BEGIN
+    PERFORM rate_limiter._valid_name(name);
+    PERFORM rate_limiter._valid_key(key);
+    IF sample_shards IS NULL OR sample_shards < 1 THEN
+        PERFORM rate_limiter._raise('argument', format('sample_shards must be >= 1, not %s',
+            CASE WHEN sample_shards IS NULL THEN 'None' ELSE format('Some(%s)', sample_shards) END));
+    END IF;
+    named := rate_limiter._named(name, config);
+    c := named.c;
+    SELECT * INTO r FROM rate_limiter.state x
+    WHERE (x.key = rate_limit_value.key OR (x.key IS NULL AND rate_limit_value.key IS NULL)) AND x.name = rate_limit_value.name AND x.shard = 0;
+    now := rate_limiter._now();
+    s := rate_limiter._state_of(r, c, name, key, now);
+    value := s.value;
+    ts := rate_limiter._ts(s.ts);
+    shard := 0;
+    effective_config := jsonb_strip_nulls(jsonb_build_object(
+        'kind', c.kind, 'rate', rate_limiter._json_number(c.rate), 'period', rate_limiter._json_number(c.period),
+        'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
+        'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
+        'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
+        'minGap', rate_limiter._json_number(c.min_gap), 'mode', c.mode,
+        'denyCache', rate_limiter._json_number(rate_limiter._interval_ms(named.deny_cache)),
+        'enforce', CASE WHEN NOT named.enforce THEN false END));
+    RETURN NEXT;
+END $$;
+COMMENT ON FUNCTION rate_limiter.rate_limit_value IS 'The stored value and ts of (name, key) (fullest of sample_shards shards) and the effective config.';
+
+-- A number as config::to_json writes it: whole numbers below 9e15 as integers, the rest in
+-- their shortest form (and whole ones from 9e15 with ".0", as ryu writes them).
+CREATE FUNCTION rate_limiter._json_number(v double precision) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET extra_float_digits = 1
+RETURN CASE WHEN v IS NULL THEN NULL
+            WHEN v = trunc(v) AND abs(v) < 9e15::float8 THEN to_jsonb(v::bigint)
+            WHEN v = trunc(v) AND abs(v) < 1e16::float8 THEN (rate_limiter._display(v) || '.0')::jsonb
+            ELSE to_jsonb(v) END;
+
+-- rate_limit, sleeping retry_after and trying again while that fits in the timeout (real
+-- time, measured after each try); then the last denial, with reason 'timeout' if it slept.
+CREATE FUNCTION rate_limiter.wait_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
+    timeout interval DEFAULT '00:00:30', config jsonb DEFAULT NULL)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    limit_ms float8 := coalesce(rate_limiter._interval_ms(timeout), 'NaN'::float8);
+    started timestamptz := clock_timestamp();
+    waited boolean := false;
+    d rate_limiter.decision;
+    left_ms float8;
+BEGIN
+    PERFORM rate_limiter._arguments(name, key, count);
+    IF NOT (limit_ms >= 0 AND limit_ms < 'Infinity') THEN
+        PERFORM rate_limiter._raise('argument', format('timeout must be a finite interval >= 0, not %s ms', rate_limiter._display(limit_ms)));
+    END IF;
+    LOOP
+        d := rate_limiter.rate_limit(name, key, count, false, false, config);
+        left_ms := limit_ms - rate_limiter._ms(clock_timestamp()) + rate_limiter._ms(started);
+        IF NOT d.ok AND d.retry_after IS NOT NULL AND d.retry_after <= left_ms THEN
+            PERFORM pg_sleep(least(greatest(d.retry_after, 0), 31536000000) / 1000);
+            waited := true;
+        ELSIF NOT d.ok AND waited THEN
+            RETURN ROW(d.ok, d.retry_after, d.remaining, d.reset_after, d.granted, 'timeout', d.limited_by)::rate_limiter.decision;
+        ELSE
+            RETURN d;
+        END IF;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION rate_limiter.wait_rate_limit IS 'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';
+
+-- ip_key, as the extension's (sql/finalize.sql).
+-- A stable key for a client address. An IPv6 address that carries a client's IPv4 address
+-- (decided by its bits, however it was written) is that IPv4 address: IPv4-mapped
+-- (::ffff:0:0/96), NAT64's well-known prefix (64:ff9b::/96, RFC 6052), 6to4 (2002::/16,
+-- RFC 3056: the site's address) and Teredo (2001::/32, RFC 4380: the client's public address,
+-- its bits inverted). The address, its own mask dropped, is masked to v4_prefix or v6_prefix,
+-- and the key is that network as cidr text. In SQL so that the text is PostgreSQL's own cidr
+-- output; the embedded address is read from inet_send's bytes (4 of header, then the address).
+CREATE FUNCTION rate_limiter.ip_key(addr inet, v4_prefix integer DEFAULT 32, v6_prefix integer DEFAULT 56)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+AS $function$
+DECLARE
+    address inet := pg_catalog.set_masklen(addr, CASE pg_catalog.family(addr) WHEN 4 THEN 32 ELSE 128 END);
+    v4_at integer;
+    v4 bit(32);
+BEGIN
+    IF v4_prefix OPERATOR(pg_catalog.<) 0 OR v4_prefix OPERATOR(pg_catalog.>) 32 THEN
+        RAISE EXCEPTION 'rate_limiter: v4_prefix must be between 0 and 32, not %', v4_prefix
+            USING ERRCODE = 'invalid_parameter_value', HINT = '32 keys each IPv4 address on its own; 24 keys its /24.';
+    END IF;
+    IF v6_prefix OPERATOR(pg_catalog.<) 0 OR v6_prefix OPERATOR(pg_catalog.>) 128 THEN
+        RAISE EXCEPTION 'rate_limiter: v6_prefix must be between 0 and 128, not %', v6_prefix
+            USING ERRCODE = 'invalid_parameter_value', HINT = '56 (the default) keys a typical customer''s whole IPv6 allocation; 64 keys one subnet.';
+    END IF;
+    -- Where the IPv4 address starts among the IPv6 address's 16 bytes.
+    v4_at := CASE
+        WHEN address OPERATOR(pg_catalog.<<=) '::ffff:0.0.0.0/96'::inet THEN 12
+        WHEN address OPERATOR(pg_catalog.<<=) '64:ff9b::/96'::inet THEN 12
+        WHEN address OPERATOR(pg_catalog.<<=) '2002::/16'::inet THEN 2
+        WHEN address OPERATOR(pg_catalog.<<=) '2001::/32'::inet THEN 12
+    END;
+    IF v4_at IS NOT NULL THEN
+        v4 := CAST('x' OPERATOR(pg_catalog.||) pg_catalog.encode(
+            pg_catalog.substring(pg_catalog.inet_send(address), 5 OPERATOR(pg_catalog.+) v4_at, 4), 'hex') AS bit(32));
+        IF address OPERATOR(pg_catalog.<<=) '2001::/32'::inet THEN
+            v4 := OPERATOR(pg_catalog.~) v4;
+        END IF;
+        address := '0.0.0.0'::inet OPERATOR(pg_catalog.+) CAST(v4 AS bigint);
+    END IF;
+    RETURN pg_catalog.network(pg_catalog.set_masklen(address,
+        CASE pg_catalog.family(address) WHEN 4 THEN v4_prefix ELSE v6_prefix END))::text;
+END
+$function$;
+
+COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
+    'A rate-limit key for a client address: an IPv6 address carrying an IPv4 one (mapped, NAT64 64:ff9b::/96, 6to4, Teredo) as that IPv4 address, IPv4 masked to v4_prefix, IPv6 to v6_prefix, as cidr text.';
+
+-- The edition's version, as extversion is the extension's.
+CREATE FUNCTION rate_limiter.edition() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN 'sql-only 0.6.0';
+COMMENT ON FUNCTION rate_limiter.edition() IS 'The SQL-only edition''s version.';
+
+-- As the extension: nothing for PUBLIC, and none of what the installing role's default
+-- privileges (ALTER DEFAULT PRIVILEGES) gave other roles on what this script created: the
+-- owner grants the application what it calls (docs/api.md, Privileges).
+REVOKE ALL ON ALL TABLES IN SCHEMA rate_limiter FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA rate_limiter FROM PUBLIC;
+REVOKE ALL ON SCHEMA rate_limiter FROM PUBLIC;
+DO $$
+DECLARE
+    schema_oid oid := 'rate_limiter'::regnamespace;
+    grant_row record;
+BEGIN
+    FOR grant_row IN
+        SELECT 'SCHEMA rate_limiter' AS object, a.grantee FROM pg_catalog.pg_namespace n, pg_catalog.aclexplode(n.nspacl) a
+        WHERE n.oid OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner
+        UNION SELECT 'TABLE ' || c.oid::regclass::text, a.grantee FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+        WHERE c.relnamespace OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+        UNION SELECT 'FUNCTION ' || p.oid::regprocedure::text, a.grantee FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+        UNION SELECT 'TYPE ' || t.oid::regtype::text, a.grantee FROM pg_catalog.pg_type t, pg_catalog.aclexplode(t.typacl) a
+        WHERE t.typnamespace OPERATOR(pg_catalog.=) schema_oid AND a.grantee OPERATOR(pg_catalog.<>) t.typowner
+          AND a.grantee OPERATOR(pg_catalog.<>) 0  -- PUBLIC's USAGE on a type is PostgreSQL's own default
+          AND t.typcategory OPERATOR(pg_catalog.<>) 'A'  -- an array type follows its element's
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s', grant_row.object,
+            CASE WHEN grant_row.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE grant_row.grantee::regrole::text END);
+    END LOOP;
+END $$;
+$_pgtle_$);
+CREATE EXTENSION rate_limiter_sql;
