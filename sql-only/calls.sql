@@ -216,6 +216,14 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     enforce := named.enforce;
+    PERFORM rate_limiter._usable(name, count, reserve, c);
+END $$;
+
+-- Whether limit c can answer a request of count at all (src/api/mod.rs usable).
+CREATE FUNCTION rate_limiter._usable(name text, count double precision, reserve boolean, c rate_limiter._config)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
     IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
         PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
     END IF;

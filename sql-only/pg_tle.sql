@@ -1024,6 +1024,14 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     enforce := named.enforce;
+    PERFORM rate_limiter._usable(name, count, reserve, c);
+END $$;
+
+-- Whether limit c can answer a request of count at all (src/api/mod.rs usable).
+CREATE FUNCTION rate_limiter._usable(name text, count double precision, reserve boolean, c rate_limiter._config)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
     IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
         PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
     END IF;
@@ -1533,6 +1541,252 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION rate_limiter.wait_rate_limit IS 'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';
+
+-- Several limits at once (rate_limit_all, check_rate_limit_all), as src/limiter/all.rs: all
+-- taken or none.
+
+-- A JSON value as the extension's error messages print it (serde_json's compact form: no
+-- spaces, an object's members in byte order).
+CREATE FUNCTION rate_limiter._json_text(v jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    number text;
+BEGIN
+    CASE jsonb_typeof(v)
+    WHEN 'object' THEN
+        RETURN '{' || coalesce((SELECT string_agg(to_json(e.key)::text || ':' || rate_limiter._json_text(e.value), ','
+                                                  ORDER BY e.key COLLATE "C") FROM jsonb_each(v) e), '') || '}';
+    WHEN 'array' THEN
+        RETURN '[' || coalesce((SELECT string_agg(rate_limiter._json_text(e.value), ',' ORDER BY e.n)
+                                FROM jsonb_array_elements(v) WITH ORDINALITY e(value, n)), '') || ']';
+    WHEN 'number' THEN
+        -- An integer stays one; any other number is a double, printed with a fraction.
+        number := v #>> '{}';
+        IF number ~ '^-?[0-9]+$' THEN RETURN number; END IF;
+        number := rate_limiter._display(number::float8);
+        RETURN CASE WHEN number ~ '^-?[0-9]+$' THEN number || '.0' ELSE number END;
+    ELSE
+        RETURN v::text;
+    END CASE;
+END $$;
+
+-- The decision for all of several decisions, and which of them limits it (limiter/all.rs
+-- combine): ok when every one is; the longest-waiting of those that agree with the whole
+-- (an indefinite block waits longest; the last of equals) limits it.
+CREATE FUNCTION rate_limiter._combine(ds rate_limiter.decision[], OUT d rate_limiter.decision, OUT limiting integer)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ok boolean := true;
+    wait float8;
+    longest float8;
+    one rate_limiter.decision;
+BEGIN
+    FOR i IN 1 .. cardinality(ds) LOOP
+        ok := ok AND (ds[i]).ok;
+    END LOOP;
+    FOR i IN 1 .. cardinality(ds) LOOP
+        CONTINUE WHEN (ds[i]).ok <> ok;
+        wait := coalesce((ds[i]).retry_after, CASE WHEN (ds[i]).ok THEN 0 ELSE 'Infinity'::float8 END);
+        IF longest IS NULL OR wait >= longest THEN
+            longest := wait;
+            limiting := i;
+        END IF;
+    END LOOP;
+    d := ROW(ok, NULL, 'Infinity', 0, CASE WHEN ok THEN 'Infinity'::float8 ELSE 0 END,
+             (ds[limiting]).reason, (ds[limiting]).limited_by)::rate_limiter.decision;
+    FOREACH one IN ARRAY ds LOOP
+        IF ok AND one.retry_after IS NOT NULL THEN
+            d.retry_after := greatest(d.retry_after, one.retry_after);
+        END IF;
+        -- When none is taken, a request that would pass still has what it would have taken.
+        d.remaining := least(d.remaining, one.remaining + CASE WHEN ok THEN 0 ELSE one.granted END);
+        d.reset_after := greatest(d.reset_after, one.reset_after);
+        IF ok THEN d.granted := least(d.granted, one.granted); END IF;
+    END LOOP;
+    IF NOT ok THEN d.retry_after := (ds[limiting]).retry_after; END IF;
+END $$;
+
+-- The requests of rate_limit_all, checked as src/api/mod.rs parts checks them (each in
+-- turn: its members in byte order, its arguments, once only, its limit, all or nothing),
+-- then decided as limiter/all.rs decides them: a block denies all; an allowed request takes
+-- no part; the rest are read and decided without locks, and a denial returns there; else
+-- every row is locked in one order (key, then name, bytewise), all are decided again on the
+-- locked rows as of the clock read after locking, and written only when all are granted.
+CREATE FUNCTION rate_limiter._all(requests jsonb, reserve boolean, consume boolean,
+                                  OUT d rate_limiter.decision, OUT limiting_name text, OUT limiting_key text)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n integer;
+    item jsonb;
+    member record;
+    name text;
+    key text;
+    count float8;
+    inline boolean;
+    named record;
+    names text[] := '{}';
+    keys text[] := '{}';
+    counts float8[] := '{}';
+    configs rate_limiter._config[] := '{}';
+    answered rate_limiter.decision[] := '{}';
+    parts integer[];  -- the requests decided here (neither blocked nor allowed)
+    ds rate_limiter.decision[] := '{}';
+    afters rate_limiter._state[] := '{}';
+    ats tid[] := '{}';
+    combined record;
+    row_ record;
+    now float8;
+    p integer;
+    fresh rate_limiter._state;
+    created tid;
+    decided record;
+BEGIN
+    IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
+    IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
+    IF jsonb_typeof(requests) <> 'array' THEN
+        PERFORM rate_limiter._raise('argument', format('requests: expected a JSON array of objects, got %s', rate_limiter._json_text(requests)));
+    END IF;
+    n := jsonb_array_length(requests);
+    IF n = 0 THEN PERFORM rate_limiter._raise('argument', 'requests: name at least one limit'); END IF;
+    IF n > 1000 THEN PERFORM rate_limiter._raise('argument', format('requests: %s limits, more than 1000', n)); END IF;
+    FOR i IN 1 .. n LOOP
+        item := requests -> (i - 1);
+        IF jsonb_typeof(item) <> 'object' THEN
+            PERFORM rate_limiter._raise('argument', format('requests: expected an object, got %s', rate_limiter._json_text(item)));
+        END IF;
+        name := NULL;
+        key := NULL;
+        count := 1;
+        inline := false;
+        FOR member IN SELECT e.key AS field, e.value AS v, jsonb_typeof(e.value) AS type FROM jsonb_each(item) e ORDER BY e.key COLLATE "C" LOOP
+            IF member.field = 'name' AND member.type = 'string' THEN name := member.v #>> '{}';
+            ELSIF member.field = 'key' AND member.type IN ('string', 'null') THEN key := member.v #>> '{}';
+            ELSIF member.field = 'count' AND member.type = 'number' THEN count := (member.v #>> '{}')::float8;
+            ELSIF member.field = 'config' THEN inline := member.type <> 'null';
+            ELSIF member.field IN ('name', 'key', 'count') THEN
+                PERFORM rate_limiter._raise('argument', format('requests: "%s" must be %s, got %s', member.field,
+                    CASE member.field WHEN 'name' THEN 'a string' WHEN 'key' THEN 'a string or null' ELSE 'a number' END,
+                    rate_limiter._json_text(member.v)));
+            ELSE
+                PERFORM rate_limiter._raise('argument', format('requests: unknown member "%s" (known: name, key, count, config)', member.field));
+            END IF;
+        END LOOP;
+        PERFORM rate_limiter._arguments(name, key, count);
+        FOR j IN 1 .. i - 1 LOOP
+            IF names[j] = name AND keys[j] IS NOT DISTINCT FROM key THEN
+                PERFORM rate_limiter._raise('argument', format('requests: (%s, %s) appears twice; add the counts instead', name,
+                    coalesce('Some(' || to_json(key)::text || ')', 'None')));
+            END IF;
+        END LOOP;
+        IF inline THEN PERFORM rate_limiter._raise('edition', 'inline configs (config => ...)'); END IF;
+        named := rate_limiter._named(name, NULL);
+        IF (named.c).mode <> 'all' THEN
+            PERFORM rate_limiter._raise('unsupported', format('rate_limit_all takes all or nothing: "%s" has mode ''%s''', name, (named.c).mode));
+        END IF;
+        IF NOT named.enforce THEN
+            PERFORM rate_limiter._raise('unsupported', format('rate_limit_all with the shadow limit "%s"', name));
+        END IF;
+        PERFORM rate_limiter._usable(name, count, reserve, named.c);
+        names := names || name;
+        keys := keys || key;
+        counts := counts || count;
+        configs := configs || named.c;
+    END LOOP;
+
+    -- Blocks and allows: a block denies all, an allowed request is ok and takes no part.
+    FOR i IN 1 .. n LOOP
+        answered := answered || rate_limiter._listed(names[i], keys[i], counts[i], (configs[i]).capacity);
+    END LOOP;
+    IF EXISTS (SELECT FROM unnest(answered) a WHERE NOT a.ok) THEN
+        SELECT array_agg(i ORDER BY i) INTO parts FROM generate_series(1, n) i WHERE NOT (answered[i]).ok;
+        combined := rate_limiter._combine((SELECT array_agg(answered[i] ORDER BY i) FROM unnest(parts) i));
+        d := combined.d;
+        limiting_name := names[parts[combined.limiting]];
+        limiting_key := keys[parts[combined.limiting]];
+        RETURN;
+    END IF;
+    SELECT array_agg(i ORDER BY i) INTO parts FROM generate_series(1, n) i WHERE (answered[i]).ok IS NULL;
+    IF parts IS NULL THEN
+        combined := rate_limiter._combine(answered);
+        d := combined.d;
+        limiting_name := names[combined.limiting];
+        limiting_key := keys[combined.limiting];
+        RETURN;
+    END IF;
+
+    -- Read and decided without locks; a denial (or a check) returns here.
+    now := rate_limiter._now();
+    FOR j IN 1 .. cardinality(parts) LOOP
+        p := parts[j];
+        SELECT s INTO row_ FROM rate_limiter.state s
+        WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = names[p] AND s.shard = 0;
+        decided := rate_limiter._decide(rate_limiter._state_of(row_.s, configs[p], names[p], keys[p], now), configs[p], now,
+                                        names[p], counts[p], reserve);
+        ds := ds || decided.d;
+    END LOOP;
+    IF consume AND NOT EXISTS (SELECT FROM unnest(ds) x WHERE NOT x.ok) THEN
+        -- Every row locked in one order, created when missing (full as of the clock then).
+        FOR p IN SELECT i FROM unnest(parts) i ORDER BY keys[i] IS NOT NULL, keys[i] COLLATE "C", names[i] COLLATE "C" LOOP
+            LOOP
+                SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
+                WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = names[p] AND s.shard = 0 FOR UPDATE;
+                EXIT WHEN row_.at IS NOT NULL;
+                now := rate_limiter._now();
+                fresh := rate_limiter._state_of(NULL, configs[p], names[p], keys[p], now);
+                INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
+                VALUES (names[p], keys[p], 0, fresh.value, rate_limiter._ts(fresh.ts),
+                        rate_limiter._ts(rate_limiter._expires(fresh, configs[p])), fresh.counts, rate_limiter._ts(fresh.granted_at))
+                ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
+                RETURNING s.ctid INTO created;
+                EXIT WHEN created IS NOT NULL;  -- else created meanwhile by another: lock theirs
+            END LOOP;
+            ats[p] := coalesce(row_.at, created);
+            created := NULL;
+        END LOOP;
+        -- Decided again on the locked rows, as of the clock read after locking.
+        now := rate_limiter._now();
+        ds := '{}';
+        FOR j IN 1 .. cardinality(parts) LOOP
+            p := parts[j];
+            SELECT s INTO row_ FROM rate_limiter.state s WHERE s.ctid OPERATOR(pg_catalog.=) ats[p];
+            decided := rate_limiter._decide(rate_limiter._state_of(row_.s, configs[p], names[p], keys[p], now), configs[p], now,
+                                            names[p], counts[p], reserve);
+            ds := ds || decided.d;
+            afters[j] := decided.after;
+        END LOOP;
+        IF NOT EXISTS (SELECT FROM unnest(ds) x WHERE NOT x.ok) THEN
+            FOR j IN 1 .. cardinality(parts) LOOP
+                PERFORM rate_limiter._store(ats[parts[j]], afters[j], configs[parts[j]]);
+            END LOOP;
+        END IF;
+    END IF;
+    combined := rate_limiter._combine(ds);
+    d := combined.d;
+    limiting_name := names[parts[combined.limiting]];
+    limiting_key := keys[parts[combined.limiting]];
+END $$;
+
+CREATE FUNCTION rate_limiter.rate_limit_all(requests jsonb, reserve boolean DEFAULT false, throws boolean DEFAULT false)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record := rate_limiter._all(requests, coalesce(reserve, false), true);
+BEGIN
+    RETURN rate_limiter._answer(r.d, true, r.limiting_name, r.limiting_key, throws);
+END $$;
+COMMENT ON FUNCTION rate_limiter.rate_limit_all(jsonb, boolean, boolean) IS
+    'Take from several limits at once, all or none: requests is a JSON array of {"name", "key", "count", "config"}.';
+
+CREATE FUNCTION rate_limiter.check_rate_limit_all(requests jsonb, reserve boolean DEFAULT false, throws boolean DEFAULT false)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record := rate_limiter._all(requests, coalesce(reserve, false), false);
+BEGIN
+    RETURN rate_limiter._answer(r.d, true, r.limiting_name, r.limiting_key, throws);
+END $$;
+COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) IS
+    'The answer rate_limit_all would give, without writing or locking anything.';
 
 -- ip_key, as the extension's (sql/finalize.sql).
 -- A stable key for a client address. An IPv6 address that carries a client's IPv4 address

@@ -3,6 +3,7 @@ with one `psql -f`, on every version; its answers against the extension's, call 
 bit for bit (random sequences on both, in two databases of one server); its clock closed to
 a role that may only call it; its functions immune to the caller's search_path."""
 
+import json
 import struct
 import subprocess
 import uuid
@@ -125,8 +126,15 @@ def define(name):
 
 call = st.tuples(st.just("call"), st.sampled_from(["rate_limit", "check_rate_limit"]), names, keys, amounts,
                  st.booleans(), st.booleans())
+# Several limits at once: one to three requests, with a (name, key) that may repeat (22023) and
+# now and then a member the call refuses.
+request = st.fixed_dictionaries({"name": names}, optional={"key": keys, "count": amounts})
+requests = st.one_of(st.lists(request, min_size=1, max_size=3),
+                     st.sampled_from([[], [{"name": "tb", "count": "1"}], [{"name": "tb", "cost": 1}], [3], {"name": "tb"}]))
+call_all = st.tuples(st.just("all"), st.sampled_from(["rate_limit_all", "check_rate_limit_all"]), requests,
+                     st.booleans(), st.booleans())
 steps = st.lists(st.one_of(
-    call, call, call, call, call,
+    call, call, call, call, call, call_all, call_all,
     define("tb"), define("fw"),
     st.tuples(st.just("clock"), st.sampled_from([0, 1, 250, 999, 1000, 30000, 3600000, -5000])),
     st.tuples(st.just("rolled back"), names, keys, amounts),
@@ -155,6 +163,9 @@ def step(conn, s, now_ms):
     if kind == "call":
         _, fn, name, key, count, reserve, throws = s
         return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s, %s, %s, %s, %s)", (name, key, count, reserve, throws))
+    if kind == "all":
+        _, fn, reqs, reserve, throws = s
+        return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s::jsonb, %s, %s)", (json.dumps(reqs), reserve, throws))
     if kind == "rolled back":
         _, name, key, count = s
         result = []
@@ -215,6 +226,17 @@ def step(conn, s, now_ms):
                    ("call", "rate_limit", "fw", "a", 3, True, False), ("clock", 250), ("call", "rate_limit", "tb", "a", 3, False, False),
                    ("clock", 250), ("call", "rate_limit", "tb", "a", 3, False, False), ("wait", "fw", "a", 1),
                    ("value", "fw", "a"), ("credit", "fw", "a", 2), ("call", "rate_limit", "fw", "a", 1, False, False)])
+# Several limits at once: a denial reports what a passing part would still have had (its
+# count not taken), and of two blocks for ever the last one named limits the call.
+@example(limits=(("define", "tb", "token bucket", 100, 60000, None, None, None, None, True, "all"),
+                 ("define", "fw", "fixed window", 2, 60000, None, None, None, None, True, "all")),
+         sequence=[("call", "rate_limit", "tb", "a", 60, False, False),
+                   ("all", "rate_limit_all", [{"name": "tb", "key": "a", "count": 50}, {"name": "fw", "key": "a"}], False, False),
+                   ("all", "check_rate_limit_all", [{"name": "fw", "key": "a"}, {"name": "tb", "key": "a", "count": 50}], False, True),
+                   ("block", "tb", "b", None), ("block", "fw", "b", None),
+                   ("all", "rate_limit_all", [{"name": "tb", "key": "b"}, {"name": "fw", "key": "b"}], False, True),
+                   ("allow", None, "c", None), ("all", "rate_limit_all", [{"name": "tb", "key": "c"}, {"name": "fw", "key": "c"}], False, False),
+                   ("all", "rate_limit_all", [{"name": "fw", "key": "a"}, {"name": "tb", "key": "a", "count": 40}], True, False)])
 def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, database, edition, pg, limits, sequence):
     dbname, _ = edition
     with main.connect(database) as ext, main.connect(dbname) as ed:
@@ -395,9 +417,11 @@ def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_p
 
 @every_version
 def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_counts_exactly(main, edition, pg):
-    """8 sessions on one key and on a few, each call committed, rolled back, or undone by a
-    rolled-back savepoint, with the clock stopped (no refill): what the committed calls were
-    granted is never more than the capacity, and what is left is exactly the rest."""
+    """8 sessions on one key and on a few, each call (of one pair, or of two at once through
+    rate_limit_all, named in either order) committed, rolled back, or undone by a rolled-back
+    savepoint, with the clock stopped (no refill): what the committed calls were granted is
+    never more than the capacity, what is left is exactly the rest, and no two calls
+    deadlock."""
     import random
     import threading
 
@@ -416,13 +440,19 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
                 c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
                 c.commit()
                 for _ in range(40):
-                    limit, key = rnd.choice(list(kept))
+                    # One pair, or two at once (rate_limit_all, named in either order).
+                    pairs = rnd.sample(list(kept), rnd.choice([1, 1, 2]))
                     count = rnd.choice([1, 1, 2, 3])
                     how = rnd.choice(["commit", "commit", "rollback", "savepoint"])
                     if how == "savepoint":
                         c.execute("SAVEPOINT s")
-                    ok, granted = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit(%s, %s, %s)",
-                                            (limit, key, count)).fetchone()
+                    if len(pairs) == 1:
+                        ok, granted = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit(%s, %s, %s)",
+                                                (*pairs[0], count)).fetchone()
+                    else:
+                        requests = json.dumps([{"name": limit, "key": key, "count": count} for limit, key in pairs])
+                        ok, granted = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit_all(%s::jsonb)",
+                                                (requests,)).fetchone()
                     if how == "savepoint":
                         c.execute("ROLLBACK TO SAVEPOINT s")
                         c.commit()
@@ -431,7 +461,8 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
                     else:
                         c.commit()
                         with lock:
-                            kept[(limit, key)] += granted
+                            for pair in pairs:
+                                kept[pair] += granted
         except Exception as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
 
