@@ -78,12 +78,14 @@ DECLARE
     name text;
     key text;
     count float8;
-    inline boolean;
+    config jsonb;
     named record;
     names text[] := '{}';
     keys text[] := '{}';
     counts float8[] := '{}';
     configs rate_limiter._config[] := '{}';
+    stored text[] := '{}';  -- where each request's state lives (its limit's rows, or its inline config's)
+    shards integer[] := '{}';
     answered rate_limiter.decision[] := '{}';
     parts integer[];  -- the requests decided here (neither blocked nor allowed)
     ds rate_limiter.decision[] := '{}';
@@ -113,12 +115,12 @@ BEGIN
         name := NULL;
         key := NULL;
         count := 1;
-        inline := false;
+        config := NULL;
         FOR member IN SELECT e.key AS field, e.value AS v, jsonb_typeof(e.value) AS type FROM jsonb_each(item) e ORDER BY e.key COLLATE "C" LOOP
             IF member.field = 'name' AND member.type = 'string' THEN name := member.v #>> '{}';
             ELSIF member.field = 'key' AND member.type IN ('string', 'null') THEN key := member.v #>> '{}';
             ELSIF member.field = 'count' AND member.type = 'number' THEN count := (member.v #>> '{}')::float8;
-            ELSIF member.field = 'config' THEN inline := member.type <> 'null';
+            ELSIF member.field = 'config' THEN config := CASE WHEN member.type <> 'null' THEN member.v END;
             ELSIF member.field IN ('name', 'key', 'count') THEN
                 PERFORM rate_limiter._raise('argument', format('requests: "%s" must be %s, got %s', member.field,
                     CASE member.field WHEN 'name' THEN 'a string' WHEN 'key' THEN 'a string or null' ELSE 'a number' END,
@@ -134,8 +136,7 @@ BEGIN
                     coalesce('Some(' || to_json(key)::text || ')', 'None')));
             END IF;
         END LOOP;
-        IF inline THEN PERFORM rate_limiter._raise('edition', 'inline configs (config => ...)'); END IF;
-        named := rate_limiter._named(name, NULL);
+        named := rate_limiter._named(name, config);
         IF (named.c).mode <> 'all' THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all takes all or nothing: "%s" has mode ''%s''', name, (named.c).mode));
         END IF;
@@ -147,6 +148,8 @@ BEGIN
         keys := keys || key;
         counts := counts || count;
         configs := configs || named.c;
+        stored := stored || named.stored;
+        shards := shards || named.shard;
     END LOOP;
 
     -- Blocks and allows: a block denies all, an allowed request is ok and takes no part.
@@ -175,22 +178,22 @@ BEGIN
     FOR j IN 1 .. cardinality(parts) LOOP
         p := parts[j];
         SELECT s INTO row_ FROM rate_limiter.state s
-        WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = names[p] AND s.shard = 0;
+        WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p] AND s.shard = shards[p];
         decided := rate_limiter._decide(rate_limiter._state_of(row_.s, configs[p], names[p], keys[p], now), configs[p], now,
                                         names[p], counts[p], reserve);
         ds := ds || decided.d;
     END LOOP;
     IF consume AND NOT EXISTS (SELECT FROM unnest(ds) x WHERE NOT x.ok) THEN
         -- Every row locked in one order, created when missing (full as of the clock then).
-        FOR p IN SELECT i FROM unnest(parts) i ORDER BY keys[i] IS NOT NULL, keys[i] COLLATE "C", names[i] COLLATE "C" LOOP
+        FOR p IN SELECT i FROM unnest(parts) i ORDER BY keys[i] IS NOT NULL, keys[i] COLLATE "C", names[i] COLLATE "C", stored[i] COLLATE "C" LOOP
             LOOP
                 SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
-                WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = names[p] AND s.shard = 0 FOR UPDATE;
+                WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p] AND s.shard = shards[p] FOR UPDATE;
                 EXIT WHEN row_.at IS NOT NULL;
                 now := rate_limiter._now();
                 fresh := rate_limiter._state_of(NULL, configs[p], names[p], keys[p], now);
                 INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-                VALUES (names[p], keys[p], 0, fresh.value, rate_limiter._ts(fresh.ts),
+                VALUES (stored[p], keys[p], shards[p], fresh.value, rate_limiter._ts(fresh.ts),
                         rate_limiter._ts(rate_limiter._expires(fresh, configs[p])), fresh.counts, rate_limiter._ts(fresh.granted_at))
                 ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
                 RETURNING s.ctid INTO created;

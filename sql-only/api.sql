@@ -81,6 +81,9 @@ BEGIN
     WHEN 'config' THEN
         RAISE EXCEPTION 'invalid rate limit config: %', message USING ERRCODE = '22023',
             HINT = 'A config looks like {"kind": "token bucket", "rate": 10, "period": 60000}: kind ''token bucket'', ''fixed window'', ''sliding window'', ''rolling window'' or ''concurrency'', rate > 0, period > 0 (ms or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch).';
+    WHEN 'malformed' THEN
+        RAISE EXCEPTION 'malformed rate limit config: %', message USING ERRCODE = '22P02',
+            HINT = 'A config looks like {"kind": "token bucket", "rate": 10, "period": 60000}: kind ''token bucket'', ''fixed window'', ''sliding window'', ''rolling window'' or ''concurrency'', rate > 0, period > 0 (ms or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch).';
     WHEN 'range' THEN
         RAISE EXCEPTION 'rate limit number out of range: %', message USING ERRCODE = '22023',
             HINT = 'rate, capacity, maxReserved, a count and a credit are at most 1e15; a period is 1 ms to 100 years, minGap and denyCache at most 100 years, lockTimeout at most 2147483647 ms (as PostgreSQL''s lock_timeout); a rolling window''s cells are at least 1 ms (period / buckets); a lease at most rate_limiter.max_lease (a day unless a superuser set it longer). A limit defined before these bounds: define it again within them.';
@@ -102,7 +105,7 @@ BEGIN
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
-            HINT = 'The SQL-only edition keeps named token buckets, fixed windows of fixed length, sliding and rolling windows, one row per key (shards = 1), in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
+            HINT = 'The SQL-only edition keeps token buckets, fixed windows of fixed length, sliding and rolling windows, named or inline, one row per key (shards = 1), in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
     END CASE;
 END $$;
 

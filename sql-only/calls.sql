@@ -65,7 +65,17 @@ BEGIN
     c := ROW(l.kind, l.rate, rate_limiter._interval_ms(l.period), coalesce(l.capacity, l.rate), l.max_reserved,
              rate_limiter._ms(l.start), rate_limiter._interval_ms(l.min_gap),
              CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode)::rate_limiter._config;
-    -- validate.
+    RETURN rate_limiter._validate(c, l.shards, lock_timeout, deny_cache, l.start IS NULL OR isfinite(l.start), l.hot, l.durable,
+                                  CASE WHEN calendar THEN l.period::text END);
+END $$;
+
+-- config::validate, then what only the extension does refused (0A000): for a named limit's
+-- row and an inline config alike. `calendar`: the period's text when it is a calendar one.
+CREATE FUNCTION rate_limiter._validate(c rate_limiter._config, shards integer, lock_timeout double precision,
+    deny_cache double precision, start_storable boolean, hot boolean, durable boolean, calendar text)
+RETURNS rate_limiter._config
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
     IF NOT (c.rate > 0 AND c.rate < 'Infinity') THEN
         PERFORM rate_limiter._raise('config', format('rate must be a finite number > 0, not %s', rate_limiter._display(c.rate)));
     END IF;
@@ -82,47 +92,47 @@ BEGIN
     PERFORM rate_limiter._within('capacity', c.capacity, 0, 1e15, '');
     PERFORM rate_limiter._within('maxReserved', coalesce(c.max_reserved, 0), 0, 1e15, '');
     PERFORM rate_limiter._within('period', c.period, 1, 3155760000000, ' ms');
-    IF l.kind = 'rolling window' THEN
-        PERFORM rate_limiter._within('a rolling window''s cell (period / buckets)', c.period / greatest(coalesce(l.buckets, 10), 1), 1, 3155760000000, ' ms');
+    IF c.kind = 'rolling window' THEN
+        PERFORM rate_limiter._within('a rolling window''s cell (period / buckets)', c.period / greatest(c.buckets, 1), 1, 3155760000000, ' ms');
     END IF;
     PERFORM rate_limiter._within('minGap', coalesce(c.min_gap, 0), 0, 3155760000000, ' ms');
     PERFORM rate_limiter._within('denyCache', coalesce(deny_cache, 0), 0, 3155760000000, ' ms');
     PERFORM rate_limiter._within('lockTimeout', coalesce(lock_timeout, 0), 0, 2147483647, ' ms');
-    IF NOT l.shards BETWEEN 1 AND 1024 THEN
-        PERFORM rate_limiter._raise('config', format('shards must be between 1 and 1024, not %s', l.shards));
+    IF NOT shards BETWEEN 1 AND 1024 THEN
+        PERFORM rate_limiter._raise('config', format('shards must be between 1 and 1024, not %s', shards));
     END IF;
     -- A cached denial would skip what a denial does besides denying (ignored here, but the
     -- extension's config all the same).
-    IF deny_cache IS NOT NULL AND l.mode <> 'all' THEN
-        PERFORM rate_limiter._raise('unsupported', format('denyCache with mode ''%s''', l.mode));
+    IF deny_cache IS NOT NULL AND c.mode <> 'all' THEN
+        PERFORM rate_limiter._raise('unsupported', format('denyCache with mode ''%s''', c.mode));
     END IF;
-    IF l.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
+    IF c.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
         IF c.capacity <> c.rate THEN
             PERFORM rate_limiter._raise('config', format('a %s holds rate tokens: capacity must be NULL or equal to rate (%s), not %s',
-                l.kind, rate_limiter._display(c.rate), rate_limiter._display(c.capacity)));
+                c.kind, rate_limiter._display(c.rate), rate_limiter._display(c.capacity)));
         END IF;
         IF c.max_reserved IS NOT NULL THEN
-            PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations: leave maxReserved out', l.kind));
+            PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations: leave maxReserved out', c.kind));
         END IF;
     END IF;
-    IF l.start IS NOT NULL AND l.kind = 'token bucket' THEN
+    IF c.start IS NOT NULL AND c.kind = 'token bucket' THEN
         PERFORM rate_limiter._raise('config', 'start applies only to a fixed, sliding or rolling window');
     END IF;
-    IF l.start IS NOT NULL AND NOT isfinite(l.start) THEN
+    IF c.start IS NOT NULL AND NOT start_storable THEN
         PERFORM rate_limiter._raise('time', format('start must be a finite instant PostgreSQL can store, not %s ms since the epoch', rate_limiter._display(c.start)));
     END IF;
     -- What the edition does not do (the extension's further checks of these are its own).
-    IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
-        PERFORM rate_limiter._raise('edition', format('a %s', l.kind));
-    ELSIF calendar THEN
-        PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', l.period));
-    ELSIF l.shards > 1 THEN
+    IF c.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
+        PERFORM rate_limiter._raise('edition', format('a %s', c.kind));
+    ELSIF calendar IS NOT NULL THEN
+        PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', calendar));
+    ELSIF shards > 1 THEN
         PERFORM rate_limiter._raise('edition', 'shards > 1');
-    ELSIF l.lock_timeout IS NOT NULL THEN
+    ELSIF lock_timeout IS NOT NULL THEN
         PERFORM rate_limiter._raise('edition', 'lock_timeout');
-    ELSIF l.hot THEN
+    ELSIF hot THEN
         PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
-    ELSIF NOT l.durable THEN
+    ELSIF NOT durable THEN
         PERFORM rate_limiter._raise('edition', 'memory limits (durable => false: counts in shared memory)');
     END IF;
     RETURN c;
@@ -188,26 +198,207 @@ END $$;
 
 -- A named limit's config and shadow setting (42704 when there is none); an inline config is
 -- the extension's.
+-- The limit a call is judged under: the inline config when given, else the named limit's
+-- (42704 when there is none); its shadow setting and deny cache; and where its state lives:
+-- the rows named `stored`, with shard `shard` (an inline config's rows are the name marked
+-- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs).
 CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
-                                    OUT deny_cache interval)
+                                    OUT deny_cache double precision, OUT stored text, OUT shard integer)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l rate_limiter.limits;
+    inline record;
 BEGIN
     IF config IS NOT NULL THEN
-        PERFORM rate_limiter._raise('edition', 'inline configs (config => ...)');
+        inline := rate_limiter._config_of_json(config);
+        c := inline.c;
+        enforce := inline.enforce;
+        deny_cache := inline.deny_cache;
+        stored := name || '#' || rate_limiter._fingerprint(c);
+        shard := -1;
+        RETURN;
     END IF;
     SELECT * INTO l FROM rate_limiter.limits AS x WHERE x.name = _named.name;
     IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
     c := rate_limiter._config_of(l);
     enforce := l.enforce;
-    deny_cache := l.deny_cache;
+    deny_cache := rate_limiter._interval_ms(l.deny_cache);
+    stored := name;
+    shard := 0;
 END $$;
+
+-- An inline config, read as config::from_json reads it (its members in byte order, each
+-- checked as it comes; then what is missing, a rolling window's cells, the calendar), then
+-- validated as a named limit's.
+CREATE FUNCTION rate_limiter._config_of_json(config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
+                                             OUT deny_cache double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    m record;
+    kind text;
+    rate float8;
+    period float8;
+    period_interval interval;
+    capacity float8;
+    max_reserved float8;
+    shards integer;
+    start float8;
+    min_gap float8;
+    mode text;
+    buckets integer;
+    lock_timeout float8;
+    durable boolean;
+    tz text;
+    n float8;
+    months int;
+    days int;
+    micros numeric;
+    unit boolean := false;
+    shown text;
+    us float8;
+BEGIN
+    IF jsonb_typeof(config) <> 'object' THEN
+        PERFORM rate_limiter._raise('malformed', format('expected a JSON object, got %s', rate_limiter._json_text(config)));
+    END IF;
+    enforce := true;
+    FOR m IN SELECT e.key AS field, e.value AS v, jsonb_typeof(e.value) AS type, e.value #>> '{}' AS text
+             FROM jsonb_each(config) e ORDER BY e.key COLLATE "C" LOOP
+        -- An optional member given as null is left out (kind, rate and period need a value).
+        CONTINUE WHEN m.type = 'null' AND m.field IN ('capacity', 'maxReserved', 'max_reserved', 'shards', 'start', 'minGap',
+            'min_gap', 'mode', 'buckets', 'lockTimeout', 'lock_timeout', 'onLockTimeout', 'on_lock_timeout', 'denyCache',
+            'deny_cache', 'enforce', 'hot', 'durable');
+        CASE
+        WHEN m.field = 'kind' THEN
+            IF m.type <> 'string' THEN PERFORM rate_limiter._raise('malformed', format('"%s" must be a string, got %s', m.field, rate_limiter._json_text(m.v))); END IF;
+            IF m.text NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window', 'concurrency') THEN
+                PERFORM rate_limiter._raise('config', format('unknown kind "%s" (expected "token bucket", "fixed window", "sliding window", "rolling window" or "concurrency")', m.text));
+            END IF;
+            kind := m.text;
+        WHEN m.field IN ('rate', 'capacity', 'maxReserved', 'max_reserved', 'shards', 'buckets') THEN
+            IF m.type <> 'number' THEN PERFORM rate_limiter._raise('malformed', format('"%s" must be a number, got %s', m.field, rate_limiter._json_text(m.v))); END IF;
+            n := m.text::float8;
+            CASE m.field
+            WHEN 'rate' THEN rate := n;
+            WHEN 'capacity' THEN capacity := n;
+            WHEN 'shards' THEN
+                IF n <> trunc(n) OR NOT n BETWEEN 1 AND 1024 THEN
+                    PERFORM rate_limiter._raise('config', format('shards must be an integer between 1 and 1024, not %s', rate_limiter._display(n)));
+                END IF;
+                shards := n::integer;
+            WHEN 'buckets' THEN
+                IF n <> trunc(n) OR NOT n BETWEEN 1 AND 64 THEN
+                    PERFORM rate_limiter._raise('config', format('buckets must be an integer between 1 and 64, not %s', rate_limiter._display(n)));
+                END IF;
+                buckets := n::integer;
+            ELSE max_reserved := n;
+            END CASE;
+        WHEN m.field IN ('period', 'minGap', 'min_gap', 'lockTimeout', 'lock_timeout', 'denyCache', 'deny_cache') THEN
+            -- Milliseconds, or interval text.
+            IF m.type = 'string' THEN
+                n := rate_limiter._interval_ms(m.text::interval);
+            ELSIF m.type = 'number' THEN
+                n := m.text::float8;
+            ELSE
+                PERFORM rate_limiter._raise('malformed', format('"%s" must be milliseconds or interval text, got %s', m.field, rate_limiter._json_text(m.v)));
+            END IF;
+            CASE m.field
+            WHEN 'period' THEN
+                period := n;
+                period_interval := CASE WHEN m.type = 'string' THEN m.text::interval END;
+            WHEN 'minGap', 'min_gap' THEN min_gap := n;
+            WHEN 'lockTimeout', 'lock_timeout' THEN lock_timeout := n;
+            ELSE deny_cache := n;
+            END CASE;
+        WHEN m.field = 'tz' THEN
+            IF m.type NOT IN ('string', 'null') THEN PERFORM rate_limiter._raise('malformed', format('"%s" must be a time zone name, got %s', m.field, rate_limiter._json_text(m.v))); END IF;
+            tz := m.text;
+        WHEN m.field = 'start' THEN
+            IF m.type = 'string' THEN
+                start := rate_limiter._ms(m.text::timestamptz);
+            ELSIF m.type = 'number' THEN
+                start := m.text::float8;
+            ELSE
+                PERFORM rate_limiter._raise('malformed', format('"%s" must be ms since the epoch or timestamptz text, got %s', m.field, rate_limiter._json_text(m.v)));
+            END IF;
+        WHEN m.field IN ('mode', 'onLockTimeout', 'on_lock_timeout') THEN
+            IF m.type <> 'string' THEN PERFORM rate_limiter._raise('malformed', format('"%s" must be a string, got %s', m.field, rate_limiter._json_text(m.v))); END IF;
+            IF m.field = 'mode' AND m.text NOT IN ('all', 'partial', 'penalize') THEN
+                PERFORM rate_limiter._raise('config', format('unknown mode "%s" (expected "all", "partial" or "penalize")', m.text));
+            ELSIF m.field <> 'mode' AND m.text NOT IN ('deny', 'allow') THEN
+                PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout "%s" (expected "deny" or "allow")', m.text));
+            END IF;
+            IF m.field = 'mode' THEN mode := m.text; END IF;
+        WHEN m.field IN ('enforce', 'durable') THEN
+            IF m.type <> 'boolean' THEN PERFORM rate_limiter._raise('malformed', format('"%s" must be a boolean, got %s', m.field, rate_limiter._json_text(m.v))); END IF;
+            IF m.field = 'enforce' THEN enforce := m.text::boolean; ELSE durable := m.text::boolean; END IF;
+        WHEN m.field = 'hot' AND m.type = 'boolean' AND m.text::boolean THEN
+            PERFORM rate_limiter._raise('unsupported', 'hot with an inline config: define the limit by name');
+        WHEN m.field = 'hot' AND m.type = 'boolean' THEN
+            NULL;
+        ELSE
+            PERFORM rate_limiter._raise('config', format('unknown key "%s" (known: kind, rate, period, capacity, maxReserved, shards, start, minGap, mode, buckets, lockTimeout, onLockTimeout, denyCache, hot, durable, enforce, tz)', m.field));
+        END CASE;
+    END LOOP;
+    IF kind IS NULL THEN PERFORM rate_limiter._raise('config', '"kind" is required'); END IF;
+    IF rate IS NULL THEN PERFORM rate_limiter._raise('config', '"rate" is required'); END IF;
+    IF period IS NULL THEN PERFORM rate_limiter._raise('config', '"period" is required'); END IF;
+    IF buckets IS NOT NULL AND kind <> 'rolling window' THEN
+        PERFORM rate_limiter._raise('config', 'buckets applies only to a rolling window');
+    END IF;
+    -- The calendar (config.rs calendar): only a period given as interval text can be one.
+    months := coalesce((extract(year FROM period_interval) * 12 + extract(month FROM period_interval))::int, 0);
+    days := coalesce(extract(day FROM period_interval)::int, 0);
+    micros := coalesce((extract(hour FROM period_interval) * 3600 + extract(minute FROM period_interval) * 60) * 1000000
+                       + extract(microseconds FROM period_interval), 0);
+    unit := (months > 0 AND days = 0 AND micros = 0) OR (months = 0 AND days IN (1, 7) AND micros = 0);
+    shown := CASE WHEN period_interval IS NOT NULL THEN format(' ''%s''', period_interval) ELSE '' END;
+    IF unit AND kind = 'fixed window' THEN
+        BEGIN
+            PERFORM now() AT TIME ZONE coalesce(tz, 'UTC');
+        EXCEPTION WHEN invalid_parameter_value THEN
+            PERFORM rate_limiter._raise('calendar', format('time zone "%s" is not one PostgreSQL knows', tz));
+        END;
+    ELSIF months <> 0 AND kind <> 'fixed window' THEN
+        PERFORM rate_limiter._raise('calendar', format('a %s counts a fixed length, and a period of months%s has none', kind, shown));
+    ELSIF months <> 0 THEN
+        PERFORM rate_limiter._raise('calendar', format('a calendar period is whole months, ''1 day'' or ''1 week'', not%s', shown));
+    ELSIF tz IS NOT NULL THEN
+        PERFORM rate_limiter._raise('calendar', format('tz is for a fixed window of whole months, ''1 day'' or ''1 week'', not a %s of%s', kind, ltrim(shown)));
+    END IF;
+    us := CASE WHEN start IS NOT NULL THEN sign(start * 1000) * floor(abs(start * 1000) + 0.5) END;
+    c := rate_limiter._validate(
+        ROW(kind, rate, period, coalesce(capacity, rate), max_reserved, start, min_gap,
+            CASE WHEN kind = 'rolling window' THEN coalesce(buckets, 10) ELSE 0 END, coalesce(mode, 'all'))::rate_limiter._config,
+        coalesce(shards, 1), lock_timeout, deny_cache,
+        us >= -210866803200000000::float8 AND us < 9224318016000000000::float8,
+        false, coalesce(durable, true), CASE WHEN unit AND kind = 'fixed window' THEN period_interval::text END);
+END $$;
+
+-- config::fingerprint: SHA-256 of what shapes the arithmetic (kind, mode, numbers as
+-- little-endian doubles, -0 as 0, an absent one as nine 0xff bytes), its first 16 bytes in
+-- hex. The edition's configs have one shard and no calendar.
+CREATE FUNCTION rate_limiter._fingerprint(c rate_limiter._config) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+        pg_catalog.convert_to('rate_limiter config 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.kind, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.mode, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        OPERATOR(pg_catalog.||) rate_limiter._le(c.rate) OPERATOR(pg_catalog.||) rate_limiter._le(c.period)
+        OPERATOR(pg_catalog.||) rate_limiter._le(c.capacity)
+        OPERATOR(pg_catalog.||) rate_limiter._le_optional(c.max_reserved) OPERATOR(pg_catalog.||) rate_limiter._le_optional(c.start)
+        OPERATOR(pg_catalog.||) rate_limiter._le_optional(c.min_gap)
+        OPERATOR(pg_catalog.||) '\x01000000'::bytea  -- shards
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 4, 1)
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 3, 1)
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 2, 1)
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 1, 1)), 1, 16), 'hex');
+END;
 
 -- A consuming call's or a check's request: its arguments, its limit, then its count against
 -- what one call could ever be granted.
 CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
-                                      OUT c rate_limiter._config, OUT enforce boolean)
+                                      OUT c rate_limiter._config, OUT enforce boolean, OUT stored text, OUT shard integer)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     named record;
@@ -216,6 +407,8 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     enforce := named.enforce;
+    stored := named.stored;
+    shard := named.shard;
     PERFORM rate_limiter._usable(name, count, reserve, c);
 END $$;
 
@@ -366,7 +559,7 @@ DECLARE
 BEGIN
     IF d.ok IS NULL THEN  -- not listed
         SELECT * INTO r FROM rate_limiter.state s
-        WHERE (s.key = check_rate_limit.key OR (s.key IS NULL AND check_rate_limit.key IS NULL)) AND s.name = check_rate_limit.name AND s.shard = 0;
+        WHERE (s.key = check_rate_limit.key OR (s.key IS NULL AND check_rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard;
         now := rate_limiter._now();
         d := (rate_limiter._decide(rate_limiter._state_of(r, req.c, name, key, now), req.c, now, name, count, reserve)).d;
     END IF;
@@ -396,14 +589,14 @@ BEGIN
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
     END IF;
     SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = rate_limit.name AND s.shard = 0;
+    WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard;
     now := rate_limiter._now();
     decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
     LOOP
         EXIT WHEN decided.after IS NULL;  -- a denial writes nothing and waits for no one (but a penalty)
         IF read.at IS NULL THEN
             INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-            VALUES (name, key, 0, (decided.after).value, rate_limiter._ts((decided.after).ts),
+            VALUES (req.stored, key, req.shard, (decided.after).value, rate_limiter._ts((decided.after).ts),
                     rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), (decided.after).counts,
                     rate_limiter._ts((decided.after).granted_at))
             ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
@@ -411,7 +604,7 @@ BEGIN
         END IF;
         -- The newest version, locked (waiting for a transaction that holds it).
         SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = rate_limit.name AND s.shard = 0 FOR UPDATE;
+        WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard FOR UPDATE;
         IF locked.at IS DISTINCT FROM read.at OR locked.at IS NULL THEN
             -- Created, changed or deleted by a transaction that committed meanwhile: the clock
             -- read again and the call decided again, on what is there now.
@@ -434,7 +627,9 @@ BEGIN
     PERFORM rate_limiter._writable('reset_rate_limit()');
     PERFORM rate_limiter._valid_name(name);
     DELETE FROM rate_limiter.state s
-    WHERE (s.key = reset_rate_limit.key OR (s.key IS NULL AND reset_rate_limit.key IS NULL)) AND s.name = reset_rate_limit.name;
+    WHERE (s.key = reset_rate_limit.key OR (s.key IS NULL AND reset_rate_limit.key IS NULL))
+      AND (s.name = reset_rate_limit.name  -- and every inline config's rows of the name
+           OR (s.shard < 0 AND left(s.name, -33) = reset_rate_limit.name AND right(s.name, 33) ~ '^#[0-9a-f]{32}$'));
 END $$;
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit IS 'Forget the state of (name, key), every shard, and a concurrency limit''s leases: it is full again (slots that transactions hold stay theirs).';
 
@@ -501,14 +696,14 @@ BEGIN
     c := named.c;
     PERFORM rate_limiter._writable('credit()');
     SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = credit.name AND s.shard = 0;
+    WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = named.stored AND s.shard = named.shard;
     now := rate_limiter._now();
     credited := rate_limiter._credited(rate_limiter._state_of(read.row, c, name, key, now), c, now, count);
     IF credited.given > 0 THEN
         -- The version read, locked (waiting for a transaction that holds it, whatever the
         -- limit's lock_timeout: a give-back is never dropped); else decided again on the newest.
         SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = credit.name AND s.shard = 0 FOR UPDATE;
+        WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = named.stored AND s.shard = named.shard FOR UPDATE;
         IF locked.at IS DISTINCT FROM read.at THEN
             now := rate_limiter._now();
             credited := rate_limiter._credited(rate_limiter._state_of(locked.row, c, name, key, now), c, now, count);
@@ -675,7 +870,7 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     SELECT * INTO r FROM rate_limiter.state x
-    WHERE (x.key = rate_limit_value.key OR (x.key IS NULL AND rate_limit_value.key IS NULL)) AND x.name = rate_limit_value.name AND x.shard = 0;
+    WHERE (x.key = rate_limit_value.key OR (x.key IS NULL AND rate_limit_value.key IS NULL)) AND x.name = named.stored AND x.shard = named.shard;
     now := rate_limiter._now();
     s := rate_limiter._state_of(r, c, name, key, now);
     value := s.value;
@@ -687,7 +882,7 @@ BEGIN
         'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', c.mode,
-        'denyCache', rate_limiter._json_number(rate_limiter._interval_ms(named.deny_cache)),
+        'denyCache', rate_limiter._json_number(named.deny_cache),
         'enforce', CASE WHEN NOT named.enforce THEN false END));
     RETURN NEXT;
 END $$;

@@ -126,15 +126,41 @@ def define(name):
 
 call = st.tuples(st.just("call"), st.sampled_from(["rate_limit", "check_rate_limit"]), names, keys, amounts,
                  st.booleans(), st.booleans())
+# Inline configs: kinds and options with a state of their own per config, and configs the
+# extension refuses (the edition's refusals of what it lacks, such as calendars and shards,
+# are tested apart).
+configs = st.sampled_from([
+    {"kind": "token bucket", "rate": 5, "period": 1000},
+    {"kind": "fixed window", "rate": 3, "period": "1 minute", "start": "2026-02-28 23:59:59.5+00"},
+    {"kind": "sliding window", "rate": 4, "period": 2000, "mode": "partial"},
+    {"kind": "rolling window", "rate": 6, "period": "3 seconds", "buckets": 3, "enforce": False},
+    {"kind": "token bucket", "rate": 2.5, "period": 500, "capacity": 5, "maxReserved": 3, "minGap": 100},
+    {"kind": "fixed window", "rate": 2, "period": 1000, "mode": "penalize", "start": 1772323199000.5},
+    {"kind": "token bucket", "rate": 5, "period": 1000, "capacity": None, "mode": None, "hot": False, "denyCache": "1 s"},
+    {"kind": "fixed window", "rate": 2, "period": 1000, "mode": "penalize", "denyCache": "1 second"},
+    {"kind": "token bucket", "rate": 5, "period": 1000, "unknown": 1},
+    {"kind": "token bucket", "rate": "5", "period": 1000},
+    {"rate": 5, "period": 1000},
+    {"kind": "sliding window", "rate": 5, "period": "1 mon"},
+    {"kind": "token bucket", "rate": 5, "period": 1000, "hot": True},
+    {"kind": "token bucket", "rate": 5, "period": 1000, "shards": 1.5, "tz": "UTC"},
+    {"kind": "token bucket", "rate": 5, "period": 1000, "tz": "UTC"},
+    {"kind": "rolling window", "rate": 5, "period": 1000, "capacity": 4},
+    [1, 2.5, {"b": None, "a": "x"}],
+])
+inline = st.tuples(st.just("inline"), st.sampled_from(["rate_limit", "check_rate_limit", "credit", "rate_limit_value",
+                                                       "http_headers", "wait_rate_limit"]),
+                   st.sampled_from(["tb", "in"]), keys, amounts, st.booleans(), configs)
+
 # Several limits at once: one to three requests, with a (name, key) that may repeat (22023) and
 # now and then a member the call refuses.
-request = st.fixed_dictionaries({"name": names}, optional={"key": keys, "count": amounts})
+request = st.fixed_dictionaries({"name": names}, optional={"key": keys, "count": amounts, "config": configs})
 requests = st.one_of(st.lists(request, min_size=1, max_size=3),
                      st.sampled_from([[], [{"name": "tb", "count": "1"}], [{"name": "tb", "cost": 1}], [3], {"name": "tb"}]))
 call_all = st.tuples(st.just("all"), st.sampled_from(["rate_limit_all", "check_rate_limit_all"]), requests,
                      st.booleans(), st.booleans())
 steps = st.lists(st.one_of(
-    call, call, call, call, call, call_all, call_all,
+    call, call, call, call, call, call_all, call_all, inline, inline, inline,
     define("tb"), define("fw"),
     st.tuples(st.just("clock"), st.sampled_from([0, 1, 250, 999, 1000, 30000, 3600000, -5000])),
     st.tuples(st.just("rolled back"), names, keys, amounts),
@@ -166,6 +192,19 @@ def step(conn, s, now_ms):
     if kind == "all":
         _, fn, reqs, reserve, throws = s
         return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s::jsonb, %s, %s)", (json.dumps(reqs), reserve, throws))
+    if kind == "inline":
+        _, fn, name, key, count, reserve, config = s
+        config = json.dumps(config)
+        if fn in ("rate_limit", "check_rate_limit"):
+            return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s, %s, %s, %s, config => %s::jsonb)", (name, key, count, reserve, config))
+        if fn == "credit":
+            return run(conn, "SELECT * FROM rate_limiter.credit(%s, %s, %s, %s::jsonb)", (name, key, count, config))
+        if fn == "rate_limit_value":
+            return run(conn, "SELECT * FROM rate_limiter.rate_limit_value(%s, %s, %s::jsonb)", (name, key, config))
+        if fn == "http_headers":
+            return run(conn, "SELECT rate_limiter.http_headers(%s, d, %s::jsonb) FROM rate_limiter.check_rate_limit(%s, %s, %s, "
+                             "config => %s::jsonb) d", (name, config, name, key, count, config))
+        return run(conn, "SELECT * FROM rate_limiter.wait_rate_limit(%s, %s, %s, '0', %s::jsonb)", (name, key, count, config))
     if kind == "rolled back":
         _, name, key, count = s
         result = []
@@ -237,6 +276,20 @@ def step(conn, s, now_ms):
                    ("all", "rate_limit_all", [{"name": "tb", "key": "b"}, {"name": "fw", "key": "b"}], False, True),
                    ("allow", None, "c", None), ("all", "rate_limit_all", [{"name": "tb", "key": "c"}, {"name": "fw", "key": "c"}], False, False),
                    ("all", "rate_limit_all", [{"name": "fw", "key": "a"}, {"name": "tb", "key": "a", "count": 40}], True, False)])
+# Inline configs: each config's own state (its rows named by the config's fingerprint),
+# shadow mode, a credit, a value, headers, a wait, and one as a part of several limits.
+@example(limits=(("define", "tb", "token bucket", 100, 60000, None, None, None, None, True, "all"),
+                 ("define", "fw", "fixed window", 2, 60000, None, None, None, None, True, "all")),
+         sequence=[("inline", "rate_limit", "in", "a", 3, False, {"kind": "token bucket", "rate": 5, "period": 1000}),
+                   ("inline", "rate_limit", "in", "a", 3, False, {"kind": "sliding window", "rate": 4, "period": 2000, "mode": "partial"}),
+                   ("inline", "rate_limit", "in", "a", 3, False, {"kind": "token bucket", "rate": 5, "period": 1000}),
+                   ("inline", "rate_limit", "in", "a", 9, False, {"kind": "rolling window", "rate": 6, "period": "3 seconds", "buckets": 3, "enforce": False}),
+                   ("inline", "credit", "in", "a", 1, False, {"kind": "token bucket", "rate": 5, "period": 1000}),
+                   ("inline", "rate_limit_value", "in", "a", 0, False, {"kind": "token bucket", "rate": 5, "period": 1000}),
+                   ("inline", "http_headers", "in", "a", 1, False, {"kind": "fixed window", "rate": 3, "period": "1 minute", "start": "2026-02-28 23:59:59.5+00"}),
+                   ("all", "rate_limit_all", [{"name": "tb", "key": "a"}, {"name": "in", "key": "a", "config": {"kind": "token bucket", "rate": 2.5, "period": 500, "capacity": 5, "maxReserved": 3, "minGap": 100}}], False, False),
+                   ("clock", 250), ("inline", "wait_rate_limit", "in", "a", 1, False, {"kind": "token bucket", "rate": 5, "period": 1000}),
+                   ("reset", "in", "b")])
 def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, database, edition, pg, limits, sequence):
     dbname, _ = edition
     with main.connect(database) as ext, main.connect(dbname) as ed:
@@ -317,6 +370,32 @@ def test_the_modes_refusals_answer_as_the_extension(main, database, edition, pg)
         answers = [[run(conn, sql) for sql in statements] for conn in (ext, ed)]
     assert answers[0] == answers[1]
     assert [a[1] if a[0] == "error" else None for a in answers[1]] == ["0A000", None, "0A000", None, "0A000", "22023"]
+
+
+@every_version
+def test_inline_configs_the_edition_cannot_keep_are_refused_naming_the_extension(main, edition, pg):
+    """What an inline config may ask that needs the extension is refused (0A000), never
+    approximated; the same config under another name or key reaches a state of its own."""
+    dbname, _ = edition
+    refused = [
+        {"kind": "fixed window", "rate": 5, "period": "1 month"},
+        {"kind": "fixed window", "rate": 5, "period": "1 day", "tz": "Europe/Berlin"},
+        {"kind": "token bucket", "rate": 5, "period": 1000, "shards": 4},
+        {"kind": "token bucket", "rate": 5, "period": 1000, "lockTimeout": 100},
+        {"kind": "token bucket", "rate": 5, "period": 1000, "durable": False},
+        {"kind": "concurrency", "rate": 5, "period": 1000},
+    ]
+    with main.connect(dbname) as c:
+        for config in refused:
+            with pytest.raises(psycopg.errors.FeatureNotSupported) as e:
+                c.execute("SELECT * FROM rate_limiter.rate_limit('x', 'k', config => %s::jsonb)", (json.dumps(config),))
+            assert "SQL-only edition" in e.value.diag.message_primary and "CREATE EXTENSION rate_limiter" in e.value.diag.message_hint
+        config = json.dumps({"kind": "token bucket", "rate": 1, "period": 60000})
+        took = [c.execute("SELECT ok FROM rate_limiter.rate_limit(%s, %s, config => %s::jsonb)", (n, k, config)).fetchone()[0]
+                for n, k in [("x", "k"), ("x", "k"), ("y", "k"), ("x", None)]]
+        assert took == [True, False, True, True]
+        c.execute("SELECT rate_limiter.reset_rate_limit('x', 'k')")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('x', 'k', config => %s::jsonb)", (config,)).fetchone() == (True,)
 
 
 @every_version
@@ -493,8 +572,9 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
         c.execute("SELECT rate_limiter.rate_limit('api', 'alice', 4)")
         c.execute("SELECT rate_limiter.rate_limit('daily', 'bob', 5, reserve => true)")
         c.execute("SELECT rate_limiter.block('api', 'mallory')")
-        before = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1)", k).fetchone()
-                  for k in [("api", "alice"), ("daily", "bob"), ("api", "mallory"), ("api", "new")]]
+        c.execute("SELECT rate_limiter.rate_limit('express', 'carol', 2, config => %s::jsonb)", (INLINE,))
+        before = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1, config => %s::jsonb)", k).fetchone()
+                  for k in CHECKED]
     move = [f"{pg_bin(main.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", "postgres",
             "-d", dbname, "-f", str(ROOT / "sql-only" / "to_extension.sql")]
     # A view of the owner's over the edition stops the move (it would be dropped with it).
@@ -511,7 +591,14 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
         assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.6.0",)
         assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rate_limiter_sql%'").fetchone() == (0,)
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
-        after = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1)", k).fetchone()
-                 for k in [("api", "alice"), ("daily", "bob"), ("api", "mallory"), ("api", "new")]]
+        after = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1, config => %s::jsonb)", k).fetchone()
+                 for k in CHECKED]
     assert after == before
-    assert before[0][2] == 5 and before[1][0] is False and before[2][5] == "blocked"
+    assert before[0][2] == 5 and before[1][0] is False and before[2][5] == "blocked" and before[4][2] == 2, before
+
+
+# An inline config (as the client packages pass them): its state moves too, under the same
+# fingerprint.
+INLINE = '{"kind": "fixed window", "rate": 5, "period": 60000}'
+CHECKED = [("api", "alice", None), ("daily", "bob", None), ("api", "mallory", None), ("api", "new", None),
+           ("express", "carol", INLINE)]
