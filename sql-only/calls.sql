@@ -31,6 +31,8 @@ DECLARE
     micros numeric := (extract(hour FROM l.period) * 3600 + extract(minute FROM l.period) * 60) * 1000000
                       + extract(microseconds FROM l.period);
     calendar boolean := false;
+    zone text;
+    start float8 := rate_limiter._ms(l.start);
     lock_timeout float8 := rate_limiter._interval_ms(l.lock_timeout);
     deny_cache float8 := rate_limiter._interval_ms(l.deny_cache);
 BEGIN
@@ -53,6 +55,7 @@ BEGIN
     IF l.tz IS NOT NULL AND NOT calendar THEN
         PERFORM rate_limiter._raise('calendar', format('tz is for a fixed window of whole months, ''1 day'' or ''1 week'', not a %s of''%s''', l.kind, l.period));
     END IF;
+    IF calendar THEN zone := rate_limiter._cal_zone(l.tz); END IF;
     IF l.mode NOT IN ('all', 'partial', 'penalize') THEN
         PERFORM rate_limiter._raise('config', format('unknown mode %s (expected "all", "partial" or "penalize")', to_json(l.mode)));
     END IF;
@@ -63,16 +66,18 @@ BEGIN
         PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout %s (expected "deny" or "allow")', to_json(l.on_lock_timeout)));
     END IF;
     c := ROW(l.kind, l.rate, rate_limiter._interval_ms(l.period), coalesce(l.capacity, l.rate), l.max_reserved,
-             rate_limiter._ms(l.start), rate_limiter._interval_ms(l.min_gap),
-             CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode)::rate_limiter._config;
-    RETURN rate_limiter._validate(c, l.shards, lock_timeout, deny_cache, l.start IS NULL OR isfinite(l.start), l.hot, l.durable,
-                                  CASE WHEN calendar THEN l.period::text END);
+             start, rate_limiter._interval_ms(l.min_gap),
+             CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode,
+             CASE WHEN calendar THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
+             CASE WHEN calendar THEN CASE WHEN months > 0 THEN months ELSE days END END,
+             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start))::rate_limiter._config;
+    RETURN rate_limiter._validate(c, l.shards, lock_timeout, deny_cache, l.start IS NULL OR isfinite(l.start), l.hot, l.durable);
 END $$;
 
 -- config::validate, then what only the extension does refused (0A000): for a named limit's
--- row and an inline config alike. `calendar`: the period's text when it is a calendar one.
+-- row and an inline config alike.
 CREATE FUNCTION rate_limiter._validate(c rate_limiter._config, shards integer, lock_timeout double precision,
-    deny_cache double precision, start_storable boolean, hot boolean, durable boolean, calendar text)
+    deny_cache double precision, start_storable boolean, hot boolean, durable boolean)
 RETURNS rate_limiter._config
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -124,8 +129,6 @@ BEGIN
     -- What the edition does not do (the extension's further checks of these are its own).
     IF c.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
         PERFORM rate_limiter._raise('edition', format('a %s', c.kind));
-    ELSIF calendar IS NOT NULL THEN
-        PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', calendar));
     ELSIF shards > 1 THEN
         PERFORM rate_limiter._raise('edition', 'shards > 1');
     ELSIF lock_timeout IS NOT NULL THEN
@@ -254,6 +257,7 @@ DECLARE
     days int;
     micros numeric;
     unit boolean := false;
+    zone text;
     shown text;
     us float8;
 BEGIN
@@ -353,11 +357,7 @@ BEGIN
     unit := (months > 0 AND days = 0 AND micros = 0) OR (months = 0 AND days IN (1, 7) AND micros = 0);
     shown := CASE WHEN period_interval IS NOT NULL THEN format(' ''%s''', period_interval) ELSE '' END;
     IF unit AND kind = 'fixed window' THEN
-        BEGIN
-            PERFORM now() AT TIME ZONE coalesce(tz, 'UTC');
-        EXCEPTION WHEN invalid_parameter_value THEN
-            PERFORM rate_limiter._raise('calendar', format('time zone "%s" is not one PostgreSQL knows', tz));
-        END;
+        zone := rate_limiter._cal_zone(tz);
     ELSIF months <> 0 AND kind <> 'fixed window' THEN
         PERFORM rate_limiter._raise('calendar', format('a %s counts a fixed length, and a period of months%s has none', kind, shown));
     ELSIF months <> 0 THEN
@@ -368,15 +368,18 @@ BEGIN
     us := CASE WHEN start IS NOT NULL THEN sign(start * 1000) * floor(abs(start * 1000) + 0.5) END;
     c := rate_limiter._validate(
         ROW(kind, rate, period, coalesce(capacity, rate), max_reserved, start, min_gap,
-            CASE WHEN kind = 'rolling window' THEN coalesce(buckets, 10) ELSE 0 END, coalesce(mode, 'all'))::rate_limiter._config,
+            CASE WHEN kind = 'rolling window' THEN coalesce(buckets, 10) ELSE 0 END, coalesce(mode, 'all'),
+            CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
+            CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN months ELSE days END END,
+            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start))::rate_limiter._config,
         coalesce(shards, 1), lock_timeout, deny_cache,
         us >= -210866803200000000::float8 AND us < 9224318016000000000::float8,
-        false, coalesce(durable, true), CASE WHEN unit AND kind = 'fixed window' THEN period_interval::text END);
+        false, coalesce(durable, true));
 END $$;
 
 -- config::fingerprint: SHA-256 of what shapes the arithmetic (kind, mode, numbers as
 -- little-endian doubles, -0 as 0, an absent one as nine 0xff bytes), its first 16 bytes in
--- hex. The edition's configs have one shard and no calendar.
+-- hex. The edition's configs have one shard.
 CREATE FUNCTION rate_limiter._fingerprint(c rate_limiter._config) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
@@ -392,7 +395,14 @@ BEGIN ATOMIC
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 4, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 3, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 2, 1)
-        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 1, 1)), 1, 16), 'hex');
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 1, 1)
+        OPERATOR(pg_catalog.||) CASE WHEN c.cal_unit IS NULL THEN ''::bytea
+            ELSE pg_catalog.convert_to(c.cal_unit, 'UTF8')
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 4, 1)
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 3, 1)
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 2, 1)
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 1, 1)
+                 OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.cal_zone, 'UTF8') END), 1, 16), 'hex');
 END;
 
 -- A consuming call's or a check's request: its arguments, its limit, then its count against
@@ -465,7 +475,7 @@ END $$;
 CREATE FUNCTION rate_limiter._decide(s rate_limiter._state, c rate_limiter._config, now double precision, name text,
                                      count double precision, reserve boolean,
                                      OUT d rate_limiter.decision, OUT after rate_limiter._state)
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     took rate_limiter._check := rate_limiter._check(s, c, now, count, coalesce(reserve, false));
     refilled rate_limiter._check;
@@ -540,7 +550,7 @@ END;
 -- A state row's state; the state of a key never written, fresh as of now.
 CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._config, name text, key text, now double precision)
 RETURNS rate_limiter._state
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL UNSAFE
 RETURN CASE WHEN r.shard IS NOT NULL
             THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at), r.counts)::rate_limiter._state
             -- A token bucket has no windows: its phase is never read, so never hashed.
@@ -721,7 +731,7 @@ COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key
 -- comes back at now, refilled as a call at now would, and how much came back.
 CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision,
                                        OUT after rate_limiter._state, OUT given double precision, OUT available double precision)
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
     now_state rate_limiter._state := ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
@@ -877,7 +887,15 @@ BEGIN
     ts := rate_limiter._ts(s.ts);
     shard := 0;
     effective_config := jsonb_strip_nulls(jsonb_build_object(
-        'kind', c.kind, 'rate', rate_limiter._json_number(c.rate), 'period', rate_limiter._json_number(c.period),
+        'kind', c.kind, 'rate', rate_limiter._json_number(c.rate),
+        'period', CASE WHEN c.cal_unit = 'm' AND c.cal_n = 1 THEN to_jsonb('1 month'::text)
+                       WHEN c.cal_unit = 'm' AND c.cal_n = 12 THEN to_jsonb('1 year'::text)
+                       WHEN c.cal_unit = 'm' AND c.cal_n % 12 = 0 THEN to_jsonb(format('%s years', c.cal_n / 12))
+                       WHEN c.cal_unit = 'm' THEN to_jsonb(format('%s months', c.cal_n))
+                       WHEN c.cal_unit = 'd' AND c.cal_n = 7 THEN to_jsonb('1 week'::text)
+                       WHEN c.cal_unit = 'd' THEN to_jsonb('1 day'::text)
+                       ELSE rate_limiter._json_number(c.period) END,
+        'tz', CASE WHEN c.cal_zone <> 'UTC' THEN c.cal_zone END,
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
         'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,

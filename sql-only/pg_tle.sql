@@ -250,7 +250,9 @@ COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''ex
 COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';
 
 -- The bucket arithmetic of src/bucket.rs, operation for operation (the same float8 rounding):
--- times in ms since the Unix epoch, durations in ms. Pure functions, IMMUTABLE, no table.
+-- times in ms since the Unix epoch, durations in ms. No table; IMMUTABLE but where a calendar
+-- window reads its time zone's rules (STABLE, and never in a parallel worker: the zone is
+-- looked up as SET TimeZone does).
 
 -- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds
 -- divided by 1000 once (numeric is exact, and its cast to float8 rounds once, as f64 division).
@@ -312,7 +314,170 @@ CREATE TYPE rate_limiter._state AS (value double precision, ts double precision,
 CREATE TYPE rate_limiter._config AS (
     kind text, rate double precision, period double precision, capacity double precision,
     max_reserved double precision, start double precision, min_gap double precision, buckets integer,
-    mode text);
+    mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision);
+
+-- Calendar windows (bucket/calendar.rs): a fixed window whose period is whole months, one day
+-- or one week starts its windows on the calendar in a time zone. Boundaries are computed on
+-- the local wall clock (ms since 1970-01-01 read as if UTC) and turned into instants by the
+-- zone; the k-th boundary is the anchor plus k units, the day of the month cut to the month's
+-- last. A config's calendar: cal_unit 'm' (months) or 'd' (days), cal_n of them, cal_zone
+-- (the zone's name as PostgreSQL spells it) and cal_anchor (a boundary's local time).
+
+-- The zone called tz as PostgreSQL's SET TimeZone finds it (config/zone.rs: pg_tzset), by
+-- the name it gives it; NULL and 'UTC' (any case) are UTC. The setting is the function's own:
+-- restored when it returns.
+CREATE FUNCTION rate_limiter._cal_zone(tz text) RETURNS text
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
+BEGIN
+    IF tz IS NULL OR upper(tz) = 'UTC' THEN RETURN 'UTC'; END IF;
+    -- SET TimeZone also takes hours and intervals, which name no zone.
+    IF tz !~* '^\s*(interval|[-+0-9.])' THEN
+        BEGIN
+            PERFORM set_config('TimeZone', tz, true);
+            RETURN current_setting('TimeZone');
+        EXCEPTION WHEN invalid_parameter_value THEN
+            NULL;
+        END;
+    END IF;
+    PERFORM rate_limiter._raise('calendar', format('time zone "%s" is not one PostgreSQL knows', tz));
+END $$;
+
+-- Milliseconds the wall clock of zone is ahead of UTC at utc_ms (pg_localtime's tm_gmtoff at
+-- the whole second; 0 where it cannot place the instant).
+CREATE FUNCTION rate_limiter._cal_offset(zone text, utc_ms double precision) RETURNS double precision
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
+DECLARE
+    seconds float8 := floor(utc_ms / 1000);
+BEGIN
+    IF zone = 'UTC' OR NOT (seconds >= -210866803200 AND seconds < 9224318016000) THEN RETURN 0; END IF;
+    PERFORM set_config('TimeZone', zone, true);
+    RETURN extract(timezone FROM to_timestamp(seconds))::float8 * 1000;
+END $$;
+
+-- The instant the wall clock of zone shows local_ms: where a change of offset skips that time
+-- or shows it twice, the offset in force before the change decides (Zone::utc).
+CREATE FUNCTION rate_limiter._cal_utc(zone text, local_ms double precision) RETURNS double precision
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    before float8 := rate_limiter._cal_offset(zone, local_ms - 43200000);
+    after float8 := rate_limiter._cal_offset(zone, local_ms + 43200000);
+BEGIN
+    IF rate_limiter._cal_offset(zone, local_ms - before) = before THEN RETURN local_ms - before; END IF;
+    IF rate_limiter._cal_offset(zone, local_ms - after) = after THEN RETURN local_ms - after; END IF;
+    RETURN local_ms - before;
+END $$;
+
+-- Howard Hinnant's civil calendar in whole days since 1970-01-01 (floor division throughout).
+CREATE FUNCTION rate_limiter._days_from_civil(y bigint, m bigint, d bigint) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    yy bigint := CASE WHEN m <= 2 THEN y - 1 ELSE y END;
+    era bigint := floor(yy / 400.0);
+    yoe bigint := yy - era * 400;
+    doy bigint := (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+BEGIN
+    RETURN era * 146097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719468;
+END $$;
+
+CREATE FUNCTION rate_limiter._civil_from_days(z bigint, OUT y bigint, OUT m bigint, OUT d bigint)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    zz bigint := z + 719468;
+    era bigint := floor(zz / 146097.0);
+    doe bigint := zz - era * 146097;
+    yoe bigint := (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    doy bigint := doe - (365 * yoe + yoe / 4 - yoe / 100);
+    mp bigint := (5 * doy + 2) / 153;
+BEGIN
+    d := doy - (153 * mp + 2) / 5 + 1;
+    m := CASE WHEN mp < 10 THEN mp + 3 ELSE mp - 9 END;
+    y := yoe + era * 400 + CASE WHEN m <= 2 THEN 1 ELSE 0 END;
+END $$;
+
+-- Months since January 1970 of a local time.
+CREATE FUNCTION rate_limiter._month_number(local_ms double precision) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    date record := rate_limiter._civil_from_days(floor(local_ms / 86400000)::bigint);
+BEGIN
+    RETURN date.y * 12 + date.m - 1 - 1970 * 12;
+END $$;
+
+-- local_ms plus months on the calendar, the day cut to the month's last, the time kept.
+CREATE FUNCTION rate_limiter._add_months(local_ms double precision, months bigint) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    day float8 := floor(local_ms / 86400000);
+    date record := rate_limiter._civil_from_days(day::bigint);
+    total bigint := date.y * 12 + (date.m - 1) + months;
+    y bigint := floor(total / 12.0);
+    m bigint := total - floor(total / 12.0)::bigint * 12 + 1;
+    last bigint := CASE WHEN m = 2 AND y % 4 = 0 AND (y % 100 <> 0 OR y % 400 = 0) THEN 29 WHEN m = 2 THEN 28
+                        WHEN m IN (4, 6, 9, 11) THEN 30 ELSE 31 END;
+BEGIN
+    RETURN rate_limiter._days_from_civil(y, m, least(date.d, last))::float8 * 86400000 + (local_ms - day * 86400000);
+END $$;
+
+-- The instant the k-th window after the anchor's begins (Calendar::boundary).
+CREATE FUNCTION rate_limiter._cal_boundary(c rate_limiter._config, k bigint) RETURNS double precision
+LANGUAGE sql STABLE PARALLEL UNSAFE
+RETURN rate_limiter._cal_utc(c.cal_zone, CASE WHEN c.cal_unit = 'd' THEN c.cal_anchor + k::float8 * c.cal_n::float8 * 86400000::float8
+                                              ELSE rate_limiter._add_months(c.cal_anchor, k * c.cal_n) END);
+
+-- Which window at falls in: boundary(k) <= at < boundary(k + 1) (Calendar::index).
+CREATE FUNCTION rate_limiter._cal_index(c rate_limiter._config, at double precision) RETURNS bigint
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    clamped float8 := least(greatest(at, -9224318016000000::float8), 9224318016000000::float8);
+    local float8 := clamped + rate_limiter._cal_offset(c.cal_zone, clamped);
+    k bigint;
+BEGIN
+    IF c.cal_unit = 'd' THEN
+        k := floor((local - c.cal_anchor) / (c.cal_n::float8 * 86400000::float8))::bigint;
+    ELSE
+        k := floor((rate_limiter._month_number(local) - rate_limiter._month_number(c.cal_anchor)) / c.cal_n::numeric)::bigint;
+    END IF;
+    -- Off by one at most, near a boundary or a change of offset: a few steps at most.
+    FOR i IN 1 .. 4 LOOP
+        IF rate_limiter._cal_boundary(c, k) > clamped THEN
+            k := k - 1;
+        ELSIF rate_limiter._cal_boundary(c, k + 1) <= clamped THEN
+            k := k + 1;
+        ELSE
+            EXIT;
+        END IF;
+    END LOOP;
+    RETURN k;
+END $$;
+
+-- The start of the window windows after the one starting at start; infinity past the last
+-- instant PostgreSQL can store (Calendar::after).
+CREATE FUNCTION rate_limiter._cal_after(c rate_limiter._config, start double precision, windows double precision)
+RETURNS double precision
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    k float8 := rate_limiter._cal_index(c, start)::float8 + windows;
+BEGIN
+    IF k <> k OR k > rate_limiter._cal_index(c, 9224318016000000) THEN RETURN 'Infinity'; END IF;
+    RETURN rate_limiter._cal_boundary(c, k::bigint);
+END $$;
+
+-- Calendar::new's anchor: a boundary on the local wall clock, start's when given, else the
+-- epoch's midnight on the 1st (months, days) or the first Monday (weeks); NULL without a zone.
+CREATE FUNCTION rate_limiter._cal_anchor(zone text, unit text, days integer, start double precision) RETURNS double precision
+LANGUAGE sql STABLE PARALLEL UNSAFE
+RETURN CASE WHEN zone IS NULL THEN NULL
+            WHEN start IS NOT NULL THEN start + rate_limiter._cal_offset(zone, start)
+            WHEN unit = 'd' AND days = 7 THEN 4::float8 * 86400000::float8
+            ELSE 0::float8 END;
+
+-- Config::window_after: the start of the window `windows` after the one starting at start.
+CREATE FUNCTION rate_limiter._window_after(c rate_limiter._config, start double precision, windows double precision)
+RETURNS double precision
+LANGUAGE sql STABLE PARALLEL UNSAFE
+RETURN CASE WHEN c.cal_unit IS NULL THEN start + windows * c.period
+            WHEN windows > 0 THEN rate_limiter._cal_after(c, start, windows)
+            ELSE start END;
 
 -- bucket::Check: what taking `count` from a state at `now` gives.
 CREATE TYPE rate_limiter._check AS (
@@ -524,17 +689,25 @@ END $$;
 
 -- bucket::END_OF_TIME_MS and storable_debt: what a key may owe without max_reserved.
 CREATE FUNCTION rate_limiter._storable_debt(c rate_limiter._config, now double precision) RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN greatest(((9224318016000000::float8 - now) / c.period - 2::float8) * c.rate - c.capacity, 0::float8);
+LANGUAGE sql STABLE STRICT PARALLEL UNSAFE
+RETURN greatest(((9224318016000000::float8 - now)
+                  -- A calendar window is as long as its longest: a month of 31 days, a day of 25 hours.
+                  / CASE WHEN c.cal_unit = 'm' THEN greatest(c.cal_n::float8 * 31::float8 * 86400000::float8, c.period)
+                         WHEN c.cal_unit = 'd' THEN greatest(c.cal_n::float8 * 86400000::float8 + 3600000::float8, c.period)
+                         ELSE c.period END
+                  - 2::float8) * c.rate - c.capacity, 0::float8);
 
 -- bucket::fresh_state: full, and for a fixed window in the window containing now, aligned to
 -- start or else to the (name, key)'s phase.
 CREATE FUNCTION rate_limiter._fresh(c rate_limiter._config, now double precision, phase double precision)
 RETURNS rate_limiter._state
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL UNSAFE
 RETURN ROW(c.capacity,
            CASE c.kind WHEN 'token bucket' THEN now
            WHEN 'rolling window' THEN rate_limiter._cell_start(c, coalesce(c.start, phase), now)
+           WHEN 'fixed window' THEN
+               CASE WHEN c.cal_unit IS NOT NULL THEN rate_limiter._cal_boundary(c, rate_limiter._cal_index(c, now))
+                    ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END
            ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END,
            NULL, NULL)::rate_limiter._state;
 
@@ -542,7 +715,7 @@ RETURN ROW(c.capacity,
 CREATE FUNCTION rate_limiter._check(s rate_limiter._state, c rate_limiter._config, now double precision,
                                     count double precision, reserve boolean)
 RETURNS rate_limiter._check
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     elapsed float8 := greatest(now - s.ts, 0::float8);
     r rate_limiter._check;
@@ -560,11 +733,12 @@ BEGIN
         r.ts := greatest(now, s.ts);
         IF r.value < 0 THEN r.retry_after := -r.value / per_ms; END IF;
     ELSE
-        windows := floor(elapsed / c.period);
+        windows := CASE WHEN c.cal_unit IS NULL THEN floor(elapsed / c.period)
+                        ELSE greatest(rate_limiter._cal_index(c, s.ts + elapsed) - rate_limiter._cal_index(c, s.ts), 0)::float8 END;
         r.value := least(s.value + c.rate * windows, c.capacity) - count;
-        r.ts := s.ts + windows * c.period;
+        r.ts := rate_limiter._window_after(c, s.ts, windows);
         IF r.value < 0 THEN
-            r.retry_after := (r.ts + ceil(-r.value / c.rate) * c.period) - now;
+            r.retry_after := rate_limiter._window_after(c, r.ts, ceil(-r.value / c.rate)) - now;
         END IF;
     END IF;
     IF c.kind NOT IN ('sliding window', 'rolling window') THEN
@@ -590,17 +764,17 @@ END $$;
 -- bucket::reset_after: ms until a state is full again.
 CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
 RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL UNSAFE
 RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
             WHEN c.kind = 'rolling window' THEN rate_limiter._rolling_reset_after(s, c, now)
             WHEN c.capacity - s.value <= 0 THEN 0::float8
             WHEN c.kind = 'token bucket' THEN (c.capacity - s.value) / (c.rate / c.period)
-            ELSE greatest((s.ts + ceil((c.capacity - s.value) / c.rate) * c.period) - now, 0::float8) END;
+            ELSE greatest(rate_limiter._window_after(c, s.ts, ceil((c.capacity - s.value) / c.rate)) - now, 0::float8) END;
 
 -- bucket::expires: from when the state holds what a fresh one would, checked with _check
 -- itself so that rounding only makes it later.
 CREATE FUNCTION rate_limiter._expires(s rate_limiter._state, c rate_limiter._config) RETURNS double precision
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     at float8;
     step float8 := CASE c.kind WHEN 'token bucket' THEN 1::float8 WHEN 'rolling window' THEN c.period / c.buckets ELSE c.period END;
@@ -614,7 +788,7 @@ BEGIN
     ELSIF c.kind = 'sliding window' THEN
         at := s.ts + (CASE WHEN rate_limiter._sliding_current(s, c) > 0 THEN 2 WHEN coalesce(s.counts[1], 0) > 0 THEN 1 ELSE 0 END)::float8 * c.period;
     ELSE
-        at := s.ts + greatest(ceil((c.capacity - s.value) / c.rate), 0::float8) * c.period;
+        at := rate_limiter._window_after(c, s.ts, greatest(ceil((c.capacity - s.value) / c.rate), 0::float8));
     END IF;
     at := ceil(greatest(at, coalesce(s.granted_at + c.min_gap, '-Infinity'::float8)));
     FOR i IN 1 .. 64 LOOP
@@ -751,7 +925,7 @@ BEGIN
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
-            HINT = 'The SQL-only edition keeps token buckets, fixed windows of fixed length, sliding and rolling windows, named or inline, one row per key (shards = 1), in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
+            HINT = 'The SQL-only edition keeps token buckets, fixed windows (calendar ones too), sliding and rolling windows, named or inline, one row per key (shards = 1), in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
     END CASE;
 END $$;
 
@@ -856,6 +1030,8 @@ DECLARE
     micros numeric := (extract(hour FROM l.period) * 3600 + extract(minute FROM l.period) * 60) * 1000000
                       + extract(microseconds FROM l.period);
     calendar boolean := false;
+    zone text;
+    start float8 := rate_limiter._ms(l.start);
     lock_timeout float8 := rate_limiter._interval_ms(l.lock_timeout);
     deny_cache float8 := rate_limiter._interval_ms(l.deny_cache);
 BEGIN
@@ -878,6 +1054,7 @@ BEGIN
     IF l.tz IS NOT NULL AND NOT calendar THEN
         PERFORM rate_limiter._raise('calendar', format('tz is for a fixed window of whole months, ''1 day'' or ''1 week'', not a %s of''%s''', l.kind, l.period));
     END IF;
+    IF calendar THEN zone := rate_limiter._cal_zone(l.tz); END IF;
     IF l.mode NOT IN ('all', 'partial', 'penalize') THEN
         PERFORM rate_limiter._raise('config', format('unknown mode %s (expected "all", "partial" or "penalize")', to_json(l.mode)));
     END IF;
@@ -888,16 +1065,18 @@ BEGIN
         PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout %s (expected "deny" or "allow")', to_json(l.on_lock_timeout)));
     END IF;
     c := ROW(l.kind, l.rate, rate_limiter._interval_ms(l.period), coalesce(l.capacity, l.rate), l.max_reserved,
-             rate_limiter._ms(l.start), rate_limiter._interval_ms(l.min_gap),
-             CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode)::rate_limiter._config;
-    RETURN rate_limiter._validate(c, l.shards, lock_timeout, deny_cache, l.start IS NULL OR isfinite(l.start), l.hot, l.durable,
-                                  CASE WHEN calendar THEN l.period::text END);
+             start, rate_limiter._interval_ms(l.min_gap),
+             CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode,
+             CASE WHEN calendar THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
+             CASE WHEN calendar THEN CASE WHEN months > 0 THEN months ELSE days END END,
+             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start))::rate_limiter._config;
+    RETURN rate_limiter._validate(c, l.shards, lock_timeout, deny_cache, l.start IS NULL OR isfinite(l.start), l.hot, l.durable);
 END $$;
 
 -- config::validate, then what only the extension does refused (0A000): for a named limit's
--- row and an inline config alike. `calendar`: the period's text when it is a calendar one.
+-- row and an inline config alike.
 CREATE FUNCTION rate_limiter._validate(c rate_limiter._config, shards integer, lock_timeout double precision,
-    deny_cache double precision, start_storable boolean, hot boolean, durable boolean, calendar text)
+    deny_cache double precision, start_storable boolean, hot boolean, durable boolean)
 RETURNS rate_limiter._config
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -949,8 +1128,6 @@ BEGIN
     -- What the edition does not do (the extension's further checks of these are its own).
     IF c.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
         PERFORM rate_limiter._raise('edition', format('a %s', c.kind));
-    ELSIF calendar IS NOT NULL THEN
-        PERFORM rate_limiter._raise('edition', format('calendar windows (a fixed window of ''%s'')', calendar));
     ELSIF shards > 1 THEN
         PERFORM rate_limiter._raise('edition', 'shards > 1');
     ELSIF lock_timeout IS NOT NULL THEN
@@ -1079,6 +1256,7 @@ DECLARE
     days int;
     micros numeric;
     unit boolean := false;
+    zone text;
     shown text;
     us float8;
 BEGIN
@@ -1178,11 +1356,7 @@ BEGIN
     unit := (months > 0 AND days = 0 AND micros = 0) OR (months = 0 AND days IN (1, 7) AND micros = 0);
     shown := CASE WHEN period_interval IS NOT NULL THEN format(' ''%s''', period_interval) ELSE '' END;
     IF unit AND kind = 'fixed window' THEN
-        BEGIN
-            PERFORM now() AT TIME ZONE coalesce(tz, 'UTC');
-        EXCEPTION WHEN invalid_parameter_value THEN
-            PERFORM rate_limiter._raise('calendar', format('time zone "%s" is not one PostgreSQL knows', tz));
-        END;
+        zone := rate_limiter._cal_zone(tz);
     ELSIF months <> 0 AND kind <> 'fixed window' THEN
         PERFORM rate_limiter._raise('calendar', format('a %s counts a fixed length, and a period of months%s has none', kind, shown));
     ELSIF months <> 0 THEN
@@ -1193,15 +1367,18 @@ BEGIN
     us := CASE WHEN start IS NOT NULL THEN sign(start * 1000) * floor(abs(start * 1000) + 0.5) END;
     c := rate_limiter._validate(
         ROW(kind, rate, period, coalesce(capacity, rate), max_reserved, start, min_gap,
-            CASE WHEN kind = 'rolling window' THEN coalesce(buckets, 10) ELSE 0 END, coalesce(mode, 'all'))::rate_limiter._config,
+            CASE WHEN kind = 'rolling window' THEN coalesce(buckets, 10) ELSE 0 END, coalesce(mode, 'all'),
+            CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
+            CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN months ELSE days END END,
+            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start))::rate_limiter._config,
         coalesce(shards, 1), lock_timeout, deny_cache,
         us >= -210866803200000000::float8 AND us < 9224318016000000000::float8,
-        false, coalesce(durable, true), CASE WHEN unit AND kind = 'fixed window' THEN period_interval::text END);
+        false, coalesce(durable, true));
 END $$;
 
 -- config::fingerprint: SHA-256 of what shapes the arithmetic (kind, mode, numbers as
 -- little-endian doubles, -0 as 0, an absent one as nine 0xff bytes), its first 16 bytes in
--- hex. The edition's configs have one shard and no calendar.
+-- hex. The edition's configs have one shard.
 CREATE FUNCTION rate_limiter._fingerprint(c rate_limiter._config) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
@@ -1217,7 +1394,14 @@ BEGIN ATOMIC
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 4, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 3, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 2, 1)
-        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 1, 1)), 1, 16), 'hex');
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 1, 1)
+        OPERATOR(pg_catalog.||) CASE WHEN c.cal_unit IS NULL THEN ''::bytea
+            ELSE pg_catalog.convert_to(c.cal_unit, 'UTF8')
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 4, 1)
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 3, 1)
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 2, 1)
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 1, 1)
+                 OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.cal_zone, 'UTF8') END), 1, 16), 'hex');
 END;
 
 -- A consuming call's or a check's request: its arguments, its limit, then its count against
@@ -1290,7 +1474,7 @@ END $$;
 CREATE FUNCTION rate_limiter._decide(s rate_limiter._state, c rate_limiter._config, now double precision, name text,
                                      count double precision, reserve boolean,
                                      OUT d rate_limiter.decision, OUT after rate_limiter._state)
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     took rate_limiter._check := rate_limiter._check(s, c, now, count, coalesce(reserve, false));
     refilled rate_limiter._check;
@@ -1365,7 +1549,7 @@ END;
 -- A state row's state; the state of a key never written, fresh as of now.
 CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._config, name text, key text, now double precision)
 RETURNS rate_limiter._state
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL UNSAFE
 RETURN CASE WHEN r.shard IS NOT NULL
             THEN ROW(r.value, rate_limiter._ms(r.ts), rate_limiter._ms(r.granted_at), r.counts)::rate_limiter._state
             -- A token bucket has no windows: its phase is never read, so never hashed.
@@ -1546,7 +1730,7 @@ COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key
 -- comes back at now, refilled as a call at now would, and how much came back.
 CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision,
                                        OUT after rate_limiter._state, OUT given double precision, OUT available double precision)
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
     now_state rate_limiter._state := ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
@@ -1702,7 +1886,15 @@ BEGIN
     ts := rate_limiter._ts(s.ts);
     shard := 0;
     effective_config := jsonb_strip_nulls(jsonb_build_object(
-        'kind', c.kind, 'rate', rate_limiter._json_number(c.rate), 'period', rate_limiter._json_number(c.period),
+        'kind', c.kind, 'rate', rate_limiter._json_number(c.rate),
+        'period', CASE WHEN c.cal_unit = 'm' AND c.cal_n = 1 THEN to_jsonb('1 month'::text)
+                       WHEN c.cal_unit = 'm' AND c.cal_n = 12 THEN to_jsonb('1 year'::text)
+                       WHEN c.cal_unit = 'm' AND c.cal_n % 12 = 0 THEN to_jsonb(format('%s years', c.cal_n / 12))
+                       WHEN c.cal_unit = 'm' THEN to_jsonb(format('%s months', c.cal_n))
+                       WHEN c.cal_unit = 'd' AND c.cal_n = 7 THEN to_jsonb('1 week'::text)
+                       WHEN c.cal_unit = 'd' THEN to_jsonb('1 day'::text)
+                       ELSE rate_limiter._json_number(c.period) END,
+        'tz', CASE WHEN c.cal_zone <> 'UTC' THEN c.cal_zone END,
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
         'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
