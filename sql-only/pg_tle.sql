@@ -1130,8 +1130,6 @@ BEGIN
         PERFORM rate_limiter._raise('edition', format('a %s', c.kind));
     ELSIF shards > 1 THEN
         PERFORM rate_limiter._raise('edition', 'shards > 1');
-    ELSIF lock_timeout IS NOT NULL THEN
-        PERFORM rate_limiter._raise('edition', 'lock_timeout');
     ELSIF hot THEN
         PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
     ELSIF NOT durable THEN
@@ -1205,7 +1203,8 @@ END $$;
 -- the rows named `stored`, with shard `shard` (an inline config's rows are the name marked
 -- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs).
 CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
-                                    OUT deny_cache double precision, OUT stored text, OUT shard integer)
+                                    OUT deny_cache double precision, OUT stored text, OUT shard integer,
+                                    OUT lock_timeout double precision, OUT on_lock_timeout text)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l rate_limiter.limits;
@@ -1216,6 +1215,8 @@ BEGIN
         c := inline.c;
         enforce := inline.enforce;
         deny_cache := inline.deny_cache;
+        lock_timeout := inline.lock_timeout;
+        on_lock_timeout := inline.on_lock_timeout;
         stored := name || '#' || rate_limiter._fingerprint(c);
         shard := -1;
         RETURN;
@@ -1225,6 +1226,8 @@ BEGIN
     c := rate_limiter._config_of(l);
     enforce := l.enforce;
     deny_cache := rate_limiter._interval_ms(l.deny_cache);
+    lock_timeout := rate_limiter._interval_ms(l.lock_timeout);
+    on_lock_timeout := l.on_lock_timeout;
     stored := name;
     shard := 0;
 END $$;
@@ -1233,7 +1236,8 @@ END $$;
 -- checked as it comes; then what is missing, a rolling window's cells, the calendar), then
 -- validated as a named limit's.
 CREATE FUNCTION rate_limiter._config_of_json(config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
-                                             OUT deny_cache double precision)
+                                             OUT deny_cache double precision, OUT lock_timeout double precision,
+                                             OUT on_lock_timeout text)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     m record;
@@ -1248,7 +1252,6 @@ DECLARE
     min_gap float8;
     mode text;
     buckets integer;
-    lock_timeout float8;
     durable boolean;
     tz text;
     n float8;
@@ -1264,6 +1267,7 @@ BEGIN
         PERFORM rate_limiter._raise('malformed', format('expected a JSON object, got %s', rate_limiter._json_text(config)));
     END IF;
     enforce := true;
+    on_lock_timeout := 'deny';
     FOR m IN SELECT e.key AS field, e.value AS v, jsonb_typeof(e.value) AS type, e.value #>> '{}' AS text
              FROM jsonb_each(config) e ORDER BY e.key COLLATE "C" LOOP
         -- An optional member given as null is left out (kind, rate and period need a value).
@@ -1330,7 +1334,7 @@ BEGIN
             ELSIF m.field <> 'mode' AND m.text NOT IN ('deny', 'allow') THEN
                 PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout "%s" (expected "deny" or "allow")', m.text));
             END IF;
-            IF m.field = 'mode' THEN mode := m.text; END IF;
+            IF m.field = 'mode' THEN mode := m.text; ELSE on_lock_timeout := m.text; END IF;
         WHEN m.field IN ('enforce', 'durable') THEN
             IF m.type <> 'boolean' THEN PERFORM rate_limiter._raise('malformed', format('"%s" must be a boolean, got %s', m.field, rate_limiter._json_text(m.v))); END IF;
             IF m.field = 'enforce' THEN enforce := m.text::boolean; ELSE durable := m.text::boolean; END IF;
@@ -1407,7 +1411,8 @@ END;
 -- A consuming call's or a check's request: its arguments, its limit, then its count against
 -- what one call could ever be granted.
 CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
-                                      OUT c rate_limiter._config, OUT enforce boolean, OUT stored text, OUT shard integer)
+                                      OUT c rate_limiter._config, OUT enforce boolean, OUT stored text, OUT shard integer,
+                                      OUT lock_timeout double precision, OUT on_lock_timeout text)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     named record;
@@ -1418,6 +1423,8 @@ BEGIN
     enforce := named.enforce;
     stored := named.stored;
     shard := named.shard;
+    lock_timeout := named.lock_timeout;
+    on_lock_timeout := named.on_lock_timeout;
     PERFORM rate_limiter._usable(name, count, reserve, c);
 END $$;
 
@@ -1597,6 +1604,10 @@ BEGIN
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
     END IF;
+    IF req.lock_timeout IS NOT NULL THEN
+        RETURN rate_limiter._answer(rate_limiter._take_within(req.c, req.stored, req.shard, req.lock_timeout,
+            req.on_lock_timeout = 'allow', name, key, count, reserve), req.enforce, name, key, throws);
+    END IF;
     SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
     WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard;
     now := rate_limiter._now();
@@ -1629,6 +1640,64 @@ BEGIN
     RETURN rate_limiter._answer(decided.d, req.enforce, name, key, throws);
 END $$;
 COMMENT ON FUNCTION rate_limiter.rate_limit IS 'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';
+
+-- rate_limit under a lock_timeout (limiter/rows.rs write): rounds that never queue for a row
+-- another transaction holds (each lock waits 1 ms at most, the function's own lock_timeout),
+-- each reading, deciding and trying to write; between rounds a pause of 1 ms doubling up to
+-- 20 ms, until lock_timeout ms of real time have passed: then the limit's policy answers
+-- (denied, to retry after as long again; or let through unmetered), with what the last round
+-- planned. Giving up aborts nothing and leaves no lock queued.
+CREATE FUNCTION rate_limiter._take_within(c rate_limiter._config, stored text, shard integer, lock_timeout double precision,
+                                          allow boolean, name text, key text, count double precision, reserve boolean)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp SET lock_timeout = 1 AS $$
+DECLARE
+    deadline timestamptz := clock_timestamp() + make_interval(secs => lock_timeout / 1000);
+    pause float8 := 1;
+    read record;
+    locked record;
+    now float8;
+    decided record;
+BEGIN
+    LOOP
+        SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
+        WHERE (s.key = _take_within.key OR (s.key IS NULL AND _take_within.key IS NULL)) AND s.name = stored AND s.shard = _take_within.shard;
+        now := rate_limiter._now();
+        decided := rate_limiter._decide(rate_limiter._state_of(read.row, c, name, key, now), c, now, name, count, reserve);
+        IF decided.after IS NULL THEN RETURN decided.d; END IF;  -- a denial writes nothing and waits for no one
+        BEGIN
+            IF read.at IS NULL THEN
+                INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
+                VALUES (stored, key, _take_within.shard, (decided.after).value, rate_limiter._ts((decided.after).ts),
+                        rate_limiter._ts(rate_limiter._expires(decided.after, c)), (decided.after).counts,
+                        rate_limiter._ts((decided.after).granted_at))
+                ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
+                IF FOUND THEN RETURN decided.d; END IF;
+                CONTINUE;  -- committed meanwhile by another: the next round reads it
+            END IF;
+            SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
+            WHERE (s.key = _take_within.key OR (s.key IS NULL AND _take_within.key IS NULL)) AND s.name = stored AND s.shard = _take_within.shard
+            FOR UPDATE;
+            CONTINUE WHEN locked.at IS NULL;  -- deleted meanwhile: the next round creates it
+            IF locked.at IS DISTINCT FROM read.at THEN
+                -- Changed by a transaction that committed meanwhile: decided again on it.
+                now := rate_limiter._now();
+                decided := rate_limiter._decide(rate_limiter._state_of(locked.row, c, name, key, now), c, now, name, count, reserve);
+                IF decided.after IS NULL THEN RETURN decided.d; END IF;
+            END IF;
+            PERFORM rate_limiter._store(locked.at, decided.after, c);
+            RETURN decided.d;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- another transaction holds the row (or is creating it)
+        END;
+        IF clock_timestamp() >= deadline THEN
+            RETURN ROW(allow, CASE WHEN NOT allow THEN greatest(lock_timeout, 1) END, (decided.d).remaining, (decided.d).reset_after,
+                       0, 'lock_timeout', name)::rate_limiter.decision;
+        END IF;
+        PERFORM pg_sleep(least(pause, greatest(rate_limiter._ms(deadline) - rate_limiter._ms(clock_timestamp()), 0)) / 1000);
+        pause := least(pause * 2, 20);
+    END LOOP;
+END $$;
 
 CREATE FUNCTION rate_limiter.reset_rate_limit(name text, key text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1900,6 +1969,8 @@ BEGIN
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', c.mode,
         'denyCache', rate_limiter._json_number(named.deny_cache),
+        'lockTimeout', rate_limiter._json_number(named.lock_timeout),
+        'onLockTimeout', CASE WHEN named.lock_timeout IS NOT NULL THEN named.on_lock_timeout END,
         'enforce', CASE WHEN NOT named.enforce THEN false END));
     RETURN NEXT;
 END $$;

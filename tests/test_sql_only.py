@@ -402,7 +402,6 @@ def test_inline_configs_the_edition_cannot_keep_are_refused_naming_the_extension
     dbname, _ = edition
     refused = [
         {"kind": "token bucket", "rate": 5, "period": 1000, "shards": 4},
-        {"kind": "token bucket", "rate": 5, "period": 1000, "lockTimeout": 100},
         {"kind": "token bucket", "rate": 5, "period": 1000, "durable": False},
         {"kind": "concurrency", "rate": 5, "period": 1000},
     ]
@@ -417,6 +416,47 @@ def test_inline_configs_the_edition_cannot_keep_are_refused_naming_the_extension
         assert took == [True, False, True, True]
         c.execute("SELECT rate_limiter.reset_rate_limit('x', 'k')")
         assert c.execute("SELECT ok FROM rate_limiter.rate_limit('x', 'k', config => %s::jsonb)", (config,)).fetchone() == (True,)
+
+
+@every_version
+def test_a_lock_timeout_answers_as_the_extension_while_another_transaction_holds_the_row(main, database, edition, pg):
+    """A limit with lock_timeout never queues behind a transaction holding its row: after
+    lock_timeout it answers by its policy (deny, allow), as the extension does; once the
+    holder ends, the call takes as usual. A check never waits."""
+    import time
+    dbname, _ = edition
+    calls = [
+        ("SELECT * FROM rate_limiter.rate_limit('lt', 'k')", "a named limit, denied"),
+        ("SELECT * FROM rate_limiter.rate_limit('lt_allow', 'k')", "a named limit, let through"),
+        ("SELECT * FROM rate_limiter.rate_limit('in', 'k', config => '{\"kind\": \"token bucket\", \"rate\": 5, "
+         "\"period\": 60000, \"lockTimeout\": \"120 ms\"}'::jsonb)", "an inline config"),
+    ]
+    answers = {}
+    for db in (database, dbname):
+        with main.connect(db) as holder, main.connect(db) as caller:
+            for c in (holder, caller):
+                c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
+            holder.execute("SELECT rate_limiter.define('lt', 'token bucket', 5, '1 minute', lock_timeout => '150 ms')")
+            holder.execute("SELECT rate_limiter.define('lt_allow', 'fixed window', 5, '1 minute', lock_timeout => '100 ms', "
+                           "on_lock_timeout => 'allow')")
+            for sql, _ in calls:
+                holder.execute(sql)  # the rows exist
+            holder.execute("BEGIN")
+            for sql, _ in calls:
+                holder.execute(sql)  # and are held
+            got = []
+            for sql, what in calls:
+                started = time.monotonic()
+                got.append((run(caller, sql), what))
+                assert time.monotonic() - started >= 0.09, what
+            got.append(run(caller, "SELECT * FROM rate_limiter.check_rate_limit('lt', 'k')"))
+            holder.execute("COMMIT")
+            got.append(run(caller, calls[0][0]))
+            answers[db] = got
+    assert answers[database] == answers[dbname]
+    reasons = [a[0][0][5] for a in answers[dbname][:3]]
+    assert reasons == ["lock_timeout"] * 3 and [a[0][0][0] for a in answers[dbname][:3]] == [False, True, False]
+    assert answers[dbname][4][0][0] is True and answers[dbname][4][0][4] == bits(1.0), "taken once the holder ended"
 
 
 @every_version
