@@ -137,6 +137,7 @@ BEGIN
             END IF;
         END LOOP;
         named := rate_limiter._named(name, config);
+        IF (named.c).shards > 1 THEN PERFORM rate_limiter._raise('edition', format('the sharded limit "%s" in rate_limit_all', name)); END IF;
         IF (named.c).mode <> 'all' THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all takes all or nothing: "%s" has mode ''%s''', name, (named.c).mode));
         END IF;

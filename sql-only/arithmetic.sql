@@ -63,7 +63,7 @@ CREATE TYPE rate_limiter._state AS (value double precision, ts double precision,
 CREATE TYPE rate_limiter._config AS (
     kind text, rate double precision, period double precision, capacity double precision,
     max_reserved double precision, start double precision, min_gap double precision, buckets integer,
-    mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision);
+    mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision, shards integer);
 
 -- Calendar windows (bucket/calendar.rs): a fixed window whose period is whole months, one day
 -- or one week starts its windows on the calendar in a time zone. Boundaries are computed on

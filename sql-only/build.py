@@ -139,7 +139,7 @@ def check(text):
 
 def build():
     parts = [HEADER, "\n-- The extension's tables and decision type (sql/bootstrap.sql).\n\n", tables()]
-    for name in ("arithmetic.sql", "api.sql", "calls.sql", "all.sql"):
+    for name in ("arithmetic.sql", "api.sql", "calls.sql", "shards.sql", "all.sql"):
         parts += ["\n", (HERE / name).read_text()]
     parts.append(ip_key())
     parts.append(FOOTER)

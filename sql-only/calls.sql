@@ -70,7 +70,7 @@ BEGIN
              CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode,
              CASE WHEN calendar THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
              CASE WHEN calendar THEN CASE WHEN months > 0 THEN months ELSE days END END,
-             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start))::rate_limiter._config;
+             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), l.shards)::rate_limiter._config;
     RETURN rate_limiter._validate(c, l.shards, lock_timeout, deny_cache, l.start IS NULL OR isfinite(l.start), l.hot, l.durable);
 END $$;
 
@@ -111,6 +111,12 @@ BEGIN
     IF deny_cache IS NOT NULL AND c.mode <> 'all' THEN
         PERFORM rate_limiter._raise('unsupported', format('denyCache with mode ''%s''', c.mode));
     END IF;
+    -- Settings that need one row per key: a sharded call spreads a key over rows.
+    IF shards > 1 AND (c.min_gap IS NOT NULL OR c.mode <> 'all' OR lock_timeout IS NOT NULL OR deny_cache IS NOT NULL) THEN
+        PERFORM rate_limiter._raise('unsupported', format('%s needs one row per key: use shards = 1',
+            CASE WHEN c.min_gap IS NOT NULL THEN 'minGap' WHEN c.mode <> 'all' THEN format('mode ''%s''', c.mode)
+                 WHEN lock_timeout IS NOT NULL THEN 'lockTimeout' ELSE 'denyCache' END));
+    END IF;
     IF c.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
         IF c.capacity <> c.rate THEN
             PERFORM rate_limiter._raise('config', format('a %s holds rate tokens: capacity must be NULL or equal to rate (%s), not %s',
@@ -129,8 +135,6 @@ BEGIN
     -- What the edition does not do (the extension's further checks of these are its own).
     IF c.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
         PERFORM rate_limiter._raise('edition', format('a %s', c.kind));
-    ELSIF shards > 1 THEN
-        PERFORM rate_limiter._raise('edition', 'shards > 1');
     ELSIF hot THEN
         PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
     ELSIF NOT durable THEN
@@ -375,7 +379,7 @@ BEGIN
             CASE WHEN kind = 'rolling window' THEN coalesce(buckets, 10) ELSE 0 END, coalesce(mode, 'all'),
             CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
             CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN months ELSE days END END,
-            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start))::rate_limiter._config,
+            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), coalesce(shards, 1))::rate_limiter._config,
         coalesce(shards, 1), lock_timeout, deny_cache,
         us >= -210866803200000000::float8 AND us < 9224318016000000000::float8,
         false, coalesce(durable, true));
@@ -383,7 +387,7 @@ END $$;
 
 -- config::fingerprint: SHA-256 of what shapes the arithmetic (kind, mode, numbers as
 -- little-endian doubles, -0 as 0, an absent one as nine 0xff bytes), its first 16 bytes in
--- hex. The edition's configs have one shard.
+-- hex.
 CREATE FUNCTION rate_limiter._fingerprint(c rate_limiter._config) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
@@ -395,7 +399,10 @@ BEGIN ATOMIC
         OPERATOR(pg_catalog.||) rate_limiter._le(c.capacity)
         OPERATOR(pg_catalog.||) rate_limiter._le_optional(c.max_reserved) OPERATOR(pg_catalog.||) rate_limiter._le_optional(c.start)
         OPERATOR(pg_catalog.||) rate_limiter._le_optional(c.min_gap)
-        OPERATOR(pg_catalog.||) '\x01000000'::bytea  -- shards
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.shards), 4, 1)
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.shards), 3, 1)
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.shards), 2, 1)
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.shards), 1, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 4, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 3, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 2, 1)
@@ -433,6 +440,9 @@ END $$;
 CREATE FUNCTION rate_limiter._usable(name text, count double precision, reserve boolean, c rate_limiter._config)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    factor float8;
+    per_shards text;
 BEGIN
     IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
         PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
@@ -440,12 +450,16 @@ BEGIN
     IF coalesce(reserve, false) AND c.mode <> 'all' THEN
         PERFORM rate_limiter._raise('unsupported', format('mode ''%s'' has no reservations', c.mode));
     END IF;
-    IF NOT coalesce(reserve, false) AND count > c.capacity THEN
-        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
-            rate_limiter._display(c.capacity)), format('count = %s', rate_limiter._display(count)));
-    ELSIF coalesce(reserve, false) AND c.max_reserved IS NOT NULL AND count > c.capacity + c.max_reserved THEN
-        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
-            rate_limiter._display2(c.capacity + c.max_reserved)), format('count = %s', rate_limiter._display(count)));
+    -- Config::impossible_count: what one call could ever be granted, of the shards it may draw
+    -- from (all of one, or half of them from 3 shards up, as the Convex component counts).
+    factor := CASE WHEN c.shards < 3 THEN 1::float8 ELSE c.shards::float8 / 2 END;
+    per_shards := CASE WHEN c.shards > 1 THEN format(' per %s shards', c.shards) ELSE '' END;
+    IF NOT coalesce(reserve, false) AND count > c.capacity / factor THEN
+        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s%s.', name, rate_limiter._display(count),
+            rate_limiter._display(c.capacity / factor), per_shards), format('count = %s', rate_limiter._display(count)));
+    ELSIF coalesce(reserve, false) AND c.max_reserved IS NOT NULL AND count > c.capacity / factor + c.max_reserved / factor THEN
+        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s%s.', name, rate_limiter._display(count),
+            rate_limiter._display2(c.capacity / factor + c.max_reserved / factor), per_shards), format('count = %s', rate_limiter._display(count)));
     END IF;
 END $$;
 
@@ -574,7 +588,9 @@ DECLARE
     r rate_limiter.state;
     now float8;
 BEGIN
-    IF d.ok IS NULL THEN  -- not listed
+    IF d.ok IS NULL AND (req.c).shards > 1 THEN
+        d := rate_limiter._check_sharded(req.c, req.stored, req.shard, name, key, count, reserve);
+    ELSIF d.ok IS NULL THEN  -- not listed
         SELECT * INTO r FROM rate_limiter.state s
         WHERE (s.key = check_rate_limit.key OR (s.key IS NULL AND check_rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard;
         now := rate_limiter._now();
@@ -604,6 +620,10 @@ BEGIN
     d := rate_limiter._listed(name, key, count, (req.c).capacity);
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
+    END IF;
+    IF (req.c).shards > 1 THEN
+        RETURN rate_limiter._answer(rate_limiter._take_sharded(req.c, req.stored, req.shard, name, key, count, reserve, false),
+                                    req.enforce, name, key, throws);
     END IF;
     IF req.lock_timeout IS NOT NULL THEN
         RETURN rate_limiter._answer(rate_limiter._take_within(req.c, req.stored, req.shard, req.lock_timeout,
@@ -774,6 +794,9 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     PERFORM rate_limiter._writable('credit()');
+    IF c.shards > 1 THEN
+        RETURN rate_limiter._take_sharded(c, named.stored, named.shard, name, key, count, false, true);
+    END IF;
     SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
     WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = named.stored AND s.shard = named.shard;
     now := rate_limiter._now();
@@ -938,6 +961,7 @@ DECLARE
     c rate_limiter._config;
     r rate_limiter.state;
     s rate_limiter._state;
+    sharded record;
     now float8;
 BEGIN
     PERFORM rate_limiter._valid_name(name);
@@ -952,9 +976,14 @@ BEGIN
     WHERE (x.key = rate_limit_value.key OR (x.key IS NULL AND rate_limit_value.key IS NULL)) AND x.name = named.stored AND x.shard = named.shard;
     now := rate_limiter._now();
     s := rate_limiter._state_of(r, c, name, key, now);
+    shard := 0;
+    IF c.shards > 1 THEN
+        sharded := rate_limiter._value_sharded(c, named.stored, named.shard, name, key, sample_shards);
+        s := sharded.s;
+        shard := sharded.shard;
+    END IF;
     value := s.value;
     ts := rate_limiter._ts(s.ts);
-    shard := 0;
     effective_config := jsonb_strip_nulls(jsonb_build_object(
         'kind', c.kind, 'rate', rate_limiter._json_number(c.rate),
         'period', CASE WHEN c.cal_unit = 'm' AND c.cal_n = 1 THEN to_jsonb('1 month'::text)
@@ -966,7 +995,7 @@ BEGIN
                        ELSE rate_limiter._json_number(c.period) END,
         'tz', CASE WHEN c.cal_zone <> 'UTC' THEN c.cal_zone END,
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
-        'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
+        'shards', c.shards, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', c.mode,
         'denyCache', rate_limiter._json_number(named.deny_cache),

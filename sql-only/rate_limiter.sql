@@ -312,7 +312,7 @@ CREATE TYPE rate_limiter._state AS (value double precision, ts double precision,
 CREATE TYPE rate_limiter._config AS (
     kind text, rate double precision, period double precision, capacity double precision,
     max_reserved double precision, start double precision, min_gap double precision, buckets integer,
-    mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision);
+    mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision, shards integer);
 
 -- Calendar windows (bucket/calendar.rs): a fixed window whose period is whole months, one day
 -- or one week starts its windows on the calendar in a time zone. Boundaries are computed on
@@ -923,7 +923,7 @@ BEGIN
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
-            HINT = 'The SQL-only edition keeps token buckets, fixed windows (calendar ones too), sliding and rolling windows, named or inline, one row per key (shards = 1), in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
+            HINT = 'The SQL-only edition keeps token buckets, fixed windows (calendar ones too), sliding and rolling windows, named or inline, sharded or not (but sharded ones in rate_limit_all), in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
     END CASE;
 END $$;
 
@@ -1067,7 +1067,7 @@ BEGIN
              CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode,
              CASE WHEN calendar THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
              CASE WHEN calendar THEN CASE WHEN months > 0 THEN months ELSE days END END,
-             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start))::rate_limiter._config;
+             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), l.shards)::rate_limiter._config;
     RETURN rate_limiter._validate(c, l.shards, lock_timeout, deny_cache, l.start IS NULL OR isfinite(l.start), l.hot, l.durable);
 END $$;
 
@@ -1108,6 +1108,12 @@ BEGIN
     IF deny_cache IS NOT NULL AND c.mode <> 'all' THEN
         PERFORM rate_limiter._raise('unsupported', format('denyCache with mode ''%s''', c.mode));
     END IF;
+    -- Settings that need one row per key: a sharded call spreads a key over rows.
+    IF shards > 1 AND (c.min_gap IS NOT NULL OR c.mode <> 'all' OR lock_timeout IS NOT NULL OR deny_cache IS NOT NULL) THEN
+        PERFORM rate_limiter._raise('unsupported', format('%s needs one row per key: use shards = 1',
+            CASE WHEN c.min_gap IS NOT NULL THEN 'minGap' WHEN c.mode <> 'all' THEN format('mode ''%s''', c.mode)
+                 WHEN lock_timeout IS NOT NULL THEN 'lockTimeout' ELSE 'denyCache' END));
+    END IF;
     IF c.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
         IF c.capacity <> c.rate THEN
             PERFORM rate_limiter._raise('config', format('a %s holds rate tokens: capacity must be NULL or equal to rate (%s), not %s',
@@ -1126,8 +1132,6 @@ BEGIN
     -- What the edition does not do (the extension's further checks of these are its own).
     IF c.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
         PERFORM rate_limiter._raise('edition', format('a %s', c.kind));
-    ELSIF shards > 1 THEN
-        PERFORM rate_limiter._raise('edition', 'shards > 1');
     ELSIF hot THEN
         PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
     ELSIF NOT durable THEN
@@ -1372,7 +1376,7 @@ BEGIN
             CASE WHEN kind = 'rolling window' THEN coalesce(buckets, 10) ELSE 0 END, coalesce(mode, 'all'),
             CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
             CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN months ELSE days END END,
-            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start))::rate_limiter._config,
+            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), coalesce(shards, 1))::rate_limiter._config,
         coalesce(shards, 1), lock_timeout, deny_cache,
         us >= -210866803200000000::float8 AND us < 9224318016000000000::float8,
         false, coalesce(durable, true));
@@ -1380,7 +1384,7 @@ END $$;
 
 -- config::fingerprint: SHA-256 of what shapes the arithmetic (kind, mode, numbers as
 -- little-endian doubles, -0 as 0, an absent one as nine 0xff bytes), its first 16 bytes in
--- hex. The edition's configs have one shard.
+-- hex.
 CREATE FUNCTION rate_limiter._fingerprint(c rate_limiter._config) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
@@ -1392,7 +1396,10 @@ BEGIN ATOMIC
         OPERATOR(pg_catalog.||) rate_limiter._le(c.capacity)
         OPERATOR(pg_catalog.||) rate_limiter._le_optional(c.max_reserved) OPERATOR(pg_catalog.||) rate_limiter._le_optional(c.start)
         OPERATOR(pg_catalog.||) rate_limiter._le_optional(c.min_gap)
-        OPERATOR(pg_catalog.||) '\x01000000'::bytea  -- shards
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.shards), 4, 1)
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.shards), 3, 1)
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.shards), 2, 1)
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.shards), 1, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 4, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 3, 1)
         OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.buckets), 2, 1)
@@ -1430,6 +1437,9 @@ END $$;
 CREATE FUNCTION rate_limiter._usable(name text, count double precision, reserve boolean, c rate_limiter._config)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    factor float8;
+    per_shards text;
 BEGIN
     IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
         PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
@@ -1437,12 +1447,16 @@ BEGIN
     IF coalesce(reserve, false) AND c.mode <> 'all' THEN
         PERFORM rate_limiter._raise('unsupported', format('mode ''%s'' has no reservations', c.mode));
     END IF;
-    IF NOT coalesce(reserve, false) AND count > c.capacity THEN
-        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
-            rate_limiter._display(c.capacity)), format('count = %s', rate_limiter._display(count)));
-    ELSIF coalesce(reserve, false) AND c.max_reserved IS NOT NULL AND count > c.capacity + c.max_reserved THEN
-        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s.', name, rate_limiter._display(count),
-            rate_limiter._display2(c.capacity + c.max_reserved)), format('count = %s', rate_limiter._display(count)));
+    -- Config::impossible_count: what one call could ever be granted, of the shards it may draw
+    -- from (all of one, or half of them from 3 shards up, as the Convex component counts).
+    factor := CASE WHEN c.shards < 3 THEN 1::float8 ELSE c.shards::float8 / 2 END;
+    per_shards := CASE WHEN c.shards > 1 THEN format(' per %s shards', c.shards) ELSE '' END;
+    IF NOT coalesce(reserve, false) AND count > c.capacity / factor THEN
+        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s%s.', name, rate_limiter._display(count),
+            rate_limiter._display(c.capacity / factor), per_shards), format('count = %s', rate_limiter._display(count)));
+    ELSIF coalesce(reserve, false) AND c.max_reserved IS NOT NULL AND count > c.capacity / factor + c.max_reserved / factor THEN
+        PERFORM rate_limiter._raise('count', format('Rate limit %s count %s exceeds %s%s.', name, rate_limiter._display(count),
+            rate_limiter._display2(c.capacity / factor + c.max_reserved / factor), per_shards), format('count = %s', rate_limiter._display(count)));
     END IF;
 END $$;
 
@@ -1571,7 +1585,9 @@ DECLARE
     r rate_limiter.state;
     now float8;
 BEGIN
-    IF d.ok IS NULL THEN  -- not listed
+    IF d.ok IS NULL AND (req.c).shards > 1 THEN
+        d := rate_limiter._check_sharded(req.c, req.stored, req.shard, name, key, count, reserve);
+    ELSIF d.ok IS NULL THEN  -- not listed
         SELECT * INTO r FROM rate_limiter.state s
         WHERE (s.key = check_rate_limit.key OR (s.key IS NULL AND check_rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard;
         now := rate_limiter._now();
@@ -1601,6 +1617,10 @@ BEGIN
     d := rate_limiter._listed(name, key, count, (req.c).capacity);
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
+    END IF;
+    IF (req.c).shards > 1 THEN
+        RETURN rate_limiter._answer(rate_limiter._take_sharded(req.c, req.stored, req.shard, name, key, count, reserve, false),
+                                    req.enforce, name, key, throws);
     END IF;
     IF req.lock_timeout IS NOT NULL THEN
         RETURN rate_limiter._answer(rate_limiter._take_within(req.c, req.stored, req.shard, req.lock_timeout,
@@ -1771,6 +1791,9 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     PERFORM rate_limiter._writable('credit()');
+    IF c.shards > 1 THEN
+        RETURN rate_limiter._take_sharded(c, named.stored, named.shard, name, key, count, false, true);
+    END IF;
     SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
     WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = named.stored AND s.shard = named.shard;
     now := rate_limiter._now();
@@ -1935,6 +1958,7 @@ DECLARE
     c rate_limiter._config;
     r rate_limiter.state;
     s rate_limiter._state;
+    sharded record;
     now float8;
 BEGIN
     PERFORM rate_limiter._valid_name(name);
@@ -1949,9 +1973,14 @@ BEGIN
     WHERE (x.key = rate_limit_value.key OR (x.key IS NULL AND rate_limit_value.key IS NULL)) AND x.name = named.stored AND x.shard = named.shard;
     now := rate_limiter._now();
     s := rate_limiter._state_of(r, c, name, key, now);
+    shard := 0;
+    IF c.shards > 1 THEN
+        sharded := rate_limiter._value_sharded(c, named.stored, named.shard, name, key, sample_shards);
+        s := sharded.s;
+        shard := sharded.shard;
+    END IF;
     value := s.value;
     ts := rate_limiter._ts(s.ts);
-    shard := 0;
     effective_config := jsonb_strip_nulls(jsonb_build_object(
         'kind', c.kind, 'rate', rate_limiter._json_number(c.rate),
         'period', CASE WHEN c.cal_unit = 'm' AND c.cal_n = 1 THEN to_jsonb('1 month'::text)
@@ -1963,7 +1992,7 @@ BEGIN
                        ELSE rate_limiter._json_number(c.period) END,
         'tz', CASE WHEN c.cal_zone <> 'UTC' THEN c.cal_zone END,
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
-        'shards', 1, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
+        'shards', c.shards, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', c.mode,
         'denyCache', rate_limiter._json_number(named.deny_cache),
@@ -2014,6 +2043,280 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION rate_limiter.wait_rate_limit IS 'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';
+
+-- Sharded limits (shards > 1), as src/limiter/rows.rs and bucket::plan keep them: the limit
+-- split evenly over `shards` rows of (name, key); a call looks at one random shard, or at two
+-- distinct ones from 3 shards up (the power of two choices), takes from the one that can
+-- serve alone (the fuller when both can) or from both so they end level, and reports an
+-- estimate of the whole limit from the shards it looked at. Where the extension skips a shard
+-- another transaction holds and picks again, the edition waits for it, locking in ascending
+-- shard order (so no two calls wait for each other): which shards a call looks at is random
+-- in both, and what it answers is the same arithmetic.
+
+-- Config::per_shard: rate, capacity and max_reserved divided evenly, a limit of one shard.
+CREATE FUNCTION rate_limiter._per_shard(c rate_limiter._config) RETURNS rate_limiter._config
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF c.shards = 1 THEN RETURN c; END IF;
+    c.rate := c.rate / c.shards::float8;
+    c.capacity := c.capacity / c.shards::float8;
+    c.max_reserved := c.max_reserved / c.shards::float8;
+    c.shards := 1;
+    RETURN c;
+END $$;
+
+-- The shards a call looks at: one at random, or two distinct ones from 3 shards up.
+CREATE FUNCTION rate_limiter._pick_shards(shards integer) RETURNS integer[]
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+BEGIN ATOMIC
+    SELECT pg_catalog.array_agg(i) FROM (SELECT i FROM pg_catalog.generate_series(0, shards OPERATOR(pg_catalog.-) 1) i
+                                         ORDER BY pg_catalog.random()
+                                         LIMIT CASE WHEN shards OPERATOR(pg_catalog.>=) 3 THEN 2 ELSE 1 END) picked;
+END;
+
+-- The `shard` column of shard i: i for a named limit (base 0), -1 - i for an inline config
+-- (base -1).
+CREATE FUNCTION rate_limiter._stored_shard(base integer, i integer) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN base OPERATOR(pg_catalog.=) 0 THEN i ELSE -1 OPERATOR(pg_catalog.-) i END;
+
+-- What a call does to the states of the shards it looked at (bucket::plan, then
+-- Outcome::decision): the decision, each shard's state after the call, and whether the call
+-- changed it. `c` is one shard's config; `shards` the limit's.
+CREATE FUNCTION rate_limiter._plan(states rate_limiter._state[], c rate_limiter._config, shards integer, now double precision,
+                                   name text, count double precision, reserve boolean,
+                                   OUT d rate_limiter.decision, OUT afters rate_limiter._state[], OUT changed boolean[])
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    one rate_limiter._check;
+    two rate_limiter._check;
+    refilled rate_limiter._check[];
+    after rate_limiter._check[];
+    taken boolean[] := ARRAY[false, false];
+    denied rate_limiter._check;
+    balance float8;
+    retry float8;
+    single record;
+    ok boolean;
+    granted float8 := 0;
+    total float8 := 0;
+BEGIN
+    IF cardinality(states) = 1 THEN
+        single := rate_limiter._decide(states[1], c, now, name, count, reserve);
+        changed := ARRAY[NOT (single.after IS NULL)];  -- a row IS NOT NULL only when no column is
+        afters := ARRAY[coalesce(single.after, states[1])];
+        d := single.d;
+        d.remaining := d.remaining * shards::float8;
+        RETURN;
+    END IF;
+    refilled := ARRAY[rate_limiter._check(states[1], c, now, 0, false), rate_limiter._check(states[2], c, now, 0, false)];
+    one := rate_limiter._check(states[1], c, now, count, reserve);
+    two := rate_limiter._check(states[2], c, now, count, reserve);
+    after := refilled;
+    IF one.ok AND two.ok THEN
+        IF one.available > two.available THEN after[1] := one; taken[1] := true; denied := one;
+        ELSE after[2] := two; taken[2] := true; denied := two; END IF;
+        ok := true;
+    ELSIF one.ok THEN
+        after[1] := one; taken[1] := true; denied := one; ok := true;
+    ELSIF two.ok THEN
+        after[2] := two; taken[2] := true; denied := two; ok := true;
+    ELSE
+        -- Neither can serve alone: take from both so they end level.
+        balance := one.available + two.available + count;
+        one := rate_limiter._check(states[1], c, now, one.available + count - balance / 2, reserve);
+        two := rate_limiter._check(states[2], c, now, two.available + count - balance / 2, reserve);
+        retry := CASE WHEN one.retry_after IS NULL AND two.retry_after IS NULL THEN NULL
+                      ELSE greatest(coalesce(one.retry_after, 0), coalesce(two.retry_after, 0)) END;
+        denied := one;
+        denied.retry_after := retry;
+        ok := one.ok AND two.ok;
+        IF ok THEN after := ARRAY[one, two]; taken := ARRAY[true, true]; END IF;
+    END IF;
+    IF ok THEN granted := count; END IF;
+    changed := taken;
+    afters := ARRAY[ROW((after[1]).value, (after[1]).ts, (after[1]).granted_at, (after[1]).counts)::rate_limiter._state,
+                    ROW((after[2]).value, (after[2]).ts, (after[2]).granted_at, (after[2]).counts)::rate_limiter._state];
+    total := (after[1]).available + (after[2]).available;
+    d := ROW(ok, denied.retry_after, total * shards::float8 / 2,
+             greatest(0::float8, rate_limiter._reset_after(afters[1], c, now), rate_limiter._reset_after(afters[2], c, now)),
+             granted, CASE WHEN NOT ok THEN denied.reason END, CASE WHEN NOT ok THEN name END)::rate_limiter.decision;
+END $$;
+
+-- Give count back to the shards looked at (bucket::plan_credit): to the emptiest of them now
+-- (the first of equals), up to what it takes back.
+CREATE FUNCTION rate_limiter._plan_credit(states rate_limiter._state[], c rate_limiter._config, shards integer, now double precision,
+                                          count double precision,
+                                          OUT d rate_limiter.decision, OUT afters rate_limiter._state[], OUT changed boolean[])
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n integer := cardinality(states);
+    refilled rate_limiter._check;
+    available float8[] := '{}';
+    emptiest integer := 1;
+    credited record;
+    total float8 := 0;
+    reset float8 := 0;
+BEGIN
+    afters := '{}';
+    FOR i IN 1 .. n LOOP
+        refilled := rate_limiter._check(states[i], c, now, 0, false);
+        afters := afters || ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
+        available := available || refilled.available;
+        IF refilled.available < available[emptiest] THEN emptiest := i; END IF;
+    END LOOP;
+    credited := rate_limiter._credited(states[emptiest], c, now, count);
+    afters[emptiest] := credited.after;
+    available[emptiest] := credited.available;
+    changed := array_fill(false, ARRAY[n]);
+    changed[emptiest] := credited.given > 0;
+    FOR i IN 1 .. n LOOP
+        total := total + available[i];
+        reset := greatest(reset, rate_limiter._reset_after(afters[i], c, now));
+    END LOOP;
+    d := ROW(true, NULL, total * shards::float8 / n, reset, 0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
+END $$;
+
+-- Take count from a sharded (name, key), or give it back (crediting): the shards looked at
+-- read without a lock and planned on; a denial returns there. Taking from one shard, its row
+-- is written when it is the version read (created when missing); otherwise, or taking from
+-- two, the rows are locked in ascending shard order (created full when missing), and the
+-- call is decided again on the locked rows alone, as of the clock read after locking.
+CREATE FUNCTION rate_limiter._take_sharded(whole rate_limiter._config, stored text, base integer, name text, key text,
+                                           count double precision, reserve boolean, crediting boolean)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c rate_limiter._config := rate_limiter._per_shard(whole);
+    picked integer[] := rate_limiter._pick_shards(whole.shards);
+    states rate_limiter._state[] := '{}';
+    ats tid[] := '{}';
+    now float8 := rate_limiter._now();
+    planned record;
+    taking integer[];
+    row_ record;
+    at tid;
+    locked_states rate_limiter._state[];
+    locked_ats tid[] := array_fill(NULL::tid, ARRAY[cardinality(picked)]);
+    looked_order integer[];
+    i integer;
+BEGIN
+    FOREACH i IN ARRAY picked LOOP
+        SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
+        WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
+          AND s.shard = rate_limiter._stored_shard(base, i);
+        ats := ats || row_.at;
+        states := states || rate_limiter._state_of(row_.row, c, name, key, now);
+    END LOOP;
+    planned := CASE WHEN crediting THEN rate_limiter._plan_credit(states, c, whole.shards, now, count)
+                    ELSE rate_limiter._plan(states, c, whole.shards, now, name, count, reserve) END;
+    SELECT array_agg(j ORDER BY picked[j]) INTO taking FROM generate_series(1, cardinality(picked)) j WHERE (planned.changed)[j];
+    IF taking IS NULL THEN RETURN planned.d; END IF;  -- nothing changes: nothing written, no lock
+    IF cardinality(taking) = 1 THEN
+        i := taking[1];
+        IF ats[i] IS NULL THEN
+            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
+            VALUES (stored, key, rate_limiter._stored_shard(base, picked[i]), ((planned.afters)[i]).value,
+                    rate_limiter._ts(((planned.afters)[i]).ts), rate_limiter._ts(rate_limiter._expires((planned.afters)[i], c)),
+                    ((planned.afters)[i]).counts, rate_limiter._ts(((planned.afters)[i]).granted_at))
+            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
+            IF FOUND THEN RETURN planned.d; END IF;
+        ELSE
+            SELECT s.ctid INTO at FROM rate_limiter.state s
+            WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
+              AND s.shard = rate_limiter._stored_shard(base, picked[i]) FOR UPDATE;
+            IF at = ats[i] THEN
+                PERFORM rate_limiter._store(at, (planned.afters)[i], c);
+                RETURN planned.d;
+            END IF;
+        END IF;
+    END IF;
+    -- Every shard to change, locked in ascending order, created full when missing.
+    locked_states := states;
+    FOREACH i IN ARRAY taking LOOP
+        LOOP
+            SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
+            WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
+              AND s.shard = rate_limiter._stored_shard(base, picked[i]) FOR UPDATE;
+            IF row_.at IS NOT NULL THEN
+                locked_ats[i] := row_.at;
+                locked_states[i] := rate_limiter._state_of(row_.row, c, name, key, now);
+                EXIT;
+            END IF;
+            states[i] := rate_limiter._state_of(NULL, c, name, key, rate_limiter._now());
+            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
+            VALUES (stored, key, rate_limiter._stored_shard(base, picked[i]), (states[i]).value, rate_limiter._ts((states[i]).ts),
+                    rate_limiter._ts(rate_limiter._expires(states[i], c)), (states[i]).counts, rate_limiter._ts((states[i]).granted_at))
+            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
+            RETURNING s.ctid INTO at;
+            IF at IS NOT NULL THEN
+                locked_ats[i] := at;
+                locked_states[i] := states[i];
+                at := NULL;
+                EXIT;
+            END IF;
+        END LOOP;
+    END LOOP;
+    -- Decided again on the locked rows alone, in the order they were looked at.
+    SELECT array_agg(j ORDER BY j) INTO looked_order FROM unnest(taking) j;
+    now := rate_limiter._now();
+    states := ARRAY(SELECT locked_states[j] FROM unnest(looked_order) WITH ORDINALITY o(j, n) ORDER BY n);
+    planned := CASE WHEN crediting THEN rate_limiter._plan_credit(states, c, whole.shards, now, count)
+                    ELSE rate_limiter._plan(states, c, whole.shards, now, name, count, reserve) END;
+    FOR n IN 1 .. cardinality(looked_order) LOOP
+        IF (planned.changed)[n] THEN
+            PERFORM rate_limiter._store(locked_ats[looked_order[n]], (planned.afters)[n], c);
+        END IF;
+    END LOOP;
+    RETURN planned.d;
+END $$;
+
+-- check_rate_limit of a sharded (name, key): the shards looked at, as of the snapshot.
+CREATE FUNCTION rate_limiter._check_sharded(whole rate_limiter._config, stored text, base integer, name text, key text,
+                                            count double precision, reserve boolean)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c rate_limiter._config := rate_limiter._per_shard(whole);
+    states rate_limiter._state[] := '{}';
+    now float8 := rate_limiter._now();
+    row_ rate_limiter.state;
+    i integer;
+BEGIN
+    FOREACH i IN ARRAY rate_limiter._pick_shards(whole.shards) LOOP
+        SELECT * INTO row_ FROM rate_limiter.state s
+        WHERE (s.key = _check_sharded.key OR (s.key IS NULL AND _check_sharded.key IS NULL)) AND s.name = stored
+          AND s.shard = rate_limiter._stored_shard(base, i);
+        states := states || rate_limiter._state_of(row_, c, name, key, now);
+    END LOOP;
+    RETURN (rate_limiter._plan(states, c, whole.shards, now, name, count, reserve)).d;
+END $$;
+
+-- The fullest as of now of `sample` random shards (the last of equals), and which
+-- (rows::value).
+CREATE FUNCTION rate_limiter._value_sharded(whole rate_limiter._config, stored text, base integer, name text, key text,
+                                            sample integer, OUT s rate_limiter._state, OUT shard integer)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c rate_limiter._config := rate_limiter._per_shard(whole);
+    now float8 := rate_limiter._now();
+    row_ rate_limiter.state;
+    one rate_limiter._state;
+    best float8;
+    i integer;
+BEGIN
+    FOR i IN SELECT x FROM generate_series(0, whole.shards - 1) x ORDER BY random() LIMIT least(greatest(sample, 1), whole.shards) LOOP
+        SELECT * INTO row_ FROM rate_limiter.state r
+        WHERE (r.key = _value_sharded.key OR (r.key IS NULL AND _value_sharded.key IS NULL)) AND r.name = stored
+          AND r.shard = rate_limiter._stored_shard(base, i);
+        one := rate_limiter._state_of(row_, c, name, key, now);
+        IF best IS NULL OR (rate_limiter._check(one, c, now, 0, false)).available >= best THEN
+            best := (rate_limiter._check(one, c, now, 0, false)).available;
+            s := one;
+            shard := i;
+        END IF;
+    END LOOP;
+END $$;
 
 -- Several limits at once (rate_limit_all, check_rate_limit_all), as src/limiter/all.rs: all
 -- taken or none.
@@ -2154,6 +2457,7 @@ BEGIN
             END IF;
         END LOOP;
         named := rate_limiter._named(name, config);
+        IF (named.c).shards > 1 THEN PERFORM rate_limiter._raise('edition', format('the sharded limit "%s" in rate_limit_all', name)); END IF;
         IF (named.c).mode <> 'all' THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all takes all or nothing: "%s" has mode ''%s''', name, (named.c).mode));
         END IF;

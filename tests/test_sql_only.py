@@ -401,7 +401,6 @@ def test_inline_configs_the_edition_cannot_keep_are_refused_naming_the_extension
     approximated; the same config under another name or key reaches a state of its own."""
     dbname, _ = edition
     refused = [
-        {"kind": "token bucket", "rate": 5, "period": 1000, "shards": 4},
         {"kind": "token bucket", "rate": 5, "period": 1000, "durable": False},
         {"kind": "concurrency", "rate": 5, "period": 1000},
     ]
@@ -457,6 +456,43 @@ def test_a_lock_timeout_answers_as_the_extension_while_another_transaction_holds
     reasons = [a[0][0][5] for a in answers[dbname][:3]]
     assert reasons == ["lock_timeout"] * 3 and [a[0][0][0] for a in answers[dbname][:3]] == [False, True, False]
     assert answers[dbname][4][0][0] is True and answers[dbname][4][0][4] == bits(1.0), "taken once the holder ended"
+
+
+@every_version
+def test_a_sharded_limit_answers_as_the_extension_where_its_random_shards_do_not_matter(main, database, edition, pg):
+    """Which shards a call looks at is random in both editions, so a sharded limit is compared
+    where that cannot matter: a key's first calls (every shard full), checks, credits and
+    values of it, every refusal, and one call on a key whose every shard is drained."""
+    dbname, _ = edition
+    statements = ["SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'"]
+    limits = [("s2", "token bucket", 10, "1 minute", 2, None), ("s3", "fixed window", 9, "1 minute", 3, 3),
+              ("s4", "token bucket", 40, "1 minute", 4, None), ("s8", "fixed window", 16, "1 hour", 8, 8)]
+    for name, kind, rate, period, shards, max_reserved in limits:
+        statements.append(f"SELECT rate_limiter.define('{name}', '{kind}', {rate}, '{period}', shards => {shards}, "
+                          f"max_reserved => {max_reserved or 'NULL'})")
+        for n, (count, reserve) in enumerate([(1, False), (3, False), (0, False), (5, True), (7, False), (100, True)]):
+            statements.append(f"SELECT * FROM rate_limiter.check_rate_limit('{name}', 'c{n}', {count}, {reserve})")
+            statements.append(f"SELECT * FROM rate_limiter.rate_limit('{name}', 'k{n}', {count}, {reserve})")
+            statements.append(f"SELECT * FROM rate_limiter.credit('{name}', 'f{n}', {count})")
+        statements.append(f"SELECT value, ts, shard >= 0, effective_config FROM rate_limiter.rate_limit_value('{name}', 'new', sample_shards => 99)")
+        # Every shard drained (one at a time, checks keeping the calls apart), then one more.
+        statements.append(f"SELECT count(*) FILTER (WHERE (d).ok), sum((d).granted) FROM (SELECT rate_limiter.rate_limit('{name}', 'dry', "
+                          f"{rate // shards}) d FROM generate_series(1, 200)) calls")
+        statements.append(f"SELECT * FROM rate_limiter.rate_limit('{name}', 'dry', 1)")
+    statements += [
+        "SELECT * FROM rate_limiter.rate_limit('s4', 'k', 25)",
+        "SELECT * FROM rate_limiter.rate_limit('s8', 'k', 11, reserve => true)",
+        "SELECT rate_limiter.define('bad', 'token bucket', 40, '1 minute', shards => 4, min_gap => '1 second')",
+        "SELECT rate_limiter.define('bad', 'token bucket', 40, '1 minute', shards => 4, mode => 'penalize')",
+        "SELECT rate_limiter.define('bad', 'token bucket', 40, '1 minute', shards => 4, lock_timeout => '1 second')",
+        "SELECT * FROM rate_limiter.rate_limit('in', 'k', 3, config => '{\"kind\": \"token bucket\", \"rate\": 8, \"period\": 1000, \"shards\": 4}')",
+        "SELECT name, shard < 0, count(*) FROM rate_limiter.state WHERE key LIKE 'k%' OR name LIKE 'in#%' GROUP BY 1, 2, key ORDER BY 1, 2",
+    ]
+    with main.connect(database) as ext, main.connect(dbname) as ed:
+        answers = [[run(conn, sql) for sql in statements[1:]] for conn in (ext, ed) if conn.execute(statements[0]) or True]
+    for sql, a, b in zip(statements[1:], *answers):
+        assert a == b, f"{sql}:\nextension {a}\nedition   {b}"
+    assert any(a[0] == "error" and a[1] == "22023" and "per 4 shards" in a[2] for a in answers[1]), "an impossible count of 4 shards"
 
 
 @every_version
@@ -569,7 +605,8 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
     with main.connect(dbname) as c:
         c.execute("SELECT rate_limiter.define('ledger', 'token bucket', 40, '1 hour')")
         c.execute("SELECT rate_limiter.define('ledger_fw', 'fixed window', 25, '1 hour', start => '2026-01-01')")
-    kept = {("ledger", "one"): 0.0, ("ledger_fw", "one"): 0.0, ("ledger", "two"): 0.0}
+        c.execute("SELECT rate_limiter.define('ledger_sharded', 'token bucket', 32, '1 hour', shards => 4)")
+    kept = {("ledger", "one"): 0.0, ("ledger_fw", "one"): 0.0, ("ledger", "two"): 0.0, ("ledger_sharded", "one"): 0.0}
     lock = threading.Lock()
     errors = []
 
@@ -580,8 +617,9 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
                 c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
                 c.commit()
                 for _ in range(40):
-                    # One pair, or two at once (rate_limit_all, named in either order).
-                    pairs = rnd.sample(list(kept), rnd.choice([1, 1, 2]))
+                    # One pair, or two at once (rate_limit_all, named in either order; not the
+                    # sharded limit, which the edition keeps out of rate_limit_all).
+                    pairs = rnd.sample(list(kept), 1) if rnd.random() < 0.6 else rnd.sample([p for p in kept if p[0] != "ledger_sharded"], 2)
                     count = rnd.choice([1, 1, 2, 3])
                     how = rnd.choice(["commit", "commit", "rollback", "savepoint"])
                     if how == "savepoint":
@@ -612,12 +650,18 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
     for t in threads:
         t.join()
     assert not errors, errors
-    capacity = {"ledger": 40, "ledger_fw": 25}
+    capacity = {"ledger": 40, "ledger_fw": 25, "ledger_sharded": 32}
     with main.connect(dbname) as c:
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
         for (limit, key), granted in kept.items():
             assert granted <= capacity[limit], (limit, key, granted)
-            remaining = c.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, %s, 0)", (limit, key)).fetchone()[0]
+            if limit == "ledger_sharded":
+                # What is left is the shards' rows, a shard never written holding its share.
+                rows = c.execute("SELECT count(*), coalesce(sum(value), 0) FROM rate_limiter.state WHERE name = %s AND key = %s",
+                                 (limit, key)).fetchone()
+                remaining = rows[1] + (4 - rows[0]) * 8
+            else:
+                remaining = c.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, %s, 0)", (limit, key)).fetchone()[0]
             assert remaining == capacity[limit] - granted, (limit, key, granted, remaining)
     assert any(g == capacity[lim] for (lim, _), g in kept.items()), f"some key was drained: {kept}"
 

@@ -1,0 +1,273 @@
+-- Sharded limits (shards > 1), as src/limiter/rows.rs and bucket::plan keep them: the limit
+-- split evenly over `shards` rows of (name, key); a call looks at one random shard, or at two
+-- distinct ones from 3 shards up (the power of two choices), takes from the one that can
+-- serve alone (the fuller when both can) or from both so they end level, and reports an
+-- estimate of the whole limit from the shards it looked at. Where the extension skips a shard
+-- another transaction holds and picks again, the edition waits for it, locking in ascending
+-- shard order (so no two calls wait for each other): which shards a call looks at is random
+-- in both, and what it answers is the same arithmetic.
+
+-- Config::per_shard: rate, capacity and max_reserved divided evenly, a limit of one shard.
+CREATE FUNCTION rate_limiter._per_shard(c rate_limiter._config) RETURNS rate_limiter._config
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF c.shards = 1 THEN RETURN c; END IF;
+    c.rate := c.rate / c.shards::float8;
+    c.capacity := c.capacity / c.shards::float8;
+    c.max_reserved := c.max_reserved / c.shards::float8;
+    c.shards := 1;
+    RETURN c;
+END $$;
+
+-- The shards a call looks at: one at random, or two distinct ones from 3 shards up.
+CREATE FUNCTION rate_limiter._pick_shards(shards integer) RETURNS integer[]
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+BEGIN ATOMIC
+    SELECT pg_catalog.array_agg(i) FROM (SELECT i FROM pg_catalog.generate_series(0, shards OPERATOR(pg_catalog.-) 1) i
+                                         ORDER BY pg_catalog.random()
+                                         LIMIT CASE WHEN shards OPERATOR(pg_catalog.>=) 3 THEN 2 ELSE 1 END) picked;
+END;
+
+-- The `shard` column of shard i: i for a named limit (base 0), -1 - i for an inline config
+-- (base -1).
+CREATE FUNCTION rate_limiter._stored_shard(base integer, i integer) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN base OPERATOR(pg_catalog.=) 0 THEN i ELSE -1 OPERATOR(pg_catalog.-) i END;
+
+-- What a call does to the states of the shards it looked at (bucket::plan, then
+-- Outcome::decision): the decision, each shard's state after the call, and whether the call
+-- changed it. `c` is one shard's config; `shards` the limit's.
+CREATE FUNCTION rate_limiter._plan(states rate_limiter._state[], c rate_limiter._config, shards integer, now double precision,
+                                   name text, count double precision, reserve boolean,
+                                   OUT d rate_limiter.decision, OUT afters rate_limiter._state[], OUT changed boolean[])
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    one rate_limiter._check;
+    two rate_limiter._check;
+    refilled rate_limiter._check[];
+    after rate_limiter._check[];
+    taken boolean[] := ARRAY[false, false];
+    denied rate_limiter._check;
+    balance float8;
+    retry float8;
+    single record;
+    ok boolean;
+    granted float8 := 0;
+    total float8 := 0;
+BEGIN
+    IF cardinality(states) = 1 THEN
+        single := rate_limiter._decide(states[1], c, now, name, count, reserve);
+        changed := ARRAY[NOT (single.after IS NULL)];  -- a row IS NOT NULL only when no column is
+        afters := ARRAY[coalesce(single.after, states[1])];
+        d := single.d;
+        d.remaining := d.remaining * shards::float8;
+        RETURN;
+    END IF;
+    refilled := ARRAY[rate_limiter._check(states[1], c, now, 0, false), rate_limiter._check(states[2], c, now, 0, false)];
+    one := rate_limiter._check(states[1], c, now, count, reserve);
+    two := rate_limiter._check(states[2], c, now, count, reserve);
+    after := refilled;
+    IF one.ok AND two.ok THEN
+        IF one.available > two.available THEN after[1] := one; taken[1] := true; denied := one;
+        ELSE after[2] := two; taken[2] := true; denied := two; END IF;
+        ok := true;
+    ELSIF one.ok THEN
+        after[1] := one; taken[1] := true; denied := one; ok := true;
+    ELSIF two.ok THEN
+        after[2] := two; taken[2] := true; denied := two; ok := true;
+    ELSE
+        -- Neither can serve alone: take from both so they end level.
+        balance := one.available + two.available + count;
+        one := rate_limiter._check(states[1], c, now, one.available + count - balance / 2, reserve);
+        two := rate_limiter._check(states[2], c, now, two.available + count - balance / 2, reserve);
+        retry := CASE WHEN one.retry_after IS NULL AND two.retry_after IS NULL THEN NULL
+                      ELSE greatest(coalesce(one.retry_after, 0), coalesce(two.retry_after, 0)) END;
+        denied := one;
+        denied.retry_after := retry;
+        ok := one.ok AND two.ok;
+        IF ok THEN after := ARRAY[one, two]; taken := ARRAY[true, true]; END IF;
+    END IF;
+    IF ok THEN granted := count; END IF;
+    changed := taken;
+    afters := ARRAY[ROW((after[1]).value, (after[1]).ts, (after[1]).granted_at, (after[1]).counts)::rate_limiter._state,
+                    ROW((after[2]).value, (after[2]).ts, (after[2]).granted_at, (after[2]).counts)::rate_limiter._state];
+    total := (after[1]).available + (after[2]).available;
+    d := ROW(ok, denied.retry_after, total * shards::float8 / 2,
+             greatest(0::float8, rate_limiter._reset_after(afters[1], c, now), rate_limiter._reset_after(afters[2], c, now)),
+             granted, CASE WHEN NOT ok THEN denied.reason END, CASE WHEN NOT ok THEN name END)::rate_limiter.decision;
+END $$;
+
+-- Give count back to the shards looked at (bucket::plan_credit): to the emptiest of them now
+-- (the first of equals), up to what it takes back.
+CREATE FUNCTION rate_limiter._plan_credit(states rate_limiter._state[], c rate_limiter._config, shards integer, now double precision,
+                                          count double precision,
+                                          OUT d rate_limiter.decision, OUT afters rate_limiter._state[], OUT changed boolean[])
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n integer := cardinality(states);
+    refilled rate_limiter._check;
+    available float8[] := '{}';
+    emptiest integer := 1;
+    credited record;
+    total float8 := 0;
+    reset float8 := 0;
+BEGIN
+    afters := '{}';
+    FOR i IN 1 .. n LOOP
+        refilled := rate_limiter._check(states[i], c, now, 0, false);
+        afters := afters || ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
+        available := available || refilled.available;
+        IF refilled.available < available[emptiest] THEN emptiest := i; END IF;
+    END LOOP;
+    credited := rate_limiter._credited(states[emptiest], c, now, count);
+    afters[emptiest] := credited.after;
+    available[emptiest] := credited.available;
+    changed := array_fill(false, ARRAY[n]);
+    changed[emptiest] := credited.given > 0;
+    FOR i IN 1 .. n LOOP
+        total := total + available[i];
+        reset := greatest(reset, rate_limiter._reset_after(afters[i], c, now));
+    END LOOP;
+    d := ROW(true, NULL, total * shards::float8 / n, reset, 0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
+END $$;
+
+-- Take count from a sharded (name, key), or give it back (crediting): the shards looked at
+-- read without a lock and planned on; a denial returns there. Taking from one shard, its row
+-- is written when it is the version read (created when missing); otherwise, or taking from
+-- two, the rows are locked in ascending shard order (created full when missing), and the
+-- call is decided again on the locked rows alone, as of the clock read after locking.
+CREATE FUNCTION rate_limiter._take_sharded(whole rate_limiter._config, stored text, base integer, name text, key text,
+                                           count double precision, reserve boolean, crediting boolean)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c rate_limiter._config := rate_limiter._per_shard(whole);
+    picked integer[] := rate_limiter._pick_shards(whole.shards);
+    states rate_limiter._state[] := '{}';
+    ats tid[] := '{}';
+    now float8 := rate_limiter._now();
+    planned record;
+    taking integer[];
+    row_ record;
+    at tid;
+    locked_states rate_limiter._state[];
+    locked_ats tid[] := array_fill(NULL::tid, ARRAY[cardinality(picked)]);
+    looked_order integer[];
+    i integer;
+BEGIN
+    FOREACH i IN ARRAY picked LOOP
+        SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
+        WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
+          AND s.shard = rate_limiter._stored_shard(base, i);
+        ats := ats || row_.at;
+        states := states || rate_limiter._state_of(row_.row, c, name, key, now);
+    END LOOP;
+    planned := CASE WHEN crediting THEN rate_limiter._plan_credit(states, c, whole.shards, now, count)
+                    ELSE rate_limiter._plan(states, c, whole.shards, now, name, count, reserve) END;
+    SELECT array_agg(j ORDER BY picked[j]) INTO taking FROM generate_series(1, cardinality(picked)) j WHERE (planned.changed)[j];
+    IF taking IS NULL THEN RETURN planned.d; END IF;  -- nothing changes: nothing written, no lock
+    IF cardinality(taking) = 1 THEN
+        i := taking[1];
+        IF ats[i] IS NULL THEN
+            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
+            VALUES (stored, key, rate_limiter._stored_shard(base, picked[i]), ((planned.afters)[i]).value,
+                    rate_limiter._ts(((planned.afters)[i]).ts), rate_limiter._ts(rate_limiter._expires((planned.afters)[i], c)),
+                    ((planned.afters)[i]).counts, rate_limiter._ts(((planned.afters)[i]).granted_at))
+            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
+            IF FOUND THEN RETURN planned.d; END IF;
+        ELSE
+            SELECT s.ctid INTO at FROM rate_limiter.state s
+            WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
+              AND s.shard = rate_limiter._stored_shard(base, picked[i]) FOR UPDATE;
+            IF at = ats[i] THEN
+                PERFORM rate_limiter._store(at, (planned.afters)[i], c);
+                RETURN planned.d;
+            END IF;
+        END IF;
+    END IF;
+    -- Every shard to change, locked in ascending order, created full when missing.
+    locked_states := states;
+    FOREACH i IN ARRAY taking LOOP
+        LOOP
+            SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
+            WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
+              AND s.shard = rate_limiter._stored_shard(base, picked[i]) FOR UPDATE;
+            IF row_.at IS NOT NULL THEN
+                locked_ats[i] := row_.at;
+                locked_states[i] := rate_limiter._state_of(row_.row, c, name, key, now);
+                EXIT;
+            END IF;
+            states[i] := rate_limiter._state_of(NULL, c, name, key, rate_limiter._now());
+            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
+            VALUES (stored, key, rate_limiter._stored_shard(base, picked[i]), (states[i]).value, rate_limiter._ts((states[i]).ts),
+                    rate_limiter._ts(rate_limiter._expires(states[i], c)), (states[i]).counts, rate_limiter._ts((states[i]).granted_at))
+            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
+            RETURNING s.ctid INTO at;
+            IF at IS NOT NULL THEN
+                locked_ats[i] := at;
+                locked_states[i] := states[i];
+                at := NULL;
+                EXIT;
+            END IF;
+        END LOOP;
+    END LOOP;
+    -- Decided again on the locked rows alone, in the order they were looked at.
+    SELECT array_agg(j ORDER BY j) INTO looked_order FROM unnest(taking) j;
+    now := rate_limiter._now();
+    states := ARRAY(SELECT locked_states[j] FROM unnest(looked_order) WITH ORDINALITY o(j, n) ORDER BY n);
+    planned := CASE WHEN crediting THEN rate_limiter._plan_credit(states, c, whole.shards, now, count)
+                    ELSE rate_limiter._plan(states, c, whole.shards, now, name, count, reserve) END;
+    FOR n IN 1 .. cardinality(looked_order) LOOP
+        IF (planned.changed)[n] THEN
+            PERFORM rate_limiter._store(locked_ats[looked_order[n]], (planned.afters)[n], c);
+        END IF;
+    END LOOP;
+    RETURN planned.d;
+END $$;
+
+-- check_rate_limit of a sharded (name, key): the shards looked at, as of the snapshot.
+CREATE FUNCTION rate_limiter._check_sharded(whole rate_limiter._config, stored text, base integer, name text, key text,
+                                            count double precision, reserve boolean)
+RETURNS rate_limiter.decision
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c rate_limiter._config := rate_limiter._per_shard(whole);
+    states rate_limiter._state[] := '{}';
+    now float8 := rate_limiter._now();
+    row_ rate_limiter.state;
+    i integer;
+BEGIN
+    FOREACH i IN ARRAY rate_limiter._pick_shards(whole.shards) LOOP
+        SELECT * INTO row_ FROM rate_limiter.state s
+        WHERE (s.key = _check_sharded.key OR (s.key IS NULL AND _check_sharded.key IS NULL)) AND s.name = stored
+          AND s.shard = rate_limiter._stored_shard(base, i);
+        states := states || rate_limiter._state_of(row_, c, name, key, now);
+    END LOOP;
+    RETURN (rate_limiter._plan(states, c, whole.shards, now, name, count, reserve)).d;
+END $$;
+
+-- The fullest as of now of `sample` random shards (the last of equals), and which
+-- (rows::value).
+CREATE FUNCTION rate_limiter._value_sharded(whole rate_limiter._config, stored text, base integer, name text, key text,
+                                            sample integer, OUT s rate_limiter._state, OUT shard integer)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c rate_limiter._config := rate_limiter._per_shard(whole);
+    now float8 := rate_limiter._now();
+    row_ rate_limiter.state;
+    one rate_limiter._state;
+    best float8;
+    i integer;
+BEGIN
+    FOR i IN SELECT x FROM generate_series(0, whole.shards - 1) x ORDER BY random() LIMIT least(greatest(sample, 1), whole.shards) LOOP
+        SELECT * INTO row_ FROM rate_limiter.state r
+        WHERE (r.key = _value_sharded.key OR (r.key IS NULL AND _value_sharded.key IS NULL)) AND r.name = stored
+          AND r.shard = rate_limiter._stored_shard(base, i);
+        one := rate_limiter._state_of(row_, c, name, key, now);
+        IF best IS NULL OR (rate_limiter._check(one, c, now, 0, false)).available >= best THEN
+            best := (rate_limiter._check(one, c, now, 0, false)).available;
+            s := one;
+            shard := i;
+        END IF;
+    END LOOP;
+END $$;
