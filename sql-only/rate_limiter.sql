@@ -923,7 +923,7 @@ BEGIN
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
-            HINT = 'The SQL-only edition keeps token buckets, fixed windows (calendar ones too), sliding and rolling windows, named or inline, sharded or not (but sharded ones in rate_limit_all), in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
+            HINT = 'The SQL-only edition keeps token buckets, fixed windows (calendar ones too), sliding and rolling windows, named or inline, sharded or not, in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
     END CASE;
 END $$;
 
@@ -2410,14 +2410,23 @@ DECLARE
     parts integer[];  -- the requests decided here (neither blocked nor allowed)
     ds rate_limiter.decision[] := '{}';
     afters rate_limiter._state[] := '{}';
-    ats tid[] := '{}';
+    r_part integer[] := '{}';  -- rows looked at: the request (index into parts) each is of,
+    r_shard integer[] := '{}';  -- its shard,
+    r_state rate_limiter._state[] := '{}';  -- its state as read,
+    r_changed boolean[] := '{}';  -- whether the first decision changes it,
+    r_at tid[];  -- and where it is, locked
+    locked integer[];
+    planned record;
+    sh integer;
+    r integer;
+    w_at tid[] := '{}';  -- what is written: where, the state, its config
+    w_config rate_limiter._config[] := '{}';
     combined record;
     row_ record;
     now float8;
     p integer;
     fresh rate_limiter._state;
     created tid;
-    decided record;
 BEGIN
     IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
     IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
@@ -2457,7 +2466,6 @@ BEGIN
             END IF;
         END LOOP;
         named := rate_limiter._named(name, config);
-        IF (named.c).shards > 1 THEN PERFORM rate_limiter._raise('edition', format('the sharded limit "%s" in rate_limit_all', name)); END IF;
         IF (named.c).mode <> 'all' THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all takes all or nothing: "%s" has mode ''%s''', name, (named.c).mode));
         END IF;
@@ -2494,49 +2502,73 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Read and decided without locks; a denial (or a check) returns here.
+    -- Each request's shards looked at, read and decided without locks; a denial (or a check)
+    -- returns here. Rows looked at, flat: their request, shard, row and state.
     now := rate_limiter._now();
     FOR j IN 1 .. cardinality(parts) LOOP
         p := parts[j];
-        SELECT s INTO row_ FROM rate_limiter.state s
-        WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p] AND s.shard = shards[p];
-        decided := rate_limiter._decide(rate_limiter._state_of(row_.s, configs[p], names[p], keys[p], now), configs[p], now,
-                                        names[p], counts[p], reserve);
-        ds := ds || decided.d;
+        FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards) LOOP
+            SELECT s INTO row_ FROM rate_limiter.state s
+            WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p]
+              AND s.shard = rate_limiter._stored_shard(shards[p], sh);
+            r_part := r_part || j;
+            r_shard := r_shard || sh;
+            r_state := r_state || rate_limiter._state_of(row_.s, rate_limiter._per_shard(configs[p]), names[p], keys[p], now);
+        END LOOP;
+        planned := rate_limiter._plan(ARRAY(SELECT r_state[x] FROM generate_series(1, cardinality(r_part)) x WHERE r_part[x] = j ORDER BY x),
+                                      rate_limiter._per_shard(configs[p]), (configs[p]).shards, now, names[p], counts[p], reserve);
+        ds := ds || planned.d;
+        r_changed := r_changed || planned.changed;
     END LOOP;
     IF consume AND NOT EXISTS (SELECT FROM unnest(ds) x WHERE NOT x.ok) THEN
-        -- Every row locked in one order, created when missing (full as of the clock then).
-        FOR p IN SELECT i FROM unnest(parts) i ORDER BY keys[i] IS NOT NULL, keys[i] COLLATE "C", names[i] COLLATE "C", stored[i] COLLATE "C" LOOP
+        -- Every row to take from locked in one order, created when missing (full as of the
+        -- clock then).
+        r_at := array_fill(NULL::tid, ARRAY[cardinality(r_part)]);
+        FOR r IN SELECT x FROM generate_series(1, cardinality(r_part)) x WHERE r_changed[x]
+                 ORDER BY keys[parts[r_part[x]]] IS NOT NULL, keys[parts[r_part[x]]] COLLATE "C", names[parts[r_part[x]]] COLLATE "C",
+                          stored[parts[r_part[x]]] COLLATE "C", r_shard[x] LOOP
+            p := parts[r_part[r]];
             LOOP
                 SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
-                WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p] AND s.shard = shards[p] FOR UPDATE;
+                WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p]
+                  AND s.shard = rate_limiter._stored_shard(shards[p], r_shard[r]) FOR UPDATE;
                 EXIT WHEN row_.at IS NOT NULL;
-                now := rate_limiter._now();
-                fresh := rate_limiter._state_of(NULL, configs[p], names[p], keys[p], now);
+                fresh := rate_limiter._state_of(NULL, rate_limiter._per_shard(configs[p]), names[p], keys[p], rate_limiter._now());
                 INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-                VALUES (stored[p], keys[p], shards[p], fresh.value, rate_limiter._ts(fresh.ts),
-                        rate_limiter._ts(rate_limiter._expires(fresh, configs[p])), fresh.counts, rate_limiter._ts(fresh.granted_at))
+                VALUES (stored[p], keys[p], rate_limiter._stored_shard(shards[p], r_shard[r]), fresh.value, rate_limiter._ts(fresh.ts),
+                        rate_limiter._ts(rate_limiter._expires(fresh, rate_limiter._per_shard(configs[p]))), fresh.counts,
+                        rate_limiter._ts(fresh.granted_at))
                 ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
                 RETURNING s.ctid INTO created;
                 EXIT WHEN created IS NOT NULL;  -- else created meanwhile by another: lock theirs
             END LOOP;
-            ats[p] := coalesce(row_.at, created);
+            r_at[r] := coalesce(row_.at, created);
             created := NULL;
         END LOOP;
-        -- Decided again on the locked rows, as of the clock read after locking.
+        -- Each request decided again on its locked rows alone, as of the clock read after
+        -- locking; all written only when all are granted.
         now := rate_limiter._now();
         ds := '{}';
+        afters := '{}';
         FOR j IN 1 .. cardinality(parts) LOOP
             p := parts[j];
-            SELECT s INTO row_ FROM rate_limiter.state s WHERE s.ctid OPERATOR(pg_catalog.=) ats[p];
-            decided := rate_limiter._decide(rate_limiter._state_of(row_.s, configs[p], names[p], keys[p], now), configs[p], now,
-                                            names[p], counts[p], reserve);
-            ds := ds || decided.d;
-            afters[j] := decided.after;
+            locked := ARRAY(SELECT x FROM generate_series(1, cardinality(r_part)) x WHERE r_part[x] = j AND r_changed[x] ORDER BY x);
+            planned := rate_limiter._plan(ARRAY(SELECT rate_limiter._state_of(x, rate_limiter._per_shard(configs[p]), names[p], keys[p], now)
+                                                FROM unnest(locked) WITH ORDINALITY l(row_index, n), rate_limiter.state x
+                                                WHERE x.ctid OPERATOR(pg_catalog.=) r_at[l.row_index] ORDER BY l.n),
+                                          rate_limiter._per_shard(configs[p]), (configs[p]).shards, now, names[p], counts[p], reserve);
+            ds := ds || planned.d;
+            FOR n IN 1 .. cardinality(locked) LOOP
+                IF (planned.changed)[n] THEN
+                    w_at := w_at || r_at[locked[n]];
+                    afters := afters || (planned.afters)[n];
+                    w_config := w_config || rate_limiter._per_shard(configs[p]);
+                END IF;
+            END LOOP;
         END LOOP;
         IF NOT EXISTS (SELECT FROM unnest(ds) x WHERE NOT x.ok) THEN
-            FOR j IN 1 .. cardinality(parts) LOOP
-                PERFORM rate_limiter._store(ats[parts[j]], afters[j], configs[parts[j]]);
+            FOR w IN 1 .. cardinality(w_at) LOOP
+                PERFORM rate_limiter._store(w_at[w], afters[w], w_config[w]);
             END LOOP;
         END IF;
     END IF;

@@ -481,6 +481,9 @@ def test_a_sharded_limit_answers_as_the_extension_where_its_random_shards_do_not
         statements.append(f"SELECT * FROM rate_limiter.rate_limit('{name}', 'dry', 1)")
     statements += [
         "SELECT * FROM rate_limiter.rate_limit('s4', 'k', 25)",
+        """SELECT * FROM rate_limiter.check_rate_limit_all('[{"name": "s4", "key": "all"}, {"name": "s3", "key": "all", "count": 5}]', true)""",
+        """SELECT * FROM rate_limiter.rate_limit_all('[{"name": "s4", "key": "all"}, {"name": "s3", "key": "all", "count": 5}]', true)""",
+        """SELECT * FROM rate_limiter.rate_limit_all('[{"name": "s2", "key": "all", "count": 6}, {"name": "s8", "key": "all"}]')""",
         "SELECT * FROM rate_limiter.rate_limit('s8', 'k', 11, reserve => true)",
         "SELECT rate_limiter.define('bad', 'token bucket', 40, '1 minute', shards => 4, min_gap => '1 second')",
         "SELECT rate_limiter.define('bad', 'token bucket', 40, '1 minute', shards => 4, mode => 'penalize')",
@@ -617,9 +620,8 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
                 c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
                 c.commit()
                 for _ in range(40):
-                    # One pair, or two at once (rate_limit_all, named in either order; not the
-                    # sharded limit, which the edition keeps out of rate_limit_all).
-                    pairs = rnd.sample(list(kept), 1) if rnd.random() < 0.6 else rnd.sample([p for p in kept if p[0] != "ledger_sharded"], 2)
+                    # One pair, or two at once (rate_limit_all, named in either order).
+                    pairs = rnd.sample(list(kept), rnd.choice([1, 1, 2]))
                     count = rnd.choice([1, 1, 2, 3])
                     how = rnd.choice(["commit", "commit", "rollback", "savepoint"])
                     if how == "savepoint":
