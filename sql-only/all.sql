@@ -142,12 +142,15 @@ BEGIN
         FOR j IN 1 .. i - 1 LOOP
             IF names[j] = name AND keys[j] IS NOT DISTINCT FROM key THEN
                 PERFORM rate_limiter._raise('argument', format('requests: (%s, %s) appears twice; add the counts instead', name,
-                    coalesce('Some(' || to_json(key)::text || ')', 'None')));
+                    coalesce('Some(' || rate_limiter._debug(key) || ')', 'None')));
             END IF;
         END LOOP;
         named := rate_limiter._named(name, config);
         IF (named.c).mode <> 'all' THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all takes all or nothing: "%s" has mode ''%s''', name, (named.c).mode));
+        END IF;
+        IF (named.c).kind = 'concurrency' THEN
+            PERFORM rate_limiter._raise('slots', format('rate_limit_all with the concurrency limit "%s"', name));
         END IF;
         IF NOT named.enforce THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all with the shadow limit "%s"', name));

@@ -70,6 +70,23 @@ BEGIN
         || (floor(whole / 100))::text || '.' || lpad((whole % 100)::text, 2, '0');
 END $$;
 
+-- A text as Rust's Debug prints it: quoted, with \, " and control characters escaped.
+CREATE FUNCTION rate_limiter._debug(t text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    out text := '"';
+    code int;
+BEGIN
+    FOR i IN 1 .. length(t) LOOP
+        code := ascii(substr(t, i, 1));
+        out := out || CASE WHEN code = 92 THEN '\\' WHEN code = 34 THEN '\"' WHEN code = 9 THEN '\t'
+                           WHEN code = 13 THEN '\r' WHEN code = 10 THEN '\n'
+                           WHEN code < 32 OR code BETWEEN 127 AND 159 THEN '\u{' || to_hex(code) || '}'
+                           ELSE substr(t, i, 1) END;
+    END LOOP;
+    RETURN out || '"';
+END $$;
+
 -- The shapes of src/error.rs: each raises its SQLSTATE with the extension's message and hint.
 CREATE FUNCTION rate_limiter._raise(kind text, message text, detail text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -81,6 +98,9 @@ BEGIN
     WHEN 'config' THEN
         RAISE EXCEPTION 'invalid rate limit config: %', message USING ERRCODE = '22023',
             HINT = 'A config looks like {"kind": "token bucket", "rate": 10, "period": 60000}: kind ''token bucket'', ''fixed window'', ''sliding window'', ''rolling window'' or ''concurrency'', rate > 0, period > 0 (ms or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch).';
+    WHEN 'slots' THEN
+        RAISE EXCEPTION 'not supported: %', message USING ERRCODE = '0A000',
+            HINT = 'A concurrency limit (kind ''concurrency'', rate = the most slots held at once, 1 to 1000) is taken with rate_limit or acquire (a slot until the transaction ends, or a lease) and given back by the transaction''s end or release(). It has no reservations, credit, shards, modes, minGap, lockTimeout, denyCache or hot, takes no part in rate_limit_all, and counts whole slots; acquire, release and renew take only a concurrency limit.';
     WHEN 'malformed' THEN
         RAISE EXCEPTION 'malformed rate limit config: %', message USING ERRCODE = '22P02',
             HINT = 'A config looks like {"kind": "token bucket", "rate": 10, "period": 60000}: kind ''token bucket'', ''fixed window'', ''sliding window'', ''rolling window'' or ''concurrency'', rate > 0, period > 0 (ms or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch).';
@@ -160,7 +180,7 @@ BEGIN
     END IF;
     IF name = '*other*' THEN PERFORM rate_limiter._raise('argument', 'the name *other* is reserved'); END IF;
     IF octet_length(name) > 33 AND right(name, 33) ~ '^#[0-9a-f]{32}$' THEN
-        PERFORM rate_limiter._raise('argument', format('a name ending in ''#'' and 32 hex digits is reserved, not %s', to_json(name)));
+        PERFORM rate_limiter._raise('argument', format('a name ending in ''#'' and 32 hex digits is reserved, not %s', rate_limiter._debug(name)));
     END IF;
 END $$;
 

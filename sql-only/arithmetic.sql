@@ -3,13 +3,13 @@
 -- window reads its time zone's rules (STABLE, and never in a parallel worker: the zone is
 -- looked up as SET TimeZone does).
 
--- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds
--- divided by 1000 once (numeric is exact, and its cast to float8 rounds once, as f64 division).
+-- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds as
+-- a double (exact below 2^53, rounded above, as i128 to f64), then divided by 1000.
 CREATE FUNCTION rate_limiter._ms(t timestamptz) RETURNS double precision
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN CASE WHEN t OPERATOR(pg_catalog.=) 'infinity'::timestamptz THEN 'Infinity'::float8
             WHEN t OPERATOR(pg_catalog.=) '-infinity'::timestamptz THEN '-Infinity'::float8
-            ELSE (extract(epoch FROM t) OPERATOR(pg_catalog.*) 1000)::float8 END;
+            ELSE (extract(epoch FROM t) OPERATOR(pg_catalog.*) 1000000)::float8 OPERATOR(pg_catalog./) 1000::float8 END;
 
 -- ms as a timestamptz, as clock::ms_to_pg_us: microseconds rounded half away from zero.
 CREATE FUNCTION rate_limiter._ts(ms double precision) RETURNS timestamptz
@@ -75,10 +75,16 @@ CREATE TYPE rate_limiter._config AS (
 -- The zone called tz as PostgreSQL's SET TimeZone finds it (config/zone.rs: pg_tzset), by
 -- the name it gives it; NULL and 'UTC' (any case) are UTC. The setting is the function's own:
 -- restored when it returns.
-CREATE FUNCTION rate_limiter._cal_zone(tz text) RETURNS text
+CREATE FUNCTION rate_limiter._cal_zone(tz text, inline boolean) RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
 BEGIN
     IF tz IS NULL OR upper(tz) = 'UTC' THEN RETURN 'UTC'; END IF;
+    -- PostgreSQL keeps every POSIX-style spec it loads for the process's life, and there is
+    -- no end to their spellings: a caller's inline config names a zone of the tz database
+    -- (the extension bounds a session's specs; the edition has nowhere to count them).
+    IF inline AND NOT EXISTS (SELECT FROM pg_timezone_names z WHERE upper(z.name) = upper(tz)) THEN
+        PERFORM rate_limiter._raise('edition', format('the time zone spec "%s" in an inline config (name a zone of the tz database, or define the limit by name)', tz));
+    END IF;
     -- SET TimeZone also takes hours and intervals, which name no zone.
     IF tz !~* '^\s*(interval|[-+0-9.])' THEN
         BEGIN
@@ -98,7 +104,10 @@ LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp SE
 DECLARE
     seconds float8 := floor(utc_ms / 1000);
 BEGIN
-    IF zone = 'UTC' OR NOT (seconds >= -210866803200 AND seconds < 9224318016000) THEN RETURN 0; END IF;
+    IF zone = 'UTC' THEN RETURN 0; END IF;
+    -- Past the instants PostgreSQL can show, the zone's offset a day within them (its rules
+    -- change there no more).
+    seconds := least(greatest(seconds, -210866803200 + 86400), 9224318016000 - 86400);
     PERFORM set_config('TimeZone', zone, true);
     RETURN extract(timezone FROM to_timestamp(seconds))::float8 * 1000;
 END $$;

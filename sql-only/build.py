@@ -20,7 +20,7 @@ PG_TLE_QUOTE = "$_pgtle_$"
 VERSION = "0.6.0"
 # The extension's objects the edition has: what it keeps no state in (debits, leases, the
 # memory snapshot) is left out.
-OBJECTS = {"limits", "blocks", "allows", "state", "decision"}
+OBJECTS = {"limits", "blocks", "allows", "state", "decision", "leases", "leases_lease_id"}
 
 HEADER = f"""-- rate_limiter {VERSION}, the SQL-only edition: plain SQL and PL/pgSQL for databases where no
 -- compiled extension can be installed (RDS, Cloud SQL, Azure, Supabase, Neon). Written by
@@ -139,7 +139,7 @@ def check(text):
 
 def build():
     parts = [HEADER, "\n-- The extension's tables and decision type (sql/bootstrap.sql).\n\n", tables()]
-    for name in ("arithmetic.sql", "api.sql", "calls.sql", "shards.sql", "all.sql"):
+    for name in ("arithmetic.sql", "api.sql", "calls.sql", "shards.sql", "all.sql", "concurrency.sql"):
         parts += ["\n", (HERE / name).read_text()]
     parts.append(ip_key())
     parts.append(FOOTER)

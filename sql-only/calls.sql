@@ -23,7 +23,7 @@ END $$;
 -- The config of a limits row, checked as Config::try_from and config::validate check it (the
 -- same errors in the same order); then what only the extension does is refused (0A000).
 CREATE FUNCTION rate_limiter._config_of(l rate_limiter.limits) RETURNS rate_limiter._config
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c rate_limiter._config;
     months int := (extract(year FROM l.period) * 12 + extract(month FROM l.period))::int;
@@ -38,7 +38,7 @@ DECLARE
 BEGIN
     IF l.shards < 0 THEN PERFORM rate_limiter._raise('config', format('shards must be >= 1, not %s', l.shards)); END IF;
     IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window', 'concurrency') THEN
-        PERFORM rate_limiter._raise('config', format('unknown kind %s (expected "token bucket", "fixed window", "sliding window", "rolling window" or "concurrency")', to_json(l.kind)));
+        PERFORM rate_limiter._raise('config', format('unknown kind "%s" (expected "token bucket", "fixed window", "sliding window", "rolling window" or "concurrency")', l.kind));
     END IF;
     IF l.buckets IS NOT NULL AND NOT l.buckets BETWEEN 1 AND 64 THEN
         PERFORM rate_limiter._raise('config', format('buckets must be an integer between 1 and 64, not %s', l.buckets));
@@ -47,7 +47,7 @@ BEGIN
         PERFORM rate_limiter._raise('calendar', format('a %s counts a fixed length, and a period of months ''%s'' has none', l.kind, l.period));
     END IF;
     IF l.kind = 'fixed window' THEN
-        IF months <> 0 AND (days <> 0 OR micros <> 0) THEN
+        IF months <> 0 AND NOT (months > 0 AND days = 0 AND micros = 0) THEN
             PERFORM rate_limiter._raise('calendar', format('a calendar period is whole months, ''1 day'' or ''1 week'', not ''%s''', l.period));
         END IF;
         calendar := (months > 0 AND days = 0 AND micros = 0) OR (months = 0 AND days IN (1, 7) AND micros = 0);
@@ -55,15 +55,15 @@ BEGIN
     IF l.tz IS NOT NULL AND NOT calendar THEN
         PERFORM rate_limiter._raise('calendar', format('tz is for a fixed window of whole months, ''1 day'' or ''1 week'', not a %s of''%s''', l.kind, l.period));
     END IF;
-    IF calendar THEN zone := rate_limiter._cal_zone(l.tz); END IF;
+    IF calendar THEN zone := rate_limiter._cal_zone(l.tz, false); END IF;
     IF l.mode NOT IN ('all', 'partial', 'penalize') THEN
-        PERFORM rate_limiter._raise('config', format('unknown mode %s (expected "all", "partial" or "penalize")', to_json(l.mode)));
+        PERFORM rate_limiter._raise('config', format('unknown mode "%s" (expected "all", "partial" or "penalize")', l.mode));
     END IF;
     IF l.buckets IS NOT NULL AND l.kind <> 'rolling window' THEN
         PERFORM rate_limiter._raise('config', 'buckets applies only to a rolling window');
     END IF;
     IF l.on_lock_timeout NOT IN ('deny', 'allow') THEN
-        PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout %s (expected "deny" or "allow")', to_json(l.on_lock_timeout)));
+        PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout "%s" (expected "deny" or "allow")', l.on_lock_timeout));
     END IF;
     c := ROW(l.kind, l.rate, rate_limiter._interval_ms(l.period), coalesce(l.capacity, l.rate), l.max_reserved,
              start, rate_limiter._interval_ms(l.min_gap),
@@ -117,6 +117,25 @@ BEGIN
             CASE WHEN c.min_gap IS NOT NULL THEN 'minGap' WHEN c.mode <> 'all' THEN format('mode ''%s''', c.mode)
                  WHEN lock_timeout IS NOT NULL THEN 'lockTimeout' ELSE 'denyCache' END));
     END IF;
+    -- What the edition does not do, where the extension checks it (its further checks of
+    -- these are its own).
+    IF hot THEN
+        PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
+    ELSIF NOT durable THEN
+        PERFORM rate_limiter._raise('edition', 'memory limits (durable => false: counts in shared memory)');
+    END IF;
+    IF c.kind = 'concurrency' THEN
+        IF c.rate <> trunc(c.rate) OR c.rate > 1000 THEN
+            PERFORM rate_limiter._raise('range', format('a concurrency limit holds a whole number of slots, 1 to 1000: rate must be one, not %s', rate_limiter._display(c.rate)));
+        END IF;
+        IF shards > 1 OR c.min_gap IS NOT NULL OR c.mode <> 'all' OR lock_timeout IS NOT NULL OR deny_cache IS NOT NULL THEN
+            PERFORM rate_limiter._raise('slots', format('a concurrency limit with %s',
+                CASE WHEN shards > 1 THEN 'shards > 1 (its slots are one set per key)' WHEN c.min_gap IS NOT NULL THEN 'minGap'
+                     WHEN c.mode <> 'all' THEN 'a mode other than ''all'' (a slot is held or not)'
+                     WHEN lock_timeout IS NOT NULL THEN 'lockTimeout (a call never waits for a slot another holds)'
+                     ELSE 'denyCache (a slot frees whenever its holder ends)' END));
+        END IF;
+    END IF;
     IF c.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
         IF c.capacity <> c.rate THEN
             PERFORM rate_limiter._raise('config', format('a %s holds rate tokens: capacity must be NULL or equal to rate (%s), not %s',
@@ -131,14 +150,6 @@ BEGIN
     END IF;
     IF c.start IS NOT NULL AND NOT start_storable THEN
         PERFORM rate_limiter._raise('time', format('start must be a finite instant PostgreSQL can store, not %s ms since the epoch', rate_limiter._display(c.start)));
-    END IF;
-    -- What the edition does not do (the extension's further checks of these are its own).
-    IF c.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
-        PERFORM rate_limiter._raise('edition', format('a %s', c.kind));
-    ELSIF hot THEN
-        PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
-    ELSIF NOT durable THEN
-        PERFORM rate_limiter._raise('edition', 'memory limits (durable => false: counts in shared memory)');
     END IF;
     RETURN c;
 END $$;
@@ -210,7 +221,7 @@ END $$;
 CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
                                     OUT deny_cache double precision, OUT stored text, OUT shard integer,
                                     OUT lock_timeout double precision, OUT on_lock_timeout text)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l rate_limiter.limits;
     inline record;
@@ -243,7 +254,7 @@ END $$;
 CREATE FUNCTION rate_limiter._config_of_json(config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
                                              OUT deny_cache double precision, OUT lock_timeout double precision,
                                              OUT on_lock_timeout text)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     m record;
     kind text;
@@ -365,7 +376,7 @@ BEGIN
     unit := (months > 0 AND days = 0 AND micros = 0) OR (months = 0 AND days IN (1, 7) AND micros = 0);
     shown := CASE WHEN period_interval IS NOT NULL THEN format(' ''%s''', period_interval) ELSE '' END;
     IF unit AND kind = 'fixed window' THEN
-        zone := rate_limiter._cal_zone(tz);
+        zone := rate_limiter._cal_zone(tz, true);
     ELSIF months <> 0 AND kind <> 'fixed window' THEN
         PERFORM rate_limiter._raise('calendar', format('a %s counts a fixed length, and a period of months%s has none', kind, shown));
     ELSIF months <> 0 THEN
@@ -391,7 +402,11 @@ END $$;
 CREATE FUNCTION rate_limiter._fingerprint(c rate_limiter._config) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
-    SELECT pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+    SELECT pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(CASE WHEN c.kind OPERATOR(pg_catalog.=) 'concurrency' THEN
+        -- A concurrency limit's slots are all it has; period only says when to come back.
+        pg_catalog.convert_to('rate_limiter config 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.kind, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        OPERATOR(pg_catalog.||) rate_limiter._le(c.rate) ELSE
         pg_catalog.convert_to('rate_limiter config 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
         OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.kind, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
         OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.mode, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
@@ -413,7 +428,7 @@ BEGIN ATOMIC
                  OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 3, 1)
                  OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 2, 1)
                  OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 1, 1)
-                 OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.cal_zone, 'UTF8') END), 1, 16), 'hex');
+                 OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.cal_zone, 'UTF8') END END), 1, 16), 'hex');
 END;
 
 -- A consuming call's or a check's request: its arguments, its limit, then its count against
@@ -421,7 +436,7 @@ END;
 CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
                                       OUT c rate_limiter._config, OUT enforce boolean, OUT stored text, OUT shard integer,
                                       OUT lock_timeout double precision, OUT on_lock_timeout text)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     named record;
 BEGIN
@@ -444,6 +459,12 @@ DECLARE
     factor float8;
     per_shards text;
 BEGIN
+    IF c.kind = 'concurrency' THEN
+        IF coalesce(reserve, false) THEN PERFORM rate_limiter._raise('slots', 'a concurrency limit has no reservations'); END IF;
+        IF count <> trunc(count) THEN
+            PERFORM rate_limiter._raise('argument', format('a concurrency limit counts whole slots: count must be a whole number, not %s', rate_limiter._display(count)));
+        END IF;
+    END IF;
     IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
         PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
     END IF;
@@ -588,7 +609,9 @@ DECLARE
     r rate_limiter.state;
     now float8;
 BEGIN
-    IF d.ok IS NULL AND (req.c).shards > 1 THEN
+    IF d.ok IS NULL AND (req.c).kind = 'concurrency' THEN
+        d := (rate_limiter._take_slots(req.c, req.stored, name, key, count, false, NULL)).d;
+    ELSIF d.ok IS NULL AND (req.c).shards > 1 THEN
         d := rate_limiter._check_sharded(req.c, req.stored, req.shard, name, key, count, reserve);
     ELSIF d.ok IS NULL THEN  -- not listed
         SELECT * INTO r FROM rate_limiter.state s
@@ -620,6 +643,10 @@ BEGIN
     d := rate_limiter._listed(name, key, count, (req.c).capacity);
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
+    END IF;
+    IF (req.c).kind = 'concurrency' THEN
+        RETURN rate_limiter._answer((rate_limiter._take_slots(req.c, req.stored, name, key, count, true, NULL)).d,
+                                    req.enforce, name, key, throws);
     END IF;
     IF (req.c).shards > 1 THEN
         RETURN rate_limiter._answer(rate_limiter._take_sharded(req.c, req.stored, req.shard, name, key, count, reserve, false),
@@ -729,6 +756,10 @@ BEGIN
     WHERE (s.key = reset_rate_limit.key OR (s.key IS NULL AND reset_rate_limit.key IS NULL))
       AND (s.name = reset_rate_limit.name  -- and every inline config's rows of the name
            OR (s.shard < 0 AND left(s.name, -33) = reset_rate_limit.name AND right(s.name, 33) ~ '^#[0-9a-f]{32}$'));
+    DELETE FROM rate_limiter.leases l
+    WHERE (l.key = reset_rate_limit.key OR (l.key IS NULL AND reset_rate_limit.key IS NULL))
+      AND (l.name = reset_rate_limit.name
+           OR (left(l.name, -33) = reset_rate_limit.name AND right(l.name, 33) ~ '^#[0-9a-f]{32}$'));
 END $$;
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit IS 'Forget the state of (name, key), every shard, and a concurrency limit''s leases: it is full again (slots that transactions hold stay theirs).';
 
@@ -794,6 +825,9 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     PERFORM rate_limiter._writable('credit()');
+    IF c.kind = 'concurrency' THEN
+        PERFORM rate_limiter._raise('slots', format('credit on the concurrency limit "%s": release() its lease; a transaction''s slots end with it', name));
+    END IF;
     IF c.shards > 1 THEN
         RETURN rate_limiter._take_sharded(c, named.stored, named.shard, name, key, count, false, true);
     END IF;
@@ -889,6 +923,10 @@ BEGIN
     DELETE FROM rate_limiter.allows WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
     GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
     IF deleted = max_rows THEN RETURN deleted; END IF;
+    WITH ended AS (SELECT ctid FROM rate_limiter.leases WHERE expires_at <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.leases WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND expires_at <= now;
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows THEN RETURN deleted; END IF;
     WITH doomed AS (SELECT ctid FROM rate_limiter.state WHERE expires <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
     DELETE FROM rate_limiter.state WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
     GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
@@ -977,7 +1015,9 @@ BEGIN
     now := rate_limiter._now();
     s := rate_limiter._state_of(r, c, name, key, now);
     shard := 0;
-    IF c.shards > 1 THEN
+    IF c.kind = 'concurrency' THEN
+        s := ROW(((rate_limiter._take_slots(c, named.stored, name, key, 0, false, NULL)).d).remaining, rate_limiter._now(), NULL, NULL)::rate_limiter._state;
+    ELSIF c.shards > 1 THEN
         sharded := rate_limiter._value_sharded(c, named.stored, named.shard, name, key, sample_shards);
         s := sharded.s;
         shard := sharded.shard;
@@ -995,7 +1035,7 @@ BEGIN
                        ELSE rate_limiter._json_number(c.period) END,
         'tz', CASE WHEN c.cal_zone <> 'UTC' THEN c.cal_zone END,
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
-        'shards', c.shards, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
+        'shards', c.shards, 'start', CASE WHEN c.kind NOT IN ('token bucket', 'concurrency') THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', c.mode,
         'denyCache', rate_limiter._json_number(named.deny_cache),

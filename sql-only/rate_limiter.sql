@@ -221,6 +221,37 @@ COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while
 
 COMMENT ON COLUMN rate_limiter.state.expires IS 'From this instant the row holds what a fresh state would, and rate_limiter.prune() may delete it.';
 
+-- Concurrency limits' leases (docs/semantics.md, "Concurrency limits"): a slot held past the
+-- transaction that took it, until it expires or is released. Slots held by transactions are
+-- locks, not rows. The unique index has a nullable column: the whole old row identifies it.
+CREATE TABLE rate_limiter.leases (
+    name text COLLATE "C" NOT NULL,
+    key text COLLATE "C",
+    slot integer NOT NULL,
+    lease_id uuid NOT NULL,
+    expires_at timestamptz NOT NULL,
+    CONSTRAINT leases_name_key_slot_key UNIQUE NULLS NOT DISTINCT (name, key, slot)
+);
+
+ALTER TABLE rate_limiter.leases REPLICA IDENTITY FULL;
+
+CREATE INDEX leases_lease_id ON rate_limiter.leases (lease_id);
+
+COMMENT ON TABLE rate_limiter.leases IS
+    'Slots of concurrency limits held by leases (acquire(..., lease => ...)), one row per slot until expires_at or release(). Written only by the rate_limiter functions.';
+
+COMMENT ON COLUMN rate_limiter.leases.name IS 'The limit''s name; for an inline config, the name, ''#'' and 32 hex digits of its fingerprint.';
+
+COMMENT ON COLUMN rate_limiter.leases.key IS 'The key; NULL for the NULL key.';
+
+COMMENT ON COLUMN rate_limiter.leases.slot IS 'The slot held, 0 to rate - 1.';
+
+COMMENT ON COLUMN rate_limiter.leases.lease_id IS 'The lease''s id, a random UUID that only the holder is told: release() and renew() take it.';
+
+COMMENT ON COLUMN rate_limiter.leases.expires_at IS 'From this instant the slot is free again, and rate_limiter.prune() may delete the row.';
+
+COMMENT ON INDEX rate_limiter.leases_lease_id IS 'A lease''s rows by its id: what release() and renew() find.';
+
 CREATE TYPE rate_limiter.decision AS (
     ok boolean,
     retry_after double precision,
@@ -252,13 +283,13 @@ COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit tha
 -- window reads its time zone's rules (STABLE, and never in a parallel worker: the zone is
 -- looked up as SET TimeZone does).
 
--- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds
--- divided by 1000 once (numeric is exact, and its cast to float8 rounds once, as f64 division).
+-- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds as
+-- a double (exact below 2^53, rounded above, as i128 to f64), then divided by 1000.
 CREATE FUNCTION rate_limiter._ms(t timestamptz) RETURNS double precision
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN CASE WHEN t OPERATOR(pg_catalog.=) 'infinity'::timestamptz THEN 'Infinity'::float8
             WHEN t OPERATOR(pg_catalog.=) '-infinity'::timestamptz THEN '-Infinity'::float8
-            ELSE (extract(epoch FROM t) OPERATOR(pg_catalog.*) 1000)::float8 END;
+            ELSE (extract(epoch FROM t) OPERATOR(pg_catalog.*) 1000000)::float8 OPERATOR(pg_catalog./) 1000::float8 END;
 
 -- ms as a timestamptz, as clock::ms_to_pg_us: microseconds rounded half away from zero.
 CREATE FUNCTION rate_limiter._ts(ms double precision) RETURNS timestamptz
@@ -324,10 +355,16 @@ CREATE TYPE rate_limiter._config AS (
 -- The zone called tz as PostgreSQL's SET TimeZone finds it (config/zone.rs: pg_tzset), by
 -- the name it gives it; NULL and 'UTC' (any case) are UTC. The setting is the function's own:
 -- restored when it returns.
-CREATE FUNCTION rate_limiter._cal_zone(tz text) RETURNS text
+CREATE FUNCTION rate_limiter._cal_zone(tz text, inline boolean) RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
 BEGIN
     IF tz IS NULL OR upper(tz) = 'UTC' THEN RETURN 'UTC'; END IF;
+    -- PostgreSQL keeps every POSIX-style spec it loads for the process's life, and there is
+    -- no end to their spellings: a caller's inline config names a zone of the tz database
+    -- (the extension bounds a session's specs; the edition has nowhere to count them).
+    IF inline AND NOT EXISTS (SELECT FROM pg_timezone_names z WHERE upper(z.name) = upper(tz)) THEN
+        PERFORM rate_limiter._raise('edition', format('the time zone spec "%s" in an inline config (name a zone of the tz database, or define the limit by name)', tz));
+    END IF;
     -- SET TimeZone also takes hours and intervals, which name no zone.
     IF tz !~* '^\s*(interval|[-+0-9.])' THEN
         BEGIN
@@ -347,7 +384,10 @@ LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp SE
 DECLARE
     seconds float8 := floor(utc_ms / 1000);
 BEGIN
-    IF zone = 'UTC' OR NOT (seconds >= -210866803200 AND seconds < 9224318016000) THEN RETURN 0; END IF;
+    IF zone = 'UTC' THEN RETURN 0; END IF;
+    -- Past the instants PostgreSQL can show, the zone's offset a day within them (its rules
+    -- change there no more).
+    seconds := least(greatest(seconds, -210866803200 + 86400), 9224318016000 - 86400);
     PERFORM set_config('TimeZone', zone, true);
     RETURN extract(timezone FROM to_timestamp(seconds))::float8 * 1000;
 END $$;
@@ -888,6 +928,23 @@ BEGIN
         || (floor(whole / 100))::text || '.' || lpad((whole % 100)::text, 2, '0');
 END $$;
 
+-- A text as Rust's Debug prints it: quoted, with \, " and control characters escaped.
+CREATE FUNCTION rate_limiter._debug(t text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    out text := '"';
+    code int;
+BEGIN
+    FOR i IN 1 .. length(t) LOOP
+        code := ascii(substr(t, i, 1));
+        out := out || CASE WHEN code = 92 THEN '\\' WHEN code = 34 THEN '\"' WHEN code = 9 THEN '\t'
+                           WHEN code = 13 THEN '\r' WHEN code = 10 THEN '\n'
+                           WHEN code < 32 OR code BETWEEN 127 AND 159 THEN '\u{' || to_hex(code) || '}'
+                           ELSE substr(t, i, 1) END;
+    END LOOP;
+    RETURN out || '"';
+END $$;
+
 -- The shapes of src/error.rs: each raises its SQLSTATE with the extension's message and hint.
 CREATE FUNCTION rate_limiter._raise(kind text, message text, detail text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -899,6 +956,9 @@ BEGIN
     WHEN 'config' THEN
         RAISE EXCEPTION 'invalid rate limit config: %', message USING ERRCODE = '22023',
             HINT = 'A config looks like {"kind": "token bucket", "rate": 10, "period": 60000}: kind ''token bucket'', ''fixed window'', ''sliding window'', ''rolling window'' or ''concurrency'', rate > 0, period > 0 (ms or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch).';
+    WHEN 'slots' THEN
+        RAISE EXCEPTION 'not supported: %', message USING ERRCODE = '0A000',
+            HINT = 'A concurrency limit (kind ''concurrency'', rate = the most slots held at once, 1 to 1000) is taken with rate_limit or acquire (a slot until the transaction ends, or a lease) and given back by the transaction''s end or release(). It has no reservations, credit, shards, modes, minGap, lockTimeout, denyCache or hot, takes no part in rate_limit_all, and counts whole slots; acquire, release and renew take only a concurrency limit.';
     WHEN 'malformed' THEN
         RAISE EXCEPTION 'malformed rate limit config: %', message USING ERRCODE = '22P02',
             HINT = 'A config looks like {"kind": "token bucket", "rate": 10, "period": 60000}: kind ''token bucket'', ''fixed window'', ''sliding window'', ''rolling window'' or ''concurrency'', rate > 0, period > 0 (ms or interval text), optional capacity >= 0, maxReserved >= 0, shards >= 1, start (ms since epoch).';
@@ -978,7 +1038,7 @@ BEGIN
     END IF;
     IF name = '*other*' THEN PERFORM rate_limiter._raise('argument', 'the name *other* is reserved'); END IF;
     IF octet_length(name) > 33 AND right(name, 33) ~ '^#[0-9a-f]{32}$' THEN
-        PERFORM rate_limiter._raise('argument', format('a name ending in ''#'' and 32 hex digits is reserved, not %s', to_json(name)));
+        PERFORM rate_limiter._raise('argument', format('a name ending in ''#'' and 32 hex digits is reserved, not %s', rate_limiter._debug(name)));
     END IF;
 END $$;
 
@@ -1020,7 +1080,7 @@ END $$;
 -- The config of a limits row, checked as Config::try_from and config::validate check it (the
 -- same errors in the same order); then what only the extension does is refused (0A000).
 CREATE FUNCTION rate_limiter._config_of(l rate_limiter.limits) RETURNS rate_limiter._config
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c rate_limiter._config;
     months int := (extract(year FROM l.period) * 12 + extract(month FROM l.period))::int;
@@ -1035,7 +1095,7 @@ DECLARE
 BEGIN
     IF l.shards < 0 THEN PERFORM rate_limiter._raise('config', format('shards must be >= 1, not %s', l.shards)); END IF;
     IF l.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window', 'concurrency') THEN
-        PERFORM rate_limiter._raise('config', format('unknown kind %s (expected "token bucket", "fixed window", "sliding window", "rolling window" or "concurrency")', to_json(l.kind)));
+        PERFORM rate_limiter._raise('config', format('unknown kind "%s" (expected "token bucket", "fixed window", "sliding window", "rolling window" or "concurrency")', l.kind));
     END IF;
     IF l.buckets IS NOT NULL AND NOT l.buckets BETWEEN 1 AND 64 THEN
         PERFORM rate_limiter._raise('config', format('buckets must be an integer between 1 and 64, not %s', l.buckets));
@@ -1044,7 +1104,7 @@ BEGIN
         PERFORM rate_limiter._raise('calendar', format('a %s counts a fixed length, and a period of months ''%s'' has none', l.kind, l.period));
     END IF;
     IF l.kind = 'fixed window' THEN
-        IF months <> 0 AND (days <> 0 OR micros <> 0) THEN
+        IF months <> 0 AND NOT (months > 0 AND days = 0 AND micros = 0) THEN
             PERFORM rate_limiter._raise('calendar', format('a calendar period is whole months, ''1 day'' or ''1 week'', not ''%s''', l.period));
         END IF;
         calendar := (months > 0 AND days = 0 AND micros = 0) OR (months = 0 AND days IN (1, 7) AND micros = 0);
@@ -1052,15 +1112,15 @@ BEGIN
     IF l.tz IS NOT NULL AND NOT calendar THEN
         PERFORM rate_limiter._raise('calendar', format('tz is for a fixed window of whole months, ''1 day'' or ''1 week'', not a %s of''%s''', l.kind, l.period));
     END IF;
-    IF calendar THEN zone := rate_limiter._cal_zone(l.tz); END IF;
+    IF calendar THEN zone := rate_limiter._cal_zone(l.tz, false); END IF;
     IF l.mode NOT IN ('all', 'partial', 'penalize') THEN
-        PERFORM rate_limiter._raise('config', format('unknown mode %s (expected "all", "partial" or "penalize")', to_json(l.mode)));
+        PERFORM rate_limiter._raise('config', format('unknown mode "%s" (expected "all", "partial" or "penalize")', l.mode));
     END IF;
     IF l.buckets IS NOT NULL AND l.kind <> 'rolling window' THEN
         PERFORM rate_limiter._raise('config', 'buckets applies only to a rolling window');
     END IF;
     IF l.on_lock_timeout NOT IN ('deny', 'allow') THEN
-        PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout %s (expected "deny" or "allow")', to_json(l.on_lock_timeout)));
+        PERFORM rate_limiter._raise('config', format('unknown on_lock_timeout "%s" (expected "deny" or "allow")', l.on_lock_timeout));
     END IF;
     c := ROW(l.kind, l.rate, rate_limiter._interval_ms(l.period), coalesce(l.capacity, l.rate), l.max_reserved,
              start, rate_limiter._interval_ms(l.min_gap),
@@ -1114,6 +1174,25 @@ BEGIN
             CASE WHEN c.min_gap IS NOT NULL THEN 'minGap' WHEN c.mode <> 'all' THEN format('mode ''%s''', c.mode)
                  WHEN lock_timeout IS NOT NULL THEN 'lockTimeout' ELSE 'denyCache' END));
     END IF;
+    -- What the edition does not do, where the extension checks it (its further checks of
+    -- these are its own).
+    IF hot THEN
+        PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
+    ELSIF NOT durable THEN
+        PERFORM rate_limiter._raise('edition', 'memory limits (durable => false: counts in shared memory)');
+    END IF;
+    IF c.kind = 'concurrency' THEN
+        IF c.rate <> trunc(c.rate) OR c.rate > 1000 THEN
+            PERFORM rate_limiter._raise('range', format('a concurrency limit holds a whole number of slots, 1 to 1000: rate must be one, not %s', rate_limiter._display(c.rate)));
+        END IF;
+        IF shards > 1 OR c.min_gap IS NOT NULL OR c.mode <> 'all' OR lock_timeout IS NOT NULL OR deny_cache IS NOT NULL THEN
+            PERFORM rate_limiter._raise('slots', format('a concurrency limit with %s',
+                CASE WHEN shards > 1 THEN 'shards > 1 (its slots are one set per key)' WHEN c.min_gap IS NOT NULL THEN 'minGap'
+                     WHEN c.mode <> 'all' THEN 'a mode other than ''all'' (a slot is held or not)'
+                     WHEN lock_timeout IS NOT NULL THEN 'lockTimeout (a call never waits for a slot another holds)'
+                     ELSE 'denyCache (a slot frees whenever its holder ends)' END));
+        END IF;
+    END IF;
     IF c.kind IN ('sliding window', 'rolling window', 'concurrency') THEN
         IF c.capacity <> c.rate THEN
             PERFORM rate_limiter._raise('config', format('a %s holds rate tokens: capacity must be NULL or equal to rate (%s), not %s',
@@ -1128,14 +1207,6 @@ BEGIN
     END IF;
     IF c.start IS NOT NULL AND NOT start_storable THEN
         PERFORM rate_limiter._raise('time', format('start must be a finite instant PostgreSQL can store, not %s ms since the epoch', rate_limiter._display(c.start)));
-    END IF;
-    -- What the edition does not do (the extension's further checks of these are its own).
-    IF c.kind NOT IN ('token bucket', 'fixed window', 'sliding window', 'rolling window') THEN
-        PERFORM rate_limiter._raise('edition', format('a %s', c.kind));
-    ELSIF hot THEN
-        PERFORM rate_limiter._raise('edition', 'hot limits (an escrow in shared memory)');
-    ELSIF NOT durable THEN
-        PERFORM rate_limiter._raise('edition', 'memory limits (durable => false: counts in shared memory)');
     END IF;
     RETURN c;
 END $$;
@@ -1207,7 +1278,7 @@ END $$;
 CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
                                     OUT deny_cache double precision, OUT stored text, OUT shard integer,
                                     OUT lock_timeout double precision, OUT on_lock_timeout text)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l rate_limiter.limits;
     inline record;
@@ -1240,7 +1311,7 @@ END $$;
 CREATE FUNCTION rate_limiter._config_of_json(config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
                                              OUT deny_cache double precision, OUT lock_timeout double precision,
                                              OUT on_lock_timeout text)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     m record;
     kind text;
@@ -1362,7 +1433,7 @@ BEGIN
     unit := (months > 0 AND days = 0 AND micros = 0) OR (months = 0 AND days IN (1, 7) AND micros = 0);
     shown := CASE WHEN period_interval IS NOT NULL THEN format(' ''%s''', period_interval) ELSE '' END;
     IF unit AND kind = 'fixed window' THEN
-        zone := rate_limiter._cal_zone(tz);
+        zone := rate_limiter._cal_zone(tz, true);
     ELSIF months <> 0 AND kind <> 'fixed window' THEN
         PERFORM rate_limiter._raise('calendar', format('a %s counts a fixed length, and a period of months%s has none', kind, shown));
     ELSIF months <> 0 THEN
@@ -1388,7 +1459,11 @@ END $$;
 CREATE FUNCTION rate_limiter._fingerprint(c rate_limiter._config) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
-    SELECT pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+    SELECT pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(CASE WHEN c.kind OPERATOR(pg_catalog.=) 'concurrency' THEN
+        -- A concurrency limit's slots are all it has; period only says when to come back.
+        pg_catalog.convert_to('rate_limiter config 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.kind, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        OPERATOR(pg_catalog.||) rate_limiter._le(c.rate) ELSE
         pg_catalog.convert_to('rate_limiter config 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
         OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.kind, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
         OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.mode, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
@@ -1410,7 +1485,7 @@ BEGIN ATOMIC
                  OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 3, 1)
                  OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 2, 1)
                  OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(c.cal_n), 1, 1)
-                 OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.cal_zone, 'UTF8') END), 1, 16), 'hex');
+                 OPERATOR(pg_catalog.||) pg_catalog.convert_to(c.cal_zone, 'UTF8') END END), 1, 16), 'hex');
 END;
 
 -- A consuming call's or a check's request: its arguments, its limit, then its count against
@@ -1418,7 +1493,7 @@ END;
 CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
                                       OUT c rate_limiter._config, OUT enforce boolean, OUT stored text, OUT shard integer,
                                       OUT lock_timeout double precision, OUT on_lock_timeout text)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     named record;
 BEGIN
@@ -1441,6 +1516,12 @@ DECLARE
     factor float8;
     per_shards text;
 BEGIN
+    IF c.kind = 'concurrency' THEN
+        IF coalesce(reserve, false) THEN PERFORM rate_limiter._raise('slots', 'a concurrency limit has no reservations'); END IF;
+        IF count <> trunc(count) THEN
+            PERFORM rate_limiter._raise('argument', format('a concurrency limit counts whole slots: count must be a whole number, not %s', rate_limiter._display(count)));
+        END IF;
+    END IF;
     IF coalesce(reserve, false) AND c.kind NOT IN ('token bucket', 'fixed window') THEN
         PERFORM rate_limiter._raise('unsupported', format('a %s has no reservations', c.kind));
     END IF;
@@ -1585,7 +1666,9 @@ DECLARE
     r rate_limiter.state;
     now float8;
 BEGIN
-    IF d.ok IS NULL AND (req.c).shards > 1 THEN
+    IF d.ok IS NULL AND (req.c).kind = 'concurrency' THEN
+        d := (rate_limiter._take_slots(req.c, req.stored, name, key, count, false, NULL)).d;
+    ELSIF d.ok IS NULL AND (req.c).shards > 1 THEN
         d := rate_limiter._check_sharded(req.c, req.stored, req.shard, name, key, count, reserve);
     ELSIF d.ok IS NULL THEN  -- not listed
         SELECT * INTO r FROM rate_limiter.state s
@@ -1617,6 +1700,10 @@ BEGIN
     d := rate_limiter._listed(name, key, count, (req.c).capacity);
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
+    END IF;
+    IF (req.c).kind = 'concurrency' THEN
+        RETURN rate_limiter._answer((rate_limiter._take_slots(req.c, req.stored, name, key, count, true, NULL)).d,
+                                    req.enforce, name, key, throws);
     END IF;
     IF (req.c).shards > 1 THEN
         RETURN rate_limiter._answer(rate_limiter._take_sharded(req.c, req.stored, req.shard, name, key, count, reserve, false),
@@ -1726,6 +1813,10 @@ BEGIN
     WHERE (s.key = reset_rate_limit.key OR (s.key IS NULL AND reset_rate_limit.key IS NULL))
       AND (s.name = reset_rate_limit.name  -- and every inline config's rows of the name
            OR (s.shard < 0 AND left(s.name, -33) = reset_rate_limit.name AND right(s.name, 33) ~ '^#[0-9a-f]{32}$'));
+    DELETE FROM rate_limiter.leases l
+    WHERE (l.key = reset_rate_limit.key OR (l.key IS NULL AND reset_rate_limit.key IS NULL))
+      AND (l.name = reset_rate_limit.name
+           OR (left(l.name, -33) = reset_rate_limit.name AND right(l.name, 33) ~ '^#[0-9a-f]{32}$'));
 END $$;
 COMMENT ON FUNCTION rate_limiter.reset_rate_limit IS 'Forget the state of (name, key), every shard, and a concurrency limit''s leases: it is full again (slots that transactions hold stay theirs).';
 
@@ -1791,6 +1882,9 @@ BEGIN
     named := rate_limiter._named(name, config);
     c := named.c;
     PERFORM rate_limiter._writable('credit()');
+    IF c.kind = 'concurrency' THEN
+        PERFORM rate_limiter._raise('slots', format('credit on the concurrency limit "%s": release() its lease; a transaction''s slots end with it', name));
+    END IF;
     IF c.shards > 1 THEN
         RETURN rate_limiter._take_sharded(c, named.stored, named.shard, name, key, count, false, true);
     END IF;
@@ -1886,6 +1980,10 @@ BEGIN
     DELETE FROM rate_limiter.allows WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
     GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
     IF deleted = max_rows THEN RETURN deleted; END IF;
+    WITH ended AS (SELECT ctid FROM rate_limiter.leases WHERE expires_at <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.leases WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND expires_at <= now;
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows THEN RETURN deleted; END IF;
     WITH doomed AS (SELECT ctid FROM rate_limiter.state WHERE expires <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
     DELETE FROM rate_limiter.state WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
     GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
@@ -1974,7 +2072,9 @@ BEGIN
     now := rate_limiter._now();
     s := rate_limiter._state_of(r, c, name, key, now);
     shard := 0;
-    IF c.shards > 1 THEN
+    IF c.kind = 'concurrency' THEN
+        s := ROW(((rate_limiter._take_slots(c, named.stored, name, key, 0, false, NULL)).d).remaining, rate_limiter._now(), NULL, NULL)::rate_limiter._state;
+    ELSIF c.shards > 1 THEN
         sharded := rate_limiter._value_sharded(c, named.stored, named.shard, name, key, sample_shards);
         s := sharded.s;
         shard := sharded.shard;
@@ -1992,7 +2092,7 @@ BEGIN
                        ELSE rate_limiter._json_number(c.period) END,
         'tz', CASE WHEN c.cal_zone <> 'UTC' THEN c.cal_zone END,
         'capacity', rate_limiter._json_number(c.capacity), 'maxReserved', rate_limiter._json_number(c.max_reserved),
-        'shards', c.shards, 'start', CASE WHEN c.kind <> 'token bucket' THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
+        'shards', c.shards, 'start', CASE WHEN c.kind NOT IN ('token bucket', 'concurrency') THEN rate_limiter._json_number(coalesce(c.start, s.ts)) END,
         'buckets', CASE WHEN c.kind = 'rolling window' THEN c.buckets END,
         'minGap', rate_limiter._json_number(c.min_gap), 'mode', c.mode,
         'denyCache', rate_limiter._json_number(named.deny_cache),
@@ -2462,12 +2562,15 @@ BEGIN
         FOR j IN 1 .. i - 1 LOOP
             IF names[j] = name AND keys[j] IS NOT DISTINCT FROM key THEN
                 PERFORM rate_limiter._raise('argument', format('requests: (%s, %s) appears twice; add the counts instead', name,
-                    coalesce('Some(' || to_json(key)::text || ')', 'None')));
+                    coalesce('Some(' || rate_limiter._debug(key) || ')', 'None')));
             END IF;
         END LOOP;
         named := rate_limiter._named(name, config);
         IF (named.c).mode <> 'all' THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all takes all or nothing: "%s" has mode ''%s''', name, (named.c).mode));
+        END IF;
+        IF (named.c).kind = 'concurrency' THEN
+            PERFORM rate_limiter._raise('slots', format('rate_limit_all with the concurrency limit "%s"', name));
         END IF;
         IF NOT named.enforce THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all with the shadow limit "%s"', name));
@@ -2599,6 +2702,282 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) IS
     'The answer rate_limit_all would give, without writing or locking anything.';
+
+-- Concurrency limits (src/limiter/concurrency.rs, bucket/concurrency.rs): a call takes `count`
+-- of the `rate` slots of (name, key) or is denied. A slot is held by a transaction (a
+-- transaction-level advisory lock, until the transaction or the subtransaction that took it
+-- ends) or by a lease (a row of rate_limiter.leases, until it expires or is released). The
+-- slots of one (name, key) are searched one call at a time, under a session-level advisory
+-- lock held only for the search: under it, a slot nobody locks is free unless a lease holds
+-- it, and the leases are read again after the takes, so that a lease whose transaction
+-- committed meanwhile (releasing its locks) is seen. That takes READ COMMITTED: a snapshot
+-- kept for the transaction would not see that lease, and the call would admit one too many.
+
+-- The advisory lock of slot `slot` of (stored, key), -1 its search lock: SHA-256, so that no
+-- caller can choose a key whose slots are another's.
+CREATE FUNCTION rate_limiter._slot_lock(stored text, key text, slot integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+        pg_catalog.convert_to('rate_limiter edition slots 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to(stored, 'UTF8')
+        OPERATOR(pg_catalog.||) CASE WHEN key IS NULL THEN '\x00'::bytea
+                                     ELSE '\x01'::bytea OPERATOR(pg_catalog.||) pg_catalog.convert_to(key, 'UTF8') END
+        OPERATOR(pg_catalog.||) pg_catalog.int4send(slot)), 1, 8), 'hex'))::bit(64)::bigint;
+END;
+
+-- The slots of (stored, key) whose lock a transaction holds now (this one's among them).
+CREATE FUNCTION rate_limiter._locked_slots(stored text, key text, rate integer) RETURNS integer[]
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+BEGIN ATOMIC
+    SELECT COALESCE(pg_catalog.array_agg(s.slot ORDER BY s.slot), '{}')
+    FROM pg_catalog.generate_series(0, rate OPERATOR(pg_catalog.-) 1) AS s(slot)
+    WHERE EXISTS (SELECT FROM pg_catalog.pg_locks l
+                  WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.objsubid OPERATOR(pg_catalog.=) 1 AND l.granted
+                    AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                           WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                    AND ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
+                        OPERATOR(pg_catalog.=) rate_limiter._slot_lock(stored, key, s.slot));
+END;
+
+-- This transaction's held slot locks: every bigint advisory lock of this backend (what it
+-- holds of the server's shared lock table this way).
+CREATE FUNCTION rate_limiter._held_here() RETURNS integer
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+BEGIN ATOMIC
+    SELECT pg_catalog.count(*)::integer FROM pg_catalog.pg_locks l
+    WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.objsubid OPERATOR(pg_catalog.=) 1 AND l.granted
+      AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid();
+END;
+
+-- The answer to a call for `count` slots of a limit of `rate` slots and `period`, given what
+-- was held besides what the call took (bucket::concurrency::answer, limiter::decision).
+CREATE FUNCTION rate_limiter._slots_decision(name text, rate double precision, period double precision, held integer,
+    by_transactions integer, soonest double precision, latest double precision, count double precision, took boolean,
+    now double precision) RETURNS rate_limiter.decision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    free float8 := rate - held;
+    ok boolean := took OR count <= free;
+    reset float8 := greatest(CASE WHEN latest IS NULL THEN 0::float8 ELSE greatest(latest - now, 0::float8) END,
+                             CASE WHEN by_transactions > 0 THEN period ELSE 0::float8 END);
+BEGIN
+    RETURN ROW(ok,
+               CASE WHEN NOT ok THEN CASE WHEN soonest IS NULL THEN period ELSE least(greatest(soonest - now, 0::float8), period) END END,
+               CASE WHEN took THEN free - count ELSE free END,
+               CASE WHEN took AND count > 0 THEN greatest(reset, period) ELSE reset END,
+               CASE WHEN took THEN count ELSE 0 END,
+               CASE WHEN NOT ok THEN 'exhausted' END,
+               CASE WHEN NOT ok THEN name END)::rate_limiter.decision;
+END $$;
+
+-- Take `want` slots of (stored, key) (0: take none, only answer), held by this transaction
+-- and, with lease_ms, by a lease until then; the decision and the lease's id.
+CREATE FUNCTION rate_limiter._take_slots(c rate_limiter._config, stored text, name text, key text, count double precision,
+                                         acquiring boolean, lease_ms double precision, OUT d rate_limiter.decision, OUT lease_id uuid)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    rate integer := c.rate::integer;
+    want integer := CASE WHEN acquiring THEN count::integer ELSE 0 END;
+    search bigint := rate_limiter._slot_lock(stored, key, -1);
+    now float8;
+    leased integer[];
+    locked integer[];
+    taken integer[] := '{}';
+    lost integer[];
+    soonest float8;
+    latest float8;
+    before integer[];
+    held integer;
+    by_transactions integer;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM rate_limiter._raise('edition', format('a concurrency limit''s slots in a %s transaction (the SQL-only edition sees leases committed meanwhile only in read committed)',
+            current_setting('transaction_isolation')));
+    END IF;
+    IF want > 0 AND rate_limiter._held_here() + want > 32 THEN
+        RAISE EXCEPTION 'this transaction holds % concurrency slots and asks for % more, over rate_limiter.max_slots_per_transaction (32)',
+            rate_limiter._held_here(), want USING ERRCODE = '53400',
+            HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
+    END IF;
+    PERFORM pg_advisory_lock(search);
+    BEGIN
+        now := rate_limiter._now();
+        SELECT coalesce(array_agg(l.slot ORDER BY l.slot), '{}'), min(rate_limiter._ms(l.expires_at)), max(rate_limiter._ms(l.expires_at))
+        INTO leased, soonest, latest
+        FROM rate_limiter.leases l
+        WHERE l.name = stored AND (l.key = _take_slots.key OR (l.key IS NULL AND _take_slots.key IS NULL)) AND l.expires_at > rate_limiter._ts(now);
+        LOOP
+            locked := rate_limiter._locked_slots(stored, key, rate);
+            -- Free slots, taken in slot order while wanted and all the call asks for fits.
+            IF cardinality(ARRAY(SELECT unnest(leased) UNION SELECT unnest(locked))) + count <= rate THEN
+                FOR s IN 0 .. rate - 1 LOOP
+                    EXIT WHEN cardinality(taken) >= want;
+                    CONTINUE WHEN s = ANY (leased) OR s = ANY (locked) OR s = ANY (taken);
+                    IF pg_try_advisory_xact_lock(rate_limiter._slot_lock(stored, key, s)) THEN
+                        taken := taken || s;
+                    ELSE
+                        locked := locked || s;  -- locked since it was read
+                    END IF;
+                END LOOP;
+            END IF;
+            -- A lease whose transaction committed since the read holds its slot: read again
+            -- now that the locks are ours.
+            before := leased;
+            SELECT coalesce(array_agg(l.slot ORDER BY l.slot), '{}'), min(rate_limiter._ms(l.expires_at)), max(rate_limiter._ms(l.expires_at))
+            INTO leased, soonest, latest
+            FROM rate_limiter.leases l
+            WHERE l.name = stored AND (l.key = _take_slots.key OR (l.key IS NULL AND _take_slots.key IS NULL)) AND l.expires_at > rate_limiter._ts(now);
+            lost := ARRAY(SELECT unnest(taken) INTERSECT SELECT unnest(leased));
+            taken := ARRAY(SELECT unnest(taken) EXCEPT SELECT unnest(lost) ORDER BY 1);
+            EXIT WHEN cardinality(lost) = 0 AND (cardinality(taken) = want
+                OR NOT EXISTS (SELECT unnest(before) EXCEPT SELECT unnest(leased) EXCEPT SELECT unnest(locked)));
+        END LOOP;
+        -- What others hold as this search found it (a holder that has ended since counts
+        -- still: the answer is of the moment the slots were judged).
+        locked := ARRAY(SELECT unnest(locked) EXCEPT SELECT unnest(taken));
+        held := cardinality(ARRAY(SELECT unnest(leased) UNION SELECT unnest(locked)));
+        by_transactions := cardinality(ARRAY(SELECT unnest(locked) EXCEPT SELECT unnest(leased)));
+        PERFORM pg_advisory_unlock(search);
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        PERFORM pg_advisory_unlock(search);
+        RAISE;
+    END;
+    IF NOT acquiring OR cardinality(taken) < want OR held + count > rate THEN
+        -- Denied: a slot it took stays locked until the transaction ends (a transaction-level
+        -- lock is not given back), counted as held by a transaction for the others.
+        d := rate_limiter._slots_decision(name, c.rate, c.period, held, by_transactions, soonest, latest, count, false, now);
+        RETURN;
+    END IF;
+    IF lease_ms IS NOT NULL AND want > 0 THEN
+        lease_id := gen_random_uuid();
+        INSERT INTO rate_limiter.leases AS l (name, key, slot, lease_id, expires_at)
+        SELECT stored, key, s, lease_id, rate_limiter._ts(now + lease_ms) FROM unnest(taken) s
+        ON CONFLICT ON CONSTRAINT leases_name_key_slot_key DO UPDATE SET lease_id = excluded.lease_id, expires_at = excluded.expires_at;
+    END IF;
+    d := rate_limiter._slots_decision(name, c.rate, c.period, held, by_transactions, soonest, latest, count, true, now);
+END $$;
+
+-- A lease's length: more than 0, at most a day (the extension's rate_limiter.max_lease, which
+-- only a superuser may raise: a setting the edition cannot protect, so its default).
+CREATE FUNCTION rate_limiter._lease_ms(lease interval) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ms float8 := rate_limiter._interval_ms(lease);
+BEGIN
+    IF NOT (ms > 0 AND ms <= 86400000) THEN
+        PERFORM rate_limiter._raise('range', format('a lease must be longer than 0 and at most rate_limiter.max_lease (86400 s), not %s ms',
+            rate_limiter._display(ms)));
+    END IF;
+    RETURN ms;
+END $$;
+
+CREATE FUNCTION rate_limiter.acquire(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
+    lease interval DEFAULT NULL, throws boolean DEFAULT false, config jsonb DEFAULT NULL,
+    OUT ok boolean, OUT retry_after double precision, OUT remaining double precision, OUT reset_after double precision,
+    OUT granted double precision, OUT reason text, OUT limited_by text, OUT lease_id uuid)
+RETURNS record
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ms float8;
+    named record;
+    d rate_limiter.decision;
+    took record;
+BEGIN
+    PERFORM rate_limiter._arguments(name, key, count);
+    IF lease IS NOT NULL THEN ms := rate_limiter._lease_ms(lease); END IF;
+    PERFORM rate_limiter._writable('acquire()');
+    named := rate_limiter._named(name, config);
+    IF (named.c).kind <> 'concurrency' THEN
+        PERFORM rate_limiter._raise('slots', format('"%s" is a %s, not a concurrency limit: call rate_limit() for it', name, (named.c).kind));
+    END IF;
+    PERFORM rate_limiter._usable(name, count, false, named.c);
+    d := rate_limiter._listed(name, key, count, (named.c).capacity);
+    IF d.ok IS NULL THEN
+        took := rate_limiter._take_slots(named.c, named.stored, name, key, count, true, ms);
+        d := took.d;
+        lease_id := took.lease_id;
+    END IF;
+    d := rate_limiter._answer(d, named.enforce, name, key, throws);
+    ok := d.ok; retry_after := d.retry_after; remaining := d.remaining; reset_after := d.reset_after;
+    granted := d.granted; reason := d.reason; limited_by := d.limited_by;
+END $$;
+COMMENT ON FUNCTION rate_limiter.acquire(text, text, double precision, interval, boolean, jsonb) IS
+    'Take count slots of the concurrency limit (name, key): held until the caller''s transaction ends, or with lease until it expires or release(); returns a decision and the lease''s id, or raises RL429 with throws.';
+
+-- The rows of the lease `id` of (name, key), under the named limit's name or any inline
+-- config's of it.
+CREATE FUNCTION rate_limiter._lease_stored(name text, key text, id uuid) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT l.name FROM rate_limiter.leases l
+    WHERE (l.name OPERATOR(pg_catalog.=) _lease_stored.name
+           OR (pg_catalog.left(l.name, -33) OPERATOR(pg_catalog.=) _lease_stored.name
+               AND pg_catalog.right(l.name, 33) OPERATOR(pg_catalog.~) '^#[0-9a-f]{32}$'))
+      AND (l.key OPERATOR(pg_catalog.=) _lease_stored.key OR (l.key IS NULL AND _lease_stored.key IS NULL))
+      AND l.lease_id OPERATOR(pg_catalog.=) id
+    LIMIT 1;
+END;
+
+CREATE FUNCTION rate_limiter.release(name text, key text, lease_id uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    held boolean;
+BEGIN
+    PERFORM rate_limiter._valid_name(name);
+    PERFORM rate_limiter._valid_key(key);
+    IF lease_id IS NULL THEN RETURN false; END IF;
+    PERFORM rate_limiter._writable('release()');
+    WITH ended AS (
+        DELETE FROM rate_limiter.leases l
+        WHERE l.name = rate_limiter._lease_stored(release.name, release.key, release.lease_id)
+          AND (l.key = release.key OR (l.key IS NULL AND release.key IS NULL)) AND l.lease_id = release.lease_id
+        RETURNING l.expires_at > rate_limiter._ts(rate_limiter._now()) AS held)
+    SELECT coalesce(bool_or(ended.held), false) INTO held FROM ended;
+    RETURN held;
+END $$;
+COMMENT ON FUNCTION rate_limiter.release(text, text, uuid) IS
+    'End a lease of a concurrency limit in the caller''s transaction; returns whether it still held its slots.';
+
+CREATE FUNCTION rate_limiter.renew(name text, key text, lease_id uuid, lease interval) RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ms float8;
+    stored text;
+    held integer[];
+    now float8;
+    moved integer;
+BEGIN
+    IF lease IS NULL THEN PERFORM rate_limiter._raise('argument', 'lease must not be NULL'); END IF;
+    ms := rate_limiter._lease_ms(lease);
+    PERFORM rate_limiter._valid_name(name);
+    PERFORM rate_limiter._valid_key(key);
+    IF lease_id IS NULL THEN RETURN false; END IF;
+    PERFORM rate_limiter._writable('renew()');
+    stored := rate_limiter._lease_stored(name, key, lease_id);
+    IF stored IS NULL THEN RETURN false; END IF;
+    now := rate_limiter._now();
+    held := ARRAY(SELECT l.slot FROM rate_limiter.leases l
+                  WHERE l.name = stored AND (l.key = renew.key OR (l.key IS NULL AND renew.key IS NULL))
+                    AND l.lease_id = renew.lease_id AND l.expires_at > rate_limiter._ts(now) ORDER BY l.slot);
+    IF cardinality(held) = 0 THEN RETURN false; END IF;
+    IF rate_limiter._held_here() + cardinality(held) > 32 THEN
+        RAISE EXCEPTION 'this transaction holds % concurrency slots and asks for % more, over rate_limiter.max_slots_per_transaction (32)',
+            rate_limiter._held_here(), cardinality(held) USING ERRCODE = '53400',
+            HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
+    END IF;
+    -- Its slots locked (waited for, in slot order) until the transaction ends, so that no
+    -- call takes them as the old end passes before this commits; judged by the clock then.
+    PERFORM pg_advisory_xact_lock(rate_limiter._slot_lock(stored, key, s)) FROM unnest(held) s;
+    now := rate_limiter._now();
+    UPDATE rate_limiter.leases l SET expires_at = rate_limiter._ts(now + ms)
+    WHERE l.name = stored AND (l.key = renew.key OR (l.key IS NULL AND renew.key IS NULL))
+      AND l.lease_id = renew.lease_id AND l.expires_at > rate_limiter._ts(now);
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved = cardinality(held);
+END $$;
+COMMENT ON FUNCTION rate_limiter.renew(text, text, uuid, interval) IS
+    'Move the end of a lease to lease from now in the caller''s transaction; returns false when it had already ended.';
 
 -- ip_key, as the extension's (sql/finalize.sql).
 -- A stable key for a client address. An IPv6 address that carries a client's IPv4 address
