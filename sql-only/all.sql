@@ -62,15 +62,12 @@ BEGIN
     IF NOT ok THEN d.retry_after := (ds[limiting]).retry_after; END IF;
 END $$;
 
--- The requests of rate_limit_all, checked as src/api/mod.rs parts checks them (each in
--- turn: its members in byte order, its arguments, once only, its limit, all or nothing),
--- then decided as limiter/all.rs decides them: a block denies all; an allowed request takes
--- no part; the rest are read and decided without locks, and a denial returns there; else
--- every row is locked in one order (key, then name, bytewise), all are decided again on the
--- locked rows as of the clock read after locking, and written only when all are granted.
-CREATE FUNCTION rate_limiter._all(requests jsonb, reserve boolean, consume boolean,
-                                  OUT d rate_limiter.decision, OUT limiting_name text, OUT limiting_key text)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+-- The requests of rate_limit_all (and http_headers_all), checked as src/api/mod.rs parts
+-- checks them: each in turn, its members in byte order, its arguments, once only, its limit
+-- (named or inline), all or nothing.
+CREATE FUNCTION rate_limiter._parts(requests jsonb, reserve boolean, OUT names text[], OUT keys text[], OUT counts double precision[],
+                                    OUT configs rate_limiter._config[], OUT stored text[], OUT shards integer[])
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
     item jsonb;
@@ -80,36 +77,13 @@ DECLARE
     count float8;
     config jsonb;
     named record;
-    names text[] := '{}';
-    keys text[] := '{}';
-    counts float8[] := '{}';
-    configs rate_limiter._config[] := '{}';
-    stored text[] := '{}';  -- where each request's state lives (its limit's rows, or its inline config's)
-    shards integer[] := '{}';
-    answered rate_limiter.decision[] := '{}';
-    parts integer[];  -- the requests decided here (neither blocked nor allowed)
-    ds rate_limiter.decision[] := '{}';
-    afters rate_limiter._state[] := '{}';
-    r_part integer[] := '{}';  -- rows looked at: the request (index into parts) each is of,
-    r_shard integer[] := '{}';  -- its shard,
-    r_state rate_limiter._state[] := '{}';  -- its state as read,
-    r_changed boolean[] := '{}';  -- whether the first decision changes it,
-    r_at tid[];  -- and where it is, locked
-    locked integer[];
-    planned record;
-    sh integer;
-    r integer;
-    w_at tid[] := '{}';  -- what is written: where, the state, its config
-    w_config rate_limiter._config[] := '{}';
-    combined record;
-    row_ record;
-    now float8;
-    p integer;
-    fresh rate_limiter._state;
-    created tid;
 BEGIN
-    IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
-    IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
+    names := '{}';
+    keys := '{}';
+    counts := '{}';
+    configs := '{}';
+    stored := '{}';
+    shards := '{}';
     IF jsonb_typeof(requests) <> 'array' THEN
         PERFORM rate_limiter._raise('argument', format('requests: expected a JSON array of objects, got %s', rate_limiter._json_text(requests)));
     END IF;
@@ -163,6 +137,56 @@ BEGIN
         stored := stored || named.stored;
         shards := shards || named.shard;
     END LOOP;
+END $$;
+
+-- Several limits decided as limiter/all.rs decides them: a block denies all; an allowed request takes
+-- no part; the rest are read and decided without locks, and a denial returns there; else
+-- every row is locked in one order (key, then name, bytewise), all are decided again on the
+-- locked rows as of the clock read after locking, and written only when all are granted.
+CREATE FUNCTION rate_limiter._all(requests jsonb, reserve boolean, consume boolean,
+                                  OUT d rate_limiter.decision, OUT limiting_name text, OUT limiting_key text)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    got record;
+    n integer;
+    names text[];
+    keys text[];
+    counts float8[];
+    configs rate_limiter._config[];
+    stored text[];  -- where each request's state lives (its limit's rows, or its inline config's)
+    shards integer[];
+    answered rate_limiter.decision[] := '{}';
+    parts integer[];  -- the requests decided here (neither blocked nor allowed)
+    ds rate_limiter.decision[] := '{}';
+    afters rate_limiter._state[] := '{}';
+    r_part integer[] := '{}';  -- rows looked at: the request (index into parts) each is of,
+    r_shard integer[] := '{}';  -- its shard,
+    r_state rate_limiter._state[] := '{}';  -- its state as read,
+    r_changed boolean[] := '{}';  -- whether the first decision changes it,
+    r_at tid[];  -- and where it is, locked
+    locked integer[];
+    planned record;
+    sh integer;
+    r integer;
+    w_at tid[] := '{}';  -- what is written: where, the state, its config
+    w_config rate_limiter._config[] := '{}';
+    combined record;
+    row_ record;
+    now float8;
+    p integer;
+    fresh rate_limiter._state;
+    created tid;
+BEGIN
+    IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
+    IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
+    got := rate_limiter._parts(requests, reserve);
+    names := got.names;
+    keys := got.keys;
+    counts := got.counts;
+    configs := got.configs;
+    stored := got.stored;
+    shards := got.shards;
+    n := cardinality(names);
 
     -- Blocks and allows: a block denies all, an allowed request is ok and takes no part.
     FOR i IN 1 .. n LOOP
@@ -282,3 +306,27 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) IS
     'The answer rate_limit_all would give, without writing or locking anything.';
+
+-- The rate-limit HTTP headers of a decision of rate_limit_all(requests): one policy per limit
+-- named, and RateLimit for the limit that denied it, or else the first.
+CREATE FUNCTION rate_limiter.http_headers_all(requests jsonb, d rate_limiter.decision) RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    got record;
+    names text[] := '{}';
+    rates float8[] := '{}';
+    periods float8[] := '{}';
+BEGIN
+    IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
+    IF num_nulls(d) = 1 THEN PERFORM rate_limiter._raise('argument', 'd must not be NULL'); END IF;
+    got := rate_limiter._parts(requests, false);
+    FOR i IN 1 .. cardinality(got.names) LOOP
+        CONTINUE WHEN got.names[i] = ANY (names);
+        names := names || got.names[i];
+        rates := rates || (got.configs[i]).rate;
+        periods := periods || (got.configs[i]).period;
+    END LOOP;
+    RETURN rate_limiter._headers(names, rates, periods, coalesce(d.limited_by, names[1]), d);
+END $$;
+COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) IS
+    'The same headers for a decision of rate_limit_all(requests): one policy per limit named, RateLimit for the limiting one.';

@@ -960,33 +960,54 @@ CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms <> ms OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
 
+-- The headers of decision d (http.rs headers): a policy per limit (names, rates, periods in
+-- ms), RateLimit for the limit `current`.
+CREATE FUNCTION rate_limiter._headers(names text[], rates double precision[], periods double precision[], current text,
+                                      d rate_limiter.decision) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    policies text[] := '{}';
+    headers jsonb;
+BEGIN
+    IF d.ok IS NULL THEN PERFORM rate_limiter._raise('argument', 'decision.ok must not be NULL'); END IF;
+    FOR i IN 1 .. cardinality(names) LOOP
+        -- Integers where the numbers are whole; a quota below one token is still one.
+        policies := policies || format('%s;q=%s;w=%s', rate_limiter._sf_string(names[i]),
+            CASE WHEN rates[i] = trunc(rates[i]) THEN rate_limiter._u64(rates[i]) ELSE rate_limiter._display(rates[i]) END,
+            greatest(rate_limiter._seconds(periods[i])::numeric, 1));
+    END LOOP;
+    headers := jsonb_build_object(
+        'RateLimit-Policy', array_to_string(policies, ', '),
+        'RateLimit', format('%s;r=%s;t=%s', rate_limiter._sf_string(current), rate_limiter._u64(floor(greatest(coalesce(d.remaining, 0), 0))),
+            rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END)));
+    IF NOT d.ok AND d.retry_after IS NOT NULL THEN
+        headers := headers || jsonb_build_object('Retry-After', rate_limiter._seconds(d.retry_after));
+    END IF;
+    RETURN headers;
+END $$;
+
+-- A structured-field string: printable ASCII only, with " and \ escaped (22023 otherwise,
+-- which a header cannot carry).
+CREATE FUNCTION rate_limiter._sf_string(name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF name !~ '^[ -~]*$' OR octet_length(name) <> length(name) THEN
+        PERFORM rate_limiter._raise('argument', format('the name "%s" is not printable ASCII, which an HTTP header cannot carry', name));
+    END IF;
+    RETURN '"' || replace(replace(name, '\', '\\'), '"', '\"') || '"';
+END $$;
+
 CREATE FUNCTION rate_limiter.http_headers(name text, d rate_limiter.decision, config jsonb DEFAULT NULL) RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     named record;
-    quoted text;
-    headers jsonb;
 BEGIN
     PERFORM rate_limiter._valid_name(name);
     IF num_nulls(d) = 1 THEN  -- the argument itself, not a row of NULLs (which IS NULL too)
         PERFORM rate_limiter._raise('argument', 'd must not be NULL');
     END IF;
     named := rate_limiter._named(name, config);
-    IF d.ok IS NULL THEN PERFORM rate_limiter._raise('argument', 'decision.ok must not be NULL'); END IF;
-    IF name !~ '^[ -~]*$' OR octet_length(name) <> length(name) THEN
-        PERFORM rate_limiter._raise('argument', format('the name "%s" is not printable ASCII, which an HTTP header cannot carry', name));
-    END IF;
-    quoted := '"' || replace(replace(name, '\', '\\'), '"', '\"') || '"';
-    headers := jsonb_build_object(
-        'RateLimit-Policy', format('%s;q=%s;w=%s', quoted,
-            CASE WHEN (named.c).rate = trunc((named.c).rate) THEN rate_limiter._u64((named.c).rate) ELSE rate_limiter._display((named.c).rate) END,
-            greatest(rate_limiter._seconds((named.c).period)::numeric, 1)),
-        'RateLimit', format('%s;r=%s;t=%s', quoted, rate_limiter._u64(floor(coalesce(d.remaining, 0))),
-            rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END)));
-    IF NOT d.ok AND d.retry_after IS NOT NULL THEN
-        headers := headers || jsonb_build_object('Retry-After', rate_limiter._seconds(d.retry_after));
-    END IF;
-    RETURN headers;
+    RETURN rate_limiter._headers(ARRAY[name], ARRAY[(named.c).rate], ARRAY[(named.c).period], name, d);
 END $$;
 COMMENT ON FUNCTION rate_limiter.http_headers IS 'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
 

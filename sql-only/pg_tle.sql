@@ -985,7 +985,7 @@ BEGIN
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
-            HINT = 'The SQL-only edition keeps token buckets, fixed windows (calendar ones too), sliding and rolling windows, named or inline, sharded or not, in every mode; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
+            HINT = 'The SQL-only edition keeps every kind of limit, named or inline, sharded or not, in every mode, but hot and memory limits; the rest needs the rate_limiter extension (CREATE EXTENSION rate_limiter), see sql-only/README.md.';
     END CASE;
 END $$;
 
@@ -2019,33 +2019,54 @@ CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms <> ms OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
 
+-- The headers of decision d (http.rs headers): a policy per limit (names, rates, periods in
+-- ms), RateLimit for the limit `current`.
+CREATE FUNCTION rate_limiter._headers(names text[], rates double precision[], periods double precision[], current text,
+                                      d rate_limiter.decision) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    policies text[] := '{}';
+    headers jsonb;
+BEGIN
+    IF d.ok IS NULL THEN PERFORM rate_limiter._raise('argument', 'decision.ok must not be NULL'); END IF;
+    FOR i IN 1 .. cardinality(names) LOOP
+        -- Integers where the numbers are whole; a quota below one token is still one.
+        policies := policies || format('%s;q=%s;w=%s', rate_limiter._sf_string(names[i]),
+            CASE WHEN rates[i] = trunc(rates[i]) THEN rate_limiter._u64(rates[i]) ELSE rate_limiter._display(rates[i]) END,
+            greatest(rate_limiter._seconds(periods[i])::numeric, 1));
+    END LOOP;
+    headers := jsonb_build_object(
+        'RateLimit-Policy', array_to_string(policies, ', '),
+        'RateLimit', format('%s;r=%s;t=%s', rate_limiter._sf_string(current), rate_limiter._u64(floor(greatest(coalesce(d.remaining, 0), 0))),
+            rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END)));
+    IF NOT d.ok AND d.retry_after IS NOT NULL THEN
+        headers := headers || jsonb_build_object('Retry-After', rate_limiter._seconds(d.retry_after));
+    END IF;
+    RETURN headers;
+END $$;
+
+-- A structured-field string: printable ASCII only, with " and \ escaped (22023 otherwise,
+-- which a header cannot carry).
+CREATE FUNCTION rate_limiter._sf_string(name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF name !~ '^[ -~]*$' OR octet_length(name) <> length(name) THEN
+        PERFORM rate_limiter._raise('argument', format('the name "%s" is not printable ASCII, which an HTTP header cannot carry', name));
+    END IF;
+    RETURN '"' || replace(replace(name, '\', '\\'), '"', '\"') || '"';
+END $$;
+
 CREATE FUNCTION rate_limiter.http_headers(name text, d rate_limiter.decision, config jsonb DEFAULT NULL) RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     named record;
-    quoted text;
-    headers jsonb;
 BEGIN
     PERFORM rate_limiter._valid_name(name);
     IF num_nulls(d) = 1 THEN  -- the argument itself, not a row of NULLs (which IS NULL too)
         PERFORM rate_limiter._raise('argument', 'd must not be NULL');
     END IF;
     named := rate_limiter._named(name, config);
-    IF d.ok IS NULL THEN PERFORM rate_limiter._raise('argument', 'decision.ok must not be NULL'); END IF;
-    IF name !~ '^[ -~]*$' OR octet_length(name) <> length(name) THEN
-        PERFORM rate_limiter._raise('argument', format('the name "%s" is not printable ASCII, which an HTTP header cannot carry', name));
-    END IF;
-    quoted := '"' || replace(replace(name, '\', '\\'), '"', '\"') || '"';
-    headers := jsonb_build_object(
-        'RateLimit-Policy', format('%s;q=%s;w=%s', quoted,
-            CASE WHEN (named.c).rate = trunc((named.c).rate) THEN rate_limiter._u64((named.c).rate) ELSE rate_limiter._display((named.c).rate) END,
-            greatest(rate_limiter._seconds((named.c).period)::numeric, 1)),
-        'RateLimit', format('%s;r=%s;t=%s', quoted, rate_limiter._u64(floor(coalesce(d.remaining, 0))),
-            rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END)));
-    IF NOT d.ok AND d.retry_after IS NOT NULL THEN
-        headers := headers || jsonb_build_object('Retry-After', rate_limiter._seconds(d.retry_after));
-    END IF;
-    RETURN headers;
+    RETURN rate_limiter._headers(ARRAY[name], ARRAY[(named.c).rate], ARRAY[(named.c).period], name, d);
 END $$;
 COMMENT ON FUNCTION rate_limiter.http_headers IS 'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
 
@@ -2484,15 +2505,12 @@ BEGIN
     IF NOT ok THEN d.retry_after := (ds[limiting]).retry_after; END IF;
 END $$;
 
--- The requests of rate_limit_all, checked as src/api/mod.rs parts checks them (each in
--- turn: its members in byte order, its arguments, once only, its limit, all or nothing),
--- then decided as limiter/all.rs decides them: a block denies all; an allowed request takes
--- no part; the rest are read and decided without locks, and a denial returns there; else
--- every row is locked in one order (key, then name, bytewise), all are decided again on the
--- locked rows as of the clock read after locking, and written only when all are granted.
-CREATE FUNCTION rate_limiter._all(requests jsonb, reserve boolean, consume boolean,
-                                  OUT d rate_limiter.decision, OUT limiting_name text, OUT limiting_key text)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+-- The requests of rate_limit_all (and http_headers_all), checked as src/api/mod.rs parts
+-- checks them: each in turn, its members in byte order, its arguments, once only, its limit
+-- (named or inline), all or nothing.
+CREATE FUNCTION rate_limiter._parts(requests jsonb, reserve boolean, OUT names text[], OUT keys text[], OUT counts double precision[],
+                                    OUT configs rate_limiter._config[], OUT stored text[], OUT shards integer[])
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
     item jsonb;
@@ -2502,36 +2520,13 @@ DECLARE
     count float8;
     config jsonb;
     named record;
-    names text[] := '{}';
-    keys text[] := '{}';
-    counts float8[] := '{}';
-    configs rate_limiter._config[] := '{}';
-    stored text[] := '{}';  -- where each request's state lives (its limit's rows, or its inline config's)
-    shards integer[] := '{}';
-    answered rate_limiter.decision[] := '{}';
-    parts integer[];  -- the requests decided here (neither blocked nor allowed)
-    ds rate_limiter.decision[] := '{}';
-    afters rate_limiter._state[] := '{}';
-    r_part integer[] := '{}';  -- rows looked at: the request (index into parts) each is of,
-    r_shard integer[] := '{}';  -- its shard,
-    r_state rate_limiter._state[] := '{}';  -- its state as read,
-    r_changed boolean[] := '{}';  -- whether the first decision changes it,
-    r_at tid[];  -- and where it is, locked
-    locked integer[];
-    planned record;
-    sh integer;
-    r integer;
-    w_at tid[] := '{}';  -- what is written: where, the state, its config
-    w_config rate_limiter._config[] := '{}';
-    combined record;
-    row_ record;
-    now float8;
-    p integer;
-    fresh rate_limiter._state;
-    created tid;
 BEGIN
-    IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
-    IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
+    names := '{}';
+    keys := '{}';
+    counts := '{}';
+    configs := '{}';
+    stored := '{}';
+    shards := '{}';
     IF jsonb_typeof(requests) <> 'array' THEN
         PERFORM rate_limiter._raise('argument', format('requests: expected a JSON array of objects, got %s', rate_limiter._json_text(requests)));
     END IF;
@@ -2585,6 +2580,56 @@ BEGIN
         stored := stored || named.stored;
         shards := shards || named.shard;
     END LOOP;
+END $$;
+
+-- Several limits decided as limiter/all.rs decides them: a block denies all; an allowed request takes
+-- no part; the rest are read and decided without locks, and a denial returns there; else
+-- every row is locked in one order (key, then name, bytewise), all are decided again on the
+-- locked rows as of the clock read after locking, and written only when all are granted.
+CREATE FUNCTION rate_limiter._all(requests jsonb, reserve boolean, consume boolean,
+                                  OUT d rate_limiter.decision, OUT limiting_name text, OUT limiting_key text)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    got record;
+    n integer;
+    names text[];
+    keys text[];
+    counts float8[];
+    configs rate_limiter._config[];
+    stored text[];  -- where each request's state lives (its limit's rows, or its inline config's)
+    shards integer[];
+    answered rate_limiter.decision[] := '{}';
+    parts integer[];  -- the requests decided here (neither blocked nor allowed)
+    ds rate_limiter.decision[] := '{}';
+    afters rate_limiter._state[] := '{}';
+    r_part integer[] := '{}';  -- rows looked at: the request (index into parts) each is of,
+    r_shard integer[] := '{}';  -- its shard,
+    r_state rate_limiter._state[] := '{}';  -- its state as read,
+    r_changed boolean[] := '{}';  -- whether the first decision changes it,
+    r_at tid[];  -- and where it is, locked
+    locked integer[];
+    planned record;
+    sh integer;
+    r integer;
+    w_at tid[] := '{}';  -- what is written: where, the state, its config
+    w_config rate_limiter._config[] := '{}';
+    combined record;
+    row_ record;
+    now float8;
+    p integer;
+    fresh rate_limiter._state;
+    created tid;
+BEGIN
+    IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
+    IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
+    got := rate_limiter._parts(requests, reserve);
+    names := got.names;
+    keys := got.keys;
+    counts := got.counts;
+    configs := got.configs;
+    stored := got.stored;
+    shards := got.shards;
+    n := cardinality(names);
 
     -- Blocks and allows: a block denies all, an allowed request is ok and takes no part.
     FOR i IN 1 .. n LOOP
@@ -2704,6 +2749,30 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) IS
     'The answer rate_limit_all would give, without writing or locking anything.';
+
+-- The rate-limit HTTP headers of a decision of rate_limit_all(requests): one policy per limit
+-- named, and RateLimit for the limit that denied it, or else the first.
+CREATE FUNCTION rate_limiter.http_headers_all(requests jsonb, d rate_limiter.decision) RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    got record;
+    names text[] := '{}';
+    rates float8[] := '{}';
+    periods float8[] := '{}';
+BEGIN
+    IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
+    IF num_nulls(d) = 1 THEN PERFORM rate_limiter._raise('argument', 'd must not be NULL'); END IF;
+    got := rate_limiter._parts(requests, false);
+    FOR i IN 1 .. cardinality(got.names) LOOP
+        CONTINUE WHEN got.names[i] = ANY (names);
+        names := names || got.names[i];
+        rates := rates || (got.configs[i]).rate;
+        periods := periods || (got.configs[i]).period;
+    END LOOP;
+    RETURN rate_limiter._headers(names, rates, periods, coalesce(d.limited_by, names[1]), d);
+END $$;
+COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) IS
+    'The same headers for a decision of rate_limit_all(requests): one policy per limit named, RateLimit for the limiting one.';
 
 -- Concurrency limits (src/limiter/concurrency.rs, bucket/concurrency.rs): a call takes `count`
 -- of the `rate` slots of (name, key) or is denied. A slot is held by a transaction (a

@@ -161,8 +161,9 @@ inline = st.tuples(st.just("inline"), st.sampled_from(["rate_limit", "check_rate
 request = st.fixed_dictionaries({"name": names}, optional={"key": keys, "count": amounts, "config": configs})
 requests = st.one_of(st.lists(request, min_size=1, max_size=3),
                      st.sampled_from([[], [{"name": "tb", "count": "1"}], [{"name": "tb", "cost": 1}], [3], {"name": "tb"}]))
-call_all = st.tuples(st.just("all"), st.sampled_from(["rate_limit_all", "check_rate_limit_all"]), requests,
-                     st.booleans(), st.booleans())
+call_all = st.one_of(st.tuples(st.just("all"), st.sampled_from(["rate_limit_all", "check_rate_limit_all"]), requests,
+                               st.booleans(), st.booleans()),
+                     st.tuples(st.just("headers_all"), requests))
 # A named calendar window: months, a week or a day, in a zone with summer time (which starts
 # within the sequences' month in Europe and in the United States), from a start or not.
 define_calendar = st.tuples(st.just("calendar"), names, st.sampled_from([1, 2, 3]),
@@ -202,6 +203,10 @@ def step(conn, s, now_ms):
     if kind == "all":
         _, fn, reqs, reserve, throws = s
         return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s::jsonb, %s, %s)", (json.dumps(reqs), reserve, throws))
+    if kind == "headers_all":
+        requests = json.dumps(s[1])
+        return run(conn, "SELECT rate_limiter.http_headers_all(%s::jsonb, d) FROM rate_limiter.check_rate_limit_all(%s::jsonb) d",
+                   (requests, requests))
     if kind == "calendar":
         _, name, rate, period, tz, start, max_reserved = s
         return run(conn, "SELECT rate_limiter.define(%s, 'fixed window', %s, %s::interval, max_reserved => %s, start => %s, tz => %s)",
@@ -289,6 +294,7 @@ def step(conn, s, now_ms):
                    ("block", "tb", "b", None), ("block", "fw", "b", None),
                    ("all", "rate_limit_all", [{"name": "tb", "key": "b"}, {"name": "fw", "key": "b"}], False, True),
                    ("allow", None, "c", None), ("all", "rate_limit_all", [{"name": "tb", "key": "c"}, {"name": "fw", "key": "c"}], False, False),
+                   ("headers_all", [{"name": "fw", "key": "a"}, {"name": "tb", "key": "a", "count": 50}, {"name": "fw", "key": "z"}]),
                    ("all", "rate_limit_all", [{"name": "fw", "key": "a"}, {"name": "tb", "key": "a", "count": 40}], True, False)])
 # Inline configs: each config's own state (its rows named by the config's fingerprint),
 # shadow mode, a credit, a value, headers, a wait, and one as a part of several limits.
