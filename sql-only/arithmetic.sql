@@ -5,19 +5,22 @@
 
 -- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds as
 -- a double (exact below 2^53, rounded above, as i128 to f64), then divided by 1000.
+-- (PL/pgSQL: as an SQL function it would not be inlined, its casts being STABLE, and would
+-- cost several times more per call.)
 CREATE FUNCTION rate_limiter._ms(t timestamptz) RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN CASE WHEN t OPERATOR(pg_catalog.=) 'infinity'::timestamptz THEN 'Infinity'::float8
-            WHEN t OPERATOR(pg_catalog.=) '-infinity'::timestamptz THEN '-Infinity'::float8
-            ELSE (extract(epoch FROM t) OPERATOR(pg_catalog.*) 1000000)::float8 OPERATOR(pg_catalog./) 1000::float8 END;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN CASE WHEN t = 'infinity' THEN 'Infinity'::float8 WHEN t = '-infinity' THEN '-Infinity'::float8
+                ELSE (extract(epoch FROM t) * 1000000)::float8 / 1000::float8 END;
+END $$;
 
 -- ms as a timestamptz, as clock::ms_to_pg_us: microseconds rounded half away from zero.
 CREATE FUNCTION rate_limiter._ts(ms double precision) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN CASE WHEN ms OPERATOR(pg_catalog.=) 'Infinity'::float8 THEN 'infinity'::timestamptz
-            ELSE 'epoch'::timestamptz OPERATOR(pg_catalog.+) (interval '1 microsecond' OPERATOR(pg_catalog.*)
-                 (pg_catalog.sign(ms OPERATOR(pg_catalog.*) 1000::float8) OPERATOR(pg_catalog.*)
-                  pg_catalog.floor(pg_catalog.abs(ms OPERATOR(pg_catalog.*) 1000::float8) OPERATOR(pg_catalog.+) 0.5::float8))) END;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN CASE WHEN ms = 'Infinity' THEN 'infinity'::timestamptz
+                ELSE 'epoch'::timestamptz + interval '1 microsecond' * (sign(ms * 1000) * floor(abs(ms * 1000) + 0.5)) END;
+END $$;
 
 -- bucket::phase_fraction: FNV-1a over the name's bytes, a marker and the key's, finished by
 -- splitmix64, as a fraction in [0, 1). 64-bit unsigned arithmetic in numeric, XOR in bit(64).
@@ -83,6 +86,10 @@ BEGIN
     -- no end to their spellings: a caller's inline config names a zone of the tz database
     -- (the extension bounds a session's specs; the edition has nowhere to count them).
     IF inline AND NOT EXISTS (SELECT FROM pg_timezone_names z WHERE upper(z.name) = upper(tz)) THEN
+        -- A spec gives an offset in digits; a name without one is no zone at all.
+        IF tz !~ '[0-9]' THEN
+            PERFORM rate_limiter._raise('calendar', format('time zone "%s" is not one PostgreSQL knows', tz));
+        END IF;
         PERFORM rate_limiter._raise('edition', format('the time zone spec "%s" in an inline config (name a zone of the tz database, or define the limit by name)', tz));
     END IF;
     -- SET TimeZone also takes hours and intervals, which name no zone.

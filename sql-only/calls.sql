@@ -494,8 +494,13 @@ DECLARE
     now float8;
     retry float8;
 BEGIN
-    SELECT max(b.until) INTO until FROM rate_limiter.blocks b
-    WHERE (b.key = _listed.key OR (b.key IS NULL AND _listed.key IS NULL)) AND (b.name = _listed.name OR b.name IS NULL);
+    -- Each list is probed through its unique index (key, name), for the name and for every
+    -- limit (NULL name); a NULL key its own probe, or the query would be planned at every call.
+    IF key IS NULL THEN
+        SELECT max(b.until) INTO until FROM rate_limiter.blocks b WHERE b.key IS NULL AND (b.name = _listed.name OR b.name IS NULL);
+    ELSE
+        SELECT max(b.until) INTO until FROM rate_limiter.blocks b WHERE b.key = _listed.key AND (b.name = _listed.name OR b.name IS NULL);
+    END IF;
     IF until IS NOT NULL THEN
         now := rate_limiter._now();
         IF rate_limiter._ms(until) > now THEN
@@ -503,8 +508,11 @@ BEGIN
             RETURN ROW(false, retry, 0, coalesce(retry, 0), 0, 'blocked', name)::rate_limiter.decision;
         END IF;
     END IF;
-    SELECT max(a.until) INTO until FROM rate_limiter.allows a
-    WHERE (a.key = _listed.key OR (a.key IS NULL AND _listed.key IS NULL)) AND (a.name = _listed.name OR a.name IS NULL);
+    IF key IS NULL THEN
+        SELECT max(a.until) INTO until FROM rate_limiter.allows a WHERE a.key IS NULL AND (a.name = _listed.name OR a.name IS NULL);
+    ELSE
+        SELECT max(a.until) INTO until FROM rate_limiter.allows a WHERE a.key = _listed.key AND (a.name = _listed.name OR a.name IS NULL);
+    END IF;
     IF until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now() THEN
         RETURN ROW(true, NULL, capacity, 0, count, 'allowed', NULL)::rate_limiter.decision;
     END IF;
@@ -582,12 +590,13 @@ END $$;
 -- Write state s, decided under config c, to the locked row at `at`, as storage's
 -- write_locked does: its times as timestamptz, and from when it holds what a fresh one would.
 CREATE FUNCTION rate_limiter._store(at tid, s rate_limiter._state, c rate_limiter._config) RETURNS void
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
-BEGIN ATOMIC
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- PL/pgSQL keeps the UPDATE's plan for the session; a SQL-standard body plans it at every call.
     UPDATE rate_limiter.state SET value = s.value, ts = rate_limiter._ts(s.ts),
         expires = rate_limiter._ts(rate_limiter._expires(s, c)), counts = s.counts, granted_at = rate_limiter._ts(s.granted_at)
-    WHERE ctid OPERATOR(pg_catalog.=) at;
-END;
+    WHERE ctid = at;
+END $$;
 
 -- A state row's state; the state of a key never written, fresh as of now.
 CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._config, name text, key text, now double precision)
@@ -598,6 +607,38 @@ RETURN CASE WHEN r.shard IS NOT NULL
             -- A token bucket has no windows: its phase is never read, so never hashed.
             WHEN c.kind = 'token bucket' THEN rate_limiter._fresh(c, now, 0)
             ELSE rate_limiter._fresh(c, now, floor(rate_limiter._phase_fraction(name, key) * c.period)) END;
+-- The row of shard `shard` of (stored, key) and where it is, read without a lock (_read_row)
+-- or locked, waiting for a transaction that holds it (_lock_row); NULL when there is none.
+-- A NULL key is its own probe of the unique index: one query for both would be planned anew
+-- at every call.
+CREATE FUNCTION rate_limiter._read_row(stored text, key text, shard integer, OUT at tid, OUT "row" rate_limiter.state)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    found record;
+BEGIN
+    IF key IS NULL THEN
+        SELECT s.ctid AS at, s AS found_row INTO found FROM rate_limiter.state s WHERE s.key IS NULL AND s.name = stored AND s.shard = _read_row.shard;
+    ELSE
+        SELECT s.ctid AS at, s AS found_row INTO found FROM rate_limiter.state s WHERE s.key = _read_row.key AND s.name = stored AND s.shard = _read_row.shard;
+    END IF;
+    at := found.at;
+    "row" := found.found_row;
+END $$;
+
+CREATE FUNCTION rate_limiter._lock_row(stored text, key text, shard integer, OUT at tid, OUT "row" rate_limiter.state)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    found record;
+BEGIN
+    IF key IS NULL THEN
+        SELECT s.ctid AS at, s AS found_row INTO found FROM rate_limiter.state s WHERE s.key IS NULL AND s.name = stored AND s.shard = _lock_row.shard FOR UPDATE;
+    ELSE
+        SELECT s.ctid AS at, s AS found_row INTO found FROM rate_limiter.state s WHERE s.key = _lock_row.key AND s.name = stored AND s.shard = _lock_row.shard FOR UPDATE;
+    END IF;
+    at := found.at;
+    "row" := found.found_row;
+END $$;
+
 
 CREATE FUNCTION rate_limiter.check_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
     reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
@@ -614,8 +655,7 @@ BEGIN
     ELSIF d.ok IS NULL AND (req.c).shards > 1 THEN
         d := rate_limiter._check_sharded(req.c, req.stored, req.shard, name, key, count, reserve);
     ELSIF d.ok IS NULL THEN  -- not listed
-        SELECT * INTO r FROM rate_limiter.state s
-        WHERE (s.key = check_rate_limit.key OR (s.key IS NULL AND check_rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard;
+        r := (rate_limiter._read_row(req.stored, key, req.shard)).row;
         now := rate_limiter._now();
         d := (rate_limiter._decide(rate_limiter._state_of(r, req.c, name, key, now), req.c, now, name, count, reserve)).d;
     END IF;
@@ -656,8 +696,7 @@ BEGIN
         RETURN rate_limiter._answer(rate_limiter._take_within(req.c, req.stored, req.shard, req.lock_timeout,
             req.on_lock_timeout = 'allow', name, key, count, reserve), req.enforce, name, key, throws);
     END IF;
-    SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard;
+    read := rate_limiter._read_row(req.stored, rate_limit.key, req.shard);
     now := rate_limiter._now();
     decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
     LOOP
@@ -671,8 +710,7 @@ BEGIN
             EXIT WHEN FOUND;
         END IF;
         -- The newest version, locked (waiting for a transaction that holds it).
-        SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard FOR UPDATE;
+        locked := rate_limiter._lock_row(req.stored, rate_limit.key, req.shard);
         IF locked.at IS DISTINCT FROM read.at OR locked.at IS NULL THEN
             -- Created, changed or deleted by a transaction that committed meanwhile: the clock
             -- read again and the call decided again, on what is there now.
@@ -708,8 +746,7 @@ DECLARE
     decided record;
 BEGIN
     LOOP
-        SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-        WHERE (s.key = _take_within.key OR (s.key IS NULL AND _take_within.key IS NULL)) AND s.name = stored AND s.shard = _take_within.shard;
+        read := rate_limiter._read_row(stored, _take_within.key, _take_within.shard);
         now := rate_limiter._now();
         decided := rate_limiter._decide(rate_limiter._state_of(read.row, c, name, key, now), c, now, name, count, reserve);
         IF decided.after IS NULL THEN RETURN decided.d; END IF;  -- a denial writes nothing and waits for no one
@@ -723,9 +760,7 @@ BEGIN
                 IF FOUND THEN RETURN decided.d; END IF;
                 CONTINUE;  -- committed meanwhile by another: the next round reads it
             END IF;
-            SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-            WHERE (s.key = _take_within.key OR (s.key IS NULL AND _take_within.key IS NULL)) AND s.name = stored AND s.shard = _take_within.shard
-            FOR UPDATE;
+            locked := rate_limiter._lock_row(stored, _take_within.key, _take_within.shard);
             CONTINUE WHEN locked.at IS NULL;  -- deleted meanwhile: the next round creates it
             IF locked.at IS DISTINCT FROM read.at THEN
                 -- Changed by a transaction that committed meanwhile: decided again on it.
@@ -831,15 +866,13 @@ BEGIN
     IF c.shards > 1 THEN
         RETURN rate_limiter._take_sharded(c, named.stored, named.shard, name, key, count, false, true);
     END IF;
-    SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = named.stored AND s.shard = named.shard;
+    read := rate_limiter._read_row(named.stored, credit.key, named.shard);
     now := rate_limiter._now();
     credited := rate_limiter._credited(rate_limiter._state_of(read.row, c, name, key, now), c, now, count);
     IF credited.given > 0 THEN
         -- The version read, locked (waiting for a transaction that holds it, whatever the
         -- limit's lock_timeout: a give-back is never dropped); else decided again on the newest.
-        SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = named.stored AND s.shard = named.shard FOR UPDATE;
+        locked := rate_limiter._lock_row(named.stored, credit.key, named.shard);
         IF locked.at IS DISTINCT FROM read.at THEN
             now := rate_limiter._now();
             credited := rate_limiter._credited(rate_limiter._state_of(locked.row, c, name, key, now), c, now, count);
@@ -950,7 +983,7 @@ COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_li
 -- A number as Rust's `as u64` makes it (saturating, NaN and negatives 0), as text.
 CREATE FUNCTION rate_limiter._u64(x double precision) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
+RETURN CASE WHEN x IS NULL OR x = 'NaN'::float8 OR x <= 0 THEN '0'
             WHEN x >= 18446744073709551616::float8 THEN '18446744073709551615'
             WHEN x < 9007199254740992::float8 THEN trunc(x)::bigint::text
             ELSE (trunc(x / 4294967296::float8)::numeric * 4294967296 + (x - trunc(x / 4294967296::float8) * 4294967296::float8)::numeric)::text END;
@@ -958,7 +991,7 @@ RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
 -- Whole seconds, rounded up, of ms (api/headers.rs seconds()).
 CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms <> ms OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
+RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms = 'NaN'::float8 OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
 
 -- The headers of decision d (http.rs headers): a policy per limit (names, rates, periods in
 -- ms), RateLimit for the limit `current`.

@@ -8,13 +8,23 @@
 -- committed meanwhile (releasing its locks) is seen. That takes READ COMMITTED: a snapshot
 -- kept for the transaction would not see that lease, and the call would admit one too many.
 
--- The advisory lock of slot `slot` of (stored, key), -1 its search lock: SHA-256, so that no
--- caller can choose a key whose slots are another's.
+-- A secret of this install: it keys the advisory locks of the slots, which any role that can
+-- connect may take (pg_advisory_lock is PUBLIC's), so that none can compute them.
+CREATE TABLE rate_limiter._secret (secret bytea NOT NULL);
+INSERT INTO rate_limiter._secret
+SELECT pg_catalog.decode(pg_catalog.replace(pg_catalog.gen_random_uuid()::text OPERATOR(pg_catalog.||) pg_catalog.gen_random_uuid()::text, '-', ''), 'hex');
+COMMENT ON TABLE rate_limiter._secret IS 'The SQL-only edition''s secret: 32 random bytes that key the advisory locks of concurrency limits'' slots. Its owner''s alone.';
+COMMENT ON COLUMN rate_limiter._secret.secret IS 'The secret bytes (from gen_random_uuid, PostgreSQL''s strong random source).';
+
+-- The advisory lock of slot `slot` of (stored, key), -1 its search lock: SHA-256 of the
+-- install's secret, so that no role can name another's slots (the extension's lock tags are
+-- beyond SQL's reach; an advisory lock is anyone's to take, but not to compute).
 CREATE FUNCTION rate_limiter._slot_lock(stored text, key text, slot integer) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 BEGIN ATOMIC
     SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
-        pg_catalog.convert_to('rate_limiter edition slots 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        (SELECT s.secret FROM rate_limiter._secret s LIMIT 1)
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to('rate_limiter edition slots 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
         OPERATOR(pg_catalog.||) pg_catalog.convert_to(stored, 'UTF8')
         OPERATOR(pg_catalog.||) CASE WHEN key IS NULL THEN '\x00'::bytea
                                      ELSE '\x01'::bytea OPERATOR(pg_catalog.||) pg_catalog.convert_to(key, 'UTF8') END
@@ -83,6 +93,8 @@ DECLARE
     soonest float8;
     latest float8;
     before integer[];
+    searching boolean := false;
+    pause float8 := 1;
     held integer;
     by_transactions integer;
 BEGIN
@@ -95,15 +107,27 @@ BEGIN
             rate_limiter._held_here(), want USING ERRCODE = '53400',
             HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
     END IF;
-    PERFORM pg_advisory_lock(search);
+    -- A call that changes the limit waits for every transaction that called a concurrency
+    -- limit, and keeps new ones out until it commits (the trigger on rate_limiter.limits).
+    LOCK TABLE rate_limiter.leases IN ROW EXCLUSIVE MODE;
     BEGIN
+        -- The search lock is the session's (a transaction's would keep other calls out until
+        -- this one ends): taken by polling inside this block, so that an error or a cancel at
+        -- any point gives it back, and waited for no longer than the statement may run.
+        LOOP
+            searching := pg_try_advisory_lock(search);
+            EXIT WHEN searching;
+            PERFORM pg_sleep(pause / 1000);
+            pause := least(pause * 2, 20);
+        END LOOP;
         now := rate_limiter._now();
         SELECT coalesce(array_agg(l.slot ORDER BY l.slot), '{}'), min(rate_limiter._ms(l.expires_at)), max(rate_limiter._ms(l.expires_at))
         INTO leased, soonest, latest
         FROM rate_limiter.leases l
         WHERE l.name = stored AND (l.key = _take_slots.key OR (l.key IS NULL AND _take_slots.key IS NULL)) AND l.expires_at > rate_limiter._ts(now);
         LOOP
-            locked := rate_limiter._locked_slots(stored, key, rate);
+            -- Slots locked by transactions; those this call has taken are its own count.
+            locked := ARRAY(SELECT unnest(rate_limiter._locked_slots(stored, key, rate)) EXCEPT SELECT unnest(taken));
             -- Free slots, taken in slot order while wanted and all the call asks for fits.
             IF cardinality(ARRAY(SELECT unnest(leased) UNION SELECT unnest(locked))) + count <= rate THEN
                 FOR s IN 0 .. rate - 1 LOOP
@@ -134,8 +158,9 @@ BEGIN
         held := cardinality(ARRAY(SELECT unnest(leased) UNION SELECT unnest(locked)));
         by_transactions := cardinality(ARRAY(SELECT unnest(locked) EXCEPT SELECT unnest(leased)));
         PERFORM pg_advisory_unlock(search);
+        searching := false;
     EXCEPTION WHEN OTHERS OR query_canceled THEN
-        PERFORM pg_advisory_unlock(search);
+        IF searching THEN PERFORM pg_advisory_unlock(search); END IF;
         RAISE;
     END;
     IF NOT acquiring OR cardinality(taken) < want OR held + count > rate THEN
@@ -152,6 +177,21 @@ BEGIN
     END IF;
     d := rate_limiter._slots_decision(name, c.rate, c.period, held, by_transactions, soonest, latest, count, true, now);
 END $$;
+
+-- A change of rate_limiter.limits (define, or the owner's own statements) waits for every
+-- transaction that called a concurrency limit to end, and keeps new calls out until it
+-- commits: a lowered rate is never judged by slots above it that a transaction still holds
+-- (as the extension's change of a limit waits).
+CREATE FUNCTION rate_limiter._hold_slot_calls_off() RETURNS trigger
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    LOCK TABLE rate_limiter.leases IN SHARE ROW EXCLUSIVE MODE;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER limits_hold_slot_calls_off BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON rate_limiter.limits
+FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._hold_slot_calls_off();
+COMMENT ON TRIGGER limits_hold_slot_calls_off ON rate_limiter.limits IS
+    'A change of the limits waits for every transaction that called a concurrency limit, and keeps new calls out until it commits.';
 
 -- A lease's length: more than 0, at most a day (the extension's rate_limiter.max_lease, which
 -- only a superuser may raise: a setting the edition cannot protect, so its default).

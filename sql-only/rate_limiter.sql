@@ -285,19 +285,22 @@ COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit tha
 
 -- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds as
 -- a double (exact below 2^53, rounded above, as i128 to f64), then divided by 1000.
+-- (PL/pgSQL: as an SQL function it would not be inlined, its casts being STABLE, and would
+-- cost several times more per call.)
 CREATE FUNCTION rate_limiter._ms(t timestamptz) RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN CASE WHEN t OPERATOR(pg_catalog.=) 'infinity'::timestamptz THEN 'Infinity'::float8
-            WHEN t OPERATOR(pg_catalog.=) '-infinity'::timestamptz THEN '-Infinity'::float8
-            ELSE (extract(epoch FROM t) OPERATOR(pg_catalog.*) 1000000)::float8 OPERATOR(pg_catalog./) 1000::float8 END;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN CASE WHEN t = 'infinity' THEN 'Infinity'::float8 WHEN t = '-infinity' THEN '-Infinity'::float8
+                ELSE (extract(epoch FROM t) * 1000000)::float8 / 1000::float8 END;
+END $$;
 
 -- ms as a timestamptz, as clock::ms_to_pg_us: microseconds rounded half away from zero.
 CREATE FUNCTION rate_limiter._ts(ms double precision) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN CASE WHEN ms OPERATOR(pg_catalog.=) 'Infinity'::float8 THEN 'infinity'::timestamptz
-            ELSE 'epoch'::timestamptz OPERATOR(pg_catalog.+) (interval '1 microsecond' OPERATOR(pg_catalog.*)
-                 (pg_catalog.sign(ms OPERATOR(pg_catalog.*) 1000::float8) OPERATOR(pg_catalog.*)
-                  pg_catalog.floor(pg_catalog.abs(ms OPERATOR(pg_catalog.*) 1000::float8) OPERATOR(pg_catalog.+) 0.5::float8))) END;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN CASE WHEN ms = 'Infinity' THEN 'infinity'::timestamptz
+                ELSE 'epoch'::timestamptz + interval '1 microsecond' * (sign(ms * 1000) * floor(abs(ms * 1000) + 0.5)) END;
+END $$;
 
 -- bucket::phase_fraction: FNV-1a over the name's bytes, a marker and the key's, finished by
 -- splitmix64, as a fraction in [0, 1). 64-bit unsigned arithmetic in numeric, XOR in bit(64).
@@ -363,6 +366,10 @@ BEGIN
     -- no end to their spellings: a caller's inline config names a zone of the tz database
     -- (the extension bounds a session's specs; the edition has nowhere to count them).
     IF inline AND NOT EXISTS (SELECT FROM pg_timezone_names z WHERE upper(z.name) = upper(tz)) THEN
+        -- A spec gives an offset in digits; a name without one is no zone at all.
+        IF tz !~ '[0-9]' THEN
+            PERFORM rate_limiter._raise('calendar', format('time zone "%s" is not one PostgreSQL knows', tz));
+        END IF;
         PERFORM rate_limiter._raise('edition', format('the time zone spec "%s" in an inline config (name a zone of the tz database, or define the limit by name)', tz));
     END IF;
     -- SET TimeZone also takes hours and intervals, which name no zone.
@@ -1551,8 +1558,13 @@ DECLARE
     now float8;
     retry float8;
 BEGIN
-    SELECT max(b.until) INTO until FROM rate_limiter.blocks b
-    WHERE (b.key = _listed.key OR (b.key IS NULL AND _listed.key IS NULL)) AND (b.name = _listed.name OR b.name IS NULL);
+    -- Each list is probed through its unique index (key, name), for the name and for every
+    -- limit (NULL name); a NULL key its own probe, or the query would be planned at every call.
+    IF key IS NULL THEN
+        SELECT max(b.until) INTO until FROM rate_limiter.blocks b WHERE b.key IS NULL AND (b.name = _listed.name OR b.name IS NULL);
+    ELSE
+        SELECT max(b.until) INTO until FROM rate_limiter.blocks b WHERE b.key = _listed.key AND (b.name = _listed.name OR b.name IS NULL);
+    END IF;
     IF until IS NOT NULL THEN
         now := rate_limiter._now();
         IF rate_limiter._ms(until) > now THEN
@@ -1560,8 +1572,11 @@ BEGIN
             RETURN ROW(false, retry, 0, coalesce(retry, 0), 0, 'blocked', name)::rate_limiter.decision;
         END IF;
     END IF;
-    SELECT max(a.until) INTO until FROM rate_limiter.allows a
-    WHERE (a.key = _listed.key OR (a.key IS NULL AND _listed.key IS NULL)) AND (a.name = _listed.name OR a.name IS NULL);
+    IF key IS NULL THEN
+        SELECT max(a.until) INTO until FROM rate_limiter.allows a WHERE a.key IS NULL AND (a.name = _listed.name OR a.name IS NULL);
+    ELSE
+        SELECT max(a.until) INTO until FROM rate_limiter.allows a WHERE a.key = _listed.key AND (a.name = _listed.name OR a.name IS NULL);
+    END IF;
     IF until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now() THEN
         RETURN ROW(true, NULL, capacity, 0, count, 'allowed', NULL)::rate_limiter.decision;
     END IF;
@@ -1639,12 +1654,13 @@ END $$;
 -- Write state s, decided under config c, to the locked row at `at`, as storage's
 -- write_locked does: its times as timestamptz, and from when it holds what a fresh one would.
 CREATE FUNCTION rate_limiter._store(at tid, s rate_limiter._state, c rate_limiter._config) RETURNS void
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
-BEGIN ATOMIC
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- PL/pgSQL keeps the UPDATE's plan for the session; a SQL-standard body plans it at every call.
     UPDATE rate_limiter.state SET value = s.value, ts = rate_limiter._ts(s.ts),
         expires = rate_limiter._ts(rate_limiter._expires(s, c)), counts = s.counts, granted_at = rate_limiter._ts(s.granted_at)
-    WHERE ctid OPERATOR(pg_catalog.=) at;
-END;
+    WHERE ctid = at;
+END $$;
 
 -- A state row's state; the state of a key never written, fresh as of now.
 CREATE FUNCTION rate_limiter._state_of(r rate_limiter.state, c rate_limiter._config, name text, key text, now double precision)
@@ -1655,6 +1671,38 @@ RETURN CASE WHEN r.shard IS NOT NULL
             -- A token bucket has no windows: its phase is never read, so never hashed.
             WHEN c.kind = 'token bucket' THEN rate_limiter._fresh(c, now, 0)
             ELSE rate_limiter._fresh(c, now, floor(rate_limiter._phase_fraction(name, key) * c.period)) END;
+-- The row of shard `shard` of (stored, key) and where it is, read without a lock (_read_row)
+-- or locked, waiting for a transaction that holds it (_lock_row); NULL when there is none.
+-- A NULL key is its own probe of the unique index: one query for both would be planned anew
+-- at every call.
+CREATE FUNCTION rate_limiter._read_row(stored text, key text, shard integer, OUT at tid, OUT "row" rate_limiter.state)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    found record;
+BEGIN
+    IF key IS NULL THEN
+        SELECT s.ctid AS at, s AS found_row INTO found FROM rate_limiter.state s WHERE s.key IS NULL AND s.name = stored AND s.shard = _read_row.shard;
+    ELSE
+        SELECT s.ctid AS at, s AS found_row INTO found FROM rate_limiter.state s WHERE s.key = _read_row.key AND s.name = stored AND s.shard = _read_row.shard;
+    END IF;
+    at := found.at;
+    "row" := found.found_row;
+END $$;
+
+CREATE FUNCTION rate_limiter._lock_row(stored text, key text, shard integer, OUT at tid, OUT "row" rate_limiter.state)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    found record;
+BEGIN
+    IF key IS NULL THEN
+        SELECT s.ctid AS at, s AS found_row INTO found FROM rate_limiter.state s WHERE s.key IS NULL AND s.name = stored AND s.shard = _lock_row.shard FOR UPDATE;
+    ELSE
+        SELECT s.ctid AS at, s AS found_row INTO found FROM rate_limiter.state s WHERE s.key = _lock_row.key AND s.name = stored AND s.shard = _lock_row.shard FOR UPDATE;
+    END IF;
+    at := found.at;
+    "row" := found.found_row;
+END $$;
+
 
 CREATE FUNCTION rate_limiter.check_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
     reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
@@ -1671,8 +1719,7 @@ BEGIN
     ELSIF d.ok IS NULL AND (req.c).shards > 1 THEN
         d := rate_limiter._check_sharded(req.c, req.stored, req.shard, name, key, count, reserve);
     ELSIF d.ok IS NULL THEN  -- not listed
-        SELECT * INTO r FROM rate_limiter.state s
-        WHERE (s.key = check_rate_limit.key OR (s.key IS NULL AND check_rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard;
+        r := (rate_limiter._read_row(req.stored, key, req.shard)).row;
         now := rate_limiter._now();
         d := (rate_limiter._decide(rate_limiter._state_of(r, req.c, name, key, now), req.c, now, name, count, reserve)).d;
     END IF;
@@ -1713,8 +1760,7 @@ BEGIN
         RETURN rate_limiter._answer(rate_limiter._take_within(req.c, req.stored, req.shard, req.lock_timeout,
             req.on_lock_timeout = 'allow', name, key, count, reserve), req.enforce, name, key, throws);
     END IF;
-    SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard;
+    read := rate_limiter._read_row(req.stored, rate_limit.key, req.shard);
     now := rate_limiter._now();
     decided := rate_limiter._decide(rate_limiter._state_of(read.row, req.c, name, key, now), req.c, now, name, count, reserve);
     LOOP
@@ -1728,8 +1774,7 @@ BEGIN
             EXIT WHEN FOUND;
         END IF;
         -- The newest version, locked (waiting for a transaction that holds it).
-        SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE (s.key = rate_limit.key OR (s.key IS NULL AND rate_limit.key IS NULL)) AND s.name = req.stored AND s.shard = req.shard FOR UPDATE;
+        locked := rate_limiter._lock_row(req.stored, rate_limit.key, req.shard);
         IF locked.at IS DISTINCT FROM read.at OR locked.at IS NULL THEN
             -- Created, changed or deleted by a transaction that committed meanwhile: the clock
             -- read again and the call decided again, on what is there now.
@@ -1765,8 +1810,7 @@ DECLARE
     decided record;
 BEGIN
     LOOP
-        SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-        WHERE (s.key = _take_within.key OR (s.key IS NULL AND _take_within.key IS NULL)) AND s.name = stored AND s.shard = _take_within.shard;
+        read := rate_limiter._read_row(stored, _take_within.key, _take_within.shard);
         now := rate_limiter._now();
         decided := rate_limiter._decide(rate_limiter._state_of(read.row, c, name, key, now), c, now, name, count, reserve);
         IF decided.after IS NULL THEN RETURN decided.d; END IF;  -- a denial writes nothing and waits for no one
@@ -1780,9 +1824,7 @@ BEGIN
                 IF FOUND THEN RETURN decided.d; END IF;
                 CONTINUE;  -- committed meanwhile by another: the next round reads it
             END IF;
-            SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-            WHERE (s.key = _take_within.key OR (s.key IS NULL AND _take_within.key IS NULL)) AND s.name = stored AND s.shard = _take_within.shard
-            FOR UPDATE;
+            locked := rate_limiter._lock_row(stored, _take_within.key, _take_within.shard);
             CONTINUE WHEN locked.at IS NULL;  -- deleted meanwhile: the next round creates it
             IF locked.at IS DISTINCT FROM read.at THEN
                 -- Changed by a transaction that committed meanwhile: decided again on it.
@@ -1888,15 +1930,13 @@ BEGIN
     IF c.shards > 1 THEN
         RETURN rate_limiter._take_sharded(c, named.stored, named.shard, name, key, count, false, true);
     END IF;
-    SELECT s.ctid AS at, s AS row INTO read FROM rate_limiter.state s
-    WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = named.stored AND s.shard = named.shard;
+    read := rate_limiter._read_row(named.stored, credit.key, named.shard);
     now := rate_limiter._now();
     credited := rate_limiter._credited(rate_limiter._state_of(read.row, c, name, key, now), c, now, count);
     IF credited.given > 0 THEN
         -- The version read, locked (waiting for a transaction that holds it, whatever the
         -- limit's lock_timeout: a give-back is never dropped); else decided again on the newest.
-        SELECT s.ctid AS at, s AS row INTO locked FROM rate_limiter.state s
-        WHERE (s.key = credit.key OR (s.key IS NULL AND credit.key IS NULL)) AND s.name = named.stored AND s.shard = named.shard FOR UPDATE;
+        locked := rate_limiter._lock_row(named.stored, credit.key, named.shard);
         IF locked.at IS DISTINCT FROM read.at THEN
             now := rate_limiter._now();
             credited := rate_limiter._credited(rate_limiter._state_of(locked.row, c, name, key, now), c, now, count);
@@ -2007,7 +2047,7 @@ COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_li
 -- A number as Rust's `as u64` makes it (saturating, NaN and negatives 0), as text.
 CREATE FUNCTION rate_limiter._u64(x double precision) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
+RETURN CASE WHEN x IS NULL OR x = 'NaN'::float8 OR x <= 0 THEN '0'
             WHEN x >= 18446744073709551616::float8 THEN '18446744073709551615'
             WHEN x < 9007199254740992::float8 THEN trunc(x)::bigint::text
             ELSE (trunc(x / 4294967296::float8)::numeric * 4294967296 + (x - trunc(x / 4294967296::float8) * 4294967296::float8)::numeric)::text END;
@@ -2015,7 +2055,7 @@ RETURN CASE WHEN x IS NULL OR x <> x OR x <= 0 THEN '0'
 -- Whole seconds, rounded up, of ms (api/headers.rs seconds()).
 CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms <> ms OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
+RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms = 'NaN'::float8 OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
 
 -- The headers of decision d (http.rs headers): a policy per limit (names, rates, periods in
 -- ms), RateLimit for the limit `current`.
@@ -2782,13 +2822,23 @@ COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) 
 -- committed meanwhile (releasing its locks) is seen. That takes READ COMMITTED: a snapshot
 -- kept for the transaction would not see that lease, and the call would admit one too many.
 
--- The advisory lock of slot `slot` of (stored, key), -1 its search lock: SHA-256, so that no
--- caller can choose a key whose slots are another's.
+-- A secret of this install: it keys the advisory locks of the slots, which any role that can
+-- connect may take (pg_advisory_lock is PUBLIC's), so that none can compute them.
+CREATE TABLE rate_limiter._secret (secret bytea NOT NULL);
+INSERT INTO rate_limiter._secret
+SELECT pg_catalog.decode(pg_catalog.replace(pg_catalog.gen_random_uuid()::text OPERATOR(pg_catalog.||) pg_catalog.gen_random_uuid()::text, '-', ''), 'hex');
+COMMENT ON TABLE rate_limiter._secret IS 'The SQL-only edition''s secret: 32 random bytes that key the advisory locks of concurrency limits'' slots. Its owner''s alone.';
+COMMENT ON COLUMN rate_limiter._secret.secret IS 'The secret bytes (from gen_random_uuid, PostgreSQL''s strong random source).';
+
+-- The advisory lock of slot `slot` of (stored, key), -1 its search lock: SHA-256 of the
+-- install's secret, so that no role can name another's slots (the extension's lock tags are
+-- beyond SQL's reach; an advisory lock is anyone's to take, but not to compute).
 CREATE FUNCTION rate_limiter._slot_lock(stored text, key text, slot integer) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 BEGIN ATOMIC
     SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
-        pg_catalog.convert_to('rate_limiter edition slots 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
+        (SELECT s.secret FROM rate_limiter._secret s LIMIT 1)
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to('rate_limiter edition slots 1', 'UTF8') OPERATOR(pg_catalog.||) '\x00'::bytea
         OPERATOR(pg_catalog.||) pg_catalog.convert_to(stored, 'UTF8')
         OPERATOR(pg_catalog.||) CASE WHEN key IS NULL THEN '\x00'::bytea
                                      ELSE '\x01'::bytea OPERATOR(pg_catalog.||) pg_catalog.convert_to(key, 'UTF8') END
@@ -2857,6 +2907,8 @@ DECLARE
     soonest float8;
     latest float8;
     before integer[];
+    searching boolean := false;
+    pause float8 := 1;
     held integer;
     by_transactions integer;
 BEGIN
@@ -2869,15 +2921,27 @@ BEGIN
             rate_limiter._held_here(), want USING ERRCODE = '53400',
             HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
     END IF;
-    PERFORM pg_advisory_lock(search);
+    -- A call that changes the limit waits for every transaction that called a concurrency
+    -- limit, and keeps new ones out until it commits (the trigger on rate_limiter.limits).
+    LOCK TABLE rate_limiter.leases IN ROW EXCLUSIVE MODE;
     BEGIN
+        -- The search lock is the session's (a transaction's would keep other calls out until
+        -- this one ends): taken by polling inside this block, so that an error or a cancel at
+        -- any point gives it back, and waited for no longer than the statement may run.
+        LOOP
+            searching := pg_try_advisory_lock(search);
+            EXIT WHEN searching;
+            PERFORM pg_sleep(pause / 1000);
+            pause := least(pause * 2, 20);
+        END LOOP;
         now := rate_limiter._now();
         SELECT coalesce(array_agg(l.slot ORDER BY l.slot), '{}'), min(rate_limiter._ms(l.expires_at)), max(rate_limiter._ms(l.expires_at))
         INTO leased, soonest, latest
         FROM rate_limiter.leases l
         WHERE l.name = stored AND (l.key = _take_slots.key OR (l.key IS NULL AND _take_slots.key IS NULL)) AND l.expires_at > rate_limiter._ts(now);
         LOOP
-            locked := rate_limiter._locked_slots(stored, key, rate);
+            -- Slots locked by transactions; those this call has taken are its own count.
+            locked := ARRAY(SELECT unnest(rate_limiter._locked_slots(stored, key, rate)) EXCEPT SELECT unnest(taken));
             -- Free slots, taken in slot order while wanted and all the call asks for fits.
             IF cardinality(ARRAY(SELECT unnest(leased) UNION SELECT unnest(locked))) + count <= rate THEN
                 FOR s IN 0 .. rate - 1 LOOP
@@ -2908,8 +2972,9 @@ BEGIN
         held := cardinality(ARRAY(SELECT unnest(leased) UNION SELECT unnest(locked)));
         by_transactions := cardinality(ARRAY(SELECT unnest(locked) EXCEPT SELECT unnest(leased)));
         PERFORM pg_advisory_unlock(search);
+        searching := false;
     EXCEPTION WHEN OTHERS OR query_canceled THEN
-        PERFORM pg_advisory_unlock(search);
+        IF searching THEN PERFORM pg_advisory_unlock(search); END IF;
         RAISE;
     END;
     IF NOT acquiring OR cardinality(taken) < want OR held + count > rate THEN
@@ -2926,6 +2991,21 @@ BEGIN
     END IF;
     d := rate_limiter._slots_decision(name, c.rate, c.period, held, by_transactions, soonest, latest, count, true, now);
 END $$;
+
+-- A change of rate_limiter.limits (define, or the owner's own statements) waits for every
+-- transaction that called a concurrency limit to end, and keeps new calls out until it
+-- commits: a lowered rate is never judged by slots above it that a transaction still holds
+-- (as the extension's change of a limit waits).
+CREATE FUNCTION rate_limiter._hold_slot_calls_off() RETURNS trigger
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    LOCK TABLE rate_limiter.leases IN SHARE ROW EXCLUSIVE MODE;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER limits_hold_slot_calls_off BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON rate_limiter.limits
+FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._hold_slot_calls_off();
+COMMENT ON TRIGGER limits_hold_slot_calls_off ON rate_limiter.limits IS
+    'A change of the limits waits for every transaction that called a concurrency limit, and keeps new calls out until it commits.';
 
 -- A lease's length: more than 0, at most a day (the extension's rate_limiter.max_lease, which
 -- only a superuser may raise: a setting the edition cannot protect, so its default).

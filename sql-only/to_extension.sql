@@ -45,13 +45,15 @@ BEGIN
       AND NOT (d.classid = 'pg_constraint'::regclass AND d.objid IN
                (SELECT oid FROM pg_constraint WHERE connamespace = edition))
       AND NOT (d.classid = 'pg_attrdef'::regclass AND d.objid IN
-               (SELECT ad.oid FROM pg_attrdef ad JOIN pg_class c ON c.oid = ad.adrelid WHERE c.relnamespace = edition));
+               (SELECT ad.oid FROM pg_attrdef ad JOIN pg_class c ON c.oid = ad.adrelid WHERE c.relnamespace = edition))
+      AND NOT (d.classid = 'pg_trigger'::regclass AND d.objid IN
+               (SELECT t.oid FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE c.relnamespace = edition));
     IF dependents IS NOT NULL THEN
         RAISE EXCEPTION 'objects outside the edition use it: %', dependents USING ERRCODE = '2BP01',
             HINT = 'Drop them, move, and make them again on the extension''s objects.';
     END IF;
 END $$;
-LOCK TABLE rate_limiter.limits, rate_limiter.state, rate_limiter.blocks, rate_limiter.allows, rate_limiter.leases IN EXCLUSIVE MODE;
+LOCK TABLE rate_limiter.leases, rate_limiter.limits, rate_limiter.state, rate_limiter.blocks, rate_limiter.allows IN EXCLUSIVE MODE;
 ALTER SCHEMA rate_limiter RENAME TO rate_limiter_sql_only;
 CREATE EXTENSION rate_limiter VERSION '0.6.0';
 INSERT INTO rate_limiter.limits (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets,

@@ -605,6 +605,29 @@ def test_concurrency_limits_answer_as_the_extension(main, database, edition, pg)
 
 
 @every_version
+def test_a_change_of_a_limit_waits_for_the_transactions_holding_slots(main, database, edition, pg):
+    """A rate lowered while transactions hold slots above it would be judged without them:
+    define waits for every transaction that called a concurrency limit, as the extension's
+    does."""
+    dbname, _ = edition
+    for db in (database, dbname):
+        with main.connect(db) as c, main.connect(db, autocommit=False) as holder:
+            c.execute("SELECT rate_limiter.define('pool', 'concurrency', 3, '1 second')")
+            assert holder.execute("SELECT ok FROM rate_limiter.acquire('pool', 'k', 3)").fetchone() == (True,)
+            c.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                c.execute("SELECT rate_limiter.define('pool', 'concurrency', 1, '1 second')")
+            holder.commit()
+            c.execute("SELECT rate_limiter.define('pool', 'concurrency', 1, '1 second')")
+            # The new rate holds: one slot, and nothing of a call is left held once it ends.
+            holder.execute("SELECT ok FROM rate_limiter.acquire('pool', 'k', 1)")
+            assert c.execute("SELECT ok FROM rate_limiter.acquire('pool', 'k', 1)").fetchone() == (False,)
+            holder.commit()
+            assert c.execute("SELECT ok FROM rate_limiter.acquire('pool', 'k', 1)").fetchone() == (True,)
+            assert c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").fetchone() == (0,)
+
+
+@every_version
 def test_a_concurrency_limit_never_lets_more_hold_its_slots_than_it_has(main, edition, pg):
     """8 sessions take a slot of a limit of 3, in transactions that hold it a moment, commit
     or roll back, and some by a lease released before the end: never more than 3 at once."""
