@@ -26,6 +26,25 @@ def test_the_install_script_is_what_its_parts_build():
     assert result.returncode == 0, result.stderr
 
 
+def in_eight_sessions(session):
+    """session(seed) for seeds 0 to 7, in threads at once; the exceptions they raised."""
+    import threading
+    errors = []
+
+    def guarded(seed):
+        try:
+            session(seed)
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 def install(main, dbname, owner):
     """The edition, installed into a new database of `owner` by `owner`, as the README says."""
     with main.connect() as admin:
@@ -639,35 +658,27 @@ def test_a_concurrency_limit_never_lets_more_hold_its_slots_than_it_has(main, ed
     with main.connect(dbname) as c:
         c.execute("SELECT rate_limiter.define('pool', 'concurrency', 3, '1 second')")
     lock = threading.Lock()
-    active, most, granted, errors = [0], [0], [0], []
+    active, most, granted = [0], [0], [0]
 
     def session(seed):
         rnd = random.Random(seed)
-        try:
-            with main.connect(dbname, autocommit=False) as c:
-                for _ in range(25):
-                    lease = rnd.choice([None, None, "1 minute"])
-                    ok, lease_id = c.execute("SELECT ok, lease_id FROM rate_limiter.acquire('pool', 'k', 1, %s::interval)", (lease,)).fetchone()
-                    if ok:
-                        with lock:
-                            active[0] += 1
-                            granted[0] += 1
-                            most[0] = max(most[0], active[0])
-                        time.sleep(0.003)
-                        with lock:
-                            active[0] -= 1
-                        if lease_id is not None:
-                            c.execute("SELECT rate_limiter.release('pool', 'k', %s)", (lease_id,))
-                    (c.rollback if rnd.random() < 0.3 else c.commit)()
-        except Exception as e:  # noqa: BLE001 - reported by the test
-            errors.append(e)
+        with main.connect(dbname, autocommit=False) as c:
+            for _ in range(25):
+                lease = rnd.choice([None, None, "1 minute"])
+                ok, lease_id = c.execute("SELECT ok, lease_id FROM rate_limiter.acquire('pool', 'k', 1, %s::interval)", (lease,)).fetchone()
+                if ok:
+                    with lock:
+                        active[0] += 1
+                        granted[0] += 1
+                        most[0] = max(most[0], active[0])
+                    time.sleep(0.003)
+                    with lock:
+                        active[0] -= 1
+                    if lease_id is not None:
+                        c.execute("SELECT rate_limiter.release('pool', 'k', %s)", (lease_id,))
+                (c.rollback if rnd.random() < 0.3 else c.commit)()
 
-    threads = [threading.Thread(target=session, args=(seed,)) for seed in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    assert not in_eight_sessions(session)
     assert most[0] <= 3, most[0]
     assert granted[0] >= 25, granted[0]
     with main.connect(dbname) as c:
@@ -787,47 +798,38 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
         c.execute("SELECT rate_limiter.define('ledger_sharded', 'token bucket', 32, '1 hour', shards => 4)")
     kept = {("ledger", "one"): 0.0, ("ledger_fw", "one"): 0.0, ("ledger", "two"): 0.0, ("ledger_sharded", "one"): 0.0}
     lock = threading.Lock()
-    errors = []
 
     def session(seed):
         rnd = random.Random(seed)
-        try:
-            with main.connect(dbname, autocommit=False) as c:
-                c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
-                c.commit()
-                for _ in range(40):
-                    # One pair, or two at once (rate_limit_all, named in either order).
-                    pairs = rnd.sample(list(kept), rnd.choice([1, 1, 2]))
-                    count = rnd.choice([1, 1, 2, 3])
-                    how = rnd.choice(["commit", "commit", "rollback", "savepoint"])
-                    if how == "savepoint":
-                        c.execute("SAVEPOINT s")
-                    if len(pairs) == 1:
-                        ok, granted = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit(%s, %s, %s)",
-                                                (*pairs[0], count)).fetchone()
-                    else:
-                        requests = json.dumps([{"name": limit, "key": key, "count": count} for limit, key in pairs])
-                        ok, granted = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit_all(%s::jsonb)",
-                                                (requests,)).fetchone()
-                    if how == "savepoint":
-                        c.execute("ROLLBACK TO SAVEPOINT s")
-                        c.commit()
-                    elif how == "rollback":
-                        c.rollback()
-                    else:
-                        c.commit()
-                        with lock:
-                            for pair in pairs:
-                                kept[pair] += granted
-        except Exception as e:  # noqa: BLE001 - reported by the test
-            errors.append(e)
+        with main.connect(dbname, autocommit=False) as c:
+            c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
+            c.commit()
+            for _ in range(40):
+                # One pair, or two at once (rate_limit_all, named in either order).
+                pairs = rnd.sample(list(kept), rnd.choice([1, 1, 2]))
+                count = rnd.choice([1, 1, 2, 3])
+                how = rnd.choice(["commit", "commit", "rollback", "savepoint"])
+                if how == "savepoint":
+                    c.execute("SAVEPOINT s")
+                if len(pairs) == 1:
+                    ok, granted = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit(%s, %s, %s)",
+                                            (*pairs[0], count)).fetchone()
+                else:
+                    requests = json.dumps([{"name": limit, "key": key, "count": count} for limit, key in pairs])
+                    ok, granted = c.execute("SELECT ok, granted FROM rate_limiter.rate_limit_all(%s::jsonb)",
+                                            (requests,)).fetchone()
+                if how == "savepoint":
+                    c.execute("ROLLBACK TO SAVEPOINT s")
+                    c.commit()
+                elif how == "rollback":
+                    c.rollback()
+                else:
+                    c.commit()
+                    with lock:
+                        for pair in pairs:
+                            kept[pair] += granted
 
-    threads = [threading.Thread(target=session, args=(seed,)) for seed in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    assert not in_eight_sessions(session)
     capacity = {"ledger": 40, "ledger_fw": 25, "ledger_sharded": 32}
     with main.connect(dbname) as c:
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
