@@ -627,7 +627,7 @@ def test_concurrency_limits_answer_as_the_extension(main, database, edition, pg)
 def test_a_change_of_a_limit_waits_for_the_transactions_holding_slots(main, database, edition, pg):
     """A rate lowered while transactions hold slots above it would be judged without them:
     define waits for every transaction that called a concurrency limit, as the extension's
-    does."""
+    does; and a cancelled call leaves no lock of the edition's behind."""
     dbname, _ = edition
     for db in (database, dbname):
         with main.connect(db) as c, main.connect(db, autocommit=False) as holder:
@@ -644,6 +644,16 @@ def test_a_change_of_a_limit_waits_for_the_transactions_holding_slots(main, data
             holder.commit()
             assert c.execute("SELECT ok FROM rate_limiter.acquire('pool', 'k', 1)").fetchone() == (True,)
             assert c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").fetchone() == (0,)
+    # The edition's search of a key's slots holds a session-level lock while it runs: a call
+    # cancelled while it waits for another's search (here, a lock taken by hand) leaves none.
+    with main.connect(dbname) as c, main.connect(dbname) as searching:
+        searching.execute("SELECT pg_advisory_lock(rate_limiter._slot_lock('pool', 'k', -1))")
+        c.execute("SET statement_timeout = '150ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            c.execute("SELECT * FROM rate_limiter.acquire('pool', 'k', 1)")
+        assert c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").fetchone() == (0,)
+        searching.execute("SELECT pg_advisory_unlock_all()")
+        assert c.execute("SELECT ok FROM rate_limiter.acquire('pool', 'k', 1)").fetchone() == (True,)
 
 
 @every_version

@@ -84,9 +84,10 @@ pub fn inline_name(name: &str, fingerprint: &Fingerprint) -> String {
 
 impl<'a> Slot<'a> {
     /// Where the slot's row sorts: calls that lock several rows lock them in this order, so
-    /// that they never deadlock on each other.
-    pub fn order_key(&self) -> (Option<&'a str>, &'a str, Owner, i16) {
-        (self.key, self.name, self.owner, self.stored_shard())
+    /// that they never deadlock on each other. Shards in ascending order, as a single call
+    /// locks its own (`limiter/rows.rs`), whatever the `shard` column stores.
+    pub fn order_key(&self) -> (Option<&'a str>, &'a str, Owner, i32) {
+        (self.key, self.name, self.owner, self.shard)
     }
 
     /// The `name` column: the name, followed for an inline config by its fingerprint.
@@ -137,4 +138,20 @@ pub enum Created {
     Exists(Row),
     /// Another transaction is creating or deleting it (only without waiting).
     Busy,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Owner, Slot};
+
+    /// `rate_limit_all` locks rows in this order and a single call locks its shards in
+    /// ascending order: an inline config's shards, stored as -1 - shard, sort as a single call
+    /// takes them, or the two could each hold one shard and wait for the other's.
+    #[test]
+    fn shards_sort_as_a_single_call_locks_them_for_every_owner() {
+        for owner in [Owner::Named, Owner::Inline([7; 16])] {
+            let slot = |shard| Slot { name: "api", key: Some("k"), shard, owner };
+            assert!(slot(1).order_key() < slot(3).order_key());
+        }
+    }
 }
