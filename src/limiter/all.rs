@@ -1,9 +1,10 @@
 //! Several limits decided at once (`rate_limit_all`): all are taken or none.
 //!
 //! Each request is read and decided as a single call is, without locks, and a denial
-//! returns there. Otherwise every row to be taken from is locked in one global order, that
-//! of the unique index (key, name, shard), so that calls naming the same limits in another
-//! order queue instead of deadlocking; then every durable request is decided again on its
+//! returns there. Otherwise every row to be taken from is locked in one global order (key,
+//! name, config, then a limit's shards in ascending order, as a single call locks its own:
+//! `Slot::order_key`), so that calls naming the same limits in another order queue instead
+//! of deadlocking; then every durable request is decided again on its
 //! locked rows with the clock read after locking, memory requests are taken (and taken back
 //! if one is denied), and all are written or none.
 
@@ -93,7 +94,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
         return all_decided(decisions);
     }
 
-    // (durable part, looked-at shard) of every row to take from, in the unique index's order.
+    // (durable part, looked-at shard) of every row to take from, in the global order.
     let mut order: Vec<(usize, usize)> = outcomes
         .iter()
         .enumerate()
