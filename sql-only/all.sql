@@ -171,11 +171,9 @@ DECLARE
     w_at tid[] := '{}';  -- what is written: where, the state, its config
     w_config rate_limiter._config[] := '{}';
     combined record;
-    row_ record;
     now float8;
     p integer;
     fresh rate_limiter._state;
-    created tid;
 BEGIN
     IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
     IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
@@ -215,12 +213,10 @@ BEGIN
     FOR j IN 1 .. cardinality(parts) LOOP
         p := parts[j];
         FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards) LOOP
-            SELECT s INTO row_ FROM rate_limiter.state s
-            WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p]
-              AND s.shard = rate_limiter._stored_shard(shards[p], sh);
             r_part := r_part || j;
             r_shard := r_shard || sh;
-            r_state := r_state || rate_limiter._state_of(row_.s, rate_limiter._per_shard(configs[p]), names[p], keys[p], now);
+            r_state := r_state || rate_limiter._state_of((rate_limiter._read_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], sh))).row,
+                                                         rate_limiter._per_shard(configs[p]), names[p], keys[p], now);
         END LOOP;
         planned := rate_limiter._plan(ARRAY(SELECT r_state[x] FROM generate_series(1, cardinality(r_part)) x WHERE r_part[x] = j ORDER BY x),
                                       rate_limiter._per_shard(configs[p]), (configs[p]).shards, now, names[p], counts[p], reserve);
@@ -236,21 +232,13 @@ BEGIN
                           stored[parts[r_part[x]]] COLLATE "C", r_shard[x] LOOP
             p := parts[r_part[r]];
             LOOP
-                SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
-                WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p]
-                  AND s.shard = rate_limiter._stored_shard(shards[p], r_shard[r]) FOR UPDATE;
-                EXIT WHEN row_.at IS NOT NULL;
+                r_at[r] := (rate_limiter._lock_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], r_shard[r]))).at;
+                EXIT WHEN r_at[r] IS NOT NULL;
                 fresh := rate_limiter._state_of(NULL, rate_limiter._per_shard(configs[p]), names[p], keys[p], rate_limiter._now());
-                INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-                VALUES (stored[p], keys[p], rate_limiter._stored_shard(shards[p], r_shard[r]), fresh.value, rate_limiter._ts(fresh.ts),
-                        rate_limiter._ts(rate_limiter._expires(fresh, rate_limiter._per_shard(configs[p]))), fresh.counts,
-                        rate_limiter._ts(fresh.granted_at))
-                ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
-                RETURNING s.ctid INTO created;
-                EXIT WHEN created IS NOT NULL;  -- else created meanwhile by another: lock theirs
+                r_at[r] := rate_limiter._create_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], r_shard[r]), fresh,
+                                                    rate_limiter._per_shard(configs[p]));
+                EXIT WHEN r_at[r] IS NOT NULL;  -- else created meanwhile by another: lock theirs
             END LOOP;
-            r_at[r] := coalesce(row_.at, created);
-            created := NULL;
         END LOOP;
         -- Each request decided again on its locked rows alone, as of the clock read after
         -- locking; all written only when all are granted.

@@ -625,6 +625,23 @@ BEGIN
     "row" := found.found_row;
 END $$;
 
+-- Create the row of shard `shard` of (stored, key) holding state s (decided under config c):
+-- where it is, or NULL when another transaction created it first (ours then waits for it to
+-- end: lock theirs).
+CREATE FUNCTION rate_limiter._create_row(stored text, key text, shard integer, s rate_limiter._state, c rate_limiter._config)
+RETURNS tid
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    created tid;
+BEGIN
+    INSERT INTO rate_limiter.state AS x (name, key, shard, value, ts, expires, counts, granted_at)
+    VALUES (stored, key, shard, s.value, rate_limiter._ts(s.ts), rate_limiter._ts(rate_limiter._expires(s, c)), s.counts,
+            rate_limiter._ts(s.granted_at))
+    ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
+    RETURNING x.ctid INTO created;
+    RETURN created;
+END $$;
+
 CREATE FUNCTION rate_limiter._lock_row(stored text, key text, shard integer, OUT at tid, OUT "row" rate_limiter.state)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -702,12 +719,7 @@ BEGIN
     LOOP
         EXIT WHEN decided.after IS NULL;  -- a denial writes nothing and waits for no one (but a penalty)
         IF read.at IS NULL THEN
-            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-            VALUES (req.stored, key, req.shard, (decided.after).value, rate_limiter._ts((decided.after).ts),
-                    rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), (decided.after).counts,
-                    rate_limiter._ts((decided.after).granted_at))
-            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
-            EXIT WHEN FOUND;
+            EXIT WHEN rate_limiter._create_row(req.stored, key, req.shard, decided.after, req.c) IS NOT NULL;
         END IF;
         -- The newest version, locked (waiting for a transaction that holds it).
         locked := rate_limiter._lock_row(req.stored, rate_limit.key, req.shard);
@@ -752,12 +764,9 @@ BEGIN
         IF decided.after IS NULL THEN RETURN decided.d; END IF;  -- a denial writes nothing and waits for no one
         BEGIN
             IF read.at IS NULL THEN
-                INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-                VALUES (stored, key, _take_within.shard, (decided.after).value, rate_limiter._ts((decided.after).ts),
-                        rate_limiter._ts(rate_limiter._expires(decided.after, c)), (decided.after).counts,
-                        rate_limiter._ts((decided.after).granted_at))
-                ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
-                IF FOUND THEN RETURN decided.d; END IF;
+                IF rate_limiter._create_row(stored, key, _take_within.shard, decided.after, c) IS NOT NULL THEN
+                    RETURN decided.d;
+                END IF;
                 CONTINUE;  -- committed meanwhile by another: the next round reads it
             END IF;
             locked := rate_limiter._lock_row(stored, _take_within.key, _take_within.shard);
@@ -1064,8 +1073,7 @@ BEGIN
     END IF;
     named := rate_limiter._named(name, config);
     c := named.c;
-    SELECT * INTO r FROM rate_limiter.state x
-    WHERE (x.key = rate_limit_value.key OR (x.key IS NULL AND rate_limit_value.key IS NULL)) AND x.name = named.stored AND x.shard = named.shard;
+    r := (rate_limiter._read_row(named.stored, key, named.shard)).row;
     now := rate_limiter._now();
     s := rate_limiter._state_of(r, c, name, key, now);
     shard := 0;

@@ -55,6 +55,33 @@ BEGIN ATOMIC
       AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid();
 END;
 
+-- The slots of (stored, key) that unexpired leases hold at now (read with the latest
+-- snapshot of a read committed statement), and when the soonest and the latest end.
+CREATE FUNCTION rate_limiter._leased(stored text, key text, now double precision,
+                                     OUT leased integer[], OUT soonest double precision, OUT latest double precision)
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+BEGIN ATOMIC
+    SELECT COALESCE(pg_catalog.array_agg(l.slot ORDER BY l.slot), '{}'), pg_catalog.min(rate_limiter._ms(l.expires_at)),
+           pg_catalog.max(rate_limiter._ms(l.expires_at))
+    FROM rate_limiter.leases l
+    WHERE l.name OPERATOR(pg_catalog.=) stored AND l.expires_at OPERATOR(pg_catalog.>) rate_limiter._ts(now)
+      AND (l.key OPERATOR(pg_catalog.=) _leased.key OR (l.key IS NULL AND _leased.key IS NULL));
+END;
+
+-- At most 32 slot locks a transaction (the extension's rate_limiter.max_slots_per_transaction,
+-- its default): each is an entry of the lock table every database shares. 53400 otherwise.
+CREATE FUNCTION rate_limiter._within_slots_per_transaction(asked integer) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    held integer := rate_limiter._held_here();
+BEGIN
+    IF asked > 0 AND held + asked > 32 THEN
+        RAISE EXCEPTION 'this transaction holds % concurrency slots and asks for % more, over rate_limiter.max_slots_per_transaction (32)',
+            held, asked USING ERRCODE = '53400',
+            HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
+    END IF;
+END $$;
+
 -- The answer to a call for `count` slots of a limit of `rate` slots and `period`, given what
 -- was held besides what the call took (bucket::concurrency::answer, limiter::decision).
 CREATE FUNCTION rate_limiter._slots_decision(name text, rate double precision, period double precision, held integer,
@@ -102,11 +129,7 @@ BEGIN
         PERFORM rate_limiter._raise('edition', format('a concurrency limit''s slots in a %s transaction (the SQL-only edition sees leases committed meanwhile only in read committed)',
             current_setting('transaction_isolation')));
     END IF;
-    IF want > 0 AND rate_limiter._held_here() + want > 32 THEN
-        RAISE EXCEPTION 'this transaction holds % concurrency slots and asks for % more, over rate_limiter.max_slots_per_transaction (32)',
-            rate_limiter._held_here(), want USING ERRCODE = '53400',
-            HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
-    END IF;
+    PERFORM rate_limiter._within_slots_per_transaction(want);
     -- A call that changes the limit waits for every transaction that called a concurrency
     -- limit, and keeps new ones out until it commits (the trigger on rate_limiter.limits).
     LOCK TABLE rate_limiter.leases IN ROW EXCLUSIVE MODE;
@@ -121,10 +144,7 @@ BEGIN
             pause := least(pause * 2, 20);
         END LOOP;
         now := rate_limiter._now();
-        SELECT coalesce(array_agg(l.slot ORDER BY l.slot), '{}'), min(rate_limiter._ms(l.expires_at)), max(rate_limiter._ms(l.expires_at))
-        INTO leased, soonest, latest
-        FROM rate_limiter.leases l
-        WHERE l.name = stored AND (l.key = _take_slots.key OR (l.key IS NULL AND _take_slots.key IS NULL)) AND l.expires_at > rate_limiter._ts(now);
+        SELECT * INTO leased, soonest, latest FROM rate_limiter._leased(stored, key, now);
         LOOP
             -- Slots locked by transactions; those this call has taken are its own count.
             locked := ARRAY(SELECT unnest(rate_limiter._locked_slots(stored, key, rate)) EXCEPT SELECT unnest(taken));
@@ -143,10 +163,7 @@ BEGIN
             -- A lease whose transaction committed since the read holds its slot: read again
             -- now that the locks are ours.
             before := leased;
-            SELECT coalesce(array_agg(l.slot ORDER BY l.slot), '{}'), min(rate_limiter._ms(l.expires_at)), max(rate_limiter._ms(l.expires_at))
-            INTO leased, soonest, latest
-            FROM rate_limiter.leases l
-            WHERE l.name = stored AND (l.key = _take_slots.key OR (l.key IS NULL AND _take_slots.key IS NULL)) AND l.expires_at > rate_limiter._ts(now);
+            SELECT * INTO leased, soonest, latest FROM rate_limiter._leased(stored, key, now);
             lost := ARRAY(SELECT unnest(taken) INTERSECT SELECT unnest(leased));
             taken := ARRAY(SELECT unnest(taken) EXCEPT SELECT unnest(lost) ORDER BY 1);
             EXIT WHEN cardinality(lost) = 0 AND (cardinality(taken) = want
@@ -296,11 +313,7 @@ BEGIN
                   WHERE l.name = stored AND (l.key = renew.key OR (l.key IS NULL AND renew.key IS NULL))
                     AND l.lease_id = renew.lease_id AND l.expires_at > rate_limiter._ts(now) ORDER BY l.slot);
     IF cardinality(held) = 0 THEN RETURN false; END IF;
-    IF rate_limiter._held_here() + cardinality(held) > 32 THEN
-        RAISE EXCEPTION 'this transaction holds % concurrency slots and asks for % more, over rate_limiter.max_slots_per_transaction (32)',
-            rate_limiter._held_here(), cardinality(held) USING ERRCODE = '53400',
-            HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
-    END IF;
+    PERFORM rate_limiter._within_slots_per_transaction(cardinality(held));
     -- Its slots locked (waited for, in slot order) until the transaction ends, so that no
     -- call takes them as the old end passes before this commits; judged by the clock then.
     PERFORM pg_advisory_xact_lock(rate_limiter._slot_lock(stored, key, s)) FROM unnest(held) s;

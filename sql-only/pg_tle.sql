@@ -1691,6 +1691,23 @@ BEGIN
     "row" := found.found_row;
 END $$;
 
+-- Create the row of shard `shard` of (stored, key) holding state s (decided under config c):
+-- where it is, or NULL when another transaction created it first (ours then waits for it to
+-- end: lock theirs).
+CREATE FUNCTION rate_limiter._create_row(stored text, key text, shard integer, s rate_limiter._state, c rate_limiter._config)
+RETURNS tid
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    created tid;
+BEGIN
+    INSERT INTO rate_limiter.state AS x (name, key, shard, value, ts, expires, counts, granted_at)
+    VALUES (stored, key, shard, s.value, rate_limiter._ts(s.ts), rate_limiter._ts(rate_limiter._expires(s, c)), s.counts,
+            rate_limiter._ts(s.granted_at))
+    ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
+    RETURNING x.ctid INTO created;
+    RETURN created;
+END $$;
+
 CREATE FUNCTION rate_limiter._lock_row(stored text, key text, shard integer, OUT at tid, OUT "row" rate_limiter.state)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1768,12 +1785,7 @@ BEGIN
     LOOP
         EXIT WHEN decided.after IS NULL;  -- a denial writes nothing and waits for no one (but a penalty)
         IF read.at IS NULL THEN
-            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-            VALUES (req.stored, key, req.shard, (decided.after).value, rate_limiter._ts((decided.after).ts),
-                    rate_limiter._ts(rate_limiter._expires(decided.after, req.c)), (decided.after).counts,
-                    rate_limiter._ts((decided.after).granted_at))
-            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
-            EXIT WHEN FOUND;
+            EXIT WHEN rate_limiter._create_row(req.stored, key, req.shard, decided.after, req.c) IS NOT NULL;
         END IF;
         -- The newest version, locked (waiting for a transaction that holds it).
         locked := rate_limiter._lock_row(req.stored, rate_limit.key, req.shard);
@@ -1818,12 +1830,9 @@ BEGIN
         IF decided.after IS NULL THEN RETURN decided.d; END IF;  -- a denial writes nothing and waits for no one
         BEGIN
             IF read.at IS NULL THEN
-                INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-                VALUES (stored, key, _take_within.shard, (decided.after).value, rate_limiter._ts((decided.after).ts),
-                        rate_limiter._ts(rate_limiter._expires(decided.after, c)), (decided.after).counts,
-                        rate_limiter._ts((decided.after).granted_at))
-                ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
-                IF FOUND THEN RETURN decided.d; END IF;
+                IF rate_limiter._create_row(stored, key, _take_within.shard, decided.after, c) IS NOT NULL THEN
+                    RETURN decided.d;
+                END IF;
                 CONTINUE;  -- committed meanwhile by another: the next round reads it
             END IF;
             locked := rate_limiter._lock_row(stored, _take_within.key, _take_within.shard);
@@ -2130,8 +2139,7 @@ BEGIN
     END IF;
     named := rate_limiter._named(name, config);
     c := named.c;
-    SELECT * INTO r FROM rate_limiter.state x
-    WHERE (x.key = rate_limit_value.key OR (x.key IS NULL AND rate_limit_value.key IS NULL)) AND x.name = named.stored AND x.shard = named.shard;
+    r := (rate_limiter._read_row(named.stored, key, named.shard)).row;
     now := rate_limiter._now();
     s := rate_limiter._state_of(r, c, name, key, now);
     shard := 0;
@@ -2365,9 +2373,7 @@ DECLARE
     i integer;
 BEGIN
     FOREACH i IN ARRAY picked LOOP
-        SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
-        WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
-          AND s.shard = rate_limiter._stored_shard(base, i);
+        row_ := rate_limiter._read_row(stored, key, rate_limiter._stored_shard(base, i));
         ats := ats || row_.at;
         states := states || rate_limiter._state_of(row_.row, c, name, key, now);
     END LOOP;
@@ -2378,16 +2384,11 @@ BEGIN
     IF cardinality(taking) = 1 THEN
         i := taking[1];
         IF ats[i] IS NULL THEN
-            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-            VALUES (stored, key, rate_limiter._stored_shard(base, picked[i]), ((planned.afters)[i]).value,
-                    rate_limiter._ts(((planned.afters)[i]).ts), rate_limiter._ts(rate_limiter._expires((planned.afters)[i], c)),
-                    ((planned.afters)[i]).counts, rate_limiter._ts(((planned.afters)[i]).granted_at))
-            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
-            IF FOUND THEN RETURN planned.d; END IF;
+            IF rate_limiter._create_row(stored, key, rate_limiter._stored_shard(base, picked[i]), (planned.afters)[i], c) IS NOT NULL THEN
+                RETURN planned.d;
+            END IF;
         ELSE
-            SELECT s.ctid INTO at FROM rate_limiter.state s
-            WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
-              AND s.shard = rate_limiter._stored_shard(base, picked[i]) FOR UPDATE;
+            at := (rate_limiter._lock_row(stored, key, rate_limiter._stored_shard(base, picked[i]))).at;
             IF at = ats[i] THEN
                 PERFORM rate_limiter._store(at, (planned.afters)[i], c);
                 RETURN planned.d;
@@ -2398,24 +2399,17 @@ BEGIN
     locked_states := states;
     FOREACH i IN ARRAY taking LOOP
         LOOP
-            SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
-            WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
-              AND s.shard = rate_limiter._stored_shard(base, picked[i]) FOR UPDATE;
+            row_ := rate_limiter._lock_row(stored, key, rate_limiter._stored_shard(base, picked[i]));
             IF row_.at IS NOT NULL THEN
                 locked_ats[i] := row_.at;
                 locked_states[i] := rate_limiter._state_of(row_.row, c, name, key, now);
                 EXIT;
             END IF;
             states[i] := rate_limiter._state_of(NULL, c, name, key, rate_limiter._now());
-            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-            VALUES (stored, key, rate_limiter._stored_shard(base, picked[i]), (states[i]).value, rate_limiter._ts((states[i]).ts),
-                    rate_limiter._ts(rate_limiter._expires(states[i], c)), (states[i]).counts, rate_limiter._ts((states[i]).granted_at))
-            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
-            RETURNING s.ctid INTO at;
+            at := rate_limiter._create_row(stored, key, rate_limiter._stored_shard(base, picked[i]), states[i], c);
             IF at IS NOT NULL THEN
                 locked_ats[i] := at;
                 locked_states[i] := states[i];
-                at := NULL;
                 EXIT;
             END IF;
         END LOOP;
@@ -2443,14 +2437,11 @@ DECLARE
     c rate_limiter._config := rate_limiter._per_shard(whole);
     states rate_limiter._state[] := '{}';
     now float8 := rate_limiter._now();
-    row_ rate_limiter.state;
     i integer;
 BEGIN
     FOREACH i IN ARRAY rate_limiter._pick_shards(whole.shards) LOOP
-        SELECT * INTO row_ FROM rate_limiter.state s
-        WHERE (s.key = _check_sharded.key OR (s.key IS NULL AND _check_sharded.key IS NULL)) AND s.name = stored
-          AND s.shard = rate_limiter._stored_shard(base, i);
-        states := states || rate_limiter._state_of(row_, c, name, key, now);
+        states := states || rate_limiter._state_of((rate_limiter._read_row(stored, key, rate_limiter._stored_shard(base, i))).row,
+                                                   c, name, key, now);
     END LOOP;
     RETURN (rate_limiter._plan(states, c, whole.shards, now, name, count, reserve)).d;
 END $$;
@@ -2463,16 +2454,12 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp 
 DECLARE
     c rate_limiter._config := rate_limiter._per_shard(whole);
     now float8 := rate_limiter._now();
-    row_ rate_limiter.state;
     one rate_limiter._state;
     best float8;
     i integer;
 BEGIN
     FOR i IN SELECT x FROM generate_series(0, whole.shards - 1) x ORDER BY random() LIMIT least(greatest(sample, 1), whole.shards) LOOP
-        SELECT * INTO row_ FROM rate_limiter.state r
-        WHERE (r.key = _value_sharded.key OR (r.key IS NULL AND _value_sharded.key IS NULL)) AND r.name = stored
-          AND r.shard = rate_limiter._stored_shard(base, i);
-        one := rate_limiter._state_of(row_, c, name, key, now);
+        one := rate_limiter._state_of((rate_limiter._read_row(stored, key, rate_limiter._stored_shard(base, i))).row, c, name, key, now);
         IF best IS NULL OR (rate_limiter._check(one, c, now, 0, false)).available >= best THEN
             best := (rate_limiter._check(one, c, now, 0, false)).available;
             s := one;
@@ -2654,11 +2641,9 @@ DECLARE
     w_at tid[] := '{}';  -- what is written: where, the state, its config
     w_config rate_limiter._config[] := '{}';
     combined record;
-    row_ record;
     now float8;
     p integer;
     fresh rate_limiter._state;
-    created tid;
 BEGIN
     IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
     IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
@@ -2698,12 +2683,10 @@ BEGIN
     FOR j IN 1 .. cardinality(parts) LOOP
         p := parts[j];
         FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards) LOOP
-            SELECT s INTO row_ FROM rate_limiter.state s
-            WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p]
-              AND s.shard = rate_limiter._stored_shard(shards[p], sh);
             r_part := r_part || j;
             r_shard := r_shard || sh;
-            r_state := r_state || rate_limiter._state_of(row_.s, rate_limiter._per_shard(configs[p]), names[p], keys[p], now);
+            r_state := r_state || rate_limiter._state_of((rate_limiter._read_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], sh))).row,
+                                                         rate_limiter._per_shard(configs[p]), names[p], keys[p], now);
         END LOOP;
         planned := rate_limiter._plan(ARRAY(SELECT r_state[x] FROM generate_series(1, cardinality(r_part)) x WHERE r_part[x] = j ORDER BY x),
                                       rate_limiter._per_shard(configs[p]), (configs[p]).shards, now, names[p], counts[p], reserve);
@@ -2719,21 +2702,13 @@ BEGIN
                           stored[parts[r_part[x]]] COLLATE "C", r_shard[x] LOOP
             p := parts[r_part[r]];
             LOOP
-                SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
-                WHERE (s.key = keys[p] OR (s.key IS NULL AND keys[p] IS NULL)) AND s.name = stored[p]
-                  AND s.shard = rate_limiter._stored_shard(shards[p], r_shard[r]) FOR UPDATE;
-                EXIT WHEN row_.at IS NOT NULL;
+                r_at[r] := (rate_limiter._lock_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], r_shard[r]))).at;
+                EXIT WHEN r_at[r] IS NOT NULL;
                 fresh := rate_limiter._state_of(NULL, rate_limiter._per_shard(configs[p]), names[p], keys[p], rate_limiter._now());
-                INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-                VALUES (stored[p], keys[p], rate_limiter._stored_shard(shards[p], r_shard[r]), fresh.value, rate_limiter._ts(fresh.ts),
-                        rate_limiter._ts(rate_limiter._expires(fresh, rate_limiter._per_shard(configs[p]))), fresh.counts,
-                        rate_limiter._ts(fresh.granted_at))
-                ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
-                RETURNING s.ctid INTO created;
-                EXIT WHEN created IS NOT NULL;  -- else created meanwhile by another: lock theirs
+                r_at[r] := rate_limiter._create_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], r_shard[r]), fresh,
+                                                    rate_limiter._per_shard(configs[p]));
+                EXIT WHEN r_at[r] IS NOT NULL;  -- else created meanwhile by another: lock theirs
             END LOOP;
-            r_at[r] := coalesce(row_.at, created);
-            created := NULL;
         END LOOP;
         -- Each request decided again on its locked rows alone, as of the clock read after
         -- locking; all written only when all are granted.
@@ -2871,6 +2846,33 @@ BEGIN ATOMIC
       AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid();
 END;
 
+-- The slots of (stored, key) that unexpired leases hold at now (read with the latest
+-- snapshot of a read committed statement), and when the soonest and the latest end.
+CREATE FUNCTION rate_limiter._leased(stored text, key text, now double precision,
+                                     OUT leased integer[], OUT soonest double precision, OUT latest double precision)
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+BEGIN ATOMIC
+    SELECT COALESCE(pg_catalog.array_agg(l.slot ORDER BY l.slot), '{}'), pg_catalog.min(rate_limiter._ms(l.expires_at)),
+           pg_catalog.max(rate_limiter._ms(l.expires_at))
+    FROM rate_limiter.leases l
+    WHERE l.name OPERATOR(pg_catalog.=) stored AND l.expires_at OPERATOR(pg_catalog.>) rate_limiter._ts(now)
+      AND (l.key OPERATOR(pg_catalog.=) _leased.key OR (l.key IS NULL AND _leased.key IS NULL));
+END;
+
+-- At most 32 slot locks a transaction (the extension's rate_limiter.max_slots_per_transaction,
+-- its default): each is an entry of the lock table every database shares. 53400 otherwise.
+CREATE FUNCTION rate_limiter._within_slots_per_transaction(asked integer) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    held integer := rate_limiter._held_here();
+BEGIN
+    IF asked > 0 AND held + asked > 32 THEN
+        RAISE EXCEPTION 'this transaction holds % concurrency slots and asks for % more, over rate_limiter.max_slots_per_transaction (32)',
+            held, asked USING ERRCODE = '53400',
+            HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
+    END IF;
+END $$;
+
 -- The answer to a call for `count` slots of a limit of `rate` slots and `period`, given what
 -- was held besides what the call took (bucket::concurrency::answer, limiter::decision).
 CREATE FUNCTION rate_limiter._slots_decision(name text, rate double precision, period double precision, held integer,
@@ -2918,11 +2920,7 @@ BEGIN
         PERFORM rate_limiter._raise('edition', format('a concurrency limit''s slots in a %s transaction (the SQL-only edition sees leases committed meanwhile only in read committed)',
             current_setting('transaction_isolation')));
     END IF;
-    IF want > 0 AND rate_limiter._held_here() + want > 32 THEN
-        RAISE EXCEPTION 'this transaction holds % concurrency slots and asks for % more, over rate_limiter.max_slots_per_transaction (32)',
-            rate_limiter._held_here(), want USING ERRCODE = '53400',
-            HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
-    END IF;
+    PERFORM rate_limiter._within_slots_per_transaction(want);
     -- A call that changes the limit waits for every transaction that called a concurrency
     -- limit, and keeps new ones out until it commits (the trigger on rate_limiter.limits).
     LOCK TABLE rate_limiter.leases IN ROW EXCLUSIVE MODE;
@@ -2937,10 +2935,7 @@ BEGIN
             pause := least(pause * 2, 20);
         END LOOP;
         now := rate_limiter._now();
-        SELECT coalesce(array_agg(l.slot ORDER BY l.slot), '{}'), min(rate_limiter._ms(l.expires_at)), max(rate_limiter._ms(l.expires_at))
-        INTO leased, soonest, latest
-        FROM rate_limiter.leases l
-        WHERE l.name = stored AND (l.key = _take_slots.key OR (l.key IS NULL AND _take_slots.key IS NULL)) AND l.expires_at > rate_limiter._ts(now);
+        SELECT * INTO leased, soonest, latest FROM rate_limiter._leased(stored, key, now);
         LOOP
             -- Slots locked by transactions; those this call has taken are its own count.
             locked := ARRAY(SELECT unnest(rate_limiter._locked_slots(stored, key, rate)) EXCEPT SELECT unnest(taken));
@@ -2959,10 +2954,7 @@ BEGIN
             -- A lease whose transaction committed since the read holds its slot: read again
             -- now that the locks are ours.
             before := leased;
-            SELECT coalesce(array_agg(l.slot ORDER BY l.slot), '{}'), min(rate_limiter._ms(l.expires_at)), max(rate_limiter._ms(l.expires_at))
-            INTO leased, soonest, latest
-            FROM rate_limiter.leases l
-            WHERE l.name = stored AND (l.key = _take_slots.key OR (l.key IS NULL AND _take_slots.key IS NULL)) AND l.expires_at > rate_limiter._ts(now);
+            SELECT * INTO leased, soonest, latest FROM rate_limiter._leased(stored, key, now);
             lost := ARRAY(SELECT unnest(taken) INTERSECT SELECT unnest(leased));
             taken := ARRAY(SELECT unnest(taken) EXCEPT SELECT unnest(lost) ORDER BY 1);
             EXIT WHEN cardinality(lost) = 0 AND (cardinality(taken) = want
@@ -3112,11 +3104,7 @@ BEGIN
                   WHERE l.name = stored AND (l.key = renew.key OR (l.key IS NULL AND renew.key IS NULL))
                     AND l.lease_id = renew.lease_id AND l.expires_at > rate_limiter._ts(now) ORDER BY l.slot);
     IF cardinality(held) = 0 THEN RETURN false; END IF;
-    IF rate_limiter._held_here() + cardinality(held) > 32 THEN
-        RAISE EXCEPTION 'this transaction holds % concurrency slots and asks for % more, over rate_limiter.max_slots_per_transaction (32)',
-            rate_limiter._held_here(), cardinality(held) USING ERRCODE = '53400',
-            HINT = 'Each slot a transaction holds is an entry of the server''s shared lock table, which every database shares. Hold fewer at once: end the transaction, or take slots by lease in transactions of their own (a committed lease holds its slots with no lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside max_locks_per_transaction.';
-    END IF;
+    PERFORM rate_limiter._within_slots_per_transaction(cardinality(held));
     -- Its slots locked (waited for, in slot order) until the transaction ends, so that no
     -- call takes them as the old end passes before this commits; judged by the clock then.
     PERFORM pg_advisory_xact_lock(rate_limiter._slot_lock(stored, key, s)) FROM unnest(held) s;

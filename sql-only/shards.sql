@@ -156,9 +156,7 @@ DECLARE
     i integer;
 BEGIN
     FOREACH i IN ARRAY picked LOOP
-        SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
-        WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
-          AND s.shard = rate_limiter._stored_shard(base, i);
+        row_ := rate_limiter._read_row(stored, key, rate_limiter._stored_shard(base, i));
         ats := ats || row_.at;
         states := states || rate_limiter._state_of(row_.row, c, name, key, now);
     END LOOP;
@@ -169,16 +167,11 @@ BEGIN
     IF cardinality(taking) = 1 THEN
         i := taking[1];
         IF ats[i] IS NULL THEN
-            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-            VALUES (stored, key, rate_limiter._stored_shard(base, picked[i]), ((planned.afters)[i]).value,
-                    rate_limiter._ts(((planned.afters)[i]).ts), rate_limiter._ts(rate_limiter._expires((planned.afters)[i], c)),
-                    ((planned.afters)[i]).counts, rate_limiter._ts(((planned.afters)[i]).granted_at))
-            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING;
-            IF FOUND THEN RETURN planned.d; END IF;
+            IF rate_limiter._create_row(stored, key, rate_limiter._stored_shard(base, picked[i]), (planned.afters)[i], c) IS NOT NULL THEN
+                RETURN planned.d;
+            END IF;
         ELSE
-            SELECT s.ctid INTO at FROM rate_limiter.state s
-            WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
-              AND s.shard = rate_limiter._stored_shard(base, picked[i]) FOR UPDATE;
+            at := (rate_limiter._lock_row(stored, key, rate_limiter._stored_shard(base, picked[i]))).at;
             IF at = ats[i] THEN
                 PERFORM rate_limiter._store(at, (planned.afters)[i], c);
                 RETURN planned.d;
@@ -189,24 +182,17 @@ BEGIN
     locked_states := states;
     FOREACH i IN ARRAY taking LOOP
         LOOP
-            SELECT s.ctid AS at, s AS row INTO row_ FROM rate_limiter.state s
-            WHERE (s.key = _take_sharded.key OR (s.key IS NULL AND _take_sharded.key IS NULL)) AND s.name = stored
-              AND s.shard = rate_limiter._stored_shard(base, picked[i]) FOR UPDATE;
+            row_ := rate_limiter._lock_row(stored, key, rate_limiter._stored_shard(base, picked[i]));
             IF row_.at IS NOT NULL THEN
                 locked_ats[i] := row_.at;
                 locked_states[i] := rate_limiter._state_of(row_.row, c, name, key, now);
                 EXIT;
             END IF;
             states[i] := rate_limiter._state_of(NULL, c, name, key, rate_limiter._now());
-            INSERT INTO rate_limiter.state AS s (name, key, shard, value, ts, expires, counts, granted_at)
-            VALUES (stored, key, rate_limiter._stored_shard(base, picked[i]), (states[i]).value, rate_limiter._ts((states[i]).ts),
-                    rate_limiter._ts(rate_limiter._expires(states[i], c)), (states[i]).counts, rate_limiter._ts((states[i]).granted_at))
-            ON CONFLICT ON CONSTRAINT state_key_name_shard_key DO NOTHING
-            RETURNING s.ctid INTO at;
+            at := rate_limiter._create_row(stored, key, rate_limiter._stored_shard(base, picked[i]), states[i], c);
             IF at IS NOT NULL THEN
                 locked_ats[i] := at;
                 locked_states[i] := states[i];
-                at := NULL;
                 EXIT;
             END IF;
         END LOOP;
@@ -234,14 +220,11 @@ DECLARE
     c rate_limiter._config := rate_limiter._per_shard(whole);
     states rate_limiter._state[] := '{}';
     now float8 := rate_limiter._now();
-    row_ rate_limiter.state;
     i integer;
 BEGIN
     FOREACH i IN ARRAY rate_limiter._pick_shards(whole.shards) LOOP
-        SELECT * INTO row_ FROM rate_limiter.state s
-        WHERE (s.key = _check_sharded.key OR (s.key IS NULL AND _check_sharded.key IS NULL)) AND s.name = stored
-          AND s.shard = rate_limiter._stored_shard(base, i);
-        states := states || rate_limiter._state_of(row_, c, name, key, now);
+        states := states || rate_limiter._state_of((rate_limiter._read_row(stored, key, rate_limiter._stored_shard(base, i))).row,
+                                                   c, name, key, now);
     END LOOP;
     RETURN (rate_limiter._plan(states, c, whole.shards, now, name, count, reserve)).d;
 END $$;
@@ -254,16 +237,12 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp 
 DECLARE
     c rate_limiter._config := rate_limiter._per_shard(whole);
     now float8 := rate_limiter._now();
-    row_ rate_limiter.state;
     one rate_limiter._state;
     best float8;
     i integer;
 BEGIN
     FOR i IN SELECT x FROM generate_series(0, whole.shards - 1) x ORDER BY random() LIMIT least(greatest(sample, 1), whole.shards) LOOP
-        SELECT * INTO row_ FROM rate_limiter.state r
-        WHERE (r.key = _value_sharded.key OR (r.key IS NULL AND _value_sharded.key IS NULL)) AND r.name = stored
-          AND r.shard = rate_limiter._stored_shard(base, i);
-        one := rate_limiter._state_of(row_, c, name, key, now);
+        one := rate_limiter._state_of((rate_limiter._read_row(stored, key, rate_limiter._stored_shard(base, i))).row, c, name, key, now);
         IF best IS NULL OR (rate_limiter._check(one, c, now, 0, false)).available >= best THEN
             best := (rate_limiter._check(one, c, now, 0, false)).available;
             s := one;
