@@ -53,12 +53,11 @@ impl Debit {
     }
 }
 
-/// What `admit` decided: the outcome as `plan` gives it, the instant it was decided at,
-/// and the debit's sequence number when it took tokens.
+/// What `admit` decided: the outcome as `plan` gives it (with the instant it was decided
+/// at), and the debit's sequence number when it took tokens.
 #[derive(Clone, Debug)]
 pub struct Admitted {
     pub outcome: Outcome,
-    pub at: f64,
     pub seq: Option<u64>,
 }
 
@@ -229,12 +228,12 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
         let at = self.admission_instant(now);
         let outcome = plan(&[self.tail.load()], config, at, count, reserve);
         if !outcome.ok || count <= 0.0 {
-            return Admitted { outcome, at, seq: None };
+            return Admitted { outcome, seq: None };
         }
         self.make_room(config);
         self.tail = S::store(outcome.after[0].0);
         self.list(Debit { seq, at, count, committed: false });
-        Admitted { outcome, at, seq: Some(seq) }
+        Admitted { outcome, seq: Some(seq) }
     }
 
     /// Give back `count` at `now` (`credit`), listed as number `seq`: counted by the tail only
@@ -245,11 +244,11 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
         let at = self.admission_instant(now);
         let outcome = plan_credit(&[self.tail.load()], config, at, count);
         if outcome.granted >= 0.0 {
-            return Admitted { outcome, at, seq: None };
+            return Admitted { outcome, seq: None };
         }
         self.make_room(config);
         self.list(Debit { seq, at, count: -count, committed: false });
-        Admitted { outcome, at, seq: Some(seq) }
+        Admitted { outcome, seq: Some(seq) }
     }
 
     fn list(&mut self, debit: Debit) {
@@ -447,14 +446,14 @@ mod tests {
                     let count = f64::from(rng.gen_range(1..=c.capacity as u32));
                     let admitted = escrow.admit(&c, now, count, false, seq);
                     if admitted.seq.is_some() {
-                        in_flight.push(Debit { seq, at: admitted.at, count, committed: false });
+                        in_flight.push(Debit { seq, at: admitted.outcome.at, count, committed: false });
                     }
                 }
                 4..=5 => {
                     let count = f64::from(rng.gen_range(1..=c.capacity as u32));
                     let given = escrow.credit(&c, now, count, seq);
                     if given.seq.is_some() {
-                        in_flight.push(Debit { seq, at: given.at, count: -count, committed: false });
+                        in_flight.push(Debit { seq, at: given.outcome.at, count: -count, committed: false });
                     }
                 }
                 6..=7 if !in_flight.is_empty() => {
@@ -558,7 +557,7 @@ mod tests {
                     let admitted = escrow.admit(c, at, count, reserve, seq);
                     assert_eq!(admitted.outcome.ok, admitted.seq.is_some(), "a call is listed exactly when it is admitted");
                     if let Some(seq) = admitted.seq {
-                        in_flight.push((Debit { seq, at: admitted.at, count, committed: false }, reserve));
+                        in_flight.push((Debit { seq, at: admitted.outcome.at, count, committed: false }, reserve));
                     }
                 }
                 5..=7 if !in_flight.is_empty() => {

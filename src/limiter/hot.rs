@@ -46,7 +46,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     }
     drop(guard);
     if let Some(seq) = admitted.seq {
-        log.insert(req.name, req.key, &Debit { seq, at: admitted.at, count: req.count, committed: false });
+        log.insert(req.name, req.key, &Debit { seq, at: admitted.outcome.at, count: req.count, committed: false });
     }
     if let Some(below) = fold_below {
         fold(&log, req.name, Some(req.key), config, below, c"rate_limit()");
