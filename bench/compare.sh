@@ -42,7 +42,7 @@ build_and_install >/dev/null
 restart_cluster
 
 step "medians of $ROUNDS rounds (calls/s for workload a; µs per call in process)"
-python3 - "$OUT/raw.tsv" <<'PY'
+"$DEBIAN_PYTHON" - "$OUT/raw.tsv" <<'PY'
 import statistics, sys
 rows = [line.split("\t") for line in open(sys.argv[1]).read().split("\n") if line]
 for metric in ("a_on", "a_off", "inproc_insert_us", "inproc_update_us"):

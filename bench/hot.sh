@@ -87,7 +87,7 @@ for round in $(seq "$ROUNDS"); do
                 if [ $w = log_sql ]; then  # rows numbered by its sequence, some deleted since
                     counted=$(($(bench_sql -c "SELECT last_value FROM floor_log_seq") - log_seq_before))
                 fi
-                if [ "$(python3 -c "print(round(float('$counted')) == int('$committed'))")" != True ]; then
+                if [ "$("$DEBIAN_PYTHON" -c "print(round(float('$counted')) == int('$committed'))")" != True ]; then
                     echo "ledger: $w counts $counted tokens used, pgbench committed $committed calls" >&2
                     exit 1
                 fi
@@ -98,7 +98,7 @@ for round in $(seq "$ROUNDS"); do
         done
     done
 done
-python3 - "$OUT/raw.tsv" <<'PY'
+"$DEBIAN_PYTHON" - "$OUT/raw.tsv" <<'PY'
 import statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().split("\n") if l]
 print("| one key, synchronous_commit = on | 8 clients | / insert | 32 clients | / insert |")

@@ -64,7 +64,7 @@ for round in $(seq "$ROUNDS"); do
         done
     done
 done
-python3 - "$OUT/raw.tsv" <<'PY'
+"$DEBIAN_PYTHON" - "$OUT/raw.tsv" <<'PY'
 import statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().split("\n") if l]
 def values(w, c):

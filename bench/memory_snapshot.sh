@@ -37,6 +37,6 @@ for n in 1000 10000 100000; do
         done
         landed=$(date +%s.%N)
         bytes=$(q -c "SELECT pg_current_wal_lsn() - '$before'::pg_lsn")
-        printf '| %s | %s | %s | %s | %.2f s |\n' "$n" "$round" "$bytes" "$((bytes / n))" "$(python3 -c "print($landed - $called)")"
+        printf '| %s | %s | %s | %s | %.2f s |\n' "$n" "$round" "$bytes" "$((bytes / n))" "$("$DEBIAN_PYTHON" -c "print($landed - $called)")"
     done
 done

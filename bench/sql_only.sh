@@ -62,7 +62,7 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
-python3 - "$RAW" "$ROOT/bench/sql_only.md" "$CLIENTS" "$DURATION" "$ROUNDS" "$N" <<'PY'
+"$DEBIAN_PYTHON" - "$RAW" "$ROOT/bench/sql_only.md" "$CLIENTS" "$DURATION" "$ROUNDS" "$N" <<'PY'
 import statistics, sys
 raw, out, clients, duration, rounds, n = sys.argv[1:]
 rows = [line.split("\t") for line in open(raw).read().splitlines() if line]

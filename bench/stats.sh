@@ -54,7 +54,7 @@ sql -F ' ' -c "SELECT path, pair, setting, seconds FROM timings ORDER BY path, p
 summary() {
     awk -v keys="$KEYS" -v path="$1" '$1 == path { t[$2 " " $3] = $4 }
         END { for (k in t) { split(k, a, " "); if (a[2] == "on") print t[k] * 1e6 / keys, t[a[1] " off"] * 1e6 / keys, t[k] / t[a[1] " off"] } }' "$RAW" |
-    python3 -c 'import sys, statistics as s; r = [list(map(float, l.split())) for l in sys.stdin]
+    "$DEBIAN_PYTHON" -c 'import sys, statistics as s; r = [list(map(float, l.split())) for l in sys.stdin]
 print("%.2f %.2f %.3f" % tuple(s.median(c[i] for c in r) for i in (1, 0, 2)))'
 }
 counted=$(sql -c "SELECT calls FROM rate_limiter.stats WHERE name = 'denied'")

@@ -40,7 +40,7 @@ step "medians of $ROUNDS rounds"
         echo "- PostgreSQL $NN: $("$(pg_bin "$NN")/pg_config" --version), from $(if [ "$NN" = 15 ]; then echo "Debian 12's package"; else echo "\`$(stamp_source "$(pg_prefix "$NN")" | cut -d' ' -f1-3)\` (scripts/servers.sh)"; fi); built against $(pg_headers_origin "$NN" | cut -d' ' -f1-3)."
     done
     echo
-    python3 - "$OUT/raw.tsv" "${SUPPORTED_MAJORS[@]}" <<'PY'
+    "$DEBIAN_PYTHON" - "$OUT/raw.tsv" "${SUPPORTED_MAJORS[@]}" <<'PY'
 import statistics, sys
 rows = [line.split("\t") for line in open(sys.argv[1]).read().split("\n") if line]
 versions = sys.argv[2:]

@@ -4,6 +4,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PGRX_VERSION=0.18.1
 source "$ROOT/scripts/servers.sh"
+source "$ROOT/scripts/runtimes.sh"
 # The PostgreSQL the benchmarks, the demo and the single-version steps use.
 PG_BIN=$(pg_bin 15)
 PG_CONFIG=$PG_BIN/pg_config
@@ -55,12 +56,11 @@ install_packages() {
     # tests' virtualenvs), make, bzip2 (PostgreSQL from source) and procps (pgrep) for the
     # test command, which a minimal Debian lacks; pg_cron and pg_repack for the operations
     # tests' recipes; a Java runtime, the JDBC driver and PgBouncer for the examples; PL/Proxy
-    # for rate_limiter_proxy; postgres_exporter for monitoring/.
+    # for rate_limiter_proxy; postgres_exporter for monitoring/. Node is the tests' own
+    # (obtain_node, runtimes.sh).
     install_debian_packages postgresql-server-dev-15 libclang-dev clang sudo pkg-config libssl-dev \
         python3-pip python3-venv make bzip2 procps postgresql-15-cron postgresql-15-repack \
         default-jre-headless libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy prometheus-postgres-exporter
-    # Node.js and npm for the Node examples and clients/node, where the machine has none.
-    command -v npm >/dev/null 2>&1 || install_debian_packages nodejs npm
 }
 
 install_pgrx() {
@@ -100,11 +100,12 @@ setup() {
 
 # .venv-bench with matplotlib, for the benchmarks' charts (bench/run.sh, bench/app/run.sh).
 install_bench_python() {
-    "$ROOT/.venv-bench/bin/python" -c "import matplotlib" >/dev/null 2>&1 && return
+    venv_of_debian_python "$ROOT/.venv-bench" >/dev/null \
+        && "$ROOT/.venv-bench/bin/python" -c "import matplotlib" >/dev/null 2>&1 && return
     step "installing matplotlib into .venv-bench"
     install_debian_packages python3-venv
     rm -rf "$ROOT/.venv-bench"
-    python3 -m venv "$ROOT/.venv-bench"
+    "$DEBIAN_PYTHON" -m venv "$ROOT/.venv-bench"
     "$ROOT/.venv-bench/bin/pip" install --quiet --disable-pip-version-check matplotlib==3.9.2
 }
 

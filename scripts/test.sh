@@ -9,16 +9,20 @@
 # 3 4` runs those only; RATE_LIMITER_PG_VERSIONS="15" runs on fewer versions. Ends with the
 # time each step took. Safe to run again.
 source "$(dirname "$0")/lib.sh"
-# Tier 4's pytest adds the seconds each version's tests took to this file.
+# Tier 4's pytest adds a line "VERSION SECONDS TEST" per test to this file.
 TIER4_TIMINGS=$(mktemp)
 tier4_timings() {
     local pg seconds
     while read -r pg seconds; do
         TIMINGS+=("$(minutes_seconds "$seconds")  tier 4 on $pg: its tests' time, summed over the workers")
     done < <(awk '{ t[$1] += $2 } END { for (v in t) printf "%s %d\n", v, t[v] + 0.5 }' "$TIER4_TIMINGS" | sort -n)
-    rm -f "$TIER4_TIMINGS"
 }
-trap 'tier4_timings; print_timings' EXIT
+slowest_tests() {
+    [ -s "$TIER4_TIMINGS" ] || return 0
+    step "the 20 slowest tests of tier 4 (seconds, PostgreSQL version, test)"
+    sort -k2,2 -g -r "$TIER4_TIMINGS" | head -n 20 | awk '{ printf "%7.1f  %-11s %s\n", $2, $1, $3 }'
+}
+trap 'tier4_timings; slowest_tests; print_timings; rm -f "$TIER4_TIMINGS"' EXIT
 tiers=" ${*:-0 1 2 3 4} "
 wants() { for t in "$@"; do [[ $tiers == *" $t "* ]] && return 0; done; return 1; }
 read -r -a VERSIONS <<< "${RATE_LIMITER_PG_VERSIONS:-${SUPPORTED_MAJORS[*]}}"
@@ -54,25 +58,37 @@ isolation() {
         $specs || { cat "$out/regression.diffs" 2>/dev/null; return 1; }
 }
 
-test_venv() {
-    [ -x "$ROOT/.venv/bin/pip" ] || python3 -m venv "$ROOT/.venv"
-    # Every time: a no-op when the pinned versions are there, an update when they changed.
-    "$ROOT/.venv/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
+test_runtimes() {
+    obtain_node
+    test_venv
 }
 
-# Tier 4's pytest, with the time each version's tests took written where print_timings finds it.
+# Both checks, each reporting what fails.
+tier0() {
+    local status=0
+    check_every_source || status=1
+    check_test_runtimes || status=1
+    return $status
+}
+
+# Tier 4's pytest on Debian's Python and Node, with the time each version's tests took written
+# where print_timings finds it.
 tier4() {
-    (cd "$ROOT" && PGDATABASE=rate_limiter_test RATE_LIMITER_TIMINGS="$TIER4_TIMINGS" \
+    (cd "$ROOT" && PATH="$NODE_BIN:$PATH" PGDATABASE=rate_limiter_test RATE_LIMITER_TIMINGS="$TIER4_TIMINGS" \
         .venv/bin/pytest -q -p no:cacheprovider "$@" tests)
 }
 
 step "links between the Markdown files (README.md, docs/, examples/, bench/)"
-timed "links" python3 "$ROOT/scripts/check_links.py" "$ROOT"
+timed "links" "$DEBIAN_PYTHON" "$ROOT/scripts/check_links.py" "$ROOT"
 # 15-upstream is the start of the major-version upgrade test.
 timed "obtaining what is missing (packages, PostgreSQL servers, cargo-pgrx)" setup "${VERSIONS[@]}" 15-upstream
+if wants 0 4; then
+    step "the tests' interpreters: Debian's Python (tier 4's virtualenv) and Node"
+    timed "the tests' Python and Node" test_runtimes
+fi
 if wants 0; then
-    step "tier 0: every download of every PostgreSQL version, checked against its pin"
-    timed "tier 0" check_every_source
+    step "tier 0: every download of every PostgreSQL version, checked against its pin; the tests' interpreters Debian's"
+    timed "tier 0" tier0
 fi
 # cargo pgrx test --runas copies its build over the installed library with `sudo cp`, which
 # rewrites the file that a running server has mapped (a backend of a preloading server died
@@ -87,7 +103,10 @@ if wants 1 2; then
     done
 fi
 wants 3 4 || exit 0
-# cargo pgrx test installed its test build; install the real one for the cluster tests.
+# cargo pgrx test installed its test build; install the real one for the cluster tests. The
+# clusters run without fsync, as PostgreSQL's own tests do: no test cuts the power, and a
+# checkpoint (each DROP DATABASE asks for one) need not wait for the disk.
+CLUSTER_SETTINGS="$CLUSTER_SETTINGS -c fsync=off"
 for NN in "${VERSIONS[@]}"; do
     timed "release build and install on $NN" build_and_install "$NN"
     start_cluster "$NN"
@@ -102,7 +121,6 @@ if wants 4; then
     # shared build machine: the packages' modes must not follow it.
     timed "Debian packages" bash -c "umask 002 && bash '$ROOT/scripts/package.sh' >/dev/null"
     for NN in "${VERSIONS[@]}"; do fresh_database rate_limiter_test "$NN"; done
-    timed "tier 4's virtualenv" test_venv
     # First those that replace the installed library (dpkg), which no other test may load
     # meanwhile; then the rest, several at once, each worker with its own ports and clusters.
     step "tier 4: the tests that replace installed files, alone"

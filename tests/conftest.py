@@ -87,24 +87,27 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Each report carries its test's version, which reaches the controller under xdist."""
+    """Each report carries its test's version (of a major upgrade, the one upgraded to), which
+    reaches the controller under xdist."""
     outcome = yield
-    callspec = getattr(item, "callspec", None)
-    outcome.get_result().user_properties.append(("pg", str(callspec.params.get("pg", "15")) if callspec else "15"))
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    outcome.get_result().user_properties.append(("pg", str(params.get("pg") or params.get("new") or "15")))
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The seconds the tests of each version took (setup, call and teardown, summed over the
-    workers), added to the file the test command prints its steps' times from
-    (RATE_LIMITER_TIMINGS)."""
+    """Each test's seconds (setup, call and teardown) with its version, one line "VERSION
+    SECONDS TEST" per test and run, added to the file the test command prints its steps' times
+    and the slowest tests from (RATE_LIMITER_TIMINGS)."""
     path = os.environ.get("RATE_LIMITER_TIMINGS")
-    if not path:
+    # Under xdist each worker has a terminal summary of its own tests too: only the controller's
+    # counts (both once counted every test twice).
+    if not path or "PYTEST_XDIST_WORKER" in os.environ:
         return
     seconds = {}
     for reports in terminalreporter.stats.values():
         for report in reports:
             pg = dict(getattr(report, "user_properties", ())).get("pg")
             if pg is not None and hasattr(report, "duration"):
-                seconds[pg] = seconds.get(pg, 0.0) + report.duration
+                seconds[pg, report.nodeid] = seconds.get((pg, report.nodeid), 0.0) + report.duration
     with open(path, "a") as f:
-        f.writelines(f"{pg} {total:.1f}\n" for pg, total in sorted(seconds.items()))
+        f.writelines(f"{pg} {total:.2f} {test}\n" for (pg, test), total in sorted(seconds.items()))

@@ -2,9 +2,9 @@
 transaction's call and a row of what it was granted, in one transaction, so that what
 committed transactions were granted plus what the limit has left is what it had."""
 
-import random
 import time
 
+from properties import seeded
 from clusters import connect
 from together import in_sessions
 
@@ -50,7 +50,7 @@ def mixed_load(dbname, name, key, sessions, calls, stop=None, server=None):
     commit, some roll back whole, some roll back a savepoint around a call, a few hold their
     transaction open a moment so that debits are in flight together."""
     def body(i):
-        rng = random.Random(i)
+        rng = seeded(i)
         with session(dbname, server=server) as conn:
             for _ in range(calls):
                 if stop is not None and stop.is_set():

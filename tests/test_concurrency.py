@@ -3,7 +3,6 @@ held at once, by transactions until they end and by leases until they expire or 
 Checked from outside: a ledger of holders kept by the clients themselves, entered after a
 grant and left before the slot is given back, must never count more than the limit."""
 
-import random
 import threading
 import time
 import uuid
@@ -11,6 +10,7 @@ import uuid
 import psycopg
 import pytest
 
+from properties import seeded
 from calls import define
 from clusters import DATABASE, PORTS, every_version, wait_for
 from together import in_sessions
@@ -54,7 +54,7 @@ def test_never_more_holders_than_slots_among_sessions_holding_by_transaction_and
     ledger = Ledger()
 
     def session(i):
-        rng = random.Random(i)
+        rng = seeded(i)
         denied = 0
         with main.connect(DATABASE) as c:
             for _ in range(rounds):

@@ -295,12 +295,7 @@ def test_a_standby_and_a_subscriber_agree_with_the_primary(clusters):
         c.execute("CREATE EXTENSION rate_limiter")
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
         c.execute("CREATE PUBLICATION everything FOR ALL TABLES")
-    os.makedirs(standby.dir, exist_ok=True)
-    subprocess.run(["chown", "postgres:", standby.dir], check=True)
-    as_postgres(f"{standby.bin}/pg_basebackup", "-h", "/tmp", "-p", str(primary.port), "-U", "postgres",
-                "-D", standby.dir, "-R", "-X", "stream")
-    os.chmod(standby.dir, 0o700)
-    standby.start()
+    standby.follow(primary)
     with subscriber.connect() as c:
         c.execute("CREATE EXTENSION rate_limiter")
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")

@@ -3,7 +3,6 @@ change of the limit that rolls back, a mode switch inside one transaction, a sub
 takes only the limits, a new database given a dropped one's OID. Each ends with the number
 of calls the limit still admits, which must be what its committed history leaves."""
 
-import random
 import threading
 import time
 
@@ -11,6 +10,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from properties import seeded
 from calls import define
 from clusters import PORTS, wait_for
 from together import in_sessions
@@ -306,7 +306,7 @@ def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_ev
     evicted = []
 
     def work(i):
-        rng = random.Random(i)
+        rng = seeded(i)
         with psycopg.connect(dbname=database, autocommit=True) as conn:
             conn.execute(f"SET rate_limiter.fake_now = '{NOW}'")
             if i % 3 == 0:
@@ -327,7 +327,7 @@ def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_ev
                     pass  # a row-based key at REPEATABLE READ, while the limit is out of the mode
 
     def disrupt():
-        rng = random.Random(99)
+        rng = seeded(99)
         with psycopg.connect(dbname=database, autocommit=True) as conn:
             conn.execute(f"SET rate_limiter.fake_now = '{NOW}'")
             hot, drained = True, False

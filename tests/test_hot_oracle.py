@@ -13,10 +13,11 @@ import uuid
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from psycopg import errors
 
+from properties import drawn
 from clusters import PORTS, every_version
 
 START_MS = 1_893_456_000_000  # 2030-01-01 00:00:00+00
@@ -212,8 +213,7 @@ def sequences_of(lists, examples, hot_conn, oracle_conn, cluster, mode="hot"):
     replaces the sessions, so the latest are kept in `sides`."""
     sides = {"hot": hot_conn, "oracle": oracle_conn}
 
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @drawn(examples)
     @given(lists)
     def sequences(ops):
         name = "o_" + uuid.uuid4().hex[:10]

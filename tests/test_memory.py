@@ -5,7 +5,6 @@ the bound is the ledger's (tests/ledger.py); the answers against a row-based lim
 tests/test_hot_oracle.py's, rollbacks and nested savepoints tests/test_hot.py's."""
 
 import os
-import random
 import re
 import subprocess
 import time
@@ -13,6 +12,7 @@ import time
 import pytest
 from psycopg import errors
 
+from properties import seeded
 from calls import define
 from clusters import PORTS, as_postgres, every_version, wait_for
 from ledger import NOW, granted, ledger, mixed_load, remaining, session
@@ -77,7 +77,7 @@ def test_rate_limit_all_under_concurrent_sessions_takes_every_part_or_none(main,
         define(admin, "dur", rate=1000, period="1 day")
 
     def body(i):
-        rng = random.Random(i)
+        rng = seeded(i)
         with session(database, server=main) as conn:
             for _ in range(30):
                 with conn.transaction(force_rollback=rng.random() < 0.2):
@@ -244,12 +244,7 @@ def test_a_standby_counts_its_own_calls_and_once_promoted_the_primarys_last_snap
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
         define(c, "mem", rate=5, period="1 hour", durable=False)
         c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
-    os.makedirs(standby.dir, exist_ok=True)
-    subprocess.run(["chown", "postgres:", standby.dir], check=True)
-    as_postgres(f"{standby.bin}/pg_basebackup", "-h", "/tmp", "-p", str(primary.port), "-U", "postgres",
-                "-D", standby.dir, "-R", "-X", "stream")
-    os.chmod(standby.dir, 0o700)
-    standby.start()
+    standby.follow(primary)
     with standby.connect() as s:
         wait_for(lambda: s.execute("SELECT count(*) FROM rate_limiter.limits WHERE name = 'mem'").fetchone() == (1,),
                  "the limit replayed")

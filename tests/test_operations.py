@@ -310,13 +310,7 @@ def test_physical_standby_reads_refuses_writes_and_continues_after_promotion(clu
         c.execute("SELECT rate_limiter.rate_limit('l', 'k', 3)")
         c.execute("SELECT rate_limiter.define('c', 'concurrency', 2, '1 minute')")
         lease = c.execute("SELECT lease_id FROM rate_limiter.acquire('c', 'k', lease => '1 hour')").fetchone()[0]
-    os.makedirs(standby.dir, exist_ok=True)
-    as_postgres("chown", "postgres:", standby.dir, check=False)
-    subprocess.run(["chown", "postgres:", standby.dir], check=True)
-    as_postgres(f"{standby.bin}/pg_basebackup", "-h", "/tmp", "-p", str(primary.port), "-U", "postgres",
-                "-D", standby.dir, "-R", "-X", "stream")
-    os.chmod(standby.dir, 0o700)
-    standby.start()
+    standby.follow(primary)
     with primary.connect() as p, standby.connect() as s:
         p.execute("SELECT rate_limiter.rate_limit('l', 'k', 2)")
         lsn = p.execute("SELECT pg_current_wal_lsn()").fetchone()[0]

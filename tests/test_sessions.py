@@ -5,7 +5,6 @@ PG* environment the test command sets (socket in /tmp, user postgres, a fresh da
 """
 
 import json
-import random
 import threading
 import time
 import uuid
@@ -14,6 +13,7 @@ import psycopg
 import pytest
 from psycopg import errors, sql
 
+from properties import seeded
 from calls import define, hammer, limit
 from clusters import connect, wait_for
 from together import in_sessions
@@ -425,7 +425,7 @@ def test_concurrent_takes_and_credits_stay_exact(db, name):
 
     def session(i):
         committed = 0.0
-        rng = random.Random(i)
+        rng = seeded(i)
         with connect(dbname=db.info.dbname, autocommit=False) as c:
             c.execute(pin)
             c.commit()
