@@ -51,13 +51,19 @@ obtain_node() {
     printf 'source: %s\nobtained: %s\n' "$source" "$("$NODE_BIN/node" --version)" > "$NODE_CACHE/.complete"
 }
 
-# The pinned Node and npm, downloaded into the current directory and unpacked into NODE_CACHE.
-unpack_node() {
+# The pinned Node and npm downloaded into the current directory (node.tgz, npm.tgz) and
+# checked against their pins; on failure prints why.
+fetch_node() {
     local url sha
     read -r url sha <<<"$NODE_SOURCE"
     download "$url" node.tgz "$sha" || return 1
     read -r url sha <<<"$NPM_SOURCE"
-    download "$url" npm.tgz "$sha" || return 1
+    download "$url" npm.tgz "$sha"
+}
+
+# The pinned Node and npm, downloaded into the current directory and unpacked into NODE_CACHE.
+unpack_node() {
+    fetch_node || return 1
     mkdir -p "$NODE_CACHE/lib/node_modules/npm" "$NODE_BIN"
     tar xzf node.tgz && install -m 755 package/bin/node "$NODE_BIN/node" || return 1
     tar xzf npm.tgz -C "$NODE_CACHE/lib/node_modules/npm" --strip-components=1 || return 1
@@ -67,7 +73,7 @@ unpack_node() {
 # Tier 4's virtualenv (.venv), made from Debian's Python (again, if an earlier run made it from
 # another), with the pinned test dependencies.
 test_venv() {
-    venv_of_debian_python "$ROOT/.venv" || { rm -rf "$ROOT/.venv"; "$DEBIAN_PYTHON" -m venv "$ROOT/.venv"; }
+    venv_of_debian_python "$ROOT/.venv" >/dev/null || { rm -rf "$ROOT/.venv"; "$DEBIAN_PYTHON" -m venv "$ROOT/.venv"; }
     # Every time: a no-op when the pinned versions are there, an update when they changed.
     "$ROOT/.venv/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
 }
@@ -82,9 +88,10 @@ venv_of_debian_python() {
 }
 
 # Tier 0: fails naming each virtualenv of the commands that is not made from Debian's Python,
-# and the Node of NODE_BIN if it is not Debian 12's major (Debian's package or its pinned copy).
+# the Node of NODE_BIN if it is not Debian 12's major (Debian's package or its pinned copy),
+# and the pinned copy's downloads if they no longer match.
 check_test_runtimes() {
-    local venv why failed=() node version
+    local venv why failed=() node version work
     # .venv-bench where the benchmarks made it.
     for venv in "$ROOT/.venv" "$ROOT/.venv-bench"; do
         [ -e "$venv" ] || [ "$venv" = "$ROOT/.venv" ] || continue
@@ -94,6 +101,15 @@ check_test_runtimes() {
             failed+=("$why")
         fi
     done
+    # The pins of the copy, downloaded afresh whichever Node is in use: a source that vanishes
+    # is seen the day it vanishes, as PostgreSQL's are.
+    work=$(mktemp -d)
+    if why=$(cd "$work" && fetch_node 2>&1); then
+        echo "ok: the pinned Node and npm download and match their sha256"
+    else
+        failed+=("the pinned Node or npm: $why")
+    fi
+    rm -rf "$work"
     node=$(readlink -f "$NODE_BIN/node" 2>/dev/null) || node=""
     version=$("$NODE_BIN/node" --version 2>/dev/null) || version=""
     if [[ $version != "v$DEBIAN_NODE_MAJOR."* ]]; then
@@ -106,7 +122,7 @@ check_test_runtimes() {
         failed+=("the tests' Node is $node, neither Debian's package nor the pinned copy of its release")
     fi
     if [ ${#failed[@]} -gt 0 ]; then
-        printf 'not the interpreter of Debian 12: %s\n' "${failed[@]}" >&2
+        printf "the tests' interpreters: %s\n" "${failed[@]}" >&2
         return 1
     fi
 }

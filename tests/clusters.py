@@ -156,3 +156,11 @@ def wait_for(predicate, what, timeout=60, interval=0.1, detail=lambda: ""):
     while not predicate():
         assert time.time() < deadline, f"timed out waiting for {what} {detail()}"
         time.sleep(interval)
+
+
+def rows_reach(cluster, table, n, dbname="postgres"):
+    """Waits until `table` on the cluster holds at least n rows: a load running there has
+    committed that much."""
+    with cluster.connect(dbname) as c:
+        wait_for(lambda: c.execute(f"SELECT count(*) FROM {table}").fetchone()[0] >= n, f"{n} rows in {table}",
+                 timeout=30, detail=cluster.log)

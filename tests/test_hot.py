@@ -13,7 +13,7 @@ import pytest
 from psycopg import errors
 
 from calls import amcheck_clean, define
-from clusters import PORTS, as_postgres, every_version, wait_for
+from clusters import PORTS, as_postgres, every_version, rows_reach, wait_for
 from ledger import NOW, granted, ledger, mixed_load, remaining, session, take
 
 
@@ -263,7 +263,8 @@ def test_kill_9_under_load_three_times_loses_nothing_and_admits_nothing_extra(cl
         load = subprocess.Popen([f"{cluster.bin}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
                                  "-n", "-c", "8", "-T", "20", "-f", str(script), "postgres"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(3)
+        # Killed mid-load, once it has committed more than the check below asks.
+        rows_reach(cluster, "ledger", 300 * (crash + 1))
         cluster.kill9()
         load.wait(30)
         cluster.start()

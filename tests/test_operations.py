@@ -12,7 +12,7 @@ import pytest
 from psycopg import errors
 
 from calls import amcheck_clean
-from clusters import PG_BIN, PORTS, as_postgres, connect, every_version, wait_for
+from clusters import PG_BIN, PORTS, as_postgres, connect, every_version, rows_reach, wait_for
 
 NOW = "2030-01-01 00:00:00+00"
 
@@ -405,7 +405,8 @@ def test_kill_9_under_load_three_times_loses_nothing(clusters, tmp_path):
         load = subprocess.Popen([f"{cluster.bin}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
                                  "-n", "-c", "4", "-T", "20", "-f", str(script), "postgres"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(3)
+        # Killed mid-load, once it has committed more than the check below asks.
+        rows_reach(cluster, "ledger", 300 * (crash + 1))
         cluster.kill9()
         load.wait(30)
         cluster.start()
@@ -519,6 +520,8 @@ def test_no_database_owner_can_stop_or_slow_pruning_in_another_database(clusters
         wait_for(lambda: not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone(),
                  "the terminated worker to end", timeout=10)
         held.rollback()
+    # The launcher goes on with b (at the shorter interval again: not a wait of 8 s).
+    interval("2s")
     pruned_in_b(within=30)
 
 
