@@ -20,7 +20,8 @@ tier4_timings() {
 slowest_tests() {
     [ -s "$TIER4_TIMINGS" ] || return 0
     step "the 20 slowest tests of tier 4 (seconds, PostgreSQL version, test)"
-    sort -k2,2 -g -r "$TIER4_TIMINGS" | head -n 20 | awk '{ printf "%7.1f  %-11s %s\n", $2, $1, $3 }'
+    # Not head, which would end sort with SIGPIPE (and, under pipefail, the run with 141).
+    sort -k2,2 -g -r "$TIER4_TIMINGS" | awk 'NR <= 20 { printf "%7.1f  %-11s %s\n", $2, $1, $3 }'
 }
 trap 'tier4_timings; slowest_tests; print_timings; rm -f "$TIER4_TIMINGS"' EXIT
 tiers=" ${*:-0 1 2 3 4} "
