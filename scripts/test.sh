@@ -9,8 +9,9 @@
 # 3 4` runs those only; RATE_LIMITER_PG_VERSIONS="15" runs on fewer versions. Ends with the
 # time each step took. Safe to run again.
 source "$(dirname "$0")/lib.sh"
-# Tier 4's pytest adds a line "VERSION SECONDS TEST" per test to this file.
-TIER4_TIMINGS=$(mktemp)
+# Tier 4's pytest adds a line "VERSION SECONDS TEST" per test to this file, kept after the run.
+TIER4_TIMINGS=$ROOT/target/tier4_times.txt
+mkdir -p "$ROOT/target" && : > "$TIER4_TIMINGS"
 tier4_timings() {
     local pg seconds
     while read -r pg seconds; do
@@ -23,7 +24,7 @@ slowest_tests() {
     # Not head, which would end sort with SIGPIPE (and, under pipefail, the run with 141).
     sort -k2,2 -g -r "$TIER4_TIMINGS" | awk 'NR <= 20 { printf "%7.1f  %-11s %s\n", $2, $1, $3 }'
 }
-trap 'tier4_timings; slowest_tests; print_timings; rm -f "$TIER4_TIMINGS"' EXIT
+trap 'tier4_timings; slowest_tests; print_timings' EXIT
 tiers=" ${*:-0 1 2 3 4} "
 wants() { for t in "$@"; do [[ $tiers == *" $t "* ]] && return 0; done; return 1; }
 read -r -a VERSIONS <<< "${RATE_LIMITER_PG_VERSIONS:-${SUPPORTED_MAJORS[*]}}"
@@ -72,8 +73,8 @@ tier0() {
     return $status
 }
 
-# Tier 4's pytest on Debian's Python and Node, with the time each version's tests took written
-# where print_timings finds it.
+# Tier 4's pytest on Debian's Python and Node, with each test's time written where
+# print_timings and slowest_tests find it.
 tier4() {
     (cd "$ROOT" && PATH="$NODE_BIN:$PATH" PGDATABASE=rate_limiter_test RATE_LIMITER_TIMINGS="$TIER4_TIMINGS" \
         .venv/bin/pytest -q -p no:cacheprovider "$@" tests)
