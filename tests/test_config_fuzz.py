@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from properties import drawn
+from properties import drawn, examples_on
 from clusters import every_version
 
 EDGES = [0, 1e-300, 1e-4, 0.5, 1, 2, 3, 10, 64, 65, 1000, 60000, 1e9, 1e15, 1e15 + 1, 9.3e15, 1e300, -1, -1e300]
@@ -67,13 +67,13 @@ def attempt(conn, sql, args):
 
 
 @every_version
-def test_no_config_or_count_reaches_an_internal_error(main, database):
+def test_no_config_or_count_reaches_an_internal_error(main, database, pg):
     with main.connect(database) as conn:
         # Thousands of limit names: kept out of the statistics (other tests need their room).
         conn.execute("SET rate_limiter.track_stats = off")
         conn.execute("SET statement_timeout = '5s'")
 
-        @drawn(1500)
+        @drawn(examples_on(pg, 1500))
         @given(CONFIGS, CALLS, NOWS, st.booleans(), st.booleans())
         def calls(config, calls, now, named, hot):
             conn.execute("SELECT set_config('rate_limiter.fake_now', %s, false)", (now,))

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from psycopg import errors
 
-from properties import drawn
+from properties import drawn, examples_on
 from clusters import PORTS, every_version
 
 START_MS = 1_893_456_000_000  # 2030-01-01 00:00:00+00
@@ -245,25 +245,26 @@ def with_oracle_database(server, database, body):
 
 
 @every_version
-def test_a_hot_limit_answers_as_its_row_based_oracle(main, database):
+def test_a_hot_limit_answers_as_its_row_based_oracle(main, database, pg):
     def body(oracle_db):
         cluster = Cluster(main, database)
         with cluster.session(database) as h, cluster.session(oracle_db) as o:
-            sequences_of(st.lists(OPS, min_size=5, max_size=40), 3000, h, o, cluster)
+            sequences_of(st.lists(OPS, min_size=5, max_size=40), examples_on(pg, 3000), h, o, cluster)
         cluster.evicting.close()
 
     with_oracle_database(main, database, body)
 
 
 @every_version
-def test_a_memory_limit_answers_as_its_row_based_oracle(main, database):
+def test_a_memory_limit_answers_as_its_row_based_oracle(main, database, pg):
     """The same sequences on a memory limit (durable => false, docs/memory-limits.md), with
     credits, and its own documented refusal: a call after a reset or change of it in the
     transaction."""
     def body(oracle_db):
         cluster = Cluster(main, database)
         with cluster.session(database) as m, cluster.session(oracle_db) as o:
-            sequences_of(st.lists(MEMORY_OPS, min_size=5, max_size=40), 1500, m, o, cluster, mode="memory")
+            sequences_of(st.lists(MEMORY_OPS, min_size=5, max_size=40), examples_on(pg, 1500), m, o, cluster,
+                         mode="memory")
         cluster.evicting.close()
 
     with_oracle_database(main, database, body)
