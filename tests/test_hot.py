@@ -259,17 +259,19 @@ def test_kill_9_under_load_three_times_loses_nothing_and_admits_nothing_extra(cl
         FULL JOIN (SELECT g::text AS k, %s - remaining AS used
                    FROM generate_series(1, 4) g, rate_limiter.check_rate_limit('crash', g::text, 0)) s
         USING (k) WHERE l.granted IS DISTINCT FROM s.used AND NOT (l.granted IS NULL AND s.used = 0)"""
+    rows_before = 0
     for crash in range(3):
         load = subprocess.Popen([f"{cluster.bin}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
                                  "-n", "-c", "8", "-T", "20", "-f", str(script), "postgres"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # Killed mid-load, once it has committed more than the check below asks.
-        rows_reach(cluster, "ledger", 300 * (crash + 1))
+        # Killed mid-load, once this round's load has committed 300 rows (not at its start,
+        # where the rows of the rounds before would already be enough).
+        rows_reach(cluster, "ledger", rows_before + 300)
         cluster.kill9()
         load.wait(30)
         cluster.start()
         with cluster.connect() as c:
-            rows = c.execute("SELECT count(*) FROM ledger").fetchone()[0]
+            rows = rows_before = c.execute("SELECT count(*) FROM ledger").fetchone()[0]
             assert rows > 100 * (crash + 1), "the load ran"
             # From the tables (no escrow yet), then from the escrow the first call loads.
             assert c.execute(check, (capacity,)).fetchone() == (0,), f"crash {crash + 1}: the tables disagree with the ledger"

@@ -401,12 +401,14 @@ def test_kill_9_under_load_three_times_loses_nothing(clusters, tmp_path):
     script = tmp_path / "load.sql"
     script.write_text(LOAD)
     os.chmod(tmp_path, 0o755)
+    rows_before = 0
     for crash in range(3):
         load = subprocess.Popen([f"{cluster.bin}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
                                  "-n", "-c", "4", "-T", "20", "-f", str(script), "postgres"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # Killed mid-load, once it has committed more than the check below asks.
-        rows_reach(cluster, "ledger", 300 * (crash + 1))
+        # Killed mid-load, once this round's load has committed 300 rows (not at its start,
+        # where the rows of the rounds before would already be enough).
+        rows_reach(cluster, "ledger", rows_before + 300)
         cluster.kill9()
         load.wait(30)
         cluster.start()
@@ -415,7 +417,7 @@ def test_kill_9_under_load_three_times_loses_nothing(clusters, tmp_path):
                 SELECT count(*) FROM (SELECT k::text AS key, sum(granted) AS granted FROM ledger GROUP BY k) l
                 FULL JOIN (SELECT key, 1000000000 - value AS used FROM rate_limiter.state WHERE name = 'crash') s
                 USING (key) WHERE l.granted IS DISTINCT FROM s.used""").fetchone()[0]
-            rows = c.execute("SELECT count(*) FROM ledger").fetchone()[0]
+            rows = rows_before = c.execute("SELECT count(*) FROM ledger").fetchone()[0]
             assert rows > 100 * (crash + 1), "the load ran"
             assert mismatches == 0, f"crash {crash + 1}: {mismatches} keys disagree with the ledger"
             amcheck_clean(c)
