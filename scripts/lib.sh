@@ -96,6 +96,44 @@ setup() {
     done
     use_build_headers
     install_pgrx
+    use_build_cache
+}
+
+# Cargo's build directory, outside the clone and kept from run to run: the dependencies
+# (among them pgrx-pg-sys with its bindings of each major's headers) are compiled once per
+# machine rather than once per clone, and a run compiles only the crate, which cargo
+# fingerprints by its path and sources. pgrx-pg-sys is not rebuilt when headers change in
+# place (a new postgresql-server-dev-15, another source of 17's headers), so the directory
+# records the headers it was built against and starts empty when one of them changed. The
+# crate's own artifacts that no run touched for a day (those of other clones) are removed.
+# A CARGO_TARGET_DIR set already (by the caller, or by an earlier setup) is kept.
+use_build_cache() {
+    [ -z "${CARGO_TARGET_DIR:-}" ] || return 0
+    local dir=$PG_CACHE/cargo-target NN now built
+    now=$(mktemp)
+    for NN in "${SUPPORTED_MAJORS[@]}"; do
+        if [ "$NN" = 15 ]; then
+            echo "15 $(dpkg-query -W -f='${Version}' postgresql-server-dev-15)"
+        elif [ -f "$(pg_headers_prefix "$NN")/.complete" ]; then
+            echo "$NN $(grep -v '^at:' "$(pg_headers_prefix "$NN")/.complete" | paste -sd ' ')"
+        fi
+    done > "$now"
+    if [ -f "$dir/headers" ]; then
+        while read -r NN built; do
+            if ! grep -qxF "$NN $built" "$now" && grep -q "^$NN " "$now"; then
+                step "the headers of $NN changed since the build cache was made: emptying $dir"
+                rm -rf "$dir"
+                break
+            fi
+        done < "$dir/headers"
+    fi
+    mkdir -p "$dir" && touch "$dir/headers"
+    sort -u "$now" "$dir/headers" | sort -k1,1 -u > "$dir/headers.new"
+    mv "$dir/headers.new" "$dir/headers"
+    rm -f "$now"
+    find "$dir"/*/{deps,.fingerprint,incremental,build} -maxdepth 1 -name '*rate_limiter*' -mtime +0 \
+        -exec rm -rf {} + 2>/dev/null || true
+    export CARGO_TARGET_DIR=$dir
 }
 
 # .venv-bench with matplotlib, for the benchmarks' charts (bench/run.sh, bench/app/run.sh).
