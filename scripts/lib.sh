@@ -101,12 +101,13 @@ setup() {
 
 # Cargo's build directory, outside the clone and kept from run to run: the dependencies
 # (among them pgrx-pg-sys with its bindings of each major's headers) are compiled once per
-# machine rather than once per clone, and a run compiles only the crate, which cargo
-# fingerprints by its path and sources. pgrx-pg-sys is not rebuilt when headers change in
-# place (a new postgresql-server-dev-15, another source of 17's headers), so the directory
-# records the headers it was built against and starts empty when one of them changed. The
-# crate's own artifacts that no run touched for a day (those of other clones) are removed.
-# A CARGO_TARGET_DIR set already (by the caller, or by an earlier setup) is kept.
+# machine rather than once per clone. pgrx-pg-sys is not rebuilt when headers change in place
+# (a new postgresql-server-dev-15, another source of 17's headers), so the directory records
+# the headers it was built against and starts empty when one of them changed. The crate's
+# own artifacts are named alike from every checkout and judged fresh by their sources'
+# mtimes, so after another checkout's build cargo is made to forget them (their
+# fingerprints) and compiles this checkout's sources. A CARGO_TARGET_DIR set already (by the
+# caller, or by an earlier setup) is kept.
 use_build_cache() {
     [ -z "${CARGO_TARGET_DIR:-}" ] || return 0
     local dir=$PG_CACHE/cargo-target NN now built
@@ -131,8 +132,11 @@ use_build_cache() {
     sort -u "$now" "$dir/headers" | sort -k1,1 -u > "$dir/headers.new"
     mv "$dir/headers.new" "$dir/headers"
     rm -f "$now"
-    find "$dir"/*/{deps,.fingerprint,incremental,build} -maxdepth 1 -name '*rate_limiter*' -mtime +0 \
-        -exec rm -rf {} + 2>/dev/null || true
+    if [ "$(cat "$dir/checkout" 2>/dev/null)" != "$ROOT" ]; then
+        find "$dir" -mindepth 3 -maxdepth 3 -path '*/.fingerprint/*' \
+            \( -name 'rate_limiter-*' -o -name 'rate-limiter-*' \) -exec rm -rf {} +
+        echo "$ROOT" > "$dir/checkout"
+    fi
     export CARGO_TARGET_DIR=$dir
 }
 
@@ -147,6 +151,37 @@ install_bench_python() {
     "$ROOT/.venv-bench/bin/pip" install --quiet --disable-pip-version-check matplotlib==3.9.2
 }
 
+# Where build_release lays out the build for PostgreSQL $1.
+built_dir() { echo "$ROOT/target/built/pg$1"; }
+
+# The release build for PostgreSQL $1, laid out under built_dir as it installs (cargo pgrx
+# package: the library, the control file, the generated install script and the update
+# scripts, under the server's own paths); the whole output only on failure. One build serves
+# the install (install_built) and the Debian package (scripts/package.sh): the library is a
+# cdylib, one file in cargo's directory for every major, so a second build of the same major
+# after another's compiles the crate again.
+build_release() {
+    local NN=$1 out log
+    out=$(built_dir "$NN") log=$(mktemp)
+    rm -rf "$out"
+    (cd "$ROOT" && cargo pgrx package --pg-config "$(pg_bin "$NN")/pg_config" --no-default-features \
+        --features "pg$NN" --out-dir "$out") > "$log" 2>&1 || { cat "$log"; rm -f "$log"; return 1; }
+    grep -E 'Finished' "$log" || true
+    rm -f "$log"
+}
+
+# What build_release laid out for PostgreSQL $1, installed into it (`install` replaces the
+# library by a new file, which a backend that has the old one mapped keeps), with earlier
+# versions' install scripts (so CREATE EXTENSION ... VERSION and updates work) and the SQL-only
+# companion extension for a PL/Proxy router.
+install_built() {
+    local NN=$1 out pg_config
+    out=$(built_dir "$NN") pg_config=$(pg_bin "$NN")/pg_config
+    as_root install -m 755 "$out$($pg_config --pkglibdir)/rate_limiter.so" "$($pg_config --pkglibdir)/"
+    as_root cp "$out$($pg_config --sharedir)"/extension/* "$ROOT"/sql/archive/rate_limiter--*.sql \
+        "$ROOT"/proxy/rate_limiter_proxy.control "$ROOT"/proxy/rate_limiter_proxy--*.sql "$($pg_config --sharedir)/extension/"
+}
+
 # Build for PostgreSQL $1 (15 by default) and install into it, or into 15-upstream's prefix
 # the library built for 15 (one major, one ABI).
 build_and_install() {
@@ -158,18 +193,8 @@ build_and_install() {
         as_root cp "$($PG_CONFIG --sharedir)"/extension/rate_limiter*.{control,sql} "$($pg_config --sharedir)/extension/"
         return
     fi
-    local log
-    log=$(mktemp)
-    # The whole output only on failure, which stops the script.
-    (cd "$ROOT" && cargo pgrx install --release --pg-config "$pg_config" --no-default-features --features "pg$NN") \
-        > "$log" 2>&1 || { cat "$log"; rm -f "$log"; return 1; }
-    grep -E 'Installing|Finished' "$log" || true
-    rm -f "$log"
-    # Earlier versions' install scripts, so CREATE EXTENSION ... VERSION and upgrades work.
-    as_root cp "$ROOT"/sql/archive/rate_limiter--*.sql "$($pg_config --sharedir)/extension/"
-    # The companion extension for a PL/Proxy router is SQL only.
-    as_root cp "$ROOT"/proxy/rate_limiter_proxy.control "$ROOT"/proxy/rate_limiter_proxy--*.sql \
-        "$($pg_config --sharedir)/extension/"
+    build_release "$NN"
+    install_built "$NN"
 }
 
 # The throwaway cluster of PostgreSQL $1 (15 by default), created and started if need be.

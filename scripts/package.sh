@@ -10,7 +10,11 @@
 # (scripts/servers.sh), as Debian builds extensions for its server. Written to
 # target/packages/. dpkg installs a package's files by rename, so installing one
 # under a running server never rewrites a library a backend has mapped. Safe to run again.
+# `--prebuilt` packages the release builds already laid out by build_release (lib.sh), as the
+# test command does with the build it installed and tests.
 source "$(dirname "$0")/lib.sh"
+PREBUILT=""
+if [ "${1:-}" = --prebuilt ]; then PREBUILT=yes; shift; fi
 MAJORS=("${@:-${SUPPORTED_MAJORS[@]}}")
 for NN in "${MAJORS[@]}"; do
     [[ " ${SUPPORTED_MAJORS[*]} " == *" $NN "* ]] || { echo "not a supported major: $NN (${SUPPORTED_MAJORS[*]})" >&2; exit 2; }
@@ -54,14 +58,14 @@ for NN in "${MAJORS[@]}"; do
     pg_config=$(pg_bin "$NN")/pg_config
     stage=$(mktemp -d)
     step "postgresql-$NN-rate-limiter $VERSION"
-    (cd "$ROOT" && cargo pgrx package --pg-config "$pg_config" --no-default-features --features "pg$NN" \
-        --out-dir "$stage/built" 2>&1 | grep -E 'error' || true)
-    built_extension=$stage/built$($pg_config --sharedir)/extension
+    [ -n "$PREBUILT" ] || build_release "$NN"
+    built=$(built_dir "$NN")
+    built_extension=$built$($pg_config --sharedir)/extension
     test -f "$built_extension/rate_limiter--$VERSION.sql"
     extension=$stage/main$(debian_extension "$NN")
     mkdir -p "$extension" "$stage/main$(debian_lib "$NN")"
     cp "$built_extension"/* "$ROOT"/sql/archive/rate_limiter--*.sql "$extension/"
-    cp "$stage/built$($pg_config --pkglibdir)/rate_limiter.so" "$stage/main$(debian_lib "$NN")/"
+    cp "$built$($pg_config --pkglibdir)/rate_limiter.so" "$stage/main$(debian_lib "$NN")/"
     mkdir -p "$stage/main/DEBIAN"
     control "postgresql-$NN-rate-limiter" "$VERSION" "postgresql-$NN" \
         "transactional rate limits inside PostgreSQL $NN

@@ -99,7 +99,7 @@ fi
 # rewrites the file that a running server has mapped (a backend of a preloading server died
 # with SIGBUS or SIGSEGV that way): the throwaway clusters are stopped before any install and
 # started again after it. Other servers on this machine that load the library should be
-# stopped too; build_and_install itself replaces the file (a new inode) when run as root.
+# stopped too; build_and_install itself replaces the file (a new inode).
 for NN in "${VERSIONS[@]}"; do stop_cluster "$NN"; done
 if wants 1 2; then
     for NN in "${VERSIONS[@]}"; do
@@ -123,7 +123,7 @@ if wants 4; then
     build_and_install 15-upstream
     # The Debian packages, for tests/test_package.py, under a group-writable umask as on a
     # shared build machine: the packages' modes must not follow it.
-    timed "Debian packages" bash -c "umask 002 && bash '$ROOT/scripts/package.sh' >/dev/null"
+    timed "Debian packages" bash -c "umask 002 && bash '$ROOT/scripts/package.sh' --prebuilt ${VERSIONS[*]} >/dev/null"
     for NN in "${VERSIONS[@]}"; do fresh_database rate_limiter_test "$NN"; done
     # First those that replace the installed library (dpkg), which no other test may load
     # meanwhile; then the rest, several at once, each worker with its own ports and clusters.
