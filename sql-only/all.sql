@@ -176,7 +176,7 @@ DECLARE
     fresh rate_limiter._state;
 BEGIN
     IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
-    IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
+    IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()', 'rate_limiter.state'); END IF;
     got := rate_limiter._parts(requests, reserve);
     names := got.names;
     keys := got.keys;
@@ -212,7 +212,7 @@ BEGIN
     now := rate_limiter._now();
     FOR j IN 1 .. cardinality(parts) LOOP
         p := parts[j];
-        FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards) LOOP
+        FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards, rate_limiter._held_shard(stored[p], keys[p])) LOOP
             r_part := r_part || j;
             r_shard := r_shard || sh;
             r_state := r_state || rate_limiter._state_of((rate_limiter._read_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], sh))).row,
@@ -239,6 +239,7 @@ BEGIN
                                                     rate_limiter._per_shard(configs[p]));
                 EXIT WHEN r_at[r] IS NOT NULL;  -- else created meanwhile by another: lock theirs
             END LOOP;
+            PERFORM rate_limiter._hold_shard(stored[p], keys[p], r_shard[r]);
         END LOOP;
         -- Each request decided again on its locked rows alone, as of the clock read after
         -- locking; all written only when all are granted.

@@ -122,6 +122,10 @@ BEGIN
     WHEN 'unsupported' THEN
         RAISE EXCEPTION 'not supported: %', message USING ERRCODE = '0A000',
             HINT = 'Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in mode ''all''; minGap, modes other than ''all'', lockTimeout and denyCache need shards = 1; denyCache needs mode ''all''; rate_limit_all takes limits in mode ''all'' only. A hot limit is named, shards = 1, mode ''all'', without minGap or lockTimeout, and takes no credit and no part in rate_limit_all. A memory limit (durable false) is a token bucket, fixed or sliding window, shards = 1, mode ''all'', without minGap or lockTimeout. A limit in shadow mode (enforce false) takes no part in rate_limit_all either: call it on its own, or SET rate_limiter.shadow for the whole call.';
+    WHEN 'planted' THEN
+        RAISE EXCEPTION 'rate_limiter will not write %: it has %, which the extension did not create', message, detail
+            USING ERRCODE = '55000',
+            HINT = 'The extension writes its tables with its owner''s rights, which a trigger or rule on them would run with. Drop it (DROP TRIGGER ... ON the table), and grant no TRIGGER on the extension''s tables (docs/security.md).';
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',

@@ -1,12 +1,35 @@
 -- define, the calls, and the administrator's calls of the edition.
 
 -- 25006 as PreventCommandIfReadOnly raises it (a READ ONLY transaction, a hot standby).
-CREATE FUNCTION rate_limiter._writable(command text) RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+CREATE FUNCTION rate_limiter._writable(command text, VARIADIC tables regclass[]) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t regclass;
+    planted text;
 BEGIN
     IF current_setting('transaction_read_only') = 'on' THEN
         RAISE EXCEPTION 'cannot execute % in a read-only transaction', command USING ERRCODE = '25006';
     END IF;
+    -- The write to come runs with the owner's rights, as would a trigger or rule on the table
+    -- (one a role with TRIGGER on it planted): refused, as the extension refuses it. Locked
+    -- first, so that none is planted between this look and the write.
+    FOREACH t IN ARRAY tables LOOP
+        EXECUTE format('LOCK TABLE %s IN ROW EXCLUSIVE MODE', t);
+        IF (SELECT c.relhastriggers OR c.relhasrules FROM pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
+            SELECT format('trigger "%s"', g.tgname) INTO planted
+            FROM pg_trigger g JOIN pg_proc p ON p.oid OPERATOR(pg_catalog.=) g.tgfoid
+            WHERE g.tgrelid OPERATOR(pg_catalog.=) t
+              AND (g.tgisinternal OR p.pronamespace OPERATOR(pg_catalog.<>) 'rate_limiter'::regnamespace)
+            ORDER BY g.tgname LIMIT 1;
+            IF planted IS NULL THEN
+                SELECT format('a rule (pg_rewrite oid %s)', r.oid) INTO planted
+                FROM pg_rewrite r WHERE r.ev_class OPERATOR(pg_catalog.=) t ORDER BY r.oid LIMIT 1;
+            END IF;
+            IF planted IS NOT NULL THEN
+                PERFORM rate_limiter._raise('planted', t::text, planted);
+            END IF;
+        END IF;
+    END LOOP;
 END $$;
 
 -- config::within: 22023 unless low <= v <= high.
@@ -164,7 +187,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_
 DECLARE
     l rate_limiter.limits;
 BEGIN
-    PERFORM rate_limiter._writable('define()');
+    PERFORM rate_limiter._writable('define()', 'rate_limiter.limits');
     PERFORM rate_limiter._valid_name(name);
     IF kind IS NULL THEN PERFORM rate_limiter._raise('config', 'kind must not be NULL'); END IF;
     IF rate IS NULL THEN PERFORM rate_limiter._raise('config', 'rate must not be NULL'); END IF;
@@ -696,7 +719,7 @@ DECLARE
     now float8;
     decided record;
 BEGIN
-    PERFORM rate_limiter._writable('rate_limit()');
+    PERFORM rate_limiter._writable('rate_limit()', 'rate_limiter.state');
     d := rate_limiter._listed(name, key, count, (req.c).capacity);
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
@@ -794,7 +817,7 @@ END $$;
 CREATE FUNCTION rate_limiter.reset_rate_limit(name text, key text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('reset_rate_limit()');
+    PERFORM rate_limiter._writable('reset_rate_limit()', 'rate_limiter.state', 'rate_limiter.leases');
     PERFORM rate_limiter._valid_name(name);
     DELETE FROM rate_limiter.state s
     WHERE (s.key = reset_rate_limit.key OR (s.key IS NULL AND reset_rate_limit.key IS NULL))
@@ -810,7 +833,7 @@ COMMENT ON FUNCTION rate_limiter.reset_rate_limit IS 'Forget the state of (name,
 CREATE FUNCTION rate_limiter.block(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('block()');
+    PERFORM rate_limiter._writable('block()', 'rate_limiter.blocks');
     IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
     PERFORM rate_limiter._valid_key(key);
     IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
@@ -822,7 +845,7 @@ COMMENT ON FUNCTION rate_limiter.block IS 'Deny (name, key) until until (NULL na
 CREATE FUNCTION rate_limiter.unblock(name text, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('unblock()');
+    PERFORM rate_limiter._writable('unblock()', 'rate_limiter.blocks');
     DELETE FROM rate_limiter.blocks b
     WHERE b.name IS NOT DISTINCT FROM unblock.name AND b.key IS NOT DISTINCT FROM unblock.key;
     RETURN FOUND;
@@ -832,7 +855,7 @@ COMMENT ON FUNCTION rate_limiter.unblock IS 'Lift the block of (name, key); retu
 CREATE FUNCTION rate_limiter.allow(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('allow()');
+    PERFORM rate_limiter._writable('allow()', 'rate_limiter.allows');
     IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
     PERFORM rate_limiter._valid_key(key);
     IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
@@ -844,7 +867,7 @@ COMMENT ON FUNCTION rate_limiter.allow IS 'Never limit (name, key) until until (
 CREATE FUNCTION rate_limiter.disallow(name text, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('disallow()');
+    PERFORM rate_limiter._writable('disallow()', 'rate_limiter.allows');
     DELETE FROM rate_limiter.allows a
     WHERE a.name IS NOT DISTINCT FROM disallow.name AND a.key IS NOT DISTINCT FROM disallow.key;
     RETURN FOUND;
@@ -868,7 +891,7 @@ BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
     named := rate_limiter._named(name, config);
     c := named.c;
-    PERFORM rate_limiter._writable('credit()');
+    PERFORM rate_limiter._writable('credit()', 'rate_limiter.state');
     IF c.kind = 'concurrency' THEN
         PERFORM rate_limiter._raise('slots', format('credit on the concurrency limit "%s": release() its lease; a transaction''s slots end with it', name));
     END IF;
@@ -951,7 +974,7 @@ DECLARE
     deleted bigint := 0;
     n bigint;
 BEGIN
-    PERFORM rate_limiter._writable('prune()');
+    PERFORM rate_limiter._writable('prune()', 'rate_limiter.blocks', 'rate_limiter.allows', 'rate_limiter.leases', 'rate_limiter.state');
     IF max_rows IS NULL OR max_rows < 0 THEN
         PERFORM rate_limiter._raise('argument', format('max_rows must be >= 0, not %s',
             CASE WHEN max_rows IS NULL THEN 'None' ELSE format('Some(%s)', max_rows) END));

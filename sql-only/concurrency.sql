@@ -238,7 +238,7 @@ DECLARE
 BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
     IF lease IS NOT NULL THEN ms := rate_limiter._lease_ms(lease); END IF;
-    PERFORM rate_limiter._writable('acquire()');
+    PERFORM rate_limiter._writable('acquire()', 'rate_limiter.leases');
     named := rate_limiter._named(name, config);
     IF (named.c).kind <> 'concurrency' THEN
         PERFORM rate_limiter._raise('slots', format('"%s" is a %s, not a concurrency limit: call rate_limit() for it', name, (named.c).kind));
@@ -279,7 +279,7 @@ BEGIN
     PERFORM rate_limiter._valid_name(name);
     PERFORM rate_limiter._valid_key(key);
     IF lease_id IS NULL THEN RETURN false; END IF;
-    PERFORM rate_limiter._writable('release()');
+    PERFORM rate_limiter._writable('release()', 'rate_limiter.leases');
     WITH ended AS (
         DELETE FROM rate_limiter.leases l
         WHERE l.name = rate_limiter._lease_stored(release.name, release.key, release.lease_id)
@@ -305,7 +305,7 @@ BEGIN
     PERFORM rate_limiter._valid_name(name);
     PERFORM rate_limiter._valid_key(key);
     IF lease_id IS NULL THEN RETURN false; END IF;
-    PERFORM rate_limiter._writable('renew()');
+    PERFORM rate_limiter._writable('renew()', 'rate_limiter.leases');
     stored := rate_limiter._lease_stored(name, key, lease_id);
     IF stored IS NULL THEN RETURN false; END IF;
     now := rate_limiter._now();

@@ -989,6 +989,10 @@ BEGIN
     WHEN 'unsupported' THEN
         RAISE EXCEPTION 'not supported: %', message USING ERRCODE = '0A000',
             HINT = 'Reservations (reserve => true, maxReserved) need a token bucket or a fixed window in mode ''all''; minGap, modes other than ''all'', lockTimeout and denyCache need shards = 1; denyCache needs mode ''all''; rate_limit_all takes limits in mode ''all'' only. A hot limit is named, shards = 1, mode ''all'', without minGap or lockTimeout, and takes no credit and no part in rate_limit_all. A memory limit (durable false) is a token bucket, fixed or sliding window, shards = 1, mode ''all'', without minGap or lockTimeout. A limit in shadow mode (enforce false) takes no part in rate_limit_all either: call it on its own, or SET rate_limiter.shadow for the whole call.';
+    WHEN 'planted' THEN
+        RAISE EXCEPTION 'rate_limiter will not write %: it has %, which the extension did not create', message, detail
+            USING ERRCODE = '55000',
+            HINT = 'The extension writes its tables with its owner''s rights, which a trigger or rule on them would run with. Drop it (DROP TRIGGER ... ON the table), and grant no TRIGGER on the extension''s tables (docs/security.md).';
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
@@ -1067,12 +1071,35 @@ END $$;
 -- define, the calls, and the administrator's calls of the edition.
 
 -- 25006 as PreventCommandIfReadOnly raises it (a READ ONLY transaction, a hot standby).
-CREATE FUNCTION rate_limiter._writable(command text) RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+CREATE FUNCTION rate_limiter._writable(command text, VARIADIC tables regclass[]) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t regclass;
+    planted text;
 BEGIN
     IF current_setting('transaction_read_only') = 'on' THEN
         RAISE EXCEPTION 'cannot execute % in a read-only transaction', command USING ERRCODE = '25006';
     END IF;
+    -- The write to come runs with the owner's rights, as would a trigger or rule on the table
+    -- (one a role with TRIGGER on it planted): refused, as the extension refuses it. Locked
+    -- first, so that none is planted between this look and the write.
+    FOREACH t IN ARRAY tables LOOP
+        EXECUTE format('LOCK TABLE %s IN ROW EXCLUSIVE MODE', t);
+        IF (SELECT c.relhastriggers OR c.relhasrules FROM pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
+            SELECT format('trigger "%s"', g.tgname) INTO planted
+            FROM pg_trigger g JOIN pg_proc p ON p.oid OPERATOR(pg_catalog.=) g.tgfoid
+            WHERE g.tgrelid OPERATOR(pg_catalog.=) t
+              AND (g.tgisinternal OR p.pronamespace OPERATOR(pg_catalog.<>) 'rate_limiter'::regnamespace)
+            ORDER BY g.tgname LIMIT 1;
+            IF planted IS NULL THEN
+                SELECT format('a rule (pg_rewrite oid %s)', r.oid) INTO planted
+                FROM pg_rewrite r WHERE r.ev_class OPERATOR(pg_catalog.=) t ORDER BY r.oid LIMIT 1;
+            END IF;
+            IF planted IS NOT NULL THEN
+                PERFORM rate_limiter._raise('planted', t::text, planted);
+            END IF;
+        END IF;
+    END LOOP;
 END $$;
 
 -- config::within: 22023 unless low <= v <= high.
@@ -1230,7 +1257,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_
 DECLARE
     l rate_limiter.limits;
 BEGIN
-    PERFORM rate_limiter._writable('define()');
+    PERFORM rate_limiter._writable('define()', 'rate_limiter.limits');
     PERFORM rate_limiter._valid_name(name);
     IF kind IS NULL THEN PERFORM rate_limiter._raise('config', 'kind must not be NULL'); END IF;
     IF rate IS NULL THEN PERFORM rate_limiter._raise('config', 'rate must not be NULL'); END IF;
@@ -1762,7 +1789,7 @@ DECLARE
     now float8;
     decided record;
 BEGIN
-    PERFORM rate_limiter._writable('rate_limit()');
+    PERFORM rate_limiter._writable('rate_limit()', 'rate_limiter.state');
     d := rate_limiter._listed(name, key, count, (req.c).capacity);
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
@@ -1860,7 +1887,7 @@ END $$;
 CREATE FUNCTION rate_limiter.reset_rate_limit(name text, key text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('reset_rate_limit()');
+    PERFORM rate_limiter._writable('reset_rate_limit()', 'rate_limiter.state', 'rate_limiter.leases');
     PERFORM rate_limiter._valid_name(name);
     DELETE FROM rate_limiter.state s
     WHERE (s.key = reset_rate_limit.key OR (s.key IS NULL AND reset_rate_limit.key IS NULL))
@@ -1876,7 +1903,7 @@ COMMENT ON FUNCTION rate_limiter.reset_rate_limit IS 'Forget the state of (name,
 CREATE FUNCTION rate_limiter.block(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('block()');
+    PERFORM rate_limiter._writable('block()', 'rate_limiter.blocks');
     IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
     PERFORM rate_limiter._valid_key(key);
     IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
@@ -1888,7 +1915,7 @@ COMMENT ON FUNCTION rate_limiter.block IS 'Deny (name, key) until until (NULL na
 CREATE FUNCTION rate_limiter.unblock(name text, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('unblock()');
+    PERFORM rate_limiter._writable('unblock()', 'rate_limiter.blocks');
     DELETE FROM rate_limiter.blocks b
     WHERE b.name IS NOT DISTINCT FROM unblock.name AND b.key IS NOT DISTINCT FROM unblock.key;
     RETURN FOUND;
@@ -1898,7 +1925,7 @@ COMMENT ON FUNCTION rate_limiter.unblock IS 'Lift the block of (name, key); retu
 CREATE FUNCTION rate_limiter.allow(name text, key text, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('allow()');
+    PERFORM rate_limiter._writable('allow()', 'rate_limiter.allows');
     IF name IS NOT NULL THEN PERFORM rate_limiter._valid_name(name); END IF;
     PERFORM rate_limiter._valid_key(key);
     IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
@@ -1910,7 +1937,7 @@ COMMENT ON FUNCTION rate_limiter.allow IS 'Never limit (name, key) until until (
 CREATE FUNCTION rate_limiter.disallow(name text, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._writable('disallow()');
+    PERFORM rate_limiter._writable('disallow()', 'rate_limiter.allows');
     DELETE FROM rate_limiter.allows a
     WHERE a.name IS NOT DISTINCT FROM disallow.name AND a.key IS NOT DISTINCT FROM disallow.key;
     RETURN FOUND;
@@ -1934,7 +1961,7 @@ BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
     named := rate_limiter._named(name, config);
     c := named.c;
-    PERFORM rate_limiter._writable('credit()');
+    PERFORM rate_limiter._writable('credit()', 'rate_limiter.state');
     IF c.kind = 'concurrency' THEN
         PERFORM rate_limiter._raise('slots', format('credit on the concurrency limit "%s": release() its lease; a transaction''s slots end with it', name));
     END IF;
@@ -2017,7 +2044,7 @@ DECLARE
     deleted bigint := 0;
     n bigint;
 BEGIN
-    PERFORM rate_limiter._writable('prune()');
+    PERFORM rate_limiter._writable('prune()', 'rate_limiter.blocks', 'rate_limiter.allows', 'rate_limiter.leases', 'rate_limiter.state');
     IF max_rows IS NULL OR max_rows < 0 THEN
         PERFORM rate_limiter._raise('argument', format('max_rows must be >= 0, not %s',
             CASE WHEN max_rows IS NULL THEN 'None' ELSE format('Some(%s)', max_rows) END));
@@ -2221,8 +2248,9 @@ COMMENT ON FUNCTION rate_limiter.wait_rate_limit IS 'rate_limit, sleeping until 
 -- serve alone (the fuller when both can) or from both so they end level, and reports an
 -- estimate of the whole limit from the shards it looked at. Where the extension skips a shard
 -- another transaction holds and picks again, the edition waits for it, locking in ascending
--- shard order (so no two calls wait for each other): which shards a call looks at is random
--- in both, and what it answers is the same arithmetic.
+-- shard order from the highest shard of the key its transaction holds (_held_shard), so that
+-- no two transactions wait for each other: which shards a call looks at is random in both,
+-- and what it answers is the same arithmetic.
 
 -- Config::per_shard: rate, capacity and max_reserved divided evenly, a limit of one shard.
 CREATE FUNCTION rate_limiter._per_shard(c rate_limiter._config) RETURNS rate_limiter._config
@@ -2236,14 +2264,39 @@ BEGIN
     RETURN c;
 END $$;
 
--- The shards a call looks at: one at random, or two distinct ones from 3 shards up.
-CREATE FUNCTION rate_limiter._pick_shards(shards integer) RETURNS integer[]
+-- The shards a call looks at: one at random, or two distinct ones from 3 shards up, from
+-- `lowest` up (a call that will lock them: _held_shard).
+CREATE FUNCTION rate_limiter._pick_shards(shards integer, lowest integer DEFAULT 0) RETURNS integer[]
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 BEGIN ATOMIC
-    SELECT pg_catalog.array_agg(i) FROM (SELECT i FROM pg_catalog.generate_series(0, shards OPERATOR(pg_catalog.-) 1) i
+    SELECT pg_catalog.array_agg(i) FROM (SELECT i FROM pg_catalog.generate_series(COALESCE(lowest, 0), shards OPERATOR(pg_catalog.-) 1) i
                                          ORDER BY pg_catalog.random()
                                          LIMIT CASE WHEN shards OPERATOR(pg_catalog.>=) 3 THEN 2 ELSE 1 END) picked;
 END;
+
+-- The highest shard of (stored, key) whose row this transaction holds locked (its earlier
+-- calls took from it), or NULL. A call locks only shards from it up, in ascending order, so
+-- that two transactions that each took from a key never wait for each other in their next
+-- calls (40P01). Kept in a setting local to the transaction, which a rolled-back savepoint
+-- takes back with the locks (a setting prefixed rate_limiter. is the extension's).
+CREATE FUNCTION rate_limiter._held_shard(stored text, key text) RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT (NULLIF(pg_catalog.current_setting('rate_limiter_edition.held_shards', true), '')::pg_catalog.jsonb
+            OPERATOR(pg_catalog.->>) pg_catalog.md5(stored OPERATOR(pg_catalog.||) E'\x1f' OPERATOR(pg_catalog.||)
+                                                    COALESCE(key, E'\x1e')))::integer;
+END;
+
+-- Notes that this transaction holds the row of `shard` of (stored, key) locked.
+CREATE FUNCTION rate_limiter._hold_shard(stored text, key text, shard integer) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    held jsonb := coalesce(nullif(current_setting('rate_limiter_edition.held_shards', true), '')::jsonb, '{}');
+    k text := md5(stored || E'\x1f' || coalesce(key, E'\x1e'));
+BEGIN
+    IF coalesce((held ->> k)::integer >= shard, false) THEN RETURN; END IF;
+    PERFORM set_config('rate_limiter_edition.held_shards', (held || jsonb_build_object(k, shard))::text, true);
+END $$;
 
 -- The `shard` column of shard i: i for a named limit (base 0), -1 - i for an inline config
 -- (base -1).
@@ -2348,84 +2401,145 @@ BEGIN
     d := ROW(true, NULL, total * shards::float8 / n, reset, 0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
 END $$;
 
+-- The row of shard `shard` of (stored, key) locked without waiting for another transaction
+-- (a shard below one this transaction holds, where a wait could close a cycle: 40P01), or
+-- busy. Created as `s` when missing: a concurrent creation is waited for 1 ms at most.
+CREATE FUNCTION rate_limiter._lock_row_nowait(stored text, key text, shard integer, s rate_limiter._state,
+                                              c rate_limiter._config, OUT at tid, OUT "row" rate_limiter.state, OUT busy boolean)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    found record;
+    prior text := current_setting('lock_timeout');
+BEGIN
+    busy := false;
+    SELECT x.ctid AS at, x AS found_row INTO found FROM rate_limiter.state x
+    WHERE x.key IS NOT DISTINCT FROM _lock_row_nowait.key AND x.name = stored AND x.shard = _lock_row_nowait.shard
+    FOR UPDATE SKIP LOCKED;
+    IF found.at IS NOT NULL THEN
+        at := found.at;
+        "row" := found.found_row;
+        RETURN;
+    END IF;
+    IF (rate_limiter._read_row(stored, key, shard)).at IS NOT NULL THEN
+        busy := true;  -- another transaction holds it
+        RETURN;
+    END IF;
+    BEGIN
+        PERFORM set_config('lock_timeout', '1ms', true);
+        at := rate_limiter._create_row(stored, key, shard, s, c);
+        PERFORM set_config('lock_timeout', prior, true);
+    EXCEPTION WHEN lock_not_available THEN
+        at := NULL;
+    END;
+    busy := at IS NULL;
+END $$;
+
 -- Take count from a sharded (name, key), or give it back (crediting): the shards looked at
 -- read without a lock and planned on; a denial returns there. Taking from one shard, its row
 -- is written when it is the version read (created when missing); otherwise, or taking from
 -- two, the rows are locked in ascending shard order (created full when missing), and the
--- call is decided again on the locked rows alone, as of the clock read after locking.
+-- call is decided again on the locked rows alone, as of the clock read after locking. A shard
+-- below the highest one of the key this transaction holds (its earlier calls') is locked only
+-- if that needs no wait; if it would, the call looks again from that highest shard up.
 CREATE FUNCTION rate_limiter._take_sharded(whole rate_limiter._config, stored text, base integer, name text, key text,
                                            count double precision, reserve boolean, crediting boolean)
 RETURNS rate_limiter.decision
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c rate_limiter._config := rate_limiter._per_shard(whole);
-    picked integer[] := rate_limiter._pick_shards(whole.shards);
-    states rate_limiter._state[] := '{}';
-    ats tid[] := '{}';
-    now float8 := rate_limiter._now();
+    held integer;
+    lowest integer := 0;
+    picked integer[];
+    states rate_limiter._state[];
+    ats tid[];
+    now float8;
     planned record;
     taking integer[];
     row_ record;
     at tid;
     locked_states rate_limiter._state[];
-    locked_ats tid[] := array_fill(NULL::tid, ARRAY[cardinality(picked)]);
+    locked_ats tid[];
     looked_order integer[];
     i integer;
 BEGIN
-    FOREACH i IN ARRAY picked LOOP
-        row_ := rate_limiter._read_row(stored, key, rate_limiter._stored_shard(base, i));
-        ats := ats || row_.at;
-        states := states || rate_limiter._state_of(row_.row, c, name, key, now);
-    END LOOP;
-    planned := CASE WHEN crediting THEN rate_limiter._plan_credit(states, c, whole.shards, now, count)
-                    ELSE rate_limiter._plan(states, c, whole.shards, now, name, count, reserve) END;
-    SELECT array_agg(j ORDER BY picked[j]) INTO taking FROM generate_series(1, cardinality(picked)) j WHERE (planned.changed)[j];
-    IF taking IS NULL THEN RETURN planned.d; END IF;  -- nothing changes: nothing written, no lock
-    IF cardinality(taking) = 1 THEN
-        i := taking[1];
-        IF ats[i] IS NULL THEN
-            IF rate_limiter._create_row(stored, key, rate_limiter._stored_shard(base, picked[i]), (planned.afters)[i], c) IS NOT NULL THEN
-                RETURN planned.d;
-            END IF;
-        ELSE
-            at := (rate_limiter._lock_row(stored, key, rate_limiter._stored_shard(base, picked[i]))).at;
-            IF at = ats[i] THEN
-                PERFORM rate_limiter._store(at, (planned.afters)[i], c);
-                RETURN planned.d;
+    <<attempt>>
+    LOOP
+        held := rate_limiter._held_shard(stored, key);
+        picked := rate_limiter._pick_shards(whole.shards, lowest);
+        states := '{}';
+        ats := '{}';
+        now := rate_limiter._now();
+        FOREACH i IN ARRAY picked LOOP
+            row_ := rate_limiter._read_row(stored, key, rate_limiter._stored_shard(base, i));
+            ats := ats || row_.at;
+            states := states || rate_limiter._state_of(row_.row, c, name, key, now);
+        END LOOP;
+        planned := CASE WHEN crediting THEN rate_limiter._plan_credit(states, c, whole.shards, now, count)
+                        ELSE rate_limiter._plan(states, c, whole.shards, now, name, count, reserve) END;
+        SELECT array_agg(j ORDER BY picked[j]) INTO taking FROM generate_series(1, cardinality(picked)) j WHERE (planned.changed)[j];
+        IF taking IS NULL THEN RETURN planned.d; END IF;  -- nothing changes: nothing written, no lock
+        IF cardinality(taking) = 1 AND (held IS NULL OR picked[taking[1]] >= held) THEN
+            i := taking[1];
+            IF ats[i] IS NULL THEN
+                IF rate_limiter._create_row(stored, key, rate_limiter._stored_shard(base, picked[i]), (planned.afters)[i], c) IS NOT NULL THEN
+                    PERFORM rate_limiter._hold_shard(stored, key, picked[i]);
+                    RETURN planned.d;
+                END IF;
+            ELSE
+                at := (rate_limiter._lock_row(stored, key, rate_limiter._stored_shard(base, picked[i]))).at;
+                PERFORM rate_limiter._hold_shard(stored, key, picked[i]);
+                IF at = ats[i] THEN
+                    PERFORM rate_limiter._store(at, (planned.afters)[i], c);
+                    RETURN planned.d;
+                END IF;
             END IF;
         END IF;
-    END IF;
-    -- Every shard to change, locked in ascending order, created full when missing.
-    locked_states := states;
-    FOREACH i IN ARRAY taking LOOP
-        LOOP
-            row_ := rate_limiter._lock_row(stored, key, rate_limiter._stored_shard(base, picked[i]));
-            IF row_.at IS NOT NULL THEN
+        -- Every shard to change, locked in ascending order, created full when missing.
+        locked_states := states;
+        locked_ats := array_fill(NULL::tid, ARRAY[cardinality(picked)]);
+        FOREACH i IN ARRAY taking LOOP
+            IF picked[i] < held THEN
+                row_ := rate_limiter._lock_row_nowait(stored, key, rate_limiter._stored_shard(base, picked[i]),
+                                                      rate_limiter._state_of(NULL, c, name, key, rate_limiter._now()), c);
+                IF row_.busy THEN
+                    lowest := held;
+                    CONTINUE attempt;
+                END IF;
                 locked_ats[i] := row_.at;
-                locked_states[i] := rate_limiter._state_of(row_.row, c, name, key, now);
-                EXIT;
+                locked_states[i] := CASE WHEN row_.row IS NULL THEN rate_limiter._state_of(NULL, c, name, key, rate_limiter._now())
+                                         ELSE rate_limiter._state_of(row_.row, c, name, key, now) END;
+            ELSE
+                LOOP
+                    row_ := rate_limiter._lock_row(stored, key, rate_limiter._stored_shard(base, picked[i]));
+                    IF row_.at IS NOT NULL THEN
+                        locked_ats[i] := row_.at;
+                        locked_states[i] := rate_limiter._state_of(row_.row, c, name, key, now);
+                        EXIT;
+                    END IF;
+                    states[i] := rate_limiter._state_of(NULL, c, name, key, rate_limiter._now());
+                    at := rate_limiter._create_row(stored, key, rate_limiter._stored_shard(base, picked[i]), states[i], c);
+                    IF at IS NOT NULL THEN
+                        locked_ats[i] := at;
+                        locked_states[i] := states[i];
+                        EXIT;
+                    END IF;
+                END LOOP;
             END IF;
-            states[i] := rate_limiter._state_of(NULL, c, name, key, rate_limiter._now());
-            at := rate_limiter._create_row(stored, key, rate_limiter._stored_shard(base, picked[i]), states[i], c);
-            IF at IS NOT NULL THEN
-                locked_ats[i] := at;
-                locked_states[i] := states[i];
-                EXIT;
+            PERFORM rate_limiter._hold_shard(stored, key, picked[i]);
+        END LOOP;
+        -- Decided again on the locked rows alone, in the order they were looked at.
+        SELECT array_agg(j ORDER BY j) INTO looked_order FROM unnest(taking) j;
+        now := rate_limiter._now();
+        states := ARRAY(SELECT locked_states[j] FROM unnest(looked_order) WITH ORDINALITY o(j, n) ORDER BY n);
+        planned := CASE WHEN crediting THEN rate_limiter._plan_credit(states, c, whole.shards, now, count)
+                        ELSE rate_limiter._plan(states, c, whole.shards, now, name, count, reserve) END;
+        FOR n IN 1 .. cardinality(looked_order) LOOP
+            IF (planned.changed)[n] THEN
+                PERFORM rate_limiter._store(locked_ats[looked_order[n]], (planned.afters)[n], c);
             END IF;
         END LOOP;
+        RETURN planned.d;
     END LOOP;
-    -- Decided again on the locked rows alone, in the order they were looked at.
-    SELECT array_agg(j ORDER BY j) INTO looked_order FROM unnest(taking) j;
-    now := rate_limiter._now();
-    states := ARRAY(SELECT locked_states[j] FROM unnest(looked_order) WITH ORDINALITY o(j, n) ORDER BY n);
-    planned := CASE WHEN crediting THEN rate_limiter._plan_credit(states, c, whole.shards, now, count)
-                    ELSE rate_limiter._plan(states, c, whole.shards, now, name, count, reserve) END;
-    FOR n IN 1 .. cardinality(looked_order) LOOP
-        IF (planned.changed)[n] THEN
-            PERFORM rate_limiter._store(locked_ats[looked_order[n]], (planned.afters)[n], c);
-        END IF;
-    END LOOP;
-    RETURN planned.d;
 END $$;
 
 -- check_rate_limit of a sharded (name, key): the shards looked at, as of the snapshot.
@@ -2646,7 +2760,7 @@ DECLARE
     fresh rate_limiter._state;
 BEGIN
     IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
-    IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()'); END IF;
+    IF consume THEN PERFORM rate_limiter._writable('rate_limit_all()', 'rate_limiter.state'); END IF;
     got := rate_limiter._parts(requests, reserve);
     names := got.names;
     keys := got.keys;
@@ -2682,7 +2796,7 @@ BEGIN
     now := rate_limiter._now();
     FOR j IN 1 .. cardinality(parts) LOOP
         p := parts[j];
-        FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards) LOOP
+        FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards, rate_limiter._held_shard(stored[p], keys[p])) LOOP
             r_part := r_part || j;
             r_shard := r_shard || sh;
             r_state := r_state || rate_limiter._state_of((rate_limiter._read_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], sh))).row,
@@ -2709,6 +2823,7 @@ BEGIN
                                                     rate_limiter._per_shard(configs[p]));
                 EXIT WHEN r_at[r] IS NOT NULL;  -- else created meanwhile by another: lock theirs
             END LOOP;
+            PERFORM rate_limiter._hold_shard(stored[p], keys[p], r_shard[r]);
         END LOOP;
         -- Each request decided again on its locked rows alone, as of the clock read after
         -- locking; all written only when all are granted.
@@ -3029,7 +3144,7 @@ DECLARE
 BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
     IF lease IS NOT NULL THEN ms := rate_limiter._lease_ms(lease); END IF;
-    PERFORM rate_limiter._writable('acquire()');
+    PERFORM rate_limiter._writable('acquire()', 'rate_limiter.leases');
     named := rate_limiter._named(name, config);
     IF (named.c).kind <> 'concurrency' THEN
         PERFORM rate_limiter._raise('slots', format('"%s" is a %s, not a concurrency limit: call rate_limit() for it', name, (named.c).kind));
@@ -3070,7 +3185,7 @@ BEGIN
     PERFORM rate_limiter._valid_name(name);
     PERFORM rate_limiter._valid_key(key);
     IF lease_id IS NULL THEN RETURN false; END IF;
-    PERFORM rate_limiter._writable('release()');
+    PERFORM rate_limiter._writable('release()', 'rate_limiter.leases');
     WITH ended AS (
         DELETE FROM rate_limiter.leases l
         WHERE l.name = rate_limiter._lease_stored(release.name, release.key, release.lease_id)
@@ -3096,7 +3211,7 @@ BEGIN
     PERFORM rate_limiter._valid_name(name);
     PERFORM rate_limiter._valid_key(key);
     IF lease_id IS NULL THEN RETURN false; END IF;
-    PERFORM rate_limiter._writable('renew()');
+    PERFORM rate_limiter._writable('renew()', 'rate_limiter.leases');
     stored := rate_limiter._lease_stored(name, key, lease_id);
     IF stored IS NULL THEN RETURN false; END IF;
     now := rate_limiter._now();

@@ -91,6 +91,9 @@ pub enum Error {
 
     #[error("too many databases loaded memory limits' snapshots since the last crash or promotion")]
     MemoryDatabasesFull,
+
+    #[error("rate_limiter will not write {table}: it has {what}, which the extension did not create")]
+    PlantedCode { table: String, what: String },
 }
 
 impl Error {
@@ -118,7 +121,8 @@ impl Error {
             | Error::ShapeChanged { .. }
             | Error::HotUnavailable
             | Error::MemoryUnavailable
-            | Error::ConfigRace(_) => {
+            | Error::ConfigRace(_)
+            | Error::PlantedCode { .. } => {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             Error::HotKeysFull
@@ -272,6 +276,11 @@ impl Error {
             Error::MemoryDatabasesFull => {
                 "Shared memory keeps which databases loaded their counts for 1024 of them: restart the \
                  server cleanly, or make some of the limits durable."
+            }
+            Error::PlantedCode { .. } => {
+                "The extension writes its tables with its owner's rights, which a trigger or rule on \
+                 them would run with. Drop it (DROP TRIGGER ... ON the table), and grant no TRIGGER \
+                 on the extension's tables (docs/security.md)."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

@@ -15,6 +15,7 @@ use crate::storage::StateTable;
 
 mod all;
 pub mod concurrency;
+mod held_shards;
 pub mod hot;
 mod in_flight;
 pub mod memory;

@@ -54,7 +54,7 @@ PORTS = {
         "worker": 5496, "cron": 5497, "stats": 5498, "stats_unloaded": 5499, "security": 5511, "in_place": 5512,
         "upgrade_old": 5513, "upgrade_new": 5514, "exporter": 5515, "hotkeys": 5516, "hot_crash": 5517,
         "hot_primary": 5518, "hot_standby": 5519, "hot_subscriber": 5520, "package": 5521, "hot_oracle": 5522,
-        "slots_crash": 5523, "hot_updates": 5524, "memkeys": 5525, "sql_only": 5526, "partitions": [5620, 5621, 5622, 5623],
+        "slots_crash": 5523, "hot_updates": 5524, "memkeys": 5525, "sql_only": 5526, "planted": 5527, "partitions": [5620, 5621, 5622, 5623],
     }.items()
 }
 

@@ -231,6 +231,33 @@ def test_full_entries_refuse_new_keys_and_each_database_keeps_its_share(clusters
         assert "shared_preload_libraries" in raised.value.diag.message_hint
 
 
+def assert_all_memory_parts_answer_read_only(conn):
+    """In a read-only transaction (conn's server a standby, or in one begun READ ONLY), given
+    memory limits 'mem' (5 an hour) and 'mem2' (3) and a durable one 'rows'."""
+    memory = '[{"name": "mem", "key": "all"}, {"name": "mem2", "key": "all", "count": 2}]'
+    with_durable = '[{"name": "mem", "key": "all"}, {"name": "rows", "key": "all"}]'
+    answer = "SELECT ok, round(remaining::numeric, 3) FROM rate_limiter.{}(%s)"
+    assert conn.execute(answer.format("rate_limit_all"), (memory,)).fetchone() == (True, 1)
+    assert conn.execute(answer.format("check_rate_limit_all"), (memory,)).fetchone() == (False, 1)
+    with pytest.raises(errors.ReadOnlySqlTransaction):
+        conn.execute("SELECT rate_limiter.rate_limit_all(%s)", (with_durable,))
+
+
+@every_version
+def test_rate_limit_all_of_memory_limits_answers_in_a_read_only_transaction(main, database):
+    """Issue 52, F3: rate_limit_all prepared its writes before it knew whether any part was
+    durable, and failed with 25006 where rate_limit on the same limits answers."""
+    with main.connect(database) as c:
+        define(c, "mem", rate=5, period="1 hour", durable=False)
+        define(c, "mem2", rate=3, period="1 hour", durable=False)
+        define(c, "rows", rate=3, period="1 hour")
+        c.execute("BEGIN READ ONLY")
+        assert_all_memory_parts_answer_read_only(c)
+        c.execute("ROLLBACK")
+        # Rolled back with the transaction, as a memory call is.
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('mem2', 'all', 0)").fetchone() == (3,)
+
+
 @every_version
 def test_a_standby_counts_its_own_calls_and_once_promoted_the_primarys_last_snapshot(clusters):
     """A memory limit works on a hot standby, in its read-only transactions: it counts that
@@ -243,6 +270,8 @@ def test_a_standby_counts_its_own_calls_and_once_promoted_the_primarys_last_snap
         c.execute("CREATE EXTENSION rate_limiter")
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
         define(c, "mem", rate=5, period="1 hour", durable=False)
+        define(c, "mem2", rate=3, period="1 hour", durable=False)
+        define(c, "rows", rate=3, period="1 hour")
         c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
     standby.follow(primary)
     with standby.connect() as s:
@@ -256,6 +285,8 @@ def test_a_standby_counts_its_own_calls_and_once_promoted_the_primarys_last_snap
         assert s.execute("SELECT remaining FROM rate_limiter.check_rate_limit('mem', 'other', 0)").fetchone() == (5,)
         with pytest.raises(errors.ReadOnlySqlTransaction):
             s.execute("""SELECT rate_limiter.rate_limit('durable', 'k', config => '{"kind": "token bucket", "rate": 1, "period": 1000}')""")
+        # Several memory limits at once too; one durable part makes the call a write.
+        assert_all_memory_parts_answer_read_only(s)
     with primary.connect() as c:
         c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 5)")  # the primary's 'k' drained
         c.execute("SELECT rate_limiter.rate_limit('mem', 'p', 3)")

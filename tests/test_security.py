@@ -526,3 +526,105 @@ def test_no_caller_can_starve_a_backend_of_time_zones(main, database):
         c.execute("SELECT rate_limiter.define('spec', 'fixed window', 5, '1 day', tz => '<+0130>-1:30')")
         assert c.execute("SELECT ok FROM rate_limiter.rate_limit('spec', 'k')").fetchone()[0], \
             "a named limit's zone is never refused"
+
+
+# --- Triggers planted on the extension's tables (issue 52, F6) --------------------------------
+
+TABLES = ["limits", "blocks", "allows", "state", "debits", "leases", "memory_snapshot"]
+
+
+@every_version
+def test_no_trigger_a_role_plants_on_the_extensions_tables_runs_with_the_owners_rights(clusters):
+    """A role given ALL on the extension's tables (an administrator's GRANT ALL ON ALL TABLES
+    IN SCHEMA rate_limiter) has TRIGGER on each: it plants a plain trigger that, run as anyone
+    else, counts the run and tries to make it superuser. Every route that writes a table is
+    driven (each function, as that role, and both workers): each completes or refuses with
+    55000, and no trap runs. Without the triggers every route works again."""
+    cluster = clusters("planted", PORTS["planted"], ["-c shared_preload_libraries=rate_limiter",
+                                                     "-c rate_limiter.prune_interval=1s",
+                                                     "-c rate_limiter.memory_snapshot=200"]).init().start()
+    role = "planter_" + uuid.uuid4().hex[:8]
+    with cluster.connect() as admin:
+        admin.execute("CREATE DATABASE app")
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+    with cluster.connect("app") as admin:
+        admin.execute("CREATE EXTENSION rate_limiter")
+        admin.execute(f"CREATE SCHEMA {role} AUTHORIZATION {role}")
+        admin.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
+        admin.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA rate_limiter TO {role}")
+        admin.execute(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA rate_limiter TO {role}")
+        for limit in ["'rows', 'token bucket', 10, '1 hour'", "'memory', 'token bucket', 10, '1 hour', durable => false",
+                      "'hot', 'token bucket', 10, '1 hour', hot => true", "'slots', 'concurrency', 2, '1 hour'"]:
+            admin.execute(f"SELECT rate_limiter.define({limit})")
+        admin.execute("SELECT rate_limiter.rate_limit('memory', 'k')")
+        lease = admin.execute("SELECT lease_id FROM rate_limiter.acquire('slots', 'k', lease => '1 minute')").fetchone()[0]
+        expired_rows(admin, 10)
+        admin.execute("SELECT rate_limiter.block('rows', 'gone', now() - interval '1 second')")
+
+    with cluster.connect("app", user=role) as planter:
+        planter.execute(f"CREATE SEQUENCE {role}.runs")
+        planter.execute(f"GRANT USAGE ON SCHEMA {role} TO PUBLIC")
+        planter.execute(f"GRANT ALL ON SEQUENCE {role}.runs TO PUBLIC")
+        planter.execute(f"""
+            CREATE FUNCTION {role}.trap() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF current_user OPERATOR(pg_catalog.<>) '{role}' THEN
+                    PERFORM pg_catalog.nextval('{role}.runs');
+                    BEGIN
+                        EXECUTE 'ALTER ROLE {role} SUPERUSER';
+                    EXCEPTION WHEN OTHERS THEN NULL;
+                    END;
+                END IF;
+                RETURN NULL;
+            END $$""")
+        def plant_on(table):
+            planter.execute(f"CREATE TRIGGER planted AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
+                            f"ON rate_limiter.{table} FOR EACH STATEMENT EXECUTE FUNCTION {role}.trap()")
+
+        # The workers first, while calls still work (every call refuses a trigger on state):
+        # a memory call gives the snapshot worker a count to write, an ended block the prune
+        # worker a row to delete. Each refuses and says so in the log, and tries again.
+        for table in TABLES:
+            if table != "state":
+                plant_on(table)
+        planter.execute("SELECT rate_limiter.rate_limit('memory', 'k3')")
+        for table in ["memory_snapshot", "blocks"]:
+            wait_for(lambda: f'will not write rate_limiter.{table}: it has trigger "planted"' in cluster.log(),
+                     f"a worker's refusal to write {table}", timeout=30, detail=cluster.log)
+        plant_on("state")
+        routes = [
+            "SELECT rate_limiter.define('rows', 'token bucket', 20, '1 hour')",
+            "SELECT rate_limiter.rate_limit('rows', 'k')",
+            "SELECT rate_limiter.rate_limit('memory', 'k2')",
+            "SELECT rate_limiter.rate_limit('hot', 'k')",
+            "SELECT rate_limiter.credit('rows', 'k')",
+            "SELECT rate_limiter.block('rows', 'b')",
+            "SELECT rate_limiter.unblock('rows', 'gone')",
+            "SELECT rate_limiter.allow('rows', 'a')",
+            "SELECT rate_limiter.disallow('rows', 'a')",
+            "SELECT rate_limiter.acquire('slots', 'k2', lease => '1 minute')",
+            f"SELECT rate_limiter.renew('slots', 'k', '{lease}', '2 minutes')",
+            f"SELECT rate_limiter.release('slots', 'k', '{lease}')",
+            "SELECT rate_limiter.reset_rate_limit('memory', 'k')",
+            "SELECT rate_limiter.reset_rate_limit('rows', 'k')",
+            "SELECT rate_limiter.prune()",
+            "SELECT rate_limiter.define('memory', 'token bucket', 20, '1 hour', durable => false)",
+        ]
+        for route in routes:
+            try:
+                planter.execute(route)
+            except psycopg.Error as error:
+                assert error.sqlstate == "55000", f"{route}: {error.sqlstate} {error}"
+        assert planter.execute(f"SELECT last_value, is_called FROM {role}.runs").fetchone() == (1, False), \
+            "a trap ran with another role's rights"
+        assert not is_superuser(planter, role)
+
+        # Without them (only the tables' owner may drop them), every route works again: the
+        # refusals were the triggers'.
+        with cluster.connect("app") as admin:
+            for table in TABLES:
+                admin.execute(f"DROP TRIGGER planted ON rate_limiter.{table}")
+        for route in routes:
+            planter.execute(route)
+        wait_for(lambda: planter.execute("SELECT count(*) FROM rate_limiter.memory_snapshot").fetchone()[0] > 0,
+                 "the snapshot worker to write again", timeout=30)

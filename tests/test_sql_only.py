@@ -901,3 +901,48 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
 INLINE = '{"kind": "fixed window", "rate": 5, "period": 60000}'
 CHECKED = [("api", "alice", None), ("daily", "bob", None), ("api", "mallory", None), ("api", "new", None),
            ("express", "carol", INLINE)]
+
+
+@every_version
+def test_transactions_calling_one_sharded_key_twice_never_deadlock_and_never_over_admit(main, database, edition, pg):
+    """Issue 52, F8: a call waits for a shard's row only above every shard of the key its
+    transaction holds, earlier calls' included; waiting below one, two transactions that each
+    took from the key could each wait for the other's shard (40P01). 8 sessions x 40
+    transactions of one or two calls on one key of 4 shards, a moment apart, on each edition:
+    a limit that admits every call, and one that runs out."""
+    import time
+
+    for dbname in (database, edition[0]):
+        with main.connect(dbname) as c:
+            c.execute("SELECT rate_limiter.define('wide', 'token bucket', 1, '1 hour', capacity => 4000, shards => 4)")
+            c.execute("SELECT rate_limiter.define('narrow', 'token bucket', 1, '1 hour', capacity => 100, shards => 4)")
+        for limit in ("wide", "narrow"):
+            admitted, deadlocks = [], []
+
+            def session(seed):
+                rnd = seeded(seed)
+                with main.connect(dbname, autocommit=False) as c:
+                    for _ in range(40):
+                        try:
+                            oks = []
+                            for call in range(rnd.choice([1, 2, 2])):
+                                if call:
+                                    time.sleep(0.002)
+                                oks.append(c.execute("SELECT ok FROM rate_limiter.rate_limit(%s, 'k')", (limit,)).fetchone()[0])
+                            c.commit()
+                            admitted.append(sum(oks))
+                        except psycopg.errors.DeadlockDetected:
+                            deadlocks.append(seed)
+                            c.rollback()
+
+            assert not in_eight_sessions(session)
+            assert deadlocks == [], f"{dbname} {limit}: {len(deadlocks)} transactions aborted by 40P01"
+            capacity = 4000 if limit == "wide" else 100
+            with main.connect(dbname) as c:
+                rows, values = c.execute("SELECT count(*), coalesce(sum(value), 0) FROM rate_limiter.state WHERE name = %s AND key = 'k'",
+                                         (limit,)).fetchone()
+            left = values + (4 - rows) * capacity / 4  # a shard never written is full
+            assert sum(admitted) <= capacity, f"{dbname} {limit}: {sum(admitted)} admitted"
+            assert sum(admitted) == round(capacity - left), f"{dbname} {limit}: admitted and the rows disagree"
+            if limit == "wide":
+                assert sum(admitted) >= 8 * 40, f"{dbname}: every call admitted"

@@ -380,9 +380,14 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
         .ok_or_else(|| Error::InvalidArgument("requests must not be NULL".into()))
         .and_then(|r| r.parse())
         .unwrap_or_else(|e| e.raise());
-    // Open the table first: its lock takes in pending invalidations of cached configs.
-    let table = StateTable::open(consume.then_some(c"rate_limit_all()"));
+    // Open the table first: its lock takes in pending invalidations of cached configs. A
+    // consuming call writes only if a part is durable: memory limits' parts alone answer in a
+    // read-only transaction and on a standby, as rate_limit does.
+    let mut table = if consume { StateTable::open_for_call(c"rate_limit_all()") } else { StateTable::open(None) };
     let parts = parts(&requests, reserve.unwrap_or(false)).unwrap_or_else(|e| e.raise());
+    if consume && parts.iter().any(|p| p.config.durable) {
+        table.prepare_writes(c"rate_limit_all()");
+    }
     let Decided { all: d, limiting, parts: decisions } = limiter::decide_all(&table, &parts, consume);
     drop(table);
     let denied = !d.ok;

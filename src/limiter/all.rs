@@ -12,8 +12,8 @@ use crate::bucket::{self, Config};
 use crate::clock;
 use crate::storage::StateTable;
 
-use super::rows::{lock_one, look, pick_shards, slot, starting};
-use super::{in_flight, listed_decision, memory, Decision, Request};
+use super::rows::{lock_one, look, pick_shards, queueing_pool, slot, starting};
+use super::{held_shards, in_flight, listed_decision, memory, Decision, Request};
 use crate::lists::listed;
 
 /// One request of the call, with its config.
@@ -69,8 +69,9 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
     let looked: Vec<_> = durable
         .iter()
         .map(|&p| {
-            let all: Vec<i32> = (0..parts[p].config.shards as i32).collect();
-            look(table, &parts[p].req, pick_shards(parts[p].config.shards, &all, &[]))
+            // Its locks are queued for: only above the shards of the key this transaction holds.
+            let pool = queueing_pool(&parts[p].req, &parts[p].config);
+            look(table, &parts[p].req, pick_shards(parts[p].config.shards, &pool, &[]))
         })
         .collect();
     let durable_decisions = |outcomes: &[bucket::Outcome], decisions: &mut [Option<Decision>]| {
@@ -108,6 +109,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
         let shard = looked[p].shards[i];
         let row = lock_one(table, slot_of(p, i), looked[p].rows[i], true, &|| starting(table, &part.req, &part.config, shard, clock::now_ms()))
             .expect("a waiting lock is always obtained");
+        held_shards::note(&part.req, shard);
         locked[p].push((i, row));
     }
     let now = clock::now_ms();

@@ -17,6 +17,8 @@ use crate::call::{Decision, Reason, Request};
 use crate::clock::{self, sleep_ms};
 use crate::storage::{Created, Locked, Owner, Row, Slot, StateTable, Written};
 
+use super::held_shards;
+
 
 /// How many times a call re-picks shards when those it chose are locked by other
 /// transactions, before it queues for its choice.
@@ -72,13 +74,19 @@ pub(super) fn pick_shards(shards: u32, pool: &[i32], avoid: &[i32]) -> Vec<i32> 
     sample(&mut rand::thread_rng(), pool.len(), want).into_iter().map(|i| pool[i]).collect()
 }
 
-/// The shards a call may queue for: those it already holds (from rounds that gave up) and
-/// those above all of them. Queueing only upwards, no two calls can wait for each other.
+/// The shards a call may queue for: those its transaction already holds (from this call's
+/// rounds that gave up, and earlier calls: `held_shards`) and those above all of them.
+/// Queueing only upwards, no two transactions can wait for each other on one key's shards.
 fn waitable(shards: u32, held: &[i32]) -> Vec<i32> {
     match held.iter().max() {
         None => (0..shards as i32).collect(),
         Some(&top) => held.iter().copied().chain(top + 1..shards as i32).collect(),
     }
+}
+
+/// The shards of `req`'s key a call that will queue for its locks may pick from.
+pub(super) fn queueing_pool(req: &Request<'_>, config: &Config) -> Vec<i32> {
+    waitable(config.shards, &held_shards::of(req))
 }
 
 pub(super) fn look(table: &StateTable, req: &Request<'_>, shards: Vec<i32>) -> Looked {
@@ -117,10 +125,10 @@ pub fn credit(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisio
 /// Plan on the shards' states and write what the plan changed: the write path that
 /// consuming and crediting share.
 fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>) -> Decision {
-    // Shards other transactions were seen holding, and shards this call holds (rounds that
-    // gave up keep what they locked or created until the transaction ends).
+    // Shards other transactions were seen holding, and shards this transaction holds
+    // (earlier calls', and this call's rounds that gave up: kept until the transaction ends).
     let mut busy: Vec<i32> = Vec::new();
-    let mut held: Vec<i32> = Vec::new();
+    let mut held: Vec<i32> = if config.shards > 1 { held_shards::of(req) } else { Vec::new() };
     // With a lock_timeout, a call that must wait tries without waiting until the deadline
     // instead, so that giving up aborts nothing and leaves no lock queued.
     let deadline = config.lock_timeout.map(|ms| (Instant::now() + Duration::from_secs_f64(ms / 1000.0), ms));
@@ -155,7 +163,10 @@ fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>)
                 },
             };
             match written {
-                Written::Done => return outcome.decision(req.name),
+                Written::Done => {
+                    held_shards::note(req, slot.shard);
+                    return outcome.decision(req.name);
+                }
                 Written::Busy => {
                     busy.push(slot.shard);
                     try_locking = false;
@@ -220,6 +231,7 @@ fn lock_all(
     for i in order {
         let slot = slot(req, looked.shards[i]);
         locked[i] = Some(lock_one(table, slot, looked.rows[i], wait, &|| starting(slot.shard))?);
+        held_shards::note(req, slot.shard);
         if !held.contains(&slot.shard) {
             held.push(slot.shard);
         }

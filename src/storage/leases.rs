@@ -67,7 +67,7 @@ pub fn claim(name: &str, key: Option<&str>, slots: &[u32], id: &LeaseId, expires
     );
     let slots: Vec<i32> = slots.iter().map(|s| *s as i32).collect();
     let array = (pg_sys::INT4ARRAYOID, slots.into_datum());
-    spi::run(leases(), &sql, &[spi::text_arg(name), spi::text_opt(key), spi::uuid_arg(id), spi::ts_arg(expires, "lease's end"), array], |_| {});
+    spi::write(leases(), &sql, &[spi::text_arg(name), spi::text_opt(key), spi::uuid_arg(id), spi::ts_arg(expires, "lease's end"), array], |_| {});
 }
 
 /// The name the lease `id` of (name, key) is stored under (an inline config's has its
@@ -99,7 +99,7 @@ pub fn release(name: &str, key: Option<&str>, id: &LeaseId, now: f64) -> bool {
         key_is_second_param_sql(key)
     );
     let mut held = false;
-    spi::run(leases(), &sql, &[spi::text_arg(name), spi::text_opt(key), spi::uuid_arg(id), spi::ts_arg(now, "now")], |row| held |= row.bool(1));
+    spi::write(leases(), &sql, &[spi::text_arg(name), spi::text_opt(key), spi::uuid_arg(id), spi::ts_arg(now, "now")], |row| held |= row.bool(1));
     held
 }
 
@@ -114,7 +114,7 @@ pub fn extend(name: &str, key: Option<&str>, id: &LeaseId, expires: f64, now: f6
     );
     let mut moved = 0;
     let args = [spi::text_arg(name), spi::text_opt(key), spi::uuid_arg(id), spi::ts_arg(expires, "lease's end"), spi::ts_arg(now, "now")];
-    spi::run(leases(), &sql, &args, |_| moved += 1);
+    spi::write(leases(), &sql, &args, |_| moved += 1);
     moved
 }
 

@@ -16,6 +16,7 @@ use crate::clock;
 use crate::error::Error;
 
 mod debits;
+mod guard;
 pub mod leases;
 mod lookup;
 mod row;

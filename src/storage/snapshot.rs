@@ -49,7 +49,7 @@ pub fn write(rows: &[(&[u8], &[u8], f64)]) -> bool {
         (pg_sys::BYTEAARRAYOID, counts.into_datum()),
         (pg_sys::TIMESTAMPTZARRAYOID, expires.into_datum()),
     ];
-    spi::run(table, &sql, &args, |_| {});
+    spi::write(table, &sql, &args, |_| {});
     true
 }
 
@@ -80,7 +80,7 @@ pub fn forget(rows: Rows) {
         ),
         Rows::All => (format!("DELETE FROM {name}"), Vec::new()),
     };
-    spi::run(table, &sql, &args, |_| {});
+    spi::write(table, &sql, &args, |_| {});
 }
 
 /// A round of the snapshot, before it copies anything: one at a time in a database, until

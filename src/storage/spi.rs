@@ -81,6 +81,13 @@ impl ResultRow {
     }
 }
 
+/// `run` a statement that writes `table`, once the table is locked and its triggers and
+/// rules checked (`guard`): the owner's rights must run nothing a caller planted.
+pub fn write(table: pg_sys::Oid, sql: &str, args: &[Arg], each: impl FnMut(&ResultRow)) {
+    super::guard::writable(table);
+    run(table, sql, args, each)
+}
+
 /// Run `sql` on `table` with `args` ($1, $2, ... in order) as the table's owner, reading
 /// what is committed now, and visit each row it returns.
 pub fn run(table: pg_sys::Oid, sql: &str, args: &[Arg], mut each: impl FnMut(&ResultRow)) {

@@ -12,22 +12,27 @@ use crate::clock;
 use crate::config::LimitRow;
 use crate::error::Error;
 
+use super::guard;
 use super::row::{key_is_second_param_sql, named_or_inline_sql};
 use super::xact_snapshot_isolation;
 
 // The plain SQL below runs in SECURITY DEFINER functions and in the prune worker: tables are
 // named from their OIDs (`cache::qualified_name`) and every operator is qualified.
-fn state_table() -> String {
-    cache::qualified_name(cache::relations().state)
+
+/// The name of `table`, which the statement to come writes with the owner's rights: locked
+/// and refused if a trigger or rule was planted on it (`guard`).
+fn written(table: pg_sys::Oid) -> String {
+    guard::writable(table);
+    cache::qualified_name(table)
 }
 
 /// The list's table, with the name of its unique constraint; None for the allow list of a
 /// database whose extension is older than 0.4.0.
-fn list_table(list: List) -> Option<(String, &'static str)> {
+fn list_table(list: List) -> Option<(pg_sys::Oid, &'static str)> {
     let relations = cache::relations();
     match list {
-        List::Blocks => Some((cache::qualified_name(relations.blocks), "blocks_key_name_key")),
-        List::Allows => relations.allows.map(|(table, _)| (cache::qualified_name(table), "allows_key_name_key")),
+        List::Blocks => Some((relations.blocks, "blocks_key_name_key")),
+        List::Allows => relations.allows.map(|(table, _)| (table, "allows_key_name_key")),
     }
 }
 
@@ -38,13 +43,13 @@ pub fn delete(name: &str, key: Option<&str>) {
     // The named limit's rows, and every inline config's (shards below 0).
     let sql = format!(
         "DELETE FROM {} WHERE {key_where} AND {}",
-        state_table(),
+        written(cache::relations().state),
         named_or_inline_sql("shard OPERATOR(pg_catalog.<) 0 AND ")
     );
     Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
     // A concurrency limit's leases, under every config; slots transactions hold stay theirs.
     if let Some(leases) = cache::relations().leases {
-        let sql = format!("DELETE FROM {} WHERE {key_where} AND {}", cache::qualified_name(leases), named_or_inline_sql(""));
+        let sql = format!("DELETE FROM {} WHERE {key_where} AND {}", written(leases), named_or_inline_sql(""));
         Spi::run_with_args(&sql, &[name.into(), key.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 }
@@ -60,13 +65,13 @@ pub fn prune(now: f64, max_rows: i32) -> i64 {
         list_table(List::Blocks).map(|(table, _)| (table, "until")),
         list_table(List::Allows).map(|(table, _)| (table, "until")),
         // Leases that ended hold nothing any more.
-        relations.leases.map(|t| (cache::qualified_name(t), "expires_at")),
+        relations.leases.map(|t| (t, "expires_at")),
         // Memory limits' counts that equal an absent key's.
-        relations.memory_snapshot.map(|t| (cache::qualified_name(t), "expires")),
+        relations.memory_snapshot.map(|t| (t, "expires")),
     ];
     let mut deleted = 0;
     for (table, until) in ended.into_iter().flatten() {
-        deleted += delete_past(&table, until, now, max_rows - deleted as i32);
+        deleted += delete_past(&written(table), until, now, max_rows - deleted as i32);
         if deleted == max_rows as i64 {
             return deleted;
         }
@@ -115,7 +120,7 @@ fn prune_state(now: f64, max_rows: i32) -> i64 {
 
 /// Delete up to `max_rows` rows of `rate_limiter.state s` where `condition` (on `$2`) holds.
 fn delete_some<'a>(condition: &str, arg: impl Into<pgrx::datum::DatumWithOid<'a>>, max_rows: i32) -> i64 {
-    let state = state_table();
+    let state = written(cache::relations().state);
     let sql = format!(
         "WITH doomed AS ( \
              SELECT ctid FROM {state} s WHERE {condition} \
@@ -145,9 +150,11 @@ fn same(column: &str, n: u8) -> String {
     format!("({column} OPERATOR(pg_catalog.=) ${n} OR ({column} IS NULL AND ${n}::pg_catalog.text IS NULL))")
 }
 
-/// The list's table, or 55000 for the allow list of a database not yet updated.
+/// The list's table (its name, as `written`), or 55000 for the allow list of a database not
+/// yet updated.
 fn list_table_or_outdated(list: List) -> (String, &'static str) {
-    list_table(list).unwrap_or_else(|| Error::ExtensionOutdated.raise())
+    let (table, constraint) = list_table(list).unwrap_or_else(|| Error::ExtensionOutdated.raise());
+    (written(table), constraint)
 }
 
 /// Insert or replace the block or allow of (name, key).
@@ -200,7 +207,7 @@ pub fn upsert_limit(row: &LimitRow, name: &str) {
          min_gap = excluded.min_gap, mode = excluded.mode, buckets = excluded.buckets, \
          lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout, \
          deny_cache = excluded.deny_cache{updates}",
-        cache::qualified_name(cache::relations().limits),
+        written(cache::relations().limits),
     );
     let mut args: Vec<pgrx::datum::DatumWithOid<'_>> = vec![
         name.into(),

@@ -170,15 +170,29 @@ export class RateLimiter {
 
   /** `credit`, kept only where it lands before `before` by the database's clock (the end of the
    * window the tokens were taken in): one that lands later is taken back in the same statement,
-   * under the key's row lock, so that no other call sees it. The tokens given back. */
+   * under the key's row lock, so that no other call sees it. The tokens given back. A memory
+   * limit (durable: false) is refused: its credit counts only once committed, after the
+   * statement that would take it back (credit() suits it). A named limit's kind is the
+   * database's, asked in the same statement (rate_limit_value), which then credits nothing. */
   async creditBefore(name: string, key: string | null, before: Date, options: { count?: number; config?: Config } = {}): Promise<number> {
-    const [row] = await this.rows(
-      `SELECT c.granted, CASE WHEN c.granted < 0 AND pg_catalog.clock_timestamp() >= $5 THEN ` +
-        `(SELECT r.granted FROM ${this.schema}.rate_limit($1, $2, -c.granted, false, false, $4::jsonb) r) END AS taken_back ` +
-        `FROM ${this.schema}.credit($1, $2, $3, $4::jsonb) c`,
-      [name, key, options.count ?? 1, json(options.config), before],
-    );
-    return -row.granted - (row.taken_back ?? 0);
+    if (options.config?.durable === false) throw memoryCreditBefore(name);
+    const s = this.schema;
+    const args = [name, key, options.count ?? 1, json(options.config), before];
+    const credited =
+      `SELECT ARRAY[c.granted, CASE WHEN c.granted < 0 AND pg_catalog.clock_timestamp() >= $5 THEN ` +
+      `(SELECT r.granted FROM ${s}.rate_limit($1, $2, -c.granted, false, false, $4::jsonb) r) END] ` +
+      `FROM ${s}.credit($1, $2, $3, $4::jsonb) c`;
+    // An uncorrelated subquery runs when its CASE branch is first evaluated: never for a memory limit.
+    const sql =
+      options.config === undefined
+        ? `SELECT m.memory, CASE WHEN NOT m.memory THEN (${credited}) END AS credited FROM ` +
+          `(SELECT coalesce(v.effective_config->>'durable' = 'false', false) AS memory ` +
+          `FROM ${s}.rate_limit_value($1, $2, $4::jsonb) v) m`
+        : `SELECT false AS memory, (${credited}) AS credited`;
+    const [row] = await this.rows(sql, args);
+    if (row.memory) throw memoryCreditBefore(name);
+    const [granted, takenBack] = row.credited as [number, number | null];
+    return -granted - (takenBack ?? 0);
   }
 
   /** Forget (name, key): it is full again (`reset_rate_limit`, an administrator's call). */
@@ -255,4 +269,11 @@ export class RateLimiter {
     ]);
     return row.renewed;
   }
+}
+
+function memoryCreditBefore(name: string): Error {
+  return new Error(
+    `creditBefore: "${name}" is a memory limit (durable: false), whose credit counts only once its ` +
+      `transaction commits, too late to be taken back in its statement: use credit(), or a durable limit`,
+  );
 }

@@ -75,3 +75,38 @@ test("a concurrency limit's lease is taken, renewed and released", async () => {
   assert.equal(await rl.release(name, "team", lease.leaseId), true);
   assert.equal((await rl.acquire(name, "team")).ok, true);
 });
+
+test("creditBefore takes back a late credit of a durable limit and refuses a memory limit (issue 52, F7)", async () => {
+  // A fixed window of 2 per 2 s starting 10 s ago by the real clock; the extension's clock is
+  // put in the second window, so a credit for the first lands late (the real clock, which
+  // creditBefore compares with `before`, is past the first window's end too).
+  const start = Date.now() - 10_000;
+  const client = await pool.connect();
+  try {
+    const rl = new RateLimiter(client);
+    const at = (ms) => client.query("SELECT set_config('rate_limiter.fake_now', to_timestamp($1::float8 / 1000)::text, false)", [start + ms]);
+    for (const durable of [true, false]) {
+      const name = unique(durable ? "late_credit" : "late_credit_memory");
+      const config = { kind: "fixed window", rate: 2, period: 2000, start, durable };
+      await client.query("SELECT rate_limiter.define($1, 'fixed window', 2, '2 seconds', start => to_timestamp($2::float8 / 1000), durable => $3)",
+                         [name, start, durable]);
+      for (const [how, options] of [["named", {}], ["inline", { config }]]) {
+        const key = `k_${how}`;
+        await at(100);
+        assert.equal((await rl.limit(name, key, options)).ok, true, "window 1's hit");
+        await at(2100);
+        assert.equal((await rl.limit(name, key, options)).ok, true);
+        assert.equal((await rl.limit(name, key, options)).ok, true, "window 2 full");
+        if (durable) {
+          assert.equal(await rl.creditBefore(name, key, new Date(start + 2000), options), 0, "taken back");
+        } else {
+          await assert.rejects(rl.creditBefore(name, key, new Date(start + 2000), options), /is a memory limit \(durable: false\)/);
+        }
+        assert.equal((await rl.limit(name, key, options)).ok, false, `${how}: 2 admitted in a window of 2`);
+      }
+    }
+  } finally {
+    await client.query("RESET rate_limiter.fake_now");
+    client.release();
+  }
+});

@@ -34,7 +34,8 @@ RESET = "reset (every key of every application at once) is refused (README: limi
 NO_PREVIOUS = "get_sliding_window reports the weighted count as the current window's, with no previous window"
 SLIDING_RESET = "a sliding window is whole again when its weighted count has slid out, not at the window's end"
 CELLS = "a rolling window counts in cells: an entry is forgotten late (up to a cell), never early"
-HUGE = "a rolling window of 1,000,000 counts in cells of float8: 1 remaining after 999,999 reads as 0"
+HUGE = ("a rolling window of 1,000,000 counts in cells of float8: 1 remaining after 999,999 may read as 0, "
+        "as the hits' cells fall (not strict: a run whose hits share a cell passes)")
 # "Class::test" (sync and async) -> why it fails on these storages, and whether it always does
 # (strict: a pass fails the run too, so the list stays true).
 EXPECTED = {
@@ -48,7 +49,7 @@ EXPECTED = {
     **{f"{c}::test_sliding_window_counter": (SLIDING_RESET, False) for c in ["TestSlidingWindow", "TestAsyncSlidingWindow"]},
     **{f"{c}::test_moving_window_stats": (CELLS, True) for c in ["TestMovingWindow", "TestAsyncMovingWindow"]},
     **{f"{c}::test_moving_window_multiple_cost": (CELLS, False) for c in ["TestMovingWindow", "TestAsyncMovingWindow"]},
-    **{f"{c}::test_moving_window_huge_cost": (HUGE, True) for c in ["TestMovingWindow", "TestAsyncMovingWindow"]},
+    **{f"{c}::test_moving_window_huge_cost": (HUGE, False) for c in ["TestMovingWindow", "TestAsyncMovingWindow"]},
 }
 
 
