@@ -946,3 +946,62 @@ def test_transactions_calling_one_sharded_key_twice_never_deadlock_and_never_ove
             assert sum(admitted) == round(capacity - left), f"{dbname} {limit}: admitted and the rows disagree"
             if limit == "wide":
                 assert sum(admitted) >= 8 * 40, f"{dbname}: every call admitted"
+
+
+@every_version
+def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_rights(main, edition, pg):
+    """Issue 52, F6 in the edition: its SECURITY DEFINER functions write as the database's
+    owner. A role given ALL on the edition's tables plants on each a trigger that, run as
+    anyone else, counts the run and tries to take the owner's rights (here: to create a role,
+    which the owner may not either, so the count is what shows it ran); every route that
+    writes a table completes or refuses with 55000 and the trap never runs."""
+    dbname, owner = edition
+    role = "ed_planter_" + uuid.uuid4().hex[:6]
+    with main.connect() as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        with main.connect(dbname) as c:
+            c.execute(f"CREATE SCHEMA {role} AUTHORIZATION {role}")
+        with main.connect(dbname, user=owner) as c:
+            c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
+            c.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA rate_limiter TO {role}")
+            c.execute(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA rate_limiter TO {role}")
+            c.execute("SELECT rate_limiter.define('rows', 'token bucket', 10, '1 hour')")
+            c.execute("SELECT rate_limiter.define('slots', 'concurrency', 2, '1 hour')")
+        with main.connect(dbname, user=role) as planter:
+            planter.execute(f"CREATE SEQUENCE {role}.runs")
+            planter.execute(f"GRANT USAGE ON SCHEMA {role} TO PUBLIC")
+            planter.execute(f"GRANT ALL ON SEQUENCE {role}.runs TO PUBLIC")
+            planter.execute(f"""
+                CREATE FUNCTION {role}.trap() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF current_user OPERATOR(pg_catalog.<>) '{role}' THEN
+                        PERFORM pg_catalog.nextval('{role}.runs');
+                    END IF;
+                    RETURN NULL;
+                END $$""")
+            for table in ["limits", "blocks", "allows", "state", "leases"]:
+                planter.execute(f"CREATE TRIGGER planted AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
+                                f"ON rate_limiter.{table} FOR EACH STATEMENT EXECUTE FUNCTION {role}.trap()")
+            refused = 0
+            for route in ["SELECT rate_limiter.define('rows', 'token bucket', 20, '1 hour')",
+                          "SELECT rate_limiter.rate_limit('rows', 'k')",
+                          "SELECT rate_limiter.rate_limit_all('[{\"name\": \"rows\", \"key\": \"k\"}]')",
+                          "SELECT rate_limiter.credit('rows', 'k')",
+                          "SELECT rate_limiter.block('rows', 'b')", "SELECT rate_limiter.unblock('rows', 'b')",
+                          "SELECT rate_limiter.allow('rows', 'a')", "SELECT rate_limiter.disallow('rows', 'a')",
+                          "SELECT rate_limiter.acquire('slots', 'k', lease => '1 minute')",
+                          "SELECT rate_limiter.reset_rate_limit('rows', 'k')", "SELECT rate_limiter.prune()"]:
+                try:
+                    planter.execute(route)
+                except psycopg.Error as error:
+                    assert error.sqlstate == "55000" and 'it has trigger "planted"' in str(error), f"{route}: {error}"
+                    refused += 1
+            assert refused == 11, "every route writes a table with a planted trigger"
+            assert planter.execute(f"SELECT last_value, is_called FROM {role}.runs").fetchone() == (1, False), \
+                "a trap ran with the owner's rights"
+    finally:
+        with main.connect(dbname) as c:
+            c.execute(f"DROP OWNED BY {role} CASCADE")
+        with main.connect() as admin:
+            admin.execute(f"DROP ROLE {role}")
