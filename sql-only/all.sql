@@ -212,7 +212,8 @@ BEGIN
     now := rate_limiter._now();
     FOR j IN 1 .. cardinality(parts) LOOP
         p := parts[j];
-        FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards, rate_limiter._held_shard(stored[p], keys[p])) LOOP
+        FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards,
+                                                      CASE WHEN consume THEN rate_limiter._held_shard(stored[p], keys[p]) END) LOOP
             r_part := r_part || j;
             r_shard := r_shard || sh;
             r_state := r_state || rate_limiter._state_of((rate_limiter._read_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], sh))).row,

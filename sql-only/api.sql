@@ -126,6 +126,10 @@ BEGIN
         RAISE EXCEPTION 'rate_limiter will not write %: it has %, which the extension did not create', message, detail
             USING ERRCODE = '55000',
             HINT = 'The extension writes its tables with its owner''s rights, which a trigger or rule on them would run with. Drop it (DROP TRIGGER ... ON the table), and grant no TRIGGER on the extension''s tables (docs/security.md).';
+    WHEN 'snapshot_blind' THEN
+        RAISE EXCEPTION 'rate_limiter will not write % in a % transaction: another role may create triggers on it', message, detail
+            USING ERRCODE = '55000',
+            HINT = 'The edition writes its tables with its owner''s rights; outside READ COMMITTED it reads the catalog as of the transaction''s snapshot and could miss a trigger created since. REVOKE TRIGGER, REFERENCES ON the table FROM every other role (docs/security.md), or call it in a READ COMMITTED transaction.';
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',

@@ -12,14 +12,19 @@ BEGIN
     END IF;
     -- The write to come runs with the owner's rights, as would a trigger or rule on the table
     -- (one a role with TRIGGER on it planted): refused, as the extension refuses it. Locked
-    -- first, so that none is planted between this look and the write.
+    -- first, so that none is planted between this look and the write. The edition's one
+    -- trigger is known by its whole shape: its function alone, run BEFORE each row (which
+    -- skips the row) or with a WHEN of the planter's (run with the owner's rights), would not do.
     FOREACH t IN ARRAY tables LOOP
         EXECUTE format('LOCK TABLE %s IN ROW EXCLUSIVE MODE', t);
         IF (SELECT c.relhastriggers OR c.relhasrules FROM pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
-            SELECT format('trigger "%s"', g.tgname) INTO planted
-            FROM pg_trigger g JOIN pg_proc p ON p.oid OPERATOR(pg_catalog.=) g.tgfoid
+            SELECT format('trigger "%s"', g.tgname) INTO planted FROM pg_trigger g
             WHERE g.tgrelid OPERATOR(pg_catalog.=) t
-              AND (g.tgisinternal OR p.pronamespace OPERATOR(pg_catalog.<>) 'rate_limiter'::regnamespace)
+              AND NOT (g.tgrelid OPERATOR(pg_catalog.=) 'rate_limiter.limits'::regclass
+                       AND g.tgname OPERATOR(pg_catalog.=) 'limits_hold_slot_calls_off'
+                       AND g.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._hold_slot_calls_off()'::regprocedure
+                       AND g.tgtype OPERATOR(pg_catalog.=) 62 AND g.tgqual IS NULL
+                       AND g.tgnargs OPERATOR(pg_catalog.=) 0 AND NOT g.tgisinternal)
             ORDER BY g.tgname LIMIT 1;
             IF planted IS NULL THEN
                 SELECT format('a rule (pg_rewrite oid %s)', r.oid) INTO planted
@@ -28,6 +33,15 @@ BEGIN
             IF planted IS NOT NULL THEN
                 PERFORM rate_limiter._raise('planted', t::text, planted);
             END IF;
+        END IF;
+        -- In REPEATABLE READ and SERIALIZABLE the catalog is read as of the transaction's
+        -- snapshot, which a trigger created since is not in (the write would fire it): a
+        -- table another role may create triggers on is then refused.
+        IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' AND EXISTS (
+            SELECT FROM pg_class c, aclexplode(c.relacl) a
+            WHERE c.oid OPERATOR(pg_catalog.=) t AND a.privilege_type IN ('TRIGGER', 'REFERENCES')
+              AND a.grantee OPERATOR(pg_catalog.<>) c.relowner) THEN
+            PERFORM rate_limiter._raise('snapshot_blind', t::text, current_setting('transaction_isolation'));
         END IF;
     END LOOP;
 END $$;

@@ -991,6 +991,10 @@ BEGIN
         RAISE EXCEPTION 'rate_limiter will not write %: it has %, which the extension did not create', message, detail
             USING ERRCODE = '55000',
             HINT = 'The extension writes its tables with its owner''s rights, which a trigger or rule on them would run with. Drop it (DROP TRIGGER ... ON the table), and grant no TRIGGER on the extension''s tables (docs/security.md).';
+    WHEN 'snapshot_blind' THEN
+        RAISE EXCEPTION 'rate_limiter will not write % in a % transaction: another role may create triggers on it', message, detail
+            USING ERRCODE = '55000',
+            HINT = 'The edition writes its tables with its owner''s rights; outside READ COMMITTED it reads the catalog as of the transaction''s snapshot and could miss a trigger created since. REVOKE TRIGGER, REFERENCES ON the table FROM every other role (docs/security.md), or call it in a READ COMMITTED transaction.';
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
@@ -1080,14 +1084,19 @@ BEGIN
     END IF;
     -- The write to come runs with the owner's rights, as would a trigger or rule on the table
     -- (one a role with TRIGGER on it planted): refused, as the extension refuses it. Locked
-    -- first, so that none is planted between this look and the write.
+    -- first, so that none is planted between this look and the write. The edition's one
+    -- trigger is known by its whole shape: its function alone, run BEFORE each row (which
+    -- skips the row) or with a WHEN of the planter's (run with the owner's rights), would not do.
     FOREACH t IN ARRAY tables LOOP
         EXECUTE format('LOCK TABLE %s IN ROW EXCLUSIVE MODE', t);
         IF (SELECT c.relhastriggers OR c.relhasrules FROM pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
-            SELECT format('trigger "%s"', g.tgname) INTO planted
-            FROM pg_trigger g JOIN pg_proc p ON p.oid OPERATOR(pg_catalog.=) g.tgfoid
+            SELECT format('trigger "%s"', g.tgname) INTO planted FROM pg_trigger g
             WHERE g.tgrelid OPERATOR(pg_catalog.=) t
-              AND (g.tgisinternal OR p.pronamespace OPERATOR(pg_catalog.<>) 'rate_limiter'::regnamespace)
+              AND NOT (g.tgrelid OPERATOR(pg_catalog.=) 'rate_limiter.limits'::regclass
+                       AND g.tgname OPERATOR(pg_catalog.=) 'limits_hold_slot_calls_off'
+                       AND g.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._hold_slot_calls_off()'::regprocedure
+                       AND g.tgtype OPERATOR(pg_catalog.=) 62 AND g.tgqual IS NULL
+                       AND g.tgnargs OPERATOR(pg_catalog.=) 0 AND NOT g.tgisinternal)
             ORDER BY g.tgname LIMIT 1;
             IF planted IS NULL THEN
                 SELECT format('a rule (pg_rewrite oid %s)', r.oid) INTO planted
@@ -1096,6 +1105,15 @@ BEGIN
             IF planted IS NOT NULL THEN
                 PERFORM rate_limiter._raise('planted', t::text, planted);
             END IF;
+        END IF;
+        -- In REPEATABLE READ and SERIALIZABLE the catalog is read as of the transaction's
+        -- snapshot, which a trigger created since is not in (the write would fire it): a
+        -- table another role may create triggers on is then refused.
+        IF current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' AND EXISTS (
+            SELECT FROM pg_class c, aclexplode(c.relacl) a
+            WHERE c.oid OPERATOR(pg_catalog.=) t AND a.privilege_type IN ('TRIGGER', 'REFERENCES')
+              AND a.grantee OPERATOR(pg_catalog.<>) c.relowner) THEN
+            PERFORM rate_limiter._raise('snapshot_blind', t::text, current_setting('transaction_isolation'));
         END IF;
     END LOOP;
 END $$;
@@ -2267,7 +2285,8 @@ END $$;
 CREATE FUNCTION rate_limiter._pick_shards(shards integer, lowest integer DEFAULT 0) RETURNS integer[]
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 BEGIN ATOMIC
-    SELECT pg_catalog.array_agg(i) FROM (SELECT i FROM pg_catalog.generate_series(COALESCE(lowest, 0), shards OPERATOR(pg_catalog.-) 1) i
+    SELECT pg_catalog.array_agg(i) FROM (SELECT i FROM pg_catalog.generate_series(LEAST(COALESCE(lowest, 0), shards OPERATOR(pg_catalog.-) 1),
+                                                                                  shards OPERATOR(pg_catalog.-) 1) i
                                          ORDER BY pg_catalog.random()
                                          LIMIT CASE WHEN shards OPERATOR(pg_catalog.>=) 3 THEN 2 ELSE 1 END) picked;
 END;
@@ -2794,7 +2813,8 @@ BEGIN
     now := rate_limiter._now();
     FOR j IN 1 .. cardinality(parts) LOOP
         p := parts[j];
-        FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards, rate_limiter._held_shard(stored[p], keys[p])) LOOP
+        FOREACH sh IN ARRAY rate_limiter._pick_shards((configs[p]).shards,
+                                                      CASE WHEN consume THEN rate_limiter._held_shard(stored[p], keys[p]) END) LOOP
             r_part := r_part || j;
             r_shard := r_shard || sh;
             r_state := r_state || rate_limiter._state_of((rate_limiter._read_row(stored[p], keys[p], rate_limiter._stored_shard(shards[p], sh))).row,

@@ -25,7 +25,8 @@ END $$;
 CREATE FUNCTION rate_limiter._pick_shards(shards integer, lowest integer DEFAULT 0) RETURNS integer[]
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 BEGIN ATOMIC
-    SELECT pg_catalog.array_agg(i) FROM (SELECT i FROM pg_catalog.generate_series(COALESCE(lowest, 0), shards OPERATOR(pg_catalog.-) 1) i
+    SELECT pg_catalog.array_agg(i) FROM (SELECT i FROM pg_catalog.generate_series(LEAST(COALESCE(lowest, 0), shards OPERATOR(pg_catalog.-) 1),
+                                                                                  shards OPERATOR(pg_catalog.-) 1) i
                                          ORDER BY pg_catalog.random()
                                          LIMIT CASE WHEN shards OPERATOR(pg_catalog.>=) 3 THEN 2 ELSE 1 END) picked;
 END;

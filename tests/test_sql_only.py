@@ -980,9 +980,21 @@ def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_ri
                     END IF;
                     RETURN NULL;
                 END $$""")
+            planter.execute(f"""
+                CREATE FUNCTION {role}.when_trap() RETURNS boolean LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF current_user OPERATOR(pg_catalog.<>) '{role}' THEN
+                        PERFORM pg_catalog.nextval('{role}.runs');
+                    END IF;
+                    RETURN true;
+                END $$""")
             for table in ["limits", "blocks", "allows", "state", "leases"]:
-                planter.execute(f"CREATE TRIGGER planted AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
-                                f"ON rate_limiter.{table} FOR EACH STATEMENT EXECUTE FUNCTION {role}.trap()")
+                # A trigger of the planter's, or the edition's own function with a WHEN of its.
+                how = [f"AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON rate_limiter.{table} FOR EACH STATEMENT "
+                       f"EXECUTE FUNCTION {role}.trap()",
+                       f"BEFORE INSERT OR UPDATE OR DELETE ON rate_limiter.{table} FOR EACH STATEMENT "
+                       f"WHEN ({role}.when_trap()) EXECUTE FUNCTION rate_limiter._hold_slot_calls_off()"]
+                planter.execute(f"CREATE TRIGGER planted {how[table in ('limits', 'leases')]}")
             refused = 0
             for route in ["SELECT rate_limiter.define('rows', 'token bucket', 20, '1 hour')",
                           "SELECT rate_limiter.rate_limit('rows', 'k')",
@@ -1000,6 +1012,18 @@ def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_ri
             assert refused == 11, "every route writes a table with a planted trigger"
             assert planter.execute(f"SELECT last_value, is_called FROM {role}.runs").fetchone() == (1, False), \
                 "a trap ran with the owner's rights"
+        with main.connect(dbname, user=owner) as c:
+            for table in ["limits", "blocks", "allows", "state", "leases"]:
+                c.execute(f"DROP TRIGGER planted ON rate_limiter.{table}")
+        with main.connect(dbname, user=role) as app:
+            assert app.execute("SELECT ok FROM rate_limiter.rate_limit('rows', 'k')").fetchone() == (True,)
+            # A REPEATABLE READ snapshot taken before a trigger was planted would not show it:
+            # refused while another role may plant one.
+            app.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            with pytest.raises(psycopg.Error, match="in a repeatable read transaction: another role may create triggers") as refused:
+                app.execute("SELECT rate_limiter.rate_limit('rows', 'k')")
+            assert refused.value.sqlstate == "55000"
+            app.execute("ROLLBACK")
     finally:
         with main.connect(dbname) as c:
             c.execute(f"DROP OWNED BY {role} CASCADE")

@@ -69,8 +69,13 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
     let looked: Vec<_> = durable
         .iter()
         .map(|&p| {
-            // Its locks are queued for: only above the shards of the key this transaction holds.
-            let pool = queueing_pool(&parts[p].req, &parts[p].config);
+            // A consuming call queues for its locks: only above the shards of the key this
+            // transaction holds (rows.rs `waitable`). A check locks nothing.
+            let pool = if consume {
+                queueing_pool(&parts[p].req, &parts[p].config)
+            } else {
+                (0..parts[p].config.shards as i32).collect()
+            };
             look(table, &parts[p].req, pick_shards(parts[p].config.shards, &pool, &[]))
         })
         .collect();

@@ -27,8 +27,8 @@ pub fn writable(table: pg_sys::Oid) {
     }
 }
 
-/// The first trigger of `relation` whose function is not a member of the extension (an
-/// internal one included: a foreign key's), or its first rule, as `trigger "name"`.
+/// The first trigger of `relation` the extension did not make (`is_own`), or its first rule,
+/// as `trigger "name"`.
 ///
 /// # Safety
 /// `relation` is open.
@@ -39,9 +39,10 @@ pub unsafe fn planted_code(relation: pg_sys::Relation) -> Option<String> {
         let triggers = (*relation).trigdesc;
         if !triggers.is_null() {
             let extension = pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false);
+            let table = CStr::from_ptr((*(*relation).rd_rel).relname.data.as_ptr()).to_string_lossy().into_owned();
             for i in 0..(*triggers).numtriggers as usize {
                 let trigger = &*(*triggers).triggers.add(i);
-                if trigger.tgisinternal || pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, trigger.tgfoid) != extension {
+                if !is_own(&table, trigger, extension) {
                     return Some(format!("trigger \"{}\"", CStr::from_ptr(trigger.tgname).to_string_lossy()));
                 }
             }
@@ -53,4 +54,32 @@ pub unsafe fn planted_code(relation: pg_sys::Relation) -> Option<String> {
         }
         None
     }
+}
+
+// pg_trigger.tgtype's bits (catalog/pg_trigger.h).
+const ROW: i16 = 1 << 0;
+const INSERT: i16 = 1 << 2;
+const DELETE: i16 = 1 << 3;
+const UPDATE: i16 = 1 << 4;
+const TRUNCATE: i16 = 1 << 5;
+
+/// Whether `trigger` on `table` is one the extension made (sql/finalize.sql): `<table>_changed`,
+/// AFTER INSERT OR UPDATE OR DELETE of each row, or `<table>_truncated`, AFTER TRUNCATE, each
+/// running the extension's own function with no WHEN and no arguments. The function alone
+/// would not do: a planted trigger may run it BEFORE each row (which skips the row) or with a
+/// WHEN clause of the planter's (which runs with the writer's rights).
+///
+/// # Safety
+/// `trigger` is a trigger of the open relation named `table`.
+unsafe fn is_own(table: &str, trigger: &pg_sys::Trigger, extension: pg_sys::Oid) -> bool {
+    // SAFETY: the trigger's name is a NUL-terminated string of the open relation's descriptor.
+    let name = unsafe { CStr::from_ptr(trigger.tgname) }.to_string_lossy();
+    let shape = (name == format!("{table}_changed") && trigger.tgtype == ROW | INSERT | DELETE | UPDATE)
+        || (name == format!("{table}_truncated") && trigger.tgtype == TRUNCATE);
+    shape
+        && !trigger.tgisinternal
+        && trigger.tgqual.is_null()
+        && trigger.tgnargs == 0
+        // SAFETY: a catalog lookup by OID inside the caller's transaction.
+        && unsafe { pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, trigger.tgfoid) } == extension
 }

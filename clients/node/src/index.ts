@@ -173,7 +173,8 @@ export class RateLimiter {
    * under the key's row lock, so that no other call sees it. The tokens given back. A memory
    * limit (durable: false) is refused: its credit counts only once committed, after the
    * statement that would take it back (credit() suits it). A named limit's kind is the
-   * database's, asked in the same statement (rate_limit_value), which then credits nothing. */
+   * database's, asked in the same statement (rate_limit_value, whose grant it needs), which
+   * then credits nothing. */
   async creditBefore(name: string, key: string | null, before: Date, options: { count?: number; config?: Config } = {}): Promise<number> {
     if (options.config?.durable === false) throw memoryCreditBefore(name);
     const s = this.schema;
@@ -184,7 +185,7 @@ export class RateLimiter {
       `FROM ${s}.credit($1, $2, $3, $4::jsonb) c`;
     // An uncorrelated subquery runs when its CASE branch is first evaluated: never for a memory limit.
     const sql =
-      options.config === undefined
+      options.config == null
         ? `SELECT m.memory, CASE WHEN NOT m.memory THEN (${credited}) END AS credited FROM ` +
           `(SELECT coalesce(v.effective_config->>'durable' = 'false', false) AS memory ` +
           `FROM ${s}.rate_limit_value($1, $2, $4::jsonb) v) m`
