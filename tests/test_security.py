@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from clusters import PORTS, Cluster, connect, every_version, wait_for
+from traps import plant_trigger_traps, trap_body, trap_counter, trap_runs
 
 INLINE = '{"kind": "token bucket", "rate": 1, "period": "1 hour"}'
 
@@ -38,32 +39,13 @@ TRAPS = [
 
 def plant(conn, schema, attacker):
     """The attacker (conn's role) plants TRAPS in `schema`; returns the sequence they bump."""
-    counter = f"{schema}.trap_runs_{uuid.uuid4().hex[:6]}"
-    conn.execute(f"CREATE SEQUENCE {counter}")
-    conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO PUBLIC")
-    conn.execute(f"GRANT ALL ON SEQUENCE {counter} TO PUBLIC")
+    counter = trap_counter(conn, schema, f"trap_runs_{uuid.uuid4().hex[:6]}")
     for i, (op, left, right, result) in enumerate(TRAPS):
-        conn.execute(f"""
-            CREATE FUNCTION {schema}.trap_{i}(a {left}, b {right}) RETURNS {result}
-            LANGUAGE plpgsql SET search_path = pg_catalog AS $$
-            BEGIN
-                IF current_user OPERATOR(pg_catalog.<>) '{attacker}' THEN
-                    PERFORM pg_catalog.nextval('{counter}');
-                    BEGIN
-                        EXECUTE 'ALTER ROLE {attacker} SUPERUSER';
-                    EXCEPTION WHEN OTHERS THEN NULL;
-                    END;
-                END IF;
-                RETURN NULL;
-            END $$""")
+        conn.execute(f"CREATE FUNCTION {schema}.trap_{i}(a {left}, b {right}) RETURNS {result} "
+                     f"LANGUAGE plpgsql SET search_path = pg_catalog AS {trap_body(attacker, counter, 'NULL')}")
         conn.execute(f"GRANT EXECUTE ON FUNCTION {schema}.trap_{i}({left}, {right}) TO PUBLIC")
         conn.execute(f"CREATE OPERATOR {schema}.{op} (LEFTARG = {left}, RIGHTARG = {right}, FUNCTION = {schema}.trap_{i})")
     return counter
-
-
-def trap_runs(conn, counter):
-    last, called = conn.execute(f"SELECT last_value, is_called FROM {counter}").fetchone()
-    return last if called else 0
 
 
 def is_superuser(conn, role):
@@ -564,33 +546,7 @@ def test_no_trigger_a_role_plants_on_the_extensions_tables_runs_with_the_owners_
         admin.execute("SELECT rate_limiter.block('rows', 'gone', now() - interval '1 second')")
 
     with cluster.connect("app", user=role) as planter:
-        planter.execute(f"CREATE SEQUENCE {role}.runs")
-        planter.execute(f"GRANT USAGE ON SCHEMA {role} TO PUBLIC")
-        planter.execute(f"GRANT ALL ON SEQUENCE {role}.runs TO PUBLIC")
-        planter.execute(f"""
-            CREATE FUNCTION {role}.trap() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF current_user OPERATOR(pg_catalog.<>) '{role}' THEN
-                    PERFORM pg_catalog.nextval('{role}.runs');
-                    BEGIN
-                        EXECUTE 'ALTER ROLE {role} SUPERUSER';
-                    EXCEPTION WHEN OTHERS THEN NULL;
-                    END;
-                END IF;
-                RETURN NULL;
-            END $$""")
-        planter.execute(f"""
-            CREATE FUNCTION {role}.when_trap() RETURNS boolean LANGUAGE plpgsql AS $$
-            BEGIN
-                IF current_user OPERATOR(pg_catalog.<>) '{role}' THEN
-                    PERFORM pg_catalog.nextval('{role}.runs');
-                    BEGIN
-                        EXECUTE 'ALTER ROLE {role} SUPERUSER';
-                    EXCEPTION WHEN OTHERS THEN NULL;
-                    END;
-                END IF;
-                RETURN true;
-            END $$""")
+        runs = plant_trigger_traps(planter, role)
 
         def plant_on(table):
             if table in OWN_FUNCTION_PLANTED:
@@ -636,8 +592,7 @@ def test_no_trigger_a_role_plants_on_the_extensions_tables_runs_with_the_owners_
                 planter.execute(route)
             except psycopg.Error as error:
                 assert error.sqlstate == "55000", f"{route}: {error.sqlstate} {error}"
-        assert planter.execute(f"SELECT last_value, is_called FROM {role}.runs").fetchone() == (1, False), \
-            "a trap ran with another role's rights"
+        assert trap_runs(planter, runs) == 0, "a trap ran with another role's rights"
         assert not is_superuser(planter, role)
 
         # Without them (only the tables' owner may drop them), every route works again: the

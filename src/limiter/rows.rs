@@ -86,12 +86,12 @@ fn waitable(shards: u32, held: &[i32]) -> Vec<i32> {
 
 /// The shards of `req`'s key a call that will queue for its locks may pick from.
 pub(super) fn queueing_pool(req: &Request<'_>, config: &Config) -> Vec<i32> {
-    waitable(config.shards, &held(req, config))
+    waitable(config.shards, &held_of(req, config))
 }
 
 /// The shards of `req`'s key this transaction holds that `config` has (a limit redefined with
 /// fewer shards in the transaction keeps rows above them, which no call takes from).
-fn held(req: &Request<'_>, config: &Config) -> Vec<i32> {
+fn held_of(req: &Request<'_>, config: &Config) -> Vec<i32> {
     held_shards::of(req).into_iter().filter(|s| *s < config.shards as i32).collect()
 }
 
@@ -134,7 +134,7 @@ fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>)
     // Shards other transactions were seen holding, and shards this transaction holds
     // (earlier calls', and this call's rounds that gave up: kept until the transaction ends).
     let mut busy: Vec<i32> = Vec::new();
-    let mut held: Vec<i32> = if config.shards > 1 { held(req, config) } else { Vec::new() };
+    let mut held: Vec<i32> = if config.shards > 1 { held_of(req, config) } else { Vec::new() };
     // With a lock_timeout, a call that must wait tries without waiting until the deadline
     // instead, so that giving up aborts nothing and leaves no lock queued.
     let deadline = config.lock_timeout.map(|ms| (Instant::now() + Duration::from_secs_f64(ms / 1000.0), ms));

@@ -32,7 +32,7 @@ pub fn writable(table: pg_sys::Oid) {
 ///
 /// # Safety
 /// `relation` is open.
-pub unsafe fn planted_code(relation: pg_sys::Relation) -> Option<String> {
+unsafe fn planted_code(relation: pg_sys::Relation) -> Option<String> {
     // SAFETY: the caller's relation is open: its trigger descriptor is null or holds
     // `numtriggers` triggers, its rule lock null or `numLocks` rules.
     unsafe {
