@@ -28,7 +28,6 @@ pub struct Debit {
     pub committed: bool,
 }
 
-#[cfg(test)]
 const NO_DEBIT: Debit = Debit { seq: 0, at: 0.0, count: 0.0, committed: false };
 
 /// The state after `debit`: refilled to its instant, its count taken whatever is left (it
@@ -102,8 +101,13 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
     /// An escrow over `base`, the committed state.
     #[cfg(test)]
     pub fn new(base: State) -> Self {
+        Self::new_at(base, f64::NEG_INFINITY)
+    }
+
+    /// An escrow over `base`, the committed state, whose latest debit was at `base_at`.
+    pub fn new_at(base: State, base_at: f64) -> Self {
         let base = S::store(base);
-        Escrow { base, tail: base, base_at: f64::NEG_INFINITY, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0, sunk_in_flight: 0 }
+        Escrow { base, tail: base, base_at, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0, sunk_in_flight: 0 }
     }
 
     /// Start over in place from `base`, the committed state, whose latest debit was at

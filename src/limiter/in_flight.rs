@@ -28,10 +28,10 @@ pub enum Forget {
     Database,
     /// A memory limit's key (`Identity`'s tag), or every key of one.
     MemoryKey(memory::Identity),
-    MemoryLimit([u8; 16]),
+    MemoryLimit(u64),
     /// Nothing dropped: a memory limit changed, and its keys' counts are taken on under the
     /// new config (this transaction's own calls are refused until the commit).
-    MemoryChanged([u8; 16], Option<Config>),
+    MemoryChanged(u64, Option<Config>),
 }
 
 #[derive(Default)]
@@ -125,15 +125,7 @@ fn settle(debits: Vec<(Debit, pg_sys::SubTransactionId)>, committed: bool) {
             }
             Debit::Memory(ticket, seq, config) => {
                 if let Some(mut guard) = memory::redeem(ticket) {
-                    let entry = guard.entry();
-                    entry.end_holder(seq);
-                    if committed {
-                        entry.escrow().commit(&config, seq);
-                        entry.note_committed();
-                    } else {
-                        entry.escrow().abort(&config, seq);
-                    }
-                    entry.settled(&config);
+                    guard.settle(seq, committed, &config);
                 }
             }
         }
@@ -151,7 +143,7 @@ fn forget(what: Forget) {
         }
         Forget::MemoryKey(id) => memory::forget(id.limit_tag(), Some(&id)),
         Forget::MemoryLimit(limit) => memory::forget(limit, None),
-        Forget::MemoryChanged(limit, config) => memory::retune(limit, config.map(|c| (config::fingerprint(&c), c)).as_ref()),
+        Forget::MemoryChanged(limit, config) => memory::retune(limit, config.map(|c| (memory::config_tag(&config::fingerprint(&c)), c)).as_ref()),
     }
 }
 

@@ -9,7 +9,7 @@ use crate::call::{Decision, Reason, Request};
 use crate::clock;
 use crate::config;
 use crate::error::Error;
-use crate::shmem::memory::{self, snapshot, Identity};
+use crate::shmem::memory::{self, snapshot, Identity, Listed};
 use crate::shmem::stats;
 use crate::storage;
 use crate::storage::snapshot::Rows;
@@ -18,7 +18,8 @@ use super::in_flight::{self, Forget};
 /// The entry of a call's (limit, key): the extension's incarnation is the state table's
 /// OID, which a DROP and CREATE EXTENSION changes.
 fn identity(req: &Request<'_>) -> Identity {
-    Identity::new(cache::relations().state, req.name, req.key, req.inline)
+    memory::identity(cache::relations().state, req.name, req.key, req.inline.as_ref())
+        .unwrap_or_else(|| Error::MemoryUnavailable.raise())
 }
 
 /// Whether this transaction reset the key, or changed or deleted the limit, or truncated
@@ -53,16 +54,17 @@ pub fn credit(req: &Request<'_>, config: &Config) -> Decision {
     list(req, config, Listing::Credit, true)
 }
 
-/// The fingerprint of a named limit's config: the last one computed is kept, as a backend
-/// calls the same limit again and again (equal configs have equal fingerprints).
-fn fingerprint(config: &Config) -> [u8; 16] {
+/// The fingerprint of a named limit's config as an entry keeps it: the last one computed
+/// is kept, as a backend calls the same limit again and again (equal configs have equal
+/// fingerprints).
+fn fingerprint(config: &Config) -> u64 {
     thread_local! {
-        static LAST: std::cell::Cell<Option<(Config, [u8; 16])>> = const { std::cell::Cell::new(None) };
+        static LAST: std::cell::Cell<Option<(Config, u64)>> = const { std::cell::Cell::new(None) };
     }
     match LAST.get() {
         Some((last, fingerprint)) if last == *config => fingerprint,
         _ => {
-            let fingerprint = config::fingerprint(config);
+            let fingerprint = memory::config_tag(&config::fingerprint(config));
             LAST.set(Some((*config, fingerprint)));
             fingerprint
         }
@@ -83,21 +85,24 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
     }
     in_flight::register_callbacks();
     // An inline config's is its request's already.
-    let fingerprint = req.inline.unwrap_or_else(|| fingerprint(config));
+    let fingerprint = req.inline.as_ref().map_or_else(|| fingerprint(config), memory::config_tag);
     let me = storage::my_transaction();
     let mut waited = None;
     loop {
         let now = clock::now_ms();
-        let mut guard = memory::hold(&id, req.name, &fingerprint, now, || bucket::fresh(config, req.name, req.key, now))
-            .unwrap_or_else(|e| refused(req, e));
-        let ticket = guard.ticket();
-        let entry = guard.entry();
-        let would_list = match what {
-            Listing::Take => would_take(entry, req, config, now),
-            Listing::Credit => would_credit(entry, req, config, now),
+        let held = memory::hold(&id, req.name, fingerprint, now, || bucket::fresh(config, req.name, req.key, now));
+        let Some(mut guard) = held.unwrap_or_else(|e| e.raise()) else {
+            refused(req, Error::MemoryKeysFull { share: None })
         };
-        let full = would_list && entry.escrow().full();
-        if let Some(holder) = oldest_to_wait_for(entry, full, me).filter(|h| Some(*h) != waited) {
+        let ticket = guard.ticket();
+        let at = guard.admission_instant(now);
+        let tail = guard.tail();
+        let would_list = match what {
+            Listing::Take => req.count > 0.0 && bucket::plan(&[tail], config, at, req.count, req.reserve).ok,
+            Listing::Credit => bucket::plan_credit(&[tail], config, at, req.count).granted < 0.0,
+        };
+        let full = would_list && guard.full();
+        if let Some(holder) = oldest_to_wait_for(&mut guard, full, me).filter(|h| Some(*h) != waited) {
             // As a durable call waits for the row: the ring is full, and a call that would
             // list its debit waits for the transaction of the oldest debit in flight (not
             // its own) rather than fold it into the base, where its rollback would give
@@ -119,22 +124,29 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
             }
             // Every debit in flight is this transaction's, or its holder was waited for
             // already: the older half is folded, counted for good.
-            entry.note_committed();
+            guard.note_committed();
         }
-        let seq = entry.draw_seq();
-        let admitted = match what {
-            Listing::Take => entry.escrow().admit(config, now, req.count, req.reserve, seq),
-            Listing::Credit => entry.escrow().credit(config, now, req.count, seq),
+        let count = if what == Listing::Credit { -req.count } else { req.count };
+        let (listed, seq) = guard.list(config, now, count, req.reserve);
+        let admitted = match listed {
+            Listed::InFlight(admitted) => {
+                if let Some(f) = guard.in_flight() {
+                    if full {
+                        // The older half was folded: its holders are no longer waited for.
+                        f.forget_holders_of_settled();
+                    }
+                    if admitted.seq.is_some() {
+                        f.note_holder(seq, me);
+                    }
+                }
+                if admitted.seq.is_some() {
+                    in_flight::note_debit(in_flight::Debit::Memory(ticket, seq, *config));
+                }
+                admitted
+            }
+            Listed::Settled(admitted) => admitted,
         };
-        entry.settled(config);
-        if full {
-            // The older half was folded: its holders are no longer waited for.
-            entry.forget_holders_of_settled();
-        }
-        if let Some(seq) = admitted.seq {
-            entry.note_holder(seq, me);
-            in_flight::note_debit(in_flight::Debit::Memory(ticket, seq, *config));
-        }
+        guard.settled(config);
         drop(guard);
         return admitted.outcome.decision(req.name);
     }
@@ -158,28 +170,15 @@ fn refused(req: &Request<'_>, error: Error) -> ! {
     error.raise()
 }
 
-/// Whether a take would list a debit: it takes something, and is admitted.
-fn would_take(entry: &mut memory::Entry, req: &Request<'_>, config: &Config, now: f64) -> bool {
-    let escrow = entry.escrow();
-    let at = escrow.admission_instant(now);
-    req.count > 0.0 && bucket::plan(&[escrow.tail()], config, at, req.count, req.reserve).ok
-}
-
-/// Whether a credit would list itself: it gives something back.
-fn would_credit(entry: &mut memory::Entry, req: &Request<'_>, config: &Config, now: f64) -> bool {
-    let escrow = entry.escrow();
-    let at = escrow.admission_instant(now);
-    bucket::plan_credit(&[escrow.tail()], config, at, req.count).granted < 0.0
-}
-
 /// When the entry's ring is `full` for this call: the transaction holding the oldest debit
 /// in flight that is not `me`'s, which the call waits for.
-fn oldest_to_wait_for(entry: &mut memory::Entry, full: bool, me: (i32, u32)) -> Option<(i32, u32)> {
+fn oldest_to_wait_for(guard: &mut memory::Guard, full: bool, me: (i32, u32)) -> Option<(i32, u32)> {
     if !full {
         return None;
     }
-    let seqs: Vec<u64> = entry.escrow().in_flight().collect();
-    seqs.into_iter().filter_map(|seq| entry.holder_of(seq)).find(|h| *h != me)
+    let f = guard.in_flight()?;
+    let seqs: Vec<u64> = f.escrow_ref().in_flight().collect();
+    seqs.into_iter().filter_map(|seq| f.holder_of(seq)).find(|h| *h != me)
 }
 
 /// The state calls are decided against and the instant they are decided at: the escrow's,
@@ -191,9 +190,8 @@ fn current(req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
     if changed_here(&id, false) {
         return (bucket::fresh(config, req.name, req.key, now), now);
     }
-    if let Some(guard) = memory::peek(&id).filter(|g| !g.entry_ref().absent()) {
-        let escrow = guard.entry_ref().escrow_ref();
-        return (escrow.tail(), escrow.admission_instant(now));
+    if let Some(mut guard) = memory::peek(&id).filter(|g| !g.entry_ref().absent()) {
+        return (guard.tail(), guard.admission_instant(now));
     }
     (bucket::fresh(config, req.name, req.key, now), now)
 }
@@ -216,8 +214,9 @@ pub fn value(req: &Request<'_>, config: &Config) -> State {
 /// when this transaction commits.
 pub fn reset(name: &str, key: Option<&str>) {
     load_snapshot();
-    let id = identity(&Request { name, key, count: 0.0, reserve: false, inline: None });
-    storage::snapshot::forget(Rows::Key(id.key_tag()));
+    // Without memory limits on, no key is counted.
+    let Some(id) = memory::identity(cache::relations().state, name, key, None) else { return };
+    storage::snapshot::forget(Rows::Key(id.key_bytes()));
     if memory::counts_key(&id) {
         storage::hold_calls_off();
         in_flight::forget_at_commit(Forget::MemoryKey(id));
@@ -230,7 +229,7 @@ pub fn reset(name: &str, key: Option<&str>) {
 pub fn limit_changing(name: &str, now: Option<Option<Config>>) {
     load_snapshot();
     storage::hold_calls_off();
-    let limit = Identity::limit(cache::relations().state, name);
+    let Some(limit) = memory::limit_tag(cache::relations().state, name) else { return };
     if now.is_none() {
         storage::snapshot::forget(Rows::Limit(limit));
     }

@@ -58,7 +58,7 @@ pub enum Rows {
     /// One key's (its tag), under every config of its name.
     Key([u8; 16]),
     /// One limit's (its tag).
-    Limit([u8; 16]),
+    Limit(u64),
     All,
 }
 
@@ -69,14 +69,14 @@ pub fn forget(rows: Rows) {
     let name = cache::qualified_name(table);
     let bytes = |b: Vec<u8>| (pg_sys::BYTEAOID, b.into_datum());
     let (sql, args) = match rows {
-        // The entry is the key's tag, then its config's: a range of the primary key.
+        // The entry is the key's tag, then its variant's: a range of the primary key.
         Rows::Key(key) => (
             format!("DELETE FROM {name} WHERE entry OPERATOR(pg_catalog.>=) $1 AND entry OPERATOR(pg_catalog.<=) $2"),
-            vec![bytes([&key[..], &[0u8; 16]].concat()), bytes([&key[..], &[0xffu8; 16]].concat())],
+            vec![bytes([&key[..], &[0u8; 8]].concat()), bytes([&key[..], &[0xffu8; 8]].concat())],
         ),
         Rows::Limit(limit) => (
-            format!("DELETE FROM {name} WHERE pg_catalog.substring(counts, 1, 16) OPERATOR(pg_catalog.=) $1"),
-            vec![bytes(limit.to_vec())],
+            format!("DELETE FROM {name} WHERE pg_catalog.substring(counts, 1, 8) OPERATOR(pg_catalog.=) $1"),
+            vec![bytes(limit.to_le_bytes().to_vec())],
         ),
         Rows::All => (format!("DELETE FROM {name}"), Vec::new()),
     };

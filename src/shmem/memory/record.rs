@@ -1,76 +1,65 @@
 //! One entry's counts as bytes, the same for the file a clean shutdown writes (`saved`) and
-//! the rows the worker writes (`snapshot`): which entry (32 bytes) and its counts (73).
+//! the rows the worker writes (`snapshot`): which entry (24 bytes) and its counts (57).
 
-use pgrx::pg_sys;
+use crate::bucket::escrow::Stored;
+use crate::bucket::State;
 
-use crate::bucket::escrow::{Escrow, Stored};
+use super::entry::Packed;
+use super::{Entry, Identity, Table};
 
-use super::{Entry, Holder, Identity, Packed, RING};
-
-/// The entry's tag and variant: what finds it in a database.
-pub type Name = [u8; 32];
+/// The entry's key tag and variant: what finds it in a database.
+pub const NAME: usize = 24;
 
 /// The limit's tag, the config's fingerprint, the packed state (value, instant, two counts,
 /// how many of them), and its latest debit's instant.
-pub const COUNTS: usize = 16 * 2 + 8 * 4 + 1 + 8;
+pub const COUNTS: usize = 8 * 2 + 8 * 4 + 1 + 8;
 
 /// An entry as saved: its name, counts, and when they equal an absent key's.
 pub struct Record {
-    pub name: Name,
+    pub name: [u8; NAME],
     pub counts: [u8; COUNTS],
     pub expires: f64,
 }
 
-/// The entry's counts, calls in flight included (`Escrow::snapshot`).
-pub fn of(entry: &Entry) -> Record {
-    let (state, at) = entry.escrow.snapshot();
-    let state = Packed::store(state);
+/// The state a record starts from: with calls in flight, the escrow's tail (they count as
+/// if they will commit, credits as if they will not: `Escrow::snapshot`).
+pub fn of(table: &Table, entry: &Entry) -> Record {
+    let (state, at) = match entry.in_flight {
+        0 => entry.at_rest(),
+        n => table.in_flight(n - 1).escrow_ref().snapshot(),
+    };
+    let packed = Packed::store(state);
+    let (value, ts, c, len) = packed.parts();
     let mut counts = Vec::with_capacity(COUNTS);
-    counts.extend_from_slice(&entry.limit);
-    counts.extend_from_slice(&entry.config);
-    for v in [state.value, state.ts, state.counts[0], state.counts[1]] {
+    counts.extend_from_slice(&entry.limit.to_le_bytes());
+    counts.extend_from_slice(&entry.config.to_le_bytes());
+    for v in [value, ts, c[0], c[1]] {
         counts.extend_from_slice(&v.to_le_bytes());
     }
-    counts.push(state.len as u8);
+    counts.push(len as u8);
     counts.extend_from_slice(&at.to_le_bytes());
-    let mut name = [0; 32];
-    name[..16].copy_from_slice(&entry.id);
-    name[16..].copy_from_slice(&entry.variant);
+    let mut name = [0; NAME];
+    name[..8].copy_from_slice(&entry.key[0].to_le_bytes());
+    name[8..16].copy_from_slice(&entry.key[1].to_le_bytes());
+    let variant = if entry.inline() { entry.config } else { 0 };
+    name[16..].copy_from_slice(&variant.to_le_bytes());
     Record { name, counts: counts.try_into().expect("COUNTS bytes"), expires: entry.expires }
 }
 
-/// The identity a saved entry had, if `name` and `counts` are of the right size.
-pub fn identity(name: &[u8], counts: &[u8]) -> Option<Identity> {
-    if name.len() != 32 || counts.len() != COUNTS {
-        return None;
-    }
-    let tag = |bytes: &[u8]| -> [u8; 16] { bytes.try_into().expect("16 bytes") };
-    Some(Identity { tag: tag(&name[..16]), variant: tag(&name[16..]), limit: tag(&counts[..16]) })
+fn word(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// Make `entry` the saved (database, `id`) with `counts`, committed, nothing in flight.
-pub fn install(entry: &mut Entry, database: pg_sys::Oid, id: &Identity, counts: &[u8], expires: f64) {
-    let mut at = 16;
-    let mut take = |n: usize| {
-        at += n;
-        &counts[at - n..at]
-    };
-    let config: [u8; 16] = take(16).try_into().expect("16 bytes");
-    let mut number = || f64::from_le_bytes(take(8).try_into().expect("8 bytes"));
-    let (value, ts, c0, c1) = (number(), number(), number(), number());
-    let len = usize::from(take(1)[0]).min(2);
-    let base_at = f64::from_le_bytes(take(8).try_into().expect("8 bytes"));
-    entry.used = true;
-    entry.database = database;
-    entry.id = id.tag;
-    entry.limit = id.limit;
-    entry.variant = id.variant;
-    entry.config = config;
-    entry.generation += 1;
-    entry.expires = expires;
-    entry.committed = true;
-    entry.holders = [Holder::default(); 2 * RING];
-    let base = Packed { value, ts, counts: [c0, c1], len };
-    // SAFETY: the entry's escrow, whose ring holds zeros or debits.
-    unsafe { Escrow::restart(&raw mut entry.escrow, base.load(), base_at) };
+/// What a saved entry was, if `name` and `counts` are of this format's sizes: its identity,
+/// config, committed state and latest debit's instant.
+pub fn parse(name: &[u8], counts: &[u8]) -> Option<(Identity, u64, State, f64)> {
+    if name.len() != NAME || counts.len() != COUNTS {
+        return None;
+    }
+    let id = Identity { key: [word(name, 0), word(name, 8)], variant: word(name, 16), limit: word(counts, 0) };
+    let config = word(counts, 8);
+    let number = |at: usize| f64::from_bits(word(counts, at));
+    let len = usize::from(counts[48]).min(2);
+    let state = Packed::from_parts(number(16), number(24), [number(32), number(40)], len).load();
+    Some((id, config, state, number(49)))
 }

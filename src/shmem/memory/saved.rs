@@ -9,14 +9,14 @@ use std::io::Write;
 
 use pgrx::pg_sys;
 
-use super::record::{self, COUNTS};
-use super::{partition_of, Entry, PARTITION};
+use super::record::{self, COUNTS, NAME};
+use super::{range, shares, Table, PARTITION};
 
 const FILE: &str = "pg_stat/rate_limiter_memory.dat";
-const MAGIC: &[u8; 8] = b"rlmem002";
+const MAGIC: &[u8; 8] = b"rlmem003";
 
 /// database, name, expires, counts.
-const RECORD: usize = 4 + 32 + 8 + COUNTS;
+const RECORD: usize = 4 + NAME + 8 + COUNTS;
 
 /// Whether the server shut down cleanly: its last checkpoint was a shutdown checkpoint, which
 /// an immediate shutdown (a crash as far as the counts go) never writes.
@@ -31,19 +31,18 @@ pub fn shut_down_cleanly() -> bool {
     matches!(state, pg_sys::DBState::DB_SHUTDOWNED | pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY)
 }
 
-/// Write the counted keys of `entries` (`count` of them), when nothing is in flight.
+/// Write the counted keys, when nothing is in flight.
 ///
 /// # Safety
-/// `entries` points to `count` entries that no other process uses any more.
-pub unsafe fn save(entries: *mut Entry, count: usize) -> std::io::Result<usize> {
+/// No other process uses the table any more.
+pub unsafe fn save(table: &Table) -> std::io::Result<usize> {
     let mut out = Vec::from(&MAGIC[..]);
     let mut saved = 0;
-    for i in 0..count {
-        // SAFETY: the caller's promise.
-        let entry = unsafe { &*entries.add(i) };
-        if entry.used && entry.database != pg_sys::InvalidOid && entry.committed {
-            let r = record::of(entry);
-            out.extend_from_slice(&u32::from(entry.database).to_le_bytes());
+    for i in 0..table.count() {
+        let entry = table.entry(i);
+        if entry.used() && entry.database != 0 && entry.committed() {
+            let r = record::of(table, entry);
+            out.extend_from_slice(&entry.database.to_le_bytes());
             out.extend_from_slice(&r.name);
             out.extend_from_slice(&r.expires.to_le_bytes());
             out.extend_from_slice(&r.counts);
@@ -58,38 +57,38 @@ pub unsafe fn save(entries: *mut Entry, count: usize) -> std::io::Result<usize> 
     Ok(saved)
 }
 
-/// Read the file back into `entries` (`count` of them, all free), and remove it; how many
-/// keys were loaded, and how many found no free entry of their partition; None when there
-/// was no file (a crash, or the first start).
+/// Read the file back into the table (all free), and remove it; how many keys were loaded,
+/// and how many found no free entry in their partitions; None when there was no file (a
+/// crash, or the first start), or one of another format (a library before 0.7.0, whose
+/// keys this one cannot place).
 ///
 /// # Safety
-/// `entries` points to `count` free entries that no other process uses yet.
-pub unsafe fn load(entries: *mut Entry, count: usize) -> Option<(usize, usize)> {
+/// In the postmaster, before any other process uses the table.
+pub unsafe fn load(table: &Table) -> Option<(usize, usize)> {
     let bytes = fs::read(FILE).ok()?;
     let _ = fs::remove_file(FILE);
-    if !bytes.starts_with(MAGIC) || !(bytes.len() - MAGIC.len()).is_multiple_of(RECORD) || count == 0 {
+    if !bytes.starts_with(MAGIC) || !(bytes.len() - MAGIC.len()).is_multiple_of(RECORD) {
         return None;
     }
     let (mut loaded, mut dropped) = (0, 0);
     for r in bytes[MAGIC.len()..].chunks_exact(RECORD) {
-        let database = pg_sys::Oid::from(u32::from_le_bytes(r[..4].try_into().expect("4 bytes")));
-        let (name, rest) = r[4..].split_at(32);
+        let database = u32::from_le_bytes(r[..4].try_into().expect("4 bytes"));
+        let (name, rest) = r[4..].split_at(NAME);
         let (expires, counts) = rest.split_at(8);
         let expires = f64::from_le_bytes(expires.try_into().expect("8 bytes"));
-        let id = record::identity(name, counts).expect("sizes of a record");
-        let first = partition_of(&id, count) * PARTITION;
-        // SAFETY: the caller's promise; the partition's entries are below the count.
-        let Some(i) = (first..first + PARTITION).find(|i| unsafe { !(*entries.add(*i)).used }) else {
+        let (id, config, state, base_at) = record::parse(name, counts).expect("sizes of a record");
+        let partitions = id.partitions(table.partitions());
+        let Some(i) = partitions.iter().flat_map(|p| range(*p)).find(|i| !table.entry(*i).used()) else {
             dropped += 1;
             continue;
         };
-        // SAFETY: as above.
-        let entry = unsafe { &mut *entries.add(i) };
-        record::install(entry, database, &id, counts, expires);
+        table.entry(i).install(database, &id, config, state, base_at, expires);
+        shares::add_at_start(table, database);
         // Newer than the snapshot table's row: written there at the worker's next round.
-        entry.changes = entry.saved + 1;
-        super::refresh(i);
-        super::note_changed(first / PARTITION);
+        let entry = table.entry(i);
+        entry.changes = entry.saved.wrapping_add(1);
+        table.refresh(i);
+        table.note_changed(i / PARTITION);
         loaded += 1;
     }
     Some((loaded, dropped))

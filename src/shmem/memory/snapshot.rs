@@ -7,7 +7,7 @@
 
 use std::cell::Cell;
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 use pgrx::pg_sys;
 
@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 
 use super::area::Held;
 use super::record::{self, Record};
-use super::{database, find, hold_partition, partition_lock, partition_of, reusable, table, Header, Loaded, PARTITION};
+use super::{claim, database, find, hold_partitions, let_go, partition_lock, range, table, Header, Table, PARTITION};
 
 thread_local! {
     /// The epoch at which this backend's database was seen loaded.
@@ -43,6 +43,14 @@ fn hold_loaded(header: &Header, exclusive: bool) -> Held {
             Held::share(lock)
         }
     }
+}
+
+/// A database (its OID) and the epoch it loaded at; atomics so that the header is shared
+/// as it is, but read and written only under the lock (see `hold_loaded`).
+#[repr(C)]
+pub struct Loaded {
+    database: AtomicU32,
+    epoch: AtomicU64,
 }
 
 impl Loaded {
@@ -80,12 +88,13 @@ fn loaded_at(header: &Header, database: pg_sys::Oid, epoch: u64) -> bool {
 /// a crash or a promotion, not yet loaded. A standby counts its own calls, and loads nothing
 /// until it is promoted.
 pub fn needs_load() -> bool {
-    let Some((header, _)) = table() else { return false };
+    let Some(table) = table() else { return false };
+    let header = table.header;
     let epoch = epoch(header);
     if epoch == 0 || LOADED_AT.get() == epoch || in_recovery() {
         return false;
     }
-    if loaded_at(header, database(), epoch) {
+    if loaded_at(header, pg_sys::Oid::from(database()), epoch) {
         LOADED_AT.set(epoch);
         return false;
     }
@@ -95,66 +104,60 @@ pub fn needs_load() -> bool {
 /// Load the rows of this database's snapshot table (name, counts, expires) into its entries:
 /// a promoted standby's own count of a key gives way to the primary's. Rows whose counts
 /// equal an absent key's at `now` are skipped; a row that finds no room (within the
-/// database's share of its partition) is dropped. Then this database is loaded
-/// at the current epoch; 53400 when too many databases loaded since the loss.
+/// database's share) is dropped. Then this database is loaded at the current epoch; 53400
+/// when too many databases loaded since the loss.
 pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f64) -> Result<(usize, usize)> {
-    let Some((header, entries)) = table() else { return Ok((0, 0)) };
+    let Some(table) = table() else { return Ok((0, 0)) };
     let database = database();
-    let count = header.entries as usize;
     let (mut restored, mut dropped) = (0, 0);
     for (name, counts, expires) in rows {
-        let Some(id) = record::identity(name, counts) else { continue };
+        let Some((id, config, state, base_at)) = record::parse(name, counts) else { continue };
         if expires <= now {
             continue;
         }
-        let (_held, first) = hold_partition(partition_of(&id, count));
-        // SAFETY: the partition's entries, below the table's count, under its lock.
-        let entry_at = |i: usize| unsafe { &mut *entries.add(first + i) };
-        let found = find(header, entries, first, database, &id);
-        if let Some(i) = found.filter(|i| entry_at(*i).escrow.idle()) {
-            install(entry_at(i), database, &id, counts, expires);
-            super::refresh(first + i);
-            restored += 1;
-            continue;
-        }
-        // A busy entry is never the one `reusable` gives.
-        let Some(i) = reusable(header, entries, first, database, now).0 else {
+        let partitions = id.partitions(table.partitions());
+        let _held = hold_partitions(partitions);
+        let found = find(&table, partitions, &id).0;
+        let index = match found {
+            Some(i) if table.entry(i).in_flight == 0 => Some(i),
+            // A busy entry is never the one `claim` gives.
+            _ => claim(&table, partitions, now),
+        };
+        let Some(i) = index else {
             dropped += 1; // the key keeps what it has (a standby's own count)
             continue;
         };
-        if let Some(busy) = found {
+        if let Some(busy) = found.filter(|b| *b != i) {
             // A promoted standby's own calls of the key in flight: they end in this entry,
             // which answers for no database any more, and the key takes the primary's counts
             // in another (docs/memory-limits.md).
-            entry_at(busy).database = pg_sys::InvalidOid;
-            super::refresh(first + busy);
+            let_go(&table, busy);
         }
-        install(entry_at(i), database, &id, counts, expires);
-        super::refresh(first + i);
+        let entry = table.entry(i);
+        entry.install(database, &id, config, state, base_at, expires);
+        // As written in the table: nothing to write again.
+        entry.saved = entry.changes;
+        table.refresh(i);
         restored += 1;
     }
+    let header = table.header;
     let epoch = epoch(header);
     let _held = hold_loaded(header, true);
     let slots = &header.loaded;
     let slot = slots
         .iter()
-        .find(|l| l.database.load(Relaxed) == u32::from(database))
+        .find(|l| l.database.load(Relaxed) == database)
         .or_else(|| slots.iter().find(|l| l.epoch.load(Relaxed) < epoch));
     let Some(slot) = slot else { return Err(Error::MemoryDatabasesFull) };
-    slot.set(database, epoch);
+    slot.set(pg_sys::Oid::from(database), epoch);
     LOADED_AT.set(epoch);
     Ok((restored, dropped))
 }
 
-/// Make `entry` the saved (database, `id`), as written in the table (nothing to write again).
-fn install(entry: &mut super::Entry, database: pg_sys::Oid, id: &super::Identity, counts: &[u8], expires: f64) {
-    record::install(entry, database, id, counts, expires);
-    entry.saved = entry.changes;
-}
-
 /// A dropped database's place among the loaded ones is free again.
 pub fn forget_database(database: pg_sys::Oid) {
-    let Some((header, _)) = table() else { return };
+    let Some(table) = table() else { return };
+    let header = table.header;
     let _held = hold_loaded(header, true);
     for l in header.loaded.iter().filter(|l| l.database.load(Relaxed) == u32::from(database)) {
         l.set(pg_sys::InvalidOid, 0);
@@ -164,34 +167,35 @@ pub fn forget_database(database: pg_sys::Oid) {
 /// An entry changed since the last snapshot, as copied out.
 pub struct Changed {
     index: usize,
-    generation: u64,
-    changes: u64,
+    generation: u32,
+    changes: u32,
     pub record: Record,
 }
 
-/// Whether `entry` of `database` has counts to write: changed since its last snapshot, and
-/// not equal to an absent key's at `now` (there is nothing to load of those: they are
-/// marked saved instead).
+/// Whether `entry` has counts to write: changed since its last snapshot, and not equal to
+/// an absent key's at `now` (there is nothing to load of those: they are marked saved
+/// instead).
 fn to_write(entry: &mut super::Entry, now: f64) -> bool {
-    if !entry.used || entry.changes == entry.saved {
+    if !entry.used() || entry.changes == entry.saved {
         return false;
     }
-    if entry.absent() || (entry.escrow.idle() && entry.expires <= now) {
+    if entry.absent() || (entry.in_flight == 0 && entry.expires <= now) {
         entry.saved = entry.changes;
         return false;
     }
     true
 }
 
-/// The partitions marked changed, each held in turn with its first entry's index.
-fn each_changed_partition(header: &Header, mut visit: impl FnMut(usize, usize)) {
-    for (w, word) in header.changed.iter().enumerate().take((header.entries as usize / PARTITION).div_ceil(64)) {
-        let mut bits = word.load(Relaxed);
+/// The partitions marked changed, each held in turn.
+fn each_changed_partition(table: &Table, mut visit: impl FnMut(usize)) {
+    for w in 0..table.partitions().div_ceil(64) {
+        // SAFETY: `changed` holds a bit per partition, in words of 64.
+        let mut bits = unsafe { (*table.changed.add(w)).load(Relaxed) };
         while bits != 0 {
             let partition = w * 64 + bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            let (_held, first) = hold_partition(partition);
-            visit(partition, first);
+            let _held = hold_partitions([partition, partition]);
+            visit(partition);
         }
     }
 }
@@ -200,42 +204,41 @@ fn each_changed_partition(header: &Header, mut visit: impl FnMut(usize, usize)) 
 /// (until it loads, a database's table holds more than its entries). A partition left with
 /// none is unmarked, under its lock, which every change holds while it marks it.
 pub fn databases_changed(now: f64) -> Vec<pg_sys::Oid> {
-    let Some((header, entries)) = table() else { return Vec::new() };
+    let Some(table) = table() else { return Vec::new() };
     let mut changed = BTreeSet::new();
-    each_changed_partition(header, |partition, first| {
+    each_changed_partition(&table, |partition| {
         let mut any = false;
-        for i in first..first + PARTITION {
-            // SAFETY: below the count, its partition's lock held.
-            let entry = unsafe { &mut *entries.add(i) };
+        for i in range(partition) {
+            let entry = table.entry(i);
             if to_write(entry, now) {
                 any = true;
-                if entry.database != pg_sys::InvalidOid {
-                    changed.insert(u32::from(entry.database));
+                if entry.database != 0 {
+                    changed.insert(entry.database);
                 }
             }
         }
         if !any {
-            header.changed[partition / 64].fetch_and(!(1u64 << (partition % 64)), Relaxed);
+            // SAFETY: as in `each_changed_partition`.
+            unsafe { (*table.changed.add(partition / 64)).fetch_and(!(1u64 << (partition % 64)), Relaxed) };
         }
     });
-    let epoch = epoch(header);
-    changed.into_iter().map(pg_sys::Oid::from).filter(|d| loaded_at(header, *d, epoch)).collect()
+    let epoch = epoch(table.header);
+    changed.into_iter().map(pg_sys::Oid::from).filter(|d| loaded_at(table.header, *d, epoch)).collect()
 }
 
 /// This database's entries to write at `now`, copied one partition at a time.
 pub fn changed(now: f64) -> Vec<Changed> {
-    let Some((header, entries)) = table() else { return Vec::new() };
+    let Some(table) = table() else { return Vec::new() };
     let database = database();
-    if !loaded_at(header, database, epoch(header)) {
+    if !loaded_at(table.header, pg_sys::Oid::from(database), epoch(table.header)) {
         return Vec::new();
     }
     let mut changed = Vec::new();
-    each_changed_partition(header, |_, first| {
-        for index in first..first + PARTITION {
-            // SAFETY: below the count, its partition's lock held.
-            let entry = unsafe { &mut *entries.add(index) };
+    each_changed_partition(&table, |partition| {
+        for index in range(partition) {
+            let entry = table.entry(index);
             if entry.database == database && to_write(entry, now) {
-                let record = record::of(entry);
+                let record = record::of(&table, entry);
                 changed.push(Changed { index, generation: entry.generation, changes: entry.changes, record });
             }
         }
@@ -244,15 +247,15 @@ pub fn changed(now: f64) -> Vec<Changed> {
 }
 
 /// `changed` committed to the table: each entry is saved as of its copy, if it is still
-/// the same key.
+/// the same key and has not been saved as of a later change.
 pub fn mark_saved(changed: &[Changed]) {
-    let Some((_, entries)) = table() else { return };
+    let Some(table) = table() else { return };
     for c in changed {
-        let (_held, _) = hold_partition(c.index / PARTITION);
-        // SAFETY: an index below the count, its partition's lock held.
-        let entry = unsafe { &mut *entries.add(c.index) };
-        if entry.used && entry.generation == c.generation {
-            entry.saved = entry.saved.max(c.changes);
+        let p = c.index / PARTITION;
+        let _held = hold_partitions([p, p]);
+        let entry = table.entry(c.index);
+        if entry.used() && entry.generation == c.generation && (c.changes.wrapping_sub(entry.saved) as i32) > 0 {
+            entry.saved = c.changes;
         }
     }
 }

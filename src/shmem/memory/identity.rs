@@ -1,0 +1,136 @@
+//! What names a memory limit's entry, and where it may live: a keyed hash (SipHash-1-3, 128
+//! bits) of the database, the extension's incarnation, the limit's name and the key, under a
+//! secret of the cluster that no role can read. Without the secret no caller can tell which
+//! keys land in the same partitions, so none can be aimed at another (docs/memory-limits.md).
+//!
+//! The secret is a file of the data directory, made at the first start with the library:
+//! a base backup copies it, so that a standby places keys as its primary does and loads the
+//! primary's snapshot at its promotion. A new secret (the file lost) only makes the saved
+//! counts match no key: they start full, as after a crash without a snapshot.
+
+use std::hash::Hasher;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+
+use pgrx::pg_sys;
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+/// In the data directory (the postmaster's working directory).
+const SECRET_FILE: &str = "rate_limiter_memory.secret";
+
+/// The entry of (limit, key) under the named limit or one inline config of its name.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Identity {
+    pub(super) key: [u64; 2],
+    /// The limit's tag, to forget or retune all its keys.
+    pub(super) limit: u64,
+    /// 0: the named limit; else the inline config's fingerprint (`config_tag`).
+    pub(super) variant: u64,
+}
+
+fn keyed(secret: [u64; 2], parts: &[&[u8]]) -> SipHasher13 {
+    let mut h = SipHasher13::new_with_keys(secret[0], secret[1]);
+    for part in parts {
+        // Each part's length first, so that no two lists of parts hash alike.
+        h.write(&(part.len() as u64).to_le_bytes());
+        h.write(part);
+    }
+    h
+}
+
+impl Identity {
+    /// (limit `name`, `key`) of the extension's incarnation `install` (an OID that changes
+    /// when the extension is created again) in `database`; `inline` an inline config's
+    /// fingerprint.
+    pub(super) fn new(secret: [u64; 2], database: u32, install: u32, name: &str, key: Option<&str>, inline: Option<&[u8; 16]>) -> Identity {
+        let limit = limit_tag(secret, database, install, name);
+        let key_part: &[u8] = key.map_or(b"", str::as_bytes);
+        let hash = keyed(secret, &[b"memory key", &limit.to_le_bytes(), &[u8::from(key.is_some())], key_part]).finish128();
+        Identity { key: [hash.h1, hash.h2], limit, variant: inline.map_or(0, config_tag) }
+    }
+
+    /// The same (limit, key), under any config of the name.
+    pub fn same_key(&self, other: &Identity) -> bool {
+        self.key == other.key
+    }
+
+    /// The key's tag as the snapshot table's rows begin with it.
+    pub fn key_bytes(&self) -> [u8; 16] {
+        let mut bytes = [0; 16];
+        bytes[..8].copy_from_slice(&self.key[0].to_le_bytes());
+        bytes[8..].copy_from_slice(&self.key[1].to_le_bytes());
+        bytes
+    }
+
+    pub fn limit_tag(&self) -> u64 {
+        self.limit
+    }
+
+    /// The two partitions (of `partitions`) where the entry may be: the less full one takes
+    /// a new key, so that partitions fill evenly.
+    pub(super) fn partitions(&self, partitions: usize) -> [usize; 2] {
+        let n = partitions as u64;
+        let first = (self.key[0] % n) as usize;
+        let second = (self.key[1] % n) as usize;
+        if second == first && partitions > 1 {
+            [first, (first + 1) % partitions]
+        } else {
+            [first, second]
+        }
+    }
+
+    /// What the index keeps to find the entry: bits of the key other than those that pick
+    /// its partitions (for the partitions a table can have), never 0 (a free entry's).
+    pub(super) fn index_tag(&self) -> u32 {
+        ((self.key[0] >> 40) as u32 ^ (self.key[1] >> 40) as u32) | 1
+    }
+}
+
+/// The tag of limit `name` of `install` in `database`; the last one computed is kept, as a
+/// backend calls the same limit again and again.
+pub(super) fn limit_tag(secret: [u64; 2], database: u32, install: u32, name: &str) -> u64 {
+    thread_local! {
+        static LAST: std::cell::RefCell<(u32, u32, String, u64)> = const { std::cell::RefCell::new((0, 0, String::new(), 0)) };
+    }
+    LAST.with_borrow_mut(|(last_database, last_install, last_name, tag)| {
+        if (*last_database, *last_install) != (database, install) || last_name != name || *tag == 0 {
+            *tag = keyed(secret, &[b"memory limit", &database.to_le_bytes(), &install.to_le_bytes(), name.as_bytes()]).finish() | 1;
+            (*last_database, *last_install, *last_name) = (database, install, name.to_owned());
+        }
+        *tag
+    })
+}
+
+/// A config's fingerprint as an entry keeps it: 64 of its bits, never 0.
+pub fn config_tag(fingerprint: &[u8; 16]) -> u64 {
+    u64::from_le_bytes(fingerprint[..8].try_into().expect("8 bytes")) | 1
+}
+
+/// The cluster's secret: read from its file, or made and written there at the first start.
+/// Only in the postmaster, before any backend runs.
+pub(super) fn cluster_secret() -> [u64; 2] {
+    if let Ok(bytes) = std::fs::read(SECRET_FILE) {
+        if let Ok(bytes) = <[u8; 16]>::try_from(bytes.as_slice()) {
+            let half = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            return [half(&bytes[..8]), half(&bytes[8..])];
+        }
+        pgrx::warning!("rate_limiter: {SECRET_FILE} is not 16 bytes: a new secret is made, and saved memory limit counts match no key");
+    }
+    let mut bytes = [0u8; 16];
+    // SAFETY: a buffer of 16 writable bytes.
+    if !unsafe { pg_sys::pg_strong_random(bytes.as_mut_ptr().cast(), bytes.len()) } {
+        pgrx::error!("rate_limiter: no strong random bytes for the memory limits' secret");
+    }
+    let written = (|| {
+        let tmp = format!("{SECRET_FILE}.tmp");
+        let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(tmp, SECRET_FILE)
+    })();
+    if let Err(e) = written {
+        pgrx::warning!("rate_limiter: the memory limits' secret was not written to {SECRET_FILE} ({e}): counts saved now match no key after a restart");
+    }
+    let half = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    [half(&bytes[..8]), half(&bytes[8..])]
+}

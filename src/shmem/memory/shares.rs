@@ -1,0 +1,97 @@
+//! How many entries each database holds, so that one holds at most its share of the whole
+//! table (`rate_limiter.memory_keys_per_database`) without a quota per partition that a
+//! caller could fill. A database has a place here from its first key until it is dropped.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering::*};
+
+use super::{partition_lock, Table};
+use crate::shmem::area::Held;
+
+/// A database (its OID, 0: a free place) and the entries it holds.
+#[repr(C)]
+pub struct Share {
+    database: AtomicU32,
+    held: AtomicU32,
+}
+
+impl Share {
+    pub fn held(&self) -> usize {
+        self.held.load(Relaxed) as usize
+    }
+
+    pub fn add(&self, n: i32) {
+        if n >= 0 {
+            self.held.fetch_add(n as u32, Relaxed);
+        } else {
+            // Never below 0, should the count and the entries ever disagree.
+            let _ = self.held.fetch_update(Relaxed, Relaxed, |h| Some(h.saturating_sub(n.unsigned_abs())));
+        }
+    }
+}
+
+thread_local! {
+    /// This backend's database's place, once found.
+    static MINE: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The lock of the places (the tranche's last, shared with `Header::loaded`).
+fn hold(table: &Table) -> Held {
+    // SAFETY: the tranche's last lock, initialized by the postmaster; a caller holds no other
+    // lock of the tranche's last meanwhile.
+    unsafe { Held::take(partition_lock(table.partitions())) }
+}
+
+/// `database`'s place, given one if it has none; None when every place is taken.
+pub fn of(table: &Table, database: u32) -> Option<&'static Share> {
+    let shares = &table.header.shares;
+    if let Some(i) = MINE.get().filter(|i| shares[*i].database.load(Relaxed) == database) {
+        return Some(&shares[i]);
+    }
+    let i = match shares.iter().position(|s| s.database.load(Relaxed) == database) {
+        Some(i) => i,
+        None => {
+            let _held = hold(table);
+            match shares.iter().position(|s| s.database.load(Relaxed) == database) {
+                Some(i) => i,
+                None => {
+                    let i = shares.iter().position(|s| s.database.load(Relaxed) == 0)?;
+                    shares[i].held.store(0, Relaxed);
+                    shares[i].database.store(database, Relaxed);
+                    i
+                }
+            }
+        }
+    };
+    MINE.set(Some(i));
+    Some(&shares[i])
+}
+
+/// `database` holds `n` entries more (or fewer).
+pub fn add(table: &Table, database: u32, n: i32) {
+    if let Some(share) = table.header.shares.iter().find(|s| s.database.load(Relaxed) == database) {
+        share.add(n);
+    }
+}
+
+/// A dropped database's place is free again.
+pub fn forget(table: &Table, database: u32) {
+    let _held = hold(table);
+    for share in table.header.shares.iter().filter(|s| s.database.load(Relaxed) == database) {
+        share.database.store(0, Relaxed);
+        share.held.store(0, Relaxed);
+    }
+}
+
+/// A key of `database` loaded by the postmaster at start, before any backend (no lock).
+pub fn add_at_start(table: &Table, database: u32) {
+    let shares = &table.header.shares;
+    let place = shares.iter().position(|s| s.database.load(Relaxed) == database).or_else(|| {
+        let free = shares.iter().position(|s| s.database.load(Relaxed) == 0)?;
+        shares[free].database.store(database, Relaxed);
+        Some(free)
+    });
+    if let Some(i) = place {
+        shares[i].add(1);
+    }
+}
