@@ -21,7 +21,7 @@ mod in_flight;
 pub mod memory;
 mod rows;
 mod store;
-pub use all::{decide_all, Decided, Part};
+pub use all::{decide_all, place_memory_parts, unpin_memory_parts, Decided, Part};
 use store::Store;
 
 /// The answer to a call whose (name, key) is blocked or allowed: a block denies, with

@@ -195,42 +195,6 @@ def test_a_database_or_extension_dropped_and_made_again_starts_empty(main):
             admin.execute("DROP DATABASE IF EXISTS rl_memory_oid")
 
 
-def test_full_entries_refuse_new_keys_and_each_database_keeps_its_share(clusters):
-    """One partition of 64 entries, half of them each database's: keys holding tokens fill a
-    database's share, after which its new keys get 53400 while another database's still
-    count; once the windows end, the entries are given to new keys."""
-    small = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
-                                                   "-c rate_limiter.memory_keys=64"]).init().start()
-    config = """'{"kind": "fixed window", "rate": 1, "period": "1 hour", "start": 1893456000000, "durable": false}'"""
-    with small.connect() as admin:
-        admin.execute("CREATE DATABASE other")
-    for dbname in ("postgres", "other"):
-        with small.connect(dbname) as c:
-            c.execute("CREATE EXTENSION rate_limiter")
-            c.execute(f"ALTER DATABASE {dbname} SET rate_limiter.fake_now = '{NOW}'")
-    with small.connect() as c, small.connect("other") as o:
-        take = f"SELECT ok FROM rate_limiter.rate_limit('m', %s, config => {config})"
-        for i in range(32):
-            assert c.execute(take, (f"k{i}",)).fetchone() == (True,)
-        with pytest.raises(errors.ConfigurationLimitExceeded) as raised:
-            c.execute(take, ("one too many",))
-        assert "memory_keys" in raised.value.diag.message_hint
-        assert c.execute("SELECT allowed, denied FROM rate_limiter.stats WHERE name = 'm'").fetchone() == (32, 1), \
-            "the refusal counts as a denial"
-        assert c.execute(take, ("k0",)).fetchone() == (False,), "a counted key still answers"
-        for i in range(32):
-            assert o.execute(take, (f"k{i}",)).fetchone() == (True,), "the other database has its own share"
-        c.execute("SET rate_limiter.fake_now = '2030-01-01 01:00:00+00'")
-        assert c.execute(take, ("one too many",)).fetchone() == (True,), "an ended window's entry is given away"
-    small.stop()
-    small.settings = ["-c rate_limiter.prune_interval=0"]
-    small.start()
-    with small.connect() as c:
-        with pytest.raises(errors.ObjectNotInPrerequisiteState) as raised:
-            c.execute(f"SELECT rate_limiter.rate_limit('m', 'k', config => {config})")
-        assert "shared_preload_libraries" in raised.value.diag.message_hint
-
-
 def assert_all_memory_parts_answer_read_only(conn):
     """In a read-only transaction (conn's server a standby, or in one begun READ ONLY), given
     memory limits 'mem' (5 an hour) and 'mem2' (3) and a durable one 'rows'."""
@@ -480,23 +444,3 @@ def test_rate_limit_all_refuses_a_memory_part_whose_ring_is_full_of_its_own_call
             c.execute("""SELECT rate_limiter.rate_limit_all('[{"name": "mem", "key": "k"}]')""")
         c.execute("ROLLBACK")
         assert remaining(c, "mem", "k") == 100
-
-
-def test_a_redefined_limit_keeps_its_keys_counted_under_the_new_period(clusters):
-    """A key drained under a window of a minute, its limit then given windows of an hour: two
-    minutes on, its entry is not given to a new key (it still counts under the hour), so the
-    key stays drained and the new key is refused."""
-    small = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
-                                                   "-c rate_limiter.memory_keys=64"]).init().start()
-    with small.connect() as c:
-        c.execute("CREATE EXTENSION rate_limiter")
-        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
-        define(c, "m", "fixed window", rate=1, period="1 minute", start=NOW, durable=False)
-        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'k')").fetchone() == (True,)
-        define(c, "m", "fixed window", rate=1, period="1 hour", start=NOW, durable=False)
-        c.execute("SET rate_limiter.fake_now = '2030-01-01 00:02:00+00'")
-        for i in range(31):  # the rest of this database's half of the one partition
-            assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (f"n{i}",)).fetchone() == (True,)
-        with pytest.raises(errors.ConfigurationLimitExceeded):
-            c.execute("SELECT rate_limiter.rate_limit('m', 'one more')")
-        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'k')").fetchone() == (False,), "still drained"

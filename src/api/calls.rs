@@ -384,11 +384,18 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
     // consuming call writes only if a part is durable: memory limits' parts alone answer in a
     // read-only transaction and on a standby, as rate_limit does.
     let mut table = if consume { StateTable::open_for_call(c"rate_limit_all()") } else { StateTable::open(None) };
-    let parts = parts(&requests, reserve.unwrap_or(false)).unwrap_or_else(|e| e.raise());
+    let mut parts = parts(&requests, reserve.unwrap_or(false)).unwrap_or_else(|e| e.raise());
+    if consume {
+        // A memory part whose key found no room in shared memory writes its row.
+        limiter::place_memory_parts(&mut parts);
+    }
     if consume && parts.iter().any(|p| p.config.durable) {
         table.prepare_writes(c"rate_limit_all()");
     }
     let Decided { all: d, limiting, parts: decisions } = limiter::decide_all(&table, &parts, consume);
+    if consume {
+        limiter::unpin_memory_parts(&parts);
+    }
     drop(table);
     let denied = !d.ok;
     let d = d.shadowed(config::shadow_session());

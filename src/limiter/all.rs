@@ -13,6 +13,7 @@ use crate::clock;
 use crate::storage::StateTable;
 
 use super::rows::{lock_one, look, pick_shards, queueing_pool, slot, starting};
+use super::store::Store;
 use super::{held_shards, in_flight, listed_decision, memory, Decision, Request};
 use crate::lists::listed;
 
@@ -31,6 +32,24 @@ pub struct Decided {
     /// Each part's own decision; empty when a block denied the call before any was made.
     /// An allowed part's is ok with reason `allowed`, and plays no part in `all`.
     pub parts: Vec<Decision>,
+}
+
+/// Before a consuming `rate_limit_all` opens its table for writing: a memory part whose key
+/// is counted in its row (it found no room in shared memory) is decided as a durable part;
+/// the others' entries are kept for them until `unpin_memory_parts`.
+pub fn place_memory_parts(parts: &mut [Part<'_>]) {
+    for part in parts.iter_mut().filter(|p| !p.config.durable && Store::of(&p.config) == Store::Memory) {
+        if listed(&part.req).is_none() && memory::counted_in_row(&part.req, &part.config) {
+            part.config.durable = true;
+        }
+    }
+}
+
+/// The entries `place_memory_parts` kept may be given away again.
+pub fn unpin_memory_parts(parts: &[Part<'_>]) {
+    for part in parts.iter().filter(|p| Store::of(&p.config) == Store::Memory) {
+        memory::unpin(&part.req, &part.config);
+    }
 }
 
 pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> Decided {

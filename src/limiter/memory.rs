@@ -2,6 +2,10 @@
 //! escrow in shared memory that counts every call still in flight, as a hot limit's does,
 //! with no row, no log and no WAL. A call takes tokens at once; its transaction's commit
 //! keeps them, and an abort (or a rolled-back savepoint) gives them back (`in_flight`).
+//!
+//! A key that finds no room in shared memory is counted in its row of `rate_limiter.state`
+//! instead, exactly as a durable limit's, until its row equals an absent key's and room
+//! frees (`place`): never refused for want of room, never admitted twice.
 
 use crate::bucket::{self, Config, State};
 use crate::cache;
@@ -9,11 +13,12 @@ use crate::call::{Decision, Reason, Request};
 use crate::clock;
 use crate::config;
 use crate::error::Error;
-use crate::shmem::memory::{self, snapshot, Identity, Listed};
+use crate::shmem::memory::{self, snapshot, Claim, Hold, Identity, Listed, Rows as RowsMay};
 use crate::shmem::stats;
-use crate::storage;
 use crate::storage::snapshot::Rows;
+use crate::storage::{self, Latest, StateTable};
 use super::in_flight::{self, Forget};
+use super::rows;
 
 /// The entry of a call's (limit, key): the extension's incarnation is the state table's
 /// OID, which a DROP and CREATE EXTENSION changes.
@@ -77,6 +82,101 @@ enum Listing {
     Credit,
 }
 
+/// Where a key is counted.
+enum Place {
+    Entry(memory::Guard),
+    /// In its row of `rate_limiter.state`, as a durable limit's key.
+    Row,
+}
+
+/// Whether this database's memory limits may have counted keys in rows (a standby counts
+/// its own calls, in memory alone): after a restart, the snapshot table's mark tells.
+fn rows_may_exist() -> bool {
+    if storage::in_recovery() {
+        return false;
+    }
+    if memory::rows_may_exist() == RowsMay::Unknown {
+        memory::rows_looked_up(storage::snapshot::rows_marked());
+    }
+    memory::rows_may_exist() != RowsMay::None
+}
+
+/// Whether (name, key)'s row counts anything at `now`: a row that equals an absent key's
+/// counts nothing, and the key may move into shared memory. Read with the latest snapshot,
+/// which the key's lock (held) makes final: a row a call created, committed or not, is
+/// seen here once that call's transaction ended.
+fn row_counts(req: &Request<'_>, config: &Config, now: f64) -> bool {
+    let table = StateTable::open(None);
+    let latest = Latest::take();
+    table.read_at(rows::slot(req, 0), &latest).is_some_and(|row| bucket::expires(row.state, config) > now)
+}
+
+/// Where `id`'s key is counted: its entry, found or given; else, one call at a time (the
+/// key's lock, held to the transaction's end), its row, if that counts anything or there
+/// is no room in shared memory. A standby has no rows to write: a key there that finds no
+/// room is refused (53400).
+fn place(id: &Identity, req: &Request<'_>, config: &Config, fingerprint: u64, now: f64) -> Place {
+    let fresh = || bucket::fresh(config, req.name, req.key, now);
+    let hold = |claim: Claim| memory::hold(id, req.name, fingerprint, now, claim, fresh).unwrap_or_else(|e| e.raise());
+    let standby = storage::in_recovery();
+    match hold(if standby { Claim::Always } else { Claim::UnlessRowsMayExist }) {
+        Hold::Entry(guard) => return Place::Entry(guard),
+        Hold::NoRoom if standby => refused(req, Error::MemoryKeysFull { share: None }),
+        Hold::Absent | Hold::NoRoom => {}
+    }
+    storage::lock_memory_key(&id.key_bytes());
+    if let Hold::Entry(guard) = hold(Claim::Never) {
+        return Place::Entry(guard);
+    }
+    if rows_may_exist() && row_counts(req, config, now) {
+        return Place::Row;
+    }
+    match hold(Claim::Always) {
+        Hold::Entry(guard) => Place::Entry(guard),
+        Hold::Absent | Hold::NoRoom => Place::Row,
+    }
+}
+
+/// A call of a key counted in its row: the durable limit's, in this call's own open of the
+/// table for writing; the snapshot table's mark says so after a restart.
+fn in_row(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
+    let command = if what == Listing::Credit { c"credit()" } else { c"rate_limit()" };
+    let table = StateTable::open(Some(command));
+    storage::snapshot::mark_rows();
+    stats::record_overflow(req.name);
+    match what {
+        Listing::Take => rows::consume(&table, req, config),
+        Listing::Credit => rows::credit(&table, req, config),
+    }
+}
+
+/// For `rate_limit_all`, before its parts are decided: whether a memory part's key is
+/// counted in its row (the part is then decided as a durable one); else its entry is kept
+/// for it (`pin`) until `unpin`.
+pub fn counted_in_row(req: &Request<'_>, config: &Config) -> bool {
+    load_snapshot();
+    let id = identity(req);
+    let fingerprint = req.inline.as_ref().map_or_else(|| fingerprint(config), memory::config_tag);
+    match place(&id, req, config, fingerprint, clock::now_ms()) {
+        Place::Entry(mut guard) => {
+            guard.pin();
+            false
+        }
+        Place::Row => {
+            storage::snapshot::mark_rows();
+            stats::record_overflow(req.name);
+            true
+        }
+    }
+}
+
+/// The entry `counted_in_row` kept may be given away again when it equals an absent key's.
+pub fn unpin(req: &Request<'_>, config: &Config) {
+    if let Some(mut guard) = memory::peek(&identity(req)) {
+        guard.settled(config);
+    }
+}
+
 fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> Decision {
     load_snapshot();
     let id = identity(req);
@@ -90,9 +190,9 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
     let mut waited = None;
     loop {
         let now = clock::now_ms();
-        let held = memory::hold(&id, req.name, fingerprint, now, || bucket::fresh(config, req.name, req.key, now));
-        let Some(mut guard) = held.unwrap_or_else(|e| e.raise()) else {
-            refused(req, Error::MemoryKeysFull { share: None })
+        let mut guard = match place(&id, req, config, fingerprint, now) {
+            Place::Entry(guard) => guard,
+            Place::Row => return in_row(req, config, what),
         };
         let ticket = guard.ticket();
         let at = guard.admission_instant(now);
@@ -181,31 +281,46 @@ fn oldest_to_wait_for(guard: &mut memory::Guard, full: bool, me: (i32, u32)) -> 
     seqs.into_iter().filter_map(|seq| f.holder_of(seq)).find(|h| *h != me)
 }
 
-/// The state calls are decided against and the instant they are decided at: the escrow's,
-/// calls in flight included, or a fresh one for a key not counted, or that this transaction
-/// reset (as a durable limit's reads see its own reset).
-fn current(req: &Request<'_>, config: &Config, now: f64) -> (State, f64) {
+/// Where calls of a key are decided.
+enum Counted {
+    /// Against this state at this instant: the escrow's, calls in flight included, or a
+    /// fresh one for a key not counted, or that this transaction reset (as a durable
+    /// limit's reads see its own reset).
+    Here(State, f64),
+    /// In its row (`place`), or none.
+    InRow,
+}
+
+fn current(req: &Request<'_>, config: &Config, now: f64) -> Counted {
     load_snapshot();
     let id = identity(req);
     if changed_here(&id, false) {
-        return (bucket::fresh(config, req.name, req.key, now), now);
+        return Counted::Here(bucket::fresh(config, req.name, req.key, now), now);
     }
-    if let Some(mut guard) = memory::peek(&id).filter(|g| !g.entry_ref().absent()) {
-        return (guard.tail(), guard.admission_instant(now));
+    if let Some(mut guard) = memory::peek(&id) {
+        if !guard.entry_ref().absent() {
+            return Counted::Here(guard.tail(), guard.admission_instant(now));
+        }
+    } else if rows_may_exist() {
+        return Counted::InRow;
     }
-    (bucket::fresh(config, req.name, req.key, now), now)
+    Counted::Here(bucket::fresh(config, req.name, req.key, now), now)
 }
 
 /// `check_rate_limit` on a memory limit.
 pub fn check(req: &Request<'_>, config: &Config) -> Decision {
-    let (state, at) = current(req, config, clock::now_ms());
-    let outcome = bucket::plan(&[state], config, at, req.count, req.reserve);
-    outcome.decision(req.name)
+    match current(req, config, clock::now_ms()) {
+        Counted::Here(state, at) => bucket::plan(&[state], config, at, req.count, req.reserve).decision(req.name),
+        Counted::InRow => rows::check(&StateTable::open(None), req, config),
+    }
 }
 
 /// The state `rate_limit_value` reports for a memory limit.
 pub fn value(req: &Request<'_>, config: &Config) -> State {
-    current(req, config, clock::now_ms()).0
+    match current(req, config, clock::now_ms()) {
+        Counted::Here(state, _) => state,
+        Counted::InRow => rows::value(&StateTable::open(None), req, config, 1).0,
+    }
 }
 
 /// `reset_rate_limit` of (name, key), under its named limit and every inline config: once

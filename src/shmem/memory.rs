@@ -528,6 +528,11 @@ impl Guard {
         (Listed::InFlight(admitted), seq)
     }
 
+    /// Not given away until the caller's next `settled`: between a placement and its call.
+    pub fn pin(&mut self) {
+        self.table.entry(self.index).expires = f64::INFINITY;
+    }
+
     /// After a change under `config`: when the entry may be given away.
     pub fn settled(&mut self, config: &Config) {
         let tail = self.tail();
@@ -559,13 +564,50 @@ pub struct Ticket {
     generation: u32,
 }
 
+/// Whether `hold` may give a key not counted yet an entry.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Claim {
+    /// Never: only find it.
+    Never,
+    /// Only when none of this database's keys can be counted in a row (none ever found no
+    /// room since the snapshot table's mark was looked up), so that the key has none.
+    UnlessRowsMayExist,
+    /// Whenever there is room (the caller made sure the key has no row that counts).
+    Always,
+}
+
+/// What `hold` found.
+pub enum Hold {
+    Entry(Guard),
+    /// Not counted here, and `Claim` gave it no entry.
+    Absent,
+    /// Not counted here, and no room: no free entry in its partitions, its database holds its
+    /// share, or it is one inline config too many of its (limit, key). From now on this
+    /// database's keys may be counted in rows.
+    NoRoom,
+}
+
+/// Whether this database's memory limits may count keys in rows; `Unknown` until
+/// `rows_looked_up`.
+pub fn rows_may_exist() -> shares::Rows {
+    let Some(table) = table() else { return shares::Rows::None };
+    shares::of(&table, database()).map_or(shares::Rows::Maybe, |s| s.rows())
+}
+
+/// What the snapshot table's mark said: whether keys were counted in rows before.
+pub fn rows_looked_up(maybe: bool) {
+    if let Some(share) = table().and_then(|t| shares::of(&t, database())) {
+        share.looked_up(if maybe { shares::Rows::Maybe } else { shares::Rows::None });
+    }
+}
+
+pub use shares::Rows;
+
 /// The entry of `id` in this database under the config whose fingerprint is `config`, held;
-/// a key not counted yet starts from `fresh`. A limit changed since the entry was written is
-/// taken on with its state, as a durable limit's row is, once nothing is in flight (a change
-/// waits for every call in flight). `Ok(None)` when the key has no entry and none is free
-/// for it, or it is one inline config too many of its (limit, key): the caller counts it
-/// elsewhere.
-pub fn hold(id: &Identity, name: &str, config: u64, now: f64, fresh: impl FnOnce() -> State) -> Result<Option<Guard>> {
+/// a key not counted yet starts from `fresh`, if `claim` lets it have an entry. A limit
+/// changed since the entry was written is taken on with its state, as a durable limit's row
+/// is, once nothing is in flight (a change waits for every call in flight).
+pub fn hold(id: &Identity, name: &str, config: u64, now: f64, claim: Claim, fresh: impl FnOnce() -> State) -> Result<Hold> {
     let table = table().ok_or(Error::MemoryUnavailable)?;
     let partitions = id.partitions(table.partitions());
     let held = hold_partitions(partitions);
@@ -586,22 +628,34 @@ pub fn hold(id: &Identity, name: &str, config: u64, now: f64, fresh: impl FnOnce
             i
         }
         None => {
-            if id.variant != 0 && inline >= INLINE_VARIANTS {
-                return Ok(None);
+            let Some(share) = shares::of(&table, database()) else { return Ok(Hold::NoRoom) };
+            let may = match claim {
+                Claim::Never => false,
+                Claim::UnlessRowsMayExist => share.rows() == Rows::None,
+                Claim::Always => true,
+            };
+            if !may {
+                return Ok(Hold::Absent);
             }
             // Computed before an entry changes hands, so that an error leaves it as it was.
             let base = fresh();
-            let Some(i) = claim(&table, partitions, now) else { return Ok(None) };
+            let room = if id.variant != 0 && inline >= INLINE_VARIANTS { None } else { claim_entry(&table, partitions, now) };
+            let Some(i) = room else {
+                // Under the partitions' locks, before the caller counts the key in a row: a
+                // call that then misses the key here looks for its row.
+                share.overflowed();
+                return Ok(Hold::NoRoom);
+            };
             table.entry(i).claim(database(), id, config, base);
             i
         }
     };
-    Ok(Some(Guard { table, index, _held: held }))
+    Ok(Hold::Entry(Guard { table, index, _held: held }))
 }
 
 /// An entry of `partitions` for a new key of this database at `now`, counted in its share
 /// (the caller makes it the key's); None when there is no room.
-fn claim(table: &Table, partitions: [usize; 2], now: f64) -> Option<usize> {
+fn claim_entry(table: &Table, partitions: [usize; 2], now: f64) -> Option<usize> {
     let database = database();
     let share = shares::of(table, database)?;
     let own_only = share.held() >= share_limit(table.count(), PER_DATABASE.get());

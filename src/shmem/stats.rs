@@ -59,6 +59,8 @@ struct Entry {
     tokens_reserved: AtomicU64,
     /// Allowed calls that were answered in shadow mode (counted in `allowed` too).
     shadow_denied: AtomicU64,
+    /// Calls of a memory limit counted in rows, their keys finding no room in shared memory.
+    memory_in_rows: AtomicU64,
     /// Guards `top_denied`: held for one sketch update or copy, as pg_stat_statements
     /// guards its counters.
     sketch_lock: PgSpinLock<()>,
@@ -427,6 +429,16 @@ pub fn record(name: &str, key: Option<&str>, d: &Decision, denied_here: bool) {
     }
 }
 
+/// Count one call of memory limit `name` counted in its key's row, for want of room in
+/// shared memory (docs/memory-limits.md).
+pub fn record_overflow(name: &str) {
+    let Some(shared) = shared() else { return };
+    if !TRACK.get() {
+        return;
+    }
+    shared.entries[entry_of(&shared, name)].memory_in_rows.fetch_add(1, Relaxed);
+}
+
 /// Whose entries to read: the views show this database's; a superuser or a `pg_monitor`
 /// member may read every database's.
 #[derive(Clone, Copy, PartialEq)]
@@ -446,6 +458,7 @@ pub struct Row {
     pub tokens_granted: f64,
     pub tokens_reserved: f64,
     pub shadow_denied: i64,
+    pub memory_in_rows: i64,
     pub last_allowed_at: Option<i64>,
     pub last_denied_at: Option<i64>,
     pub stats_reset: i64,
@@ -478,6 +491,7 @@ pub fn rows(scope: Scope) -> Vec<Row> {
                 tokens_granted: f64::from_bits(e.tokens_granted.load(Relaxed)),
                 tokens_reserved: f64::from_bits(e.tokens_reserved.load(Relaxed)),
                 shadow_denied: e.shadow_denied.load(Relaxed) as i64,
+                memory_in_rows: e.memory_in_rows.load(Relaxed) as i64,
                 last_allowed_at: at(&e.last_allowed_at),
                 last_denied_at: at(&e.last_denied_at),
                 stats_reset: e.stats_reset.load(Relaxed),
@@ -526,7 +540,7 @@ pub fn reset(name: Option<&str>) -> i64 {
 impl Entry {
     /// Counters and sketch to zero, counted from now.
     fn clear(&self) {
-        for counter in [&self.allowed, &self.denied, &self.tokens_granted, &self.tokens_reserved, &self.shadow_denied] {
+        for counter in [&self.allowed, &self.denied, &self.tokens_granted, &self.tokens_reserved, &self.shadow_denied, &self.memory_in_rows] {
             counter.store(0, Relaxed);
         }
         self.last_allowed_at.store(0, Relaxed);

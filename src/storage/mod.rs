@@ -86,6 +86,34 @@ pub fn hold_calls_off() {
     unsafe { pg_sys::LockRelationOid(crate::cache::relations().state, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) }
 }
 
+/// Whether the server is a standby (or recovering): it writes nothing.
+pub fn in_recovery() -> bool {
+    // SAFETY: reads shared recovery state, callable from any backend attached to shared memory.
+    unsafe { pg_sys::RecoveryInProgress() }
+}
+
+/// `field4` of the advisory lock tag that serializes where a memory limit's key is counted
+/// (`pg_advisory_lock` uses 1 and 2, the creators of a row `CREATE_LOCK_SPACE`).
+const MEMORY_KEY_LOCK_SPACE: u16 = 0x524d; // "RM"
+
+/// Hold memory key `key` (its 128-bit tag) until the transaction ends: while a key is not in
+/// shared memory, the calls that look for its row, or count it there, take turns.
+pub fn lock_memory_key(key: &[u8; 16]) {
+    let half = |at: usize| u32::from_le_bytes(key[at..at + 4].try_into().expect("4 bytes"));
+    let tag = pg_sys::LOCKTAG {
+        // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL runs.
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
+        locktag_field2: half(0) ^ half(8),
+        locktag_field3: half(4) ^ half(12),
+        locktag_field4: MEMORY_KEY_LOCK_SPACE,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    };
+    // SAFETY: a transaction-level advisory lock, released by the server when the transaction
+    // ends; waited for as any lock is (deadlock detection, lock_timeout, cancels apply).
+    unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, false) };
+}
+
 /// The latest snapshot, registered until dropped: what every transaction committed by now,
 /// one view for several reads that must agree (a hot key's base row and its log).
 pub struct Latest(pg_sys::Snapshot);

@@ -78,9 +78,35 @@ pub fn forget(rows: Rows) {
             format!("DELETE FROM {name} WHERE pg_catalog.substring(counts, 1, 8) OPERATOR(pg_catalog.=) $1"),
             vec![bytes(limit.to_le_bytes().to_vec())],
         ),
-        Rows::All => (format!("DELETE FROM {name}"), Vec::new()),
+        // The mark stays: the rows it stands for are rate_limiter.state's.
+        Rows::All => (format!("DELETE FROM {name} WHERE entry OPERATOR(pg_catalog.<>) $1"), vec![bytes(ROWS_MARK.to_vec())]),
     };
     spi::write(table, &sql, &args, |_| {});
+}
+
+/// The row that says this database's memory limits counted keys in rate_limiter.state
+/// because they found no room in shared memory (docs/memory-limits.md): after a restart,
+/// a key not in memory is then looked for there. No entry's name is 4 bytes long.
+const ROWS_MARK: &[u8] = b"rows";
+
+/// Mark, in the transaction that counts a key in a row: committed with the row, or not at all.
+pub fn mark_rows() {
+    let Some(table) = table() else { return };
+    let sql = format!(
+        "INSERT INTO {} (entry, counts, expires, saved_at) VALUES ($1, '', 'infinity', pg_catalog.clock_timestamp()) \
+         ON CONFLICT (entry) DO NOTHING",
+        cache::qualified_name(table)
+    );
+    spi::write(table, &sql, &[(pg_sys::BYTEAOID, ROWS_MARK.to_vec().into_datum())], |_| {});
+}
+
+/// Whether the mark is there (committed).
+pub fn rows_marked() -> bool {
+    let Some(table) = table() else { return false };
+    let sql = format!("SELECT 1 FROM {} WHERE entry OPERATOR(pg_catalog.=) $1", cache::qualified_name(table));
+    let mut marked = false;
+    spi::run(table, &sql, &[(pg_sys::BYTEAOID, ROWS_MARK.to_vec().into_datum())], |_| marked = true);
+    marked
 }
 
 /// A round of the snapshot, before it copies anything: one at a time in a database, until

@@ -13,9 +13,39 @@ use crate::shmem::area::Held;
 pub struct Share {
     database: AtomicU32,
     held: AtomicU32,
+    /// Whether keys of its memory limits may be counted in rows of rate_limiter.state (see
+    /// `Rows`), as a `Rows` number.
+    rows: AtomicU32,
+}
+
+/// Whether a database's memory limits may count keys in rows, because they found no room.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rows {
+    /// Not looked up since the server started (the snapshot table's mark tells).
+    Unknown = 0,
+    None = 1,
+    Maybe = 2,
 }
 
 impl Share {
+    pub fn rows(&self) -> Rows {
+        match self.rows.load(Acquire) {
+            1 => Rows::None,
+            2 => Rows::Maybe,
+            _ => Rows::Unknown,
+        }
+    }
+
+    /// What the snapshot table's mark says, unless a key found no room meanwhile.
+    pub fn looked_up(&self, rows: Rows) {
+        let _ = self.rows.compare_exchange(Rows::Unknown as u32, rows as u32, AcqRel, Acquire);
+    }
+
+    /// A key found no room: from now on, a key not in memory may be in a row.
+    pub fn overflowed(&self) {
+        self.rows.store(Rows::Maybe as u32, Release);
+    }
+
     pub fn held(&self) -> usize {
         self.held.load(Relaxed) as usize
     }
@@ -57,6 +87,7 @@ pub fn of(table: &Table, database: u32) -> Option<&'static Share> {
                 None => {
                     let i = shares.iter().position(|s| s.database.load(Relaxed) == 0)?;
                     shares[i].held.store(0, Relaxed);
+                    shares[i].rows.store(Rows::Unknown as u32, Relaxed);
                     shares[i].database.store(database, Relaxed);
                     i
                 }
@@ -80,6 +111,7 @@ pub fn forget(table: &Table, database: u32) {
     for share in table.header.shares.iter().filter(|s| s.database.load(Relaxed) == database) {
         share.database.store(0, Relaxed);
         share.held.store(0, Relaxed);
+        share.rows.store(Rows::Unknown as u32, Relaxed);
     }
 }
 

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 
 use super::area::Held;
 use super::record::{self, Record};
-use super::{claim, database, find, hold_partitions, let_go, partition_lock, range, table, Header, Table, PARTITION};
+use super::{claim_entry, database, find, hold_partitions, let_go, partition_lock, range, table, Header, Table, PARTITION};
 
 thread_local! {
     /// The epoch at which this backend's database was seen loaded.
@@ -121,7 +121,7 @@ pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f
         let index = match found {
             Some(i) if table.entry(i).in_flight == 0 => Some(i),
             // A busy entry is never the one `claim` gives.
-            _ => claim(&table, partitions, now),
+            _ => claim_entry(&table, partitions, now),
         };
         let Some(i) = index else {
             dropped += 1; // the key keeps what it has (a standby's own count)

@@ -1,0 +1,200 @@
+"""Issue 53: memory limits never refuse a key for want of room, and no caller can aim at
+another's key. A key that finds no entry in shared memory is counted in its row of
+rate_limiter.state, exactly as a durable limit's, until that row equals an absent key's
+(docs/memory-limits.md, "Bounded memory"). Where a key lands comes from a keyed hash under
+the cluster's secret, which no role can read."""
+
+import pytest
+from psycopg import errors
+
+from calls import define
+from clusters import PORTS
+from ledger import NOW
+
+
+def small_cluster(clusters, entries):
+    return clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                  f"-c rate_limiter.memory_keys={entries}"]).init().start()
+
+
+# Calls each of keys 1..n once per round, each in a transaction of its own (COMMIT after
+# every call), and counts the rounds' admissions, all inside the server.
+WALK = """
+CREATE PROCEDURE walk(name text, n int, rounds int, INOUT admitted int[] DEFAULT '{}')
+LANGUAGE plpgsql AS $$
+DECLARE
+    ok boolean;
+    this_round int;
+BEGIN
+    FOR r IN 1..rounds LOOP
+        this_round := 0;
+        FOR g IN 1..n LOOP
+            SELECT l.ok INTO ok FROM rate_limiter.rate_limit(name, 'k' || g) l;
+            this_round := this_round + ok::int;
+            COMMIT;
+        END LOOP;
+        admitted := admitted || this_round;
+    END LOOP;
+END $$;
+"""
+
+
+def walk(c, name, n, rounds):
+    return c.execute("CALL walk(%s, %s, %s)", (name, n, rounds)).fetchone()[0]
+
+
+def test_a_table_of_1024_entries_answers_20000_keys_each_exactly(clusters):
+    """20,000 keys of a limit of 2 an hour through a table of 1,024 entries: every key is
+    admitted exactly twice over three rounds, none refused; those beyond the database's share
+    (7/8 of the table) are counted in rows, which the statistics count. A key past the table
+    taken in a transaction that rolls back is given back, as a durable one is."""
+    small = small_cluster(clusters, 1024)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        c.execute("SET synchronous_commit = off")
+        define(c, "m", "fixed window", rate=2, period="1 hour", start=NOW, durable=False)
+        c.execute(WALK)
+        assert walk(c, "m", 20_000, 3) == [20_000, 20_000, 0]
+        in_rows = c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = 'm'").fetchone()[0]
+        assert 20_000 - 1024 <= in_rows <= 20_000 - 1024 * 7 // 8, in_rows
+        assert c.execute("SELECT memory_in_rows FROM rate_limiter.stats WHERE name = 'm'").fetchone()[0] >= 2 * in_rows
+        c.execute("BEGIN")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'past the table', 2)").fetchone() == (True,)
+        c.execute("ROLLBACK")
+        assert [c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'past the table')").fetchone()[0]
+                for _ in range(3)] == [True, True, False], "the rollback gave both back"
+        assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE key = 'past the table'").fetchone() == (1,)
+        # An hour on, every window ended: the keys move back into memory as they are called.
+        c.execute("SET rate_limiter.fake_now = '2030-01-01 01:00:00+00'")
+        assert walk(c, "m", 300, 3) == [300, 300, 0]
+    small.stop()
+
+
+def test_a_key_counted_in_its_row_stays_there_across_a_restart_and_a_crash(clusters):
+    """The snapshot table's mark tells a restarted server that keys may be in rows: a key
+    drained in its row stays drained after a clean restart and after a crash, not counted
+    afresh in an entry that a restart freed."""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+    with small.connect() as c:
+        define(c, "m", "fixed window", rate=1, period="1 hour", start=NOW, durable=False)
+        taken = [c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (f"k{i}",)).fetchone()[0]
+                 for i in range(100)]
+        assert taken == [True] * 100
+        in_row = c.execute("SELECT key FROM rate_limiter.state ORDER BY key LIMIT 1").fetchone()[0]
+    for stop in ("fast", "immediate"):
+        small.stop(stop)
+        small.start()
+        with small.connect() as c:
+            assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (in_row,)).fetchone() == (False,), stop
+            assert c.execute("SELECT ok FROM rate_limiter.check_rate_limit('m', %s)", (in_row,)).fetchone() == (False,)
+    small.stop()
+
+
+def test_inline_variants_of_the_victims_key_leave_its_named_count_alone(clusters):
+    """F1, first sequence: a caller with EXECUTE calls the victim's own (name, key) under 32
+    inline configs, each held for an hour. The named limit's count of the key still answers,
+    exactly: two admitted, the third denied, nothing refused."""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "send", "fixed window", rate=2, period="1 hour", start=NOW, durable=False)
+        for i in range(32):
+            config = f'{{"kind": "fixed window", "rate": {i + 1}, "period": "1 hour", "durable": false}}'
+            assert c.execute("SELECT ok FROM rate_limiter.rate_limit('send', 'victim', config => %s)",
+                             (config,)).fetchone() == (True,)
+        assert [c.execute("SELECT ok FROM rate_limiter.rate_limit('send', 'victim')").fetchone()[0]
+                for _ in range(3)] == [True, True, False]
+    small.stop()
+
+
+def test_keys_that_fill_the_table_leave_the_victims_key_answering(clusters):
+    """F1, second sequence, at its worst: the caller does not need to aim, it fills every
+    entry of a 64-entry table (and its database's share) with keys held for an hour. The
+    victim's key, new or already counted, answers exactly: not 53400."""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "send", "fixed window", rate=2, period="1 hour", start=NOW, durable=False)
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('send', 'counted victim')").fetchone() == (True,)
+        for i in range(200):
+            c.execute("SELECT rate_limiter.rate_limit('send', %s)", (f"filler {i}",))
+        for victim, left in (("counted victim", 1), ("new victim", 2)):
+            answers = [c.execute("SELECT ok FROM rate_limiter.rate_limit('send', %s)", (victim,)).fetchone()[0]
+                       for _ in range(3)]
+            assert answers == [True] * left + [False] * (3 - left), victim
+    small.stop()
+
+
+def test_no_role_reads_the_secret_that_places_keys(clusters):
+    """The keyed hash's secret is a file of the data directory, readable by its owner alone,
+    which SQL reaches only through superuser functions."""
+    import os
+    import stat
+    small = small_cluster(clusters, 64)
+    mode = stat.S_IMODE(os.stat(f"{small.dir}/rate_limiter_memory.secret").st_mode)
+    assert mode == 0o600 and os.path.getsize(f"{small.dir}/rate_limiter_memory.secret") == 16
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute("CREATE ROLE caller LOGIN")
+        c.execute("GRANT USAGE ON SCHEMA rate_limiter TO caller")
+    with small.connect(user="caller") as c:
+        with pytest.raises(errors.InsufficientPrivilege):
+            c.execute("SELECT pg_read_binary_file('rate_limiter_memory.secret')")
+    small.stop()
+
+
+def test_a_redefined_limit_keeps_its_keys_counted_under_the_new_period(clusters):
+    """A key drained under a window of a minute, its limit then given windows of an hour: two
+    minutes on, its entry is not given to a new key (it still counts under the hour), so the
+    key stays drained, and new keys past the table are counted in rows."""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "m", "fixed window", rate=1, period="1 minute", start=NOW, durable=False)
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'k')").fetchone() == (True,)
+        define(c, "m", "fixed window", rate=1, period="1 hour", start=NOW, durable=False)
+        c.execute("SET rate_limiter.fake_now = '2030-01-01 00:02:00+00'")
+        for i in range(100):
+            assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (f"n{i}",)).fetchone() == (True,)
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'k')").fetchone() == (False,), "still drained"
+        assert c.execute("SELECT count(*) > 0 FROM rate_limiter.state WHERE key = 'k'").fetchone() == (False,), \
+            "k kept its entry"
+    small.stop()
+
+
+def test_each_database_keeps_its_share_and_a_module_not_loaded_says_so(clusters):
+    """A database beyond its share of a 64-entry table counts its new keys in rows while
+    another database still has entries; without the library preloaded a memory limit says
+    how to turn memory limits on."""
+    small = small_cluster(clusters, 64)
+    config = """'{"kind": "fixed window", "rate": 1, "period": "1 hour", "start": 1893456000000, "durable": false}'"""
+    with small.connect() as admin:
+        admin.execute("CREATE DATABASE other")
+    for dbname in ("postgres", "other"):
+        with small.connect(dbname) as c:
+            c.execute("CREATE EXTENSION rate_limiter")
+            c.execute(f"ALTER DATABASE {dbname} SET rate_limiter.fake_now = '{NOW}'")
+    with small.connect() as c, small.connect("other") as o:
+        take = f"SELECT ok FROM rate_limiter.rate_limit('m', %s, config => {config})"
+        for i in range(60):
+            assert c.execute(take, (f"k{i}",)).fetchone() == (True,)
+        assert c.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (60 - 64 * 7 // 8,)
+        assert c.execute(take, ("k0",)).fetchone() == (False,), "a counted key still answers"
+        for i in range(8):
+            assert o.execute(take, (f"k{i}",)).fetchone() == (True,)
+        assert o.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (0,), \
+            "the other database's keys found the entries the first one could not take"
+    small.stop()
+    small.settings = ["-c rate_limiter.prune_interval=0"]
+    small.start()
+    with small.connect() as c:
+        with pytest.raises(errors.ObjectNotInPrerequisiteState) as raised:
+            c.execute(f"SELECT rate_limiter.rate_limit('m', 'k', config => {config})")
+        assert "shared_preload_libraries" in raised.value.diag.message_hint
