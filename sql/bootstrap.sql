@@ -232,7 +232,7 @@ CREATE TABLE rate_limiter.memory_snapshot (
 ) WITH (fillfactor = 50);  -- room on each page for the next round's row versions (HOT updates)
 COMMENT ON TABLE rate_limiter.memory_snapshot IS
     'The counts of memory limits (durable => false) as the background worker last wrote them, every rate_limiter.memory_snapshot: loaded after a crash and at a promotion. Written only by the rate_limiter library.';
-COMMENT ON COLUMN rate_limiter.memory_snapshot.entry IS 'Which (limit, key) and config the counts are of: 128-bit tags of SHA-256, as shared memory finds them.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.entry IS 'Which (limit, key) and config the counts are of: a 128-bit keyed hash under the cluster''s secret and the inline config''s tag, as shared memory finds them; the 4-byte entry ''rows'' marks that keys were counted in rate_limiter.state for want of room.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.counts IS 'The counts, calls in flight at the time included, in the library''s own encoding.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.expires IS 'From this instant the counts equal an absent key''s: rate_limiter.prune() deletes the row.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.saved_at IS 'When the worker wrote the row.';

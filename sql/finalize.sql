@@ -168,6 +168,7 @@ COMMENT ON COLUMN rate_limiter.stats.last_allowed_at IS 'When the last allowed c
 COMMENT ON COLUMN rate_limiter.stats.last_denied_at IS 'When the last denied call was counted; NULL if none since stats_reset.';
 COMMENT ON COLUMN rate_limiter.stats.stats_reset IS 'When this row started counting: its first call, or the last stats_reset of it.';
 COMMENT ON COLUMN rate_limiter.stats.shadow_denied IS 'Allowed calls that would have been denied, answered ok in shadow mode (reason ''shadow''): counted in allowed too.';
+COMMENT ON COLUMN rate_limiter.stats.memory_in_rows IS 'Calls of a memory limit counted in their key''s row of rate_limiter.state, as a durable limit''s, because shared memory had no room for the key (rate_limiter.memory_keys).';
 CREATE VIEW rate_limiter.top_denied AS SELECT * FROM rate_limiter._top_denied();
 COMMENT ON VIEW rate_limiter.top_denied IS
     'The most denied keys per limit name, approximately: a space-saving sketch of 64 keys per name. Needs shared_preload_libraries = ''rate_limiter''.';

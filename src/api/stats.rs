@@ -40,12 +40,43 @@ fn timestamptz(pg_us: i64) -> TimestampWithTimeZone {
     clock::ms_timestamptz(clock::pg_us_to_ms(pg_us))
 }
 
-/// The rows of the view `rate_limiter.stats` (with `shadow_denied` since 0.5.0, a symbol of
-/// its own: 0.4.0's SQL names the one below, which says to update).
+/// One row of the statistics, as the views show it.
+type StatsRow = (
+    String,
+    i64,
+    i64,
+    i64,
+    f64,
+    f64,
+    Option<TimestampWithTimeZone>,
+    Option<TimestampWithTimeZone>,
+    TimestampWithTimeZone,
+    i64,
+    i64,
+);
+
+fn stats_row(r: stats::Row) -> StatsRow {
+    (
+        r.name,
+        r.calls,
+        r.allowed,
+        r.denied,
+        r.tokens_granted,
+        r.tokens_reserved,
+        r.last_allowed_at.map(timestamptz),
+        r.last_denied_at.map(timestamptz),
+        timestamptz(r.stats_reset),
+        r.shadow_denied,
+        r.memory_in_rows,
+    )
+}
+
+/// The rows of the view `rate_limiter.stats` (with `memory_in_rows` since 0.7.0, a symbol of
+/// its own: 0.5.0's and 0.6.0's SQL names the one below, which says to update).
 // pgrx reads the column names from the name! macros, so the type stays spelled out here.
 #[allow(clippy::type_complexity)]
 #[pg_extern(name = "_stats", volatile, parallel_restricted)]
-fn stats_since_0_5_0() -> TableIterator<
+fn stats_since_0_7_0() -> TableIterator<
     'static,
     (
         name!(name, String),
@@ -58,23 +89,11 @@ fn stats_since_0_5_0() -> TableIterator<
         name!(last_denied_at, Option<TimestampWithTimeZone>),
         name!(stats_reset, TimestampWithTimeZone),
         name!(shadow_denied, i64),
+        name!(memory_in_rows, i64),
     ),
 > {
     let rows = if stats_available() { stats::rows(Scope::ThisDatabase) } else { Vec::new() };
-    TableIterator::new(rows.into_iter().map(|r| {
-        (
-            r.name,
-            r.calls,
-            r.allowed,
-            r.denied,
-            r.tokens_granted,
-            r.tokens_reserved,
-            r.last_allowed_at.map(timestamptz),
-            r.last_denied_at.map(timestamptz),
-            timestamptz(r.stats_reset),
-            r.shadow_denied,
-        )
-    }))
+    TableIterator::new(rows.into_iter().map(stats_row))
 }
 
 /// The rows of the view `rate_limiter.top_denied`.
@@ -101,7 +120,7 @@ fn stats_reset(name: default!(Option<&str>, "NULL")) -> i64 {
 /// counts names no database had room for.
 #[allow(clippy::type_complexity)]
 #[pg_extern(name = "stats_every_database", volatile, parallel_restricted)]
-fn stats_every_database_since_0_5_0() -> TableIterator<
+fn stats_every_database_since_0_7_0() -> TableIterator<
     'static,
     (
         name!(database, Option<String>),
@@ -115,6 +134,7 @@ fn stats_every_database_since_0_5_0() -> TableIterator<
         name!(last_denied_at, Option<TimestampWithTimeZone>),
         name!(stats_reset, TimestampWithTimeZone),
         name!(shadow_denied, i64),
+        name!(memory_in_rows, i64),
     ),
 > {
     require_monitor("stats_every_database()");
@@ -122,20 +142,32 @@ fn stats_every_database_since_0_5_0() -> TableIterator<
     // Rows of databases dropped since are left out; entry 0 has no database.
     let rows = rows.into_iter().filter_map(|r| Some((of_database(r.database)?, r)));
     TableIterator::new(rows.map(|(database, r)| {
-        (
-            database,
-            r.name,
-            r.calls,
-            r.allowed,
-            r.denied,
-            r.tokens_granted,
-            r.tokens_reserved,
-            r.last_allowed_at.map(timestamptz),
-            r.last_denied_at.map(timestamptz),
-            timestamptz(r.stats_reset),
-            r.shadow_denied,
-        )
+        let (name, calls, allowed, denied, granted, reserved, last_allowed, last_denied, reset, shadow, in_rows) = stats_row(r);
+        (database, name, calls, allowed, denied, granted, reserved, last_allowed, last_denied, reset, shadow, in_rows)
     }))
+}
+
+/// The symbols of the statistics' functions before they had the columns of this version:
+/// a database not yet updated is told to.
+macro_rules! outdated {
+    ($($info:ident $symbol:ident: $what:literal;)*) => {$(
+        fmgr_v1_info!($info);
+
+        #[doc = $what]
+        ///
+        /// # Safety
+        /// None: it reads no argument and only raises.
+        #[no_mangle]
+        #[pg_guard]
+        pub unsafe extern "C-unwind" fn $symbol(_fcinfo: FunctionCallInfo) -> Datum {
+            Error::ExtensionOutdated.raise()
+        }
+    )*};
+}
+
+outdated! {
+    pg_finfo_stats_since_0_5_0_wrapper stats_since_0_5_0_wrapper: "0.5.0's and 0.6.0's `_stats`, without `memory_in_rows`.";
+    pg_finfo_stats_every_database_since_0_5_0_wrapper stats_every_database_since_0_5_0_wrapper: "0.5.0's and 0.6.0's `stats_every_database`, the same.";
 }
 
 fmgr_v1_info!(pg_finfo__stats_wrapper);

@@ -1,0 +1,155 @@
+-- rate_limiter 0.6.0 -> 0.7.0: memory limits at the scale of a real API's keys (issue 53,
+-- docs/memory-limits.md): a key that finds no room in shared memory is counted in its row
+-- of rate_limiter.state, which the statistics count (memory_in_rows), and the snapshot's
+-- entries are named by a keyed hash under the cluster's secret.
+--
+-- Runs as a superuser with search_path = rate_limiter: every object and operator is qualified.
+
+\echo Use "ALTER EXTENSION rate_limiter UPDATE TO '0.7.0'" to load this file. \quit
+
+COMMENT ON COLUMN rate_limiter.memory_snapshot.entry IS 'Which (limit, key) and config the counts are of: a 128-bit keyed hash under the cluster''s secret and the inline config''s tag, as shared memory finds them; the 4-byte entry ''rows'' marks that keys were counted in rate_limiter.state for want of room.';
+
+-- The statistics count calls of memory limits counted in rows (memory_in_rows). A function's
+-- result cannot change in place: the view and the two functions are created again, new
+-- symbols behind them (0.6.0's say to run this update), and the privileges granted on them
+-- given back.
+DO $$
+DECLARE
+    grants text[];
+    one text;
+BEGIN
+    SELECT pg_catalog.array_agg(pg_catalog.format('GRANT %s ON %s TO %s%s', a.privilege_type, o.what,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END,
+               CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END))
+    INTO grants
+    FROM (SELECT 'TABLE rate_limiter.stats' AS what, c.relacl AS acl, c.relowner AS owner
+            FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) 'rate_limiter.stats'::pg_catalog.regclass
+          UNION ALL
+          SELECT 'FUNCTION ' OPERATOR(pg_catalog.||) p.oid::pg_catalog.regprocedure::pg_catalog.text, p.proacl, p.proowner
+            FROM pg_catalog.pg_proc p
+           WHERE p.oid OPERATOR(pg_catalog.=) ANY (ARRAY['rate_limiter._stats()'::pg_catalog.regprocedure,
+                                                        'rate_limiter.stats_every_database()'::pg_catalog.regprocedure])) o,
+         pg_catalog.aclexplode(o.acl) a
+    WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner;
+    DROP VIEW rate_limiter.stats;
+    DROP FUNCTION rate_limiter._stats();
+    DROP FUNCTION rate_limiter.stats_every_database();
+    CREATE FUNCTION rate_limiter."_stats"() RETURNS TABLE (
+        "name" TEXT,
+        "calls" bigint,
+        "allowed" bigint,
+        "denied" bigint,
+        "tokens_granted" double precision,
+        "tokens_reserved" double precision,
+        "last_allowed_at" timestamp with time zone,
+        "last_denied_at" timestamp with time zone,
+        "stats_reset" timestamp with time zone,
+        "shadow_denied" bigint,
+        "memory_in_rows" bigint
+    )
+    STRICT VOLATILE PARALLEL RESTRICTED
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'stats_since_0_7_0_wrapper';
+    CREATE FUNCTION rate_limiter."stats_every_database"() RETURNS TABLE (
+        "database" TEXT,
+        "name" TEXT,
+        "calls" bigint,
+        "allowed" bigint,
+        "denied" bigint,
+        "tokens_granted" double precision,
+        "tokens_reserved" double precision,
+        "last_allowed_at" timestamp with time zone,
+        "last_denied_at" timestamp with time zone,
+        "stats_reset" timestamp with time zone,
+        "shadow_denied" bigint,
+        "memory_in_rows" bigint
+    )
+    STRICT VOLATILE PARALLEL RESTRICTED
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'stats_every_database_since_0_7_0_wrapper';
+    REVOKE ALL ON FUNCTION rate_limiter._stats() FROM PUBLIC;
+    REVOKE ALL ON FUNCTION rate_limiter.stats_every_database() FROM PUBLIC;
+    CREATE VIEW rate_limiter.stats AS SELECT * FROM rate_limiter._stats();
+    REVOKE ALL ON rate_limiter.stats FROM PUBLIC;
+    COMMENT ON VIEW rate_limiter.stats IS
+        'Consuming calls per limit name since the server started or stats_reset (attempts: calls whose transaction rolls back count too). Needs shared_preload_libraries = ''rate_limiter''; empty otherwise.';
+    COMMENT ON COLUMN rate_limiter.stats.name IS 'Limit name; ''*other*'' counts every name beyond rate_limiter.stats_max_names.';
+    COMMENT ON COLUMN rate_limiter.stats.calls IS 'Consuming calls (rate_limit, wait_rate_limit, each limit of rate_limit_all); allowed + denied.';
+    COMMENT ON COLUMN rate_limiter.stats.allowed IS 'Calls answered ok (reservations and on_lock_timeout = ''allow'' included).';
+    COMMENT ON COLUMN rate_limiter.stats.denied IS 'Calls answered not ok, whatever the reason.';
+    COMMENT ON COLUMN rate_limiter.stats.tokens_granted IS 'Tokens taken by allowed calls that may go now.';
+    COMMENT ON COLUMN rate_limiter.stats.tokens_reserved IS 'Tokens taken by reservations that must wait (ok with retry_after).';
+    COMMENT ON COLUMN rate_limiter.stats.last_allowed_at IS 'When the last allowed call was counted; NULL if none since stats_reset.';
+    COMMENT ON COLUMN rate_limiter.stats.last_denied_at IS 'When the last denied call was counted; NULL if none since stats_reset.';
+    COMMENT ON COLUMN rate_limiter.stats.stats_reset IS 'When this row started counting: its first call, or the last stats_reset of it.';
+    COMMENT ON COLUMN rate_limiter.stats.shadow_denied IS 'Allowed calls that would have been denied, answered ok in shadow mode (reason ''shadow''): counted in allowed too.';
+    COMMENT ON COLUMN rate_limiter.stats.memory_in_rows IS 'Calls of a memory limit counted in their key''s row of rate_limiter.state, as a durable limit''s, because shared memory had no room for the key (rate_limiter.memory_keys).';
+    COMMENT ON FUNCTION rate_limiter._stats() IS 'Internal: the rows of rate_limiter.stats.';
+    COMMENT ON FUNCTION rate_limiter.stats_every_database() IS
+        'The rows of rate_limiter.stats of every database, with its name (superusers and pg_monitor members only).';
+    FOREACH one IN ARRAY coalesce(grants, '{}') LOOP
+        EXECUTE one;
+    END LOOP;
+END $$;
+
+-- Default privileges (ALTER DEFAULT PRIVILEGES) never reach an object this install or update
+-- created: it keeps only the grants the scripts give, so that a role given EXECUTE on every
+-- new function or SELECT on every new table gets neither define() nor a table (issue 41).
+-- What PostgreSQL grants without any default privileges (PUBLIC's USAGE of a type) stays.
+-- Created here means its membership of the extension (or, for the schema CREATE EXTENSION
+-- makes, the schema) was recorded by this transaction (age 0, or below for a subtransaction);
+-- an object replaced in place keeps its membership row, and with it every grant an
+-- administrator made.
+DO $pin$
+DECLARE
+    leaked record;
+BEGIN
+    FOR leaked IN
+        WITH created AS (
+            SELECT d.classid, d.objid
+            FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+            WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+              AND d.deptype OPERATOR(pg_catalog.=) 'e' AND e.extname OPERATOR(pg_catalog.=) 'rate_limiter'
+              AND pg_catalog.age(d.xmin) OPERATOR(pg_catalog.<=) 0),
+        objects (what, owner, namespace, kind, acl) AS (
+            SELECT 'ROUTINE ' OPERATOR(pg_catalog.||) p.oid::pg_catalog.regprocedure::pg_catalog.text,
+                   p.proowner, p.pronamespace, 'f'::"char", p.proacl
+            FROM created c JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) c.objid
+            WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+            UNION ALL
+            SELECT CASE r.relkind WHEN 'S' THEN 'SEQUENCE ' ELSE 'TABLE ' END
+                       OPERATOR(pg_catalog.||) r.oid::pg_catalog.regclass::pg_catalog.text,
+                   r.relowner, r.relnamespace, CASE r.relkind WHEN 'S' THEN 'S' ELSE 'r' END::"char", r.relacl
+            FROM created c JOIN pg_catalog.pg_class r ON r.oid OPERATOR(pg_catalog.=) c.objid
+            WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+            UNION ALL
+            SELECT 'TYPE ' OPERATOR(pg_catalog.||) t.oid::pg_catalog.regtype::pg_catalog.text,
+                   t.typowner, t.typnamespace, 'T'::"char", t.typacl
+            FROM created c JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) c.objid
+            WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+            UNION ALL
+            SELECT 'SCHEMA ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(n.nspname), n.nspowner, 0::pg_catalog.oid,
+                   'n'::"char", n.nspacl
+            FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_extension e ON e.extnamespace OPERATOR(pg_catalog.=) n.oid
+            WHERE e.extname OPERATOR(pg_catalog.=) 'rate_limiter' AND pg_catalog.age(n.xmin) OPERATOR(pg_catalog.<=) 0)
+        SELECT o.what, a.privilege_type,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END AS grantee
+        FROM objects o, pg_catalog.aclexplode(o.acl) a
+        WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
+          AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(pg_catalog.acldefault(
+                              CASE o.kind WHEN 'S' THEN 's' ELSE o.kind END, o.owner)) b
+                          WHERE b.grantee OPERATOR(pg_catalog.=) a.grantee
+                            AND b.privilege_type OPERATOR(pg_catalog.=) a.privilege_type)
+          AND EXISTS (SELECT FROM pg_catalog.pg_default_acl d, pg_catalog.aclexplode(d.defaclacl) g
+                      WHERE d.defaclrole OPERATOR(pg_catalog.=) o.owner
+                        AND d.defaclnamespace OPERATOR(pg_catalog.=) ANY (ARRAY[0::pg_catalog.oid, o.namespace])
+                        AND d.defaclobjtype OPERATOR(pg_catalog.=) o.kind
+                        AND g.grantee OPERATOR(pg_catalog.=) a.grantee
+                        AND g.privilege_type OPERATOR(pg_catalog.=) a.privilege_type)
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE %s ON %s FROM %s CASCADE', leaked.privilege_type, leaked.what, leaked.grantee);
+    END LOOP;
+END
+$pin$;
