@@ -274,6 +274,38 @@ def test_a_standby_counts_its_own_calls_and_once_promoted_the_primarys_last_snap
         assert s.execute(left, ("q",)).fetchone() == (0,)
 
 
+def test_a_standby_promoted_by_a_restart_takes_the_primarys_snapshot_not_its_own_file(clusters):
+    """F2 of issue 53: a standby stopped cleanly writes its own calls' counts to its file; started
+    again without standby.signal it is a primary, and loads the primary's snapshot, not that
+    file: a key the primary drained stays drained."""
+    primary = clusters("primary", PORTS["primary"], ["-c shared_preload_libraries=rate_limiter"]).init().start()
+    standby = clusters("standby", PORTS["standby"], ["-c shared_preload_libraries=rate_limiter"])
+    with primary.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "mem", rate=10, period="1 hour", durable=False)
+    standby.follow(primary)
+    with primary.connect() as c:
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k', 10)").fetchone() == (True,)
+        wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot").fetchone() == (1,),
+                 "the primary's snapshot")
+        c.execute("SELECT pg_switch_wal()")
+        lsn = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    with standby.connect() as s:
+        wait_for(lambda: s.execute("SELECT pg_last_wal_replay_lsn() >= %s", (lsn,)).fetchone() == (True,),
+                 "the snapshot replayed")
+        assert s.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k', 1)").fetchone() == (True,), \
+            "the standby counts its own calls: 9 left of its own"
+    primary.stop()
+    standby.stop()
+    os.remove(f"{standby.dir}/standby.signal")
+    standby.start()
+    with standby.connect() as s:
+        assert s.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)
+        assert s.execute("SELECT remaining FROM rate_limiter.check_rate_limit('mem', 'k', 0)").fetchone() == (0,), \
+            "the primary's count, not the standby's file (9)"
+
+
 @every_version
 def test_a_clean_restart_keeps_the_counts_and_a_crash_without_snapshots_starts_them_full(clusters):
     """The postmaster writes the counted keys at a clean shutdown and reads them back at the

@@ -311,7 +311,8 @@ pub unsafe fn attach() {
         if !pg_sys::IsUnderPostmaster {
             // The postmaster, making shared memory at start or after a crash: what the last
             // clean shutdown counted, and the counts to write at the next one.
-            match saved::load(&table) {
+            let in_recovery = snapshot::starts_in_recovery();
+            match saved::load(&table, in_recovery) {
                 Some((loaded, dropped)) => {
                     if loaded + dropped > 0 {
                         pgrx::log!("rate_limiter: {loaded} memory limit keys loaded from the last shutdown, {dropped} without room");
@@ -321,7 +322,7 @@ pub unsafe fn attach() {
                 // before its first memory call.
                 None => (*header).epoch.store(1, Release),
             }
-            (*header).recovering.store(snapshot::starts_in_recovery(), Release);
+            (*header).recovering.store(in_recovery, Release);
             pg_sys::on_shmem_exit(Some(save_at_exit), pg_sys::Datum::from(0));
         }
     }
@@ -333,12 +334,13 @@ pub unsafe fn attach() {
 unsafe extern "C-unwind" fn save_at_exit(code: i32, _arg: pg_sys::Datum) {
     // A crash, an error exit or an immediate shutdown: shared memory may be inconsistent,
     // and nothing is written, so that the next start has no file and every key starts full.
-    if code != 0 || !saved::shut_down_cleanly() {
+    let shutdown = saved::shut_down_cleanly();
+    if code != 0 || shutdown == saved::Shutdown::Unclean {
         return;
     }
     if let Some(table) = table() {
         // SAFETY: the postmaster exits after every backend has: no one else uses the entries.
-        match unsafe { saved::save(&table) } {
+        match unsafe { saved::save(&table, shutdown) } {
             Ok(n) => pgrx::log!("rate_limiter: {n} memory limit keys saved for the next start"),
             Err(e) => pgrx::warning!("rate_limiter: memory limit counts not saved: {e}"),
         }

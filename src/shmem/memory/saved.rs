@@ -18,25 +18,40 @@ const MAGIC: &[u8; 8] = b"rlmem003";
 /// database, name, expires, counts.
 const RECORD: usize = 4 + NAME + 8 + COUNTS;
 
+/// How the server shut down, as its control file says.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Shutdown {
+    /// An immediate shutdown or a crash: nothing is saved.
+    Unclean,
+    Primary,
+    /// A standby's clean shutdown: its counts are its own calls', which only a standby
+    /// started again may take on (`load`).
+    Standby,
+}
+
 /// Whether the server shut down cleanly: its last checkpoint was a shutdown checkpoint, which
-/// an immediate shutdown (a crash as far as the counts go) never writes.
-pub fn shut_down_cleanly() -> bool {
+/// an immediate shutdown (a crash as far as the counts go) never writes; and as what.
+pub fn shut_down_cleanly() -> Shutdown {
     let mut crc_ok = false;
     // SAFETY: DataDir is the data directory, set before shared memory is made; pg_control
     // always exists there, and is read into memory of the current context.
     let control = unsafe { pg_sys::get_controlfile(pg_sys::DataDir, &mut crc_ok) };
     // SAFETY: non-null (checked first): the ControlFileData just read.
     let state = if crc_ok && !control.is_null() { unsafe { (*control).state } } else { pg_sys::DBState::DB_IN_PRODUCTION };
-    // A standby shut down cleanly says so too.
-    matches!(state, pg_sys::DBState::DB_SHUTDOWNED | pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY)
+    match state {
+        pg_sys::DBState::DB_SHUTDOWNED => Shutdown::Primary,
+        pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY => Shutdown::Standby,
+        _ => Shutdown::Unclean,
+    }
 }
 
 /// Write the counted keys, when nothing is in flight.
 ///
 /// # Safety
 /// No other process uses the table any more.
-pub unsafe fn save(table: &Table) -> std::io::Result<usize> {
+pub unsafe fn save(table: &Table, shutdown: Shutdown) -> std::io::Result<usize> {
     let mut out = Vec::from(&MAGIC[..]);
+    out.push(u8::from(shutdown == Shutdown::Standby));
     let mut saved = 0;
     for i in 0..table.count() {
         let entry = table.entry(i);
@@ -59,19 +74,25 @@ pub unsafe fn save(table: &Table) -> std::io::Result<usize> {
 
 /// Read the file back into the table (all free), and remove it; how many keys were loaded,
 /// and how many found no free entry in their partitions; None when there was no file (a
-/// crash, or the first start), or one of another format (a library before 0.7.0, whose
-/// keys this one cannot place).
+/// crash, or the first start), one of another format (a library before 0.7.0, whose keys
+/// this one cannot place), or a standby's while the server starts as a primary: a standby
+/// promoted by a restart takes the primary's snapshot, not its own calls' counts (F2).
 ///
 /// # Safety
 /// In the postmaster, before any other process uses the table.
-pub unsafe fn load(table: &Table) -> Option<(usize, usize)> {
+pub unsafe fn load(table: &Table, starts_in_recovery: bool) -> Option<(usize, usize)> {
     let bytes = fs::read(FILE).ok()?;
     let _ = fs::remove_file(FILE);
-    if !bytes.starts_with(MAGIC) || !(bytes.len() - MAGIC.len()).is_multiple_of(RECORD) {
+    let header = MAGIC.len() + 1;
+    if !bytes.starts_with(MAGIC) || bytes.len() < header || !(bytes.len() - header).is_multiple_of(RECORD) {
+        return None;
+    }
+    if bytes[MAGIC.len()] == 1 && !starts_in_recovery {
+        pgrx::log!("rate_limiter: a standby's memory limit counts not loaded: the server starts as a primary, from the snapshot tables");
         return None;
     }
     let (mut loaded, mut dropped) = (0, 0);
-    for r in bytes[MAGIC.len()..].chunks_exact(RECORD) {
+    for r in bytes[header..].chunks_exact(RECORD) {
         let database = u32::from_le_bytes(r[..4].try_into().expect("4 bytes"));
         let (name, rest) = r[4..].split_at(NAME);
         let (expires, counts) = rest.split_at(8);
