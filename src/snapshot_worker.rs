@@ -1,22 +1,29 @@
-//! The background worker that bounds what a crash or a promotion loses of memory limits'
-//! counts (docs/memory-limits.md, "Restarts and crashes"): with memory limits on, a
-//! launcher wakes every `rate_limiter.memory_snapshot` and, for each database whose entries
-//! changed since, starts a worker that writes them to that database's
-//! `rate_limiter.memory_snapshot` table, one transaction, then marks them saved. Nothing
-//! runs while no memory limit is called, nor on a standby (its tables are the primary's).
+//! The background workers that bound what a crash or a promotion loses of memory limits'
+//! counts (docs/memory-limits.md, "Restarts and crashes"): with memory limits on, a launcher
+//! wakes every `rate_limiter.memory_snapshot` and starts, for each database whose entries
+//! changed and that has none, a worker that stays: every interval it writes the entries
+//! changed since its last round to that database's `rate_limiter.memory_snapshot` table, one
+//! transaction, then marks them saved. It ends when its database has had nothing to write
+//! for `IDLE_ROUNDS` rounds, at a `DROP DATABASE` of it, and at shutdown. Nothing runs while
+//! no memory limit is called, nor on a standby (its tables are the primary's).
+//!
+//! A worker per database that stays, rather than one per round (0.6.0): a round needs no
+//! free worker slot, so a role that keeps `max_worker_processes` busy with parallel scans
+//! cannot stop the snapshots once they run (F5); and one database's held lock delays only its
+//! own worker, whose round skips a row another transaction holds rather than wait for it (F4).
 //!
 //! As the prune workers do, these run as the bootstrap superuser in databases other roles
 //! own: `search_path` pinned, the extension found by catalog lookups, no SQL that names its
-//! objects, and one database's worker waited for at most one interval (at least 10 s).
+//! objects.
 
 use std::time::Duration;
 
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, DynamicBackgroundWorker, SignalWakeFlags};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
-use crate::shmem::memory::snapshot;
-use crate::worker::{run_in, start_in_database};
+use crate::shmem::memory::{self, snapshot};
+use crate::worker::{start, start_in_database};
 use crate::{clock, storage};
 
 /// `rate_limiter.memory_snapshot`, in milliseconds; 0 turns the snapshots off.
@@ -42,34 +49,53 @@ pub fn register() {
         .load();
 }
 
+/// Rounds with nothing to write after which a database's worker ends (a minute at the
+/// default interval), giving its worker slot back; the launcher starts another at its next
+/// change.
+const IDLE_ROUNDS: u32 = 60;
+
+/// The interval, or an hour when off (0): look at the setting again then, or at the next reload.
+fn interval() -> Duration {
+    Duration::from_millis(match INTERVAL.get() {
+        0 => 3_600_000,
+        ms => ms as u64,
+    })
+}
+
+/// Wait `for_at_most`, taking in a reload; false at SIGTERM.
+fn rest(for_at_most: Duration) -> bool {
+    if !BackgroundWorker::wait_latch(Some(for_at_most)) {
+        return false;
+    }
+    if BackgroundWorker::sighup_received() {
+        // SAFETY: the worker's main loop, outside any signal handler and with no
+        // transaction, is where ProcessConfigFile(PGC_SIGHUP) may run.
+        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+    }
+    true
+}
+
+fn off() -> bool {
+    // SAFETY: reads shared recovery state; this worker is attached to shared memory.
+    INTERVAL.get() == 0 || unsafe { pg_sys::RecoveryInProgress() }
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn rate_limiter_memory_snapshot_launcher(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    loop {
-        // Off (0): look at the setting again hourly, or at the next reload.
-        let interval = Duration::from_millis(match INTERVAL.get() {
-            0 => 3_600_000,
-            ms => ms as u64,
-        });
-        if !BackgroundWorker::wait_latch(Some(interval)) {
-            break;
-        }
-        if BackgroundWorker::sighup_received() {
-            // SAFETY: the launcher's main loop, outside any signal handler and with no
-            // transaction, is where ProcessConfigFile(PGC_SIGHUP) may run.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+    let mut running: Vec<(pg_sys::Oid, DynamicBackgroundWorker)> = Vec::new();
+    while rest(interval()) {
+        running.retain(|(_, worker)| !matches!(worker.pid(), Err(BackgroundWorkerStatus::Stopped | BackgroundWorkerStatus::PostmasterDied)));
+        if off() {
             continue;
         }
-        // SAFETY: reads shared recovery state; this worker is attached to shared memory.
-        if INTERVAL.get() == 0 || unsafe { pg_sys::RecoveryInProgress() } {
-            continue;
-        }
-        let limit = interval.max(Duration::from_secs(10));
         for database in snapshot::databases_changed(clock::now_ms()) {
-            let setting = "rate_limiter.memory_snapshot (at least 10 s)";
-            if !run_in("rate_limiter memory snapshot", "rate_limiter_memory_snapshot_database", database, limit, setting) {
-                return;
+            if running.iter().any(|(d, _)| *d == database) || memory::is_dropping(database) {
+                continue;
+            }
+            if let Some(worker) = start("rate_limiter memory snapshot", "rate_limiter_memory_snapshot_database", database) {
+                running.push((database, worker));
             }
         }
     }
@@ -78,9 +104,37 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_launcher(_arg: pg_sys::Dat
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datum) {
+    // A reload wakes it; SIGTERM ends it (start_in_database).
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
     if !start_in_database(arg) {
         return;
     }
+    // SAFETY: written only while the worker connects, before this runs.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    let mut idle = 0;
+    // Woken at least every second, to see a DROP DATABASE of its database in time (that
+    // waits 5 s for the sessions connected to it).
+    let mut next = std::time::Instant::now() + interval();
+    while idle < IDLE_ROUNDS && rest((next - std::time::Instant::now().min(next)).min(Duration::from_secs(1))) {
+        if memory::is_dropping(database) {
+            break;
+        }
+        if std::time::Instant::now() < next {
+            continue;
+        }
+        next = std::time::Instant::now() + interval();
+        if off() {
+            idle += 1;
+            continue;
+        }
+        let written = round();
+        idle = if written == 0 { idle + 1 } else { 0 };
+    }
+}
+
+/// One round: this database's changed entries written, in one transaction, and marked saved
+/// once it committed; how many.
+fn round() -> usize {
     let written = BackgroundWorker::transaction(|| {
         if !storage::snapshot::begin_round() {
             return Vec::new();
@@ -88,9 +142,13 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datu
         let changed = snapshot::changed(clock::now_ms());
         let rows: Vec<(&[u8], &[u8], f64)> =
             changed.iter().map(|c| (c.record.name.as_slice(), c.record.counts.as_slice(), c.record.expires)).collect();
-        if storage::snapshot::write(&rows) { changed } else { Vec::new() }
+        let Some(skipped) = storage::snapshot::write(&rows) else { return Vec::new() };
+        // A row another transaction holds (a reset deleting it) was skipped: its entry stays
+        // changed, for the next round.
+        changed.into_iter().enumerate().filter(|(i, _)| !skipped.contains(i)).map(|(_, c)| c).collect()
     });
     // Committed: saved as of the copy (a change since is written at the next round).
     snapshot::mark_saved(&written);
     debug1!("rate_limiter: {} memory limit keys written to rate_limiter.memory_snapshot", written.len());
+    written.len()
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, DynamicBackgroundWorker};
 use pgrx::prelude::*;
 
 use crate::storage;
@@ -13,6 +13,15 @@ use crate::storage;
 /// wait for it at most `limit`, which `setting` gives (see `wait_for`). False when this
 /// launcher was terminated.
 pub fn run_in(kind: &str, function: &str, database: pg_sys::Oid, limit: Duration, setting: &str) -> bool {
+    match start(kind, function, database) {
+        Some(worker) => wait_for(worker, limit, kind, setting),
+        None => true,
+    }
+}
+
+/// Start `function` of this library as a worker of type `kind` connected to `database`,
+/// with this process to be told when it ends; None (logged) when no worker slot is free.
+pub fn start(kind: &str, function: &str, database: pg_sys::Oid) -> Option<DynamicBackgroundWorker> {
     let started = BackgroundWorkerBuilder::new(kind)
         .set_type(kind)
         .set_library("rate_limiter")
@@ -23,13 +32,7 @@ pub fn run_in(kind: &str, function: &str, database: pg_sys::Oid, limit: Duration
         // never written again; the process is single-threaded.
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic();
-    match started {
-        Ok(worker) => wait_for(worker, limit, kind, setting),
-        Err(e) => {
-            log!("rate_limiter: could not start a {kind} worker: {e:?}");
-            true
-        }
-    }
+    started.map_err(|e| log!("rate_limiter: could not start a {kind} worker: {e:?}")).ok()
 }
 
 /// The start of a database's worker, whose argument `arg` is the database's OID: it ends at
@@ -51,7 +54,7 @@ pub fn start_in_database(arg: pg_sys::Datum) -> bool {
 
 /// Wait for a database's worker to end, at most `limit`; then terminate it and wait for that
 /// (it ends at its next interrupt check). False when the launcher itself was terminated.
-fn wait_for(worker: pgrx::bgworkers::DynamicBackgroundWorker, limit: Duration, kind: &str, setting: &str) -> bool {
+fn wait_for(worker: DynamicBackgroundWorker, limit: Duration, kind: &str, setting: &str) -> bool {
     use pgrx::bgworkers::BackgroundWorkerStatus::{PostmasterDied, Stopped};
     let deadline = std::time::Instant::now() + limit;
     // Not yet started counts as running: the postmaster forks it after this registered it.

@@ -281,45 +281,39 @@ fn oldest_to_wait_for(guard: &mut memory::Guard, full: bool, me: (i32, u32)) -> 
     seqs.into_iter().filter_map(|seq| f.holder_of(seq)).find(|h| *h != me)
 }
 
-/// Where calls of a key are decided.
-enum Counted {
-    /// Against this state at this instant: the escrow's, calls in flight included, or a
-    /// fresh one for a key not counted, or that this transaction reset (as a durable
-    /// limit's reads see its own reset).
-    Here(State, f64),
-    /// In its row (`place`), or none.
-    InRow,
-}
-
-fn current(req: &Request<'_>, config: &Config, now: f64) -> Counted {
+/// The state calls of a key are decided against and the instant they are decided at: the
+/// escrow's, calls in flight included, or a fresh one for a key not counted, or that this
+/// transaction reset (as a durable limit's reads see its own reset); None when the key may
+/// be counted in its row (`place`).
+fn current(req: &Request<'_>, config: &Config, now: f64) -> Option<(State, f64)> {
     load_snapshot();
     let id = identity(req);
     if changed_here(&id, false) {
-        return Counted::Here(bucket::fresh(config, req.name, req.key, now), now);
+        return Some((bucket::fresh(config, req.name, req.key, now), now));
     }
     if let Some(mut guard) = memory::peek(&id) {
         if !guard.entry_ref().absent() {
-            return Counted::Here(guard.tail(), guard.admission_instant(now));
+            return Some((guard.tail(), guard.admission_instant(now)));
         }
     } else if rows_may_exist() {
-        return Counted::InRow;
+        return None;
     }
-    Counted::Here(bucket::fresh(config, req.name, req.key, now), now)
+    Some((bucket::fresh(config, req.name, req.key, now), now))
 }
 
 /// `check_rate_limit` on a memory limit.
 pub fn check(req: &Request<'_>, config: &Config) -> Decision {
     match current(req, config, clock::now_ms()) {
-        Counted::Here(state, at) => bucket::plan(&[state], config, at, req.count, req.reserve).decision(req.name),
-        Counted::InRow => rows::check(&StateTable::open(None), req, config),
+        Some((state, at)) => bucket::plan(&[state], config, at, req.count, req.reserve).decision(req.name),
+        None => rows::check(&StateTable::open(None), req, config),
     }
 }
 
 /// The state `rate_limit_value` reports for a memory limit.
 pub fn value(req: &Request<'_>, config: &Config) -> State {
     match current(req, config, clock::now_ms()) {
-        Counted::Here(state, _) => state,
-        Counted::InRow => rows::value(&StateTable::open(None), req, config, 1).0,
+        Some((state, _)) => state,
+        None => rows::value(&StateTable::open(None), req, config, 1).0,
     }
 }
 

@@ -746,6 +746,19 @@ pub fn drop_database(database: pg_sys::Oid) {
     snapshot::forget_database(database);
 }
 
+/// A `DROP DATABASE` of `database` began (`true`: its snapshot worker, which would keep it
+/// from being dropped, ends at its next wake) or was rolled back (`false`).
+pub fn database_dropping(database: pg_sys::Oid, dropping: bool) {
+    if let Some(table) = table() {
+        shares::set_dropping(&table, u32::from(database), dropping);
+    }
+}
+
+/// Whether a `DROP DATABASE` of `database` is under way.
+pub fn is_dropping(database: pg_sys::Oid) -> bool {
+    table().is_some_and(|t| shares::dropping(&t, u32::from(database)))
+}
+
 /// Limit `limit` (`limit_tag`) of this database changed: its named keys' counts are taken
 /// on under the new config (`config_tag` of its fingerprint, and the config), which says from
 /// when each equals an absent key's; with no config to go by, none is given away until
@@ -802,7 +815,7 @@ mod tests {
     /// the default holds a million keys of one database.
     #[test]
     fn a_key_takes_at_most_128_bytes_of_shared_memory() {
-        assert!(BYTES_PER_KEY <= 128, "{BYTES_PER_KEY} bytes per key");
+        const { assert!(BYTES_PER_KEY <= 128) };
         assert_eq!(BYTES_PER_KEY, 118, "the figure the setting's description and the docs give");
         let per_key = Layout::of(1 << 20, 0).size as f64 / f64::from(1 << 20) + 128.0 / PARTITION as f64;
         assert!(per_key <= 128.0, "{per_key} bytes per key, header and index included");

@@ -60,6 +60,9 @@ unsafe extern "C-unwind" fn object_access(
     }
     if access == pg_sys::ObjectAccessType::OAT_DROP && class == pg_sys::DatabaseRelationId {
         DROPPING.with_borrow_mut(|dropping| dropping.push(object));
+        // Before DROP DATABASE looks for sessions connected to it: the memory snapshot's
+        // worker there is one, and ends when it sees this (within a second).
+        memory::database_dropping(object, true);
     }
 }
 
@@ -77,7 +80,11 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
                 deny_cache::forget_database(database);
             }
         }
-        pg_sys::XactEvent::XACT_EVENT_ABORT => drop(DROPPING.take()),
+        pg_sys::XactEvent::XACT_EVENT_ABORT => {
+            for database in DROPPING.take() {
+                memory::database_dropping(database, false);
+            }
+        }
         _ => {}
     }
 }

@@ -26,12 +26,31 @@ pub fn read() -> Vec<Row> {
     rows
 }
 
-/// Write `rows` over the rows of the same entries, in a round `begin_round` began; whether
-/// they were written (false: there is no table).
-pub fn write(rows: &[(&[u8], &[u8], f64)]) -> bool {
-    let Some(table) = table() else { return false };
+/// Write `rows` over the rows of the same entries, in a round `begin_round` began: a row
+/// another transaction holds (a reset or a change of the limit deleting it) is skipped, not
+/// waited for (F4 of issue 53). The positions of the rows skipped; None when there is no
+/// table.
+pub fn write(rows: &[(&[u8], &[u8], f64)]) -> Option<Vec<usize>> {
+    let table = table()?;
     if rows.is_empty() {
-        return true;
+        return Some(Vec::new());
+    }
+    let name = cache::qualified_name(table);
+    let all: Vec<Vec<u8>> = rows.iter().map(|r| r.0.to_vec()).collect();
+    let entries = |sql: &str| {
+        let mut found = std::collections::HashSet::new();
+        spi::write(table, sql, &[(pg_sys::BYTEAARRAYOID, all.clone().into_datum())], |row| {
+            found.insert(row.bytea(1));
+        });
+        found
+    };
+    let existing = entries(&format!("SELECT entry FROM {name} WHERE entry OPERATOR(pg_catalog.=) ANY ($1)"));
+    let locked = entries(&format!("SELECT entry FROM {name} WHERE entry OPERATOR(pg_catalog.=) ANY ($1) FOR UPDATE SKIP LOCKED"));
+    let held = |r: &(&[u8], &[u8], f64)| existing.contains(r.0) && !locked.contains(r.0);
+    let skipped: Vec<usize> = (0..rows.len()).filter(|i| held(&rows[*i])).collect();
+    let rows: Vec<&(&[u8], &[u8], f64)> = rows.iter().filter(|r| !held(r)).collect();
+    if rows.is_empty() {
+        return Some(skipped);
     }
     let sql = format!(
         "INSERT INTO {} AS s (entry, counts, expires, saved_at) \
@@ -50,7 +69,7 @@ pub fn write(rows: &[(&[u8], &[u8], f64)]) -> bool {
         (pg_sys::TIMESTAMPTZARRAYOID, expires.into_datum()),
     ];
     spi::write(table, &sql, &args, |_| {});
-    true
+    Some(skipped)
 }
 
 /// Whose rows `forget` deletes.

@@ -16,6 +16,8 @@ pub struct Share {
     /// Whether keys of its memory limits may be counted in rows of rate_limiter.state (see
     /// `Rows`), as a `Rows` number.
     rows: AtomicU32,
+    /// A `DROP DATABASE` of it is under way: its snapshot worker ends, and none starts.
+    dropping: AtomicU32,
 }
 
 /// Whether a database's memory limits may count keys in rows, because they found no room.
@@ -88,6 +90,7 @@ pub fn of(table: &Table, database: u32) -> Option<&'static Share> {
                     let i = shares.iter().position(|s| s.database.load(Relaxed) == 0)?;
                     shares[i].held.store(0, Relaxed);
                     shares[i].rows.store(Rows::Unknown as u32, Relaxed);
+                    shares[i].dropping.store(0, Relaxed);
                     shares[i].database.store(database, Relaxed);
                     i
                 }
@@ -105,6 +108,18 @@ pub fn add(table: &Table, database: u32, n: i32) {
     }
 }
 
+/// Whether a `DROP DATABASE` of `database` is under way.
+pub fn dropping(table: &Table, database: u32) -> bool {
+    table.header.shares.iter().any(|s| s.database.load(Relaxed) == database && s.dropping.load(Acquire) != 0)
+}
+
+/// A `DROP DATABASE` of `database` began (`true`) or was rolled back (`false`).
+pub fn set_dropping(table: &Table, database: u32, dropping: bool) {
+    if let Some(share) = table.header.shares.iter().find(|s| s.database.load(Relaxed) == database) {
+        share.dropping.store(u32::from(dropping), Release);
+    }
+}
+
 /// A dropped database's place is free again.
 pub fn forget(table: &Table, database: u32) {
     let _held = hold(table);
@@ -112,6 +127,7 @@ pub fn forget(table: &Table, database: u32) {
         share.database.store(0, Relaxed);
         share.held.store(0, Relaxed);
         share.rows.store(Rows::Unknown as u32, Relaxed);
+        share.dropping.store(0, Relaxed);
     }
 }
 
