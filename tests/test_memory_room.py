@@ -198,3 +198,22 @@ def test_each_database_keeps_its_share_and_a_module_not_loaded_says_so(clusters)
         with pytest.raises(errors.ObjectNotInPrerequisiteState) as raised:
             c.execute(f"SELECT rate_limiter.rate_limit('m', 'k', config => {config})")
         assert "shared_preload_libraries" in raised.value.diag.message_hint
+
+
+def test_a_million_keys_fit_the_default_table_without_a_refusal_or_a_row(clusters):
+    """The default rate_limiter.memory_keys holds a million keys of one database in shared
+    memory: each admitted once, none refused, none counted in a row, and each denied after
+    (a sample). Snapshots off, so that the rounds do not write a million rows meanwhile."""
+    server = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                    "-c rate_limiter.memory_snapshot=0"]).init().start()
+    with server.connect() as c:
+        assert c.execute("SHOW rate_limiter.memory_keys").fetchone() == ("1200000",)
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "m", "fixed window", rate=1, period="1 hour", start=NOW, durable=False)
+        c.execute(WALK)
+        assert walk(c, "m", 1_000_000, 1) == [1_000_000]
+        assert walk(c, "m", 10_000, 1) == [0]
+        assert c.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (0,)
+        assert c.execute("SELECT memory_in_rows FROM rate_limiter.stats WHERE name = 'm'").fetchone() == (0,)
+    server.stop()

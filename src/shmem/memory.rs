@@ -140,14 +140,17 @@ impl Table {
         unsafe { &mut *self.entries.add(i) }
     }
 
-    fn tag(&self, i: usize) -> u32 {
-        // SAFETY: below the count, under the partition's lock (see `entry`).
-        unsafe { *self.tags.add(i) }
+    /// The index's tags of partition `partition`.
+    fn tags_of(&self, partition: usize) -> &[u32] {
+        // SAFETY: the partition's PARTITION tags, below the count; read under its lock (see
+        // `entry`).
+        unsafe { std::slice::from_raw_parts(self.tags.add(partition * PARTITION), PARTITION) }
     }
 
-    fn free_after(&self, i: usize) -> f64 {
-        // SAFETY: as in `tag`.
-        unsafe { *self.free_after.add(i) }
+    /// From when each entry of partition `partition` may be given away.
+    fn free_after_of(&self, partition: usize) -> &[f64] {
+        // SAFETY: as in `tags_of`.
+        unsafe { std::slice::from_raw_parts(self.free_after.add(partition * PARTITION), PARTITION) }
     }
 
     /// Entry `i` changed: its place in the index follows. Under its partition's lock.
@@ -386,7 +389,8 @@ fn find(table: &Table, partitions: [usize; 2], id: &Identity) -> (Option<usize>,
     let mut found = None;
     let distinct = if partitions[0] == partitions[1] { 1 } else { 2 };
     for &p in &partitions[..distinct] {
-        for i in range(p).filter(|i| table.tag(*i) == want) {
+        let tags = table.tags_of(p);
+        for i in (0..PARTITION).filter(|i| tags[*i] == want).map(|i| p * PARTITION + i) {
             let entry = table.entry(i);
             if entry.same_key(database, id) {
                 inline += usize::from(entry.inline());
@@ -404,10 +408,17 @@ fn find(table: &Table, partitions: [usize; 2], id: &Identity) -> (Option<usize>,
 /// room.
 fn reusable(table: &Table, partitions: [usize; 2], now: f64, own_only: bool) -> Option<usize> {
     let database = database();
-    let give = |i: &usize| table.free_after(*i) <= now && (!own_only || table.entry(*i).database == database);
-    let room = |p: usize| range(p).filter(give).count();
-    let emptier = if room(partitions[1]) > room(partitions[0]) { partitions[1] } else { partitions[0] };
-    range(emptier).find(give).or_else(|| partitions.iter().flat_map(|p| range(*p)).find(give))
+    // Fullness is the entries counted (a tag), expired or not: what the two choices balance.
+    let used = |p: usize| table.tags_of(p).iter().filter(|t| **t != 0).count();
+    let (emptier, other) =
+        if used(partitions[1]) < used(partitions[0]) { (partitions[1], partitions[0]) } else { (partitions[0], partitions[1]) };
+    let give = |p: usize| {
+        let free_after = table.free_after_of(p);
+        (0..PARTITION)
+            .find(|i| free_after[*i] <= now && (!own_only || table.entry(p * PARTITION + i).database == database))
+            .map(|i| p * PARTITION + i)
+    };
+    give(emptier).or_else(|| give(other))
 }
 
 /// An entry, its partitions' locks held until the guard drops.
