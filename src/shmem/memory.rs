@@ -381,26 +381,23 @@ fn range(partition: usize) -> std::ops::Range<usize> {
     partition * PARTITION..(partition + 1) * PARTITION
 }
 
-/// The entry of `id` in this database in `partitions`, and how many entries of its
-/// (limit, key) count under inline configs there.
+/// The entry of `id` in this database in `partitions`; when there is none, how many entries
+/// of its (limit, key) count under inline configs there.
 fn find(table: &Table, partitions: [usize; 2], id: &Identity) -> (Option<usize>, usize) {
     let (want, database) = (id.index_tag(), database());
     let mut inline = 0;
-    let mut found = None;
     let distinct = if partitions[0] == partitions[1] { 1 } else { 2 };
     for &p in &partitions[..distinct] {
         let tags = table.tags_of(p);
         for i in (0..PARTITION).filter(|i| tags[*i] == want).map(|i| p * PARTITION + i) {
             let entry = table.entry(i);
-            if entry.same_key(database, id) {
-                inline += usize::from(entry.inline());
-                if entry.is(database, id) {
-                    found = Some(i);
-                }
+            if entry.is(database, id) {
+                return (Some(i), inline);
             }
+            inline += usize::from(entry.same_key(database, id) && entry.inline());
         }
     }
-    (found, inline)
+    (None, inline)
 }
 
 /// An entry of `partitions` to give to a new key of this database at `now`: of the

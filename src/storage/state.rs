@@ -110,6 +110,7 @@ impl StateTable {
     fn opened(write: Option<&std::ffi::CStr>, snapshot_isolation: bool) -> StateTable {
         let lockmode = if write.is_some() { pg_sys::RowExclusiveLock } else { pg_sys::AccessShareLock };
         let mut table = Self::locked(lockmode as pg_sys::LOCKMODE, snapshot_isolation);
+        table.begin_reading();
         match write {
             Some(command) => table.prepare_writes(command),
             None => {
@@ -123,14 +124,14 @@ impl StateTable {
         table
     }
 
-    /// The table locked in `lockmode`, its shape checked, with the call's snapshot; no index.
+    /// The table locked in `lockmode`, its shape checked; no snapshot (`begin_reading`), no index.
     fn locked(lockmode: pg_sys::LOCKMODE, snapshot_isolation: bool) -> StateTable {
         // SAFETY: taking in invalidations is allowed anywhere in a transaction.
         unsafe { pg_sys::AcceptInvalidationMessages() };
         // SAFETY: the OID is the extension's table, looked up after the invalidations above;
         // the lock is held to the end of the transaction.
         let heap = unsafe { pg_sys::table_open(cache::relations().state, lockmode) };
-        let mut table = StateTable {
+        let table = StateTable {
             heap,
             index: null_mut(),
             indexes: Vec::new(),
@@ -140,21 +141,29 @@ impl StateTable {
         };
         // SAFETY: `heap` is open and locked, so its descriptor is current.
         unsafe { check_shape(heap) };
+        table
+    }
+
+    /// The call's snapshot and a slot to read rows into, once: a memory limit's call, which
+    /// opens the table only for its lock (`open_for_call`), takes neither.
+    fn begin_reading(&mut self) {
+        if !self.snapshot.is_null() {
+            return;
+        }
         // SAFETY: as SPI does for each statement of a VOLATILE function: a fresh snapshot at
         // READ COMMITTED (the transaction's otherwise, unless the newest rows were asked
         // for), which also sees this transaction's earlier commands. Popped on drop.
         unsafe {
-            let snapshot = if snapshot_isolation || !xact_snapshot_isolation() {
+            let snapshot = if self.snapshot_isolation || !xact_snapshot_isolation() {
                 pg_sys::GetTransactionSnapshot()
             } else {
                 pg_sys::GetLatestSnapshot()
             };
             pg_sys::PushActiveSnapshot(snapshot);
             pg_sys::UpdateActiveSnapshotCommandId();
-            table.snapshot = pg_sys::GetActiveSnapshot();
-            table.tuple_slot = pg_sys::table_slot_create(heap, null_mut());
+            self.snapshot = pg_sys::GetActiveSnapshot();
+            self.tuple_slot = pg_sys::table_slot_create(self.heap, null_mut());
         }
-        table
     }
 
     /// Ready to write rows, opened by `open_for_call` or for writing (which a read-only
@@ -164,6 +173,7 @@ impl StateTable {
             return;
         }
         prevent_writes_unless_allowed(command);
+        self.begin_reading();
         let heap = self.heap;
         // As the executor does before an UPDATE: refuse if a publication would get
         // updates it cannot identify on the subscriber.
