@@ -24,6 +24,8 @@ mkdir -p "$OUT"
 
 setup 15
 build_and_install >/dev/null
+stop_cluster 15
+as_root rm -f "$(cluster_dir 15)/pg_stat/rate_limiter_memory.dat" # no memory limit's keys of before
 restart_cluster
 fresh_database $DB
 bench_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$DB" "$@"; }

@@ -228,6 +228,11 @@ fn entry_count() -> usize {
     (ENTRIES.get().max(0) as usize).next_multiple_of(PARTITION)
 }
 
+/// The pool's shares: none with memory limits off.
+fn pool_shares() -> usize {
+    if entry_count() > 0 { pool::shares() } else { 0 }
+}
+
 /// The lock of partition `partition`, or with the count of partitions, of `Header::loaded`
 /// and `Header::shares`.
 fn partition_lock(partition: usize) -> *mut pg_sys::LWLock {
@@ -277,7 +282,7 @@ fn share_limit(entries: usize, setting: i32) -> usize {
 pub unsafe fn request() {
     // SAFETY: the request hook is where both may be called.
     unsafe {
-        pg_sys::RequestAddinShmemSpace(Layout::of(entry_count(), pool::shares()).size);
+        pg_sys::RequestAddinShmemSpace(Layout::of(entry_count(), pool_shares()).size);
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), (entry_count() / PARTITION).max(1) as i32 + 1);
     }
 }
@@ -286,7 +291,7 @@ pub unsafe fn request() {
 /// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
 pub unsafe fn attach() {
     let entries = entry_count();
-    let pool_shares = pool::shares();
+    let pool_shares = pool_shares();
     // SAFETY: requested with this size and these locks in `request`; a fresh area is all
     // zeros, which is a valid header, entries that are not used (numbers, zeros), a pool
     // all free and escrows whose rings hold debits of zeros.

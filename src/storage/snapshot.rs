@@ -26,39 +26,59 @@ pub fn read() -> Vec<Row> {
     rows
 }
 
+/// Rows written by one statement of a round: a round of millions of changed keys is written
+/// in statements of bounded arrays.
+const BATCH: usize = 50_000;
+
 /// Write `rows` over the rows of the same entries, in a round `begin_round` began: a row
 /// another transaction holds (a reset or a change of the limit deleting it) is skipped, not
 /// waited for (F4 of issue 53). The positions of the rows skipped; None when there is no
 /// table.
 pub fn write(rows: &[(&[u8], &[u8], f64)]) -> Option<Vec<usize>> {
     let table = table()?;
-    if rows.is_empty() {
-        return Some(Vec::new());
+    let mut skipped = Vec::new();
+    for (b, batch) in rows.chunks(BATCH).enumerate() {
+        skipped.extend(write_batch(table, batch).into_iter().map(|i| b * BATCH + i));
     }
+    Some(skipped)
+}
+
+fn write_batch(table: pg_sys::Oid, rows: &[(&[u8], &[u8], f64)]) -> Vec<usize> {
     let name = cache::qualified_name(table);
-    let all: Vec<Vec<u8>> = rows.iter().map(|r| r.0.to_vec()).collect();
-    let entries = |sql: &str| {
+    let entries = |sql: &str, of: Vec<Vec<u8>>| {
         let mut found = std::collections::HashSet::new();
-        spi::write(table, sql, &[(pg_sys::BYTEAARRAYOID, all.clone().into_datum())], |row| {
+        spi::write(table, sql, &[(pg_sys::BYTEAARRAYOID, of.into_datum())], |row| {
             found.insert(row.bytea(1));
         });
         found
     };
-    let existing = entries(&format!("SELECT entry FROM {name} WHERE entry OPERATOR(pg_catalog.=) ANY ($1)"));
-    let locked = entries(&format!("SELECT entry FROM {name} WHERE entry OPERATOR(pg_catalog.=) ANY ($1) FOR UPDATE SKIP LOCKED"));
-    let held = |r: &(&[u8], &[u8], f64)| existing.contains(r.0) && !locked.contains(r.0);
-    let skipped: Vec<usize> = (0..rows.len()).filter(|i| held(&rows[*i])).collect();
-    let rows: Vec<&(&[u8], &[u8], f64)> = rows.iter().filter(|r| !held(r)).collect();
+    // Rows another transaction may hold: an xmax set (a delete or a lock, in progress or
+    // not). Only those are locked, skipping the ones held: a row lock is WAL of its own.
+    let all: Vec<Vec<u8>> = rows.iter().map(|r| r.0.to_vec()).collect();
+    let marked = entries(
+        &format!("SELECT entry FROM {name} WHERE entry OPERATOR(pg_catalog.=) ANY ($1) AND xmax OPERATOR(pg_catalog.<>) '0'::pg_catalog.xid"),
+        all,
+    );
+    let held: std::collections::HashSet<Vec<u8>> = if marked.is_empty() {
+        marked
+    } else {
+        let locked = entries(
+            &format!("SELECT entry FROM {name} WHERE entry OPERATOR(pg_catalog.=) ANY ($1) FOR UPDATE SKIP LOCKED"),
+            marked.iter().cloned().collect(),
+        );
+        marked.difference(&locked).cloned().collect()
+    };
+    let skipped: Vec<usize> = (0..rows.len()).filter(|i| held.contains(rows[*i].0)).collect();
+    let rows: Vec<&(&[u8], &[u8], f64)> = rows.iter().filter(|r| !held.contains(r.0)).collect();
     if rows.is_empty() {
-        return Some(skipped);
+        return skipped;
     }
     let sql = format!(
-        "INSERT INTO {} AS s (entry, counts, expires, saved_at) \
+        "INSERT INTO {name} AS s (entry, counts, expires, saved_at) \
          SELECT e, c, x, pg_catalog.clock_timestamp() \
          FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.bytea[]), pg_catalog.unnest($2::pg_catalog.bytea[]), \
                         pg_catalog.unnest($3::pg_catalog.timestamptz[])) AS u (e, c, x) \
-         ON CONFLICT (entry) DO UPDATE SET counts = excluded.counts, expires = excluded.expires, saved_at = excluded.saved_at",
-        cache::qualified_name(table)
+         ON CONFLICT (entry) DO UPDATE SET counts = excluded.counts, expires = excluded.expires, saved_at = excluded.saved_at"
     );
     let names: Vec<Vec<u8>> = rows.iter().map(|r| r.0.to_vec()).collect();
     let counts: Vec<Vec<u8>> = rows.iter().map(|r| r.1.to_vec()).collect();
@@ -69,7 +89,7 @@ pub fn write(rows: &[(&[u8], &[u8], f64)]) -> Option<Vec<usize>> {
         (pg_sys::TIMESTAMPTZARRAYOID, expires.into_datum()),
     ];
     spi::write(table, &sql, &args, |_| {});
-    Some(skipped)
+    skipped
 }
 
 /// Whose rows `forget` deletes.
