@@ -64,6 +64,7 @@ def test_the_exporter_exposes_each_limits_counters_and_top_denied_keys(main, dat
         assert value[("rate_limiter_allowed", None)] == 5
         assert value[("rate_limiter_denied", None)] == 3
         assert value[("rate_limiter_shadow_denied", None)] == 2
+        assert value[("rate_limiter_memory_in_rows", None)] == 0
         assert value[("rate_limiter_tokens_granted", None)] == 2
         assert value[("rate_limiter_tokens_reserved", None)] == 3
         assert value[("rate_limiter_top_denied", "mallory")] == 3
