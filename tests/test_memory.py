@@ -274,6 +274,7 @@ def test_a_standby_counts_its_own_calls_and_once_promoted_the_primarys_last_snap
         assert s.execute(left, ("q",)).fetchone() == (0,)
 
 
+@every_version
 def test_a_standby_promoted_by_a_restart_takes_the_primarys_snapshot_not_its_own_file(clusters):
     """F2 of issue 53: a standby stopped cleanly writes its own calls' counts to its file; started
     again without standby.signal it is a primary, and loads the primary's snapshot, not that

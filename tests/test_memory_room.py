@@ -8,7 +8,7 @@ import pytest
 from psycopg import errors
 
 from calls import define
-from clusters import PORTS
+from clusters import PORTS, every_version
 from ledger import NOW
 
 
@@ -43,6 +43,7 @@ def walk(c, name, n, rounds):
     return c.execute("CALL walk(%s, %s, %s)", (name, n, rounds)).fetchone()[0]
 
 
+@every_version
 def test_a_table_of_1024_entries_answers_20000_keys_each_exactly(clusters):
     """20,000 keys of a limit of 2 an hour through a table of 1,024 entries: every key is
     admitted exactly twice over three rounds, none refused; those beyond the database's share
@@ -71,6 +72,7 @@ def test_a_table_of_1024_entries_answers_20000_keys_each_exactly(clusters):
     small.stop()
 
 
+@every_version
 def test_a_key_counted_in_its_row_stays_there_across_a_restart_and_a_crash(clusters):
     """The snapshot table's mark tells a restarted server that keys may be in rows: a key
     drained in its row stays drained after a clean restart and after a crash, not counted
@@ -94,6 +96,7 @@ def test_a_key_counted_in_its_row_stays_there_across_a_restart_and_a_crash(clust
     small.stop()
 
 
+@every_version
 def test_inline_variants_of_the_victims_key_leave_its_named_count_alone(clusters):
     """F1, first sequence: a caller with EXECUTE calls the victim's own (name, key) under 32
     inline configs, each held for an hour. The named limit's count of the key still answers,
@@ -112,6 +115,7 @@ def test_inline_variants_of_the_victims_key_leave_its_named_count_alone(clusters
     small.stop()
 
 
+@every_version
 def test_keys_that_fill_the_table_leave_the_victims_key_answering(clusters):
     """F1, second sequence, at its worst: the caller does not need to aim, it fills every
     entry of a 64-entry table (and its database's share) with keys held for an hour. The
@@ -169,6 +173,7 @@ def test_a_redefined_limit_keeps_its_keys_counted_under_the_new_period(clusters)
     small.stop()
 
 
+@every_version
 def test_each_database_keeps_its_share_and_a_module_not_loaded_says_so(clusters):
     """A database beyond its share of a 64-entry table counts its new keys in rows while
     another database still has entries; without the library preloaded a memory limit says

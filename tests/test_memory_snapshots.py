@@ -11,7 +11,7 @@ import time
 import psycopg
 
 from calls import define
-from clusters import PORTS, wait_for
+from clusters import PORTS, every_version, wait_for
 
 INTERVAL = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.memory_snapshot=200"]
 
@@ -20,6 +20,7 @@ def snapshot_rows(c):
     return c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot WHERE octet_length(entry) = 24").fetchone()[0]
 
 
+@every_version
 def test_a_held_reset_delays_no_other_database_and_only_its_own_row(clusters):
     """F4: a reset left open in database a holds its key's snapshot row, with the key changed
     since its last round. Database b's new keys are written within the bound, and so are a's
@@ -63,6 +64,7 @@ def workers_launched(c):
     return launched(plan[0]["Plan"])
 
 
+@every_version
 def test_parallel_scans_on_every_free_worker_slot_do_not_stop_the_snapshots(clusters):
     """F5: once a database's snapshot worker runs, a role with no privilege that takes every
     free worker slot with parallel scans (max_worker_processes = 6: the two launchers, the
@@ -114,6 +116,7 @@ def test_parallel_scans_on_every_free_worker_slot_do_not_stop_the_snapshots(clus
     server.stop()
 
 
+@every_version
 def test_a_database_whose_snapshot_worker_runs_can_be_dropped(clusters):
     """The worker that stays is a session of its database: DROP DATABASE (without FORCE,
     which waits 5 s for other sessions to end) tells it to end, and the drop succeeds."""
