@@ -307,6 +307,34 @@ def test_a_standby_promoted_by_a_restart_takes_the_primarys_snapshot_not_its_own
             "the primary's count, not the standby's file (9)"
 
 
+def test_a_promoted_standby_takes_the_primarys_row_of_a_key_that_found_no_room_over_its_own(clusters):
+    """A key the primary counted in its row (its table of 64 entries full) and the standby in
+    its own entry: once promoted, the standby counts it in the replicated row, as the primary
+    did, not in its entry (the primary's 2 of 2 taken, not the standby's 1 of 2)."""
+    settings = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.memory_keys=64"]
+    primary = clusters("primary", PORTS["primary"], settings).init().start()
+    standby = clusters("standby", PORTS["standby"], settings)
+    with primary.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+    standby.follow(primary)
+    with primary.connect() as c:
+        define(c, "mem", "fixed window", rate=2, period="1 hour", start=NOW, durable=False)
+        for i in range(80):
+            c.execute("SELECT rate_limiter.rate_limit('mem', %s)", (f"k{i}",))
+        in_row = c.execute("SELECT key FROM rate_limiter.state ORDER BY key LIMIT 1").fetchone()[0]
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', %s)", (in_row,)).fetchone() == (True,)
+        c.execute("SELECT pg_switch_wal()")
+        lsn = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    with standby.connect() as s:
+        wait_for(lambda: s.execute("SELECT pg_last_wal_replay_lsn() >= %s", (lsn,)).fetchone() == (True,), "replayed")
+        assert s.execute("SELECT ok FROM rate_limiter.rate_limit('mem', %s)", (in_row,)).fetchone() == (True,), \
+            "the standby's own count: 1 of 2"
+        s.execute("SELECT pg_promote()")
+        assert s.execute("SELECT ok FROM rate_limiter.rate_limit('mem', %s)", (in_row,)).fetchone() == (False,), \
+            "the primary's row: 2 of 2 taken"
+
+
 @every_version
 def test_a_clean_restart_keeps_the_counts_and_a_crash_without_snapshots_starts_them_full(clusters):
     """The postmaster writes the counted keys at a clean shutdown and reads them back at the

@@ -359,6 +359,15 @@ fn load_snapshot() {
     if !snapshot::needs_load() {
         return;
     }
+    // A key the primary counted in its row (for want of room) takes that row's count over a
+    // promoted standby's own: before the database is marked loaded (`restore`).
+    if storage::snapshot::rows_marked() {
+        for (name, key) in storage::snapshot::keys_in_rows() {
+            if let Some(id) = memory::identity(cache::relations().state, &name, key.as_deref(), None) {
+                memory::give_way(&id);
+            }
+        }
+    }
     let rows = storage::snapshot::read();
     let rows = rows.iter().map(|(name, counts, expires)| (name.as_slice(), counts.as_slice(), *expires));
     match snapshot::restore(rows, clock::now_ms()) {

@@ -802,6 +802,21 @@ pub fn retune(limit: u64, now: Option<&(u64, Config)>) {
     }
 }
 
+/// A promoted standby's own count of (limit, key) of `id`, under every config of the name,
+/// gives way to the primary's row of it: its entries answer for no key any more (calls of
+/// it still in flight end in them).
+pub fn give_way(id: &Identity) {
+    let Some(table) = table() else { return };
+    let database = database();
+    let partitions = id.partitions(table.partitions());
+    let _held = hold_partitions(partitions);
+    for i in partitions.iter().flat_map(|p| range(*p)) {
+        if table.entry(i).same_key(database, id) {
+            let_go(&table, i);
+        }
+    }
+}
+
 /// Forget the counts of limit `limit` (`limit_tag`) in this database, or of one key of it
 /// (`id`, under every inline config of the name).
 pub fn forget(limit: u64, id: Option<&Identity>) {

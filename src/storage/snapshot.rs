@@ -139,6 +139,22 @@ pub fn mark_rows() {
     spi::write(table, &sql, &[(pg_sys::BYTEAOID, ROWS_MARK.to_vec().into_datum())], |_| {});
 }
 
+/// The (name, key) of every row of `rate_limiter.state` that a named memory limit counts a
+/// key in (it found no room in shared memory): read at a promotion, whose standby counted
+/// its own calls of those keys in its entries.
+pub fn keys_in_rows() -> Vec<(String, Option<String>)> {
+    let relations = cache::relations();
+    let sql = format!(
+        "SELECT s.name, s.key FROM {} s JOIN {} l ON l.name OPERATOR(pg_catalog.=) s.name \
+         WHERE NOT l.durable AND s.shard OPERATOR(pg_catalog.=) 0",
+        cache::qualified_name(relations.state),
+        cache::qualified_name(relations.limits)
+    );
+    let mut keys = Vec::new();
+    spi::run(relations.state, &sql, &[], |row| keys.push((row.text(1), row.text_or_null(2))));
+    keys
+}
+
 /// Whether the mark is there (committed).
 pub fn rows_marked() -> bool {
     let Some(table) = table() else { return false };

@@ -58,6 +58,15 @@ impl ResultRow {
         self.datum(column).value() != 0
     }
 
+    /// A text column that may be NULL.
+    pub fn text_or_null(&self, column: i32) -> Option<String> {
+        let mut is_null = false;
+        // SAFETY: as in `datum`.
+        let datum = unsafe { pg_sys::SPI_getbinval(self.tuple, self.desc, column, &mut is_null) };
+        // SAFETY: a text datum of SPI's current result, read while SPI is connected.
+        (!is_null).then(|| unsafe { String::from_datum(datum, false) }.expect("not NULL"))
+    }
+
     pub fn text(&self, column: i32) -> String {
         // SAFETY: a text datum of SPI's current result, read while SPI is connected.
         unsafe { String::from_datum(self.datum(column), false) }.expect("not NULL")
