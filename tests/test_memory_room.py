@@ -222,3 +222,31 @@ def test_a_million_keys_fit_the_default_table_without_a_refusal_or_a_row(cluster
         assert c.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (0,)
         assert c.execute("SELECT memory_in_rows FROM rate_limiter.stats WHERE name = 'm'").fetchone() == (0,)
     server.stop()
+
+
+@every_version
+def test_rate_limit_all_decides_a_memory_part_counted_in_its_row_with_the_others_all_or_none(clusters):
+    """A memory part whose key found no room is decided as a durable part of rate_limit_all:
+    taken with the others, or, when another part denies, not at all (its row untouched), and
+    exactly when its own row runs out."""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "mem", "fixed window", rate=2, period="1 hour", start=NOW, durable=False)
+        define(c, "rows", "fixed window", rate=1, period="1 hour", start=NOW)
+        for i in range(80):
+            c.execute("SELECT rate_limiter.rate_limit('mem', %s)", (f"filler {i}",))
+        in_row = c.execute("SELECT key FROM rate_limiter.state WHERE name = 'mem' ORDER BY key LIMIT 1").fetchone()[0]
+        both = f'[{{"name": "mem", "key": "{in_row}"}}, {{"name": "rows", "key": "x"}}]'
+        row = "SELECT value FROM rate_limiter.state WHERE name = 'mem' AND key = %s"
+        assert c.execute(row, (in_row,)).fetchone() == (1,)
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit_all(%s)", (both,)).fetchone() == (True,)
+        assert c.execute(row, (in_row,)).fetchone() == (0,), "taken from its row"
+        c.execute("SELECT rate_limiter.reset_rate_limit('mem', %s)", (in_row,))
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit_all(%s)", (both,)).fetchone() == (False,), \
+            "'rows' denies: nothing is taken"
+        assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = 'mem' AND key = %s",
+                         (in_row,)).fetchone() == (0,)
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('mem', %s, 0)", (in_row,)).fetchone() == (2,)
+    small.stop()
