@@ -16,7 +16,7 @@
 //! own: `search_path` pinned, the extension found by catalog lookups, no SQL that names its
 //! objects.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, DynamicBackgroundWorker, SignalWakeFlags};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -76,8 +76,7 @@ fn rest(for_at_most: Duration) -> bool {
 }
 
 fn off() -> bool {
-    // SAFETY: reads shared recovery state; this worker is attached to shared memory.
-    INTERVAL.get() == 0 || unsafe { pg_sys::RecoveryInProgress() }
+    INTERVAL.get() == 0 || storage::in_recovery()
 }
 
 #[pg_guard]
@@ -114,20 +113,16 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datu
     let mut idle = 0;
     // Woken at least every second, to see a DROP DATABASE of its database in time (that
     // waits 5 s for the sessions connected to it).
-    let mut next = std::time::Instant::now() + interval();
-    while idle < IDLE_ROUNDS && rest((next - std::time::Instant::now().min(next)).min(Duration::from_secs(1))) {
+    let mut next = Instant::now() + interval();
+    while idle < IDLE_ROUNDS && rest(next.saturating_duration_since(Instant::now()).min(Duration::from_secs(1))) {
         if memory::is_dropping(database) {
             break;
         }
-        if std::time::Instant::now() < next {
+        if Instant::now() < next {
             continue;
         }
-        next = std::time::Instant::now() + interval();
-        if off() {
-            idle += 1;
-            continue;
-        }
-        let written = round();
+        next = Instant::now() + interval();
+        let written = if off() { 0 } else { round() };
         idle = if written == 0 { idle + 1 } else { 0 };
     }
 }

@@ -38,7 +38,7 @@ pub struct Decided {
 /// is counted in its row (it found no room in shared memory) is decided as a durable part;
 /// the others' entries are kept for them until `unpin_memory_parts`.
 pub fn place_memory_parts(parts: &mut [Part<'_>]) {
-    for part in parts.iter_mut().filter(|p| !p.config.durable && Store::of(&p.config) == Store::Memory) {
+    for part in parts.iter_mut().filter(|p| Store::of(&p.config) == Store::Memory) {
         if listed(&part.req).is_none() && memory::counted_in_row(&part.req, &part.config) {
             part.config.durable = true;
         }

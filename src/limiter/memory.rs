@@ -138,16 +138,28 @@ fn place(id: &Identity, req: &Request<'_>, config: &Config, fingerprint: u64, no
 }
 
 /// A call of a key counted in its row: the durable limit's, in this call's own open of the
-/// table for writing; the snapshot table's mark says so after a restart.
+/// table for writing.
 fn in_row(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
     let command = if what == Listing::Credit { c"credit()" } else { c"rate_limit()" };
     let table = StateTable::open(Some(command));
-    storage::snapshot::mark_rows();
-    stats::record_overflow(req.name);
+    note_in_row(req);
     match what {
         Listing::Take => rows::consume(&table, req, config),
         Listing::Credit => rows::credit(&table, req, config),
     }
+}
+
+/// A call counted in its key's row: the snapshot table's mark says so after a restart, and
+/// the statistics count it.
+fn note_in_row(req: &Request<'_>) {
+    storage::snapshot::mark_rows();
+    stats::record_overflow(req.name);
+}
+
+/// The config's fingerprint as an entry keeps it: an inline config's is its request's
+/// already.
+fn fingerprint_of(req: &Request<'_>, config: &Config) -> u64 {
+    req.inline.as_ref().map_or_else(|| fingerprint(config), memory::config_tag)
 }
 
 /// For `rate_limit_all`, before its parts are decided: whether a memory part's key is
@@ -156,15 +168,13 @@ fn in_row(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
 pub fn counted_in_row(req: &Request<'_>, config: &Config) -> bool {
     load_snapshot();
     let id = identity(req);
-    let fingerprint = req.inline.as_ref().map_or_else(|| fingerprint(config), memory::config_tag);
-    match place(&id, req, config, fingerprint, clock::now_ms()) {
+    match place(&id, req, config, fingerprint_of(req, config), clock::now_ms()) {
         Place::Entry(mut guard) => {
             guard.pin();
             false
         }
         Place::Row => {
-            storage::snapshot::mark_rows();
-            stats::record_overflow(req.name);
+            note_in_row(req);
             true
         }
     }
@@ -184,8 +194,7 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
         Error::ChangedHere(req.name.to_owned()).raise()
     }
     in_flight::register_callbacks();
-    // An inline config's is its request's already.
-    let fingerprint = req.inline.as_ref().map_or_else(|| fingerprint(config), memory::config_tag);
+    let fingerprint = fingerprint_of(req, config);
     let me = storage::my_transaction();
     let mut waited = None;
     loop {
@@ -197,11 +206,22 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
         let ticket = guard.ticket();
         let at = guard.admission_instant(now);
         let tail = guard.tail();
-        let would_list = match what {
-            Listing::Take => req.count > 0.0 && bucket::plan(&[tail], config, at, req.count, req.reserve).ok,
-            Listing::Credit => bucket::plan_credit(&[tail], config, at, req.count).granted < 0.0,
+        // As the escrow would answer a call it does not list (see `Escrow::admit`, `credit`):
+        // a denial, a count of 0 or a credit that gives nothing back lends no escrow.
+        let planned = match what {
+            Listing::Take => bucket::plan(&[tail], config, at, req.count, req.reserve),
+            Listing::Credit => bucket::plan_credit(&[tail], config, at, req.count),
         };
-        let full = would_list && guard.full();
+        let would_list = match what {
+            Listing::Take => req.count > 0.0 && planned.ok,
+            Listing::Credit => planned.granted < 0.0,
+        };
+        if !would_list {
+            // A key just given its entry has no expiry yet.
+            guard.settled(config);
+            return planned.decision(req.name);
+        }
+        let full = guard.full();
         if let Some(holder) = oldest_to_wait_for(&mut guard, full, me).filter(|h| Some(*h) != waited) {
             // As a durable call waits for the row: the ring is full, and a call that would
             // list its debit waits for the transaction of the oldest debit in flight (not

@@ -35,13 +35,14 @@ pub mod snapshot;
 
 pub use entry::{Entry, InFlight, RING};
 pub use identity::{config_tag, Identity};
+pub use shares::Rows;
 
 /// Entries per partition, each partition under a lock of its own.
 const PARTITION: usize = 64;
 
 /// Inline configs of one (limit, key) counted here at once: more are counted elsewhere, so
 /// that a caller's variants cannot crowd out the named limit's count of the key.
-pub const INLINE_VARIANTS: usize = 4;
+const INLINE_VARIANTS: usize = 4;
 
 /// `rate_limiter.memory_keys`: how many (limit, key) pairs of memory limits can be counted
 /// at once.
@@ -159,13 +160,22 @@ impl Table {
         let live = entry.used() && entry.database != 0;
         // SAFETY: as in `tag`.
         unsafe {
-            *self.tags.add(i) = if live { index_tag(entry) } else { 0 };
+            *self.tags.add(i) = if live { entry.identity().index_tag() } else { 0 };
             *self.free_after.add(i) = match (entry.used(), entry.in_flight) {
                 (false, _) => f64::NEG_INFINITY,
                 (true, 0) => entry.expires,
                 (true, _) => f64::INFINITY,
             };
         }
+    }
+
+    /// Entry `i`, to change: it is written at the next snapshot. Under its partition's lock.
+    #[allow(clippy::mut_from_ref)]
+    fn entry_to_change(&self, i: usize) -> &mut Entry {
+        self.note_changed(i / PARTITION);
+        let entry = self.entry(i);
+        entry.changes = entry.changes.wrapping_add(1);
+        entry
     }
 
     /// Partition `partition` has an entry changed since its last snapshot.
@@ -186,10 +196,6 @@ impl Table {
         // entry, used under that entry's partition lock.
         unsafe { &mut *self.pool.add(slot as usize) }
     }
-}
-
-fn index_tag(entry: &Entry) -> u32 {
-    Identity { key: entry.key, limit: 0, variant: 0 }.index_tag()
 }
 
 static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
@@ -467,10 +473,7 @@ impl Guard {
 
     /// The entry, to change: it is written at the next snapshot.
     fn entry(&mut self) -> &mut Entry {
-        self.table.note_changed(self.index / PARTITION);
-        let entry = self.table.entry(self.index);
-        entry.changes = entry.changes.wrapping_add(1);
-        entry
+        self.table.entry_to_change(self.index)
     }
 
     pub fn ticket(&self) -> Ticket {
@@ -604,19 +607,17 @@ pub enum Hold {
 
 /// Whether this database's memory limits may count keys in rows; `Unknown` until
 /// `rows_looked_up`.
-pub fn rows_may_exist() -> shares::Rows {
-    let Some(table) = table() else { return shares::Rows::None };
-    shares::of(&table, database()).map_or(shares::Rows::Maybe, |s| s.rows())
+pub fn rows_may_exist() -> Rows {
+    let Some(table) = table() else { return Rows::None };
+    shares::of(&table, database()).map_or(Rows::Maybe, |s| s.rows())
 }
 
 /// What the snapshot table's mark said: whether keys were counted in rows before.
 pub fn rows_looked_up(maybe: bool) {
     if let Some(share) = table().and_then(|t| shares::of(&t, database())) {
-        share.looked_up(if maybe { shares::Rows::Maybe } else { shares::Rows::None });
+        share.looked_up(if maybe { Rows::Maybe } else { Rows::None });
     }
 }
-
-pub use shares::Rows;
 
 /// The entry of `id` in this database under the config whose fingerprint is `config`, held;
 /// a key not counted yet starts from `fresh`, if `claim` lets it have an entry. A limit
@@ -790,10 +791,9 @@ pub fn retune(limit: u64, now: Option<&(u64, Config)>) {
                 // Only rolled-back calls: as absent as a key never called.
                 _ if entry.absent() => let_go(&table, i),
                 Some((fingerprint, config)) if entry.in_flight == 0 => {
+                    let entry = table.entry_to_change(i);
                     entry.config = *fingerprint;
                     entry.expires = bucket::expires(entry.at_rest().0, config);
-                    entry.changes = entry.changes.wrapping_add(1);
-                    table.note_changed(partition);
                 }
                 _ => entry.expires = f64::INFINITY,
             }
@@ -806,30 +806,29 @@ pub fn retune(limit: u64, now: Option<&(u64, Config)>) {
 /// gives way to the primary's row of it: its entries answer for no key any more (calls of
 /// it still in flight end in them).
 pub fn give_way(id: &Identity) {
-    let Some(table) = table() else { return };
-    let database = database();
-    let partitions = id.partitions(table.partitions());
-    let _held = hold_partitions(partitions);
-    for i in partitions.iter().flat_map(|p| range(*p)) {
-        if table.entry(i).same_key(database, id) {
-            let_go(&table, i);
-        }
-    }
+    let_go_key(id, false);
 }
 
 /// Forget the counts of limit `limit` (`limit_tag`) in this database, or of one key of it
 /// (`id`, under every inline config of the name).
 pub fn forget(limit: u64, id: Option<&Identity>) {
     let database = database();
-    let Some(id) = id else {
-        return drop_entries(|entry| entry.limit == limit && entry.database == database, true);
-    };
+    match id {
+        Some(id) => let_go_key(id, true),
+        None => drop_entries(|entry| entry.limit == limit && entry.database == database, true),
+    }
+}
+
+/// Let go of the entries of (limit, key) of `id` in this database, under every config of
+/// the name; with `only_idle`, those with calls in flight are kept.
+fn let_go_key(id: &Identity, only_idle: bool) {
     let Some(table) = table() else { return };
+    let database = database();
     let partitions = id.partitions(table.partitions());
     let _held = hold_partitions(partitions);
     for i in partitions.iter().flat_map(|p| range(*p)) {
         let entry = table.entry(i);
-        if entry.same_key(database, id) && entry.in_flight == 0 {
+        if entry.same_key(database, id) && !(only_idle && entry.in_flight != 0) {
             let_go(&table, i);
         }
     }

@@ -107,6 +107,11 @@ impl Entry {
         self.used() && self.database == database && self.key == id.key
     }
 
+    /// What names the entry.
+    pub(super) fn identity(&self) -> Identity {
+        Identity { key: self.key, limit: self.limit, variant: if self.inline() { self.config } else { 0 } }
+    }
+
     /// The committed state at rest and the instant of its latest debit.
     pub fn at_rest(&self) -> (State, f64) {
         let s = self.state;

@@ -111,8 +111,7 @@ pub fn config_tag(fingerprint: &[u8; 16]) -> u64 {
 pub(super) fn cluster_secret() -> [u64; 2] {
     if let Ok(bytes) = std::fs::read(SECRET_FILE) {
         if let Ok(bytes) = <[u8; 16]>::try_from(bytes.as_slice()) {
-            let half = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-            return [half(&bytes[..8]), half(&bytes[8..])];
+            return secret_of(bytes);
         }
         pgrx::warning!("rate_limiter: {SECRET_FILE} is not 16 bytes: a new secret is made, and saved memory limit counts match no key");
     }
@@ -131,6 +130,11 @@ pub(super) fn cluster_secret() -> [u64; 2] {
     if let Err(e) = written {
         pgrx::warning!("rate_limiter: the memory limits' secret was not written to {SECRET_FILE} ({e}): counts saved now match no key after a restart");
     }
+    secret_of(bytes)
+}
+
+/// SipHash's two keys from the secret's 16 bytes.
+fn secret_of(bytes: [u8; 16]) -> [u64; 2] {
     let half = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
     [half(&bytes[..8]), half(&bytes[8..])]
 }

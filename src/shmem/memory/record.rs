@@ -38,11 +38,11 @@ pub fn of(table: &Table, entry: &Entry) -> Record {
     }
     counts.push(len as u8);
     counts.extend_from_slice(&at.to_le_bytes());
+    // The key's tag first, as `Rows::Key` deletes a key's rows under every config.
+    let id = entry.identity();
     let mut name = [0; NAME];
-    name[..8].copy_from_slice(&entry.key[0].to_le_bytes());
-    name[8..16].copy_from_slice(&entry.key[1].to_le_bytes());
-    let variant = if entry.inline() { entry.config } else { 0 };
-    name[16..].copy_from_slice(&variant.to_le_bytes());
+    name[..16].copy_from_slice(&id.key_bytes());
+    name[16..].copy_from_slice(&id.variant.to_le_bytes());
     Record { name, counts: counts.try_into().expect("COUNTS bytes"), expires: entry.expires }
 }
 

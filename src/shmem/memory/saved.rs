@@ -10,7 +10,7 @@ use std::io::Write;
 use pgrx::pg_sys;
 
 use super::record::{self, COUNTS, NAME};
-use super::{range, shares, Table, PARTITION};
+use super::{range, shares, Table};
 
 const FILE: &str = "pg_stat/rate_limiter_memory.dat";
 const MAGIC: &[u8; 8] = b"rlmem003";
@@ -106,10 +106,8 @@ pub unsafe fn load(table: &Table, starts_in_recovery: bool) -> Option<(usize, us
         table.entry(i).install(database, &id, config, state, base_at, expires);
         shares::add_at_start(table, database);
         // Newer than the snapshot table's row: written there at the worker's next round.
-        let entry = table.entry(i);
-        entry.changes = entry.saved.wrapping_add(1);
+        table.entry_to_change(i);
         table.refresh(i);
-        table.note_changed(i / PARTITION);
         loaded += 1;
     }
     Some((loaded, dropped))

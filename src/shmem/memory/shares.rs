@@ -30,6 +30,13 @@ pub enum Rows {
 }
 
 impl Share {
+    /// As a free place has it: nothing held, rows not looked up, no drop under way.
+    fn clear(&self) {
+        self.held.store(0, Relaxed);
+        self.rows.store(Rows::Unknown as u32, Relaxed);
+        self.dropping.store(0, Relaxed);
+    }
+
     pub fn rows(&self) -> Rows {
         match self.rows.load(Acquire) {
             1 => Rows::None,
@@ -74,6 +81,23 @@ fn hold(table: &Table) -> Held {
     unsafe { Held::take(partition_lock(table.partitions())) }
 }
 
+/// `database`'s place, if it has one.
+fn find(table: &Table, database: u32) -> Option<&'static Share> {
+    table.header.shares.iter().find(|s| s.database.load(Relaxed) == database)
+}
+
+/// `database`'s place, given a free one if it has none (under the places' lock, or in the
+/// postmaster before any backend runs); None when every place is taken.
+fn place(table: &Table, database: u32) -> Option<usize> {
+    let shares = &table.header.shares;
+    shares.iter().position(|s| s.database.load(Relaxed) == database).or_else(|| {
+        let free = shares.iter().position(|s| s.database.load(Relaxed) == 0)?;
+        shares[free].clear();
+        shares[free].database.store(database, Relaxed);
+        Some(free)
+    })
+}
+
 /// `database`'s place, given one if it has none; None when every place is taken.
 pub fn of(table: &Table, database: u32) -> Option<&'static Share> {
     let shares = &table.header.shares;
@@ -84,17 +108,7 @@ pub fn of(table: &Table, database: u32) -> Option<&'static Share> {
         Some(i) => i,
         None => {
             let _held = hold(table);
-            match shares.iter().position(|s| s.database.load(Relaxed) == database) {
-                Some(i) => i,
-                None => {
-                    let i = shares.iter().position(|s| s.database.load(Relaxed) == 0)?;
-                    shares[i].held.store(0, Relaxed);
-                    shares[i].rows.store(Rows::Unknown as u32, Relaxed);
-                    shares[i].dropping.store(0, Relaxed);
-                    shares[i].database.store(database, Relaxed);
-                    i
-                }
-            }
+            place(table, database)?
         }
     };
     MINE.set(Some(i));
@@ -103,19 +117,19 @@ pub fn of(table: &Table, database: u32) -> Option<&'static Share> {
 
 /// `database` holds `n` entries more (or fewer).
 pub fn add(table: &Table, database: u32, n: i32) {
-    if let Some(share) = table.header.shares.iter().find(|s| s.database.load(Relaxed) == database) {
+    if let Some(share) = find(table, database) {
         share.add(n);
     }
 }
 
 /// Whether a `DROP DATABASE` of `database` is under way.
 pub fn dropping(table: &Table, database: u32) -> bool {
-    table.header.shares.iter().any(|s| s.database.load(Relaxed) == database && s.dropping.load(Acquire) != 0)
+    find(table, database).is_some_and(|s| s.dropping.load(Acquire) != 0)
 }
 
 /// A `DROP DATABASE` of `database` began (`true`) or was rolled back (`false`).
 pub fn set_dropping(table: &Table, database: u32, dropping: bool) {
-    if let Some(share) = table.header.shares.iter().find(|s| s.database.load(Relaxed) == database) {
+    if let Some(share) = find(table, database) {
         share.dropping.store(u32::from(dropping), Release);
     }
 }
@@ -123,23 +137,15 @@ pub fn set_dropping(table: &Table, database: u32, dropping: bool) {
 /// A dropped database's place is free again.
 pub fn forget(table: &Table, database: u32) {
     let _held = hold(table);
-    for share in table.header.shares.iter().filter(|s| s.database.load(Relaxed) == database) {
+    if let Some(share) = find(table, database) {
+        share.clear();
         share.database.store(0, Relaxed);
-        share.held.store(0, Relaxed);
-        share.rows.store(Rows::Unknown as u32, Relaxed);
-        share.dropping.store(0, Relaxed);
     }
 }
 
 /// A key of `database` loaded by the postmaster at start, before any backend (no lock).
 pub fn add_at_start(table: &Table, database: u32) {
-    let shares = &table.header.shares;
-    let place = shares.iter().position(|s| s.database.load(Relaxed) == database).or_else(|| {
-        let free = shares.iter().position(|s| s.database.load(Relaxed) == 0)?;
-        shares[free].database.store(database, Relaxed);
-        Some(free)
-    });
-    if let Some(i) = place {
-        shares[i].add(1);
+    if let Some(i) = place(table, database) {
+        table.header.shares[i].add(1);
     }
 }
