@@ -225,18 +225,22 @@ COMMENT ON INDEX rate_limiter.leases_lease_id IS 'A lease''s rows by its id: wha
 -- Memory limits' counts as the background worker last wrote them (docs/memory-limits.md,
 -- "Restarts and crashes"): what a server loads after a crash, or a standby at promotion.
 CREATE TABLE rate_limiter.memory_snapshot (
-    entry bytea PRIMARY KEY,
-    counts bytea NOT NULL,
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind text NOT NULL CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['full', 'changed', 'forget', 'rows'])),
+    keys integer NOT NULL,
+    records bytea NOT NULL,
     expires timestamptz NOT NULL,
     saved_at timestamptz NOT NULL
-) WITH (fillfactor = 50);  -- room on each page for the next round's row versions (HOT updates)
+);
 COMMENT ON TABLE rate_limiter.memory_snapshot IS
-    'The counts of memory limits (durable => false) as the background worker last wrote them, every rate_limiter.memory_snapshot: loaded after a crash and at a promotion. Written only by the rate_limiter library.';
-COMMENT ON COLUMN rate_limiter.memory_snapshot.entry IS 'Which (limit, key) and config the counts are of: a 128-bit keyed hash under the cluster''s secret and the inline config''s tag, as shared memory finds them; the 4-byte entry ''rows'' marks that keys were counted in rate_limiter.state for want of room.';
-COMMENT ON COLUMN rate_limiter.memory_snapshot.counts IS 'The counts, calls in flight at the time included, in the library''s own encoding.';
-COMMENT ON COLUMN rate_limiter.memory_snapshot.expires IS 'From this instant the counts equal an absent key''s: rate_limiter.prune() deletes the row.';
-COMMENT ON COLUMN rate_limiter.memory_snapshot.saved_at IS 'When the worker wrote the row.';
-COMMENT ON INDEX rate_limiter.memory_snapshot_pkey IS 'One row per entry, which the worker updates in place.';
+    'The counts of memory limits (durable => false) as the background worker last wrote them, every rate_limiter.memory_snapshot: a log, loaded in the order of seq after a crash and at a promotion. Written only by the rate_limiter library.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.seq IS 'The order in which the rows were written: a later record of a key replaces an earlier one.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.kind IS 'full: every key counted in memory as of one round, which replaces every row before it; changed: the keys a round found changed; forget: a reset''s or a dropped limit''s keys go; rows: keys were counted in rate_limiter.state for want of room in shared memory.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.keys IS 'How many keys the row holds.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.records IS 'The keys (a 128-bit keyed hash under the cluster''s secret) and their counts, calls in flight at the time included, packed in the library''s own encoding; for forget, which keys go.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.expires IS 'From this instant every count of the row equals an absent key''s: rate_limiter.prune() deletes the row.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.saved_at IS 'When the row was written.';
+COMMENT ON INDEX rate_limiter.memory_snapshot_pkey IS 'The log''s order.';
 
 CREATE TYPE rate_limiter.decision AS (
     ok boolean,

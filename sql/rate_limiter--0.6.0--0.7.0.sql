@@ -1,13 +1,34 @@
 -- rate_limiter 0.6.0 -> 0.7.0: memory limits at the scale of a real API's keys (issue 53,
 -- docs/memory-limits.md): a key that finds no room in shared memory is counted in its row
 -- of rate_limiter.state, which the statistics count (memory_in_rows), and the snapshot's
--- entries are named by a keyed hash under the cluster's secret.
+-- entries are named by a keyed hash under the cluster's secret, written as a log of packed
+-- rows.
 --
 -- Runs as a superuser with search_path = rate_limiter: every object and operator is qualified.
 
 \echo Use "ALTER EXTENSION rate_limiter UPDATE TO '0.7.0'" to load this file. \quit
 
-COMMENT ON COLUMN rate_limiter.memory_snapshot.entry IS 'Which (limit, key) and config the counts are of: a 128-bit keyed hash under the cluster''s secret and the inline config''s tag, as shared memory finds them; the 4-byte entry ''rows'' marks that keys were counted in rate_limiter.state for want of room.';
+-- The snapshot becomes a log of packed rows (a changed key costs at most 64 bytes of WAL a
+-- round, not a row of its own): 0.6.0's rows, named by SHA-256, match no key of 0.7.0 and
+-- go with the table (docs/operations.md, "0.6.0 to 0.7.0").
+DROP TABLE rate_limiter.memory_snapshot;
+CREATE TABLE rate_limiter.memory_snapshot (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind text NOT NULL CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['full', 'changed', 'forget', 'rows'])),
+    keys integer NOT NULL,
+    records bytea NOT NULL,
+    expires timestamptz NOT NULL,
+    saved_at timestamptz NOT NULL
+);
+COMMENT ON TABLE rate_limiter.memory_snapshot IS
+    'The counts of memory limits (durable => false) as the background worker last wrote them, every rate_limiter.memory_snapshot: a log, loaded in the order of seq after a crash and at a promotion. Written only by the rate_limiter library.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.seq IS 'The order in which the rows were written: a later record of a key replaces an earlier one.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.kind IS 'full: every key counted in memory as of one round, which replaces every row before it; changed: the keys a round found changed; forget: a reset''s or a dropped limit''s keys go; rows: keys were counted in rate_limiter.state for want of room in shared memory.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.keys IS 'How many keys the row holds.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.records IS 'The keys (a 128-bit keyed hash under the cluster''s secret) and their counts, calls in flight at the time included, packed in the library''s own encoding; for forget, which keys go.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.expires IS 'From this instant every count of the row equals an absent key''s: rate_limiter.prune() deletes the row.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.saved_at IS 'When the row was written.';
+COMMENT ON INDEX rate_limiter.memory_snapshot_pkey IS 'The log''s order.';
 
 -- The statistics count calls of memory limits counted in rows (memory_in_rows). A function's
 -- result cannot change in place: the view and the two functions are created again, new

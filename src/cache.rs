@@ -35,7 +35,8 @@ pub struct Relations {
     /// extension is older than 0.5.0.
     pub leases: Option<pg_sys::Oid>,
     /// `rate_limiter.memory_snapshot`, memory limits' counts as the worker last wrote them;
-    /// None in a database whose extension is older than 0.6.0: it has no memory limits.
+    /// None in a database whose extension is older than 0.7.0 (0.6.0 kept a row per key): no
+    /// snapshot is written or loaded there.
     pub memory_snapshot: Option<pg_sys::Oid>,
     pub decision_type: pg_sys::Oid,
     decision: pg_sys::Oid,
@@ -123,8 +124,10 @@ fn look_up() -> Relations {
             .filter(|_| pg_sys::get_relname_relid(c"debits_key".as_ptr(), schema) != pg_sys::InvalidOid)
             .map(|(debits, _)| index_of(debits, c"debits_key"));
         let leases = (pg_sys::get_relname_relid(c"leases".as_ptr(), schema) != pg_sys::InvalidOid).then(|| table(c"leases"));
-        let memory_snapshot =
-            (pg_sys::get_relname_relid(c"memory_snapshot".as_ptr(), schema) != pg_sys::InvalidOid).then(|| table(c"memory_snapshot"));
+        // 0.6.0's table (a row per key) until the update to 0.7.0 makes it a log: no snapshot.
+        let memory_snapshot = (pg_sys::get_relname_relid(c"memory_snapshot".as_ptr(), schema) != pg_sys::InvalidOid)
+            .then(|| table(c"memory_snapshot"))
+            .filter(|t| pg_sys::get_attnum(*t, c"kind".as_ptr()) != pg_sys::InvalidAttrNumber as i16);
         Relations {
             state,
             state_key: index_of(state, c"state_key_name_shard_key"),

@@ -23,6 +23,7 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
 use crate::shmem::memory::{self, snapshot};
+use crate::storage::snapshot::Kind;
 use crate::worker::{start, start_in_database};
 use crate::{clock, storage};
 
@@ -110,6 +111,10 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datu
     }
     // SAFETY: written only while the worker connects, before this runs.
     let database = unsafe { pg_sys::MyDatabaseId };
+    let mut log = BackgroundWorker::transaction(|| {
+        let (full, since) = storage::snapshot::size();
+        Log { full: full as usize, since: since as usize }
+    });
     let mut idle = 0;
     // Woken at least every second, to see a DROP DATABASE of its database in time (that
     // waits 5 s for the sessions connected to it).
@@ -122,28 +127,62 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datu
             continue;
         }
         next = Instant::now() + interval();
-        let written = if off() { 0 } else { round() };
+        let written = if off() { 0 } else { round(&mut log) };
         idle = if written == 0 { idle + 1 } else { 0 };
     }
 }
 
-/// One round: this database's changed entries written, in one transaction, and marked saved
-/// once it committed; how many.
-fn round() -> usize {
+/// How many records the database's log holds: its last full copy's, and those written
+/// since (a forget counts one).
+struct Log {
+    full: usize,
+    since: usize,
+}
+
+impl Log {
+    /// Whether the next round writes every key and drops the log before it: once the records
+    /// since the last full copy outnumber it three to one. Each record written then costs
+    /// at most a third of a record of copy, and a load reads at most four records a key.
+    fn wants_full(&self) -> bool {
+        self.since > 3 * self.full + FULL_AFTER_AT_LEAST
+    }
+}
+
+/// Records since a full copy before the next, however small the copy.
+const FULL_AFTER_AT_LEAST: usize = 1_000;
+
+/// One round: this database's changed entries written (or all of them, for a full copy), in
+/// one transaction, and marked saved once it committed; how many changed.
+fn round(log: &mut Log) -> usize {
+    let full = log.wants_full();
     let written = BackgroundWorker::transaction(|| {
         if !storage::snapshot::begin_round() {
-            return Vec::new();
+            return None;
         }
-        let changed = snapshot::changed(clock::now_ms());
-        let rows: Vec<(&[u8], &[u8], f64)> =
-            changed.iter().map(|c| (c.record.name.as_slice(), c.record.counts.as_slice(), c.record.expires)).collect();
-        let Some(skipped) = storage::snapshot::write(&rows) else { return Vec::new() };
-        // A row another transaction holds (a reset deleting it) was skipped: its entry stays
-        // changed, for the next round.
-        changed.into_iter().enumerate().filter(|(i, _)| !skipped.contains(i)).map(|(_, c)| c).collect()
+        let now = clock::now_ms();
+        let changed = snapshot::changed(now, full);
+        let rows = snapshot::rows_of(&changed, now);
+        let rows: Vec<(&[u8], usize, f64)> = rows.iter().map(|r| (r.bytes.as_slice(), r.keys, r.expires)).collect();
+        let kind = if full { Kind::Full } else { Kind::Changed };
+        // An empty round writes nothing but a full copy of nothing drops the log.
+        if !rows.is_empty() || full {
+            storage::snapshot::write(kind, &rows);
+        }
+        Some(changed)
     });
+    let Some(written) = written else { return 0 };
     // Committed: saved as of the copy (a change since is written at the next round).
     snapshot::mark_saved(&written);
-    debug1!("rate_limiter: {} memory limit keys written to rate_limiter.memory_snapshot", written.len());
-    written.len()
+    let changed = written.iter().filter(|c| c.was_changed()).count();
+    if full {
+        (log.full, log.since) = (written.len(), 0);
+    } else {
+        log.since += written.len();
+    }
+    debug1!(
+        "rate_limiter: {} memory limit keys written to rate_limiter.memory_snapshot ({changed} changed{})",
+        written.len(),
+        if full { ", a full copy" } else { "" }
+    );
+    changed
 }

@@ -388,9 +388,8 @@ fn load_snapshot() {
             }
         }
     }
-    let rows = storage::snapshot::read();
-    let rows = rows.iter().map(|(name, counts, expires)| (name.as_slice(), counts.as_slice(), *expires));
-    match snapshot::restore(rows, clock::now_ms()) {
+    let log = storage::snapshot::read();
+    match snapshot::restore(&log, clock::now_ms()) {
         Ok((restored, dropped)) => pgrx::log!("rate_limiter: {restored} memory limit keys loaded from rate_limiter.memory_snapshot, {dropped} without room"),
         Err(e) => e.raise(),
     }

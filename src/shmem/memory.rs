@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use super::area::{self, Held};
 
 mod entry;
+mod packed;
 mod identity;
 mod pool;
 mod record;

@@ -32,7 +32,9 @@ mod state;
 pub use debits::{log_is_subscribed, DebitLog, Seen};
 pub use lookup::{load_limit, Lookup};
 pub use sql::{delete, delete_listed, prune, upsert_limit, upsert_listed};
-pub use row::{inline_name, is_inline_name, stored_name, Created, Locked, Owner, Row, Slot, Written};
+#[cfg(any(test, feature = "pg_test"))]
+pub use row::inline_name;
+pub use row::{is_inline_name, stored_name, Created, Locked, Owner, Row, Slot, Written};
 pub use server::{die_on_sigterm, my_transaction, wait_for_transaction};
 pub use state::StateTable;
 

@@ -1,6 +1,10 @@
 //! `rate_limiter.memory_snapshot`: memory limits' counts as the background worker last wrote
-//! them (`shmem::memory::snapshot`), read back after a crash or a promotion. Written once a
-//! round by the worker, read once per loss, so plain SQL through `spi`, as the table's owner.
+//! them (`shmem::memory::snapshot`), read back after a crash or a promotion. A log: each
+//! round appends rows of packed records, a reset or a dropped limit appends a row that
+//! forgets, and a full copy now and then replaces everything before it. Nothing is updated
+//! in place, so a round never waits for a row another transaction holds (F4 of issue 53).
+//! Written once a round by the worker, read once per loss, so plain SQL through `spi`, as
+//! the table's owner.
 
 use pgrx::pg_sys;
 use pgrx::IntoDatum;
@@ -10,89 +14,106 @@ use crate::clock;
 
 use super::spi;
 
-/// One entry's row: its name, counts, and when they equal an absent key's (ms).
-pub type Row = (Vec<u8>, Vec<u8>, f64);
+/// What a row of the log holds (its `kind`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Kind {
+    /// Every key of the database counted in memory, as of one round: what came before goes.
+    Full,
+    /// The keys a round found changed.
+    Changed,
+    /// A key's records, a limit's or all go (`Rows`).
+    Forget,
+    /// Keys were counted in rate_limiter.state for want of room (`mark_rows`).
+    Rows,
+}
+
+impl Kind {
+    const NAMES: [(Kind, &'static str); 4] = [(Kind::Full, "full"), (Kind::Changed, "changed"), (Kind::Forget, "forget"), (Kind::Rows, "rows")];
+
+    fn name(self) -> &'static str {
+        Kind::NAMES.iter().find(|(k, _)| *k == self).expect("every kind is named").1
+    }
+
+    fn of(name: &str) -> Option<Kind> {
+        Kind::NAMES.iter().find(|(_, n)| *n == name).map(|(k, _)| *k)
+    }
+}
 
 fn table() -> Option<pg_sys::Oid> {
     cache::relations().memory_snapshot
 }
 
-/// Every row of the table.
-pub fn read() -> Vec<Row> {
+/// Every row of the log, in the order written: its kind and bytes.
+pub fn read() -> Vec<(Kind, Vec<u8>)> {
     let Some(table) = table() else { return Vec::new() };
-    let sql = format!("SELECT entry, counts, expires FROM {}", cache::qualified_name(table));
+    let sql = format!("SELECT kind, records FROM {} ORDER BY seq", cache::qualified_name(table));
     let mut rows = Vec::new();
-    spi::run(table, &sql, &[], |row| rows.push((row.bytea(1), row.bytea(2), row.timestamptz(3))));
+    spi::run(table, &sql, &[], |row| {
+        if let Some(kind) = Kind::of(&row.text(1)) {
+            rows.push((kind, row.bytea(2)));
+        }
+    });
     rows
 }
 
-/// Rows written by one statement of a round: a round of millions of changed keys is written
-/// in statements of bounded arrays.
-const BATCH: usize = 50_000;
-
-/// Write `rows` over the rows of the same entries, in a round `begin_round` began: a row
-/// another transaction holds (a reset or a change of the limit deleting it) is skipped, not
-/// waited for (F4 of issue 53). The positions of the rows skipped; None when there is no
-/// table.
-pub fn write(rows: &[(&[u8], &[u8], f64)]) -> Option<Vec<usize>> {
-    let table = table()?;
-    let mut skipped = Vec::new();
-    for (b, batch) in rows.chunks(BATCH).enumerate() {
-        skipped.extend(write_batch(table, batch).into_iter().map(|i| b * BATCH + i));
-    }
-    Some(skipped)
-}
-
-fn write_batch(table: pg_sys::Oid, rows: &[(&[u8], &[u8], f64)]) -> Vec<usize> {
-    let name = cache::qualified_name(table);
-    let entries = |sql: &str, of: Vec<Vec<u8>>| {
-        let mut found = std::collections::HashSet::new();
-        spi::write(table, sql, &[(pg_sys::BYTEAARRAYOID, of.into_datum())], |row| {
-            found.insert(row.bytea(1));
-        });
-        found
-    };
-    // Rows another transaction may hold: an xmax set (a delete or a lock, in progress or
-    // not). Only those are locked, skipping the ones held: a row lock is WAL of its own.
-    let all: Vec<Vec<u8>> = rows.iter().map(|r| r.0.to_vec()).collect();
-    let marked = entries(
-        &format!("SELECT entry FROM {name} WHERE entry OPERATOR(pg_catalog.=) ANY ($1) AND xmax OPERATOR(pg_catalog.<>) '0'::pg_catalog.xid"),
-        all,
-    );
-    let held: std::collections::HashSet<Vec<u8>> = if marked.is_empty() {
-        marked
-    } else {
-        let locked = entries(
-            &format!("SELECT entry FROM {name} WHERE entry OPERATOR(pg_catalog.=) ANY ($1) FOR UPDATE SKIP LOCKED"),
-            marked.iter().cloned().collect(),
-        );
-        marked.difference(&locked).cloned().collect()
-    };
-    let skipped: Vec<usize> = (0..rows.len()).filter(|i| held.contains(rows[*i].0)).collect();
-    let rows: Vec<&(&[u8], &[u8], f64)> = rows.iter().filter(|r| !held.contains(r.0)).collect();
-    if rows.is_empty() {
-        return skipped;
-    }
+/// How many records the log holds: those of its full copy, and those written since.
+pub fn size() -> (i64, i64) {
+    let Some(table) = table() else { return (0, 0) };
     let sql = format!(
-        "INSERT INTO {name} AS s (entry, counts, expires, saved_at) \
-         SELECT e, c, x, pg_catalog.clock_timestamp() \
-         FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.bytea[]), pg_catalog.unnest($2::pg_catalog.bytea[]), \
-                        pg_catalog.unnest($3::pg_catalog.timestamptz[])) AS u (e, c, x) \
-         ON CONFLICT (entry) DO UPDATE SET counts = excluded.counts, expires = excluded.expires, saved_at = excluded.saved_at"
+        "SELECT COALESCE(pg_catalog.sum(keys) FILTER (WHERE kind OPERATOR(pg_catalog.=) 'full'), 0), \
+                COALESCE(pg_catalog.sum(keys) FILTER (WHERE kind OPERATOR(pg_catalog.<>) 'full'), 0) FROM {}",
+        cache::qualified_name(table)
     );
-    let names: Vec<Vec<u8>> = rows.iter().map(|r| r.0.to_vec()).collect();
-    let counts: Vec<Vec<u8>> = rows.iter().map(|r| r.1.to_vec()).collect();
-    let expires: Vec<_> = rows.iter().map(|r| clock::ms_timestamptz(r.2)).collect();
-    let args = [
-        (pg_sys::BYTEAARRAYOID, names.into_datum()),
-        (pg_sys::BYTEAARRAYOID, counts.into_datum()),
-        (pg_sys::TIMESTAMPTZARRAYOID, expires.into_datum()),
-    ];
-    spi::write(table, &sql, &args, |_| {});
-    skipped
+    let mut size = (0, 0);
+    spi::run(table, &sql, &[], |row| size = (row.int8(1), row.int8(2)));
+    size
 }
 
-/// Whose rows `forget` deletes.
+/// Rows appended by one statement: a round of millions of changed keys is written in
+/// statements of bounded arrays.
+const BATCH: usize = 1_000;
+
+/// Append packed rows (bytes, keys, latest expiry in ms) of a round that `begin_round`
+/// began. A full copy then deletes every row before it (a row `prune` holds is left to it),
+/// but the mark of rows. Nothing when there is no table.
+pub fn write(kind: Kind, rows: &[(&[u8], usize, f64)]) {
+    let Some(table) = table() else { return };
+    let name = cache::qualified_name(table);
+    let mut first = None;
+    for batch in rows.chunks(BATCH) {
+        let sql = format!(
+            "INSERT INTO {name} (kind, keys, records, expires, saved_at) \
+             SELECT $1, k, r, x, pg_catalog.clock_timestamp() \
+             FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.bytea[]), \
+                            pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS u (k, r, x) \
+             RETURNING seq"
+        );
+        let keys: Vec<i32> = batch.iter().map(|r| r.1 as i32).collect();
+        let bytes: Vec<Vec<u8>> = batch.iter().map(|r| r.0.to_vec()).collect();
+        let expires: Vec<_> = batch.iter().map(|r| clock::ms_timestamptz(r.2)).collect();
+        let args = [
+            spi::text_arg(kind.name()),
+            (pg_sys::INT4ARRAYOID, keys.into_datum()),
+            (pg_sys::BYTEAARRAYOID, bytes.into_datum()),
+            (pg_sys::TIMESTAMPTZARRAYOID, expires.into_datum()),
+        ];
+        spi::write(table, &sql, &args, |row| {
+            let seq = row.int8(1);
+            first = Some(first.map_or(seq, |f: i64| f.min(seq)));
+        });
+    }
+    if let (Kind::Full, Some(first)) = (kind, first) {
+        let sql = format!(
+            "WITH before AS ( \
+                 SELECT ctid FROM {name} WHERE seq OPERATOR(pg_catalog.<) $1 AND kind OPERATOR(pg_catalog.<>) 'rows' \
+                 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM {name} WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM before))"
+        );
+        spi::write(table, &sql, &[(pg_sys::INT8OID, first.into_datum())], |_| {});
+    }
+}
+
+/// Whose records `forget` drops.
 pub enum Rows {
     /// One key's (its tag), under every config of its name.
     Key([u8; 16]),
@@ -101,42 +122,53 @@ pub enum Rows {
     All,
 }
 
-/// Forget `rows` in the transaction that resets the key, deletes the limit or truncates the
-/// limits: a crash after it commits loads none of them.
-pub fn forget(rows: Rows) {
-    let Some(table) = table() else { return };
-    let name = cache::qualified_name(table);
-    let bytes = |b: Vec<u8>| (pg_sys::BYTEAOID, b.into_datum());
-    let (sql, args) = match rows {
-        // The entry is the key's tag, then its variant's: a range of the primary key.
-        Rows::Key(key) => (
-            format!("DELETE FROM {name} WHERE entry OPERATOR(pg_catalog.>=) $1 AND entry OPERATOR(pg_catalog.<=) $2"),
-            vec![bytes([&key[..], &[0u8; 8]].concat()), bytes([&key[..], &[0xffu8; 8]].concat())],
-        ),
-        Rows::Limit(limit) => (
-            format!("DELETE FROM {name} WHERE pg_catalog.substring(counts, 1, 8) OPERATOR(pg_catalog.=) $1"),
-            vec![bytes(limit.to_le_bytes().to_vec())],
-        ),
-        // The mark stays: the rows it stands for are rate_limiter.state's.
-        Rows::All => (format!("DELETE FROM {name} WHERE entry OPERATOR(pg_catalog.<>) $1"), vec![bytes(ROWS_MARK.to_vec())]),
-    };
-    spi::write(table, &sql, &args, |_| {});
+impl Rows {
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Rows::Key(key) => [&b"k"[..], key].concat(),
+            Rows::Limit(limit) => [&b"l"[..], &limit.to_le_bytes()].concat(),
+            Rows::All => b"a".to_vec(),
+        }
+    }
+
+    /// What a forget row's bytes drop; None if they are of no known form.
+    pub fn of(bytes: &[u8]) -> Option<Rows> {
+        match bytes {
+            [b'k', key @ ..] => Some(Rows::Key(key.try_into().ok()?)),
+            [b'l', limit @ ..] => Some(Rows::Limit(u64::from_le_bytes(limit.try_into().ok()?))),
+            [b'a'] => Some(Rows::All),
+            _ => None,
+        }
+    }
 }
 
-/// The row that says this database's memory limits counted keys in rate_limiter.state
-/// because they found no room in shared memory (docs/memory-limits.md): after a restart,
-/// a key not in memory is then looked for there. No entry's name is 4 bytes long.
-const ROWS_MARK: &[u8] = b"rows";
-
-/// Mark, in the transaction that counts a key in a row: committed with the row, or not at all.
-pub fn mark_rows() {
+/// Forget `rows` in the transaction that resets the key, deletes the limit or truncates the
+/// limits: a crash after it commits loads none of their records written before it. (A
+/// round that copied them before the change, and commits after, writes them again: a
+/// crash before the next round then loads the counts before the change, never fewer.)
+pub fn forget(rows: Rows) {
     let Some(table) = table() else { return };
     let sql = format!(
-        "INSERT INTO {} (entry, counts, expires, saved_at) VALUES ($1, '', 'infinity', pg_catalog.clock_timestamp()) \
-         ON CONFLICT (entry) DO NOTHING",
+        "INSERT INTO {} (kind, keys, records, expires, saved_at) VALUES ('forget', 1, $1, 'infinity', pg_catalog.clock_timestamp())",
         cache::qualified_name(table)
     );
-    spi::write(table, &sql, &[(pg_sys::BYTEAOID, ROWS_MARK.to_vec().into_datum())], |_| {});
+    spi::write(table, &sql, &[(pg_sys::BYTEAOID, rows.bytes().into_datum())], |_| {});
+}
+
+/// Mark, in the transaction that counts a key in a row, that this database's memory limits
+/// counted keys in rate_limiter.state because they found no room in shared memory
+/// (docs/memory-limits.md): after a restart, a key not in memory is then looked for there.
+/// Committed with the row, or not at all; once is enough.
+pub fn mark_rows() {
+    if rows_marked() {
+        return;
+    }
+    let Some(table) = table() else { return };
+    let sql = format!(
+        "INSERT INTO {} (kind, keys, records, expires, saved_at) VALUES ('rows', 0, '', 'infinity', pg_catalog.clock_timestamp())",
+        cache::qualified_name(table)
+    );
+    spi::write(table, &sql, &[], |_| {});
 }
 
 /// The (name, key) of every row of `rate_limiter.state` that a named memory limit counts a
@@ -158,9 +190,9 @@ pub fn keys_in_rows() -> Vec<(String, Option<String>)> {
 /// Whether the mark is there (committed).
 pub fn rows_marked() -> bool {
     let Some(table) = table() else { return false };
-    let sql = format!("SELECT 1 FROM {} WHERE entry OPERATOR(pg_catalog.=) $1", cache::qualified_name(table));
+    let sql = format!("SELECT 1 FROM {} WHERE kind OPERATOR(pg_catalog.=) 'rows' LIMIT 1", cache::qualified_name(table));
     let mut marked = false;
-    spi::run(table, &sql, &[(pg_sys::BYTEAOID, ROWS_MARK.to_vec().into_datum())], |_| marked = true);
+    spi::run(table, &sql, &[], |_| marked = true);
     marked
 }
 

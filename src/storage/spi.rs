@@ -54,6 +54,11 @@ impl ResultRow {
         self.datum(column).value() as i32
     }
 
+    pub fn int8(&self, column: i32) -> i64 {
+        // A bigint is passed by value (PostgreSQL 15 and later build with 8-byte datums).
+        self.datum(column).value() as i64
+    }
+
     pub fn bool(&self, column: i32) -> bool {
         self.datum(column).value() != 0
     }

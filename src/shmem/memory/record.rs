@@ -15,6 +15,7 @@ pub const NAME: usize = 24;
 pub const COUNTS: usize = 8 * 2 + 8 * 4 + 1 + 8;
 
 /// An entry as saved: its name, counts, and when they equal an absent key's.
+#[derive(Clone, Copy)]
 pub struct Record {
     pub name: [u8; NAME],
     pub counts: [u8; COUNTS],

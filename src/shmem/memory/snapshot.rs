@@ -12,8 +12,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use pgrx::pg_sys;
 
 use crate::error::{Error, Result};
+use crate::storage::snapshot::{Kind, Rows};
 
 use super::area::Held;
+use super::packed::{self, Logged};
 use super::record::{self, Record};
 use super::{claim_entry, database, find, hold_partitions, let_go, partition_lock, range, table, Header, Table, PARTITION};
 
@@ -101,17 +103,27 @@ pub fn needs_load() -> bool {
     true
 }
 
-/// Load the rows of this database's snapshot table (name, counts, expires) into its entries:
-/// a promoted standby's own count of a key gives way to the primary's. Rows whose counts
-/// equal an absent key's at `now` are skipped; a row that finds no room (within the
+/// Load this database's snapshot log (`storage::snapshot::read`) into its entries: a
+/// promoted standby's own count of a key gives way to the primary's. Records whose counts
+/// equal an absent key's at `now` are skipped; a record that finds no room (within the
 /// database's share) is dropped. Then this database is loaded at the current epoch; 53400
 /// when too many databases loaded since the loss.
-pub fn restore<'a>(rows: impl Iterator<Item = (&'a [u8], &'a [u8], f64)>, now: f64) -> Result<(usize, usize)> {
+pub fn restore(log: &[(Kind, Vec<u8>)], now: f64) -> Result<(usize, usize)> {
     let Some(table) = table() else { return Ok((0, 0)) };
     let database = database();
+    let logged = log.iter().filter_map(|(kind, bytes)| match kind {
+        Kind::Full | Kind::Changed => Some(Logged::Records(bytes)),
+        Kind::Forget => match Rows::of(bytes)? {
+            Rows::Key(key) => Some(Logged::ForgetKey(key)),
+            Rows::Limit(limit) => Some(Logged::ForgetLimit(limit)),
+            Rows::All => Some(Logged::ForgetAll),
+        },
+        Kind::Rows => None,
+    });
     let (mut restored, mut dropped) = (0, 0);
-    for (name, counts, expires) in rows {
-        let Some((id, config, state, base_at)) = record::parse(name, counts) else { continue };
+    for record in packed::replay(logged) {
+        let Some((id, config, state, base_at)) = record::parse(&record.name, &record.counts) else { continue };
+        let expires = record.expires;
         if expires <= now {
             continue;
         }
@@ -169,14 +181,22 @@ pub struct Changed {
     index: usize,
     generation: u32,
     changes: u32,
+    /// Changed since its last snapshot (else copied only for a full copy).
+    changed: bool,
     pub record: Record,
 }
 
-/// Whether `entry` has counts to write: changed since its last snapshot, and not equal to
-/// an absent key's at `now` (there is nothing to load of those: they are marked saved
-/// instead).
-fn to_write(entry: &mut super::Entry, now: f64) -> bool {
-    if !entry.used() || entry.changes == entry.saved {
+impl Changed {
+    pub fn was_changed(&self) -> bool {
+        self.changed
+    }
+}
+
+/// Whether `entry` has counts to write: changed since its last snapshot (or, for a full
+/// copy, `every` entry), and not equal to an absent key's at `now` (there is nothing to
+/// load of those: they are marked saved instead).
+fn to_write(entry: &mut super::Entry, now: f64, every: bool) -> bool {
+    if !entry.used() || (entry.changes == entry.saved && !every) {
         return false;
     }
     if entry.absent() || (entry.in_flight == 0 && entry.expires <= now) {
@@ -186,11 +206,12 @@ fn to_write(entry: &mut super::Entry, now: f64) -> bool {
     true
 }
 
-/// The partitions marked changed, each held in turn.
-fn each_changed_partition(table: &Table, mut visit: impl FnMut(usize)) {
+/// The partitions marked changed (or `every` one), each held in turn.
+fn each_changed_partition(table: &Table, every: bool, mut visit: impl FnMut(usize)) {
     for w in 0..table.partitions().div_ceil(64) {
+        let all = if table.partitions() - w * 64 >= 64 { u64::MAX } else { (1u64 << (table.partitions() - w * 64)) - 1 };
         // SAFETY: `changed` holds a bit per partition, in words of 64.
-        let mut bits = unsafe { (*table.changed.add(w)).load(Relaxed) };
+        let mut bits = if every { all } else { unsafe { (*table.changed.add(w)).load(Relaxed) } };
         while bits != 0 {
             let partition = w * 64 + bits.trailing_zeros() as usize;
             bits &= bits - 1;
@@ -206,11 +227,11 @@ fn each_changed_partition(table: &Table, mut visit: impl FnMut(usize)) {
 pub fn databases_changed(now: f64) -> Vec<pg_sys::Oid> {
     let Some(table) = table() else { return Vec::new() };
     let mut changed = BTreeSet::new();
-    each_changed_partition(&table, |partition| {
+    each_changed_partition(&table, false, |partition| {
         let mut any = false;
         for i in range(partition) {
             let entry = table.entry(i);
-            if to_write(entry, now) {
+            if to_write(entry, now, false) {
                 any = true;
                 if entry.database != 0 {
                     changed.insert(entry.database);
@@ -226,24 +247,32 @@ pub fn databases_changed(now: f64) -> Vec<pg_sys::Oid> {
     changed.into_iter().map(pg_sys::Oid::from).filter(|d| loaded_at(table.header, *d, epoch)).collect()
 }
 
-/// This database's entries to write at `now`, copied one partition at a time.
-pub fn changed(now: f64) -> Vec<Changed> {
+/// This database's entries to write at `now` (changed, or `every` one that counts anything),
+/// copied one partition at a time.
+pub fn changed(now: f64, every: bool) -> Vec<Changed> {
     let Some(table) = table() else { return Vec::new() };
     let database = database();
     if !loaded_at(table.header, pg_sys::Oid::from(database), epoch(table.header)) {
         return Vec::new();
     }
     let mut changed = Vec::new();
-    each_changed_partition(&table, |partition| {
+    each_changed_partition(&table, every, |partition| {
         for index in range(partition) {
             let entry = table.entry(index);
-            if entry.database == database && to_write(entry, now) {
+            if entry.database == database && to_write(entry, now, every) {
                 let record = record::of(&table, entry);
-                changed.push(Changed { index, generation: entry.generation, changes: entry.changes, record });
+                let was_changed = entry.changes != entry.saved;
+                changed.push(Changed { index, generation: entry.generation, changes: entry.changes, changed: was_changed, record });
             }
         }
     });
     changed
+}
+
+/// The records of `changed` packed into the snapshot's rows.
+pub fn rows_of(changed: &[Changed], now: f64) -> Vec<packed::Row> {
+    let records: Vec<Record> = changed.iter().map(|c| c.record).collect();
+    packed::pack(&records, now)
 }
 
 /// `changed` committed to the table: each entry is saved as of its copy, if it is still
