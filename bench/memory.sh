@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a limit costs a request (issue 42, docs/memory-limits.md): pgbench -M prepared, one
 # statement per transaction, synchronous_commit = on, 8 and 32 clients, DURATION s per run,
-# medians of ROUNDS rounds (workloads taking turns), 100,000 users picked at random:
+# medians of ROUNDS rounds (workloads taking turns), USERS users (100,000) picked at random:
 #   read          SELECT of the user's row by primary key, no limit
 #   read_durable  the same SELECT joined with rate_limit on the user's key, a durable
 #                 token bucket of 10 a second (a row write, WAL and a flush at commit)
@@ -17,6 +17,7 @@
 source "$(dirname "$0")/../scripts/lib.sh"
 DURATION=${DURATION:-8}
 ROUNDS=${ROUNDS:-3}
+USERS=${USERS:-100000}
 DB=rate_limiter_bench_memory
 OUT=$ROOT/bench/out/memory
 mkdir -p "$OUT"
@@ -29,16 +30,16 @@ as_root rm -f "$(cluster_dir 15)/pg_stat/rate_limiter_memory.dat" # no memory li
 restart_cluster
 fresh_database $DB
 bench_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
-bench_sql <<'SQL'
+bench_sql -v users="$USERS" <<'SQL'
 SELECT rate_limiter.define('api_durable', 'token bucket', 10, '1 second');
 SELECT rate_limiter.define('api_memory', 'token bucket', 10, '1 second', durable => false);
 CREATE TABLE users (id bigint PRIMARY KEY, name text NOT NULL, plan text NOT NULL);
-INSERT INTO users SELECT g, 'user ' || g, 'free' FROM generate_series(1, 100000) g;
+INSERT INTO users SELECT g, 'user ' || g, 'free' FROM generate_series(1, :users) g;
 CREATE TABLE messages (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, user_id bigint NOT NULL, body text NOT NULL);
 CREATE INDEX ON messages (user_id);
 VACUUM ANALYZE;
 SQL
-pick='\set id random(1, 100000)'
+pick="\\set id random(1, $USERS)"
 printf '%s\nSELECT id, name, plan FROM users WHERE id = :id;\n' "$pick" > "$OUT/read.sql"
 for d in durable memory; do
     printf '%s\nSELECT u.id, u.name, u.plan FROM rate_limiter.rate_limit(%s, CAST(:id AS text)) l, users u WHERE l.ok AND u.id = :id;\n' \

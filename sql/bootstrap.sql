@@ -225,22 +225,27 @@ COMMENT ON INDEX rate_limiter.leases_lease_id IS 'A lease''s rows by its id: wha
 -- Memory limits' counts as the background worker last wrote them (docs/memory-limits.md,
 -- "Restarts and crashes"): what a server loads after a crash, or a standby at promotion.
 CREATE TABLE rate_limiter.memory_snapshot (
-    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    origin bigint NOT NULL,
+    seq bigint GENERATED ALWAYS AS IDENTITY,
     kind text NOT NULL CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['full', 'changed', 'forget', 'rows'])),
     keys integer NOT NULL,
     records bytea NOT NULL,
     expires timestamptz NOT NULL,
-    saved_at timestamptz NOT NULL
+    saved_at timestamptz NOT NULL,
+    PRIMARY KEY (origin, seq)
 );
+CREATE UNIQUE INDEX memory_snapshot_rows ON rate_limiter.memory_snapshot (origin) WHERE kind OPERATOR(pg_catalog.=) 'rows';
 COMMENT ON TABLE rate_limiter.memory_snapshot IS
     'The counts of memory limits (durable => false) as the background worker last wrote them, every rate_limiter.memory_snapshot: a log, loaded in the order of seq after a crash and at a promotion. Written only by the rate_limiter library.';
+COMMENT ON COLUMN rate_limiter.memory_snapshot.origin IS 'Whose log the row is of: a tag of the cluster''s memory limits secret, which its physical standbys share. Rows of another origin (a logical publisher''s) are neither loaded nor deleted by this cluster.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.seq IS 'The order in which the rows were written: a later record of a key replaces an earlier one.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.kind IS 'full: every key counted in memory as of one round, which replaces every row before it; changed: the keys a round found changed; forget: a reset''s or a dropped limit''s keys go; rows: keys were counted in rate_limiter.state for want of room in shared memory.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.keys IS 'How many keys the row holds.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.records IS 'The keys (a 128-bit keyed hash under the cluster''s secret) and their counts, calls in flight at the time included, packed in the library''s own encoding; for forget, which keys go.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.expires IS 'From this instant every count of the row equals an absent key''s: rate_limiter.prune() deletes the row.';
 COMMENT ON COLUMN rate_limiter.memory_snapshot.saved_at IS 'When the row was written.';
-COMMENT ON INDEX rate_limiter.memory_snapshot_pkey IS 'The log''s order.';
+COMMENT ON INDEX rate_limiter.memory_snapshot_pkey IS 'Each origin''s log, in its order.';
+COMMENT ON INDEX rate_limiter.memory_snapshot_rows IS 'One mark of rows per origin.';
 
 CREATE TYPE rate_limiter.decision AS (
     ok boolean,

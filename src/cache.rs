@@ -38,6 +38,9 @@ pub struct Relations {
     /// None in a database whose extension is older than 0.7.0 (0.6.0 kept a row per key): no
     /// snapshot is written or loaded there.
     pub memory_snapshot: Option<pg_sys::Oid>,
+    /// The table of that name, of whatever version: watched, so that the update that makes it
+    /// anew is seen.
+    snapshot_table: pg_sys::Oid,
     pub decision_type: pg_sys::Oid,
     decision: pg_sys::Oid,
 }
@@ -124,10 +127,11 @@ fn look_up() -> Relations {
             .filter(|_| pg_sys::get_relname_relid(c"debits_key".as_ptr(), schema) != pg_sys::InvalidOid)
             .map(|(debits, _)| index_of(debits, c"debits_key"));
         let leases = (pg_sys::get_relname_relid(c"leases".as_ptr(), schema) != pg_sys::InvalidOid).then(|| table(c"leases"));
-        // 0.6.0's table (a row per key) until the update to 0.7.0 makes it a log: no snapshot.
-        let memory_snapshot = (pg_sys::get_relname_relid(c"memory_snapshot".as_ptr(), schema) != pg_sys::InvalidOid)
-            .then(|| table(c"memory_snapshot"))
-            .filter(|t| pg_sys::get_attnum(*t, c"kind".as_ptr()) != pg_sys::InvalidAttrNumber as i16);
+        // 0.6.0's table (a row per key) until the update to 0.7.0 makes it a log: no snapshot,
+        // but its drop by the update is watched (`forget`).
+        let snapshot_table =
+            (pg_sys::get_relname_relid(c"memory_snapshot".as_ptr(), schema) != pg_sys::InvalidOid).then(|| table(c"memory_snapshot"));
+        let memory_snapshot = snapshot_table.filter(|t| pg_sys::get_attnum(*t, c"kind".as_ptr()) != pg_sys::InvalidAttrNumber as i16);
         Relations {
             state,
             state_key: index_of(state, c"state_key_name_shard_key"),
@@ -140,6 +144,7 @@ fn look_up() -> Relations {
             debits_key,
             leases,
             memory_snapshot,
+            snapshot_table: snapshot_table.unwrap_or(pg_sys::InvalidOid),
             decision_type,
             decision,
         }
@@ -296,8 +301,11 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
             let (debits, debits_key) = r.debits.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
             let by_key = r.debits_key.unwrap_or(pg_sys::InvalidOid);
             let leases = r.leases.unwrap_or(pg_sys::InvalidOid);
-            [r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, debits, debits_key, by_key, leases, r.decision]
-                .contains(&relid)
+            [
+                r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, debits, debits_key, by_key,
+                leases, r.snapshot_table, r.decision,
+            ]
+            .contains(&relid)
         }
         None => true,
     };

@@ -111,9 +111,10 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datu
     }
     // SAFETY: written only while the worker connects, before this runs.
     let database = unsafe { pg_sys::MyDatabaseId };
+    let Some(origin) = memory::snapshot_origin() else { return };
     let mut log = BackgroundWorker::transaction(|| {
-        let (full, since) = storage::snapshot::size();
-        Log { full: full as usize, since: since as usize }
+        let (full, since) = storage::snapshot::size(origin);
+        Log { origin, full: usize::try_from(full).unwrap_or(0), since: usize::try_from(since).unwrap_or(0) }
     });
     let mut idle = 0;
     // Woken at least every second, to see a DROP DATABASE of its database in time (that
@@ -135,6 +136,8 @@ pub extern "C-unwind" fn rate_limiter_memory_snapshot_database(arg: pg_sys::Datu
 /// How many records the database's log holds: its last full copy's, and those written
 /// since (a forget counts one).
 struct Log {
+    /// This cluster's rows of the log (`memory::snapshot_origin`).
+    origin: i64,
     full: usize,
     since: usize,
 }
@@ -144,7 +147,7 @@ impl Log {
     /// since the last full copy outnumber it three to one. Each record written then costs
     /// at most a third of a record of copy, and a load reads at most four records a key.
     fn wants_full(&self) -> bool {
-        self.since > 3 * self.full + FULL_AFTER_AT_LEAST
+        self.since > self.full.saturating_mul(3).saturating_add(FULL_AFTER_AT_LEAST)
     }
 }
 
@@ -164,11 +167,10 @@ fn round(log: &mut Log) -> usize {
         let rows = snapshot::rows_of(&changed, now);
         let rows: Vec<(&[u8], usize, f64)> = rows.iter().map(|r| (r.bytes.as_slice(), r.keys, r.expires)).collect();
         let kind = if full { Kind::Full } else { Kind::Changed };
-        // An empty round writes nothing but a full copy of nothing drops the log.
-        if !rows.is_empty() || full {
-            storage::snapshot::write(kind, &rows);
-        }
-        Some(changed)
+        // A round of nothing writes nothing; nor does a full copy of nothing delete anything
+        // (a database not loaded since a crash copies nothing, and the log is its to load).
+        // With no table to write (0.6.0's until the update), nothing is marked saved.
+        (rows.is_empty() || storage::snapshot::write(log.origin, kind, &rows)).then_some(changed)
     });
     let Some(written) = written else { return 0 };
     // Committed: saved as of the copy (a change since is written at the next round).

@@ -284,6 +284,36 @@ def test_a_standby_counts_its_own_calls_and_once_promoted_the_primarys_last_snap
 
 
 @every_version
+def test_a_standby_with_no_room_for_a_key_refuses_it_with_53400_and_counts_a_denial(clusters):
+    """docs/memory-limits.md, "Never refused": a standby writes no rows, so a key that finds no
+    entry (its share of a table of 64 entries is 56) is refused there with 53400, counted as
+    a denial; the keys that found room keep answering."""
+    primary = clusters("primary", PORTS["primary"], ["-c shared_preload_libraries=rate_limiter"]).init().start()
+    standby = clusters("standby", PORTS["standby"], ["-c shared_preload_libraries=rate_limiter",
+                                                     "-c rate_limiter.memory_keys=64"])
+    with primary.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        define(c, "mem", "fixed window", rate=5, period="1 day", durable=False)
+    standby.follow(primary)
+    with primary.connect() as c:
+        lsn = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    with standby.connect() as s:
+        wait_for(lambda: s.execute("SELECT pg_last_wal_replay_lsn() >= %s", (lsn,)).fetchone() == (True,),
+                 "the limit replayed")
+        answers = []
+        for i in range(100):
+            try:
+                answers.append(s.execute("SELECT ok FROM rate_limiter.rate_limit('mem', %s)", (f"k{i}",)).fetchone()[0])
+            except errors.ConfigurationLimitExceeded:
+                answers.append("53400")
+        admitted = answers.count(True)
+        assert 0 < admitted <= 56 and answers.count("53400") == 100 - admitted, answers
+        assert s.execute("SELECT denied FROM rate_limiter.stats WHERE name = 'mem'").fetchone() == (100 - admitted,)
+        first = answers.index(True)
+        assert s.execute("SELECT ok FROM rate_limiter.rate_limit('mem', %s)", (f"k{first}",)).fetchone() == (True,)
+
+
+@every_version
 def test_a_standby_promoted_by_a_restart_takes_the_primarys_snapshot_not_its_own_file(clusters):
     """F2 of issue 53: a standby stopped cleanly writes its own calls' counts to its file; started
     again without standby.signal it is a primary, and loads the primary's snapshot, not that

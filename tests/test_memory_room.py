@@ -9,7 +9,7 @@ from psycopg import errors
 
 from calls import define
 from clusters import PORTS, every_version
-from ledger import NOW
+from ledger import NOW, remaining, session
 
 
 def small_cluster(clusters, entries):
@@ -250,3 +250,22 @@ def test_rate_limit_all_decides_a_memory_part_counted_in_its_row_with_the_others
                          (in_row,)).fetchone() == (0,)
         assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('mem', %s, 0)", (in_row,)).fetchone() == (2,)
     small.stop()
+
+
+@every_version
+def test_a_backend_past_its_32_escrows_keeps_its_next_keys_calls_as_committed(main, database):
+    """docs/memory-limits.md, "The pool": one transaction with calls of 40 keys in flight. The
+    first 32 borrow this backend's escrows and roll back with it; the next 8 find none, and
+    are decided on the committed state and kept as committed: counted at once (never admitted
+    twice, even within the transaction), but the rollback gives them nothing back."""
+    with session(database, server=main) as c:
+        define(c, "pool", "fixed window", rate=2, period="1 hour", start=NOW, durable=False)
+        call = "SELECT ok FROM rate_limiter.rate_limit('pool', %s)"
+        c.execute("BEGIN")
+        first = [c.execute(call, (f"k{i}",)).fetchone()[0] for i in range(40)]
+        second = [c.execute(call, (f"k{i}",)).fetchone()[0] for i in range(40)]
+        third = [c.execute(call, (f"k{i}",)).fetchone()[0] for i in (0, 39)]
+        c.execute("ROLLBACK")
+        left = [remaining(c, "pool", f"k{i}") for i in range(40)]
+    assert (first, second, third) == ([True] * 40, [True] * 40, [False, False])
+    assert left == [2] * 32 + [0] * 8

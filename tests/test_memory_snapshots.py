@@ -175,3 +175,63 @@ def test_the_log_is_copied_whole_and_cut_as_rounds_add_to_it_and_a_crash_loads_i
                 for i in range(1, keys + 1)]
         assert left == [1000] + [1000 - calls] * (keys - 1)
     server.stop()
+
+
+@every_version
+def test_a_worker_with_nothing_to_write_ends_and_the_next_change_starts_another(clusters):
+    """A database's worker ends after 60 rounds with nothing to write (6 s at 100 ms), giving
+    its slot back; the next change starts one again, whose round writes it."""
+    server = clusters("memkeys", PORTS["memkeys"], ["-c shared_preload_libraries=rate_limiter",
+                                                    "-c rate_limiter.memory_snapshot=100"]).init().start()
+    running = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rate_limiter memory snapshot'"
+    with server.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        define(c, "m", "fixed window", rate=100, period="1 day", durable=False)
+        c.execute("SELECT rate_limiter.rate_limit('m', 'k')")
+        wait_for(lambda: snapshot_keys(c) >= 1, "the first round")
+        assert c.execute(running).fetchone() == (1,)
+        wait_for(lambda: c.execute(running).fetchone() == (0,), "the idle worker's end", timeout=20)
+        c.execute("SELECT rate_limiter.rate_limit('m', 'j')")
+        wait_for(lambda: snapshot_keys(c) >= 2, "a new worker's round")
+    server.stop()
+
+
+@every_version
+def test_a_logical_subscriber_keeps_its_own_log_beside_the_publishers(clusters):
+    """A FOR ALL TABLES subscription copies the publisher's snapshot log, under the publisher's
+    origin: the subscriber's own rounds still write beside it (their seq clash with none of
+    it), and a crash of the subscriber loads its own counts alone, whatever the publisher's
+    rows say (a forget of everything among them)."""
+    settings = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.memory_snapshot=100"]
+    publisher = clusters("pub", PORTS["publisher"], settings + ["-c wal_level=logical"]).init().start()
+    subscriber = clusters("sub", PORTS["subscriber"], settings).init().start()
+    for cluster in (publisher, subscriber):
+        with cluster.connect() as c:
+            c.execute("CREATE DATABASE app")
+            c.execute(f"ALTER DATABASE app SET rate_limiter.fake_now = '{NOW}'")
+        with cluster.connect("app") as c:
+            c.execute("CREATE EXTENSION rate_limiter")
+    origins = "SELECT count(DISTINCT origin) FROM rate_limiter.memory_snapshot"
+    with publisher.connect("app") as pub, subscriber.connect("app") as sub:
+        pub.execute("CREATE PUBLICATION everything FOR ALL TABLES")
+        sub.execute(f"CREATE SUBSCRIPTION s CONNECTION '{publisher.conninfo('app')}' PUBLICATION everything")
+        define(pub, "m", "fixed window", rate=10, period="1 hour", durable=False)
+        wait_for(lambda: sub.execute("SELECT count(*) FROM rate_limiter.limits WHERE name = 'm'").fetchone() == (1,),
+                 "the limit on the subscriber")
+        pub.execute("SELECT rate_limiter.rate_limit('m', 'k', 7)")
+        wait_for(lambda: snapshot_keys(sub) >= 1, "the publisher's rows on the subscriber")
+        sub.execute("SELECT rate_limiter.rate_limit('m', 'k', 3)")
+        sub.execute("SELECT rate_limiter.rate_limit('m', 'j', 2)")
+        wait_for(lambda: sub.execute(origins).fetchone() == (2,) and snapshot_keys(sub) >= 3, "the subscriber's own round")
+        # The publisher's forget of everything (as its TRUNCATE of the limits writes it).
+        pub.execute("INSERT INTO rate_limiter.memory_snapshot (origin, kind, keys, records, expires, saved_at) "
+                    "SELECT origin, 'forget', 1, 'a', 'infinity', now() FROM rate_limiter.memory_snapshot LIMIT 1")
+        wait_for(lambda: sub.execute("SELECT count(*) FROM rate_limiter.memory_snapshot WHERE kind = 'forget'").fetchone() == (1,),
+                 "the publisher's forget on the subscriber")
+        assert sub.execute("SELECT apply_error_count FROM pg_stat_subscription_stats").fetchone() == (0,), subscriber.log()
+    subscriber.kill9()
+    subscriber.start()
+    with subscriber.connect("app") as sub:
+        left = "SELECT remaining FROM rate_limiter.check_rate_limit('m', %s, 0)"
+        assert [sub.execute(left, (k,)).fetchone()[0] for k in ("k", "j")] == [7, 8], "its own counts, loaded"
+        sub.execute("DROP SUBSCRIPTION s")

@@ -96,7 +96,7 @@ fn rows_may_exist() -> bool {
         return false;
     }
     if memory::rows_may_exist() == RowsMay::Unknown {
-        memory::rows_looked_up(storage::snapshot::rows_marked());
+        memory::rows_looked_up(memory::snapshot_origin().is_some_and(storage::snapshot::rows_marked));
     }
     memory::rows_may_exist() != RowsMay::None
 }
@@ -152,7 +152,9 @@ fn in_row(req: &Request<'_>, config: &Config, what: Listing) -> Decision {
 /// A call counted in its key's row: the snapshot table's mark says so after a restart, and
 /// the statistics count it.
 fn note_in_row(req: &Request<'_>) {
-    storage::snapshot::mark_rows();
+    if let Some(origin) = memory::snapshot_origin() {
+        storage::snapshot::mark_rows(origin);
+    }
     stats::record_overflow(req.name);
 }
 
@@ -345,10 +347,20 @@ pub fn reset(name: &str, key: Option<&str>) {
     load_snapshot();
     // Without memory limits on, no key is counted.
     let Some(id) = memory::identity(cache::relations().state, name, key, None) else { return };
-    storage::snapshot::forget(Rows::Key(id.key_bytes()));
+    // A key not counted in memory has no records in the log that count anything (an entry
+    // goes only once its counts equal an absent key's, or with a forget of its own), so
+    // only a counted key's reset is logged: a reset of a durable key writes nothing there.
     if memory::counts_key(&id) {
+        forget(Rows::Key(id.key_bytes()));
         storage::hold_calls_off();
         in_flight::forget_at_commit(Forget::MemoryKey(id));
+    }
+}
+
+/// Log a forget of `rows` in the snapshot, in this transaction.
+fn forget(rows: Rows) {
+    if let Some(origin) = memory::snapshot_origin() {
+        storage::snapshot::forget(origin, rows);
     }
 }
 
@@ -360,7 +372,7 @@ pub fn limit_changing(name: &str, now: Option<Option<Config>>) {
     storage::hold_calls_off();
     let Some(limit) = memory::limit_tag(cache::relations().state, name) else { return };
     if now.is_none() {
-        storage::snapshot::forget(Rows::Limit(limit));
+        forget(Rows::Limit(limit));
     }
     in_flight::forget_at_commit(match now {
         None => Forget::MemoryLimit(limit),
@@ -379,18 +391,24 @@ fn load_snapshot() {
     if !snapshot::needs_load() {
         return;
     }
+    let Some(origin) = memory::snapshot_origin() else { return };
     // A key the primary counted in its row (for want of room) takes that row's count over a
     // promoted standby's own: before the database is marked loaded (`restore`).
-    if storage::snapshot::rows_marked() {
+    if storage::snapshot::rows_marked(origin) {
         for (name, key) in storage::snapshot::keys_in_rows() {
             if let Some(id) = memory::identity(cache::relations().state, &name, key.as_deref(), None) {
                 memory::give_way(&id);
             }
         }
     }
-    let log = storage::snapshot::read();
+    let log = storage::snapshot::read(origin);
     match snapshot::restore(&log, clock::now_ms()) {
-        Ok((restored, dropped)) => pgrx::log!("rate_limiter: {restored} memory limit keys loaded from rate_limiter.memory_snapshot, {dropped} without room"),
+        Ok(loaded) => pgrx::log!(
+            "rate_limiter: {} memory limit keys loaded from rate_limiter.memory_snapshot, {} without room{}",
+            loaded.restored,
+            loaded.dropped,
+            if loaded.unreadable > 0 { format!(", {} rows of another format skipped", loaded.unreadable) } else { String::new() }
+        ),
         Err(e) => e.raise(),
     }
 }
@@ -398,5 +416,5 @@ fn load_snapshot() {
 /// `TRUNCATE rate_limiter.limits` (not replicated: a subscriber's snapshot is its own): the
 /// snapshot's rows go with the counts.
 pub fn limits_truncated() {
-    storage::snapshot::forget(Rows::All);
+    forget(Rows::All);
 }

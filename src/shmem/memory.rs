@@ -373,6 +373,12 @@ pub fn identity(install: pg_sys::Oid, name: &str, key: Option<&str>, inline: Opt
     Some(Identity::new(table.header.secret, database(), u32::from(install), name, key, inline))
 }
 
+/// This cluster's origin in the snapshot logs (`identity::snapshot_origin`); None with
+/// memory limits off.
+pub fn snapshot_origin() -> Option<i64> {
+    Some(identity::snapshot_origin(table()?.header.secret))
+}
+
 /// The tag of limit `name`, to forget all its keys.
 pub fn limit_tag(install: pg_sys::Oid, name: &str) -> Option<u64> {
     let table = table()?;

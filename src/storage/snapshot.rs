@@ -43,12 +43,20 @@ fn table() -> Option<pg_sys::Oid> {
     cache::relations().memory_snapshot
 }
 
-/// Every row of the log, in the order written: its kind and bytes.
-pub fn read() -> Vec<(Kind, Vec<u8>)> {
+fn origin_arg(origin: i64) -> spi::Arg {
+    (pg_sys::INT8OID, origin.into_datum())
+}
+
+/// Every row of `origin`'s log (this cluster's: `shmem::memory::snapshot_origin`), in the
+/// order written: its kind and bytes.
+pub fn read(origin: i64) -> Vec<(Kind, Vec<u8>)> {
     let Some(table) = table() else { return Vec::new() };
-    let sql = format!("SELECT kind, records FROM {} ORDER BY seq", cache::qualified_name(table));
+    let sql = format!(
+        "SELECT kind, records FROM {} WHERE origin OPERATOR(pg_catalog.=) $1 ORDER BY seq",
+        cache::qualified_name(table)
+    );
     let mut rows = Vec::new();
-    spi::run(table, &sql, &[], |row| {
+    spi::run(table, &sql, &[origin_arg(origin)], |row| {
         if let Some(kind) = Kind::of(&row.text(1)) {
             rows.push((kind, row.bytea(2)));
         }
@@ -56,16 +64,17 @@ pub fn read() -> Vec<(Kind, Vec<u8>)> {
     rows
 }
 
-/// How many records the log holds: those of its full copy, and those written since.
-pub fn size() -> (i64, i64) {
+/// How many records `origin`'s log holds: those of its full copy, and those written since.
+pub fn size(origin: i64) -> (i64, i64) {
     let Some(table) = table() else { return (0, 0) };
     let sql = format!(
         "SELECT COALESCE(pg_catalog.sum(keys) FILTER (WHERE kind OPERATOR(pg_catalog.=) 'full'), 0), \
-                COALESCE(pg_catalog.sum(keys) FILTER (WHERE kind OPERATOR(pg_catalog.<>) 'full'), 0) FROM {}",
+                COALESCE(pg_catalog.sum(keys) FILTER (WHERE kind OPERATOR(pg_catalog.<>) 'full'), 0) \
+         FROM {} WHERE origin OPERATOR(pg_catalog.=) $1",
         cache::qualified_name(table)
     );
     let mut size = (0, 0);
-    spi::run(table, &sql, &[], |row| size = (row.int8(1), row.int8(2)));
+    spi::run(table, &sql, &[origin_arg(origin)], |row| size = (row.int8(1), row.int8(2)));
     size
 }
 
@@ -73,17 +82,18 @@ pub fn size() -> (i64, i64) {
 /// statements of bounded arrays.
 const BATCH: usize = 1_000;
 
-/// Append packed rows (bytes, keys, latest expiry in ms) of a round that `begin_round`
-/// began. A full copy then deletes every row before it (a row `prune` holds is left to it),
-/// but the mark of rows. Nothing when there is no table.
-pub fn write(kind: Kind, rows: &[(&[u8], usize, f64)]) {
-    let Some(table) = table() else { return };
+/// Append packed rows (bytes, keys, latest expiry in ms) to `origin`'s log, in a round that
+/// `begin_round` began. A full copy then deletes every row of the log before it (a row
+/// `prune` holds is left to it), but the mark of rows. False when there is no table (0.6.0's
+/// is not one): nothing is written.
+pub fn write(origin: i64, kind: Kind, rows: &[(&[u8], usize, f64)]) -> bool {
+    let Some(table) = table() else { return false };
     let name = cache::qualified_name(table);
     let mut first = None;
     for batch in rows.chunks(BATCH) {
         let sql = format!(
-            "INSERT INTO {name} (kind, keys, records, expires, saved_at) \
-             SELECT $1, k, r, x, pg_catalog.clock_timestamp() \
+            "INSERT INTO {name} (origin, kind, keys, records, expires, saved_at) \
+             SELECT $5, $1, k, r, x, pg_catalog.clock_timestamp() \
              FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.bytea[]), \
                             pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS u (k, r, x) \
              RETURNING seq"
@@ -96,6 +106,7 @@ pub fn write(kind: Kind, rows: &[(&[u8], usize, f64)]) {
             (pg_sys::INT4ARRAYOID, keys.into_datum()),
             (pg_sys::BYTEAARRAYOID, bytes.into_datum()),
             (pg_sys::TIMESTAMPTZARRAYOID, expires.into_datum()),
+            origin_arg(origin),
         ];
         spi::write(table, &sql, &args, |row| {
             let seq = row.int8(1);
@@ -105,12 +116,14 @@ pub fn write(kind: Kind, rows: &[(&[u8], usize, f64)]) {
     if let (Kind::Full, Some(first)) = (kind, first) {
         let sql = format!(
             "WITH before AS ( \
-                 SELECT ctid FROM {name} WHERE seq OPERATOR(pg_catalog.<) $1 AND kind OPERATOR(pg_catalog.<>) 'rows' \
+                 SELECT ctid FROM {name} \
+                 WHERE origin OPERATOR(pg_catalog.=) $2 AND seq OPERATOR(pg_catalog.<) $1 AND kind OPERATOR(pg_catalog.<>) 'rows' \
                  FOR UPDATE SKIP LOCKED) \
              DELETE FROM {name} WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM before))"
         );
-        spi::write(table, &sql, &[(pg_sys::INT8OID, first.into_datum())], |_| {});
+        spi::write(table, &sql, &[(pg_sys::INT8OID, first.into_datum()), origin_arg(origin)], |_| {});
     }
+    true
 }
 
 /// Whose records `forget` drops.
@@ -146,29 +159,29 @@ impl Rows {
 /// limits: a crash after it commits loads none of their records written before it. (A
 /// round that copied them before the change, and commits after, writes them again: a
 /// crash before the next round then loads the counts before the change, never fewer.)
-pub fn forget(rows: Rows) {
+pub fn forget(origin: i64, rows: Rows) {
     let Some(table) = table() else { return };
     let sql = format!(
-        "INSERT INTO {} (kind, keys, records, expires, saved_at) VALUES ('forget', 1, $1, 'infinity', pg_catalog.clock_timestamp())",
+        "INSERT INTO {} (origin, kind, keys, records, expires, saved_at) \
+         VALUES ($2, 'forget', 1, $1, 'infinity', pg_catalog.clock_timestamp())",
         cache::qualified_name(table)
     );
-    spi::write(table, &sql, &[(pg_sys::BYTEAOID, rows.bytes().into_datum())], |_| {});
+    spi::write(table, &sql, &[(pg_sys::BYTEAOID, rows.bytes().into_datum()), origin_arg(origin)], |_| {});
 }
 
 /// Mark, in the transaction that counts a key in a row, that this database's memory limits
 /// counted keys in rate_limiter.state because they found no room in shared memory
 /// (docs/memory-limits.md): after a restart, a key not in memory is then looked for there.
-/// Committed with the row, or not at all; once is enough.
-pub fn mark_rows() {
-    if rows_marked() {
-        return;
-    }
+/// Committed with the row, or not at all; once per origin (a unique index).
+pub fn mark_rows(origin: i64) {
     let Some(table) = table() else { return };
     let sql = format!(
-        "INSERT INTO {} (kind, keys, records, expires, saved_at) VALUES ('rows', 0, '', 'infinity', pg_catalog.clock_timestamp())",
+        "INSERT INTO {} (origin, kind, keys, records, expires, saved_at) \
+         VALUES ($1, 'rows', 0, '', 'infinity', pg_catalog.clock_timestamp()) \
+         ON CONFLICT (origin) WHERE kind OPERATOR(pg_catalog.=) 'rows' DO NOTHING",
         cache::qualified_name(table)
     );
-    spi::write(table, &sql, &[], |_| {});
+    spi::write(table, &sql, &[origin_arg(origin)], |_| {});
 }
 
 /// The (name, key) of every row of `rate_limiter.state` that a named memory limit counts a
@@ -187,12 +200,15 @@ pub fn keys_in_rows() -> Vec<(String, Option<String>)> {
     keys
 }
 
-/// Whether the mark is there (committed).
-pub fn rows_marked() -> bool {
+/// Whether `origin`'s mark is there (committed).
+pub fn rows_marked(origin: i64) -> bool {
     let Some(table) = table() else { return false };
-    let sql = format!("SELECT 1 FROM {} WHERE kind OPERATOR(pg_catalog.=) 'rows' LIMIT 1", cache::qualified_name(table));
+    let sql = format!(
+        "SELECT 1 FROM {} WHERE origin OPERATOR(pg_catalog.=) $1 AND kind OPERATOR(pg_catalog.=) 'rows'",
+        cache::qualified_name(table)
+    );
     let mut marked = false;
-    spi::run(table, &sql, &[], |_| marked = true);
+    spi::run(table, &sql, &[origin_arg(origin)], |_| marked = true);
     marked
 }
 

@@ -101,6 +101,13 @@ pub(super) fn limit_tag(secret: [u64; 2], database: u32, install: u32, name: &st
     })
 }
 
+/// The snapshot log's rows of this cluster and its physical standbys (which share the
+/// secret): a logical subscriber receives a publisher's rows, under another origin, and
+/// neither loads nor deletes them.
+pub(super) fn snapshot_origin(secret: [u64; 2]) -> i64 {
+    keyed(secret, &[b"memory snapshot origin"]).finish() as i64
+}
+
 /// A config's fingerprint as an entry keeps it: 64 of its bits, never 0.
 pub fn config_tag(fingerprint: &[u8; 16]) -> u64 {
     u64::from_le_bytes(fingerprint[..8].try_into().expect("8 bytes")) | 1

@@ -5,7 +5,7 @@
 //! instant, are written as varints; anything else as its 8 bytes, so that every record
 //! reads back bit for bit.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use super::record::{Record, COUNTS, NAME};
 
@@ -255,33 +255,43 @@ pub enum Logged<'a> {
     ForgetAll,
 }
 
-/// The records the log leaves, its rows applied in order: a later record of an entry
-/// replaces an earlier one, and a forget drops what came before it.
-pub fn replay<'a>(log: impl Iterator<Item = Logged<'a>>) -> Vec<Record> {
-    let mut keys: HashMap<[u8; 16], Vec<Record>> = HashMap::new();
-    for row in log {
+/// The records the log leaves, as if its rows were applied in order: a later record of an
+/// entry replaces an earlier one, and a forget drops what came before it. Read from the
+/// newest row back, so that each row costs its own length whatever the forgets; with how
+/// many rows were of no format this library reads.
+pub fn replay(log: &[Logged<'_>]) -> (Vec<Record>, usize) {
+    let mut taken: HashSet<[u8; NAME]> = HashSet::new();
+    let mut forgotten_keys: HashSet<[u8; 16]> = HashSet::new();
+    let mut forgotten_limits: HashSet<u64> = HashSet::new();
+    let (mut records, mut unreadable) = (Vec::new(), 0);
+    for row in log.iter().rev() {
         match row {
+            Logged::ForgetAll => break,
+            Logged::ForgetKey(key) => {
+                forgotten_keys.insert(*key);
+            }
+            Logged::ForgetLimit(limit) => {
+                forgotten_limits.insert(*limit);
+            }
             Logged::Records(bytes) => {
-                for record in unpack(bytes).unwrap_or_default() {
+                let Some(row) = unpack(bytes) else {
+                    unreadable += 1;
+                    continue;
+                };
+                // The later of two records of an entry in one row is the newer.
+                for record in row.into_iter().rev() {
                     let key: [u8; 16] = record.name[..16].try_into().expect("16 bytes");
-                    let variants = keys.entry(key).or_default();
-                    match variants.iter_mut().find(|v| v.name == record.name) {
-                        Some(v) => *v = record,
-                        None => variants.push(record),
+                    if !forgotten_keys.contains(&key)
+                        && !forgotten_limits.contains(&word(&record.counts, LIMIT))
+                        && taken.insert(record.name)
+                    {
+                        records.push(record);
                     }
                 }
             }
-            Logged::ForgetKey(key) => {
-                keys.remove(&key);
-            }
-            Logged::ForgetLimit(limit) => keys.retain(|_, variants| {
-                variants.retain(|v| word(&v.counts, LIMIT) != limit);
-                !variants.is_empty()
-            }),
-            Logged::ForgetAll => keys.clear(),
         }
     }
-    keys.into_values().flatten().collect()
+    (records, unreadable)
 }
 
 #[cfg(test)]
@@ -371,19 +381,25 @@ mod tests {
         let second = pack(&[r(2, 0, 1, 1.0), r(4, 0, 2, 6.0)], NOW);
         let third = pack(&[r(1, 0, 1, 0.0)], NOW);
         let key = |k: u8| [k; 16];
-        let log = vec![
+        let log = [
             Logged::Records(&first[0].bytes),
             Logged::Records(&second[0].bytes),
             Logged::ForgetKey(key(1)),
             Logged::ForgetLimit(2),
             Logged::Records(&third[0].bytes),
+            Logged::Records(&[9, 9]),
         ];
-        let mut left: Vec<(u8, u64, f64)> =
-            replay(log.into_iter()).iter().map(|r| (r.name[0], word(&r.name, 16), number(&r.counts, VALUE))).collect();
+        let (left, unreadable) = replay(&log);
+        assert_eq!(unreadable, 1);
+        let mut left: Vec<(u8, u64, f64)> = left.iter().map(|r| (r.name[0], word(&r.name, 16), number(&r.counts, VALUE))).collect();
         left.sort_by(|a, b| a.partial_cmp(b).unwrap());
         // Key 1's both configs went with the reset, then its named limit came back; key 2 is
         // at its later record; limit 2's keys went with it.
         assert_eq!(left, vec![(1, 0, 0.0), (2, 0, 1.0)]);
-        assert!(replay([Logged::Records(&first[0].bytes), Logged::ForgetAll].into_iter()).is_empty());
+        assert!(replay(&[Logged::Records(&first[0].bytes), Logged::ForgetAll]).0.is_empty());
+        // Two records of one entry in a row: the later stands.
+        let twice = pack(&[r(5, 0, 1, 1.0), r(5, 0, 1, 2.0)], NOW);
+        let (left, _) = replay(&[Logged::Records(&twice[0].bytes)]);
+        assert_eq!(left.iter().map(|r| number(&r.counts, VALUE)).collect::<Vec<_>>(), vec![2.0]);
     }
 }

@@ -108,10 +108,10 @@ pub fn needs_load() -> bool {
 /// equal an absent key's at `now` are skipped; a record that finds no room (within the
 /// database's share) is dropped. Then this database is loaded at the current epoch; 53400
 /// when too many databases loaded since the loss.
-pub fn restore(log: &[(Kind, Vec<u8>)], now: f64) -> Result<(usize, usize)> {
-    let Some(table) = table() else { return Ok((0, 0)) };
+pub fn restore(log: &[(Kind, Vec<u8>)], now: f64) -> Result<Restored> {
+    let Some(table) = table() else { return Ok(Restored::default()) };
     let database = database();
-    let logged = log.iter().filter_map(|(kind, bytes)| match kind {
+    let logged: Vec<Logged> = log.iter().filter_map(|(kind, bytes)| match kind {
         Kind::Full | Kind::Changed => Some(Logged::Records(bytes)),
         Kind::Forget => match Rows::of(bytes)? {
             Rows::Key(key) => Some(Logged::ForgetKey(key)),
@@ -119,9 +119,10 @@ pub fn restore(log: &[(Kind, Vec<u8>)], now: f64) -> Result<(usize, usize)> {
             Rows::All => Some(Logged::ForgetAll),
         },
         Kind::Rows => None,
-    });
+    }).collect();
+    let (records, unreadable) = packed::replay(&logged);
     let (mut restored, mut dropped) = (0, 0);
-    for record in packed::replay(logged) {
+    for record in records {
         let Some((id, config, state, base_at)) = record::parse(&record.name, &record.counts) else { continue };
         let expires = record.expires;
         if expires <= now {
@@ -163,7 +164,15 @@ pub fn restore(log: &[(Kind, Vec<u8>)], now: f64) -> Result<(usize, usize)> {
     let Some(slot) = slot else { return Err(Error::MemoryDatabasesFull) };
     slot.set(pg_sys::Oid::from(database), epoch);
     LOADED_AT.set(epoch);
-    Ok((restored, dropped))
+    Ok(Restored { restored, dropped, unreadable })
+}
+
+/// What a load did: keys loaded, keys without room, and rows of no format this library reads.
+#[derive(Default)]
+pub struct Restored {
+    pub restored: usize,
+    pub dropped: usize,
+    pub unreadable: usize,
 }
 
 /// A dropped database's place among the loaded ones is free again.
