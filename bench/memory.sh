@@ -13,7 +13,8 @@
 #   write_memory  the same with the memory limit
 # Every call is granted (10 a second per user, and each user is called every few seconds);
 # after each memory run the script checks that no state row was written. Prints a Markdown
-# table. About 6 minutes. The default rate_limiter.memory_keys holds every user.
+# table, then runs bench/memory_scale.sh. About 8 minutes. The default rate_limiter.memory_keys
+# holds every user.
 source "$(dirname "$0")/../scripts/lib.sh"
 DURATION=${DURATION:-8}
 ROUNDS=${ROUNDS:-3}
@@ -83,3 +84,9 @@ for w in ("read", "read_durable", "read_memory", "read_memory_tl", "write", "wri
         cells.append(f"{statistics.median(v):,.0f} ({min(v):,.0f}–{max(v):,.0f}) | {ratio:.2f}")
     print(f"| {w} | " + " | ".join(cells) + " |")
 PY
+# Then the table at 100,000, 1,000,000 and 10,000,000 keys: bytes per key, calls per second
+# and the snapshot's WAL per second (issue 53); SCALE=0 leaves it out.
+if [ "${SCALE:-1}" = 1 ]; then
+    echo
+    bash "$ROOT/bench/memory_scale.sh"
+fi
