@@ -13,15 +13,12 @@ use crate::storage::{self, DebitLog, Latest, Owner, Seen, Slot, StateTable};
 
 use super::in_flight::{self, Forget};
 
-/// Commits between two folds of a key's log into its base row.
-pub const FOLD_EVERY: u64 = 1000;
-
 fn slot<'a>(req: &Request<'a>) -> Slot<'a> {
     Slot { name: req.name, key: req.key, shard: 0, owner: Owner::Named }
 }
 
 /// Consume (`rate_limit` on a hot limit): admitted against the escrow, logged if it takes
-/// tokens; every `FOLD_EVERY` commits, the caller also folds the settled log.
+/// tokens; every `hot::FOLD_EVERY` commits, the caller also folds the settled log.
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     // An escrow is built only from what every other transaction sees, whichever way this one
     // ends; this one's own reset or change of the limit is not that (docs/hot-limits.md).
@@ -35,7 +32,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
     let ticket = guard.ticket();
     let entry = guard.entry();
     let admitted = entry.escrow().admit(config, now, req.count, req.reserve, hot::next_seq());
-    let fold_below = (admitted.seq.is_some() && entry.start_fold(FOLD_EVERY))
+    let fold_below = (admitted.seq.is_some() && entry.start_fold())
         .then(|| entry.escrow().unsettled_from());
     // Noted before anything can fail, so that the transaction's end settles both.
     if let Some(seq) = admitted.seq {

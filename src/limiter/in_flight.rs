@@ -101,7 +101,7 @@ pub fn forgotten_here(hit: impl Fn(&Forget) -> bool) -> bool {
 /// The folds of these escrows ended, done or undone.
 fn end_folds(folding: Vec<(hot::Ticket, pg_sys::SubTransactionId)>, folded: bool) {
     for mut guard in folding.into_iter().filter_map(|(ticket, _)| hot::redeem(ticket)) {
-        guard.entry().end_fold(folded, super::hot::FOLD_EVERY);
+        guard.entry().end_fold(folded);
     }
 }
 

@@ -30,6 +30,9 @@ use super::area::{self, Held};
 /// Debits an escrow lists before it sinks the older half (docs/hot-limits.md).
 pub const RING: usize = 4096;
 
+/// Commits between two folds of a key's log into its base row.
+pub const FOLD_EVERY: u64 = 1000;
+
 /// `rate_limiter.hot_keys`: how many hot (name, key) pairs can be in use at once.
 static ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(16);
 
@@ -103,10 +106,10 @@ impl Entry {
         self.committed_since_fold += 1;
     }
 
-    /// Whether to fold the log now (every `every` commits, one folder at a time); if so,
-    /// this caller is the folder until `end_fold`.
-    pub fn start_fold(&mut self, every: u64) -> bool {
-        let start = !self.folding && self.committed_since_fold >= every;
+    /// Whether to fold the log now (every `FOLD_EVERY` commits, one folder at a time); if
+    /// so, this caller is the folder until `end_fold`.
+    pub fn start_fold(&mut self) -> bool {
+        let start = !self.folding && self.committed_since_fold >= FOLD_EVERY;
         if start {
             self.folding = true;
             self.committed_since_fold = 0;
@@ -115,10 +118,10 @@ impl Entry {
     }
 
     /// The folder's transaction ended; if it did not commit, the next caller folds.
-    pub fn end_fold(&mut self, folded: bool, every: u64) {
+    pub fn end_fold(&mut self, folded: bool) {
         self.folding = false;
         if !folded {
-            self.committed_since_fold = self.committed_since_fold.max(every);
+            self.committed_since_fold = self.committed_since_fold.max(FOLD_EVERY);
         }
     }
 
