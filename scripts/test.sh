@@ -85,6 +85,8 @@ tier4() {
 
 step "links between the Markdown files (README.md, docs/, examples/, bench/)"
 timed "links" "$DEBIAN_PYTHON" "$ROOT/scripts/check_links.py" "$ROOT"
+step "the layers of src/ (docs/layout.md): no module or file imports back up"
+timed "layers" "$DEBIAN_PYTHON" "$ROOT/scripts/layers.py" >/dev/null
 # 15-upstream is the start of the major-version upgrade test.
 timed "obtaining what is missing (packages, PostgreSQL servers, cargo-pgrx)" setup "${VERSIONS[@]}" 15-upstream
 if wants 0 4; then

@@ -8,6 +8,9 @@
 
 \echo Use "ALTER EXTENSION rate_limiter UPDATE TO '0.7.0'" to load this file. \quit
 
+-- The description a fresh install takes from rate_limiter.control.
+COMMENT ON EXTENSION rate_limiter IS 'Transactional rate limits in your own transactions: token buckets, fixed, sliding and rolling windows, calendar quotas, concurrency, hot and memory limits';
+
 -- The snapshot becomes a log of packed rows (a changed key costs at most 64 bytes of WAL a
 -- round, not a row of its own): 0.6.0's rows, named by SHA-256, match no key of 0.7.0 and
 -- go with the table (docs/operations.md, "0.6.0 to 0.7.0").

@@ -47,7 +47,8 @@ FROM pg_init_privs i JOIN members m ON (m.classid, m.objid, m.objsubid) = (i.cla
 WHERE %(initial_privileges)s
 UNION ALL
 SELECT 'extension', extname, concat_ws(' ', extversion, extnamespace::regnamespace, extrelocatable,
-                                       extconfig::regclass[]::text, extcondition::text)
+                                       extconfig::regclass[]::text, extcondition::text,
+                                       obj_description(oid, 'pg_extension'))
 FROM pg_extension WHERE extname = %(extension)s
 ORDER BY 1, 2, 3
 """
