@@ -87,6 +87,8 @@ step "links between the Markdown files (README.md, docs/, examples/, bench/)"
 timed "links" "$DEBIAN_PYTHON" "$ROOT/scripts/check_links.py" "$ROOT"
 step "the layers of src/ (docs/layout.md): no module or file imports back up"
 timed "layers" "$DEBIAN_PYTHON" "$ROOT/scripts/layers.py" >/dev/null
+step "the SQL surface of the extension, the edition, the router and the clients against contract/functions.json"
+timed "contract" "$DEBIAN_PYTHON" "$ROOT/scripts/check_contract.py"
 # 15-upstream is the start of the major-version upgrade test.
 timed "obtaining what is missing (packages, PostgreSQL servers, cargo-pgrx)" setup "${VERSIONS[@]}" 15-upstream
 if wants 0 4; then

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Every implementation of the SQL surface held to contract/functions.json (issue 54), with no
+server and no build: the extension (sql/finalize.sql and the #[pg_extern]s of src/api/), the
+SQL-only edition's install script, the router's wrappers, the functions the client packages
+check grants on, and docs/api.md. Prints each difference; exit 1 when there is any."""
+import json
+import re
+import sys
+from pathlib import Path
+
+import contract
+
+ROOT = contract.ROOT
+CONTRACT = json.loads((ROOT / "contract" / "functions.json").read_text())
+FIELDS = ("args", "returns", "volatility", "parallel")
+UNITS = {"second": 1, "seconds": 1, "minute": 60, "minutes": 60, "hour": 3600, "hours": 3600, "day": 86400, "days": 86400}
+
+
+def same_default(a, b):
+    """Equal as written, or as intervals ('30 seconds' and '00:00:30')."""
+    if a == b:
+        return True
+
+    def seconds(d):
+        d = (d or "").strip("'")
+        m = re.fullmatch(r"(\d+):(\d\d):(\d\d)", d)
+        if m:
+            return int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3])
+        m = re.fullmatch(r"(\d+) (\w+)", d)
+        return int(m[1]) * UNITS[m[2]] if m and m[2] in UNITS else None
+    return seconds(a) is not None and seconds(a) == seconds(b)
+
+
+def differences(expected, found, fields=FIELDS):
+    out = []
+    for field in fields:
+        want, have = expected[field], found[field]
+        if field == "args":
+            same = len(want) == len(have) and all(
+                w[:2] == h[:2] and w[3:] == h[3:] and same_default(w[2], h[2]) for w, h in zip(want, have))
+        else:
+            same = want == have
+        if not same:
+            out.append(f"{field}: contract {want!r}, found {have!r}")
+    return out
+
+
+def check(label, found, wanted, fields=FIELDS, extra_allowed=(), overrides=None):
+    """`found` (a list of functions) against the contract's `wanted` ones."""
+    problems = []
+    by_name = {}
+    for f in found:
+        by_name[f["name"]] = f
+    for name, expected in wanted.items():
+        if name not in by_name:
+            problems.append(f"{label}: {name} is in the contract but not here")
+            continue
+        expected = {**expected, **(overrides or {}).get(name, {})}
+        problems += [f"{label}: {name}: {d}" for d in differences(expected, by_name[name], fields)]
+    for name in sorted(set(by_name) - set(wanted) - set(extra_allowed)):
+        problems.append(f"{label}: {name} is here but not in the contract")
+    return problems
+
+
+def main():
+    functions = {f["name"]: f for f in CONTRACT["functions"]}
+    problems = check("the extension", contract.extension(), functions, FIELDS + ("security_definer",))
+    edition = [f for f in contract.sql_functions((ROOT / "sql-only" / "rate_limiter.sql").read_text())
+               if not f["name"].startswith("_") or f["name"] in functions]
+    problems += check("the SQL-only edition", edition, {n: f for n, f in functions.items() if f["sql_only"]},
+                      extra_allowed=CONTRACT["sql_only_only"], overrides=CONTRACT["sql_only_differs"])
+    router = [f for f in contract.router() if not f["name"].startswith("_")]
+    problems += check("the router", router, {n: f for n, f in functions.items() if f["router"] == "routed"},
+                      extra_allowed=CONTRACT["router_only"])
+    for package, checked in contract.clients().items():
+        wanted = set(CONTRACT["client_grants"].get(package, []))
+        for name in sorted(wanted - checked):
+            problems.append(f"{package}: checks no grant on {name}, which the contract says it needs")
+        for name in sorted(checked - wanted):
+            problems.append(f"{package}: checks a grant on {name}, which the contract does not list for it")
+        for name in sorted(checked - set(functions)):
+            problems.append(f"{package}: {name} is no function of the contract")
+    api = (ROOT / "docs" / "api.md").read_text()
+    for name in sorted(n for n in functions if not n.startswith("_")):
+        if not re.search(rf"\b{name}\b", api):
+            problems.append(f"docs/api.md: {name} is not documented")
+    for p in problems:
+        print(p)
+    print(f"{len(functions)} functions, {len(problems)} differences")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
