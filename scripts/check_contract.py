@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Every implementation of the SQL surface held to contract/functions.json (issue 54), with no
-server and no build: the extension (sql/finalize.sql and the #[pg_extern]s of src/api/), the
-SQL-only edition's install script, the router's wrappers, the functions the client packages
-check grants on, and docs/api.md. Prints each difference; exit 1 when there is any."""
+"""Every implementation of the SQL surface held to contract/functions.json and
+contract/errors.json (issue 54), with no server and no build: the extension (sql/finalize.sql,
+the #[pg_extern]s of src/api/, src/error.rs), the SQL-only edition (its install script and its
+_raise), the router's wrappers, the functions the client packages check grants on, and
+docs/api.md. Prints each difference; exit 1 when there is any."""
 import json
 import re
 import sys
@@ -62,6 +63,33 @@ def check(label, found, wanted, fields=FIELDS, extra_allowed=(), overrides=None)
     return problems
 
 
+def check_errors():
+    """src/error.rs and the edition's _raise against contract/errors.json."""
+    errors = json.loads((ROOT / "contract" / "errors.json").read_text())
+    problems = []
+    rust, edition = contract.rust_errors(), contract.edition_errors()
+    wanted = {e["rust"]: e for e in errors["errors"]}
+    for variant in sorted(set(wanted) | set(rust)):
+        if variant not in rust or variant not in wanted:
+            where = "src/error.rs" if variant in rust else "the contract"
+            problems.append(f"errors: {variant} is only in {where}")
+            continue
+        for field in ("sqlstate", "message", "hint"):
+            if rust[variant][field] != wanted[variant][field]:
+                problems.append(f"src/error.rs: {variant}'s {field}: contract {wanted[variant][field]!r}, found {rust[variant][field]!r}")
+    kinds = {e["sql_only"]: {**e, "message": e.get("sql_only_message", e["message"])} for e in errors["errors"] if e["sql_only"]}
+    kinds.update({e["sql_only"]: e for e in errors["sql_only_errors"]})
+    for kind in sorted(set(kinds) | set(edition)):
+        if kind not in edition or kind not in kinds:
+            where = "sql-only/api.sql's _raise" if kind in edition else "the contract"
+            problems.append(f"errors: the edition's kind {kind!r} is only in {where}")
+            continue
+        for field in ("sqlstate", "message", "hint"):
+            if edition[kind][field] != kinds[kind][field]:
+                problems.append(f"sql-only/api.sql: _raise {kind!r}'s {field}: contract {kinds[kind][field]!r}, found {edition[kind][field]!r}")
+    return problems
+
+
 def main():
     functions = {f["name"]: f for f in CONTRACT["functions"]}
     problems = check("the extension", contract.extension(), functions, FIELDS + ("security_definer",))
@@ -80,13 +108,14 @@ def main():
             problems.append(f"{package}: checks a grant on {name}, which the contract does not list for it")
         for name in sorted(checked - set(functions)):
             problems.append(f"{package}: {name} is no function of the contract")
+    problems += check_errors()
     api = (ROOT / "docs" / "api.md").read_text()
     for name in sorted(n for n in functions if not n.startswith("_")):
         if not re.search(rf"\b{name}\b", api):
             problems.append(f"docs/api.md: {name} is not documented")
     for p in problems:
         print(p)
-    print(f"{len(functions)} functions, {len(problems)} differences")
+    print(f"{len(functions)} functions and their errors, {len(problems)} differences")
     return 1 if problems else 0
 
 

@@ -206,3 +206,55 @@ def clients():
 
 if __name__ == "__main__" and "--dump" in sys.argv:
     print(json.dumps(sorted(extension(), key=lambda f: f["name"]), indent=1))
+
+
+# Errors: SQLSTATEs by the names pgrx gives them.
+SQLSTATES = {
+    "INVALID_PARAMETER_VALUE": "22023", "UNDEFINED_OBJECT": "42704", "FEATURE_NOT_SUPPORTED": "0A000",
+    "INVALID_TEXT_REPRESENTATION": "22P02", "T_R_SERIALIZATION_FAILURE": "40001",
+    "OBJECT_NOT_IN_PREREQUISITE_STATE": "55000", "DATETIME_FIELD_OVERFLOW": "22008",
+    "INSUFFICIENT_PRIVILEGE": "42501", "CONFIGURATION_LIMIT_EXCEEDED": "53400",
+}
+
+
+def rust_string(literal):
+    """A Rust string literal's text: escapes, and a backslash at a line's end joins lines."""
+    text = re.sub(r"\\\n\s*", "", literal)
+    return text.replace('\\"', '"').replace("\\\\", "\\")
+
+
+def rust_arms(body, value):
+    """{variant: value} of the arms of a `match self` body, `value` a pattern of the arm's value."""
+    arms = {}
+    arm = re.compile(r"((?:Error::\w+(?:\s*\{\s*\.\.\s*\}|\(_\))?\s*\|?\s*)+)=>\s*\{?\s*" + value, re.S)
+    for m in arm.finditer(body):
+        for variant in re.findall(r"Error::(\w+)", m.group(1)):
+            arms[variant] = m.group(2)
+    return arms
+
+
+def rust_errors():
+    """src/error.rs's errors: {variant: {sqlstate, message, hint}}, a message's arguments as %."""
+    text = (ROOT / "src" / "error.rs").read_text()
+    enum = text[text.index("pub enum Error {"):text.index("impl Error {")]
+    messages = {m.group(2): re.sub(r"\{[^{}]*\}", "%", rust_string(m.group(1)))
+                for m in re.finditer(r'#\[error\("((?:[^"\\]|\\.)*)"[^\]]*\)\]\s*(\w+)', enum)}
+    sqlstate_body = text[text.index("fn sqlstate("):text.index("fn hint(")]
+    hint_body = text[text.index("fn hint("):text.index("pub fn raise(")]
+    states = rust_arms(sqlstate_body, r"PgSqlErrorCode::ERRCODE_(\w+)")
+    hints = rust_arms(hint_body, r'"((?:[^"\\]|\\.)*)"')
+    return {v: {"sqlstate": SQLSTATES.get(states.get(v), states.get(v)), "message": messages[v],
+                "hint": rust_string(hints[v]) if v in hints else None} for v in messages}
+
+
+def edition_errors():
+    """sql-only's `_raise` kinds: {kind: {sqlstate, message, hint}}, as PostgreSQL prints them."""
+    text = (ROOT / "sql-only" / "api.sql").read_text()
+    body = text[text.index("CREATE FUNCTION rate_limiter._raise("):]
+    body = body[:body.index("END CASE;")]
+    found = {}
+    for m in re.finditer(r"WHEN '(\w+)' THEN(.*?)(?=WHEN '\w+' THEN|$)", body, re.S):
+        raise_ = re.search(r"RAISE EXCEPTION '((?:[^']|'')*)'.*?ERRCODE = '(\w+)'.*?HINT = '((?:[^']|'')*)'", m.group(2), re.S)
+        found[m.group(1)] = {"sqlstate": raise_.group(2), "message": raise_.group(1).replace("''", "'"),
+                             "hint": raise_.group(3).replace("''", "'")}
+    return found
