@@ -10,7 +10,9 @@
 
 use std::fmt;
 
-use super::END_OF_TIME_MS;
+/// The instant PostgreSQL can no longer store (294277-01-01, its END_TIMESTAMP), in ms since
+/// the Unix epoch.
+pub const END_OF_TIME_MS: f64 = 9_224_318_016_000_000.0;
 
 const DAY_MS: f64 = 86_400_000.0;
 /// 1970-01-05, a Monday: ISO 8601 weeks start there.

@@ -11,7 +11,9 @@
 //! - rolling window: from the newest cells that hold tokens, back to the oldest cell that
 //!   still counts.
 
-use super::{check, rolling_window, sliding_window, Config, Counts, Kind, State};
+use super::shard::check;
+use super::types::{Config, Counts, Kind, State};
+use super::{rolling_window, sliding_window};
 
 /// The shard's state after a credit of `count` at `now`, and how much it took back
 /// (`0 <= given <= count`).

@@ -1,28 +1,9 @@
 //! What a call the limit denies does instead, by mode: RisingStack's n-ary mode takes what
 //! there is (`partial`), its uniform mode counts denied calls too (`penalize`).
 
-use super::{check, Check, Config, Reason, State};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// All of `count` or nothing.
-    All,
-    /// As much of `count` as there is now (whole tokens when `count` is whole).
-    Partial,
-    /// Denied calls are taken too, down to `-capacity`, so that a client that keeps calling
-    /// stays locked out, but never for ever.
-    Penalize,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::All => "all",
-            Mode::Partial => "partial",
-            Mode::Penalize => "penalize",
-        }
-    }
-}
+use super::shard::check;
+use super::types::{Check, Config, Mode, State};
+use crate::call::Reason;
 
 pub(super) enum Instead {
     /// Take this (ok), which grants the amount given.

@@ -13,7 +13,8 @@
 //! Stored: `ts` is the start of the current cell, `counts` the tokens of the counting
 //! cells, oldest first, and `value` what is left, `rate - sum(counts)`, for a reader.
 
-use super::{Check, Config, Counts, Reason, State};
+use super::types::{Check, Config, Counts, State};
+use crate::call::Reason;
 
 fn us(ms: f64) -> i64 {
     (ms * 1000.0).round() as i64

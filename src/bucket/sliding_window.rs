@@ -15,7 +15,8 @@
 //! credit under a rate of a million gave back a million; a row it wrote is read as
 //! `rate - value`, never below 0, as a token bucket's capacity clamps its level.
 
-use super::{Check, Config, Counts, Reason, State};
+use super::types::{Check, Config, Counts, State};
+use crate::call::Reason;
 
 /// The window `at` falls in, and the tokens taken in it and in the one before.
 struct Windows {

@@ -2,6 +2,7 @@
 //! call sequences.
 
 use super::*;
+use crate::call::Reason;
 
 const SECOND: f64 = 1_000.0;
 const MINUTE: f64 = 60.0 * SECOND;
