@@ -90,6 +90,48 @@ def check_errors():
     return problems
 
 
+SECONDS = {"ms": 0.001, "s": 1, "min": 60, "h": 3600, "d": 86400}
+
+
+def documented_default(cell, unit):
+    """A default as docs/operations.md writes it (`60s`, `on`, `1200000`, empty), in the
+    setting's own unit."""
+    text = re.sub(r"\(.*?\)", "", cell).replace("`", "").strip()
+    if text in ("empty", ""):
+        return ""
+    if text in ("on", "off"):
+        return "true" if text == "on" else "false"
+    m = re.fullmatch(r"(-?[0-9]+)(ms|s|min|h|d)?", text)
+    if not m:
+        return text
+    if m.group(2) and unit:
+        return str(round(int(m.group(1)) * SECONDS[m.group(2)] / SECONDS[unit]))
+    return m.group(1)
+
+
+def check_settings():
+    """Every setting of src/settings.rs in docs/operations.md's table, with its default and
+    who may set it, and no other."""
+    problems = []
+    table = {}
+    for line in (ROOT / "docs" / "operations.md").read_text().splitlines():
+        m = re.match(r"\| `(rate_limiter\.\w+)` \| (.*?) \| (.*?) \|", line)
+        if m:
+            table[m.group(1)] = (m.group(2), m.group(3))
+    found = contract.settings()
+    for name in sorted(set(found) | set(table)):
+        if name not in table or name not in found:
+            where = "src/settings.rs" if name in found else "docs/operations.md"
+            problems.append(f"settings: {name} is only in {where}")
+            continue
+        setting, (default, who) = found[name], table[name]
+        if documented_default(default, setting["unit"]) != setting["default"]:
+            problems.append(f"docs/operations.md: {name}'s default {default!r}, src/settings.rs {setting['default']!r}")
+        if setting["context"] not in who:
+            problems.append(f"docs/operations.md: {name} is set by {who!r}, src/settings.rs says {setting['context']}")
+    return problems
+
+
 def main():
     functions = {f["name"]: f for f in CONTRACT["functions"]}
     problems = check("the extension", contract.extension(), functions, FIELDS + ("security_definer",))
@@ -109,13 +151,14 @@ def main():
         for name in sorted(checked - set(functions)):
             problems.append(f"{package}: {name} is no function of the contract")
     problems += check_errors()
+    problems += check_settings()
     api = (ROOT / "docs" / "api.md").read_text()
     for name in sorted(n for n in functions if not n.startswith("_")):
         if not re.search(rf"\b{name}\b", api):
             problems.append(f"docs/api.md: {name} is not documented")
     for p in problems:
         print(p)
-    print(f"{len(functions)} functions and their errors, {len(problems)} differences")
+    print(f"{len(functions)} functions, their errors and the settings: {len(problems)} differences")
     return 1 if problems else 0
 
 

@@ -258,3 +258,19 @@ def edition_errors():
         found[m.group(1)] = {"sqlstate": raise_.group(2), "message": raise_.group(1).replace("''", "'"),
                              "hint": raise_.group(3).replace("''", "'")}
     return found
+
+
+# Settings: src/settings.rs's statics and their GucRegistry calls.
+CONTEXTS = {"Suset": "superuser", "Sighup": "reload", "Postmaster": "restart", "Userset": "anyone"}
+
+
+def settings():
+    """{name: {default, context, unit}} of every setting src/settings.rs registers."""
+    text = (ROOT / "src" / "settings.rs").read_text()
+    defaults = {m.group(1): m.group(2) for m in re.finditer(r"pub static (\w+): GucSetting<[^=]*= GucSetting::<[^>]*>>?::new\((.*?)\);", text)}
+    found = {}
+    for m in re.finditer(r'define_\w+_guc\(\s*c"(rate_limiter\.\w+)",.*?&(\w+),(.*?)GucContext::(\w+),\s*GucFlags::(\w+)', text, re.S):
+        default = defaults[m.group(2)].replace("_", "")
+        found[m.group(1)] = {"default": "" if default == "None" else default, "context": CONTEXTS[m.group(4)],
+                             "unit": {"UNIT_S": "s", "UNIT_MS": "ms"}.get(m.group(5))}
+    return found

@@ -6,25 +6,12 @@ use std::ffi::{CStr, CString};
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{direct_function_call, IntoDatum};
 
 use crate::error::Error;
+use crate::settings;
 
-/// `rate_limiter.fake_now`: a timestamptz the limiter takes as now; empty means the real clock.
-static FAKE_NOW: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
-/// From `_PG_init`: the setting.
-pub fn register() {
-    GucRegistry::define_string_guc(
-        c"rate_limiter.fake_now",
-        c"Time the rate limiter takes as now (timestamptz text); empty uses the real clock.",
-        c"For tests: moves the limiter's clock. Superuser only, so it cannot be used to dodge a limit.",
-        &FAKE_NOW,
-        GucContext::Suset,
-        GucFlags::default(),
-    );
-}
 
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
 const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
@@ -39,7 +26,7 @@ pub fn now_ms() -> f64 {
     // SAFETY: PostgreSQL writes this variable only when the setting is assigned, never during
     // this read (backends are single-threaded); read in place, as copying it out would
     // allocate on every call. Its first byte is read only when non-null.
-    let fake = unsafe { *FAKE_NOW.as_ptr() };
+    let fake = unsafe { *settings::FAKE_NOW.as_ptr() };
     // SAFETY: `fake` is non-null here (checked first), so it points at PostgreSQL's
     // NUL-terminated copy of the setting, whose first byte is always readable.
     if fake.is_null() || unsafe { *fake } == 0 {

@@ -3,17 +3,16 @@
 //! it, rendering the effective config back as jsonb, and the fingerprint that keeps an
 //! inline config's state apart from every other config's.
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::bucket::calendar::Unit;
-use crate::bucket::concurrency::MAX_SLOTS;
 use crate::bucket::{Calendar, Config, Kind, Mode, OnLockTimeout, DEFAULT_BUCKETS, MAX_BUCKETS};
 use crate::call::Fingerprint;
 use crate::clock;
 use crate::error::{Error, Result};
+use crate::settings::{self, MAX_SLOTS};
 
 mod zone;
 
@@ -271,71 +270,26 @@ fn calendar(kind: Kind, period: Option<Interval>, tz: Option<&str>, start: Optio
     }
 }
 
-/// `rate_limiter.shadow`: every limit of the session in shadow mode. Superuser-only, and
-/// grantable (`GRANT SET ON PARAMETER`): were any role able to set it, a role that inserts
-/// through a policy or trigger that calls `rate_limit` could turn the limit off for itself.
-static SHADOW: GucSetting<bool> = GucSetting::<bool>::new(false);
-
-/// The most concurrency-limit slots one transaction may hold at once: each is an entry of the
-/// server's shared lock table, sized for about `max_locks_per_transaction` (64) per
-/// connection, which every database shares.
-static MAX_SLOTS_PER_TRANSACTION: GucSetting<i32> = GucSetting::<i32>::new(32);
-
-/// The longest lease `acquire` and `renew` give, in seconds: a lease's rows stay until it
-/// ends (`prune()` removes them then), so this bounds how long a caller's rows stay.
-static MAX_LEASE: GucSetting<i32> = GucSetting::<i32>::new(86_400);
-
-/// From `_PG_init`: the setting.
-pub fn register() {
-    GucRegistry::define_bool_guc(
-        c"rate_limiter.shadow",
-        c"Shadow mode for every limit of the session: a call that would be denied is answered ok, taking nothing, with reason 'shadow'.",
-        c"Blocks still deny. Counted in rate_limiter.stats.shadow_denied. Superusers, and roles granted SET ON PARAMETER rate_limiter.shadow; SET LOCAL through a transaction pooler.",
-        &SHADOW,
-        GucContext::Suset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"rate_limiter.max_slots_per_transaction",
-        c"The most concurrency-limit slots one transaction may hold at once; a call that would hold more is refused (53400).",
-        c"Each slot held is an entry of the server's shared lock table, which every database shares. A superuser setting; keep it well inside max_locks_per_transaction.",
-        &MAX_SLOTS_PER_TRANSACTION,
-        1,
-        MAX_SLOTS as i32,
-        GucContext::Suset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"rate_limiter.max_lease",
-        c"The longest lease acquire and renew give; a longer one is refused (22023).",
-        c"A lease's rows stay until it ends, when prune() removes them. A superuser setting.",
-        &MAX_LEASE,
-        1,
-        i32::MAX,
-        GucContext::Suset,
-        GucFlags::UNIT_S,
-    );
-}
 
 /// `rate_limiter.max_lease`, in ms.
 pub fn max_lease_ms() -> f64 {
-    f64::from(MAX_LEASE.get()) * 1000.0
+    f64::from(settings::MAX_LEASE.get()) * 1000.0
 }
 
 /// `rate_limiter.max_slots_per_transaction`.
 pub fn max_slots_per_transaction() -> u32 {
-    MAX_SLOTS_PER_TRANSACTION.get() as u32
+    settings::MAX_SLOTS_PER_TRANSACTION.get() as u32
 }
 
 /// Whether a call under `config` answers a denial in shadow mode: the limit's `enforce`
 /// is off, or the session's `rate_limiter.shadow` on.
 pub fn shadow(config: &Config) -> bool {
-    !config.enforce || SHADOW.get()
+    !config.enforce || settings::SHADOW.get()
 }
 
 /// Whether the session is in shadow mode (`rate_limiter.shadow`).
 pub fn shadow_session() -> bool {
-    SHADOW.get()
+    settings::SHADOW.get()
 }
 
 /// What identifies a config's arithmetic: SHA-256 (truncated to 128 bits, so no caller can

@@ -18,6 +18,7 @@ mod limiter;
 mod lists;
 mod worker;
 mod prune_worker;
+mod settings;
 mod shmem;
 mod snapshot_worker;
 mod storage;
@@ -29,18 +30,13 @@ mod pg_tests;
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    clock::register();
-    config::register();
-    cache::register_invalidation();
-    prune_worker::register();
-    storage::slots::register();
     // SAFETY: a plain bool the postmaster sets only while loading shared_preload_libraries;
     // this process is single-threaded, so no write can race this read.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
-    shmem::stats::register(preloading);
-    shmem::deny_cache::register(preloading);
-    shmem::hot::register(preloading);
-    shmem::memory::register(preloading);
+    settings::register(preloading);
+    cache::register_invalidation();
+    prune_worker::register();
+    storage::slots::register();
     if preloading {
         shmem::register();
         if shmem::memory::enabled() {

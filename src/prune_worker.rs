@@ -21,32 +21,20 @@ use std::ffi::CString;
 use std::time::Duration;
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use pgrx::PgMemoryContexts;
 
 use crate::worker::{pin_search_path, run_in, start_in_database};
 use crate::{cache, clock, storage};
+use crate::settings;
 
-/// `rate_limiter.prune_interval`, in seconds; 0 turns the worker off.
-static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
 
 /// Rows deleted per transaction: short transactions, so the worker never holds many row
 /// locks or a snapshot for long.
 const BATCH: i32 = 10_000;
 
-/// From `_PG_init`: the setting always, the launcher only when preloaded.
+/// From `_PG_init`: the launcher, when preloaded.
 pub fn register() {
-    GucRegistry::define_int_guc(
-        c"rate_limiter.prune_interval",
-        c"How often the background worker removes expired rows of rate_limiter.state; 0 turns it off.",
-        c"Needs shared_preload_libraries = 'rate_limiter'. Each run prunes every database that has the extension.",
-        &PRUNE_INTERVAL,
-        0,
-        i32::MAX / 1000,
-        GucContext::Sighup,
-        GucFlags::UNIT_S,
-    );
     // SAFETY: a plain bool the postmaster sets only while loading shared_preload_libraries;
     // this process is single-threaded, so no write can race this read.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
@@ -68,7 +56,7 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
     pin_search_path();
     loop {
         // Off (0): look at the setting again hourly, or at the next reload.
-        let interval = match PRUNE_INTERVAL.get() {
+        let interval = match settings::PRUNE_INTERVAL.get() {
             0 => 3600,
             seconds => seconds as u64,
         };
@@ -82,7 +70,7 @@ pub extern "C-unwind" fn rate_limiter_prune_launcher(_arg: pg_sys::Datum) {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
             continue; // start the new interval afresh
         }
-        if PRUNE_INTERVAL.get() == 0 {
+        if settings::PRUNE_INTERVAL.get() == 0 {
             continue;
         }
         let databases: Vec<pg_sys::Oid> = BackgroundWorker::transaction(|| {

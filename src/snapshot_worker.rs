@@ -19,29 +19,17 @@
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, DynamicBackgroundWorker, SignalWakeFlags};
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
 use crate::shmem::memory::{self, snapshot};
 use crate::storage::snapshot::Kind;
 use crate::worker::{start, start_in_database};
 use crate::{clock, storage};
+use crate::settings;
 
-/// `rate_limiter.memory_snapshot`, in milliseconds; 0 turns the snapshots off.
-static INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
 /// From `_PG_init`, when memory limits are on (`memory_keys` > 0 in a preloaded library).
 pub fn register() {
-    GucRegistry::define_int_guc(
-        c"rate_limiter.memory_snapshot",
-        c"How often memory limits' changed counts are written to rate_limiter.memory_snapshot, which a crash or a promotion loads; 0 turns it off.",
-        c"After a crash, a key of a memory limit may admit again at most what it admitted in the last interval (and the worker's round).",
-        &INTERVAL,
-        0,
-        3_600_000,
-        GucContext::Sighup,
-        GucFlags::UNIT_MS,
-    );
     BackgroundWorkerBuilder::new("rate_limiter memory snapshot launcher")
         .set_type("rate_limiter memory snapshot launcher")
         .set_library("rate_limiter")
@@ -57,7 +45,7 @@ const IDLE_ROUNDS: u32 = 60;
 
 /// The interval, or an hour when off (0): look at the setting again then, or at the next reload.
 fn interval() -> Duration {
-    Duration::from_millis(match INTERVAL.get() {
+    Duration::from_millis(match settings::MEMORY_SNAPSHOT.get() {
         0 => 3_600_000,
         ms => ms as u64,
     })
@@ -77,7 +65,7 @@ fn rest(for_at_most: Duration) -> bool {
 }
 
 fn off() -> bool {
-    INTERVAL.get() == 0 || storage::in_recovery()
+    settings::MEMORY_SNAPSHOT.get() == 0 || storage::in_recovery()
 }
 
 #[pg_guard]

@@ -2,9 +2,6 @@
 //! is found outside (transactions' slots and leases, `storage`); this is the arithmetic of
 //! one answer.
 
-/// The most slots a concurrency limit may have: a call probes each of them once, so this
-/// bounds the work one call does while it keeps others from searching the same key.
-pub const MAX_SLOTS: f64 = 1000.0;
 /// The longest lease, as the longest period: 100 years.
 pub const MAX_LEASE_MS: f64 = 100.0 * 365.25 * 86_400_000.0;
 

@@ -22,17 +22,15 @@ use std::ffi::CStr;
 use std::ptr::null_mut;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 
 use crate::bucket::Config;
 use crate::call::{Decision, Reason, Request};
 use crate::clock;
 use crate::hash;
+use crate::settings;
 use super::area;
 
-/// `rate_limiter.deny_cache_slots`: slots of the table (rounded up to a power of two).
-static SLOTS: GucSetting<i32> = GucSetting::<i32>::new(16384);
 
 const SHMEM_NAME: &CStr = c"rate_limiter deny cache";
 
@@ -72,7 +70,7 @@ struct Slot {
 static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
 
 fn slot_count() -> u64 {
-    match SLOTS.get() {
+    match settings::DENY_CACHE_SLOTS.get() {
         0 => 0,
         n => (n as u64).next_power_of_two(),
     }
@@ -92,22 +90,6 @@ fn table() -> Option<(&'static Header, &'static [Slot])> {
         let first = header as *const Header as *const u8;
         let slots = first.add(area::entries_offset::<Header, Slot>()).cast::<Slot>();
         Some((header, std::slice::from_raw_parts(slots, header.slots as usize)))
-    }
-}
-
-/// From `_PG_init`: the setting, only when preloading (a postmaster setting).
-pub fn register(preloading: bool) {
-    if preloading {
-        GucRegistry::define_int_guc(
-            c"rate_limiter.deny_cache_slots",
-            c"Slots of the deny cache (limits with deny_cache); 0 turns it off.",
-            c"Rounded up to a power of two; each slot takes 192 bytes of shared memory.",
-            &SLOTS,
-            0,
-            1 << 24,
-            GucContext::Postmaster,
-            GucFlags::default(),
-        );
     }
 }
 

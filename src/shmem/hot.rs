@@ -17,13 +17,13 @@ use std::mem::MaybeUninit;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 
 use crate::bucket::escrow::Escrow;
 use crate::bucket::{Config, State};
 use crate::call::{MAX_KEY_BYTES, MAX_NAME_BYTES};
 use crate::error::{Error, Result};
+use crate::settings;
 
 use super::area::{self, Held};
 
@@ -33,12 +33,6 @@ pub const RING: usize = 4096;
 /// Commits between two folds of a key's log into its base row.
 pub const FOLD_EVERY: u64 = 1000;
 
-/// `rate_limiter.hot_keys`: how many hot (name, key) pairs can be in use at once.
-static ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(16);
-
-/// `rate_limiter.hot_keys_per_database`: how many of them one database may hold (at least
-/// one); -1 for half of them, so that one database cannot take them all.
-static PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 
 const SHMEM_NAME: &CStr = c"rate_limiter hot keys";
 const TRANCHE: &CStr = c"rate_limiter hot keys";
@@ -149,7 +143,7 @@ static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
 static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(null_mut());
 
 fn entry_count() -> usize {
-    ENTRIES.get().max(0) as usize
+    settings::HOT_KEYS.get().max(0) as usize
 }
 
 fn size(entries: usize) -> usize {
@@ -173,35 +167,9 @@ fn lock(i: usize) -> *mut pg_sys::LWLock {
     unsafe { &raw mut (*LOCKS.load(Acquire).add(i)).lock }
 }
 
-/// From `_PG_init`: the setting, only when preloading (a postmaster setting).
-pub fn register(preloading: bool) {
-    if preloading {
-        GucRegistry::define_int_guc(
-            c"rate_limiter.hot_keys",
-            c"How many (name, key) pairs of hot limits can be in use at once; 0 turns hot limits off.",
-            c"Each takes about 140 kB of shared memory.",
-            &ENTRIES,
-            0,
-            1 << 16,
-            GucContext::Postmaster,
-            GucFlags::default(),
-        );
-        GucRegistry::define_int_guc(
-            c"rate_limiter.hot_keys_per_database",
-            c"How many of the rate_limiter.hot_keys entries one database may hold; -1 for half of them.",
-            c"So that one database's open transactions cannot take every entry from the others.",
-            &PER_DATABASE,
-            -1,
-            1 << 16,
-            GucContext::Suset,
-            GucFlags::default(),
-        );
-    }
-}
-
 /// The entries one database may hold, of `entries`.
 fn share(entries: usize) -> usize {
-    match PER_DATABASE.get() {
+    match settings::HOT_KEYS_PER_DATABASE.get() {
         -1 => entries.div_ceil(2).max(1),
         n => n.max(1) as usize,
     }

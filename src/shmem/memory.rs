@@ -16,12 +16,12 @@ use std::ffi::CStr;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 
 use crate::bucket::escrow::{Admitted, Escrow};
 use crate::bucket::{self, Config, State};
 use crate::error::{Error, Result};
+use crate::settings;
 
 use super::area::{self, Held};
 
@@ -45,13 +45,6 @@ const PARTITION: usize = 64;
 /// that a caller's variants cannot crowd out the named limit's count of the key.
 const INLINE_VARIANTS: usize = 4;
 
-/// `rate_limiter.memory_keys`: how many (limit, key) pairs of memory limits can be counted
-/// at once.
-static ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(1_200_000);
-
-/// `rate_limiter.memory_keys_per_database`: how many of them one database may hold; -1 for
-/// seven eighths of them.
-static PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 
 const SHMEM_NAME: &CStr = c"rate_limiter memory keys";
 const TRANCHE: &CStr = c"rate_limiter memory keys";
@@ -232,7 +225,7 @@ pub fn enabled() -> bool {
 
 /// The entries asked for, in whole partitions.
 fn entry_count() -> usize {
-    (ENTRIES.get().max(0) as usize).next_multiple_of(PARTITION)
+    (settings::MEMORY_KEYS.get().max(0) as usize).next_multiple_of(PARTITION)
 }
 
 /// The pool's shares: none with memory limits off.
@@ -246,32 +239,6 @@ fn partition_lock(partition: usize) -> *mut pg_sys::LWLock {
     // SAFETY: `LOCKS` holds one lock per partition and one more from the named tranche (see
     // `attach`).
     unsafe { &raw mut (*LOCKS.load(Acquire).add(partition)).lock }
-}
-
-/// From `_PG_init`: the settings, only when preloading (a postmaster setting).
-pub fn register(preloading: bool) {
-    if preloading {
-        GucRegistry::define_int_guc(
-            c"rate_limiter.memory_keys",
-            c"How many (limit, key) pairs of memory limits (durable => false) can be counted in shared memory at once; 0 turns memory limits off.",
-            c"Each takes 118 bytes of shared memory; counted in whole partitions of 64. A key that finds no room is counted in its row of rate_limiter.state until room frees.",
-            &ENTRIES,
-            0,
-            1 << 30,
-            GucContext::Postmaster,
-            GucFlags::default(),
-        );
-        GucRegistry::define_int_guc(
-            c"rate_limiter.memory_keys_per_database",
-            c"How many of the rate_limiter.memory_keys entries one database may hold; -1 for seven eighths of them.",
-            c"So that one database's keys cannot take every entry from the others; its keys beyond it are counted in rows.",
-            &PER_DATABASE,
-            -1,
-            1 << 30,
-            GucContext::Suset,
-            GucFlags::default(),
-        );
-    }
 }
 
 /// The entries one database may hold of `entries`, by `rate_limiter.memory_keys_per_database`.
@@ -681,7 +648,7 @@ pub fn hold(id: &Identity, name: &str, config: u64, now: f64, claim: Claim, fres
 fn claim_entry(table: &Table, partitions: [usize; 2], now: f64) -> Option<usize> {
     let database = database();
     let share = shares::of(table, database)?;
-    let own_only = share.held() >= share_limit(table.count(), PER_DATABASE.get());
+    let own_only = share.held() >= share_limit(table.count(), settings::MEMORY_KEYS_PER_DATABASE.get());
     let i = reusable(table, partitions, now, own_only)?;
     let entry = table.entry(i);
     if !entry.used() || entry.database != database {

@@ -18,24 +18,18 @@ use std::ffi::CStr;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::spinlock::PgSpinLock;
 
 use crate::call::{Decision, Reason, MAX_NAME_BYTES, OTHER};
 use crate::hash;
+use crate::settings;
 use super::area::{self, Held};
 
 mod top_keys;
 pub use top_keys::Heavy;
 use top_keys::TopKeys;
 
-/// `rate_limiter.stats_max_names`: (database, name) pairs with an entry of their own.
-static MAX_NAMES: GucSetting<i32> = GucSetting::<i32>::new(1000);
-/// `rate_limiter.stats_max_names_per_database`: the most of them one database may hold.
-static MAX_NAMES_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(250);
-/// `rate_limiter.track_stats`: count calls (when preloaded).
-static TRACK: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 /// Entries kept apart for the `*other*` rows of databases, beyond `stats_max_names`.
 const OTHER_ROWS: u32 = 64;
@@ -139,41 +133,6 @@ fn layout(max_names: u32) -> (usize, usize, usize) {
     (slots_at, entries_at, entries_at + entry_count(max_names) * size_of::<Entry>())
 }
 
-/// From `_PG_init`: the settings (the size only when preloading: PostgreSQL refuses, FATAL,
-/// a postmaster setting defined after startup).
-pub fn register(preloading: bool) {
-    GucRegistry::define_bool_guc(
-        c"rate_limiter.track_stats",
-        c"Count rate limit calls in rate_limiter.stats and rate_limiter.top_denied.",
-        c"Needs shared_preload_libraries = 'rate_limiter'.",
-        &TRACK,
-        GucContext::Suset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"rate_limiter.stats_max_names_per_database",
-        c"Limit names one database may have counted in rate_limiter.stats under their own rows; more are counted under its *other*.",
-        c"So that no database takes the room of rate_limiter.stats_max_names from the others.",
-        &MAX_NAMES_PER_DATABASE,
-        1,
-        10_000,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    if preloading {
-        GucRegistry::define_int_guc(
-            c"rate_limiter.stats_max_names",
-            c"Limit names counted in rate_limiter.stats each under its own row, over all databases.",
-            c"Each name takes about 6 kB of shared memory.",
-            &MAX_NAMES,
-            1,
-            10_000,
-            GucContext::Postmaster,
-            GucFlags::default(),
-        );
-    }
-}
-
 /// The postmaster's shmem request: the area and the lock that hands out entries.
 ///
 /// # Safety
@@ -182,7 +141,7 @@ pub unsafe fn request() {
     // SAFETY: the caller is the shmem request hook, where PostgreSQL 15 accepts these requests
     // (elsewhere it raises FATAL); MAX_NAMES cannot change after postmaster start.
     unsafe {
-        pg_sys::RequestAddinShmemSpace(layout(MAX_NAMES.get() as u32).2);
+        pg_sys::RequestAddinShmemSpace(layout(settings::STATS_MAX_NAMES.get() as u32).2);
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
     }
 }
@@ -192,7 +151,7 @@ pub unsafe fn request() {
 /// # Safety
 /// Only from `shmem_startup_hook`, holding AddinShmemInitLock.
 pub unsafe fn attach() {
-    let max_names = MAX_NAMES.get() as u32;
+    let max_names = settings::STATS_MAX_NAMES.get() as u32;
     // SAFETY: this function's own contract: from the startup hook, holding
     // AddinShmemInitLock; `request` asked for this size.
     let (area, found) = unsafe { area::area(SHMEM_NAME, layout(max_names).2) };
@@ -271,7 +230,7 @@ impl Shared {
             Err(at) => at,
         };
         let used = self.header.used.load(Relaxed) as usize;
-        let share = MAX_NAMES_PER_DATABASE.get().max(1) as usize;
+        let share = settings::STATS_MAX_NAMES_PER_DATABASE.get().max(1) as usize;
         if name != OTHER && (1..used).filter(|i| self.of_database(*i, database) && self.name(*i) != OTHER).count() < share {
             if let Some(i) = self.add(own, database, name) {
                 return i;
@@ -405,7 +364,7 @@ fn entry_of(shared: &Shared, name: &str) -> usize {
 /// this limit itself denied it (its key goes in the sketch), not only a call it was part of.
 pub fn record(name: &str, key: Option<&str>, d: &Decision, denied_here: bool) {
     let Some(shared) = shared() else { return };
-    if !TRACK.get() {
+    if !settings::TRACK_STATS.get() {
         return;
     }
     let i = entry_of(&shared, name);
@@ -433,7 +392,7 @@ pub fn record(name: &str, key: Option<&str>, d: &Decision, denied_here: bool) {
 /// shared memory (docs/memory-limits.md).
 pub fn record_overflow(name: &str) {
     let Some(shared) = shared() else { return };
-    if !TRACK.get() {
+    if !settings::TRACK_STATS.get() {
         return;
     }
     shared.entries[entry_of(&shared, name)].memory_in_rows.fetch_add(1, Relaxed);
