@@ -135,8 +135,7 @@ def check_settings():
 def main():
     functions = {f["name"]: f for f in CONTRACT["functions"]}
     problems = check("the extension", contract.extension(), functions, FIELDS + ("security_definer",))
-    edition = [f for f in contract.sql_functions((ROOT / "sql-only" / "rate_limiter.sql").read_text())
-               if not f["name"].startswith("_") or f["name"] in functions]
+    edition = [f for f in contract.edition() if not f["name"].startswith("_") or f["name"] in functions]
     problems += check("the SQL-only edition", edition, {n: f for n, f in functions.items() if f["sql_only"]},
                       extra_allowed=CONTRACT["sql_only_only"], overrides=CONTRACT["sql_only_differs"])
     router = [f for f in contract.router() if not f["name"].startswith("_")]

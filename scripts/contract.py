@@ -173,10 +173,8 @@ def extension():
 
 
 def edition():
-    """The SQL-only edition's functions, from its parts (build.py copies ip_key from
-    sql/finalize.sql, which the extension's reading covers)."""
-    text = "".join(f.read_text() for f in sorted((ROOT / "sql-only").glob("*.sql")) if f.name not in ("rate_limiter.sql", "pg_tle.sql"))
-    return sql_functions(text)
+    """The SQL-only edition's functions, as its install script creates them."""
+    return sql_functions((ROOT / "sql-only" / "rate_limiter.sql").read_text())
 
 
 def router():

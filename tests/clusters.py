@@ -7,7 +7,9 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -156,6 +158,31 @@ def wait_for(predicate, what, timeout=60, interval=0.1, detail=lambda: ""):
     while not predicate():
         assert time.time() < deadline, f"timed out waiting for {what} {detail()}"
         time.sleep(interval)
+
+
+def kill_9_under_load(cluster, script, *, clients, seconds, until, rate=None):
+    """pgbench runs `script` (a pgbench file's text) on `cluster`'s postgres database with
+    `clients` sessions (at `rate` transactions a second, if given) for up to `seconds`; once
+    `until()` returns, the server is killed (SIGKILL, every process: a crash), the load ends
+    with it, and the server starts again. The instant it was killed."""
+    load_file = Path(tempfile.mkdtemp(prefix="load_")) / "load.sql"
+    load_file.write_text(script)
+    os.chmod(load_file.parent, 0o755)
+    throttle = ["-R", str(rate)] if rate else []
+    load = subprocess.Popen([f"{cluster.bin}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres", "-n",
+                             "-c", str(clients), *throttle, "-T", str(seconds), "-f", str(load_file), "postgres"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        until()
+        killed_at = time.time()
+        cluster.kill9()
+        load.wait(30)
+    finally:
+        if load.poll() is None:
+            load.kill()
+        shutil.rmtree(load_file.parent, ignore_errors=True)
+    cluster.start()
+    return killed_at
 
 
 def rows_reach(cluster, table, n, dbname="postgres"):

@@ -3,17 +3,14 @@ queueing on its row, exact under any interleaving, given back on rollback, kept 
 crashes, replicated, and reset, pruned and redefined under load. Each check is the ledger's:
 what committed transactions were granted, plus what the limit has left, is what it had."""
 
-import os
-import subprocess
 import threading
 import time
 
-import psycopg
 import pytest
 from psycopg import errors
 
 from calls import amcheck_clean, define
-from clusters import PORTS, as_postgres, every_version, rows_reach, wait_for
+from clusters import PORTS, every_version, kill_9_under_load, rows_reach, wait_for
 from ledger import NOW, granted, ledger, mixed_load, remaining, session, take
 
 
@@ -243,7 +240,7 @@ COMMIT;
 
 
 @every_version
-def test_kill_9_under_load_three_times_loses_nothing_and_admits_nothing_extra(clusters, tmp_path):
+def test_kill_9_under_load_three_times_loses_nothing_and_admits_nothing_extra(clusters):
     cluster = clusters("hot_crash", PORTS["hot_crash"], ["-c shared_preload_libraries=rate_limiter"]).init().start()
     capacity = 1000000000
     with cluster.connect() as c:
@@ -251,9 +248,6 @@ def test_kill_9_under_load_three_times_loses_nothing_and_admits_nothing_extra(cl
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
         ledger(c)
         define(c, "crash", rate=capacity, period="1 hour", hot=True)
-    script = tmp_path / "load.sql"
-    script.write_text(LOAD)
-    os.chmod(tmp_path, 0o755)
     check = """
         SELECT count(*) FROM (SELECT k, sum(granted) AS granted FROM ledger GROUP BY k) l
         FULL JOIN (SELECT g::text AS k, %s - remaining AS used
@@ -261,15 +255,9 @@ def test_kill_9_under_load_three_times_loses_nothing_and_admits_nothing_extra(cl
         USING (k) WHERE l.granted IS DISTINCT FROM s.used AND NOT (l.granted IS NULL AND s.used = 0)"""
     rows_before = 0
     for crash in range(3):
-        load = subprocess.Popen([f"{cluster.bin}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
-                                 "-n", "-c", "8", "-T", "20", "-f", str(script), "postgres"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # Killed mid-load, once this round's load has committed 300 rows (not at its start,
         # where the rows of the rounds before would already be enough).
-        rows_reach(cluster, "ledger", rows_before + 300)
-        cluster.kill9()
-        load.wait(30)
-        cluster.start()
+        kill_9_under_load(cluster, LOAD, clients=8, seconds=20, until=lambda: rows_reach(cluster, "ledger", rows_before + 300))
         with cluster.connect() as c:
             rows = rows_before = c.execute("SELECT count(*) FROM ledger").fetchone()[0]
             assert rows > 100 * (crash + 1), "the load ran"

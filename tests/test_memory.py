@@ -6,7 +6,6 @@ tests/test_hot_oracle.py's, rollbacks and nested savepoints tests/test_hot.py's.
 
 import os
 import re
-import subprocess
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from psycopg import errors
 
 from properties import seeded
 from calls import define
-from clusters import PORTS, as_postgres, every_version, wait_for
+from clusters import PORTS, every_version, kill_9_under_load, wait_for
 from ledger import NOW, granted, ledger, mixed_load, remaining, session
 from together import in_sessions
 
@@ -426,7 +425,7 @@ COMMIT;
 
 
 @every_version
-def test_a_crash_under_load_forgets_at_most_the_admissions_since_the_last_snapshot(clusters, tmp_path):
+def test_a_crash_under_load_forgets_at_most_the_admissions_since_the_last_snapshot(clusters):
     """8 sessions take tokens (a fifth roll back) and the server is killed (SIGKILL, every
     process) mid-load: after the restart the key counts every committed admission but those
     of the last snapshot interval and the worker's round (1 s allowed), and no more than was
@@ -440,17 +439,7 @@ def test_a_crash_under_load_forgets_at_most_the_admissions_since_the_last_snapsh
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")  # no refill
         define(c, "mem", rate=5000, period="1 hour", durable=False)
         ledger(c)
-    script = tmp_path / "load.sql"
-    script.write_text(LOAD)
-    os.chmod(tmp_path, 0o755)
-    load = subprocess.Popen([f"{server.bin}/pgbench", "-h", "/tmp", "-p", str(server.port), "-U", "postgres",
-                             "-n", "-c", "8", "-R", "300", "-T", "30", "-f", str(script), "postgres"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(4)
-    killed_at = time.time()
-    server.kill9()
-    load.wait(30)
-    server.start()
+    killed_at = kill_9_under_load(server, LOAD, clients=8, rate=300, seconds=30, until=lambda: time.sleep(4))
     with server.connect() as c:
         committed = c.execute("SELECT sum(granted) FROM ledger").fetchone()[0]
         recent = c.execute("SELECT coalesce(sum(granted), 0) FROM ledger WHERE at > to_timestamp(%s)",

@@ -12,7 +12,7 @@ import pytest
 from psycopg import errors
 
 from calls import amcheck_clean
-from clusters import PG_BIN, PORTS, as_postgres, connect, every_version, rows_reach, wait_for
+from clusters import PG_BIN, PORTS, as_postgres, connect, every_version, kill_9_under_load, rows_reach, wait_for
 
 NOW = "2030-01-01 00:00:00+00"
 
@@ -391,27 +391,18 @@ def test_a_subscriber_of_the_leases_sees_the_publishers_and_takes_none_of_its_ow
 
 
 @every_version
-def test_kill_9_under_load_three_times_loses_nothing(clusters, tmp_path):
+def test_kill_9_under_load_three_times_loses_nothing(clusters):
     cluster = clusters("crash", PORTS["crash"]).init().start()
     with cluster.connect() as c:
         c.execute("CREATE EXTENSION rate_limiter")
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
         c.execute("CREATE TABLE ledger (k int, granted float8)")
         c.execute("SELECT rate_limiter.define('crash', 'token bucket', 1000000000, '1 hour')")
-    script = tmp_path / "load.sql"
-    script.write_text(LOAD)
-    os.chmod(tmp_path, 0o755)
     rows_before = 0
     for crash in range(3):
-        load = subprocess.Popen([f"{cluster.bin}/pgbench", "-h", "/tmp", "-p", str(cluster.port), "-U", "postgres",
-                                 "-n", "-c", "4", "-T", "20", "-f", str(script), "postgres"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # Killed mid-load, once this round's load has committed 300 rows (not at its start,
         # where the rows of the rounds before would already be enough).
-        rows_reach(cluster, "ledger", rows_before + 300)
-        cluster.kill9()
-        load.wait(30)
-        cluster.start()
+        kill_9_under_load(cluster, LOAD, clients=4, seconds=20, until=lambda: rows_reach(cluster, "ledger", rows_before + 300))
         with cluster.connect() as c:
             mismatches = c.execute("""
                 SELECT count(*) FROM (SELECT k::text AS key, sum(granted) AS granted FROM ledger GROUP BY k) l
