@@ -63,6 +63,37 @@ def check(label, found, wanted, fields=FIELDS, extra_allowed=(), overrides=None)
     return problems
 
 
+def check_clients(functions):
+    """Each client's grant check (what it checks at its first call, and what only an option
+    makes it check) and its README's grants against the contract's."""
+    problems = []
+    wanted = CONTRACT["client_grants"]
+    checked, documented = contract.clients(), contract.client_readmes()
+    for package in sorted(set(wanted) | set(checked) | set(documented)):
+        if package not in wanted or package not in checked or package not in documented:
+            problems.append(f"{package}: not in the contract, its code and its README alike")
+            continue
+        always, optional = set(wanted[package]["always"]), set(wanted[package]["with"])
+        code = checked[package]
+        for name in sorted(always - code["always"]):
+            problems.append(f"{package}: checks no grant on {name}, which the contract says it always needs")
+        for name in sorted(code["always"] - always):
+            problems.append(f"{package}: always checks a grant on {name}, which the contract does not say it always needs")
+        for name in sorted(set(wanted[package]["checked_for_options"]) - code["with"]):
+            problems.append(f"{package}: checks no grant on {name} for an option, which the contract says it checks")
+        for name in sorted(code["with"] - set(wanted[package]["checked_for_options"])):
+            problems.append(f"{package}: checks a grant on {name} for an option, which the contract does not list")
+        for name in sorted(set(wanted[package]["checked_for_options"]) - optional):
+            problems.append(f"{package}: the contract checks {name} for an option but does not list it among its grants")
+        readme = documented[package]
+        if readme["always"] != always or readme["with"] & functions != optional:
+            problems.append(f"{package}: its README asks for {sorted(readme['always'])} and {sorted(readme['with'] & functions)}, "
+                            f"the contract for {sorted(always)} and {sorted(optional)}")
+        for name in sorted((always | optional) - functions):
+            problems.append(f"{package}: {name} is no function of the contract")
+    return problems
+
+
 def check_errors():
     """src/error.rs and the edition's _raise against contract/errors.json."""
     errors = json.loads((ROOT / "contract" / "errors.json").read_text())
@@ -141,20 +172,18 @@ def main():
     router = [f for f in contract.router() if not f["name"].startswith("_")]
     problems += check("the router", router, {n: f for n, f in functions.items() if f["router"] == "routed"},
                       extra_allowed=CONTRACT["router_only"])
-    for package, checked in contract.clients().items():
-        wanted = set(CONTRACT["client_grants"].get(package, []))
-        for name in sorted(wanted - checked):
-            problems.append(f"{package}: checks no grant on {name}, which the contract says it needs")
-        for name in sorted(checked - wanted):
-            problems.append(f"{package}: checks a grant on {name}, which the contract does not list for it")
-        for name in sorted(checked - set(functions)):
-            problems.append(f"{package}: {name} is no function of the contract")
+    problems += check_clients(set(functions))
     problems += check_errors()
     problems += check_settings()
     api = (ROOT / "docs" / "api.md").read_text()
     for name in sorted(n for n in functions if not n.startswith("_")):
         if not re.search(rf"\b{name}\b", api):
             problems.append(f"docs/api.md: {name} is not documented")
+    for line in contract.documented():
+        if line["name"] not in functions:
+            problems.append(f"docs/api.md: a signature of {line['name']}, which is no function of the contract")
+            continue
+        problems += [f"docs/api.md: {line['name']}: {d}" for d in differences(functions[line["name"]], line, ("args", "returns"))]
     for p in problems:
         print(p)
     print(f"{len(functions)} functions, their errors and the settings: {len(problems)} differences")

@@ -191,14 +191,33 @@ def router():
 
 
 def clients():
-    """The functions each client package checks grants on: {package: set of names}."""
+    """The functions each client package checks grants on: {package: {"always": names,
+    "with": names checked only when an option needs them}}."""
     python = (ROOT / "clients" / "python" / "src" / "rate_limiter_postgres" / "_limits_common.py").read_text()
     needed = re.search(r"NEEDED_GRANTS\s*=\s*\{(.*?)\}", python, re.S).group(1)
-    found = {"python limits storage": set(re.findall(r'"(\w+)":', needed))}
+    found = {"python limits storage": {"always": set(re.findall(r'"(\w+)":', needed)), "with": set()}}
     for store in ("express", "fastify", "flexible"):
         text = (ROOT / "clients" / "node" / "src" / f"{store}.ts").read_text()
-        grants = re.search(r"new Grants\(.*?\(\)\s*=>\s*\((\{.*?\})\)\)", text, re.S)
-        found[f"node {store}"] = set(re.findall(r"(?:^|[{,\s])(\w+):", grants.group(1))) if grants else set()
+        grants = re.search(r"new Grants\(.*?\(\)\s*=>\s*\((\{.*?\})\)\)", text, re.S).group(1)
+        optional = re.findall(r"\?\s*\{\s*(\w+):", grants)
+        named = re.findall(r"(?:^|[{,\s])(\w+):", grants)
+        found[f"node {store}"] = {"always": set(named) - set(optional), "with": set(optional)}
+    return found
+
+
+def client_readmes():
+    """The grants each client's README asks for: {package: {"always": names, "with": names}}."""
+    node = (ROOT / "clients" / "node" / "README.md").read_text()
+    stores = {"express-rate-limit": "node express", "@fastify/rate-limit": "node fastify", "rate-limiter-flexible": "node flexible"}
+    found = {}
+    for m in re.finditer(r"^\| ([@\w/-]+) \| (.*?) \| (.*?) \|$", node, re.M):
+        if m.group(1) in stores:
+            found[stores[m.group(1)]] = {"always": set(re.findall(r"`(\w+)`", m.group(2))),
+                                         "with": set(re.findall(r"`(\w+)`", m.group(3)))}
+    python = (ROOT / "clients" / "python" / "README.md").read_text()
+    m = re.search(r"needs `USAGE` on the schema and `EXECUTE` on (.*?)\. The\s+storage checks the first two", python, re.S)
+    named = re.findall(r"`(\w+)`", m.group(1)) if m else []
+    found["python limits storage"] = {"always": set(named[:2]), "with": set(named[2:])}
     return found
 
 
@@ -272,3 +291,13 @@ def settings():
         found[m.group(1)] = {"default": "" if default == "None" else default, "context": CONTEXTS[m.group(4)],
                              "unit": {"UNIT_S": "s", "UNIT_MS": "ms"}.get(m.group(5))}
     return found
+
+
+def documented():
+    """docs/api.md's signature lines: `rate_limiter.f(arguments with types) RETURNS type`."""
+    api = (ROOT / "docs" / "api.md").read_text()
+    line = re.compile(r"rate_limiter\.(\w+)\(((?:[^()]|\([^()]*\))*)\)\s*RETURNS\s+([\w. ]+?(?:\([^)]*\))?)"
+                      r"(?=\s*(?:`|\n|$|;| gives| forgets| deletes| zeroes))", re.S)
+    typed = re.compile(r"\w+\s+(text|jsonb|double precision|boolean|integer|interval|timestamptz|uuid|inet|rate_limiter\.decision)")
+    return [{"name": m.group(1), "args": sql_args(m.group(2)), "returns": returns_of(m.group(3))}
+            for m in line.finditer(api) if typed.search(m.group(2))]

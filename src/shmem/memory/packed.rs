@@ -97,7 +97,7 @@ fn as_whole(v: f64) -> Option<i64> {
 /// An instant (ms) as whole microseconds from `base_us`, if it reads back bit for bit.
 fn as_micros(t: f64, base_us: i64) -> Option<i64> {
     let us = (t * 1000.0).round();
-    if !(us.abs() < 9e15) {
+    if us.is_nan() || us.abs() >= 9e15 {
         return None;
     }
     let us = us as i64;
