@@ -66,3 +66,9 @@ def amcheck_clean(conn):
         conn.execute("SELECT bt_index_check(%s::regclass, heapallindexed => true)", (index,))
     problems = conn.execute("SELECT count(*) FROM verify_heapam('rate_limiter.state')").fetchone()[0]
     assert problems == 0
+
+
+def snapshot_keys(c):
+    """Keys the snapshot's rows hold, a key written by several rounds counted each time."""
+    return c.execute("SELECT COALESCE(sum(keys), 0) FROM rate_limiter.memory_snapshot "
+                     "WHERE kind IN ('full', 'changed')").fetchone()[0]

@@ -12,7 +12,7 @@ import pytest
 from psycopg import errors
 
 from properties import seeded
-from calls import define
+from calls import define, snapshot_keys
 from clusters import PORTS, every_version, kill_9_under_load, wait_for
 from ledger import NOW, granted, ledger, mixed_load, remaining, session
 from together import in_sessions
@@ -42,12 +42,6 @@ def test_the_bound_is_exact_under_concurrent_sessions(main, database, keys, sess
 ALL = """SELECT ok, limited_by FROM rate_limiter.rate_limit_all(jsonb_build_array(
     jsonb_build_object('name', 'mem', 'key', %s::text, 'count', %s::float8),
     jsonb_build_object('name', 'dur', 'key', %s::text, 'count', %s::float8)))"""
-
-
-def snapshot_keys(c):
-    """Keys the snapshot's rows hold, a key written by several rounds counted each time."""
-    return c.execute("SELECT COALESCE(sum(keys), 0) FROM rate_limiter.memory_snapshot "
-                     "WHERE kind IN ('full', 'changed')").fetchone()[0]
 
 
 def forgets(c):

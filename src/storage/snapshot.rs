@@ -89,15 +89,15 @@ const BATCH: usize = 1_000;
 pub fn write(origin: i64, kind: Kind, rows: &[(&[u8], usize, f64)]) -> bool {
     let Some(table) = table() else { return false };
     let name = cache::qualified_name(table);
+    let sql = format!(
+        "INSERT INTO {name} (origin, kind, keys, records, expires, saved_at) \
+         SELECT $5, $1, k, r, x, pg_catalog.clock_timestamp() \
+         FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.bytea[]), \
+                        pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS u (k, r, x) \
+         RETURNING seq"
+    );
     let mut first = None;
     for batch in rows.chunks(BATCH) {
-        let sql = format!(
-            "INSERT INTO {name} (origin, kind, keys, records, expires, saved_at) \
-             SELECT $5, $1, k, r, x, pg_catalog.clock_timestamp() \
-             FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.bytea[]), \
-                            pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS u (k, r, x) \
-             RETURNING seq"
-        );
         let keys: Vec<i32> = batch.iter().map(|r| r.1 as i32).collect();
         let bytes: Vec<Vec<u8>> = batch.iter().map(|r| r.0.to_vec()).collect();
         let expires: Vec<_> = batch.iter().map(|r| clock::ms_timestamptz(r.2)).collect();

@@ -7,7 +7,9 @@
 
 use std::collections::HashSet;
 
-use super::record::{Record, COUNTS, NAME};
+use crate::storage::snapshot::Rows;
+
+use super::record::{self, number, word, Record, AT, CONFIG, COUNT, LEN, LIMIT, NAME, TS, VALUE};
 
 /// The format of a packed row: its first byte.
 const FORMAT: u8 = 1;
@@ -15,24 +17,6 @@ const FORMAT: u8 = 1;
 /// A row's records stop growing past this many bytes: below PostgreSQL's 2 kB threshold,
 /// so that a row is never compressed or moved out of line (work and WAL of its own).
 pub const ROW_BYTES: usize = 1_800;
-
-/// Where the counts keep the limit's tag, the config's, the four numbers, their length and
-/// the latest debit's instant (`record::of`).
-const LIMIT: usize = 0;
-const CONFIG: usize = 8;
-const VALUE: usize = 16;
-const TS: usize = 24;
-const COUNT: [usize; 2] = [32, 40];
-const LEN: usize = 48;
-const AT: usize = 49;
-
-fn word(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
-}
-
-fn number(bytes: &[u8], at: usize) -> f64 {
-    f64::from_bits(word(bytes, at))
-}
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
@@ -119,17 +103,17 @@ pub struct Row {
 }
 
 /// `records` packed into rows of at most about `ROW_BYTES`, each relative to `now_ms`.
-pub fn pack(records: &[Record], now_ms: f64) -> Vec<Row> {
+pub fn pack<'a>(records: impl IntoIterator<Item = &'a Record>, now_ms: f64) -> Vec<Row> {
     let base_us = (now_ms * 1000.0) as i64;
+    let mut records = records.into_iter().peekable();
     let mut rows = Vec::new();
-    let mut start = 0;
-    while start < records.len() {
+    while records.peek().is_some() {
         let mut dictionary: Vec<[u64; 3]> = Vec::new();
         let mut body = Vec::with_capacity(ROW_BYTES + 128);
         let mut expires = f64::NEG_INFINITY;
-        let mut end = start;
-        while end < records.len() && body.len() + dictionary.len() * 24 < ROW_BYTES {
-            let r = &records[end];
+        let mut keys = 0;
+        while body.len() + dictionary.len() * 24 < ROW_BYTES {
+            let Some(r) = records.next() else { break };
             let names = [word(&r.counts, LIMIT), word(&r.name, 16), word(&r.counts, CONFIG)];
             let index = dictionary.iter().position(|d| *d == names).unwrap_or_else(|| {
                 dictionary.push(names);
@@ -137,7 +121,7 @@ pub fn pack(records: &[Record], now_ms: f64) -> Vec<Row> {
             });
             put_record(&mut body, r, index, base_us);
             expires = expires.max(r.expires);
-            end += 1;
+            keys += 1;
         }
         let mut bytes = Vec::with_capacity(body.len() + 16 + dictionary.len() * 24);
         bytes.push(FORMAT);
@@ -149,8 +133,7 @@ pub fn pack(records: &[Record], now_ms: f64) -> Vec<Row> {
             }
         }
         bytes.extend_from_slice(&body);
-        rows.push(Row { bytes, keys: end - start, expires });
-        start = end;
+        rows.push(Row { bytes, keys, expires });
     }
     rows
 }
@@ -227,18 +210,11 @@ pub fn unpack(bytes: &[u8]) -> Option<Vec<Record>> {
         }
         let at = instant(MICROS_AT, &mut r)?;
         let expires = instant(MICROS_EXPIRES, &mut r)?;
-        let mut name = [0u8; NAME];
-        name[..16].copy_from_slice(&key);
-        name[16..].copy_from_slice(&variant.to_le_bytes());
-        let mut c = Vec::with_capacity(COUNTS);
-        c.extend_from_slice(&limit.to_le_bytes());
-        c.extend_from_slice(&config.to_le_bytes());
-        for v in [value, ts, counts[0], counts[1]] {
-            c.extend_from_slice(&v.to_bits().to_le_bytes());
-        }
-        c.push(len as u8);
-        c.extend_from_slice(&at.to_bits().to_le_bytes());
-        records.push(Record { name, counts: c.try_into().ok()?, expires });
+        records.push(Record {
+            name: record::name(key, variant),
+            counts: record::counts(limit, config, [value, ts, counts[0], counts[1]], len, at),
+            expires,
+        });
     }
     Some(records)
 }
@@ -247,12 +223,9 @@ pub fn unpack(bytes: &[u8]) -> Option<Vec<Record>> {
 pub enum Logged<'a> {
     /// Records (of a round, or of a full copy).
     Records(&'a [u8]),
-    /// Every config's record of one key (its 16-byte tag) goes: a reset.
-    ForgetKey([u8; 16]),
-    /// Every record of one limit (its tag) goes: the limit deleted or renamed.
-    ForgetLimit(u64),
-    /// Everything before goes.
-    ForgetAll,
+    /// What came before of a key, a limit or everything goes: a reset, a dropped limit, a
+    /// `TRUNCATE` of the limits.
+    Forget(Rows),
 }
 
 /// The records the log leaves, as if its rows were applied in order: a later record of an
@@ -266,11 +239,11 @@ pub fn replay(log: &[Logged<'_>]) -> (Vec<Record>, usize) {
     let (mut records, mut unreadable) = (Vec::new(), 0);
     for row in log.iter().rev() {
         match row {
-            Logged::ForgetAll => break,
-            Logged::ForgetKey(key) => {
+            Logged::Forget(Rows::All) => break,
+            Logged::Forget(Rows::Key(key)) => {
                 forgotten_keys.insert(*key);
             }
-            Logged::ForgetLimit(limit) => {
+            Logged::Forget(Rows::Limit(limit)) => {
                 forgotten_limits.insert(*limit);
             }
             Logged::Records(bytes) => {
@@ -299,17 +272,7 @@ mod tests {
     use super::*;
 
     fn record(key: u8, variant: u64, limit: u64, numbers: [f64; 4], len: u8, at: f64, expires: f64) -> Record {
-        let mut name = [key; NAME];
-        name[16..].copy_from_slice(&variant.to_le_bytes());
-        let mut c = Vec::new();
-        c.extend_from_slice(&limit.to_le_bytes());
-        c.extend_from_slice(&7u64.to_le_bytes());
-        for v in numbers {
-            c.extend_from_slice(&v.to_bits().to_le_bytes());
-        }
-        c.push(len);
-        c.extend_from_slice(&at.to_bits().to_le_bytes());
-        Record { name, counts: c.try_into().unwrap(), expires }
+        Record { name: record::name([key; 16], variant), counts: record::counts(limit, 7, numbers, usize::from(len), at), expires }
     }
 
     fn same(a: &Record, b: &Record) -> bool {
@@ -384,8 +347,8 @@ mod tests {
         let log = [
             Logged::Records(&first[0].bytes),
             Logged::Records(&second[0].bytes),
-            Logged::ForgetKey(key(1)),
-            Logged::ForgetLimit(2),
+            Logged::Forget(Rows::Key(key(1))),
+            Logged::Forget(Rows::Limit(2)),
             Logged::Records(&third[0].bytes),
             Logged::Records(&[9, 9]),
         ];
@@ -396,7 +359,7 @@ mod tests {
         // Key 1's both configs went with the reset, then its named limit came back; key 2 is
         // at its later record; limit 2's keys went with it.
         assert_eq!(left, vec![(1, 0, 0.0), (2, 0, 1.0)]);
-        assert!(replay(&[Logged::Records(&first[0].bytes), Logged::ForgetAll]).0.is_empty());
+        assert!(replay(&[Logged::Records(&first[0].bytes), Logged::Forget(Rows::All)]).0.is_empty());
         // Two records of one entry in a row: the later stands.
         let twice = pack(&[r(5, 0, 1, 1.0), r(5, 0, 1, 2.0)], NOW);
         let (left, _) = replay(&[Logged::Records(&twice[0].bytes)]);

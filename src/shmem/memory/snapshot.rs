@@ -111,15 +111,14 @@ pub fn needs_load() -> bool {
 pub fn restore(log: &[(Kind, Vec<u8>)], now: f64) -> Result<Restored> {
     let Some(table) = table() else { return Ok(Restored::default()) };
     let database = database();
-    let logged: Vec<Logged> = log.iter().filter_map(|(kind, bytes)| match kind {
-        Kind::Full | Kind::Changed => Some(Logged::Records(bytes)),
-        Kind::Forget => match Rows::of(bytes)? {
-            Rows::Key(key) => Some(Logged::ForgetKey(key)),
-            Rows::Limit(limit) => Some(Logged::ForgetLimit(limit)),
-            Rows::All => Some(Logged::ForgetAll),
-        },
-        Kind::Rows => None,
-    }).collect();
+    let logged: Vec<Logged> = log
+        .iter()
+        .filter_map(|(kind, bytes)| match kind {
+            Kind::Full | Kind::Changed => Some(Logged::Records(bytes)),
+            Kind::Forget => Rows::of(bytes).map(Logged::Forget),
+            Kind::Rows => None,
+        })
+        .collect();
     let (records, unreadable) = packed::replay(&logged);
     let (mut restored, mut dropped) = (0, 0);
     for record in records {
@@ -280,8 +279,7 @@ pub fn changed(now: f64, every: bool) -> Vec<Changed> {
 
 /// The records of `changed` packed into the snapshot's rows.
 pub fn rows_of(changed: &[Changed], now: f64) -> Vec<packed::Row> {
-    let records: Vec<Record> = changed.iter().map(|c| c.record).collect();
-    packed::pack(&records, now)
+    packed::pack(changed.iter().map(|c| &c.record), now)
 }
 
 /// `changed` committed to the table: each entry is saved as of its copy, if it is still
