@@ -97,27 +97,23 @@ def check_clients(functions):
 def check_errors():
     """src/error.rs and the edition's _raise against contract/errors.json."""
     errors = json.loads((ROOT / "contract" / "errors.json").read_text())
-    problems = []
-    rust, edition = contract.rust_errors(), contract.edition_errors()
-    wanted = {e["rust"]: e for e in errors["errors"]}
-    for variant in sorted(set(wanted) | set(rust)):
-        if variant not in rust or variant not in wanted:
-            where = "src/error.rs" if variant in rust else "the contract"
-            problems.append(f"errors: {variant} is only in {where}")
-            continue
-        for field in ("sqlstate", "message", "hint"):
-            if rust[variant][field] != wanted[variant][field]:
-                problems.append(f"src/error.rs: {variant}'s {field}: contract {wanted[variant][field]!r}, found {rust[variant][field]!r}")
     kinds = {e["sql_only"]: {**e, "message": e.get("sql_only_message", e["message"])} for e in errors["errors"] if e["sql_only"]}
     kinds.update({e["sql_only"]: e for e in errors["sql_only_errors"]})
-    for kind in sorted(set(kinds) | set(edition)):
-        if kind not in edition or kind not in kinds:
-            where = "sql-only/api.sql's _raise" if kind in edition else "the contract"
-            problems.append(f"errors: the edition's kind {kind!r} is only in {where}")
+    return (same_errors("src/error.rs", {e["rust"]: e for e in errors["errors"]}, contract.rust_errors(), str)
+            + same_errors("sql-only/api.sql", kinds, contract.edition_errors(), lambda kind: f"_raise {kind!r}"))
+
+
+def same_errors(where, wanted, found, named):
+    """`found` errors (by name) against the contract's `wanted`: each in both, alike."""
+    problems = []
+    for name in sorted(set(wanted) | set(found)):
+        if name not in found or name not in wanted:
+            side = "the contract" if name in wanted else where
+            problems.append(f"errors: {named(name)} is only in {side}")
             continue
         for field in ("sqlstate", "message", "hint"):
-            if edition[kind][field] != kinds[kind][field]:
-                problems.append(f"sql-only/api.sql: _raise {kind!r}'s {field}: contract {kinds[kind][field]!r}, found {edition[kind][field]!r}")
+            if found[name][field] != wanted[name][field]:
+                problems.append(f"{where}: {named(name)}'s {field}: contract {wanted[name][field]!r}, found {found[name][field]!r}")
     return problems
 
 
