@@ -99,6 +99,12 @@ if wants 0; then
     step "tier 0: every download of every PostgreSQL version, checked against its pin; the tests' interpreters Debian's"
     timed "tier 0" tier0
 fi
+if wants 1; then
+    for NN in "${VERSIONS[@]}"; do
+        step "tier 1 on PostgreSQL $NN: the SQL-only edition on a stock server gives contract/vectors.json's answers"
+        timed "the edition's vectors on $NN" bash "$ROOT/scripts/edition_vectors.sh" "$NN"
+    done
+fi
 # cargo pgrx test --runas copies its build over the installed library with `sudo cp`, which
 # rewrites the file that a running server has mapped (a backend of a preloading server died
 # with SIGBUS or SIGSEGV that way): the throwaway clusters are stopped before any install and

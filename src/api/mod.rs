@@ -66,7 +66,7 @@ fn valid_key(key: Option<&str>) -> Result<Option<&str>> {
     }
 }
 
-fn request<'a>(
+pub(crate) fn request<'a>(
     name: Option<&'a str>,
     key: Option<&'a str>,
     count: Option<f64>,
@@ -114,7 +114,7 @@ fn resolve_named(name: &str) -> Result<Config> {
 }
 
 /// Whether `config` can answer `req` at all.
-fn usable(req: &Request<'_>, config: &Config) -> Result<()> {
+pub(crate) fn usable(req: &Request<'_>, config: &Config) -> Result<()> {
     if config.kind == Kind::Concurrency {
         if req.reserve {
             return Err(Error::Concurrency("a concurrency limit has no reservations".into()));

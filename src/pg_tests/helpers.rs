@@ -81,9 +81,6 @@ pub fn rl429_detail(sql: &str) -> serde_json::Value {
     serde_json::from_str(&detail).unwrap_or_else(|e| panic!("{detail}: {e}"))
 }
 
-pub const TB: &str = r#"'{"kind":"token bucket","rate":10,"period":60000}'"#;
-pub const FW: &str = r#"'{"kind":"fixed window","rate":10,"period":60000,"start":1767225600000}'"#;
-
 /// A predicate on `rate_limiter.state` for the rows of `name` under inline configs, whose
 /// `name` column is the name, '#' and the config's fingerprint.
 pub fn inline_rows(name: &str) -> String {

@@ -1,5 +1,5 @@
-//! The kinds' arithmetic through SQL: the Convex component's vectors, reservations, the
-//! sliding and rolling windows, minimum gap and modes, windows at their boundaries, sharding.
+//! The kinds through SQL beyond contract/vectors.json's inline calls (src/pg_tests/vectors.rs):
+//! named limits, refusals of a definition, rows written, sharding, redefinitions, calendars.
 
 #[pgrx::pg_schema]
 mod tests {
@@ -43,92 +43,25 @@ mod tests {
         })
     }
 
-    #[pg_test]
-    fn token_bucket_convex_vectors() {
-        at("0");
-        let d = decide(&format!("rate_limiter.rate_limit('tb', count => 5, config => {TB})"));
-        assert_eq!(d, D { ok: true, retry_after: None, remaining: 5.0, reset_after: 30_000.0, granted: 5.0 });
-        at("6 seconds");
-        let d = decide(&format!("rate_limiter.rate_limit('tb', count => 6, config => {TB})"));
-        assert!(d.ok);
-        assert_eq!(d.remaining, 0.0);
-        let d = decide(&format!("rate_limiter.rate_limit('tb', count => 10, config => {TB})"));
-        assert_eq!(d, D { ok: false, retry_after: Some(60_000.0), remaining: 0.0, reset_after: 60_000.0, granted: 0.0 });
-    }
-
-    #[pg_test]
-    fn fixed_window_convex_vectors() {
-        at("0");
-        assert!(decide(&format!("rate_limiter.rate_limit('fw', count => 5, config => {FW})")).ok);
-        at("6 seconds");
-        let d = decide(&format!("rate_limiter.rate_limit('fw', count => 6, config => {FW})"));
-        assert_eq!((d.ok, d.retry_after, d.remaining), (false, Some(54_000.0), 5.0));
-        at("1 minute");
-        let d = decide(&format!("rate_limiter.rate_limit('fw', count => 6, config => {FW})"));
-        assert_eq!((d.ok, d.remaining), (true, 4.0));
-        let d = decide(&format!("rate_limiter.rate_limit('fw', count => 10, config => {FW})"));
-        assert_eq!((d.ok, d.retry_after), (false, Some(60_000.0)));
-    }
-
-    #[pg_test]
-    fn reservations_match_convex() {
-        for (kind, later, plus30, first, second, second_wait) in [
-            ("token bucket", "6 seconds", "36 seconds", -10.0, -10.0, 60_000.0),
-            ("fixed window", "1 minute", "90 seconds", -6.0, -11.0, 90_000.0),
-        ] {
-            let cfg = format!(r#"'{{"kind":"{kind}","rate":10,"period":60000,"start":{}}}'"#,
-                if kind == "fixed window" { "1767225600000" } else { "null" });
-            let name = kind.replace(' ', "_");
-            at("0");
-            decide(&format!("rate_limiter.rate_limit('{name}', count => 5, config => {cfg})"));
-            at(later);
-            let d = decide(&format!("rate_limiter.rate_limit('{name}', count => 16, reserve => true, config => {cfg})"));
-            assert_eq!((d.ok, d.retry_after, d.remaining, d.granted), (true, Some(60_000.0), first, 16.0), "{kind}");
-            at(plus30);
-            let d = decide(&format!("rate_limiter.rate_limit('{name}', count => 5, reserve => true, config => {cfg})"));
-            assert_eq!((d.ok, d.retry_after, d.remaining), (true, Some(second_wait), second), "{kind}");
-        }
-    }
-
-    #[pg_test]
-    fn max_reserved_denies_without_writing() {
-        at("0");
-        let cfg = r#"'{"kind":"token bucket","rate":1,"period":"1 hour","max_reserved":1}'"#;
-        assert!(decide(&format!("rate_limiter.rate_limit('mr', count => 2, reserve => true, config => {cfg})")).ok);
-        let d = decide(&format!("rate_limiter.rate_limit('mr', count => 1, reserve => true, config => {cfg})"));
-        assert!(!d.ok);
-        assert_eq!(d.remaining, -1.0);
-        assert_eq!(one::<f64>(&format!("SELECT value FROM rate_limiter.state WHERE {}", inline_rows("mr"))), Some(-1.0));
-        fails(
-            &format!("SELECT rate_limiter.rate_limit('mr', count => 3, reserve => true, config => {cfg})"),
-            "22023",
-            "Rate limit mr count 3 exceeds 2.00.",
-        );
-    }
-
-    /// The issue's vector through SQL, named and inline, and what a sliding window refuses.
+    /// The issue's vector through SQL with a named limit (contract/vectors.json has it
+    /// inline), and what a sliding window refuses.
     #[pg_test]
     fn sliding_window_vector_and_refusals() {
         run(&format!("SELECT rate_limiter.define('sw', 'sliding window', 10, '1 minute', start => '{T0}')"));
-        let inline = format!(r#"'{{"kind":"sliding window","rate":10,"period":"1 minute","start":"{T0}"}}'"#);
-        for (name, config) in [("sw", String::new()), ("swi", format!(", config => {inline}"))] {
-            let take = |count: u32| decide(&format!("rate_limiter.rate_limit('{name}', 'k', {count}{config})"));
-            at("30 seconds");
-            assert_eq!(take(4), D { ok: true, retry_after: None, remaining: 6.0, reset_after: 90_000.0, granted: 4.0 });
-            at("75 seconds");
-            let five = take(5);
-            assert_eq!((five.ok, five.remaining), (true, 2.0), "{name}: 4 * 3/4 + 5 weigh");
-            assert_eq!(take(2).remaining, 0.0);
-            assert_eq!(take(1), D { ok: false, retry_after: Some(15_000.0), remaining: 0.0, reset_after: 105_000.0, granted: 0.0 });
-            assert_eq!(take(0).granted, 0.0, "count 0 is answered");
-            at("90 seconds");
-            assert!(take(1).ok);
-            let (value, ts) = Spi::get_two::<f64, String>(&format!(
-                "SELECT value, ts::text FROM rate_limiter.rate_limit_value('{name}', 'k'{config})"
-            ))
-            .unwrap();
-            assert_eq!((value, ts.as_deref()), (Some(2.0), Some("2026-01-01 00:01:00+00")), "10 - 8 in this window");
-        }
+        let take = |count: u32| decide(&format!("rate_limiter.rate_limit('sw', 'k', {count})"));
+        at("30 seconds");
+        assert_eq!(take(4), D { ok: true, retry_after: None, remaining: 6.0, reset_after: 90_000.0, granted: 4.0 });
+        at("75 seconds");
+        let five = take(5);
+        assert_eq!((five.ok, five.remaining), (true, 2.0), "4 * 3/4 + 5 weigh");
+        assert_eq!(take(2).remaining, 0.0);
+        assert_eq!(take(1), D { ok: false, retry_after: Some(15_000.0), remaining: 0.0, reset_after: 105_000.0, granted: 0.0 });
+        assert_eq!(take(0).granted, 0.0, "count 0 is answered");
+        at("90 seconds");
+        assert!(take(1).ok);
+        let (value, ts) =
+            Spi::get_two::<f64, String>("SELECT value, ts::text FROM rate_limiter.rate_limit_value('sw', 'k')").unwrap();
+        assert_eq!((value, ts.as_deref()), (Some(2.0), Some("2026-01-01 00:01:00+00")), "10 - 8 in this window");
         let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('sw')").unwrap();
         assert_eq!(cfg.0["kind"], "sliding window");
         fails("SELECT rate_limiter.rate_limit('sw', reserve => true)", "0A000", "no reservations");
@@ -246,14 +179,10 @@ mod tests {
         assert_eq!(why("rate_limiter.rate_limit('gap', 'other')").0, Some(true), "per key");
         at("250 milliseconds");
         assert_eq!(why("rate_limiter.rate_limit('gap', 'k')").0, Some(true));
+        // contract/vectors.json has a partial fixed window with a gap, inline.
         let inline = format!(
             r#"'{{"kind":"fixed window","rate":10,"period":"1 minute","start":"{T0}","minGap":"1 second","mode":"partial"}}'"#
         );
-        assert!(decide(&format!("rate_limiter.rate_limit('gi', 'k', 4, config => {inline})")).ok);
-        at("2 seconds");
-        let d = decide(&format!("rate_limiter.rate_limit('gi', 'k', 8, config => {inline})"));
-        assert_eq!((d.ok, d.granted, d.remaining, d.retry_after), (true, 6.0, 0.0, Some(58_000.0)), "partial");
-        fails(&format!("SELECT rate_limiter.rate_limit('gi', 'k', 11, config => {inline})"), "22023", "exceeds 10");
         let cfg = one::<pgrx::JsonB>(&format!("SELECT effective_config FROM rate_limiter.rate_limit_value('gi', config => {inline})")).unwrap();
         assert_eq!((cfg.0["minGap"].as_f64(), cfg.0["mode"].as_str()), (Some(1000.0), Some("partial")));
 
@@ -332,33 +261,10 @@ mod tests {
         );
     }
 
-    /// Boundary instants and shards of the new kinds.
+    /// A sharded rolling window never passes its rate (contract/vectors.json has the
+    /// boundary instants of the window kinds).
     #[pg_test]
-    fn window_kinds_at_their_boundaries_and_sharded() {
-        let sliding = format!(r#"'{{"kind":"sliding window","rate":4,"period":1000,"start":"{T0}"}}'"#);
-        // Each config under a name of its own: inline configs of one name share rows.
-        let take = |cfg: &str, count: u32| {
-            let name = if cfg.contains("sliding") { "bs" } else { "br" };
-            decide(&format!("rate_limiter.rate_limit('{name}', 'k', {count}, config => {cfg})"))
-        };
-        at("999 ms");
-        assert!(take(&sliding, 4).ok, "the last instant of window 0");
-        at("1 second");
-        let d = take(&sliding, 1);
-        assert_eq!((d.ok, d.retry_after), (false, Some(250.0)), "at the boundary the 4 weigh fully");
-        at("1250 ms");
-        assert!(take(&sliding, 1).ok);
-        at("3 seconds");
-        assert_eq!(take(&sliding, 4).remaining, 0.0, "two windows later nothing weighs");
-
-        let rolling = format!(r#"'{{"kind":"rolling window","rate":2,"period":1000,"buckets":4,"start":"{T0}"}}'"#);
-        at("249 ms");
-        assert!(take(&rolling, 2).ok, "the last instant of cell 0");
-        at("1249 ms");
-        assert_eq!(take(&rolling, 1).retry_after, Some(1.0), "cell 0 counts until 1250");
-        at("1250 ms");
-        assert!(take(&rolling, 2).ok);
-
+    fn a_sharded_rolling_window_never_passes_its_rate() {
         // Sharded rolling window: 2 shards of 5; the sum never exceeds the rate.
         let sharded = r#"'{"kind":"rolling window","rate":10,"period":"1 hour","shards":2}'"#;
         let granted: f64 = (0..40).map(|_| decide(&format!("rate_limiter.rate_limit('rws', config => {sharded})")).granted).sum();

@@ -10,3 +10,4 @@ mod memory;
 mod shmem;
 mod surface;
 mod transactions;
+mod vectors;
