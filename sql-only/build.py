@@ -20,6 +20,11 @@ PG_TLE_QUOTE = "$_pgtle_$"
 VERSION = "0.6.0"
 # The extension's objects the edition has: what it keeps no state in (debits, leases, the
 # memory snapshot) is left out.
+# The edition's parts in the order they are installed: the bucket laid out as src/bucket/ is,
+# file by file (a type or SQL function before what names it), then the calls.
+PARTS = ("clock.sql", "bucket/types.sql", "bucket/calendar.sql", "bucket/sliding_window.sql",
+         "bucket/rolling_window.sql", "bucket/convex.sql", "bucket/shard.sql", "bucket/credit.sql", "bucket/plan.sql",
+         "fingerprint.sql", "api.sql", "calls.sql", "shards.sql", "all.sql", "concurrency.sql")
 OBJECTS = {"limits", "blocks", "allows", "state", "decision", "leases", "leases_lease_id"}
 
 HEADER = f"""-- rate_limiter {VERSION}, the SQL-only edition: plain SQL and PL/pgSQL for databases where no
@@ -139,7 +144,7 @@ def check(text):
 
 def build():
     parts = [HEADER, "\n-- The extension's tables and decision type (sql/bootstrap.sql).\n\n", tables()]
-    for name in ("arithmetic.sql", "api.sql", "calls.sql", "shards.sql", "all.sql", "concurrency.sql"):
+    for name in PARTS:
         parts += ["\n", (HERE / name).read_text()]
     parts.append(ip_key())
     parts.append(FOOTER)

@@ -556,55 +556,6 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- What one call decides on one state at now (bucket::plan for one shard, with what a denial
--- does instead by mode, bucket/modes.rs; Outcome::decision): the decision, and the state to
--- write when the call changes it (an ok call; a denial in the penalize mode), else NULL.
-CREATE FUNCTION rate_limiter._decide(s rate_limiter._state, c rate_limiter._config, now double precision, name text,
-                                     count double precision, reserve boolean,
-                                     OUT d rate_limiter.decision, OUT after rate_limiter._state)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    took rate_limiter._check := rate_limiter._check(s, c, now, count, coalesce(reserve, false));
-    refilled rate_limiter._check;
-    amount float8;
-    part rate_limiter._check;
-    penalized rate_limiter._check;
-BEGIN
-    IF NOT took.ok AND c.mode = 'partial' AND took.reason = 'exhausted' THEN
-        -- As much of count as there is now, whole tokens when count is whole.
-        amount := (rate_limiter._check(s, c, now, 0, false)).available;
-        amount := least(CASE WHEN count = trunc(count) THEN floor(amount) ELSE amount END, count);
-        IF amount > 0 THEN
-            part := rate_limiter._check(s, c, now, amount, false);
-            IF part.ok THEN
-                after := ROW(part.value, part.ts, part.granted_at, part.counts)::rate_limiter._state;
-                d := ROW(true, took.retry_after, part.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
-                         amount, NULL, NULL)::rate_limiter.decision;
-                RETURN;
-            END IF;
-        END IF;
-    ELSIF NOT took.ok AND c.mode = 'penalize' THEN
-        -- Denied, and counted down to -capacity; the gap keeps counting from the last grant.
-        refilled := rate_limiter._check(s, c, now, 0, false);
-        penalized := rate_limiter._check(s, c, now, greatest(least(count, refilled.value + c.capacity), 0::float8), false);
-        after := ROW(penalized.value, penalized.ts, took.granted_at, penalized.counts)::rate_limiter._state;
-        d := ROW(false, (rate_limiter._check(after, c, now, count, false)).retry_after,
-                 (rate_limiter._check(after, c, now, 0, false)).available,
-                 greatest(0::float8, rate_limiter._reset_after(after, c, now)), 0, took.reason, name)::rate_limiter.decision;
-        RETURN;
-    END IF;
-    IF took.ok THEN
-        after := ROW(took.value, took.ts, took.granted_at, took.counts)::rate_limiter._state;
-        d := ROW(true, took.retry_after, took.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
-                 count, NULL, NULL)::rate_limiter.decision;
-    ELSE
-        refilled := rate_limiter._check(s, c, now, 0, false);
-        d := ROW(false, took.retry_after, refilled.available,
-                 greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state, c, now)),
-                 0, took.reason, name)::rate_limiter.decision;
-    END IF;
-END $$;
-
 -- A denial answered as shadow mode answers it, and throws => true's RL429.
 CREATE FUNCTION rate_limiter._answer(d rate_limiter.decision, enforce boolean, name text, key text, throws boolean)
 RETURNS rate_limiter.decision
@@ -692,7 +643,6 @@ BEGIN
     at := found.at;
     "row" := found.found_row;
 END $$;
-
 
 CREATE FUNCTION rate_limiter.check_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
     reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
@@ -931,52 +881,6 @@ BEGIN
                0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
 END $$;
 COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';
-
--- bucket/credit.rs for a token bucket and a fixed window: what the state holds after count
--- comes back at now, refilled as a call at now would, and how much came back.
-CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision,
-                                       OUT after rate_limiter._state, OUT given double precision, OUT available double precision)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
-    now_state rate_limiter._state := ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
-    back rate_limiter._check;
-    current float8;
-    previous float8;
-    from_current float8;
-    from_previous float8;
-    cells float8[];
-    left_ float8;
-    back_ float8;
-BEGIN
-    IF c.kind = 'sliding window' THEN
-        -- From the current window's tokens, then the previous one's while it still weighs.
-        current := rate_limiter._sliding_current(now_state, c);
-        previous := coalesce(now_state.counts[1], 0);
-        from_current := least(count, current);
-        from_previous := least(count - from_current, previous);
-        now_state := ROW(c.rate - (current - from_current), now_state.ts, now_state.granted_at,
-                         ARRAY[previous - from_previous, current - from_current])::rate_limiter._state;
-        given := from_current + from_previous;
-    ELSIF c.kind = 'rolling window' THEN
-        -- From the newest cells that hold tokens, back to the oldest that still counts.
-        cells := now_state.counts;
-        left_ := count;
-        FOR i IN REVERSE array_length(cells, 1) .. 1 LOOP
-            back_ := least(left_, cells[i]);
-            cells[i] := cells[i] - back_;
-            left_ := left_ - back_;
-        END LOOP;
-        given := count - left_;
-        now_state := ROW(c.rate - rate_limiter._sum(cells), now_state.ts, now_state.granted_at, cells)::rate_limiter._state;
-    ELSE
-        given := greatest(least(count, c.capacity - refilled.value), 0::float8);
-        now_state.value := refilled.value + given;
-    END IF;
-    back := rate_limiter._check(now_state, c, now, 0, false);
-    after := ROW(back.value, back.ts, back.granted_at, back.counts)::rate_limiter._state;
-    available := back.available;
-END $$;
 
 -- Delete what has ended, at most max_rows rows: blocks and allows whose until has passed,
 -- then state rows whose expires has, then (READ COMMITTED, and when no transaction is

@@ -278,10 +278,7 @@ COMMENT ON COLUMN rate_limiter.decision.reason IS 'Why the call was denied: ''ex
 
 COMMENT ON COLUMN rate_limiter.decision.limited_by IS 'The name of the limit that denied the call; NULL when ok.';
 
--- The bucket arithmetic of src/bucket.rs, operation for operation (the same float8 rounding):
--- times in ms since the Unix epoch, durations in ms. No table; IMMUTABLE but where a calendar
--- window reads its time zone's rules (STABLE, and never in a parallel worker: the zone is
--- looked up as SET TimeZone does).
+-- The clock's conversions (src/clock.rs): timestamptz and ms since the Unix epoch.
 
 -- A timestamptz as ms since the Unix epoch, as clock::pg_us_to_ms: the integer microseconds as
 -- a double (exact below 2^53, rounded above, as i128 to f64), then divided by 1000.
@@ -302,40 +299,12 @@ BEGIN
                 ELSE 'epoch'::timestamptz + interval '1 microsecond' * (sign(ms * 1000) * floor(abs(ms * 1000) + 0.5)) END;
 END $$;
 
--- bucket::phase_fraction: FNV-1a over the name's bytes, a marker and the key's, finished by
--- splitmix64, as a fraction in [0, 1). 64-bit unsigned arithmetic in numeric, XOR in bit(64).
-CREATE FUNCTION rate_limiter._phase_fraction(name text, key text) RETURNS double precision
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    two64 CONSTANT numeric := 18446744073709551616;
-    h numeric := 14695981039346656037;
-    bytes bytea := convert_to(name, 'UTF8') || CASE WHEN key IS NULL THEN '\x00'::bytea ELSE '\x01'::bytea || convert_to(key, 'UTF8') END;
-    b int;
-    low int;
-    bits bit(64);
-BEGIN
-    FOR i IN 0 .. length(bytes) - 1 LOOP
-        b := get_byte(bytes, i);
-        low := (h % 256)::int;
-        h := (h - low + (low # b)) * 1099511628211 % two64;
-    END LOOP;
-    -- splitmix64's finish: h ^= h >> 30; h *= C1; h ^= h >> 27; h *= C2; h ^= h >> 31.
-    bits := rate_limiter._bits(h);
-    h := rate_limiter._unsigned(bits # (bits >> 30)) * 13787848793156543929 % two64;
-    bits := rate_limiter._bits(h);
-    h := rate_limiter._unsigned(bits # (bits >> 27)) * 10723151780598845931 % two64;
-    bits := rate_limiter._bits(h);
-    h := rate_limiter._unsigned(bits # (bits >> 31));
-    RETURN floor(h / 2048)::float8 / 9007199254740992::float8;
-END $$;
-
--- An unsigned 64-bit number (numeric in [0, 2^64)) as its bits, and back.
-CREATE FUNCTION rate_limiter._bits(u numeric) RETURNS bit(64)
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN (CASE WHEN u >= 9223372036854775808 THEN u - 18446744073709551616 ELSE u END)::int8::bit(64);
-CREATE FUNCTION rate_limiter._unsigned(b bit(64)) RETURNS numeric
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN CASE WHEN b::int8 < 0 THEN b::int8::numeric + 18446744073709551616 ELSE b::int8::numeric END;
+-- The bucket arithmetic of src/bucket/, file by file, operation for operation (the same float8
+-- rounding): times in ms since the Unix epoch, durations in ms. No table; IMMUTABLE but where a
+-- calendar window reads its time zone's rules (STABLE, and never in a parallel worker: the zone
+-- is looked up as SET TimeZone does).
+--
+-- What it is about (bucket/types.rs).
 
 -- One shard's state, as bucket::State: counts are the sliding window's {previous, current}
 -- (NULL for a token bucket and a fixed window).
@@ -347,6 +316,11 @@ CREATE TYPE rate_limiter._config AS (
     kind text, rate double precision, period double precision, capacity double precision,
     max_reserved double precision, start double precision, min_gap double precision, buckets integer,
     mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision, shards integer);
+
+-- bucket::Check: what taking `count` from a state at `now` gives.
+CREATE TYPE rate_limiter._check AS (
+    ok boolean, value double precision, ts double precision, available double precision,
+    retry_after double precision, granted_at double precision, reason text, counts double precision[]);
 
 -- Calendar windows (bucket/calendar.rs): a fixed window whose period is whole months, one day
 -- or one week starts its windows on the calendar in a time zone. Boundaries are computed on
@@ -523,11 +497,6 @@ LANGUAGE sql STABLE PARALLEL UNSAFE
 RETURN CASE WHEN c.cal_unit IS NULL THEN start + windows * c.period
             WHEN windows > 0 THEN rate_limiter._cal_after(c, start, windows)
             ELSE start END;
-
--- bucket::Check: what taking `count` from a state at `now` gives.
-CREATE TYPE rate_limiter._check AS (
-    ok boolean, value double precision, ts double precision, available double precision,
-    retry_after double precision, granted_at double precision, reason text, counts double precision[]);
 
 -- The sliding window (bucket/sliding_window.rs): windows aligned as the fixed window's; at a
 -- fraction f into the window, the previous window's tokens weigh 1 - f, and a call of count
@@ -732,6 +701,9 @@ BEGIN
     RETURN greatest((rate_limiter._us(cells.start) + last * rate_limiter._cell_width(c))::float8 / 1000::float8 - now, 0::float8);
 END $$;
 
+-- The Convex component's token bucket and fixed window (bucket/convex.rs), and the check of
+-- any kind (bucket/shard.rs's check, which dispatches to each kind's file).
+
 -- bucket::END_OF_TIME_MS and storable_debt: what a key may owe without max_reserved.
 CREATE FUNCTION rate_limiter._storable_debt(c rate_limiter._config, now double precision) RETURNS double precision
 LANGUAGE sql STABLE STRICT PARALLEL UNSAFE
@@ -741,20 +713,6 @@ RETURN greatest(((9224318016000000::float8 - now)
                          WHEN c.cal_unit = 'd' THEN greatest(c.cal_n::float8 * 86400000::float8 + 3600000::float8, c.period)
                          ELSE c.period END
                   - 2::float8) * c.rate - c.capacity, 0::float8);
-
--- bucket::fresh_state: full, and for a fixed window in the window containing now, aligned to
--- start or else to the (name, key)'s phase.
-CREATE FUNCTION rate_limiter._fresh(c rate_limiter._config, now double precision, phase double precision)
-RETURNS rate_limiter._state
-LANGUAGE sql STABLE PARALLEL UNSAFE
-RETURN ROW(c.capacity,
-           CASE c.kind WHEN 'token bucket' THEN now
-           WHEN 'rolling window' THEN rate_limiter._cell_start(c, coalesce(c.start, phase), now)
-           WHEN 'fixed window' THEN
-               CASE WHEN c.cal_unit IS NOT NULL THEN rate_limiter._cal_boundary(c, rate_limiter._cal_index(c, now))
-                    ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END
-           ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END,
-           NULL, NULL)::rate_limiter._state;
 
 -- bucket::convex_check and check: refill to now, take count, min_gap after the last grant.
 CREATE FUNCTION rate_limiter._check(s rate_limiter._state, c rate_limiter._config, now double precision,
@@ -806,6 +764,58 @@ BEGIN
     RETURN r;
 END $$;
 
+-- One shard (bucket/shard.rs): its phase, its fresh state, when it is full again, and when
+-- its row may go.
+
+-- bucket::phase_fraction: FNV-1a over the name's bytes, a marker and the key's, finished by
+-- splitmix64, as a fraction in [0, 1). 64-bit unsigned arithmetic in numeric, XOR in bit(64).
+CREATE FUNCTION rate_limiter._phase_fraction(name text, key text) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    two64 CONSTANT numeric := 18446744073709551616;
+    h numeric := 14695981039346656037;
+    bytes bytea := convert_to(name, 'UTF8') || CASE WHEN key IS NULL THEN '\x00'::bytea ELSE '\x01'::bytea || convert_to(key, 'UTF8') END;
+    b int;
+    low int;
+    bits bit(64);
+BEGIN
+    FOR i IN 0 .. length(bytes) - 1 LOOP
+        b := get_byte(bytes, i);
+        low := (h % 256)::int;
+        h := (h - low + (low # b)) * 1099511628211 % two64;
+    END LOOP;
+    -- splitmix64's finish: h ^= h >> 30; h *= C1; h ^= h >> 27; h *= C2; h ^= h >> 31.
+    bits := rate_limiter._bits(h);
+    h := rate_limiter._unsigned(bits # (bits >> 30)) * 13787848793156543929 % two64;
+    bits := rate_limiter._bits(h);
+    h := rate_limiter._unsigned(bits # (bits >> 27)) * 10723151780598845931 % two64;
+    bits := rate_limiter._bits(h);
+    h := rate_limiter._unsigned(bits # (bits >> 31));
+    RETURN floor(h / 2048)::float8 / 9007199254740992::float8;
+END $$;
+
+-- An unsigned 64-bit number (numeric in [0, 2^64)) as its bits, and back.
+CREATE FUNCTION rate_limiter._bits(u numeric) RETURNS bit(64)
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN (CASE WHEN u >= 9223372036854775808 THEN u - 18446744073709551616 ELSE u END)::int8::bit(64);
+CREATE FUNCTION rate_limiter._unsigned(b bit(64)) RETURNS numeric
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN CASE WHEN b::int8 < 0 THEN b::int8::numeric + 18446744073709551616 ELSE b::int8::numeric END;
+
+-- bucket::fresh_state: full, and for a fixed window in the window containing now, aligned to
+-- start or else to the (name, key)'s phase.
+CREATE FUNCTION rate_limiter._fresh(c rate_limiter._config, now double precision, phase double precision)
+RETURNS rate_limiter._state
+LANGUAGE sql STABLE PARALLEL UNSAFE
+RETURN ROW(c.capacity,
+           CASE c.kind WHEN 'token bucket' THEN now
+           WHEN 'rolling window' THEN rate_limiter._cell_start(c, coalesce(c.start, phase), now)
+           WHEN 'fixed window' THEN
+               CASE WHEN c.cal_unit IS NOT NULL THEN rate_limiter._cal_boundary(c, rate_limiter._cal_index(c, now))
+                    ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END
+           ELSE coalesce(c.start, phase) + floor((now - coalesce(c.start, phase)) / c.period) * c.period END,
+           NULL, NULL)::rate_limiter._state;
+
 -- bucket::reset_after: ms until a state is full again.
 CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
 RETURNS double precision
@@ -848,6 +858,202 @@ BEGIN
     RETURN 'Infinity'::float8;
 END $$;
 
+-- bucket/credit.rs for a token bucket and a fixed window: what the state holds after count
+-- comes back at now, refilled as a call at now would, and how much came back.
+CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision,
+                                       OUT after rate_limiter._state, OUT given double precision, OUT available double precision)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
+    now_state rate_limiter._state := ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
+    back rate_limiter._check;
+    current float8;
+    previous float8;
+    from_current float8;
+    from_previous float8;
+    cells float8[];
+    left_ float8;
+    back_ float8;
+BEGIN
+    IF c.kind = 'sliding window' THEN
+        -- From the current window's tokens, then the previous one's while it still weighs.
+        current := rate_limiter._sliding_current(now_state, c);
+        previous := coalesce(now_state.counts[1], 0);
+        from_current := least(count, current);
+        from_previous := least(count - from_current, previous);
+        now_state := ROW(c.rate - (current - from_current), now_state.ts, now_state.granted_at,
+                         ARRAY[previous - from_previous, current - from_current])::rate_limiter._state;
+        given := from_current + from_previous;
+    ELSIF c.kind = 'rolling window' THEN
+        -- From the newest cells that hold tokens, back to the oldest that still counts.
+        cells := now_state.counts;
+        left_ := count;
+        FOR i IN REVERSE array_length(cells, 1) .. 1 LOOP
+            back_ := least(left_, cells[i]);
+            cells[i] := cells[i] - back_;
+            left_ := left_ - back_;
+        END LOOP;
+        given := count - left_;
+        now_state := ROW(c.rate - rate_limiter._sum(cells), now_state.ts, now_state.granted_at, cells)::rate_limiter._state;
+    ELSE
+        given := greatest(least(count, c.capacity - refilled.value), 0::float8);
+        now_state.value := refilled.value + given;
+    END IF;
+    back := rate_limiter._check(now_state, c, now, 0, false);
+    after := ROW(back.value, back.ts, back.granted_at, back.counts)::rate_limiter._state;
+    available := back.available;
+END $$;
+
+-- The planning (bucket/plan.rs, with bucket/modes.rs): what a call does to the shards it
+-- looked at, and what it answers.
+
+-- What one call decides on one state at now (bucket::plan for one shard, with what a denial
+-- does instead by mode, bucket/modes.rs; Outcome::decision): the decision, and the state to
+-- write when the call changes it (an ok call; a denial in the penalize mode), else NULL.
+CREATE FUNCTION rate_limiter._decide(s rate_limiter._state, c rate_limiter._config, now double precision, name text,
+                                     count double precision, reserve boolean,
+                                     OUT d rate_limiter.decision, OUT after rate_limiter._state)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    took rate_limiter._check := rate_limiter._check(s, c, now, count, coalesce(reserve, false));
+    refilled rate_limiter._check;
+    amount float8;
+    part rate_limiter._check;
+    penalized rate_limiter._check;
+BEGIN
+    IF NOT took.ok AND c.mode = 'partial' AND took.reason = 'exhausted' THEN
+        -- As much of count as there is now, whole tokens when count is whole.
+        amount := (rate_limiter._check(s, c, now, 0, false)).available;
+        amount := least(CASE WHEN count = trunc(count) THEN floor(amount) ELSE amount END, count);
+        IF amount > 0 THEN
+            part := rate_limiter._check(s, c, now, amount, false);
+            IF part.ok THEN
+                after := ROW(part.value, part.ts, part.granted_at, part.counts)::rate_limiter._state;
+                d := ROW(true, took.retry_after, part.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
+                         amount, NULL, NULL)::rate_limiter.decision;
+                RETURN;
+            END IF;
+        END IF;
+    ELSIF NOT took.ok AND c.mode = 'penalize' THEN
+        -- Denied, and counted down to -capacity; the gap keeps counting from the last grant.
+        refilled := rate_limiter._check(s, c, now, 0, false);
+        penalized := rate_limiter._check(s, c, now, greatest(least(count, refilled.value + c.capacity), 0::float8), false);
+        after := ROW(penalized.value, penalized.ts, took.granted_at, penalized.counts)::rate_limiter._state;
+        d := ROW(false, (rate_limiter._check(after, c, now, count, false)).retry_after,
+                 (rate_limiter._check(after, c, now, 0, false)).available,
+                 greatest(0::float8, rate_limiter._reset_after(after, c, now)), 0, took.reason, name)::rate_limiter.decision;
+        RETURN;
+    END IF;
+    IF took.ok THEN
+        after := ROW(took.value, took.ts, took.granted_at, took.counts)::rate_limiter._state;
+        d := ROW(true, took.retry_after, took.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
+                 count, NULL, NULL)::rate_limiter.decision;
+    ELSE
+        refilled := rate_limiter._check(s, c, now, 0, false);
+        d := ROW(false, took.retry_after, refilled.available,
+                 greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state, c, now)),
+                 0, took.reason, name)::rate_limiter.decision;
+    END IF;
+END $$;
+
+-- What a call does to the states of the shards it looked at (bucket::plan, then
+-- Outcome::decision): the decision, each shard's state after the call, and whether the call
+-- changed it. `c` is one shard's config; `shards` the limit's.
+CREATE FUNCTION rate_limiter._plan(states rate_limiter._state[], c rate_limiter._config, shards integer, now double precision,
+                                   name text, count double precision, reserve boolean,
+                                   OUT d rate_limiter.decision, OUT afters rate_limiter._state[], OUT changed boolean[])
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    one rate_limiter._check;
+    two rate_limiter._check;
+    refilled rate_limiter._check[];
+    after rate_limiter._check[];
+    taken boolean[] := ARRAY[false, false];
+    denied rate_limiter._check;
+    balance float8;
+    retry float8;
+    single record;
+    ok boolean;
+    granted float8 := 0;
+    total float8 := 0;
+BEGIN
+    IF cardinality(states) = 1 THEN
+        single := rate_limiter._decide(states[1], c, now, name, count, reserve);
+        changed := ARRAY[NOT (single.after IS NULL)];  -- a row IS NOT NULL only when no column is
+        afters := ARRAY[coalesce(single.after, states[1])];
+        d := single.d;
+        d.remaining := d.remaining * shards::float8;
+        RETURN;
+    END IF;
+    refilled := ARRAY[rate_limiter._check(states[1], c, now, 0, false), rate_limiter._check(states[2], c, now, 0, false)];
+    one := rate_limiter._check(states[1], c, now, count, reserve);
+    two := rate_limiter._check(states[2], c, now, count, reserve);
+    after := refilled;
+    IF one.ok AND two.ok THEN
+        IF one.available > two.available THEN after[1] := one; taken[1] := true; denied := one;
+        ELSE after[2] := two; taken[2] := true; denied := two; END IF;
+        ok := true;
+    ELSIF one.ok THEN
+        after[1] := one; taken[1] := true; denied := one; ok := true;
+    ELSIF two.ok THEN
+        after[2] := two; taken[2] := true; denied := two; ok := true;
+    ELSE
+        -- Neither can serve alone: take from both so they end level.
+        balance := one.available + two.available + count;
+        one := rate_limiter._check(states[1], c, now, one.available + count - balance / 2, reserve);
+        two := rate_limiter._check(states[2], c, now, two.available + count - balance / 2, reserve);
+        retry := CASE WHEN one.retry_after IS NULL AND two.retry_after IS NULL THEN NULL
+                      ELSE greatest(coalesce(one.retry_after, 0), coalesce(two.retry_after, 0)) END;
+        denied := one;
+        denied.retry_after := retry;
+        ok := one.ok AND two.ok;
+        IF ok THEN after := ARRAY[one, two]; taken := ARRAY[true, true]; END IF;
+    END IF;
+    IF ok THEN granted := count; END IF;
+    changed := taken;
+    afters := ARRAY[ROW((after[1]).value, (after[1]).ts, (after[1]).granted_at, (after[1]).counts)::rate_limiter._state,
+                    ROW((after[2]).value, (after[2]).ts, (after[2]).granted_at, (after[2]).counts)::rate_limiter._state];
+    total := (after[1]).available + (after[2]).available;
+    d := ROW(ok, denied.retry_after, total * shards::float8 / 2,
+             greatest(0::float8, rate_limiter._reset_after(afters[1], c, now), rate_limiter._reset_after(afters[2], c, now)),
+             granted, CASE WHEN NOT ok THEN denied.reason END, CASE WHEN NOT ok THEN name END)::rate_limiter.decision;
+END $$;
+
+-- Give count back to the shards looked at (bucket::plan_credit): to the emptiest of them now
+-- (the first of equals), up to what it takes back.
+CREATE FUNCTION rate_limiter._plan_credit(states rate_limiter._state[], c rate_limiter._config, shards integer, now double precision,
+                                          count double precision,
+                                          OUT d rate_limiter.decision, OUT afters rate_limiter._state[], OUT changed boolean[])
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n integer := cardinality(states);
+    refilled rate_limiter._check;
+    available float8[] := '{}';
+    emptiest integer := 1;
+    credited record;
+    total float8 := 0;
+    reset float8 := 0;
+BEGIN
+    afters := '{}';
+    FOR i IN 1 .. n LOOP
+        refilled := rate_limiter._check(states[i], c, now, 0, false);
+        afters := afters || ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
+        available := available || refilled.available;
+        IF refilled.available < available[emptiest] THEN emptiest := i; END IF;
+    END LOOP;
+    credited := rate_limiter._credited(states[emptiest], c, now, count);
+    afters[emptiest] := credited.after;
+    available[emptiest] := credited.available;
+    changed := array_fill(false, ARRAY[n]);
+    changed[emptiest] := credited.given > 0;
+    FOR i IN 1 .. n LOOP
+        total := total + available[i];
+        reset := greatest(reset, rate_limiter._reset_after(afters[i], c, now));
+    END LOOP;
+    d := ROW(true, NULL, total * shards::float8 / n, reset, 0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
+END $$;
+
+-- The bytes of config::fingerprint (src/config/fingerprint.rs).
 
 -- A double's bytes, little-endian, -0 as 0 (config::fingerprint's numbers).
 CREATE FUNCTION rate_limiter._le(x double precision) RETURNS bytea
@@ -1628,55 +1834,6 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- What one call decides on one state at now (bucket::plan for one shard, with what a denial
--- does instead by mode, bucket/modes.rs; Outcome::decision): the decision, and the state to
--- write when the call changes it (an ok call; a denial in the penalize mode), else NULL.
-CREATE FUNCTION rate_limiter._decide(s rate_limiter._state, c rate_limiter._config, now double precision, name text,
-                                     count double precision, reserve boolean,
-                                     OUT d rate_limiter.decision, OUT after rate_limiter._state)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    took rate_limiter._check := rate_limiter._check(s, c, now, count, coalesce(reserve, false));
-    refilled rate_limiter._check;
-    amount float8;
-    part rate_limiter._check;
-    penalized rate_limiter._check;
-BEGIN
-    IF NOT took.ok AND c.mode = 'partial' AND took.reason = 'exhausted' THEN
-        -- As much of count as there is now, whole tokens when count is whole.
-        amount := (rate_limiter._check(s, c, now, 0, false)).available;
-        amount := least(CASE WHEN count = trunc(count) THEN floor(amount) ELSE amount END, count);
-        IF amount > 0 THEN
-            part := rate_limiter._check(s, c, now, amount, false);
-            IF part.ok THEN
-                after := ROW(part.value, part.ts, part.granted_at, part.counts)::rate_limiter._state;
-                d := ROW(true, took.retry_after, part.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
-                         amount, NULL, NULL)::rate_limiter.decision;
-                RETURN;
-            END IF;
-        END IF;
-    ELSIF NOT took.ok AND c.mode = 'penalize' THEN
-        -- Denied, and counted down to -capacity; the gap keeps counting from the last grant.
-        refilled := rate_limiter._check(s, c, now, 0, false);
-        penalized := rate_limiter._check(s, c, now, greatest(least(count, refilled.value + c.capacity), 0::float8), false);
-        after := ROW(penalized.value, penalized.ts, took.granted_at, penalized.counts)::rate_limiter._state;
-        d := ROW(false, (rate_limiter._check(after, c, now, count, false)).retry_after,
-                 (rate_limiter._check(after, c, now, 0, false)).available,
-                 greatest(0::float8, rate_limiter._reset_after(after, c, now)), 0, took.reason, name)::rate_limiter.decision;
-        RETURN;
-    END IF;
-    IF took.ok THEN
-        after := ROW(took.value, took.ts, took.granted_at, took.counts)::rate_limiter._state;
-        d := ROW(true, took.retry_after, took.available, greatest(0::float8, rate_limiter._reset_after(after, c, now)),
-                 count, NULL, NULL)::rate_limiter.decision;
-    ELSE
-        refilled := rate_limiter._check(s, c, now, 0, false);
-        d := ROW(false, took.retry_after, refilled.available,
-                 greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state, c, now)),
-                 0, took.reason, name)::rate_limiter.decision;
-    END IF;
-END $$;
-
 -- A denial answered as shadow mode answers it, and throws => true's RL429.
 CREATE FUNCTION rate_limiter._answer(d rate_limiter.decision, enforce boolean, name text, key text, throws boolean)
 RETURNS rate_limiter.decision
@@ -1764,7 +1921,6 @@ BEGIN
     at := found.at;
     "row" := found.found_row;
 END $$;
-
 
 CREATE FUNCTION rate_limiter.check_rate_limit(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
     reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
@@ -2003,52 +2159,6 @@ BEGIN
                0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
 END $$;
 COMMENT ON FUNCTION rate_limiter.credit IS 'Give count tokens back to (name, key) inside the caller''s transaction, as much as the limit still counts (a token bucket up to capacity); returns the decision after it, granted minus what was given back.';
-
--- bucket/credit.rs for a token bucket and a fixed window: what the state holds after count
--- comes back at now, refilled as a call at now would, and how much came back.
-CREATE FUNCTION rate_limiter._credited(s rate_limiter._state, c rate_limiter._config, now double precision, count double precision,
-                                       OUT after rate_limiter._state, OUT given double precision, OUT available double precision)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    refilled rate_limiter._check := rate_limiter._check(s, c, now, 0, false);
-    now_state rate_limiter._state := ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
-    back rate_limiter._check;
-    current float8;
-    previous float8;
-    from_current float8;
-    from_previous float8;
-    cells float8[];
-    left_ float8;
-    back_ float8;
-BEGIN
-    IF c.kind = 'sliding window' THEN
-        -- From the current window's tokens, then the previous one's while it still weighs.
-        current := rate_limiter._sliding_current(now_state, c);
-        previous := coalesce(now_state.counts[1], 0);
-        from_current := least(count, current);
-        from_previous := least(count - from_current, previous);
-        now_state := ROW(c.rate - (current - from_current), now_state.ts, now_state.granted_at,
-                         ARRAY[previous - from_previous, current - from_current])::rate_limiter._state;
-        given := from_current + from_previous;
-    ELSIF c.kind = 'rolling window' THEN
-        -- From the newest cells that hold tokens, back to the oldest that still counts.
-        cells := now_state.counts;
-        left_ := count;
-        FOR i IN REVERSE array_length(cells, 1) .. 1 LOOP
-            back_ := least(left_, cells[i]);
-            cells[i] := cells[i] - back_;
-            left_ := left_ - back_;
-        END LOOP;
-        given := count - left_;
-        now_state := ROW(c.rate - rate_limiter._sum(cells), now_state.ts, now_state.granted_at, cells)::rate_limiter._state;
-    ELSE
-        given := greatest(least(count, c.capacity - refilled.value), 0::float8);
-        now_state.value := refilled.value + given;
-    END IF;
-    back := rate_limiter._check(now_state, c, now, 0, false);
-    after := ROW(back.value, back.ts, back.granted_at, back.counts)::rate_limiter._state;
-    available := back.available;
-END $$;
 
 -- Delete what has ended, at most max_rows rows: blocks and allows whose until has passed,
 -- then state rows whose expires has, then (READ COMMITTED, and when no transaction is
@@ -2320,103 +2430,6 @@ END $$;
 CREATE FUNCTION rate_limiter._stored_shard(base integer, i integer) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN base OPERATOR(pg_catalog.=) 0 THEN i ELSE -1 OPERATOR(pg_catalog.-) i END;
-
--- What a call does to the states of the shards it looked at (bucket::plan, then
--- Outcome::decision): the decision, each shard's state after the call, and whether the call
--- changed it. `c` is one shard's config; `shards` the limit's.
-CREATE FUNCTION rate_limiter._plan(states rate_limiter._state[], c rate_limiter._config, shards integer, now double precision,
-                                   name text, count double precision, reserve boolean,
-                                   OUT d rate_limiter.decision, OUT afters rate_limiter._state[], OUT changed boolean[])
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    one rate_limiter._check;
-    two rate_limiter._check;
-    refilled rate_limiter._check[];
-    after rate_limiter._check[];
-    taken boolean[] := ARRAY[false, false];
-    denied rate_limiter._check;
-    balance float8;
-    retry float8;
-    single record;
-    ok boolean;
-    granted float8 := 0;
-    total float8 := 0;
-BEGIN
-    IF cardinality(states) = 1 THEN
-        single := rate_limiter._decide(states[1], c, now, name, count, reserve);
-        changed := ARRAY[NOT (single.after IS NULL)];  -- a row IS NOT NULL only when no column is
-        afters := ARRAY[coalesce(single.after, states[1])];
-        d := single.d;
-        d.remaining := d.remaining * shards::float8;
-        RETURN;
-    END IF;
-    refilled := ARRAY[rate_limiter._check(states[1], c, now, 0, false), rate_limiter._check(states[2], c, now, 0, false)];
-    one := rate_limiter._check(states[1], c, now, count, reserve);
-    two := rate_limiter._check(states[2], c, now, count, reserve);
-    after := refilled;
-    IF one.ok AND two.ok THEN
-        IF one.available > two.available THEN after[1] := one; taken[1] := true; denied := one;
-        ELSE after[2] := two; taken[2] := true; denied := two; END IF;
-        ok := true;
-    ELSIF one.ok THEN
-        after[1] := one; taken[1] := true; denied := one; ok := true;
-    ELSIF two.ok THEN
-        after[2] := two; taken[2] := true; denied := two; ok := true;
-    ELSE
-        -- Neither can serve alone: take from both so they end level.
-        balance := one.available + two.available + count;
-        one := rate_limiter._check(states[1], c, now, one.available + count - balance / 2, reserve);
-        two := rate_limiter._check(states[2], c, now, two.available + count - balance / 2, reserve);
-        retry := CASE WHEN one.retry_after IS NULL AND two.retry_after IS NULL THEN NULL
-                      ELSE greatest(coalesce(one.retry_after, 0), coalesce(two.retry_after, 0)) END;
-        denied := one;
-        denied.retry_after := retry;
-        ok := one.ok AND two.ok;
-        IF ok THEN after := ARRAY[one, two]; taken := ARRAY[true, true]; END IF;
-    END IF;
-    IF ok THEN granted := count; END IF;
-    changed := taken;
-    afters := ARRAY[ROW((after[1]).value, (after[1]).ts, (after[1]).granted_at, (after[1]).counts)::rate_limiter._state,
-                    ROW((after[2]).value, (after[2]).ts, (after[2]).granted_at, (after[2]).counts)::rate_limiter._state];
-    total := (after[1]).available + (after[2]).available;
-    d := ROW(ok, denied.retry_after, total * shards::float8 / 2,
-             greatest(0::float8, rate_limiter._reset_after(afters[1], c, now), rate_limiter._reset_after(afters[2], c, now)),
-             granted, CASE WHEN NOT ok THEN denied.reason END, CASE WHEN NOT ok THEN name END)::rate_limiter.decision;
-END $$;
-
--- Give count back to the shards looked at (bucket::plan_credit): to the emptiest of them now
--- (the first of equals), up to what it takes back.
-CREATE FUNCTION rate_limiter._plan_credit(states rate_limiter._state[], c rate_limiter._config, shards integer, now double precision,
-                                          count double precision,
-                                          OUT d rate_limiter.decision, OUT afters rate_limiter._state[], OUT changed boolean[])
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    n integer := cardinality(states);
-    refilled rate_limiter._check;
-    available float8[] := '{}';
-    emptiest integer := 1;
-    credited record;
-    total float8 := 0;
-    reset float8 := 0;
-BEGIN
-    afters := '{}';
-    FOR i IN 1 .. n LOOP
-        refilled := rate_limiter._check(states[i], c, now, 0, false);
-        afters := afters || ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
-        available := available || refilled.available;
-        IF refilled.available < available[emptiest] THEN emptiest := i; END IF;
-    END LOOP;
-    credited := rate_limiter._credited(states[emptiest], c, now, count);
-    afters[emptiest] := credited.after;
-    available[emptiest] := credited.available;
-    changed := array_fill(false, ARRAY[n]);
-    changed[emptiest] := credited.given > 0;
-    FOR i IN 1 .. n LOOP
-        total := total + available[i];
-        reset := greatest(reset, rate_limiter._reset_after(afters[i], c, now));
-    END LOOP;
-    d := ROW(true, NULL, total * shards::float8 / n, reset, 0::float8 - credited.given, NULL, NULL)::rate_limiter.decision;
-END $$;
 
 -- The row of shard `shard` of (stored, key) locked without waiting for another transaction
 -- (a shard below one this transaction holds, where a wait could close a cycle: 40P01), or
