@@ -143,6 +143,45 @@ COMMENT ON COLUMN rate_limiter.allows.note IS 'Why, for the operator.';
 COMMENT ON COLUMN rate_limiter.allows.created IS 'When the allow was made or last changed.';
 SELECT pg_catalog.pg_extension_config_dump('rate_limiter.allows', '');
 
+-- A key's own numbers under a named limit (rate_limiter.override()): a call on that key is
+-- decided under them, its count kept in the same rows, until until. Looked up by (key, name),
+-- as the lists are.
+CREATE TABLE rate_limiter.overrides (
+    name text COLLATE "C" NOT NULL
+        CONSTRAINT overrides_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    key text COLLATE "C"
+        CONSTRAINT overrides_key_check CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024),
+    rate double precision
+        CONSTRAINT overrides_rate_check CHECK (rate OPERATOR(pg_catalog.>) 0::pg_catalog.float8 AND rate OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    period interval
+        CONSTRAINT overrides_period_check CHECK (period OPERATOR(pg_catalog.>) '0'::pg_catalog.interval),
+    capacity double precision
+        CONSTRAINT overrides_capacity_check CHECK (capacity OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND capacity OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    max_reserved double precision
+        CONSTRAINT overrides_max_reserved_check CHECK (max_reserved OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND max_reserved OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    min_gap interval
+        CONSTRAINT overrides_min_gap_check CHECK (min_gap OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    exempt boolean NOT NULL DEFAULT false,
+    until timestamptz NOT NULL DEFAULT 'infinity',
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT overrides_key_name_key UNIQUE NULLS NOT DISTINCT (key, name)
+);
+COMMENT ON TABLE rate_limiter.overrides IS
+    'A key''s own numbers under a named limit: a call on (name, key) is decided under the limit with these numbers in place of its own (NULL: the limit''s), counted in the same rows, until until. Manage with rate_limiter.override() and remove_override(); deleting the limit deletes its overrides.';
+COMMENT ON COLUMN rate_limiter.overrides.name IS 'The named limit (rate_limiter.limits) whose key has its own numbers.';
+COMMENT ON COLUMN rate_limiter.overrides.key IS 'The key; NULL is the limit''s shared NULL key.';
+COMMENT ON COLUMN rate_limiter.overrides.rate IS 'Tokens per period for this key; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.overrides.period IS 'The period for this key; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.overrides.capacity IS 'Most tokens this key may hold; NULL: rate when rate is given, else the limit''s capacity.';
+COMMENT ON COLUMN rate_limiter.overrides.max_reserved IS 'Most tokens this key may owe by reservations; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.overrides.min_gap IS 'Least time between two granted calls of this key; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.overrides.exempt IS 'true: the key is not limited (ok with reason ''allowed'', its state neither read nor written), as an allow of the pair.';
+COMMENT ON COLUMN rate_limiter.overrides.until IS 'The override holds until this instant (a temporary boost); ''infinity'' until removed. rate_limiter.prune() deletes overrides that have ended.';
+COMMENT ON COLUMN rate_limiter.overrides.note IS 'Why, for the operator (a plan, a ticket).';
+COMMENT ON COLUMN rate_limiter.overrides.created IS 'When the override was made or last changed.';
+SELECT pg_catalog.pg_extension_config_dump('rate_limiter.overrides', '');
+
 -- One small row per (name, key, shard). fillfactor leaves room on each page so updates
 -- stay HOT (no indexed column ever changes). COLLATE "C": equality is byte equality under
 -- any deterministic collation anyway, and the index compares bytes instead of calling strcoll.

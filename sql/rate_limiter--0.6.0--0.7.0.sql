@@ -2,7 +2,7 @@
 -- docs/memory-limits.md): a key that finds no room in shared memory is counted in its row
 -- of rate_limiter.state, which the statistics count (memory_in_rows), and the snapshot's
 -- entries are named by a keyed hash under the cluster's secret, written as a log of packed
--- rows.
+-- rows. Overrides (issue 55): a key of a named limit decided under numbers of its own.
 --
 -- Runs as a superuser with search_path = rate_limiter: every object and operator is qualified.
 
@@ -123,6 +123,90 @@ BEGIN
         EXECUTE one;
     END LOOP;
 END $$;
+
+-- Overrides (issue 55, docs/api.md): a key of a named limit decided under numbers of its own.
+-- A key's own numbers under a named limit (rate_limiter.override()): a call on that key is
+-- decided under them, its count kept in the same rows, until until. Looked up by (key, name),
+-- as the lists are.
+CREATE TABLE rate_limiter.overrides (
+    name text COLLATE "C" NOT NULL
+        CONSTRAINT overrides_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    key text COLLATE "C"
+        CONSTRAINT overrides_key_check CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024),
+    rate double precision
+        CONSTRAINT overrides_rate_check CHECK (rate OPERATOR(pg_catalog.>) 0::pg_catalog.float8 AND rate OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    period interval
+        CONSTRAINT overrides_period_check CHECK (period OPERATOR(pg_catalog.>) '0'::pg_catalog.interval),
+    capacity double precision
+        CONSTRAINT overrides_capacity_check CHECK (capacity OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND capacity OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    max_reserved double precision
+        CONSTRAINT overrides_max_reserved_check CHECK (max_reserved OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND max_reserved OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    min_gap interval
+        CONSTRAINT overrides_min_gap_check CHECK (min_gap OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    exempt boolean NOT NULL DEFAULT false,
+    until timestamptz NOT NULL DEFAULT 'infinity',
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT overrides_key_name_key UNIQUE NULLS NOT DISTINCT (key, name)
+);
+COMMENT ON TABLE rate_limiter.overrides IS
+    'A key''s own numbers under a named limit: a call on (name, key) is decided under the limit with these numbers in place of its own (NULL: the limit''s), counted in the same rows, until until. Manage with rate_limiter.override() and remove_override(); deleting the limit deletes its overrides.';
+COMMENT ON COLUMN rate_limiter.overrides.name IS 'The named limit (rate_limiter.limits) whose key has its own numbers.';
+COMMENT ON COLUMN rate_limiter.overrides.key IS 'The key; NULL is the limit''s shared NULL key.';
+COMMENT ON COLUMN rate_limiter.overrides.rate IS 'Tokens per period for this key; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.overrides.period IS 'The period for this key; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.overrides.capacity IS 'Most tokens this key may hold; NULL: rate when rate is given, else the limit''s capacity.';
+COMMENT ON COLUMN rate_limiter.overrides.max_reserved IS 'Most tokens this key may owe by reservations; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.overrides.min_gap IS 'Least time between two granted calls of this key; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.overrides.exempt IS 'true: the key is not limited (ok with reason ''allowed'', its state neither read nor written), as an allow of the pair.';
+COMMENT ON COLUMN rate_limiter.overrides.until IS 'The override holds until this instant (a temporary boost); ''infinity'' until removed. rate_limiter.prune() deletes overrides that have ended.';
+COMMENT ON COLUMN rate_limiter.overrides.note IS 'Why, for the operator (a plan, a ticket).';
+COMMENT ON COLUMN rate_limiter.overrides.created IS 'When the override was made or last changed.';
+SELECT pg_catalog.pg_extension_config_dump('rate_limiter.overrides', '');
+-- As a fresh install leaves it (sql/finalize.sql): an explicit ACL of its owner's alone.
+REVOKE ALL ON rate_limiter.overrides FROM PUBLIC;
+CREATE TRIGGER overrides_changed
+    AFTER INSERT OR UPDATE OR DELETE ON rate_limiter.overrides
+    FOR EACH ROW EXECUTE FUNCTION rate_limiter._limits_changed();
+CREATE TRIGGER overrides_truncated
+    AFTER TRUNCATE ON rate_limiter.overrides
+    FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
+ALTER TABLE rate_limiter.overrides ENABLE ALWAYS TRIGGER overrides_changed;
+ALTER TABLE rate_limiter.overrides ENABLE ALWAYS TRIGGER overrides_truncated;
+CREATE FUNCTION rate_limiter."override"(
+    "name" TEXT,
+    "key" TEXT,
+    "rate" double precision DEFAULT NULL,
+    "period" interval DEFAULT NULL,
+    "capacity" double precision DEFAULT NULL,
+    "max_reserved" double precision DEFAULT NULL,
+    "min_gap" interval DEFAULT NULL,
+    "exempt" bool DEFAULT false,
+    "until" timestamp with time zone DEFAULT 'infinity',
+    "note" TEXT DEFAULT NULL
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'set_override_wrapper';
+CREATE FUNCTION rate_limiter."remove_override"(
+    "name" TEXT,
+    "key" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'remove_override_wrapper';
+REVOKE ALL ON FUNCTION rate_limiter.override(text, text, double precision, interval, double precision, double precision, interval, boolean, timestamptz, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.remove_override(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter.override(text, text, double precision, interval, double precision, double precision, interval, boolean, timestamptz, text) IS
+    'Give (name, key) numbers of its own under the named limit (NULL: the limit''s), or exempt it, until until; its count is kept.';
+COMMENT ON FUNCTION rate_limiter.remove_override(text, text) IS
+    'Take back the override of (name, key); returns whether there was one. Its count is kept.';
+COMMENT ON FUNCTION rate_limiter.prune(integer) IS
+    'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows, overrides and leases that have ended; returns how many. Skips rows in use.';
+COMMENT ON FUNCTION rate_limiter._limits_changed() IS
+    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits, blocks, allows and overrides.';
 
 -- Default privileges (ALTER DEFAULT PRIVILEGES) never reach an object this install or update
 -- created: it keeps only the grants the scripts give, so that a role given EXECUTE on every

@@ -1,8 +1,9 @@
 //! Per-backend caches: the OIDs of the extension's tables, indexes and row type, the
-//! configs of named limits, and whether any block or allow exists. A relcache invalidation
-//! of one of those relations empties them. PostgreSQL sends one on DDL and DROP EXTENSION,
-//! and the triggers on `rate_limiter.limits`, `blocks` and `allows` send one at every change
-//! to them, delivered to each backend once the change commits.
+//! configs of named limits, whether any block, allow or override exists, and the overrides of
+//! the keys called. A relcache invalidation of one of those relations empties them.
+//! PostgreSQL sends one on DDL and DROP EXTENSION, and the triggers on `rate_limiter.limits`,
+//! `blocks`, `allows` and `overrides` send one at every change to them, delivered to each
+//! backend once the change commits.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -34,6 +35,9 @@ pub struct Relations {
     /// `rate_limiter.leases`, the leases of concurrency limits; None in a database whose
     /// extension is older than 0.5.0.
     pub leases: Option<pg_sys::Oid>,
+    /// `rate_limiter.overrides` and its unique index; None in a database whose extension is
+    /// older than 0.7.0: no key has numbers of its own.
+    pub overrides: Option<(pg_sys::Oid, pg_sys::Oid)>,
     /// `rate_limiter.memory_snapshot`, memory limits' counts as the worker last wrote them;
     /// None in a database whose extension is older than 0.7.0 (0.6.0 kept a row per key): no
     /// snapshot is written or loaded there.
@@ -57,7 +61,22 @@ thread_local! {
     static CONFIGS: RefCell<HashMap<String, Config>> = RefCell::new(HashMap::new());
     static ANY_BLOCKS: Cell<Option<bool>> = const { Cell::new(None) };
     static ANY_ALLOWS: Cell<Option<bool>> = const { Cell::new(None) };
+    static ANY_OVERRIDES: Cell<Option<bool>> = const { Cell::new(None) };
+    static OVERRIDDEN: RefCell<HashMap<(String, Option<String>), Option<Overridden>>> = RefCell::new(HashMap::new());
 }
+
+/// What a key's override makes of its named limit: the config it is decided under, whether
+/// it is exempt, and until when (ms).
+#[derive(Clone, Copy, Debug)]
+pub struct Overridden {
+    pub config: Config,
+    pub exempt: bool,
+    pub until: f64,
+}
+
+/// The most (name, key) pairs whose override, or lack of one, a backend keeps: a backend
+/// that calls more keys than this looks the others up again.
+const MAX_OVERRIDDEN: usize = 10_000;
 
 pub fn relations() -> Relations {
     RELATIONS.get().unwrap_or_else(|| {
@@ -126,6 +145,10 @@ fn look_up() -> Relations {
         let debits_key = debits
             .filter(|_| pg_sys::get_relname_relid(c"debits_key".as_ptr(), schema) != pg_sys::InvalidOid)
             .map(|(debits, _)| index_of(debits, c"debits_key"));
+        let overrides = (pg_sys::get_relname_relid(c"overrides".as_ptr(), schema) != pg_sys::InvalidOid).then(|| {
+            let overrides = table(c"overrides");
+            (overrides, index_of(overrides, c"overrides_key_name_key"))
+        });
         let leases = (pg_sys::get_relname_relid(c"leases".as_ptr(), schema) != pg_sys::InvalidOid).then(|| table(c"leases"));
         // 0.6.0's table (a row per key) until the update to 0.7.0 makes it a log: no snapshot,
         // but its drop by the update is watched (`forget`).
@@ -143,6 +166,7 @@ fn look_up() -> Relations {
             debits,
             debits_key,
             leases,
+            overrides,
             memory_snapshot,
             snapshot_table: snapshot_table.unwrap_or(pg_sys::InvalidOid),
             decision_type,
@@ -275,6 +299,31 @@ pub fn config<E>(name: &str, load: impl FnOnce() -> Result<Config, E>) -> Result
     Ok(config)
 }
 
+/// Whether `rate_limiter.overrides` has any row, from the cache or from `load`.
+pub fn any_override(load: impl FnOnce() -> bool) -> bool {
+    ANY_OVERRIDES.get().unwrap_or_else(|| {
+        let any = load();
+        ANY_OVERRIDES.set(Some(any));
+        any
+    })
+}
+
+/// The override of `name`'s `key` (`None`: it has none), from the cache or from `load`.
+pub fn overridden<E>(name: &str, key: Option<&str>, load: impl FnOnce() -> Result<Option<Overridden>, E>) -> Result<Option<Overridden>, E> {
+    let pair = (name.to_owned(), key.map(str::to_owned));
+    if let Some(found) = OVERRIDDEN.with_borrow(|known| known.get(&pair).copied()) {
+        return Ok(found);
+    }
+    let found = load()?;
+    OVERRIDDEN.with_borrow_mut(|known| {
+        if known.len() >= MAX_OVERRIDDEN {
+            known.clear();
+        }
+        known.insert(pair, found);
+    });
+    Ok(found)
+}
+
 /// Whether `list` has any row, from the cache or from `load`.
 pub fn any_listed(list: List, load: impl FnOnce() -> bool) -> bool {
     let flag = match list {
@@ -301,9 +350,10 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
             let (debits, debits_key) = r.debits.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
             let by_key = r.debits_key.unwrap_or(pg_sys::InvalidOid);
             let leases = r.leases.unwrap_or(pg_sys::InvalidOid);
+            let (overrides, overrides_key) = r.overrides.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
             [
                 r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, debits, debits_key, by_key,
-                leases, r.snapshot_table, r.decision,
+                leases, overrides, overrides_key, r.snapshot_table, r.decision,
             ]
             .contains(&relid)
         }
@@ -314,6 +364,8 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
         CONFIGS.with_borrow_mut(HashMap::clear);
         ANY_BLOCKS.set(None);
         ANY_ALLOWS.set(None);
+        ANY_OVERRIDES.set(None);
+        OVERRIDDEN.with_borrow_mut(HashMap::clear);
     }
 }
 

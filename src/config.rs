@@ -1,17 +1,20 @@
 //! Limit configs: parsing a `rate_limiter.limits` row or an inline jsonb object
 //! (`config/parse.rs`), validating it (`config/validate.rs`), rendering the effective config
 //! back as jsonb and the fingerprint that keeps an inline config's state apart from every
-//! other config's (`config/fingerprint.rs`), and the settings a call reads about its config.
+//! other config's (`config/fingerprint.rs`), a key's override applied to its limit's row
+//! (`config/overrides.rs`), and the settings a call reads about its config.
 
 use crate::bucket::Config;
 use crate::settings;
 
 mod fingerprint;
+mod overrides;
 mod parse;
 mod validate;
 mod zone;
 
 pub use fingerprint::{fingerprint, to_json};
+pub use overrides::Override;
 pub use parse::{from_json, JsonbArg, LimitRow};
 pub use validate::MAX_AMOUNT;
 

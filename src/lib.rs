@@ -16,6 +16,7 @@ mod hash;
 mod http;
 mod limiter;
 mod lists;
+mod overrides;
 mod worker;
 mod prune_worker;
 mod settings;

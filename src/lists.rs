@@ -7,6 +7,7 @@
 use crate::cache::{self, List};
 use crate::call::Request;
 use crate::clock;
+use crate::overrides;
 use crate::storage::Lookup;
 
 /// `until`: the third column of rate_limiter.blocks and allows (name, key, until, note,
@@ -45,11 +46,11 @@ pub enum Listed {
     Allowed,
 }
 
-/// Whether `req`'s (name, key) is blocked or allowed now; a block wins. Its state is then
-/// neither read nor written.
+/// Whether `req`'s (name, key) is blocked or allowed now (an override that exempts the key
+/// allows it); a block wins. Its state is then neither read nor written.
 pub fn listed(req: &Request<'_>) -> Option<Listed> {
     if let Some(left) = listed_for(List::Blocks, req) {
         return Some(Listed::Blocked(left.is_finite().then_some(left)));
     }
-    listed_for(List::Allows, req).map(|_| Listed::Allowed)
+    (listed_for(List::Allows, req).is_some() || overrides::exempt(req)).then_some(Listed::Allowed)
 }

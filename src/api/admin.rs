@@ -1,5 +1,5 @@
 //! What changes limits, lists and state: `define`, `block`, `unblock`, `allow`, `disallow`,
-//! `reset_rate_limit` and `prune`, each SECURITY DEFINER with its search_path pinned (their SQL names tables by
+//! `override`, `remove_override`, `reset_rate_limit` and `prune`, each SECURITY DEFINER with its search_path pinned (their SQL names tables by
 //! OID and qualifies every operator, see `storage`); and the entry points older versions'
 //! SQL names, which say to update.
 
@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use crate::bucket::Config;
 use crate::cache::List;
 use crate::clock;
-use crate::config::LimitRow;
+use crate::config::{self, LimitRow};
 use crate::error::{self, Error, Result};
 use crate::limiter;
 use crate::shmem::deny_cache;
@@ -84,6 +84,55 @@ fn list(list: List, name: Option<&str>, key: Option<&str>, until: Option<Timesta
         Ok(())
     })()
     .unwrap_or_else(|e| e.raise())
+}
+
+/// Give `name`'s `key` numbers of its own (`define`'s names; NULL: the limit's), or exempt
+/// it, until `until`, with `note`. Its count is kept: a call on the key is judged under the
+/// new numbers as under a redefined limit. Refused for a limit that does not exist, numbers
+/// the limit's kind could not have, and hot and memory limits.
+#[pg_extern(name = "override", security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::too_many_arguments)]
+fn set_override(
+    name: Option<&str>,
+    key: Option<&str>,
+    rate: default!(Option<f64>, "NULL"),
+    period: default!(Option<Interval>, "NULL"),
+    capacity: default!(Option<f64>, "NULL"),
+    max_reserved: default!(Option<f64>, "NULL"),
+    min_gap: default!(Option<Interval>, "NULL"),
+    exempt: default!(Option<bool>, false),
+    until: default!(Option<TimestampWithTimeZone>, "'infinity'"),
+    note: default!(Option<&str>, "NULL"),
+) {
+    storage::prevent_writes_unless_allowed(c"override()");
+    (|| -> Result<()> {
+        let name = valid_name(name)?;
+        let key = valid_key(key)?;
+        let exempt = exempt.ok_or_else(|| Error::InvalidArgument("exempt must not be NULL".into()))?;
+        let until = until.ok_or_else(|| Error::InvalidArgument("until must not be NULL; use 'infinity'".into()))?;
+        let row = storage::load_limit(name).ok_or_else(|| Error::UnknownLimit(name.to_owned()))?;
+        if row.hot || !row.durable {
+            return Err(Error::NotSupported(format!("overrides of the hot or memory limit \"{name}\"")));
+        }
+        let numbers = config::Override { rate, period, capacity, max_reserved, min_gap };
+        // Validated here for a clear message, as define's numbers are.
+        Config::try_from(&numbers.applied_to(&row))?;
+        storage::upsert_override(name, key, &numbers, exempt, until, note);
+        Ok(())
+    })()
+    .unwrap_or_else(|e| e.raise())
+}
+
+/// Take back the override of (`name`, `key`); whether there was one. The key is judged
+/// under its limit's numbers again, its count kept.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn remove_override(name: Option<&str>, key: Option<&str>) -> bool {
+    storage::prevent_writes_unless_allowed(c"remove_override()");
+    let name = valid_name(name).unwrap_or_else(|e| e.raise());
+    let key = valid_key(key).unwrap_or_else(|e| e.raise());
+    storage::delete_override(name, key)
 }
 
 /// Delete up to `max_rows` rows of `rate_limiter.state` that hold what a fresh state would

@@ -15,6 +15,7 @@ use crate::call::{Request, MAX_KEY_BYTES, MAX_NAME_BYTES, MAX_REQUESTS, OTHER};
 use crate::config::{self, JsonbArg};
 use crate::error::{Error, Result};
 use crate::limiter::Part;
+use crate::overrides;
 use crate::storage;
 
 mod admin;
@@ -97,12 +98,13 @@ fn resolve(name: &str, inline: Option<JsonbArg>) -> Result<Config> {
 }
 
 /// The config `req` is judged under, with `req` marked with the state it reaches: an
-/// inline config's own, by its fingerprint, or the named limit's.
+/// inline config's own, by its fingerprint, or the named limit's (its numbers the key's
+/// override's while one is in force).
 fn resolve_for(req: &mut Request<'_>, inline: Option<JsonbArg>) -> Result<Config> {
     let given = inline.is_some();
     let config = resolve(req.name, inline)?;
     req.inline = given.then(|| config::fingerprint(&config));
-    Ok(config)
+    overrides::config_for(req, config)
 }
 
 fn resolve_named(name: &str) -> Result<Config> {
@@ -172,7 +174,7 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
         }
         let config = match inline {
             Some(v) => config::from_json(v)?,
-            None => resolve_named(req.name)?,
+            None => overrides::config_for(&req, resolve_named(req.name)?)?,
         };
         req.inline = inline.map(|_| config::fingerprint(&config));
         if config.mode != Mode::All {

@@ -28,6 +28,7 @@ fn _limits_changed<'a>(
         hot_limit_changing(trigger);
         memory_limit_changing(trigger);
         concurrency_limit_shrinking(trigger);
+        overrides_follow_their_limit(trigger);
     }
     // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
     // transaction (InvalidOid would only raise "cache lookup failed"); the message is queued
@@ -142,6 +143,36 @@ fn concurrency_limit_shrinking(trigger: &PgTrigger<'_>) {
     };
     if lowers {
         storage::hold_calls_off();
+    }
+}
+
+/// A limit's overrides go with it (a DELETE, a TRUNCATE, a new name), and a limit with
+/// overrides cannot become hot or a memory limit, which have none.
+fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
+    if cache::relations().overrides.is_none() {
+        return;
+    }
+    if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) {
+        storage::delete_overrides_of(None);
+        return;
+    }
+    let name = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<String>("name").ok().flatten().unwrap_or_default();
+    let flag = |row: &PgHeapTuple<'_, AllocatedByPostgres>, column: &str| row.get_by_name::<bool>(column).ok().flatten();
+    let (old, new) = (trigger.old(), trigger.new());
+    if let Some(old) = &old {
+        if new.as_ref().is_none_or(|new| name(new) != name(old)) {
+            storage::delete_overrides_of(Some(&name(old)));
+        }
+    }
+    if let Some(new) = &new {
+        let hot_or_memory = flag(new, "hot") == Some(true) || flag(new, "durable") == Some(false);
+        if hot_or_memory && storage::has_overrides(&name(new)) {
+            Error::NotSupported(format!(
+                "the limit \"{}\" has overrides, which a hot or memory limit cannot have: remove_override() them first",
+                name(new)
+            ))
+            .raise()
+        }
     }
 }
 

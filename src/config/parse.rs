@@ -68,6 +68,7 @@ impl JsonbArg {
 }
 
 /// A `rate_limiter.limits` row as stored.
+#[derive(Clone)]
 pub struct LimitRow {
     pub kind: String,
     pub rate: f64,

@@ -7,6 +7,7 @@ mod helpers;
 mod keys;
 mod kinds;
 mod memory;
+mod overrides;
 mod shmem;
 mod surface;
 mod transactions;

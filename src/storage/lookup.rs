@@ -1,4 +1,4 @@
-//! Committed rows of the small tables (`rate_limiter.limits`, `blocks`, `allows`), read
+//! Committed rows of the small tables (`rate_limiter.limits`, `blocks`, `allows`, `overrides`), read
 //! through their unique indexes.
 
 use std::ptr::null_mut;
@@ -7,7 +7,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::cache::{self, List};
-use crate::config::LimitRow;
+use crate::config::{LimitRow, Override};
 use crate::error::Error;
 use super::shape::{self, Columns, Shape};
 
@@ -42,6 +42,13 @@ impl Lookup {
             }
         };
         Some(Lookup::open(table, index, shown, &shape::LISTS, &[2, 1]))
+    }
+
+    /// `rate_limiter.overrides`, looked up by (key, name); None in a database not yet updated
+    /// to 0.7.0, which has no overrides.
+    pub fn overrides() -> Option<Lookup> {
+        let (table, index) = cache::relations().overrides?;
+        Some(Lookup::open(table, index, "rate_limiter.overrides", &shape::OVERRIDES, &[2, 1]))
     }
 
     /// Open `table` and its unique `index` on `key_columns`, then check both as they are now,
@@ -123,6 +130,28 @@ impl Drop for Lookup {
 pub fn load_limit(name: &str) -> Option<LimitRow> {
     let limits = Lookup::limits();
     limits.find(&[Some(name)]).then(|| limit_row(&limits))
+}
+
+/// The override of `name`'s `key`, if any, as committed now: its numbers, whether the key is
+/// exempt, and until when.
+pub fn load_override(name: &str, key: Option<&str>) -> Option<(Override, bool, TimestampWithTimeZone)> {
+    let overrides = Lookup::overrides()?;
+    overrides.find(&[key, Some(name)]).then(|| {
+        let required = "NOT NULL column of rate_limiter.overrides";
+        let numbers = Override {
+            rate: overrides.column(3),
+            period: overrides.column(4),
+            capacity: overrides.column(5),
+            max_reserved: overrides.column(6),
+            min_gap: overrides.column(7),
+        };
+        (numbers, overrides.column(8).expect(required), overrides.column(9).expect(required))
+    })
+}
+
+/// Whether `rate_limiter.overrides` has any row, as committed now.
+pub fn any_override() -> bool {
+    Lookup::overrides().is_some_and(|o| o.find(&[]))
 }
 
 /// The current row of `limits`: name, kind, rate, period, capacity, max_reserved, shards,

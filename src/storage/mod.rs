@@ -30,8 +30,8 @@ mod sql;
 mod state;
 
 pub use debits::{log_is_subscribed, DebitLog, Seen};
-pub use lookup::{load_limit, Lookup};
-pub use sql::{delete, delete_listed, prune, upsert_limit, upsert_listed};
+pub use lookup::{any_override, load_limit, load_override, Lookup};
+pub use sql::{delete, delete_listed, delete_override, delete_overrides_of, has_overrides, prune, upsert_limit, upsert_listed, upsert_override};
 #[cfg(any(test, feature = "pg_test"))]
 pub use row::inline_name;
 pub use row::{is_inline_name, stored_name, Created, Locked, Owner, Row, Slot, Written};

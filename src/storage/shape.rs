@@ -89,6 +89,19 @@ pub const DEBITS: [(&CStr, pg_sys::Oid); 5] = [
 pub const LISTS: [(&CStr, pg_sys::Oid); 3] =
     [(c"name", pg_sys::TEXTOID), (c"key", pg_sys::TEXTOID), (c"until", pg_sys::TIMESTAMPTZOID)];
 
+/// What an override is read by, by position (`rate_limiter.overrides`, new in 0.7.0).
+pub const OVERRIDES: [(&CStr, pg_sys::Oid); 9] = [
+    (c"name", pg_sys::TEXTOID),
+    (c"key", pg_sys::TEXTOID),
+    (c"rate", pg_sys::FLOAT8OID),
+    (c"period", pg_sys::INTERVALOID),
+    (c"capacity", pg_sys::FLOAT8OID),
+    (c"max_reserved", pg_sys::FLOAT8OID),
+    (c"min_gap", pg_sys::INTERVALOID),
+    (c"exempt", pg_sys::BOOLOID),
+    (c"until", pg_sys::TIMESTAMPTZOID),
+];
+
 /// What `api` forms a decision from, by position.
 pub const DECISION: [(&CStr, pg_sys::Oid); 7] = [
     (c"ok", pg_sys::BOOLOID),

@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 
 use crate::cache::{self, List};
 use crate::clock;
-use crate::config::LimitRow;
+use crate::config::{LimitRow, Override};
 use crate::error::Error;
 
 use super::guard;
@@ -64,6 +64,8 @@ pub fn prune(now: f64, max_rows: i32) -> i64 {
     let ended = [
         list_table(List::Blocks).map(|(table, _)| (table, "until")),
         list_table(List::Allows).map(|(table, _)| (table, "until")),
+        // Overrides that ended: their keys are decided under their limits again.
+        relations.overrides.map(|(table, _)| (table, "until")),
         // Leases that ended hold nothing any more.
         relations.leases.map(|t| (t, "expires_at")),
         // Memory limits' counts that equal an absent key's.
@@ -174,6 +176,61 @@ pub fn delete_listed(list: List, name: Option<&str>, key: Option<&str>) -> bool 
     let sql = format!("DELETE FROM {table} WHERE {} AND {}", same("name", 1), same("key", 2));
     Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), key.into()]).map(|t| !t.is_empty()))
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// `rate_limiter.overrides` (its name, as `written`), or 55000 in a database not yet updated
+/// to 0.7.0.
+fn overrides_or_outdated() -> String {
+    let (table, _) = cache::relations().overrides.unwrap_or_else(|| Error::ExtensionOutdated.raise());
+    written(table)
+}
+
+/// Insert or replace the override of (name, key).
+pub fn upsert_override(name: &str, key: Option<&str>, numbers: &Override, exempt: bool, until: TimestampWithTimeZone, note: Option<&str>) {
+    let table = overrides_or_outdated();
+    let sql = format!(
+        "INSERT INTO {table} AS o (name, key, rate, period, capacity, max_reserved, min_gap, exempt, until, note) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+         ON CONFLICT ON CONSTRAINT overrides_key_name_key DO UPDATE \
+         SET rate = excluded.rate, period = excluded.period, capacity = excluded.capacity, \
+         max_reserved = excluded.max_reserved, min_gap = excluded.min_gap, exempt = excluded.exempt, \
+         until = excluded.until, note = excluded.note, created = pg_catalog.now()"
+    );
+    let args = [
+        name.into(),
+        key.into(),
+        numbers.rate.into(),
+        numbers.period.into(),
+        numbers.capacity.into(),
+        numbers.max_reserved.into(),
+        numbers.min_gap.into(),
+        exempt.into(),
+        until.into(),
+        note.into(),
+    ];
+    Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Delete the override of (name, key); whether there was one.
+pub fn delete_override(name: &str, key: Option<&str>) -> bool {
+    let table = overrides_or_outdated();
+    let sql = format!("DELETE FROM {table} WHERE name OPERATOR(pg_catalog.=) $1 AND {}", same("key", 2));
+    Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), key.into()]).map(|t| !t.is_empty()))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Whether the limit `name` has any override.
+pub fn has_overrides(name: &str) -> bool {
+    let Some((table, _)) = cache::relations().overrides else { return false };
+    let sql = format!("SELECT EXISTS (SELECT FROM {} WHERE name OPERATOR(pg_catalog.=) $1)", cache::qualified_name(table));
+    Spi::get_one_with_args::<bool>(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}")).unwrap_or(false)
+}
+
+/// Delete every override of the limit `name` (`None`: of every limit), as the limit goes.
+pub fn delete_overrides_of(name: Option<&str>) {
+    let Some((table, _)) = cache::relations().overrides else { return };
+    let sql = format!("DELETE FROM {} WHERE $1::pg_catalog.text IS NULL OR name OPERATOR(pg_catalog.=) $1", written(table));
+    Spi::run_with_args(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 /// Insert or replace a named limit.

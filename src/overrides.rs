@@ -1,0 +1,43 @@
+//! Overrides (`rate_limiter.overrides`): a key of a named limit decided under numbers of its
+//! own, counted in the same rows, so that a change of plan neither hands out a fresh window
+//! nor takes one away. Looked up through the table's unique index, not at all while the table
+//! is empty, and each (name, key) once per backend until the table or the limits change
+//! (`cache`, whose entries the tables' triggers invalidate).
+
+use crate::bucket::Config;
+use crate::cache::{self, Overridden};
+use crate::call::Request;
+use crate::clock;
+use crate::error::{Error, Result};
+use crate::storage;
+
+/// The override of `req`'s key in force now, if it has one: none for an inline config.
+fn in_force(req: &Request<'_>) -> Result<Option<Overridden>> {
+    if req.inline.is_some() || !cache::any_override(storage::any_override) {
+        return Ok(None);
+    }
+    let found = cache::overridden(req.name, req.key, || load(req.name, req.key))?;
+    Ok(found.filter(|o| o.until > clock::now_ms()))
+}
+
+/// The override of `name`'s `key` as committed now, applied to the limit's row.
+fn load(name: &str, key: Option<&str>) -> Result<Option<Overridden>> {
+    let Some((numbers, exempt, until)) = storage::load_override(name, key) else { return Ok(None) };
+    let row = storage::load_limit(name).ok_or_else(|| Error::UnknownLimit(name.to_owned()))?;
+    let config = Config::try_from(&numbers.applied_to(&row))?;
+    if config.hot || !config.durable {
+        return Err(Error::NotSupported(format!("overrides of the hot or memory limit \"{name}\"")));
+    }
+    Ok(Some(Overridden { config, exempt, until: clock::timestamptz_ms(until) }))
+}
+
+/// The config `req` is decided under: its key's override's when one is in force, else
+/// `config`, its limit's.
+pub fn config_for(req: &Request<'_>, config: Config) -> Result<Config> {
+    Ok(in_force(req)?.map_or(config, |o| o.config))
+}
+
+/// Whether `req`'s key is exempt from its limit now, by its override.
+pub fn exempt(req: &Request<'_>) -> bool {
+    in_force(req).unwrap_or_else(|e| e.raise()).is_some_and(|o| o.exempt)
+}

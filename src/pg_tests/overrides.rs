@@ -1,0 +1,131 @@
+//! Overrides: a key of a named limit decided under numbers of its own, its count kept
+//! across every change, and what `override` refuses.
+
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    use crate::pg_tests::helpers::*;
+
+    fn take(name: &str, key: &str) -> D {
+        decide(&format!("rate_limiter.rate_limit('{name}', '{key}')"))
+    }
+
+    fn admitted(name: &str, key: &str, tries: usize) -> usize {
+        (0..tries).filter(|_| take(name, key).ok).count()
+    }
+
+    #[pg_test]
+    fn a_key_is_decided_under_its_override_and_keeps_its_count_across_every_change() {
+        at("0");
+        run("SELECT rate_limiter.define('plan', 'sliding window', 2, '1 hour', start => '2026-01-01 00:00:00+00')");
+        assert_eq!(admitted("plan", "free", 5), 2, "the limit's numbers");
+        run("SELECT rate_limiter.override('plan', 'pro', rate => 5, note => 'plan: pro')");
+        assert_eq!(admitted("plan", "pro", 10), 5, "the override's rate");
+        assert_eq!(admitted("plan", "free", 5), 0, "other keys keep the limit's");
+        // Moved up mid-window: the 2 taken count, so 3 more, never a fresh window of 5.
+        run("SELECT rate_limiter.override('plan', 'free', rate => 5)");
+        assert_eq!(admitted("plan", "free", 10), 3);
+        // Moved down again: 5 taken count against 2.
+        assert!(one::<bool>("SELECT rate_limiter.remove_override('plan', 'free')").unwrap());
+        assert!(!one::<bool>("SELECT rate_limiter.remove_override('plan', 'free')").unwrap(), "none left");
+        assert_eq!(admitted("plan", "free", 5), 0);
+        let d = take("plan", "pro");
+        assert_eq!((d.ok, d.remaining), (false, 0.0));
+        // What the key is decided under is what rate_limit_value reports.
+        let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('plan', 'pro')").unwrap();
+        assert_eq!((cfg.0["rate"].as_f64(), cfg.0["capacity"].as_f64()), (Some(5.0), Some(5.0)));
+        let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('plan', 'free')").unwrap();
+        assert_eq!(cfg.0["rate"].as_f64(), Some(2.0));
+        // Once nothing weighs, each key's numbers; several limits at once use them too.
+        at("2 hours");
+        assert_eq!(admitted("plan", "pro", 10), 5);
+        let all = |key: &str| decide(&format!("rate_limiter.rate_limit_all('[{{\"name\": \"plan\", \"key\": \"{key}\", \"count\": 2}}]')"));
+        assert!(all("free").ok);
+        assert!(!all("free").ok, "2 of 2 taken");
+    }
+
+    #[pg_test]
+    fn an_override_ends_at_until_and_prune_deletes_it() {
+        at("0");
+        run("SELECT rate_limiter.define('boost', 'token bucket', 1, '1 hour')");
+        run(&format!("SELECT rate_limiter.override('boost', 'k', rate => 3, until => '{T0}'::timestamptz + interval '10 minutes')"));
+        assert_eq!(admitted("boost", "k", 5), 3, "boosted");
+        at("10 minutes");
+        // Under the limit again: 3 taken against a capacity of 1, refilled by a sixth.
+        assert_eq!(admitted("boost", "k", 5), 0);
+        assert_eq!(one::<i64>("SELECT rate_limiter.prune()"), Some(1), "the ended override");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.overrides"), Some(0));
+    }
+
+    #[pg_test]
+    fn an_exempt_key_is_let_through_without_its_state() {
+        at("0");
+        run("SELECT rate_limiter.define('ex', 'token bucket', 1, '1 hour')");
+        run("SELECT rate_limiter.override('ex', 'svc', exempt => true)");
+        let reason = one::<String>("SELECT reason FROM rate_limiter.rate_limit('ex', 'svc', 1)");
+        assert_eq!(reason.as_deref(), Some("allowed"));
+        assert_eq!(admitted("ex", "svc", 5), 5);
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.state WHERE name = 'ex'"), Some(0), "never read or written");
+        // A block wins, as over an allow.
+        run("SELECT rate_limiter.block('ex', 'svc')");
+        assert_eq!(one::<String>("SELECT reason FROM rate_limiter.rate_limit('ex', 'svc')").as_deref(), Some("blocked"));
+    }
+
+    #[pg_test]
+    fn what_override_refuses_and_overrides_go_with_their_limit() {
+        fails("SELECT rate_limiter.override('nope', 'k', rate => 1)", "42704", "nope");
+        run("SELECT rate_limiter.define('sw', 'sliding window', 10, '1 minute')");
+        fails("SELECT rate_limiter.override('sw', 'k', capacity => 20)", "22023", "capacity");
+        fails("SELECT rate_limiter.override('sw', 'k', rate => 0)", "22023", "rate");
+        fails("SELECT rate_limiter.override('sw', 'k', exempt => NULL)", "22023", "exempt");
+        run("SELECT rate_limiter.define('h', 'token bucket', 10, '1 minute', hot => true)");
+        fails("SELECT rate_limiter.override('h', 'k', rate => 20)", "0A000", "hot or memory");
+        run("SELECT rate_limiter.define('m', 'token bucket', 10, '1 minute', durable => false)");
+        fails("SELECT rate_limiter.override('m', 'k', rate => 20)", "0A000", "hot or memory");
+        // A limit with overrides stays durable and not hot.
+        run("SELECT rate_limiter.override('sw', 'k', rate => 20)");
+        fails("SELECT rate_limiter.define('sw', 'sliding window', 10, '1 minute', hot => true)", "0A000", "remove_override");
+        // Redefined otherwise, the override applies to the new definition's other numbers.
+        run("SELECT rate_limiter.define('sw', 'fixed window', 10, '1 minute')");
+        let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('sw', 'k')").unwrap();
+        assert_eq!((cfg.0["kind"].as_str(), cfg.0["rate"].as_f64()), (Some("fixed window"), Some(20.0)));
+        run("DELETE FROM rate_limiter.limits WHERE name = 'sw'");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.overrides WHERE name = 'sw'"), Some(0), "gone with it");
+        run("SELECT rate_limiter.define('sw', 'sliding window', 10, '1 minute')");
+        let cfg = one::<pgrx::JsonB>("SELECT effective_config FROM rate_limiter.rate_limit_value('sw', 'k')").unwrap();
+        assert_eq!(cfg.0["rate"].as_f64(), Some(10.0), "a limit defined again has none");
+    }
+
+    /// A change of a key's numbers counts what it took as a redefinition of the limit does
+    /// (a lowered window counts what the higher rate took), for every kind: the same calls on
+    /// a key moved by overrides and on a limit redefined by `define` answer alike.
+    #[pg_test]
+    fn an_override_changes_a_keys_numbers_as_a_redefinition_changes_the_limits() {
+        at("0");
+        for kind in ["sliding window", "rolling window", "token bucket", "fixed window"] {
+            let (by_override, by_define) = (format!("o_{}", kind.replace(' ', "_")), format!("d_{}", kind.replace(' ', "_")));
+            let define = |name: &str, rate: u32| run(&format!("SELECT rate_limiter.define('{name}', '{kind}', {rate}, '1 hour')"));
+            define(&by_override, 10);
+            run(&format!("SELECT rate_limiter.override('{by_override}', 'k', rate => 100)"));
+            define(&by_define, 100);
+            let both = |tries: usize| (admitted(&by_override, "k", tries), admitted(&by_define, "k", tries));
+            assert_eq!(both(30), (30, 30), "{kind}");
+            run(&format!("SELECT rate_limiter.override('{by_override}', 'k', rate => 20)"));
+            define(&by_define, 20);
+            let lowered = both(30);
+            assert_eq!(lowered.0, lowered.1, "{kind}: lowered");
+            at("30 minutes");
+            run(&format!("SELECT rate_limiter.remove_override('{by_override}', 'k')"));
+            define(&by_define, 10);
+            let back = both(30);
+            assert_eq!(back.0, back.1, "{kind}: back to the limit's");
+            at("0");
+        }
+        // The windows that count what was taken admit nothing more after the change.
+        run("SELECT rate_limiter.override('o_sliding_window', 'z', rate => 100)");
+        assert_eq!(admitted("o_sliding_window", "z", 30), 30);
+        run("SELECT rate_limiter.override('o_sliding_window', 'z', rate => 20)");
+        assert_eq!(admitted("o_sliding_window", "z", 30), 0, "30 taken count against 20");
+    }
+}

@@ -1,0 +1,91 @@
+"""Overrides from the attacker's and the careless administrator's side: a key's numbers
+changed while 8 sessions call it, and a caller with EXECUTE on rate_limit alone reaching for
+another key's override (docs/api.md, Overrides)."""
+
+import uuid
+
+import psycopg
+import pytest
+
+from calls import define, limit
+from together import in_sessions
+
+FAKE_NOW = "2026-01-01 00:10:00+00"
+
+
+def race(test_cluster, database_name, name, change, sessions=8, calls=30):
+    """`sessions` sessions call (name, 'k') `calls` times each, a transaction a call, at one
+    instant; the first runs `change` (SQL) after its 5th call. Tokens granted in all."""
+    def session(i):
+        got = 0
+        with test_cluster.connect(database_name, autocommit=False) as c:
+            c.execute(f"SET rate_limiter.fake_now = '{FAKE_NOW}'")
+            c.commit()
+            for n in range(calls):
+                if i == 0 and n == 5:
+                    c.execute(change, (name,))
+                    c.commit()
+                got += limit(c, name, "k")[3]
+                c.commit()
+        return got
+
+    return sum(in_sessions(sessions, session))
+
+
+def test_an_override_raised_under_eight_sessions_admits_exactly_the_new_rate_in_the_window(test_cluster, database_name, name):
+    """Calls before the change take under 10, calls after under 20, all from one count (a
+    sliding window keeps what each window took): the window admits 20, exactly, whatever the
+    interleaving (240 calls, enough after the change)."""
+    with test_cluster.connect(database_name) as c:
+        define(c, name, "sliding window", rate=10, start="2026-01-01 00:00:00+00")
+    assert race(test_cluster, database_name, name, "SELECT rate_limiter.override(%s, 'k', rate => 20)") == 20
+    with test_cluster.connect(database_name) as c:
+        c.execute(f"SET rate_limiter.fake_now = '{FAKE_NOW}'")
+        assert limit(c, name, "k")[0] is False
+        assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, 'k', 0)", (name,)).fetchone() == (0,)
+
+
+def test_an_override_lowered_under_eight_sessions_never_admits_more_than_the_higher_rate(test_cluster, database_name, name):
+    """What was taken under 20 counts against 10: never more than 20 in the window, never
+    fewer than 10, and nothing after the change once 10 were taken."""
+    with test_cluster.connect(database_name) as c:
+        define(c, name, "sliding window", rate=10, start="2026-01-01 00:00:00+00")
+        c.execute("SELECT rate_limiter.override(%s, 'k', rate => 20)", (name,))
+    admitted = race(test_cluster, database_name, name, "SELECT rate_limiter.override(%s, 'k', rate => 10)")
+    assert 10 <= admitted <= 20
+    with test_cluster.connect(database_name) as c:
+        c.execute(f"SET rate_limiter.fake_now = '{FAKE_NOW}'")
+        assert limit(c, name, "k")[0] is False
+
+
+@pytest.fixture
+def caller(test_cluster, database_name, name):
+    """A role that may call rate_limit, nothing more, and a limit with an override of a key."""
+    role = "caller_" + uuid.uuid4().hex[:8]
+    with test_cluster.connect(database_name) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
+        c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit, rate_limiter.check_rate_limit TO {role}")
+        define(c, name, "token bucket", rate=1)
+        c.execute("SELECT rate_limiter.override(%s, 'customer:7', rate => 1000, note => 'plan: pro')", (name,))
+    yield role
+    with test_cluster.connect(database_name) as c:
+        c.execute(f"DROP OWNED BY {role}")
+        c.execute(f"DROP ROLE {role}")
+
+
+def test_a_caller_with_execute_on_rate_limit_cannot_create_change_or_read_an_override(test_cluster, database_name, name, caller):
+    with test_cluster.connect(database_name, user=caller) as c:
+        for sql in ["SELECT rate_limiter.override(%s, 'mallory', rate => 1000000)",
+                    "SELECT rate_limiter.override(%s, 'customer:7', rate => 1)",
+                    "SELECT rate_limiter.remove_override(%s, 'customer:7')",
+                    "SELECT * FROM rate_limiter.overrides WHERE name = %s",
+                    "DELETE FROM rate_limiter.overrides WHERE name = %s"]:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute(sql, (name,))
+        # What it may do is call: the key's own numbers apply, mallory's are the limit's.
+        assert limit(c, name, "mallory")[0] is True
+        assert limit(c, name, "mallory")[0] is False
+        assert all(limit(c, name, "customer:7")[0] for _ in range(5))
+    with test_cluster.connect(database_name) as c:
+        assert c.execute("SELECT key, rate FROM rate_limiter.overrides WHERE name = %s", (name,)).fetchall() == [("customer:7", 1000.0)]
