@@ -18,7 +18,7 @@ def pg():
 
 
 @pytest.fixture
-def main(pg):
+def test_cluster(pg):
     """The test command's cluster of the test's version."""
     return Cluster.of_test_command(pg)
 
@@ -44,21 +44,22 @@ def worker_database():
 
 
 @pytest.fixture
-def db(main):
-    """A session on the test command's database, on the cluster of the test's version."""
-    with main.connect(DATABASE) as conn:
+def test_conn(test_cluster):
+    """A connection (autocommit) to the test command's database, on the cluster of the test's
+    version."""
+    with test_cluster.connect(DATABASE) as conn:
         yield conn
 
 
 @pytest.fixture
-def database(main):
-    """A fresh database with the extension, on the test command's cluster of the test's
-    version."""
+def database_name(test_cluster):
+    """The name of a fresh database with the extension, on the test command's cluster of the
+    test's version; dropped after the test."""
     dbname = "rl_test_" + uuid.uuid4().hex[:8]
-    with main.connect() as admin:
+    with test_cluster.connect() as admin:
         admin.execute(f"CREATE DATABASE {dbname}")
         try:
-            with main.connect(dbname) as c:
+            with test_cluster.connect(dbname) as c:
                 c.execute("CREATE EXTENSION rate_limiter")
             yield dbname
         finally:

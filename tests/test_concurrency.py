@@ -47,16 +47,16 @@ class Ledger:
 
 
 @every_version
-def test_never_more_holders_than_slots_among_sessions_holding_by_transaction_and_by_lease(main, name):
+def test_never_more_holders_than_slots_among_sessions_holding_by_transaction_and_by_lease(test_cluster, name):
     slots, sessions, rounds = 3, 8, 40
-    with main.connect(DATABASE) as c:
+    with test_cluster.connect(DATABASE) as c:
         define(c, name, "concurrency", rate=slots, period="50 milliseconds")
     ledger = Ledger()
 
     def session(i):
         rng = seeded(i)
         denied = 0
-        with main.connect(DATABASE) as c:
+        with test_cluster.connect(DATABASE) as c:
             for _ in range(rounds):
                 count = rng.choice([1, 1, 2])
                 if i % 2 == 0:  # a slot for the transaction
@@ -81,7 +81,7 @@ def test_never_more_holders_than_slots_among_sessions_holding_by_transaction_and
     assert ledger.most <= slots, f"{ledger.most} held at once, more than {slots}"
     assert ledger.most == slots, "the sessions contended enough to fill every slot"
     assert denied > 0 and ledger.grants > sessions * rounds // 10, (denied, ledger.grants)
-    with main.connect(DATABASE) as c:
+    with test_cluster.connect(DATABASE) as c:
         assert free(c, name) == slots, "every slot was given back"
         assert c.execute("SELECT count(*) FROM rate_limiter.leases WHERE name = %s", (name,)).fetchone()[0] == 0
         calls, allowed = c.execute("SELECT calls, allowed FROM rate_limiter.stats WHERE name = %s", (name,)).fetchone()
@@ -89,8 +89,8 @@ def test_never_more_holders_than_slots_among_sessions_holding_by_transaction_and
 
 
 @every_version
-def test_a_transactions_slot_ends_with_it_commit_abort_or_savepoint(main, name):
-    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
+def test_a_transactions_slot_ends_with_it_commit_abort_or_savepoint(test_cluster, name):
+    with test_cluster.connect(DATABASE) as a, test_cluster.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 second")
         for end in ["COMMIT", "ROLLBACK", "ROLLBACK TO SAVEPOINT s"]:
             a.execute("BEGIN")
@@ -105,8 +105,8 @@ def test_a_transactions_slot_ends_with_it_commit_abort_or_savepoint(main, name):
 
 
 @every_version
-def test_a_lease_outlives_its_transaction_and_ends_by_itself_or_by_release(main, name):
-    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
+def test_a_lease_outlives_its_transaction_and_ends_by_itself_or_by_release(test_cluster, name):
+    with test_cluster.connect(DATABASE) as a, test_cluster.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=2, period="1 minute")
         ok, remaining, _, lease, _ = acquire(a, name, lease="1 second")
         assert ok and remaining == 1 and lease is not None
@@ -130,8 +130,8 @@ def test_a_lease_outlives_its_transaction_and_ends_by_itself_or_by_release(main,
 
 
 @every_version
-def test_a_lease_taken_in_a_transaction_that_rolls_back_never_existed(main, name):
-    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
+def test_a_lease_taken_in_a_transaction_that_rolls_back_never_existed(test_cluster, name):
+    with test_cluster.connect(DATABASE) as a, test_cluster.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 second")
         a.execute("BEGIN")
         assert acquire(a, name, lease="1 hour")[0]
@@ -147,8 +147,8 @@ def test_a_lease_taken_in_a_transaction_that_rolls_back_never_existed(main, name
 
 
 @every_version
-def test_a_lease_committed_after_a_repeatable_read_snapshot_still_holds_its_slot(main, name):
-    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
+def test_a_lease_committed_after_a_repeatable_read_snapshot_still_holds_its_slot(test_cluster, name):
+    with test_cluster.connect(DATABASE) as a, test_cluster.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 second")
         a.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         a.execute("SELECT count(*) FROM rate_limiter.limits")  # the snapshot is taken
@@ -158,8 +158,8 @@ def test_a_lease_committed_after_a_repeatable_read_snapshot_still_holds_its_slot
 
 
 @every_version
-def test_wait_rate_limit_waits_for_a_slot_to_free(main, name):
-    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
+def test_wait_rate_limit_waits_for_a_slot_to_free(test_cluster, name):
+    with test_cluster.connect(DATABASE) as a, test_cluster.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 minute")
         a.execute("BEGIN")
         assert acquire(a, name)[0]
@@ -170,16 +170,16 @@ def test_wait_rate_limit_waits_for_a_slot_to_free(main, name):
         assert ok and 0.25 < waited < 3, waited
 
 
-def test_a_concurrency_limit_answers_http_headers(db, name):
-    define(db, name, "concurrency", rate=2, period="1 second")
-    headers = db.execute(
+def test_a_concurrency_limit_answers_http_headers(test_conn, name):
+    define(test_conn, name, "concurrency", rate=2, period="1 second")
+    headers = test_conn.execute(
         "SELECT rate_limiter.http_headers(%s, d) FROM rate_limiter.rate_limit(%s, 'k') d", (name, name)).fetchone()[0]
     assert headers == {"RateLimit-Policy": f'"{name}";q=2;w=1', "RateLimit": f'"{name}";r=1;t=1'}
-    db.execute("BEGIN")
-    db.execute("SELECT rate_limiter.acquire(%s, 'k', 2)", (name,))
-    denied = db.execute(
+    test_conn.execute("BEGIN")
+    test_conn.execute("SELECT rate_limiter.acquire(%s, 'k', 2)", (name,))
+    denied = test_conn.execute(
         "SELECT rate_limiter.http_headers(%s, d) FROM rate_limiter.rate_limit(%s, 'k') d", (name, name)).fetchone()[0]
-    db.execute("ROLLBACK")
+    test_conn.execute("ROLLBACK")
     assert denied == {"RateLimit-Policy": f'"{name}";q=2;w=1', "RateLimit": f'"{name}";r=0;t=1', "Retry-After": "1"}
 
 
@@ -209,16 +209,16 @@ def test_a_crash_frees_the_transactions_slots_and_keeps_unexpired_leases(cluster
 
 
 @every_version
-def test_a_role_with_execute_alone_takes_and_ends_leases_but_cannot_read_their_ids(main, name):
+def test_a_role_with_execute_alone_takes_and_ends_leases_but_cannot_read_their_ids(test_cluster, name):
     role = "slots_" + name
-    with main.connect(DATABASE) as admin:
+    with test_cluster.connect(DATABASE) as admin:
         define(admin, name, "concurrency", rate=1, period="1 second")
         admin.execute(f"CREATE ROLE {role} LOGIN")
         try:
             admin.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
             admin.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.acquire, rate_limiter.release, "
                           f"rate_limiter.renew, rate_limiter.check_rate_limit TO {role}")
-            with main.connect(DATABASE, user=role) as c:
+            with test_cluster.connect(DATABASE, user=role) as c:
                 ok, _, _, lease, _ = acquire(c, name, lease="1 hour")
                 assert ok and lease is not None
                 assert not acquire(c, name)[0]
@@ -234,9 +234,9 @@ def test_a_role_with_execute_alone_takes_and_ends_leases_but_cannot_read_their_i
 
 
 @every_version
-def test_a_lease_write_that_waits_for_another_transactions_row_keeps_no_other_call_waiting(main, name):
-    with main.connect(DATABASE) as a, main.connect(DATABASE) as b, \
-            main.connect(DATABASE) as c:
+def test_a_lease_write_that_waits_for_another_transactions_row_keeps_no_other_call_waiting(test_cluster, name):
+    with test_cluster.connect(DATABASE) as a, test_cluster.connect(DATABASE) as b, \
+            test_cluster.connect(DATABASE) as c:
         define(a, name, "concurrency", rate=2, period="1 second")
         lease = acquire(a, name, lease="1 second")[3]
         time.sleep(1.1)
@@ -258,8 +258,8 @@ def test_a_lease_write_that_waits_for_another_transactions_row_keeps_no_other_ca
 
 
 @every_version
-def test_a_lowered_rate_waits_for_the_transactions_holding_slots_and_counts_every_lease(main, name):
-    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
+def test_a_lowered_rate_waits_for_the_transactions_holding_slots_and_counts_every_lease(test_cluster, name):
+    with test_cluster.connect(DATABASE) as a, test_cluster.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=3, period="1 second")
         a.execute("BEGIN")
         assert acquire(a, name, count=3)[0]
@@ -294,9 +294,9 @@ LOWERINGS = {
 
 @every_version
 @pytest.mark.parametrize("route", LOWERINGS)
-def test_a_concurrency_limit_lowered_by_any_route_waits_for_the_holders_of_its_slots(main, database, route):
+def test_a_concurrency_limit_lowered_by_any_route_waits_for_the_holders_of_its_slots(test_cluster, database_name, route):
     first, statements = LOWERINGS[route]
-    with main.connect(database) as a, main.connect(database) as b, main.connect(database) as watch:
+    with test_cluster.connect(database_name) as a, test_cluster.connect(database_name) as b, test_cluster.connect(database_name) as watch:
         define(a, "c", "concurrency", period="10 seconds", **first)
         a.execute("BEGIN")
         assert acquire(a, "c", count=first["rate"])[0], "A holds every slot until its transaction ends"
@@ -324,14 +324,14 @@ def test_a_concurrency_limit_lowered_by_any_route_waits_for_the_holders_of_its_s
 
 
 @every_version
-def test_one_transaction_holds_at_most_max_slots_per_transaction_and_every_database_still_connects(main, database):
+def test_one_transaction_holds_at_most_max_slots_per_transaction_and_every_database_still_connects(test_cluster, database_name):
     """Each slot held is an entry of the lock table every database shares (issue 41: 0.5.0
     let one transaction hold 13,379, and every new connection failed with 'out of shared
     memory'). rate_limiter.max_slots_per_transaction (32) bounds one transaction, a call's
     count included; a subtransaction's abort gives its part back."""
     wide = '{"kind": "concurrency", "rate": 1000, "period": 1000}'
     role = "slots_" + uuid.uuid4().hex[:8]
-    with main.connect(database) as a, main.connect() as admin:
+    with test_cluster.connect(database_name) as a, test_cluster.connect() as admin:
 
         def take(key, count, **kw):
             return acquire(a, "inline", key, count, config=wide, **kw)[0]
@@ -356,7 +356,7 @@ def test_one_transaction_holds_at_most_max_slots_per_transaction_and_every_datab
             a.execute("ROLLBACK TO SAVEPOINT s")
         assert take("w", 32)
         assert advisory_locks() == 32
-        with main.connect("postgres") as elsewhere:
+        with test_cluster.connect("postgres") as elsewhere:
             assert elsewhere.execute("SELECT 1").fetchone() == (1,), "another database still connects"
         a.execute("ROLLBACK")
         # A savepoint rolled back gives its slots, and its part of the bound, back.
@@ -370,39 +370,39 @@ def test_one_transaction_holds_at_most_max_slots_per_transaction_and_every_datab
         # Only a superuser moves the bound.
         admin.execute(f"CREATE ROLE {role} LOGIN")
         try:
-            with main.connect(database, user=role) as plain, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with test_cluster.connect(database_name, user=role) as plain, pytest.raises(psycopg.errors.InsufficientPrivilege):
                 plain.execute("SET rate_limiter.max_slots_per_transaction = 1000")
         finally:
             admin.execute(f"DROP ROLE {role}")
 
 
-def test_what_one_call_leaves_in_leases_is_bounded_in_rows_and_in_time(main, database):
+def test_what_one_call_leaves_in_leases_is_bounded_in_rows_and_in_time(test_cluster, database_name):
     """Issue 41: 50 calls of count 1000 with leases of 100 years wrote 50,000 rows that no
     prune could remove. A call leases at most rate_limiter.max_slots_per_transaction slots
     (32), for at most rate_limiter.max_lease (a day); prune() removes a lease once it ends."""
     name = "leases"
-    with main.connect(database) as db:
-        define(db, name, "concurrency", rate=1000, period="1 second")
+    with test_cluster.connect(database_name) as test_conn:
+        define(test_conn, name, "concurrency", rate=1000, period="1 second")
         with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
-            acquire(db, name, count=1, lease="100 years")
+            acquire(test_conn, name, count=1, lease="100 years")
         assert "max_lease" in str(refused.value)
         with pytest.raises(psycopg.errors.ConfigurationLimitExceeded):
-            acquire(db, name, count=1000, lease="1 hour")
-        ok, _, _, lease, _ = acquire(db, name, count=32, lease="1 day")
+            acquire(test_conn, name, count=1000, lease="1 hour")
+        ok, _, _, lease, _ = acquire(test_conn, name, count=32, lease="1 day")
         assert ok
         with pytest.raises(psycopg.errors.InvalidParameterValue):
-            db.execute("SELECT rate_limiter.renew(%s, 'k', %s, '2 days')", (name, lease))
+            test_conn.execute("SELECT rate_limiter.renew(%s, 'k', %s, '2 days')", (name, lease))
         rows = "SELECT count(*) FROM rate_limiter.leases WHERE name = %s"
-        assert db.execute(rows, (name,)).fetchone() == (32,)
-        db.execute("SET rate_limiter.fake_now = '2999-01-01 00:00:00+00'")
-        db.execute("SELECT rate_limiter.prune()")
-        db.execute("RESET rate_limiter.fake_now")
-        assert db.execute(rows, (name,)).fetchone() == (0,), "the ended lease's rows are pruned"
+        assert test_conn.execute(rows, (name,)).fetchone() == (32,)
+        test_conn.execute("SET rate_limiter.fake_now = '2999-01-01 00:00:00+00'")
+        test_conn.execute("SELECT rate_limiter.prune()")
+        test_conn.execute("RESET rate_limiter.fake_now")
+        assert test_conn.execute(rows, (name,)).fetchone() == (0,), "the ended lease's rows are pruned"
 
 
 @every_version
-def test_two_renewals_of_one_lease_take_turns_and_both_hold_it(main, name):
-    with main.connect(DATABASE) as a, main.connect(DATABASE) as b:
+def test_two_renewals_of_one_lease_take_turns_and_both_hold_it(test_cluster, name):
+    with test_cluster.connect(DATABASE) as a, test_cluster.connect(DATABASE) as b:
         define(a, name, "concurrency", rate=1, period="1 second")
         lease = acquire(a, name, lease="1 minute")[3]
         a.execute("BEGIN")

@@ -67,8 +67,8 @@ def attempt(conn, sql, args):
 
 
 @every_version
-def test_no_config_or_count_reaches_an_internal_error(main, database, pg):
-    with main.connect(database) as conn:
+def test_no_config_or_count_reaches_an_internal_error(test_cluster, database_name, pg):
+    with test_cluster.connect(database_name) as conn:
         # Thousands of limit names: kept out of the statistics (other tests need their room).
         conn.execute("SET rate_limiter.track_stats = off")
         conn.execute("SET statement_timeout = '5s'")
@@ -111,14 +111,14 @@ def test_no_config_or_count_reaches_an_internal_error(main, database, pg):
     {"kind": "rolling window", "rate": 5, "period": 9.3e15},
     {"kind": "token bucket", "rate": 5, "period": 1000, "lockTimeout": 1e300},
 ])
-def test_the_configs_that_reached_internal_errors_are_refused_with_22023(database, config):
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+def test_the_configs_that_reached_internal_errors_are_refused_with_22023(database_name, config):
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
             c.execute("SELECT * FROM rate_limiter.rate_limit('x', 'k', 1, config => %s)", (json.dumps(config),))
         assert "between" in str(refused.value) and refused.value.diag.message_hint
 
 
-def test_a_hot_rolling_window_of_178_million_years_is_refused_at_define(database):
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+def test_a_hot_rolling_window_of_178_million_years_is_refused_at_define(database_name):
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             c.execute("SELECT rate_limiter.define('ages', 'rolling window', 5, '178000000 years', hot => true)")

@@ -15,15 +15,15 @@ from ledger import NOW, granted, ledger, mixed_load, remaining, session, take
 
 
 @pytest.mark.parametrize("sessions", [8, 16, 32])
-def test_the_bound_is_exact_under_concurrent_sessions(database, sessions):
-    with session(database) as admin:
+def test_the_bound_is_exact_under_concurrent_sessions(database_name, sessions):
+    with session(database_name) as admin:
         ledger(admin)
         for kind in ("token bucket", "fixed window"):
             name = f"hot_{kind.split()[0]}"
             define(admin, name, kind, rate=300, period="1 day", hot=True)
     for name in ("hot_token", "hot_fixed"):
-        mixed_load(database, name, "k", sessions, 60)
-        with session(database) as c:
+        mixed_load(database_name, name, "k", sessions, 60)
+        with session(database_name) as c:
             used = granted(c, name, "k")
             left = remaining(c, name, "k")
             assert used + left == 300, f"{name}: {used} granted and {left} left of 300"
@@ -32,11 +32,11 @@ def test_the_bound_is_exact_under_concurrent_sessions(database, sessions):
             assert c.execute("SELECT count(*) FROM rate_limiter.debits WHERE name = %s", (name,)).fetchone()[0] > 0
 
 
-def test_a_hot_call_does_not_wait_for_another_transaction_and_a_row_based_one_does(database):
-    with session(database) as admin:
+def test_a_hot_call_does_not_wait_for_another_transaction_and_a_row_based_one_does(database_name):
+    with session(database_name) as admin:
         define(admin, "hot", rate=10, period="1 hour", hot=True)
         define(admin, "row", rate=10, period="1 hour")
-    with session(database) as holder, session(database) as other:
+    with session(database_name) as holder, session(database_name) as other:
         other.execute("SET lock_timeout = '200ms'")
         for name in ("hot", "row"):
             holder.execute("BEGIN")
@@ -52,9 +52,9 @@ def test_a_hot_call_does_not_wait_for_another_transaction_and_a_row_based_one_do
 
 
 @pytest.mark.parametrize("escrow", [{"hot": True}, {"durable": False}], ids=["hot", "memory"])
-def test_rollback_and_savepoint_rollback_give_back(database, escrow):
+def test_rollback_and_savepoint_rollback_give_back(database_name, escrow):
     """Either escrow, a hot limit's or a memory limit's (tests/test_memory.py)."""
-    with session(database) as c:
+    with session(database_name) as c:
         ledger(c)
         define(c, "hot", rate=10, period="1 hour", **escrow)
         take(c, "hot", "k", 4, rollback=True)
@@ -74,8 +74,8 @@ def test_rollback_and_savepoint_rollback_give_back(database, escrow):
         assert granted(c, "hot", "k") + 5 + remaining(c, "hot", "k") == 10, "the ledger's 4, and 5 outside it"
 
 
-def test_what_the_argument_does_not_cover_is_refused(database):
-    with session(database) as c:
+def test_what_the_argument_does_not_cover_is_refused(database_name):
+    with session(database_name) as c:
         for extra in ("min_gap => '1 second'", "mode => 'partial'", "mode => 'penalize'", "shards => 4",
                       "lock_timeout => '1 second'"):
             with pytest.raises(errors.FeatureNotSupported) as raised:
@@ -104,16 +104,16 @@ def test_what_the_argument_does_not_cover_is_refused(database):
         assert remaining(c, "hot", "k") == 8
 
 
-def test_reset_and_prune_under_load(database):
-    with session(database) as admin:
+def test_reset_and_prune_under_load(database_name):
+    with session(database_name) as admin:
         ledger(admin)
         define(admin, "hot", rate=100000, period="1 day", hot=True)
     stop = threading.Event()
-    load = threading.Thread(target=lambda: mixed_load(database, "hot", "k", 6, 10000, stop))
+    load = threading.Thread(target=lambda: mixed_load(database_name, "hot", "k", 6, 10000, stop))
     load.start()
     resets = []
     try:
-        with session(database) as admin:
+        with session(database_name) as admin:
             for _ in range(3):
                 time.sleep(1)
                 admin.execute("SELECT rate_limiter.prune()")
@@ -126,21 +126,21 @@ def test_reset_and_prune_under_load(database):
     finally:
         stop.set()
         load.join()
-    with session(database) as c:
+    with session(database_name) as c:
         after = granted(c, "hot", "k", since=resets[-1])
         assert after > 0, "calls ran after the last reset"
         assert after + remaining(c, "hot", "k") == 100000
 
 
-def test_moving_into_and_out_of_the_mode_under_load_loses_and_invents_nothing(database):
-    with session(database) as admin:
+def test_moving_into_and_out_of_the_mode_under_load_loses_and_invents_nothing(database_name):
+    with session(database_name) as admin:
         ledger(admin)
         define(admin, "m", rate=100000, period="1 day")
     stop = threading.Event()
-    load = threading.Thread(target=lambda: mixed_load(database, "m", "k", 6, 10000, stop))
+    load = threading.Thread(target=lambda: mixed_load(database_name, "m", "k", 6, 10000, stop))
     load.start()
     try:
-        with session(database) as admin:
+        with session(database_name) as admin:
             for hot in (True, False, True, False, True):
                 time.sleep(0.7)
                 define(admin, "m", rate=100000, period="1 day", hot=hot)
@@ -148,7 +148,7 @@ def test_moving_into_and_out_of_the_mode_under_load_loses_and_invents_nothing(da
     finally:
         stop.set()
         load.join()
-    with session(database) as c:
+    with session(database_name) as c:
         used = granted(c, "m", "k")
         assert used > 100, "the load ran"
         assert used + remaining(c, "m", "k") == 100000
@@ -157,8 +157,8 @@ def test_moving_into_and_out_of_the_mode_under_load_loses_and_invents_nothing(da
         assert used + remaining(c, "m", "k") == 100000
 
 
-def test_the_log_is_folded_into_the_base_row(database):
-    with session(database) as c:
+def test_the_log_is_folded_into_the_base_row(database_name):
+    with session(database_name) as c:
         ledger(c)
         define(c, "hot", rate=100000, period="1 day", hot=True)
         for _ in range(2500):

@@ -35,8 +35,8 @@ def exhausted_and_unloaded(conn, name="p1"):
 
 
 @pytest.mark.parametrize("undo", ["ROLLBACK", "ROLLBACK TO SAVEPOINT s"])
-def test_a_reset_that_rolls_back_leaves_the_key_exhausted(database, undo):
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+def test_a_reset_that_rolls_back_leaves_the_key_exhausted(database_name, undo):
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         exhausted_and_unloaded(c)
         c.execute("BEGIN")
         c.execute("SAVEPOINT s")
@@ -57,15 +57,15 @@ def test_a_reset_that_rolls_back_leaves_the_key_exhausted(database, undo):
         assert admitted(c, "p1", "k") == 0
 
 
-def test_a_reset_that_commits_gives_the_key_back(database):
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+def test_a_reset_that_commits_gives_the_key_back(database_name):
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         exhausted_and_unloaded(c)
         c.execute("SELECT rate_limiter.reset_rate_limit('p1', 'k')")
         assert admitted(c, "p1", "k") == 5
 
 
-def test_a_mode_switch_inside_one_transaction_admits_no_more_than_the_capacity(database):
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+def test_a_mode_switch_inside_one_transaction_admits_no_more_than_the_capacity(database_name):
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         define(c, "m", rate=1, period="1000 days", capacity=10, hot=True)
         granted = c.execute("SELECT granted FROM rate_limiter.rate_limit('m', 'k', 8)").fetchone()[0]
@@ -135,9 +135,9 @@ def test_a_new_database_with_a_dropped_ones_oid_starts_empty(clusters):
 def test_one_database_holds_no_more_than_its_share_of_the_entries(clusters):
     server = clusters("hotkeys", PORTS["hotkeys"], [*PRELOADED, "-c rate_limiter.hot_keys=4"]).init().start()
     with server.connect() as admin:
-        for database in ("greedy", "other"):
-            admin.execute(f"CREATE DATABASE {database}")
-            with server.connect(database) as c:
+        for database_name in ("greedy", "other"):
+            admin.execute(f"CREATE DATABASE {database_name}")
+            with server.connect(database_name) as c:
                 c.execute("CREATE EXTENSION rate_limiter")
                 define(c, "hot", rate=10, period="1 hour", hot=True)
     # The greedy database holds a call in flight on each of its keys, as long as it likes.
@@ -176,10 +176,10 @@ BEGIN
 END $$"""
 
 
-def test_the_log_stays_bounded_with_more_keys_in_use_than_entries(database):
+def test_the_log_stays_bounded_with_more_keys_in_use_than_entries(database_name):
     """20 keys round robin, more than this database's share of the 16 entries: every call
     loads its key again. Each key's log is still folded once it holds 1,000 debits."""
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         c.execute("SET synchronous_commit = off")
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         define(c, "many", rate=1, period="1000 days", capacity=1_000_000, hot=True)
@@ -190,9 +190,9 @@ def test_the_log_stays_bounded_with_more_keys_in_use_than_entries(database):
         assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('many', 'k7', 0)").fetchone() == (998_500,)
 
 
-def test_the_log_stays_bounded_when_the_folding_transactions_roll_back(database):
+def test_the_log_stays_bounded_when_the_folding_transactions_roll_back(database_name):
     """Every other transaction rolls back, the one that starts each fold among them."""
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         c.execute("SET synchronous_commit = off")
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         define(c, "many", rate=1, period="1000 days", capacity=1_000_000, hot=True)
@@ -203,11 +203,11 @@ def test_the_log_stays_bounded_when_the_folding_transactions_roll_back(database)
 
 
 @pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
-def test_callers_that_read_with_one_snapshot_fold_too(database, isolation):
+def test_callers_that_read_with_one_snapshot_fold_too(database_name, isolation):
     """0.4.0 never folded for callers at REPEATABLE READ or SERIALIZABLE: a key only they
     used kept every debit. A fold reads the newest base row whatever the caller's snapshot,
     here one taken before another session's fold rewrote that row."""
-    with psycopg.connect(dbname=database, autocommit=True) as a, psycopg.connect(dbname=database, autocommit=True) as b:
+    with psycopg.connect(dbname=database_name, autocommit=True) as a, psycopg.connect(dbname=database_name, autocommit=True) as b:
         for c in (a, b):
             c.execute("SET synchronous_commit = off")
             c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
@@ -231,8 +231,8 @@ def test_callers_that_read_with_one_snapshot_fold_too(database, isolation):
         assert a.execute("SELECT remaining FROM rate_limiter.check_rate_limit('many', 'k0', 0)").fetchone() == (996_000 - 1,)
 
 
-def test_a_load_reads_only_its_keys_rows_and_can_be_cancelled(database):
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+def test_a_load_reads_only_its_keys_rows_and_can_be_cancelled(database_name):
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         define(c, "big", rate=10, period="1 hour", hot=True)
         # A million debits of one key, as a role calling for minutes would leave them.
@@ -288,7 +288,7 @@ def test_a_subscriber_of_every_table_follows_a_publishers_move_out_of_the_mode(c
         s.execute("DROP SUBSCRIPTION s")
 
 
-def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_evictions(database):
+def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_evictions(database_name):
     """The oracle's concurrent form: 8 sessions, some at REPEATABLE READ, take from one key of
     capacity 150 (no refill) with commits, rollbacks and savepoint rollbacks, each grant
     written to a ledger in its own transaction, while another session resets the key, moves
@@ -296,7 +296,7 @@ def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_ev
     it is idle and given away). Between two resets, what the ledger holds never exceeds the
     capacity, and after the last one it is exactly what the limit says it used."""
     capacity = 150
-    with psycopg.connect(dbname=database, autocommit=True) as admin:
+    with psycopg.connect(dbname=database_name, autocommit=True) as admin:
         admin.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         admin.execute("CREATE TABLE ledger (id bigserial, granted float8, reset boolean DEFAULT false)")
         define(admin, "c", rate=1, period="1000 days", capacity=capacity, hot=True)
@@ -307,7 +307,7 @@ def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_ev
 
     def work(i):
         rng = seeded(i)
-        with psycopg.connect(dbname=database, autocommit=True) as conn:
+        with psycopg.connect(dbname=database_name, autocommit=True) as conn:
             conn.execute(f"SET rate_limiter.fake_now = '{NOW}'")
             if i % 3 == 0:
                 conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -328,7 +328,7 @@ def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_ev
 
     def disrupt():
         rng = seeded(99)
-        with psycopg.connect(dbname=database, autocommit=True) as conn:
+        with psycopg.connect(dbname=database_name, autocommit=True) as conn:
             conn.execute(f"SET rate_limiter.fake_now = '{NOW}'")
             hot, drained = True, False
             for what in ["evict", "reset", "switch", "evict", "switch", "reset", "evict"] + \
@@ -369,7 +369,7 @@ def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_ev
 
     in_sessions(9, session)
     assert evicted, "the escrow was evicted under load"
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         epochs = c.execute("SELECT sum(granted) FROM (SELECT granted, count(*) FILTER (WHERE reset) "
                            "OVER (ORDER BY id) AS epoch FROM ledger) l GROUP BY epoch ORDER BY epoch").fetchall()
@@ -380,12 +380,12 @@ def test_concurrent_sessions_keep_the_ledger_through_resets_mode_switches_and_ev
         assert epochs[-1][0] + left == capacity
 
 
-def test_a_hot_limit_from_before_the_bounds_can_be_defined_again_and_then_dropped(database):
+def test_a_hot_limit_from_before_the_bounds_can_be_defined_again_and_then_dropped(database_name):
     """A hot limit that 0.4.0 took (a rolling window of 178 million years) with debits in its
     log: 0.5.0 refuses its config, and with it a fold under it. Dropping it is refused with a
     hint while its debits are unfolded; defining it again, hot, within the bounds counts them
     under the new config; then it can be dropped."""
-    with psycopg.connect(dbname=database, autocommit=True) as c:
+    with psycopg.connect(dbname=database_name, autocommit=True) as c:
         c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
         c.execute("INSERT INTO rate_limiter.limits (name, kind, rate, period, hot) "
                   "VALUES ('ages', 'rolling window', 5, '178000000 years', true)")

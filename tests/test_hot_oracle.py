@@ -231,8 +231,8 @@ def sequences_of(lists, examples, hot_conn, oracle_conn, cluster, mode="hot"):
     sequences()
 
 
-def with_oracle_database(server, database, body):
-    oracle_db = database + "_oracle"
+def with_oracle_database(server, database_name, body):
+    oracle_db = database_name + "_oracle"
     with server.connect() as admin:
         admin.execute(f"CREATE DATABASE {oracle_db}")
     try:
@@ -245,29 +245,29 @@ def with_oracle_database(server, database, body):
 
 
 @every_version
-def test_a_hot_limit_answers_as_its_row_based_oracle(main, database, pg):
+def test_a_hot_limit_answers_as_its_row_based_oracle(test_cluster, database_name, pg):
     def body(oracle_db):
-        cluster = Cluster(main, database)
-        with cluster.session(database) as h, cluster.session(oracle_db) as o:
+        cluster = Cluster(test_cluster, database_name)
+        with cluster.session(database_name) as h, cluster.session(oracle_db) as o:
             sequences_of(st.lists(OPS, min_size=5, max_size=40), examples_on(pg, 3000), h, o, cluster)
         cluster.evicting.close()
 
-    with_oracle_database(main, database, body)
+    with_oracle_database(test_cluster, database_name, body)
 
 
 @every_version
-def test_a_memory_limit_answers_as_its_row_based_oracle(main, database, pg):
+def test_a_memory_limit_answers_as_its_row_based_oracle(test_cluster, database_name, pg):
     """The same sequences on a memory limit (durable => false, docs/memory-limits.md), with
     credits, and its own documented refusal: a call after a reset or change of it in the
     transaction."""
     def body(oracle_db):
-        cluster = Cluster(main, database)
-        with cluster.session(database) as m, cluster.session(oracle_db) as o:
+        cluster = Cluster(test_cluster, database_name)
+        with cluster.session(database_name) as m, cluster.session(oracle_db) as o:
             sequences_of(st.lists(MEMORY_OPS, min_size=5, max_size=40), examples_on(pg, 1500), m, o, cluster,
                          mode="memory")
         cluster.evicting.close()
 
-    with_oracle_database(main, database, body)
+    with_oracle_database(test_cluster, database_name, body)
 
 
 @every_version

@@ -18,9 +18,9 @@ from clusters import every_version
 
 
 @pytest.fixture
-def databases(main):
+def databases(test_cluster):
     names = {kind: f"rl_{kind}_{uuid.uuid4().hex[:8]}" for kind in ("fresh", "upgraded")}
-    with main.connect() as admin:
+    with test_cluster.connect() as admin:
         for n in names.values():
             admin.execute(f"CREATE DATABASE {n}")
         try:
@@ -32,9 +32,9 @@ def databases(main):
 
 @every_version
 @pytest.mark.parametrize("released", ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0"])
-def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, databases, released):
+def test_update_matches_a_fresh_install_and_keeps_data_and_grants(test_cluster, databases, released):
     role, intruder = "app_" + uuid.uuid4().hex[:8], "intruder_" + uuid.uuid4().hex[:8]
-    with main.connect(databases["fresh"]) as fresh, main.connect(databases["upgraded"]) as old:
+    with test_cluster.connect(databases["fresh"]) as fresh, test_cluster.connect(databases["upgraded"]) as old:
         fresh.execute(f"CREATE ROLE {intruder}")
         fresh.execute(f"CREATE ROLE {role}")
         # Issue 41: objects an install or update creates get no grant from default privileges
@@ -91,8 +91,8 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
 
             default_privileges(old, intruder, schema="rate_limiter")
             old.execute("ALTER EXTENSION rate_limiter UPDATE")
-            for db in (fresh, old):
-                assert granted_to(db, "rate_limiter", intruder) == [], "no default privilege reached the extension"
+            for test_conn in (fresh, old):
+                assert granted_to(test_conn, "rate_limiter", intruder) == [], "no default privilege reached the extension"
             if released == "0.4.0":
                 assert old.execute("SELECT ok FROM rate_limiter.rate_limit('hot_before_update', 'k')").fetchone() == (True,)
                 old.execute("DELETE FROM rate_limiter.limits WHERE name = 'hot_before_update'")
@@ -147,13 +147,13 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(main, database
             assert old.execute("SELECT rate_limiter.prune()").fetchone() == (0,), "the inline row is not refilled"
         finally:
             old.execute("DROP FUNCTION IF EXISTS public.app_call(text)")
-            for db in (fresh, old):
-                db.execute(f"DROP OWNED BY {role}, {intruder}")
+            for test_conn in (fresh, old):
+                test_conn.execute(f"DROP OWNED BY {role}, {intruder}")
             old.execute(f"DROP ROLE {role}, {intruder}")
 
 
-def test_a_session_survives_the_extension_being_dropped_and_created_again(main, databases):
-    with main.connect(databases["fresh"]) as admin, main.connect(databases["fresh"]) as app:
+def test_a_session_survives_the_extension_being_dropped_and_created_again(test_cluster, databases):
+    with test_cluster.connect(databases["fresh"]) as admin, test_cluster.connect(databases["fresh"]) as app:
         admin.execute("CREATE EXTENSION rate_limiter")
         admin.execute("SELECT rate_limiter.define('l', 'token bucket', 1, '1 hour')")
         call = "SELECT ok, remaining FROM rate_limiter.rate_limit('l', 'k')"
@@ -166,8 +166,8 @@ def test_a_session_survives_the_extension_being_dropped_and_created_again(main, 
 
 
 @every_version
-def test_an_index_or_trigger_added_to_the_state_table_is_refused_but_a_copy_of_the_key_is_kept(main, databases):
-    with main.connect(databases["fresh"]) as admin, main.connect(databases["fresh"]) as app:
+def test_an_index_or_trigger_added_to_the_state_table_is_refused_but_a_copy_of_the_key_is_kept(test_cluster, databases):
+    with test_cluster.connect(databases["fresh"]) as admin, test_cluster.connect(databases["fresh"]) as app:
         admin.execute("CREATE EXTENSION rate_limiter")
         admin.execute("SELECT rate_limiter.define('l', 'token bucket', 5, '1 hour')")
         call = "SELECT ok FROM rate_limiter.rate_limit('l', 'k')"

@@ -20,17 +20,17 @@ from together import in_sessions
 
 @every_version
 @pytest.mark.parametrize("keys, sessions", [(1, 8), (1, 32), (40, 8)])
-def test_the_bound_is_exact_under_concurrent_sessions(main, database, keys, sessions):
+def test_the_bound_is_exact_under_concurrent_sessions(test_cluster, database_name, keys, sessions):
     """Sessions mixing commits, rollbacks and savepoint rollbacks, on one key (32 sessions
     fill its ring: a call then waits for the oldest call in flight) and spread over 40."""
-    with session(database, server=main) as admin:
+    with session(database_name, server=test_cluster) as admin:
         ledger(admin)
         define(admin, "mem_token", "token bucket", rate=300, period="1 day", durable=False)
         define(admin, "mem_fixed", "fixed window", rate=300, period="1 day", durable=False)
     for name in ("mem_token", "mem_fixed"):
         for k in range(keys):
-            mixed_load(database, name, f"k{k}", sessions, 60 if keys == 1 else 4, server=main)
-        with session(database, server=main) as c:
+            mixed_load(database_name, name, f"k{k}", sessions, 60 if keys == 1 else 4, server=test_cluster)
+        with session(database_name, server=test_cluster) as c:
             for k in range(keys):
                 used, left = granted(c, name, f"k{k}"), remaining(c, name, f"k{k}")
                 assert used + left == 300, f"{name} k{k}: {used} granted and {left} left of 300"
@@ -48,10 +48,10 @@ def forgets(c):
     return c.execute("SELECT count(*) FROM rate_limiter.memory_snapshot WHERE kind = 'forget'").fetchone()[0]
 
 
-def test_rate_limit_all_takes_memory_parts_with_durable_ones_all_or_none(database):
+def test_rate_limit_all_takes_memory_parts_with_durable_ones_all_or_none(database_name):
     """A denial by either part takes nothing from the other; both granted take from both,
     and a rollback gives the memory part back with the durable one."""
-    with session(database) as c:
+    with session(database_name) as c:
         define(c, "mem", rate=3, period="1 hour", durable=False)
         define(c, "dur", rate=5, period="1 hour")
         assert c.execute(ALL, ("k", 2, "k", 2)).fetchone() == (True, None)
@@ -65,7 +65,7 @@ def test_rate_limit_all_takes_memory_parts_with_durable_ones_all_or_none(databas
         assert (remaining(c, "mem", "k"), remaining(c, "dur", "k")) == (1, 3), "rolled back from both"
 
 
-def test_rate_limit_all_under_concurrent_sessions_takes_every_part_or_none(main, database):
+def test_rate_limit_all_under_concurrent_sessions_takes_every_part_or_none(test_cluster, database_name):
     """8 sessions call rate_limit_all on two memory limits and a durable one, the smaller
     memory limit running out first: a memory part denied after the other was taken gives
     it back, so each limit counts exactly the committed calls that were granted."""
@@ -73,7 +73,7 @@ def test_rate_limit_all_under_concurrent_sessions_takes_every_part_or_none(main,
               FROM rate_limiter.rate_limit_all(jsonb_build_array(
                   jsonb_build_object('name', 'big', 'key', 'k'), jsonb_build_object('name', 'small', 'key', 'k'),
                   jsonb_build_object('name', 'dur', 'key', 'k')))"""
-    with session(database, server=main) as admin:
+    with session(database_name, server=test_cluster) as admin:
         ledger(admin)
         define(admin, "big", rate=1000, period="1 day", durable=False)
         define(admin, "small", rate=60, period="1 day", durable=False)
@@ -81,29 +81,29 @@ def test_rate_limit_all_under_concurrent_sessions_takes_every_part_or_none(main,
 
     def body(i):
         rng = seeded(i)
-        with session(database, server=main) as conn:
+        with session(database_name, server=test_cluster) as conn:
             for _ in range(30):
                 with conn.transaction(force_rollback=rng.random() < 0.2):
                     conn.execute(take)
     in_sessions(8, body)
-    with session(database, server=main) as c:
+    with session(database_name, server=test_cluster) as c:
         granted_all = granted(c, "all", "k")
         assert granted_all == 60 - remaining(c, "small", "k") and remaining(c, "small", "k") < 10, "the small one ran out"
         assert 1000 - remaining(c, "big", "k") == granted_all, "the big memory limit counts the granted calls only"
         assert 1000 - remaining(c, "dur", "k") == granted_all, "the durable limit too"
 
 
-def test_a_full_ring_waits_for_the_oldest_call_in_flight_whose_rollback_then_gives_back(database):
+def test_a_full_ring_waits_for_the_oldest_call_in_flight_whose_rollback_then_gives_back(database_name):
     """16 calls of one key in flight fill its entry's ring: the next call waits for the
     oldest one's transaction, as a durable call waits for the row, rather than fold it into
     the committed counts (where its rollback would give nothing back)."""
-    holders = [session(database) for _ in range(16)]
+    holders = [session(database_name) for _ in range(16)]
     try:
         define(holders[0], "mem", rate=100, period="1 hour", durable=False)
         for h in holders:
             h.execute("BEGIN")
             h.execute("SELECT rate_limiter.rate_limit('mem', 'k')")
-        with session(database) as late:
+        with session(database_name) as late:
             late.execute("SET lock_timeout = '300ms'")
             with pytest.raises(errors.LockNotAvailable):
                 late.execute("SELECT rate_limiter.rate_limit('mem', 'k')")
@@ -117,8 +117,8 @@ def test_a_full_ring_waits_for_the_oldest_call_in_flight_whose_rollback_then_giv
             h.close()
 
 
-def test_a_credit_counts_once_committed_and_a_rolled_back_one_never(database):
-    with session(database) as a, session(database) as b:
+def test_a_credit_counts_once_committed_and_a_rolled_back_one_never(database_name):
+    with session(database_name) as a, session(database_name) as b:
         define(a, "mem", "fixed window", rate=3, period="1 hour", durable=False)
         a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 3)")
         b.execute("BEGIN")
@@ -130,8 +130,8 @@ def test_a_credit_counts_once_committed_and_a_rolled_back_one_never(database):
         assert remaining(a, "mem", "k") == 2, "committed: 2 back"
 
 
-def test_a_call_writes_no_wal_and_a_durable_one_does(database):
-    with session(database) as c:
+def test_a_call_writes_no_wal_and_a_durable_one_does(database_name):
+    with session(database_name) as c:
         define(c, "mem", rate=100, period="1 hour", durable=False)
         define(c, "row", rate=100, period="1 hour")
         for name, writes in (("mem", False), ("row", True)):
@@ -149,8 +149,8 @@ def test_a_call_writes_no_wal_and_a_durable_one_does(database):
             c.execute("COMMIT")
 
 
-def test_a_change_waits_for_calls_in_flight_and_keeps_the_counts(database):
-    with session(database) as a, session(database) as b:
+def test_a_change_waits_for_calls_in_flight_and_keeps_the_counts(database_name):
+    with session(database_name) as a, session(database_name) as b:
         define(a, "mem", rate=10, period="1 hour", durable=False)
         a.execute("BEGIN")
         a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
@@ -173,14 +173,14 @@ def test_a_change_waits_for_calls_in_flight_and_keeps_the_counts(database):
         assert remaining(a, "mem", "k") == 10, "deleted and defined again: afresh"
 
 
-def test_a_database_or_extension_dropped_and_made_again_starts_empty(main):
+def test_a_database_or_extension_dropped_and_made_again_starts_empty(test_cluster):
     config = """'{"kind": "fixed window", "rate": 2, "period": "1 day", "durable": false}'"""
-    with main.connect() as admin:
+    with test_cluster.connect() as admin:
         admin.execute("CREATE DATABASE rl_memory_oid")
         oid = admin.execute("SELECT oid FROM pg_database WHERE datname = 'rl_memory_oid'").fetchone()[0]
         try:
             for _ in range(2):
-                with main.connect("rl_memory_oid") as c:
+                with test_cluster.connect("rl_memory_oid") as c:
                     c.execute("CREATE EXTENSION rate_limiter")
                     c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
                     full = c.execute(f"SELECT remaining FROM rate_limiter.check_rate_limit('m', 'k', 0, config => {config})")
@@ -211,10 +211,10 @@ def assert_all_memory_parts_answer_read_only(conn):
 
 
 @every_version
-def test_rate_limit_all_of_memory_limits_answers_in_a_read_only_transaction(main, database):
+def test_rate_limit_all_of_memory_limits_answers_in_a_read_only_transaction(test_cluster, database_name):
     """Issue 52, F3: rate_limit_all prepared its writes before it knew whether any part was
     durable, and failed with 25006 where rate_limit on the same limits answers."""
-    with main.connect(database) as c:
+    with test_cluster.connect(database_name) as c:
         define(c, "mem", rate=5, period="1 hour", durable=False)
         define(c, "mem2", rate=3, period="1 hour", durable=False)
         define(c, "rows", rate=3, period="1 hour")
@@ -502,19 +502,19 @@ def test_a_reset_a_deleted_limit_and_a_truncate_forget_their_snapshot_rows(clust
         assert forgets(c) == 3
 
 
-def test_a_clock_before_1970_finds_entries_for_new_keys(database):
+def test_a_clock_before_1970_finds_entries_for_new_keys(database_name):
     """Entries never used since the server started are free whatever the clock says."""
-    with session(database, fake_now="1960-06-01 00:00:00+00") as c:
+    with session(database_name, fake_now="1960-06-01 00:00:00+00") as c:
         define(c, "mem", rate=3, period="1 hour", durable=False)
         oks = [c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', %s)", (f"k{i}",)).fetchone()[0]
                for i in range(20)]
         assert oks == [True] * 20
 
 
-def test_rate_limit_all_refuses_a_memory_part_whose_ring_is_full_of_its_own_calls(database):
+def test_rate_limit_all_refuses_a_memory_part_whose_ring_is_full_of_its_own_calls(database_name):
     """Its older calls would be folded for good, which a denial of another part could not
     take back: refused (0A000) rather than taken in part."""
-    with session(database) as c:
+    with session(database_name) as c:
         define(c, "mem", rate=100, period="1 hour", durable=False)
         c.execute("BEGIN")
         for _ in range(16):

@@ -253,12 +253,12 @@ def test_rate_limit_all_decides_a_memory_part_counted_in_its_row_with_the_others
 
 
 @every_version
-def test_a_backend_past_its_32_escrows_keeps_its_next_keys_calls_as_committed(main, database):
+def test_a_backend_past_its_32_escrows_keeps_its_next_keys_calls_as_committed(test_cluster, database_name):
     """docs/memory-limits.md, "The pool": one transaction with calls of 40 keys in flight. The
     first 32 borrow this backend's escrows and roll back with it; the next 8 find none, and
     are decided on the committed state and kept as committed: counted at once (never admitted
     twice, even within the transaction), but the rollback gives them nothing back."""
-    with session(database, server=main) as c:
+    with session(database_name, server=test_cluster) as c:
         define(c, "pool", "fixed window", rate=2, period="1 hour", start=NOW, durable=False)
         call = "SELECT ok FROM rate_limiter.rate_limit('pool', %s)"
         c.execute("BEGIN")

@@ -27,8 +27,8 @@ def test_a_held_reset_delays_no_round_of_its_database_or_another(clusters):
     with server.connect() as admin:
         admin.execute("CREATE DATABASE a")
         admin.execute("CREATE DATABASE b")
-    for db in ("a", "b"):
-        with server.connect(db) as c:
+    for test_conn in ("a", "b"):
+        with server.connect(test_conn) as c:
             c.execute("CREATE EXTENSION rate_limiter")
             define(c, "m", "fixed window", rate=100, period="1 hour", durable=False)
     with server.connect("a") as a, server.connect("a") as holder, server.connect("b") as b:

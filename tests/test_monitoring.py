@@ -31,8 +31,8 @@ def samples(text):
 
 
 @every_version
-def test_the_exporter_exposes_each_limits_counters_and_top_denied_keys(main, database, name):
-    with main.connect(database) as c:
+def test_the_exporter_exposes_each_limits_counters_and_top_denied_keys(test_cluster, database_name, name):
+    with test_cluster.connect(database_name) as c:
         c.execute("SELECT rate_limiter.define(%s, 'token bucket', 2, '1 hour')", (name,))
         for _ in range(5):
             c.execute("SELECT rate_limiter.rate_limit(%s, 'mallory')", (name,))
@@ -43,7 +43,7 @@ def test_the_exporter_exposes_each_limits_counters_and_top_denied_keys(main, dat
             assert c.execute("SELECT ok, reason FROM rate_limiter.rate_limit(%s, 'mallory')", (name,)).fetchone() == (
                 True, "shadow")
     port = PORTS["exporter"]
-    env = dict(os.environ, DATA_SOURCE_NAME=f"host=/tmp port={main.port} user=postgres dbname={database} sslmode=disable")
+    env = dict(os.environ, DATA_SOURCE_NAME=f"host=/tmp port={test_cluster.port} user=postgres dbname={database_name} sslmode=disable")
     exporter = subprocess.Popen([EXPORTER, f"--web.listen-address=127.0.0.1:{port}",
                                  f"--extend.query-path={ROOT}/monitoring/postgres_exporter.yml",
                                  "--disable-default-metrics", "--disable-settings-metrics"],
@@ -57,7 +57,7 @@ def test_the_exporter_exposes_each_limits_counters_and_top_denied_keys(main, dat
             except OSError:
                 time.sleep(0.2)
         value = {(metric, labels.get("key")): v for metric, labels, v in ours}
-        assert all(labels["database"] == database for _, labels, _ in ours)
+        assert all(labels["database"] == database_name for _, labels, _ in ours)
         # mallory: 2 allowed, 3 denied, 2 shadow-denied; alice: one reservation of 3 tokens,
         # ok, to wait.
         assert value[("rate_limiter_calls", None)] == 8

@@ -43,8 +43,8 @@ SHAPE_CHANGES = [
 
 
 @pytest.mark.parametrize("ddl", SHAPE_CHANGES)
-def test_a_shape_change_is_55000_with_a_hint_never_a_crash(database, ddl):
-    with connect(dbname=database) as admin, connect(dbname=database) as app:
+def test_a_shape_change_is_55000_with_a_hint_never_a_crash(database_name, ddl):
+    with connect(dbname=database_name) as admin, connect(dbname=database_name) as app:
         admin.execute("SELECT rate_limiter.define('s', 'token bucket', 5, '1 hour')")
         call = "SELECT ok FROM rate_limiter.rate_limit('s', 'k')"
         assert app.execute(call).fetchone() == (True,)  # the row exists; app has cached everything
@@ -57,8 +57,8 @@ def test_a_shape_change_is_55000_with_a_hint_never_a_crash(database, ddl):
         assert admin.execute("SELECT 1").fetchone() == (1,), "the server is still up"
 
 
-def pg_repack(database, *args):
-    return subprocess.run([f"{PG_BIN}/pg_repack", "-d", database, "--table", "rate_limiter.state", *args],
+def pg_repack(database_name, *args):
+    return subprocess.run([f"{PG_BIN}/pg_repack", "-d", database_name, "--table", "rate_limiter.state", *args],
                           capture_output=True, text=True, check=True).stderr
 
 
@@ -66,8 +66,8 @@ class Load:
     """4 sessions calling rate_limit on 20 keys of one limit until stopped; `granted` is what
     each key was granted."""
 
-    def __init__(self, cluster, database, limit):
-        self.cluster, self.database, self.limit = cluster, database, limit
+    def __init__(self, cluster, database_name, limit):
+        self.cluster, self.database, self.limit = cluster, database_name, limit
         self.keys = [f"k{i}" for i in range(20)]
         self.granted = {k: 0 for k in self.keys}
         self.lock, self.stop, self.failures = threading.Lock(), threading.Event(), []
@@ -109,11 +109,11 @@ class Load:
 
 
 @every_version
-def test_reindex_vacuum_full_and_cluster_under_load_keep_every_token(main, database):
-    with main.connect(database) as admin:
-        admin.execute(f"ALTER DATABASE {database} SET rate_limiter.fake_now = '{NOW}'")
+def test_reindex_vacuum_full_and_cluster_under_load_keep_every_token(test_cluster, database_name):
+    with test_cluster.connect(database_name) as admin:
+        admin.execute(f"ALTER DATABASE {database_name} SET rate_limiter.fake_now = '{NOW}'")
         admin.execute("SELECT rate_limiter.define('m', 'token bucket', 1000000, '1 hour')")
-        with Load(main, database, "m") as load:
+        with Load(test_cluster, database_name, "m") as load:
             for sql in ("REINDEX INDEX CONCURRENTLY rate_limiter.state_key_name_shard_key",
                         "REINDEX TABLE rate_limiter.state",
                         "REINDEX TABLE CONCURRENTLY rate_limiter.state",
@@ -128,18 +128,18 @@ def test_reindex_vacuum_full_and_cluster_under_load_keep_every_token(main, datab
         amcheck_clean(admin)
 
 
-def test_pg_repack_under_load_rebuilds_the_index_and_refuses_the_table(main, database):
+def test_pg_repack_under_load_rebuilds_the_index_and_refuses_the_table(test_cluster, database_name):
     # pg_repack (Debian's package exists for 15 only) rebuilds the index beside the calls
     # (they keep its copy up to date) and refuses to repack the table itself, whose unique
     # key has a nullable column.
-    with main.connect(database) as admin:
+    with test_cluster.connect(database_name) as admin:
         admin.execute("CREATE EXTENSION pg_repack")
-        admin.execute(f"ALTER DATABASE {database} SET rate_limiter.fake_now = '{NOW}'")
+        admin.execute(f"ALTER DATABASE {database_name} SET rate_limiter.fake_now = '{NOW}'")
         admin.execute("SELECT rate_limiter.define('m', 'token bucket', 1000000, '1 hour')")
-        with Load(main, database, "m") as load:
+        with Load(test_cluster, database_name, "m") as load:
             time.sleep(0.3)
-            assert 'repacking index "rate_limiter.state_key_name_shard_key"' in pg_repack(database, "--only-indexes")
-            assert "must have a primary key or not-null unique keys" in pg_repack(database)
+            assert 'repacking index "rate_limiter.state_key_name_shard_key"' in pg_repack(database_name, "--only-indexes")
+            assert "must have a primary key or not-null unique keys" in pg_repack(database_name)
             time.sleep(0.3)
             load.check(admin, 1000000)
         amcheck_clean(admin)
@@ -194,8 +194,8 @@ def test_updates_are_hot_when_the_page_has_room_and_enter_the_index_when_not(clu
         amcheck_clean(c)
 
 
-def test_the_cache_trigger_fires_under_session_replication_role_replica(database):
-    with connect(dbname=database) as admin, connect(dbname=database) as app:
+def test_the_cache_trigger_fires_under_session_replication_role_replica(database_name):
+    with connect(dbname=database_name) as admin, connect(dbname=database_name) as app:
         admin.execute("SELECT rate_limiter.define('r', 'token bucket', 1, '1 hour')")
         call = "SELECT remaining FROM rate_limiter.check_rate_limit('r', 'k')"
         assert app.execute(call).fetchone() == (0,)  # cached: rate 1
@@ -204,11 +204,11 @@ def test_the_cache_trigger_fires_under_session_replication_role_replica(database
         assert app.execute(call).fetchone() == (4,)
 
 
-def test_a_call_waiting_for_a_row_lock_ends_at_statement_timeout(database):
-    with connect(dbname=database) as admin:
+def test_a_call_waiting_for_a_row_lock_ends_at_statement_timeout(database_name):
+    with connect(dbname=database_name) as admin:
         admin.execute("SELECT rate_limiter.define('w', 'token bucket', 10, '1 hour')")
         admin.execute("SELECT rate_limiter.rate_limit('w', 'k')")
-    with connect(dbname=database, autocommit=False) as holder, connect(dbname=database) as waiter:
+    with connect(dbname=database_name, autocommit=False) as holder, connect(dbname=database_name) as waiter:
         holder.execute("SELECT rate_limiter.rate_limit('w', 'k')")  # holds the row until it ends
         waiter.execute("SET statement_timeout = '300ms'")
         started = time.time()
@@ -218,8 +218,8 @@ def test_a_call_waiting_for_a_row_lock_ends_at_statement_timeout(database):
         holder.rollback()
 
 
-def test_a_parallel_safe_wrapper_in_a_parallel_query_gets_25000(database):
-    with connect(dbname=database) as c:
+def test_a_parallel_safe_wrapper_in_a_parallel_query_gets_25000(database_name):
+    with connect(dbname=database_name) as c:
         c.execute("SELECT rate_limiter.define('par', 'token bucket', 10, '1 hour')")
         c.execute("""CREATE FUNCTION public.wrongly_safe() RETURNS boolean LANGUAGE plpgsql PARALLEL SAFE
                      AS $$ BEGIN RETURN (rate_limiter.rate_limit('par')).ok; END $$""")
@@ -228,8 +228,8 @@ def test_a_parallel_safe_wrapper_in_a_parallel_query_gets_25000(database):
             c.execute("SELECT public.wrongly_safe()")
 
 
-def test_pg_dump_and_restore_bring_limits_back_and_start_state_full(database, tmp_path):
-    with connect(dbname=database) as c:
+def test_pg_dump_and_restore_bring_limits_back_and_start_state_full(database_name, tmp_path):
+    with connect(dbname=database_name) as c:
         c.execute("SELECT rate_limiter.define('d1', 'token bucket', 3, '1 hour', capacity => 5)")
         c.execute("SELECT rate_limiter.define('d2', 'fixed window', 2, '1 minute', shards => 4, start => '2030-01-01')")
         c.execute("SELECT rate_limiter.rate_limit('d1', 'k', 5)")
@@ -237,7 +237,7 @@ def test_pg_dump_and_restore_bring_limits_back_and_start_state_full(database, tm
     os.chmod(tmp_path, 0o777)
     for fmt, restore in (("c", [f"{PG_BIN}/pg_restore", "-d"]), ("p", ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])):
         dump = f"{tmp_path}/dump.{fmt}"
-        subprocess.run(["pg_dump", "-F", fmt, "-f", dump, database], check=True)
+        subprocess.run(["pg_dump", "-F", fmt, "-f", dump, database_name], check=True)
         target = f"rl_restored_{uuid.uuid4().hex[:8]}"
         with connect() as admin:
             admin.execute(f"CREATE DATABASE {target}")
@@ -357,10 +357,10 @@ def test_a_subscriber_of_the_leases_sees_the_publishers_and_takes_none_of_its_ow
     publisher = clusters("pub", PORTS["publisher"], ["-c wal_level=logical"]).init().start()
     subscriber = clusters("sub", PORTS["subscriber"]).init().start()
     for cluster, databases in ((publisher, ("app",)), (subscriber, ("app", "limits_only"))):
-        for database in databases:
+        for database_name in databases:
             with cluster.connect() as c:
-                c.execute(f"CREATE DATABASE {database}")
-            with cluster.connect(database) as c:
+                c.execute(f"CREATE DATABASE {database_name}")
+            with cluster.connect(database_name) as c:
                 c.execute("CREATE EXTENSION rate_limiter")
     with publisher.connect("app") as pub, subscriber.connect("app") as sub, \
             subscriber.connect("limits_only") as own:
@@ -429,20 +429,20 @@ def test_the_background_worker_prunes_and_vacuums_every_database_that_has_the_ex
     with cluster.connect() as c:
         c.execute("CREATE DATABASE other")
         c.execute("CREATE DATABASE without_it")
-    for db in ("postgres", "other"):
-        with cluster.connect(db) as c:
+    for test_conn in ("postgres", "other"):
+        with cluster.connect(test_conn) as c:
             c.execute("CREATE EXTENSION rate_limiter")
             expired_rows(c, 25000)
             c.execute("SELECT rate_limiter.rate_limit('fresh', 'k', config => '{\"kind\":\"token bucket\",\"rate\":1,\"period\":\"1 day\"}')")
-    for db in ("postgres", "other"):
-        with cluster.connect(db) as c:
+    for test_conn in ("postgres", "other"):
+        with cluster.connect(test_conn) as c:
             wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (1,),
-                     f"the worker to prune {db}", timeout=60)
+                     f"the worker to prune {test_conn}", timeout=60)
             assert c.execute("SELECT split_part(name, '#', 1) FROM rate_limiter.state").fetchone() == ("fresh",)
             # ... and vacuums it, so that the space of the pruned rows is reused at once.
             wait_for(lambda: c.execute("SELECT vacuum_count > 0 FROM pg_stat_user_tables "
                                        "WHERE relid = 'rate_limiter.state'::regclass").fetchone() == (True,),
-                     f"the worker to vacuum {db}", timeout=30)
+                     f"the worker to vacuum {test_conn}", timeout=30)
     with cluster.connect() as c:
         assert c.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rate_limiter prune launcher'").fetchone() == (1,)
 
@@ -459,8 +459,8 @@ def test_no_database_owner_can_stop_or_slow_pruning_in_another_database(clusters
         c.execute("CREATE ROLE mallory LOGIN")
         c.execute("CREATE DATABASE a OWNER mallory")
         c.execute("CREATE DATABASE b")
-    for db in ("a", "b"):
-        with cluster.connect(db) as c:
+    for test_conn in ("a", "b"):
+        with cluster.connect(test_conn) as c:
             c.execute("CREATE EXTENSION rate_limiter")
 
     def pruned_in_b(within):

@@ -82,22 +82,22 @@ def mapped_inodes(server, library):
 def test_each_version_has_its_packages_in_debians_layout(major):
     """A package per supported major, laid out where Debian's and PGDG's postgresql-NN look
     (whatever prefix the build machine's NN has), with every install and upgrade script."""
-    main, proxy = package(f"postgresql-{major}-rate-limiter"), package(f"postgresql-{major}-rate-limiter-proxy")
+    test_cluster, proxy = package(f"postgresql-{major}-rate-limiter"), package(f"postgresql-{major}-rate-limiter-proxy")
     library, extension = f"/usr/lib/postgresql/{major}/lib/rate_limiter.so", f"/usr/share/postgresql/{major}/extension"
-    version = main.name.split("_")[1]
+    version = test_cluster.name.split("_")[1]
     scripts = {os.path.basename(p) for p in glob.glob(f"{ROOT}/sql/archive/rate_limiter--*.sql")
                + glob.glob(f"{ROOT}/sql/rate_limiter--*--*.sql")}
     scripts |= {"rate_limiter.control", f"rate_limiter--{version}.sql"}
-    assert sorted(files_of(main)) == sorted([library] + [f"{extension}/{s}" for s in scripts])
+    assert sorted(files_of(test_cluster)) == sorted([library] + [f"{extension}/{s}" for s in scripts])
     proxy_files = {os.path.basename(p) for p in glob.glob(f"{ROOT}/proxy/rate_limiter_proxy*")}
     assert sorted(files_of(proxy)) == sorted(f"{extension}/{s}" for s in proxy_files)
-    assert field(main, "Depends") == f"postgresql-{major}"
+    assert field(test_cluster, "Depends") == f"postgresql-{major}"
     assert field(proxy, "Depends") == f"postgresql-{major}, postgresql-{major}-plproxy"
     # Its library is the one built for this major, which the tests load into its servers.
     installed = subprocess.run([f"{pg_bin(major)}/pg_config", "--pkglibdir"], check=True, capture_output=True,
                                text=True).stdout.strip() + "/rate_limiter.so"
     with open(installed, "rb") as f:
-        assert library_of(main) == f.read(), f"the package's library is not the one installed into {major}"
+        assert library_of(test_cluster) == f.read(), f"the package's library is not the one installed into {major}"
 
 
 @pytest.mark.parametrize("major", VERSIONS)

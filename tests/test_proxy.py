@@ -49,9 +49,9 @@ def partition_clusters():
     try:
         for cluster in made:
             with cluster.connect() as c:
-                for db in ("fleet2", "fleet4"):
-                    c.execute(f"CREATE DATABASE {db}")
-                    with cluster.connect(db) as d:
+                for test_conn in ("fleet2", "fleet4"):
+                    c.execute(f"CREATE DATABASE {test_conn}")
+                    with cluster.connect(test_conn) as d:
                         d.execute("CREATE EXTENSION rate_limiter")
         yield made
     finally:
@@ -530,12 +530,12 @@ def new_role():
     yield make
     with psycopg.connect(autocommit=True) as admin:
         for role in made:
-            for (db,) in admin.execute("SELECT datname FROM pg_database WHERE datdba = %s::regrole", (role,)).fetchall():
-                admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
-        databases = [db for (db,) in admin.execute("SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate")]
-    for db in databases:
+            for (test_conn,) in admin.execute("SELECT datname FROM pg_database WHERE datdba = %s::regrole", (role,)).fetchall():
+                admin.execute(f"DROP DATABASE {test_conn} WITH (FORCE)")
+        databases = [test_conn for (test_conn,) in admin.execute("SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate")]
+    for test_conn in databases:
         try:
-            with psycopg.connect(dbname=db, autocommit=True) as c:
+            with psycopg.connect(dbname=test_conn, autocommit=True) as c:
                 for role in made:
                     c.execute(f"DROP OWNED BY {role}")
         except psycopg.OperationalError:
@@ -852,8 +852,8 @@ def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_an
     everyone = ("SELECT bool_and(has_function_privilege('public', p.oid, 'EXECUTE')) FROM pg_proc p "
                 "WHERE p.pronamespace = 'rate_limiter_proxy'::regnamespace")
     with psycopg.connect(autocommit=True) as admin:
-        for db in (fresh, updated, granted):
-            admin.execute(f"CREATE DATABASE {db}")
+        for test_conn in (fresh, updated, granted):
+            admin.execute(f"CREATE DATABASE {test_conn}")
     try:
         with psycopg.connect(dbname=fresh, autocommit=True) as f, psycopg.connect(dbname=updated, autocommit=True) as u:
             f.execute("CREATE EXTENSION rate_limiter_proxy CASCADE")
@@ -889,8 +889,8 @@ def test_updating_0_3_0_gives_the_catalog_of_a_fresh_install_and_keeps_limits_an
             assert g.execute(everyone).fetchone() == (False,)
     finally:
         with psycopg.connect(autocommit=True) as admin:
-            for db in (fresh, updated, granted):
-                admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+            for test_conn in (fresh, updated, granted):
+                admin.execute(f"DROP DATABASE IF EXISTS {test_conn} WITH (FORCE)")
 
 
 def test_a_schema_made_before_create_extension_by_another_role_is_refused(new_role):

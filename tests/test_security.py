@@ -62,9 +62,9 @@ def attacker():
         admin.execute(f"CREATE ROLE {role} LOGIN")
     yield role
     with connect(dbname="postgres") as admin:
-        for (db,) in admin.execute("SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate").fetchall():
+        for (test_conn,) in admin.execute("SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate").fetchall():
             try:
-                with connect(dbname=db) as c:
+                with connect(dbname=test_conn) as c:
                     c.execute(f"DROP OWNED BY {role} CASCADE")
             except psycopg.OperationalError:
                 pass  # dropped meanwhile by another test, with what the role owned there
@@ -117,22 +117,22 @@ def test_a_createdb_role_with_planted_operators_and_search_path_never_becomes_su
         admin.execute(f"CREATE ROLE {tenant} LOGIN CREATEDB")
     # The tenant's own databases: one with the extension (a superuser installed it there),
     # one without; the worker visits both.
-    for db, with_extension in ((f"{tenant}_db", True), (f"{tenant}_plain", False)):
+    for test_conn, with_extension in ((f"{tenant}_db", True), (f"{tenant}_plain", False)):
         with as_role(preloading, tenant, "postgres") as t:
-            t.execute(f"CREATE DATABASE {db}")
+            t.execute(f"CREATE DATABASE {test_conn}")
         if with_extension:
-            with preloading.connect(db) as admin:
+            with preloading.connect(test_conn) as admin:
                 admin.execute("CREATE EXTENSION rate_limiter")
                 expired_rows(admin, 50)
-        with as_role(preloading, tenant, db) as t:
+        with as_role(preloading, tenant, test_conn) as t:
             t.execute("CREATE SCHEMA evil")
             counter = plant(t, "evil", tenant)
-            t.execute(f"ALTER DATABASE {db} SET search_path = evil, public, pg_catalog")
-            t.execute(f"ALTER ROLE {tenant} IN DATABASE {db} SET search_path = evil, pg_catalog")
+            t.execute(f"ALTER DATABASE {test_conn} SET search_path = evil, public, pg_catalog")
+            t.execute(f"ALTER ROLE {tenant} IN DATABASE {test_conn} SET search_path = evil, pg_catalog")
         wait_three_prune_intervals()
-        with preloading.connect(db) as admin:
+        with preloading.connect(test_conn) as admin:
             admin.execute("SET search_path = pg_catalog")
-            assert trap_runs(admin, counter) == 0, f"a planted operator ran as a superuser in {db}"
+            assert trap_runs(admin, counter) == 0, f"a planted operator ran as a superuser in {test_conn}"
             assert not is_superuser(admin, tenant)
             if with_extension:
                 # The worker did visit: it pruned the expired rows under the hostile search_path.
@@ -145,15 +145,15 @@ def test_a_renamed_schema_and_its_look_alike_are_never_used(preloading):
     """A role given the extension's schema (as a trusted install would) renames it away and
     puts a look-alike in its place: the worker ignores it and calls refuse to run."""
     tenant = "tenant_" + uuid.uuid4().hex[:6]
-    db = f"{tenant}_db"
+    test_conn = f"{tenant}_db"
     with preloading.connect() as admin:
         admin.execute(f"CREATE ROLE {tenant} LOGIN")
-        admin.execute(f"CREATE DATABASE {db} OWNER {tenant}")
-    with preloading.connect(db) as admin:
+        admin.execute(f"CREATE DATABASE {test_conn} OWNER {tenant}")
+    with preloading.connect(test_conn) as admin:
         admin.execute("CREATE EXTENSION rate_limiter")
         admin.execute("SELECT rate_limiter.define('l', 'token bucket', 1, '1 hour')")
         admin.execute(f"ALTER SCHEMA rate_limiter OWNER TO {tenant}")
-    with as_role(preloading, tenant, db) as t:
+    with as_role(preloading, tenant, test_conn) as t:
         t.execute("ALTER SCHEMA rate_limiter RENAME TO real_rl")
         t.execute("CREATE SCHEMA rate_limiter")
         counter = plant(t, "rate_limiter", tenant)
@@ -166,7 +166,7 @@ def test_a_renamed_schema_and_its_look_alike_are_never_used(preloading):
         t.execute("CREATE TABLE rate_limiter.limits (name text PRIMARY KEY, kind text, rate float8)")
         t.execute("GRANT ALL ON ALL TABLES IN SCHEMA rate_limiter TO PUBLIC")
     wait_three_prune_intervals()
-    with preloading.connect(db) as admin:
+    with preloading.connect(test_conn) as admin:
         assert trap_runs(admin, counter) == 0
         assert not is_superuser(admin, tenant)
         # The real schema is the tenant's: the extension refuses to run until it is given back.
@@ -186,7 +186,7 @@ def test_a_renamed_schema_and_its_look_alike_are_never_used(preloading):
         # A table that is not a member of the extension is refused, 55000 (a new session:
         # membership is read when a session first looks the tables up).
         admin.execute("ALTER EXTENSION rate_limiter DROP TABLE real_rl.blocks")
-        with preloading.connect(db) as fresh:
+        with preloading.connect(test_conn) as fresh:
             with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="not an object of the extension"):
                 fresh.execute("SELECT * FROM real_rl.rate_limit('l', 'k')")
         admin.execute("ALTER EXTENSION rate_limiter ADD TABLE real_rl.blocks")
@@ -333,9 +333,9 @@ def test_the_statistics_overflow_name_is_reserved(empty_database):
 def test_another_database_can_neither_poison_nor_reset_nor_crowd_out_the_statistics(preloading):
     victim, other = (f"stats_{kind}_{uuid.uuid4().hex[:6]}" for kind in ("victim", "attacker"))
     with preloading.connect() as admin:
-        for db in (victim, other):
-            admin.execute(f"CREATE DATABASE {db}")
-            with preloading.connect(db) as c:
+        for test_conn in (victim, other):
+            admin.execute(f"CREATE DATABASE {test_conn}")
+            with preloading.connect(test_conn) as c:
                 c.execute("CREATE EXTENSION rate_limiter")
                 c.execute("SELECT rate_limiter.define('login', 'token bucket', 1, '1 hour')")
     with preloading.connect(victim) as v, preloading.connect(other) as o:
@@ -367,12 +367,12 @@ def test_a_non_superuser_sees_only_its_databases_statistics_and_pg_monitor_sees_
     with preloading.connect() as admin:
         admin.execute(f"CREATE ROLE {role} LOGIN")
         admin.execute(f"CREATE ROLE {monitor} LOGIN IN ROLE pg_monitor")
-        for db, secret in zip(databases, ("alice@a", "bob@b")):
-            admin.execute(f"CREATE DATABASE {db}")
-            with preloading.connect(db) as c:
+        for test_conn, secret in zip(databases, ("alice@a", "bob@b")):
+            admin.execute(f"CREATE DATABASE {test_conn}")
+            with preloading.connect(test_conn) as c:
                 c.execute("CREATE EXTENSION rate_limiter")
-                c.execute(f"SELECT rate_limiter.define('login_{db}', 'token bucket', 1, '1 hour')")
-                c.execute(f"SELECT rate_limiter.rate_limit('login_{db}', '{secret}') FROM generate_series(1, 3)")
+                c.execute(f"SELECT rate_limiter.define('login_{test_conn}', 'token bucket', 1, '1 hour')")
+                c.execute(f"SELECT rate_limiter.rate_limit('login_{test_conn}', '{secret}') FROM generate_series(1, 3)")
                 c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}, {monitor}")
                 c.execute(f"GRANT SELECT ON rate_limiter.stats, rate_limiter.top_denied TO {role}, {monitor}")
                 c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter._stats(), rate_limiter._top_denied(), "
@@ -398,8 +398,8 @@ def test_a_non_superuser_sees_only_its_databases_statistics_and_pg_monitor_sees_
             assert keys == [(a, "alice@a", 2), (b, "bob@b", 2)]
     finally:
         with preloading.connect() as admin:
-            for db in databases:
-                admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
+            for test_conn in databases:
+                admin.execute(f"DROP DATABASE {test_conn} WITH (FORCE)")
             admin.execute(f"DROP ROLE {role}")
             admin.execute(f"DROP ROLE {monitor}")
 
@@ -407,9 +407,9 @@ def test_a_non_superuser_sees_only_its_databases_statistics_and_pg_monitor_sees_
 def test_a_change_in_one_database_leaves_the_deny_cache_of_another_and_long_pairs_are_never_cached(preloading):
     databases = [f"deny_{kind}_{uuid.uuid4().hex[:6]}" for kind in ("a", "b")]
     with preloading.connect() as admin:
-        for db in databases:
-            admin.execute(f"CREATE DATABASE {db}")
-            with preloading.connect(db) as c:
+        for test_conn in databases:
+            admin.execute(f"CREATE DATABASE {test_conn}")
+            with preloading.connect(test_conn) as c:
                 c.execute("CREATE EXTENSION rate_limiter")
                 c.execute("SELECT rate_limiter.define('l', 'token bucket', 1, '1 hour', deny_cache => '1 hour')")
     long_key = "k" * 200
@@ -430,12 +430,12 @@ def test_a_change_in_one_database_leaves_the_deny_cache_of_another_and_long_pair
 
 
 @every_version
-def test_a_role_a_trigger_limits_cannot_turn_shadow_mode_on_for_itself(main, database):
+def test_a_role_a_trigger_limits_cannot_turn_shadow_mode_on_for_itself(test_cluster, database_name):
     """Shadow mode for a session would let through every call a limit denies: were any role
     able to SET it, a role whose inserts a trigger limits (examples/sql/recipes.sql) could
     turn the limit off for itself. It is a superuser's setting, granted per role."""
     role = "shadow_" + uuid.uuid4().hex[:8]
-    with main.connect(database) as admin:
+    with test_cluster.connect(database_name) as admin:
         admin.execute(f"CREATE ROLE {role} LOGIN")
         admin.execute("SELECT rate_limiter.define('posts', 'token bucket', 1, '1 hour')")
         admin.execute("CREATE TABLE public.posts (body text)")
@@ -446,7 +446,7 @@ def test_a_role_a_trigger_limits_cannot_turn_shadow_mode_on_for_itself(main, dat
         admin.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
         admin.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {role}")
         try:
-            with main.connect(database, user=role) as app:
+            with test_cluster.connect(database_name, user=role) as app:
                 app.execute("INSERT INTO public.posts VALUES ('one')")
                 with pytest.raises(psycopg.errors.InsufficientPrivilege, match="rate_limiter.shadow"):
                     app.execute("SET rate_limiter.shadow = on")
@@ -461,7 +461,7 @@ def test_a_role_a_trigger_limits_cannot_turn_shadow_mode_on_for_itself(main, dat
                 assert denied.value.sqlstate == "RL429"
             # Granted, the setting is the role's to use.
             admin.execute(f"GRANT SET ON PARAMETER rate_limiter.shadow TO {role}")
-            with main.connect(database, user=role) as app:
+            with test_cluster.connect(database_name, user=role) as app:
                 app.execute("SET rate_limiter.shadow = on")
                 app.execute("INSERT INTO public.posts VALUES ('four')")
             assert admin.execute("SELECT count(*) FROM public.posts").fetchone() == (2,)
@@ -472,7 +472,7 @@ def test_a_role_a_trigger_limits_cannot_turn_shadow_mode_on_for_itself(main, dat
 
 
 @every_version
-def test_no_caller_can_starve_a_backend_of_time_zones(main, database):
+def test_no_caller_can_starve_a_backend_of_time_zones(test_cluster, database_name):
     """Issue 41: a backend counted every spelling of a zone, so 1,000 case variants of
     `europe/berlin` in inline configs spent its 1,000 names, and every limit whose zone it had
     not yet looked up (an administrator's named one included) then failed with 22023. Now a
@@ -491,7 +491,7 @@ def test_no_caller_can_starve_a_backend_of_time_zones(main, database):
     letters = [i for i, ch in enumerate(base) if ch.isalpha()]
     variants = ["".join(ch.upper() if i in letters and mask >> letters.index(i) & 1 else ch
                         for i, ch in enumerate(base)) for mask in range(1000)]
-    with main.connect(database) as c:
+    with test_cluster.connect(database_name) as c:
         for tz in variants:
             assert check(c, tz)
         c.execute("SELECT rate_limiter.define('admins', 'fixed window', 5, '1 day', tz => 'America/New_York')")

@@ -25,16 +25,16 @@ def waiting_on_lock(conn, pid):
     ).fetchone()[0]
 
 
-def test_second_consumer_waits_for_the_row_lock_until_commit(db, name):
-    define(db, name, rate=10)
-    limit(db, name, "k")  # the row exists
+def test_second_consumer_waits_for_the_row_lock_until_commit(test_conn, name):
+    define(test_conn, name, rate=10)
+    limit(test_conn, name, "k")  # the row exists
     with connect(autocommit=False) as a, connect() as b:
         assert limit(a, name, "k")[0]
         result = {}
         t = threading.Thread(target=lambda: result.setdefault("b", limit(b, name, "k")))
         t.start()
         deadline = time.time() + 5
-        while not waiting_on_lock(db, b.info.backend_pid):
+        while not waiting_on_lock(test_conn, b.info.backend_pid):
             assert time.time() < deadline, "b never queued behind a's row lock"
             time.sleep(0.01)
         assert t.is_alive()
@@ -44,9 +44,9 @@ def test_second_consumer_waits_for_the_row_lock_until_commit(db, name):
         assert result["b"][2] == pytest.approx(7, abs=0.01)  # 10 - 1 (setup) - 1 (a) - 1 (b), read after a committed
 
 
-def test_denied_call_takes_no_lock_and_writes_nothing(db, name):
-    define(db, name, rate=1)
-    assert limit(db, name, "k")[0]
+def test_denied_call_takes_no_lock_and_writes_nothing(test_conn, name):
+    define(test_conn, name, rate=1)
+    assert limit(test_conn, name, "k")[0]
     with connect(autocommit=False) as holder, connect() as b:
         # Someone holds the row (as an in-flight consumer would).
         holder.execute("SELECT * FROM rate_limiter.state WHERE name = %s FOR UPDATE", (name,))
@@ -59,8 +59,8 @@ def test_denied_call_takes_no_lock_and_writes_nothing(db, name):
         holder.rollback()
 
 
-def test_rollback_and_savepoint_rollback_give_tokens_back(db, name):
-    define(db, name, rate=2)
+def test_rollback_and_savepoint_rollback_give_tokens_back(test_conn, name):
+    define(test_conn, name, rate=2)
     with connect(autocommit=False) as c:
         assert limit(c, name, "k", 2)[0]
         c.rollback()
@@ -70,11 +70,11 @@ def test_rollback_and_savepoint_rollback_give_tokens_back(db, name):
         c.execute("ROLLBACK TO SAVEPOINT s")
         assert limit(c, name, "k")[0]
         c.commit()
-    assert limit(db, name, "k")[2] == pytest.approx(0, abs=0.01)  # one left after the committed call, now taken
+    assert limit(test_conn, name, "k")[2] == pytest.approx(0, abs=0.01)  # one left after the committed call, now taken
 
 
-def test_read_only_transactions_can_check_but_not_consume(db, name):
-    define(db, name, rate=5)
+def test_read_only_transactions_can_check_but_not_consume(test_conn, name):
+    define(test_conn, name, rate=5)
     with connect(autocommit=False) as c:
         c.execute("BEGIN READ ONLY")
         row = c.execute("SELECT ok, remaining FROM rate_limiter.check_rate_limit(%s, 'k')", (name,)).fetchone()
@@ -85,9 +85,9 @@ def test_read_only_transactions_can_check_but_not_consume(db, name):
 
 
 @pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
-def test_conflicting_consumption_at_higher_isolation_is_40001(db, name, level):
-    define(db, name, rate=10)
-    limit(db, name, "k")
+def test_conflicting_consumption_at_higher_isolation_is_40001(test_conn, name, level):
+    define(test_conn, name, rate=10)
+    limit(test_conn, name, "k")
     with connect(autocommit=False) as a, connect(autocommit=False) as b:
         for c in (a, b):
             c.execute(f"BEGIN ISOLATION LEVEL {level}")
@@ -99,35 +99,35 @@ def test_conflicting_consumption_at_higher_isolation_is_40001(db, name, level):
         b.rollback()
 
 
-def test_concurrent_sessions_never_exceed_the_bound_exactly(db, name):
+def test_concurrent_sessions_never_exceed_the_bound_exactly(test_conn, name):
     # The clock is pinned, so nothing flows in: the bound is the capacity, exactly.
-    define(db, name, rate=1000, period="1 hour")
+    define(test_conn, name, rate=1000, period="1 hour")
     total = hammer(name, sessions=8, calls=500, fake_now="2026-01-01 00:00:00+00")
     assert total == 1000
 
 
-def test_concurrent_sessions_on_a_sliding_window_admit_exactly_what_the_weight_leaves(db, name):
-    define(db, name, kind="sliding window", rate=1000, period="1 hour", start="2026-01-01 00:00:00+00")
-    db.execute("SET rate_limiter.fake_now = '2026-01-01 00:30:00+00'")
-    assert limit(db, name, "hot", count=600)[0]
+def test_concurrent_sessions_on_a_sliding_window_admit_exactly_what_the_weight_leaves(test_conn, name):
+    define(test_conn, name, kind="sliding window", rate=1000, period="1 hour", start="2026-01-01 00:00:00+00")
+    test_conn.execute("SET rate_limiter.fake_now = '2026-01-01 00:30:00+00'")
+    assert limit(test_conn, name, "hot", count=600)[0]
     # A quarter into the next window the 600 still weigh 450: exactly 550 are left.
     total = hammer(name, sessions=8, calls=100, fake_now="2026-01-01 01:15:00+00")
     assert total == 550
 
 
-def test_concurrent_sessions_on_a_rolling_window_admit_exactly_what_the_period_leaves(db, name):
-    define(db, name, kind="rolling window", rate=500, period="1 hour", start="2026-01-01 00:00:00+00", buckets=10)
-    db.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
-    assert limit(db, name, "hot", count=200)[0]
+def test_concurrent_sessions_on_a_rolling_window_admit_exactly_what_the_period_leaves(test_conn, name):
+    define(test_conn, name, kind="rolling window", rate=500, period="1 hour", start="2026-01-01 00:00:00+00", buckets=10)
+    test_conn.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
+    assert limit(test_conn, name, "hot", count=200)[0]
     # The 200 count until the end of their 6-minute cell plus an hour.
     assert hammer(name, sessions=8, calls=60, fake_now="2026-01-01 01:05:59+00") == 300
     assert hammer(name, sessions=8, calls=60, fake_now="2026-01-01 01:06:00+00") == 200
 
 
-def test_rate_limit_all_in_reversed_orders_never_deadlocks_and_holds_every_bound(db, name):
+def test_rate_limit_all_in_reversed_orders_never_deadlocks_and_holds_every_bound(test_conn, name):
     a, b = name + "_a", name + "_b"
-    define(db, a, rate=100, period="1 hour")
-    define(db, b, rate=150, period="1 hour")
+    define(test_conn, a, rate=100, period="1 hour")
+    define(test_conn, b, rate=150, period="1 hour")
     orders = [json.dumps([{"name": a, "key": "k"}, {"name": b, "key": "k"}]),
               json.dumps([{"name": b, "key": "k"}, {"name": a, "key": "k"}])]
 
@@ -143,54 +143,54 @@ def test_rate_limit_all_in_reversed_orders_never_deadlocks_and_holds_every_bound
 
     granted = in_sessions(8, session)  # any error, such as a 40P01, fails here
     assert sum(granted) == 100, "a binds; b gave no more than a allowed"
-    assert db.execute("SELECT value FROM rate_limiter.state WHERE name = %s", (b,)).fetchone() == (50,)
+    assert test_conn.execute("SELECT value FROM rate_limiter.state WHERE name = %s", (b,)).fetchone() == (50,)
 
 
-def test_concurrent_partial_calls_take_exactly_the_capacity(db, name):
-    define(db, name, rate=1000, period="1 hour", mode="partial")
+def test_concurrent_partial_calls_take_exactly_the_capacity(test_conn, name):
+    define(test_conn, name, rate=1000, period="1 hour", mode="partial")
     # 1000 is not a multiple of 3: one call gets the last token alone.
     total = hammer(name, sessions=8, calls=60, count=3, fake_now="2026-01-01 00:00:00+00")
     assert total == 1000
 
 
-def test_concurrent_penalized_calls_keep_the_debt_within_capacity(db, name):
-    define(db, name, rate=100, period="1 hour", mode="penalize")
+def test_concurrent_penalized_calls_keep_the_debt_within_capacity(test_conn, name):
+    define(test_conn, name, rate=100, period="1 hour", mode="penalize")
     total = hammer(name, sessions=8, calls=50, fake_now="2026-01-01 00:00:00+00")
     assert total == 100, "denied calls are counted, never granted"
-    assert db.execute("SELECT value FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (-100,)
+    assert test_conn.execute("SELECT value FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (-100,)
 
 
-def test_concurrent_sessions_real_clock_stay_within_capacity_plus_inflow(db, name):
-    define(db, name, rate=50, period="1 second", capacity=100)
+def test_concurrent_sessions_real_clock_stay_within_capacity_plus_inflow(test_conn, name):
+    define(test_conn, name, rate=50, period="1 second", capacity=100)
     started = time.time()
     total = hammer(name, sessions=8, calls=300)
     elapsed = time.time() - started
     assert 100 <= total <= 100 + 50 * elapsed + 1
 
 
-def test_throws_reaches_the_driver_as_rl429(db, name):
-    define(db, name, rate=1)
-    limit(db, name, "k")
+def test_throws_reaches_the_driver_as_rl429(test_conn, name):
+    define(test_conn, name, rate=1)
+    limit(test_conn, name, "k")
     with pytest.raises(psycopg.Error) as caught:
-        limit(db, name, "k", throws=True)
+        limit(test_conn, name, "k", throws=True)
     assert caught.value.sqlstate == "RL429"
     detail = json.loads(caught.value.diag.message_detail)
     assert detail["kind"] == "RateLimited" and detail["name"] == name and detail["key"] == "k"
     assert detail["retryAfter"] > 0
 
 
-def test_a_role_with_only_execute_cannot_touch_the_tables(db, name):
+def test_a_role_with_only_execute_cannot_touch_the_tables(test_conn, name):
     role = "app_" + uuid.uuid4().hex[:8]
-    db.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    db.execute(sql.SQL("GRANT USAGE ON SCHEMA rate_limiter TO {}").format(sql.Identifier(role)))
-    db.execute(
+    test_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    test_conn.execute(sql.SQL("GRANT USAGE ON SCHEMA rate_limiter TO {}").format(sql.Identifier(role)))
+    test_conn.execute(
         sql.SQL(
             "GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit, rate_limiter.check_rate_limit TO {}"
         ).format(sql.Identifier(role))
     )
-    db.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
-        sql.Identifier(db.info.dbname), sql.Identifier(role)))
-    define(db, name, rate=1)
+    test_conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+        sql.Identifier(test_conn.info.dbname), sql.Identifier(role)))
+    define(test_conn, name, rate=1)
     try:
         with connect(user=role) as app:
             # A hostile search_path: its own '=' that says every text equals every other.
@@ -218,16 +218,16 @@ def test_a_role_with_only_execute_cannot_touch_the_tables(db, name):
             with pytest.raises(errors.InsufficientPrivilege):
                 app.execute("SET rate_limiter.fake_now = '2030-01-01'")
     finally:
-        db.execute("DROP SCHEMA IF EXISTS evil CASCADE")
-        db.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(
-            sql.Identifier(db.info.dbname), sql.Identifier(role)))
-        db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        test_conn.execute("DROP SCHEMA IF EXISTS evil CASCADE")
+        test_conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(
+            sql.Identifier(test_conn.info.dbname), sql.Identifier(role)))
+        test_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        test_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
-def test_plpgsql_function_and_procedure_callers(db, name):
-    define(db, name, rate=2)
-    db.execute(
+def test_plpgsql_function_and_procedure_callers(test_conn, name):
+    define(test_conn, name, rate=2)
+    test_conn.execute(
         """
         CREATE OR REPLACE FUNCTION send_message(p_user text) RETURNS text LANGUAGE plpgsql AS $$
         DECLARE d rate_limiter.decision;
@@ -240,31 +240,31 @@ def test_plpgsql_function_and_procedure_callers(db, name):
         END $$
         """.replace("%s", "'" + name + "'")
     )
-    got = [db.execute("SELECT send_message('u')").fetchone()[0] for _ in range(3)]
+    got = [test_conn.execute("SELECT send_message('u')").fetchone()[0] for _ in range(3)]
     assert got == ["sent", "sent", "wait"]
 
 
-def test_sharded_global_limit_under_16_sessions_no_deadlock_within_bound(db, name):
+def test_sharded_global_limit_under_16_sessions_no_deadlock_within_bound(test_conn, name):
     # 16 sessions each hold their transaction open a few ms after the call. The clock is
     # pinned, so the bound is the capacity exactly; sharding may deny a little early (two
     # looked-at shards empty while others are not) but must never grant more.
-    define(db, name, rate=400, period="1 hour", shards=16)
+    define(test_conn, name, rate=400, period="1 hour", shards=16)
     # Any error, such as a 40P01 deadlock, fails the test.
     total = hammer(name, sessions=16, calls=40, fake_now="2026-01-01 00:00:00+00", key=None, hold=0.003)
     assert 0.9 * 400 <= total <= 400
-    remaining = db.execute(
+    remaining = test_conn.execute(
         "SELECT coalesce(sum(value), 0) FROM rate_limiter.state WHERE name = %s", (name,)
     ).fetchone()[0]
-    fresh_shards = 16 - db.execute(
+    fresh_shards = 16 - test_conn.execute(
         "SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)
     ).fetchone()[0]
     assert total + remaining + fresh_shards * 25 == pytest.approx(400)
 
 
-def test_sharded_calls_do_not_queue_behind_a_held_shard(db, name):
-    define(db, name, rate=1000, period="1 hour", shards=8)
+def test_sharded_calls_do_not_queue_behind_a_held_shard(test_conn, name):
+    define(test_conn, name, rate=1000, period="1 hour", shards=8)
     # Rows exist already (a first-ever insert is waited for, like any unique insert).
-    db.execute(
+    test_conn.execute(
         "INSERT INTO rate_limiter.state SELECT %s, NULL, s, 125, now(), 'infinity' FROM generate_series(0, 7) s", (name,)
     )
     with connect(autocommit=False) as holder, connect() as b:
@@ -275,17 +275,17 @@ def test_sharded_calls_do_not_queue_behind_a_held_shard(db, name):
         holder.rollback()
 
 
-def test_a_changed_limit_reaches_sessions_that_cached_it(db, name):
-    define(db, name, rate=1)
+def test_a_changed_limit_reaches_sessions_that_cached_it(test_conn, name):
+    define(test_conn, name, rate=1)
     with connect() as other:
         assert limit(other, name, "k")[0]
         assert not limit(other, name, "k")[0]  # its backend now caches rate 1
-        define(db, name, rate=1, capacity=5)
+        define(test_conn, name, rate=1, capacity=5)
         assert limit(other, name, "k5", count=5)[0], "the next transaction sees capacity 5"
-        db.execute("UPDATE rate_limiter.limits SET capacity = 1 WHERE name = %s", (name,))
+        test_conn.execute("UPDATE rate_limiter.limits SET capacity = 1 WHERE name = %s", (name,))
         with pytest.raises(errors.InvalidParameterValue):
             limit(other, name, "k2", count=2)  # more than capacity 1
-        db.execute("TRUNCATE rate_limiter.limits")
+        test_conn.execute("TRUNCATE rate_limiter.limits")
         with pytest.raises(errors.UndefinedObject):
             limit(other, name, "k")
         with connect(autocommit=False) as tx:
@@ -298,14 +298,14 @@ def test_a_changed_limit_reaches_sessions_that_cached_it(db, name):
             limit(other, name, "k")
 
 
-def test_a_block_reaches_sessions_that_saw_none(db, name):
-    define(db, name, rate=100)
+def test_a_block_reaches_sessions_that_saw_none(test_conn, name):
+    define(test_conn, name, rate=100)
     with connect() as other:
         assert limit(other, name, "k")[0]  # its backend now knows there are no blocks
-        db.execute("SELECT rate_limiter.block(%s, 'k', now() + interval '1 hour')", (name,))
+        test_conn.execute("SELECT rate_limiter.block(%s, 'k', now() + interval '1 hour')", (name,))
         row = other.execute("SELECT ok, reason FROM rate_limiter.rate_limit(%s, 'k')", (name,)).fetchone()
         assert row == (False, "blocked")
-        db.execute("SELECT rate_limiter.unblock(%s, 'k')", (name,))
+        test_conn.execute("SELECT rate_limiter.unblock(%s, 'k')", (name,))
         assert limit(other, name, "k")[0]
 
 
@@ -316,35 +316,35 @@ def wait(conn, name, key="k", timeout="30 seconds"):
     ).fetchone()
 
 
-def test_wait_rate_limit_sleeps_until_retry_after_then_takes(db, name):
-    define(db, name, rate=10, period="1 second", capacity=1)
-    assert limit(db, name, "k")[0]
+def test_wait_rate_limit_sleeps_until_retry_after_then_takes(test_conn, name):
+    define(test_conn, name, rate=10, period="1 second", capacity=1)
+    assert limit(test_conn, name, "k")[0]
     started = time.monotonic()
-    assert wait(db, name) == (True, 1, None)
+    assert wait(test_conn, name) == (True, 1, None)
     assert time.monotonic() - started >= 0.05, "it slept until the token came back"
 
 
-def test_wait_rate_limit_returns_the_denial_when_the_wait_would_pass_the_timeout(db, name):
-    define(db, name, rate=1, period="1 hour")
-    assert limit(db, name, "k")[0]
-    assert wait(db, name, timeout="1 second") == (False, 0, "exhausted"), "did not wait"
+def test_wait_rate_limit_returns_the_denial_when_the_wait_would_pass_the_timeout(test_conn, name):
+    define(test_conn, name, rate=1, period="1 hour")
+    assert limit(test_conn, name, "k")[0]
+    assert wait(test_conn, name, timeout="1 second") == (False, 0, "exhausted"), "did not wait"
     # Under a pinned clock the token never comes back: it waits once (100 ms), then times out.
-    define(db, name + "_pinned", rate=10, period="1 second", capacity=1)
-    db.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
-    assert limit(db, name + "_pinned", "k")[0]
-    assert wait(db, name + "_pinned", timeout="150 milliseconds") == (False, 0, "timeout")
+    define(test_conn, name + "_pinned", rate=10, period="1 second", capacity=1)
+    test_conn.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
+    assert limit(test_conn, name + "_pinned", "k")[0]
+    assert wait(test_conn, name + "_pinned", timeout="150 milliseconds") == (False, 0, "timeout")
 
 
-def test_statement_timeout_ends_a_waiting_call(db, name):
-    define(db, name, rate=1, period="1 hour")
-    assert limit(db, name, "k")[0]
-    db.execute("SET statement_timeout = '200ms'")
+def test_statement_timeout_ends_a_waiting_call(test_conn, name):
+    define(test_conn, name, rate=1, period="1 hour")
+    assert limit(test_conn, name, "k")[0]
+    test_conn.execute("SET statement_timeout = '200ms'")
     with pytest.raises(errors.QueryCanceled):
-        wait(db, name, timeout="2 hours")
+        wait(test_conn, name, timeout="2 hours")
 
 
-def test_a_waiting_call_holds_no_row_lock(db, name):
-    define(db, name, rate=10, period="1 second", capacity=1)
+def test_a_waiting_call_holds_no_row_lock(test_conn, name):
+    define(test_conn, name, rate=10, period="1 second", capacity=1)
     result = []
     with connect(autocommit=False) as waiter:
         waiter.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
@@ -353,16 +353,16 @@ def test_a_waiting_call_holds_no_row_lock(db, name):
         thread = threading.Thread(target=lambda: result.append(wait(waiter, name, timeout="5 seconds")))
         thread.start()
         time.sleep(0.3)  # the waiter is asleep between tries
-        db.execute("SET lock_timeout = '100ms'")
-        db.execute("SELECT rate_limiter.reset_rate_limit(%s, 'k')", (name,))  # needs the row's lock
+        test_conn.execute("SET lock_timeout = '100ms'")
+        test_conn.execute("SELECT rate_limiter.reset_rate_limit(%s, 'k')", (name,))  # needs the row's lock
         thread.join()
         waiter.commit()
     assert result == [(True, 1, None)], "the reset refilled it, and the next try took it"
 
 
 @pytest.mark.parametrize("policy", ["deny", "allow"])
-def test_lock_timeout_answers_by_policy_without_aborting_or_leaving_a_lock(db, name, policy):
-    define(db, name, rate=100, lock_timeout="200 milliseconds", on_lock_timeout=policy)
+def test_lock_timeout_answers_by_policy_without_aborting_or_leaving_a_lock(test_conn, name, policy):
+    define(test_conn, name, rate=100, lock_timeout="200 milliseconds", on_lock_timeout=policy)
     with connect(autocommit=False) as holder, connect(autocommit=False) as caller, connect() as third:
         assert limit(holder, name, "k")[0]  # holds the row until it ends
         row = caller.execute(
@@ -377,17 +377,17 @@ def test_lock_timeout_answers_by_policy_without_aborting_or_leaving_a_lock(db, n
         third.execute("SELECT rate_limiter.reset_rate_limit(%s, 'k')", (name,))
         caller.commit()
     with pytest.raises(errors.FeatureNotSupported):
-        define(db, name, rate=100, lock_timeout="1 second", shards=2)
+        define(test_conn, name, rate=100, lock_timeout="1 second", shards=2)
 
 
-def test_a_credit_waits_for_the_row_whatever_the_lock_timeout(db, name):
+def test_a_credit_waits_for_the_row_whatever_the_lock_timeout(test_conn, name):
     """A give-back is never dropped: with the limit's lock_timeout long passed, a credit is
     still queued for the row, and gives back once the holder commits."""
-    define(db, name, rate=100, lock_timeout="100 milliseconds")
+    define(test_conn, name, rate=100, lock_timeout="100 milliseconds")
     pin = "SET rate_limiter.fake_now = '2030-01-01'"
     result = []
-    db.execute(pin)
-    assert limit(db, name, "k", 5)[0]  # committed: there is something to give back
+    test_conn.execute(pin)
+    assert limit(test_conn, name, "k", 5)[0]  # committed: there is something to give back
     with connect(autocommit=False) as holder, connect(autocommit=False) as giver:
         holder.execute(pin)
         giver.execute(pin)
@@ -397,36 +397,36 @@ def test_a_credit_waits_for_the_row_whatever_the_lock_timeout(db, name):
             target=lambda: result.append(giver.execute("SELECT granted FROM rate_limiter.credit(%s, 'k', 3)", (name,)).fetchone())
         )
         thread.start()
-        wait_for(lambda: waiting_on_lock(db, pid), "the giver to queue for the row")
+        wait_for(lambda: waiting_on_lock(test_conn, pid), "the giver to queue for the row")
         time.sleep(0.6)  # six lock_timeouts
-        assert waiting_on_lock(db, pid) and result == [], "still queued for the row"
+        assert waiting_on_lock(test_conn, pid) and result == [], "still queued for the row"
         holder.commit()
         thread.join()
         giver.commit()
     assert result == [(-3,)]
-    assert db.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, 'k', 0)", (name,)).fetchone() == (97,)
+    assert test_conn.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, 'k', 0)", (name,)).fetchone() == (97,)
 
 
-def test_sixteen_sessions_creating_one_fresh_key_see_no_error(db, name):
-    define(db, name, rate=1000)
+def test_sixteen_sessions_creating_one_fresh_key_see_no_error(test_conn, name):
+    define(test_conn, name, rate=1000)
     assert hammer(name, sessions=16, calls=1, key="fresh") == 16
-    assert db.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (1,)
+    assert test_conn.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (1,)
 
 
-def test_concurrent_takes_and_credits_stay_exact(db, name):
+def test_concurrent_takes_and_credits_stay_exact(test_conn, name):
     """8 sessions take and give back on one key at once, some of them rolling back: the state
     is exactly the capacity minus what committed takes took plus what committed credits gave.
     The clock is pinned, so nothing refills in between."""
     capacity = 1_000_000
     pin = "SET rate_limiter.fake_now = '2030-01-01'"
-    db.execute(pin)
-    db.execute(f"SELECT rate_limiter.define('{name}', 'token bucket', {capacity}, '1 hour')")
-    db.execute(f"SELECT rate_limiter.rate_limit('{name}', 'k', {capacity // 2})")  # room both ways
+    test_conn.execute(pin)
+    test_conn.execute(f"SELECT rate_limiter.define('{name}', 'token bucket', {capacity}, '1 hour')")
+    test_conn.execute(f"SELECT rate_limiter.rate_limit('{name}', 'k', {capacity // 2})")  # room both ways
 
     def session(i):
         committed = 0.0
         rng = seeded(i)
-        with connect(dbname=db.info.dbname, autocommit=False) as c:
+        with connect(dbname=test_conn.info.dbname, autocommit=False) as c:
             c.execute(pin)
             c.commit()
             for _ in range(150):
@@ -443,6 +443,6 @@ def test_concurrent_takes_and_credits_stay_exact(db, name):
         return committed
 
     net = sum(in_sessions(8, session))
-    value = db.execute(f"SELECT value FROM rate_limiter.state WHERE name = '{name}' AND key = 'k'").fetchone()[0]
+    value = test_conn.execute(f"SELECT value FROM rate_limiter.state WHERE name = '{name}' AND key = 'k'").fetchone()[0]
     assert value == capacity - capacity // 2 - net
     assert net != 0, "the sessions took and gave"

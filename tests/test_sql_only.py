@@ -47,28 +47,28 @@ def in_eight_sessions(session):
     return errors
 
 
-def install(main, dbname, owner):
+def install(test_cluster, dbname, owner):
     """The edition, installed into a new database of `owner` by `owner`, as the README says."""
-    with main.connect() as admin:
+    with test_cluster.connect() as admin:
         admin.execute(f"CREATE DATABASE {dbname} OWNER {owner}")
-    result = subprocess.run([f"{pg_bin(main.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", owner,
+    result = subprocess.run([f"{pg_bin(test_cluster.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(test_cluster.port), "-U", owner,
                              "-d", dbname, "-v", "ON_ERROR_STOP=1", "-f", str(EDITION)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
 @pytest.fixture
-def edition(main):
+def edition(test_cluster):
     """A database with the edition, installed by its owner, a role that is not a superuser,
     whose default privileges would give another role everything it creates."""
     owner, dbname, other = "ed_owner_" + uuid.uuid4().hex[:6], "ed_" + uuid.uuid4().hex[:8], "ed_other_" + uuid.uuid4().hex[:6]
-    with main.connect() as admin:
+    with test_cluster.connect() as admin:
         admin.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
         admin.execute(f"CREATE ROLE {other}")
         for kind in ("TABLES", "FUNCTIONS", "SCHEMAS", "TYPES", "SEQUENCES"):
             admin.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT ALL ON {kind} TO {other}")
     try:
-        install(main, dbname, owner)
-        with main.connect(dbname) as c:
+        install(test_cluster, dbname, owner)
+        with test_cluster.connect(dbname) as c:
             assert c.execute("""SELECT count(*) FROM pg_class WHERE relnamespace = 'rate_limiter'::regnamespace
                                 AND relacl::text LIKE %s""", (f"%{other}%",)).fetchone() == (0,)
             assert c.execute("""SELECT count(*) FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace
@@ -78,7 +78,7 @@ def edition(main):
             assert other not in str(c.execute("SELECT nspacl FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone()[0])
         yield dbname, owner
     finally:
-        with main.connect() as admin:
+        with test_cluster.connect() as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
             admin.execute(f"DROP OWNED BY {other}")
             for kind in ("TABLES", "FUNCTIONS", "SCHEMAS", "TYPES", "SEQUENCES"):
@@ -88,9 +88,9 @@ def edition(main):
 
 
 @every_version
-def test_a_database_owner_who_is_not_a_superuser_installs_it_with_one_psql_f(main, edition, pg):
+def test_a_database_owner_who_is_not_a_superuser_installs_it_with_one_psql_f(test_cluster, edition, pg):
     dbname, owner = edition
-    with main.connect(dbname, user=owner) as c:
+    with test_cluster.connect(dbname, user=owner) as c:
         assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.6.0",)
         assert c.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone() == (False,)
         # Nothing for PUBLIC, as the extension: the schema, its tables and functions.
@@ -104,17 +104,17 @@ def test_a_database_owner_who_is_not_a_superuser_installs_it_with_one_psql_f(mai
                             AND prosqlbody IS NULL
                             AND NOT coalesce(proconfig::text LIKE '%search_path=pg_catalog, pg_temp%', false)""").fetchone() == (None,)
     # A superuser's install is refused (its functions would run as a superuser).
-    with main.connect() as admin:
+    with test_cluster.connect() as admin:
         admin.execute(f"CREATE DATABASE {dbname}_su")
     try:
-        result = subprocess.run([f"{pg_bin(pg)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", "postgres",
+        result = subprocess.run([f"{pg_bin(pg)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(test_cluster.port), "-U", "postgres",
                                  "-d", f"{dbname}_su", "-f", str(EDITION)], capture_output=True, text=True)
         assert result.returncode != 0 and "not by a superuser" in result.stderr
     finally:
-        with main.connect() as admin:
+        with test_cluster.connect() as admin:
             admin.execute(f"DROP DATABASE {dbname}_su")
     # A second install, or one beside the extension, is refused before it creates anything.
-    result = subprocess.run([f"{pg_bin(pg)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", owner, "-d", dbname,
+    result = subprocess.run([f"{pg_bin(pg)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(test_cluster.port), "-U", owner, "-d", dbname,
                              "-f", str(EDITION)], capture_output=True, text=True)
     assert result.returncode != 0 and "schema rate_limiter exists already" in result.stderr
 
@@ -291,11 +291,11 @@ def step(conn, s, now_ms):
 
 
 @every_version
-def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, database, edition, pg):
+def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(test_cluster, database_name, edition, pg):
     """Every example on 15, a tenth of the drawn ones on 16, 17 and 18 (contract/vectors.json
     holds the edition's arithmetic to the bucket's on every version in tier 1)."""
     dbname, _ = edition
-    with main.connect(database) as ext, main.connect(dbname) as ed:
+    with test_cluster.connect(database_name) as ext, test_cluster.connect(dbname) as ed:
         @drawn(examples_on(pg, 100))
         @given(limits=st.tuples(define("tb"), define("fw")), sequence=steps)
         # A credit to a sliding window while the previous window still weighs (its remaining counts that weight).
@@ -371,7 +371,7 @@ def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(main, dat
 
 
 @every_version
-def test_the_pg_tle_script_installs_as_an_extension_of_the_databases_owner(main, pg):
+def test_the_pg_tle_script_installs_as_an_extension_of_the_databases_owner(test_cluster, pg):
     """pg_tle is not packaged for Debian: the script pg_tle.sql hands it is installed here as
     an extension of PostgreSQL's own (a control file with superuser = false), created by a
     database's owner who is not a superuser, used, granted to an application, and dropped."""
@@ -382,7 +382,7 @@ def test_the_pg_tle_script_installs_as_an_extension_of_the_databases_owner(main,
     script = build.extension_script(EDITION.read_text())
     assert build.pg_tle(EDITION.read_text()) == (ROOT / "sql-only" / "pg_tle.sql").read_text()
     owner, app, dbname = "tle_owner_" + uuid.uuid4().hex[:6], "tle_app_" + uuid.uuid4().hex[:6], "tle_" + uuid.uuid4().hex[:8]
-    with main.connect() as admin:
+    with test_cluster.connect() as admin:
         share = Path(admin.execute("SELECT setting FROM pg_config WHERE name = 'SHAREDIR'").fetchone()[0]) / "extension"
         admin.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
         admin.execute(f"CREATE ROLE {app} LOGIN NOSUPERUSER")
@@ -391,30 +391,30 @@ def test_the_pg_tle_script_installs_as_an_extension_of_the_databases_owner(main,
     control.write_text(f"default_version = '{build.VERSION}'\nrelocatable = false\nsuperuser = false\n")
     sql.write_text(script)
     try:
-        with main.connect(dbname, user=owner) as c:
+        with test_cluster.connect(dbname, user=owner) as c:
             c.execute(f"CREATE EXTENSION {build.PG_TLE_NAME}")
             assert c.execute("SELECT rate_limiter.edition()").fetchone() == (f"sql-only {build.VERSION}",)
             c.execute("SELECT rate_limiter.define('api', 'token bucket', 2, '1 minute')")
             c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {app}")
             c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {app}")
-        with main.connect(dbname, user=app) as c:
+        with test_cluster.connect(dbname, user=app) as c:
             assert [c.execute("SELECT ok FROM rate_limiter.rate_limit('api', 'k')").fetchone()[0] for _ in range(3)] == [True, True, False]
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute("SELECT * FROM rate_limiter.state")
-        with main.connect(dbname, user=owner) as c:
+        with test_cluster.connect(dbname, user=owner) as c:
             c.execute(f"DROP EXTENSION {build.PG_TLE_NAME}")
             assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone() == (0,)
     finally:
         control.unlink()
         sql.unlink()
-        with main.connect() as admin:
+        with test_cluster.connect() as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
             admin.execute(f"DROP ROLE {app}")
             admin.execute(f"DROP ROLE {owner}")
 
 
 @every_version
-def test_the_modes_refusals_answer_as_the_extension(main, database, edition, pg):
+def test_the_modes_refusals_answer_as_the_extension(test_cluster, database_name, edition, pg):
     """What a mode other than 'all' cannot have is refused with the extension's error, and
     other refusals and messages answer as the extension's."""
     dbname, _ = edition
@@ -434,26 +434,26 @@ def test_the_modes_refusals_answer_as_the_extension(main, database, edition, pg)
         "SELECT effective_config FROM rate_limiter.rate_limit_value('late', 'k')",
         """SELECT effective_config FROM rate_limiter.rate_limit_value('x', 'k', '{"kind": "fixed window", "rate": 2, "period": "1 hour", "start": "2300-01-01 00:00:00.000001+00"}')""",
     ]
-    with main.connect(database) as ext, main.connect(dbname) as ed:
+    with test_cluster.connect(database_name) as ext, test_cluster.connect(dbname) as ed:
         answers = [[run(conn, sql) for sql in statements] for conn in (ext, ed)]
     assert answers[0] == answers[1]
     assert [a[1] if a[0] == "error" else None for a in answers[1]][:6] == ["0A000", None, "0A000", None, "0A000", "22023"]
     # A memory limit is refused before its capacity is judged, as the extension refuses it
     # (each in its own words: the edition has no memory limits at all).
     sql = """SELECT * FROM rate_limiter.rate_limit('x', 'k', config => '{"kind": "rolling window", "rate": 10, "capacity": 5, "period": 1000, "durable": false}')"""
-    with main.connect(database) as ext, main.connect(dbname) as ed:
+    with test_cluster.connect(database_name) as ext, test_cluster.connect(dbname) as ed:
         assert run(ext, sql)[1] == run(ed, sql)[1] == "0A000"
 
 
 @every_version
-def test_inline_configs_the_edition_cannot_keep_are_refused_naming_the_extension(main, edition, pg):
+def test_inline_configs_the_edition_cannot_keep_are_refused_naming_the_extension(test_cluster, edition, pg):
     """What an inline config may ask that needs the extension is refused (0A000), never
     approximated; the same config under another name or key reaches a state of its own."""
     dbname, _ = edition
     refused = [
         {"kind": "token bucket", "rate": 5, "period": 1000, "durable": False},
     ]
-    with main.connect(dbname) as c:
+    with test_cluster.connect(dbname) as c:
         for config in refused:
             with pytest.raises(psycopg.errors.FeatureNotSupported) as e:
                 c.execute("SELECT * FROM rate_limiter.rate_limit('x', 'k', config => %s::jsonb)", (json.dumps(config),))
@@ -475,7 +475,7 @@ def test_inline_configs_the_edition_cannot_keep_are_refused_naming_the_extension
 
 
 @every_version
-def test_a_lock_timeout_answers_as_the_extension_while_another_transaction_holds_the_row(main, database, edition, pg):
+def test_a_lock_timeout_answers_as_the_extension_while_another_transaction_holds_the_row(test_cluster, database_name, edition, pg):
     """A limit with lock_timeout never queues behind a transaction holding its row: after
     lock_timeout it answers by its policy (deny, allow), as the extension does; once the
     holder ends, the call takes as usual. A check never waits."""
@@ -488,8 +488,8 @@ def test_a_lock_timeout_answers_as_the_extension_while_another_transaction_holds
          "\"period\": 60000, \"lockTimeout\": \"120 ms\"}'::jsonb)", "an inline config"),
     ]
     answers = {}
-    for db in (database, dbname):
-        with main.connect(db) as holder, main.connect(db) as caller:
+    for test_conn in (database_name, dbname):
+        with test_cluster.connect(test_conn) as holder, test_cluster.connect(test_conn) as caller:
             for c in (holder, caller):
                 c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
             holder.execute("SELECT rate_limiter.define('lt', 'token bucket', 5, '1 minute', lock_timeout => '150 ms')")
@@ -508,15 +508,15 @@ def test_a_lock_timeout_answers_as_the_extension_while_another_transaction_holds
             got.append(run(caller, "SELECT * FROM rate_limiter.check_rate_limit('lt', 'k')"))
             holder.execute("COMMIT")
             got.append(run(caller, calls[0][0]))
-            answers[db] = got
-    assert answers[database] == answers[dbname]
+            answers[test_conn] = got
+    assert answers[database_name] == answers[dbname]
     reasons = [a[0][0][5] for a in answers[dbname][:3]]
     assert reasons == ["lock_timeout"] * 3 and [a[0][0][0] for a in answers[dbname][:3]] == [False, True, False]
     assert answers[dbname][4][0][0] is True and answers[dbname][4][0][4] == bits(1.0), "taken once the holder ended"
 
 
 @every_version
-def test_a_sharded_limit_answers_as_the_extension_where_its_random_shards_do_not_matter(main, database, edition, pg):
+def test_a_sharded_limit_answers_as_the_extension_where_its_random_shards_do_not_matter(test_cluster, database_name, edition, pg):
     """Which shards a call looks at is random in both editions, so a sharded limit is compared
     where that cannot matter: a key's first calls (every shard full), checks, credits and
     values of it, every refusal, and one call on a key whose every shard is drained."""
@@ -548,7 +548,7 @@ def test_a_sharded_limit_answers_as_the_extension_where_its_random_shards_do_not
         "SELECT * FROM rate_limiter.rate_limit('in', 'k', 3, config => '{\"kind\": \"token bucket\", \"rate\": 8, \"period\": 1000, \"shards\": 4}')",
         "SELECT name, shard < 0, count(*) FROM rate_limiter.state WHERE key LIKE 'k%' OR name LIKE 'in#%' GROUP BY 1, 2, key ORDER BY 1, 2",
     ]
-    with main.connect(database) as ext, main.connect(dbname) as ed:
+    with test_cluster.connect(database_name) as ext, test_cluster.connect(dbname) as ed:
         answers = [[run(conn, sql) for sql in statements[1:]] for conn in (ext, ed) if conn.execute(statements[0]) or True]
     for sql, a, b in zip(statements[1:], *answers):
         assert a == b, f"{sql}:\nextension {a}\nedition   {b}"
@@ -556,7 +556,7 @@ def test_a_sharded_limit_answers_as_the_extension_where_its_random_shards_do_not
 
 
 @every_version
-def test_concurrency_limits_answer_as_the_extension(main, database, edition, pg):
+def test_concurrency_limits_answer_as_the_extension(test_cluster, database_name, edition, pg):
     """Slots held by a transaction and by leases, checks, values, releases and renewals, the
     refusals of what a concurrency limit has not, as the extension answers them (lease ids
     apart, random in both)."""
@@ -597,10 +597,10 @@ def test_concurrency_limits_answer_as_the_extension(main, database, edition, pg)
         "SELECT rate_limiter.renew('c', 'k', gen_random_uuid(), NULL)",
     ]
     answers = []
-    for db in (database, dbname):
+    for test_conn in (database_name, dbname):
         got, leases = [], []
         now_ms = 0
-        with main.connect(db) as c, main.connect(db) as other, main.connect(db, autocommit=False) as holder:
+        with test_cluster.connect(test_conn) as c, test_cluster.connect(test_conn) as other, test_cluster.connect(test_conn, autocommit=False) as holder:
             def clock():
                 for conn in (c, other, holder):
                     conn.execute("SELECT set_config('rate_limiter.fake_now', (%s::timestamptz + make_interval(secs => %s::float8 / 1000))::text, false)",
@@ -635,13 +635,13 @@ def test_concurrency_limits_answer_as_the_extension(main, database, edition, pg)
 
 
 @every_version
-def test_a_change_of_a_limit_waits_for_the_transactions_holding_slots(main, database, edition, pg):
+def test_a_change_of_a_limit_waits_for_the_transactions_holding_slots(test_cluster, database_name, edition, pg):
     """A rate lowered while transactions hold slots above it would be judged without them:
     define waits for every transaction that called a concurrency limit, as the extension's
     does; and a cancelled call leaves no lock of the edition's behind."""
     dbname, _ = edition
-    for db in (database, dbname):
-        with main.connect(db) as c, main.connect(db, autocommit=False) as holder:
+    for test_conn in (database_name, dbname):
+        with test_cluster.connect(test_conn) as c, test_cluster.connect(test_conn, autocommit=False) as holder:
             c.execute("SELECT rate_limiter.define('pool', 'concurrency', 3, '1 second')")
             assert holder.execute("SELECT ok FROM rate_limiter.acquire('pool', 'k', 3)").fetchone() == (True,)
             c.execute("SET lock_timeout = '200ms'")
@@ -657,7 +657,7 @@ def test_a_change_of_a_limit_waits_for_the_transactions_holding_slots(main, data
             assert c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").fetchone() == (0,)
     # The edition's search of a key's slots holds a session-level lock while it runs: a call
     # cancelled while it waits for another's search (here, a lock taken by hand) leaves none.
-    with main.connect(dbname) as c, main.connect(dbname) as searching:
+    with test_cluster.connect(dbname) as c, test_cluster.connect(dbname) as searching:
         searching.execute("SELECT pg_advisory_lock(rate_limiter._slot_lock('pool', 'k', -1))")
         c.execute("SET statement_timeout = '150ms'")
         with pytest.raises(psycopg.errors.QueryCanceled):
@@ -668,21 +668,21 @@ def test_a_change_of_a_limit_waits_for_the_transactions_holding_slots(main, data
 
 
 @every_version
-def test_a_concurrency_limit_never_lets_more_hold_its_slots_than_it_has(main, edition, pg):
+def test_a_concurrency_limit_never_lets_more_hold_its_slots_than_it_has(test_cluster, edition, pg):
     """8 sessions take a slot of a limit of 3, in transactions that hold it a moment, commit
     or roll back, and some by a lease released before the end: never more than 3 at once."""
     import threading
     import time
 
     dbname, _ = edition
-    with main.connect(dbname) as c:
+    with test_cluster.connect(dbname) as c:
         c.execute("SELECT rate_limiter.define('pool', 'concurrency', 3, '1 second')")
     lock = threading.Lock()
     active, most, granted = [0], [0], [0]
 
     def session(seed):
         rnd = seeded(seed)
-        with main.connect(dbname, autocommit=False) as c:
+        with test_cluster.connect(dbname, autocommit=False) as c:
             for _ in range(25):
                 lease = rnd.choice([None, None, "1 minute"])
                 ok, lease_id = c.execute("SELECT ok, lease_id FROM rate_limiter.acquire('pool', 'k', 1, %s::interval)", (lease,)).fetchone()
@@ -701,16 +701,16 @@ def test_a_concurrency_limit_never_lets_more_hold_its_slots_than_it_has(main, ed
     assert not in_eight_sessions(session)
     assert most[0] <= 3, most[0]
     assert granted[0] >= 25, granted[0]
-    with main.connect(dbname) as c:
+    with test_cluster.connect(dbname) as c:
         assert c.execute("SELECT count(*) FROM rate_limiter.leases WHERE expires_at > now()").fetchone() == (0,), "every lease released or rolled back"
 
 
 @every_version
-def test_ip_key_and_the_waits_answer_as_the_extension(main, database, edition, pg):
+def test_ip_key_and_the_waits_answer_as_the_extension(test_cluster, database_name, edition, pg):
     dbname, _ = edition
     addresses = ["::ffff:203.0.113.7", "2001:db8:1234:5678::1", "198.51.100.23/8", "64:ff9b::198.51.100.23",
                  "2002:c000:204::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "::1", "10.1.2.3"]
-    with main.connect(database) as ext, main.connect(dbname) as ed:
+    with test_cluster.connect(database_name) as ext, test_cluster.connect(dbname) as ed:
         for addr in addresses:
             for prefixes in [(32, 56), (24, 64), (0, 0), (33, 56), (32, 129)]:
                 sql = "SELECT rate_limiter.ip_key(%s::inet, %s, %s)"
@@ -746,16 +746,16 @@ def bare(clusters):
 
 
 def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_path_changes_nothing(bare):
-    main, dbname, owner = bare
+    test_cluster, dbname, owner = bare
     app = "ed_app_" + uuid.uuid4().hex[:6]
-    with main.connect() as admin:
+    with test_cluster.connect() as admin:
         admin.execute(f"CREATE ROLE {app} LOGIN")
     try:
-        with main.connect(dbname, user=owner) as c:
+        with test_cluster.connect(dbname, user=owner) as c:
             c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {app}")
             c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit, rate_limiter.check_rate_limit, rate_limiter.wait_rate_limit TO {app}")
             c.execute("SELECT rate_limiter.define('api', 'token bucket', 2, '1 hour')")
-        with main.connect(dbname, user=app) as c:
+        with test_cluster.connect(dbname, user=app) as c:
             # Without the library, the setting is a placeholder anyone may SET: the edition refuses it.
             c.execute("SET rate_limiter.fake_now = '2999-01-01'")
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="fake_now"):
@@ -775,34 +775,34 @@ def test_the_clock_is_closed_to_a_role_that_may_only_call_and_a_hostile_search_p
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute("SELECT rate_limiter.define('api', 'token bucket', 1e6, '1 second')")
         # The owner's login with SET ROLE to the application: the application's clock rules.
-        with main.connect(dbname) as admin:
+        with test_cluster.connect(dbname) as admin:
             admin.execute(f"GRANT {app} TO {owner}")
-        with main.connect(dbname, user=owner) as c:
+        with test_cluster.connect(dbname, user=owner) as c:
             c.execute(f"SET ROLE {app}")
             c.execute("SET rate_limiter.fake_now = '2999-01-01'")
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="fake_now"):
                 c.execute("SELECT * FROM rate_limiter.rate_limit('api', 'k')")
         # Look-alikes of what the functions use, first on the caller's path.
-        with main.connect(dbname) as admin:
+        with test_cluster.connect(dbname) as admin:
             admin.execute("CREATE SCHEMA evil")
             admin.execute(f"GRANT USAGE ON SCHEMA evil TO {app}")
             admin.execute("CREATE FUNCTION evil.least(float8, float8) RETURNS float8 LANGUAGE sql AS 'SELECT 1e9::float8'")
             admin.execute("CREATE FUNCTION evil.gt(float8, float8) RETURNS boolean LANGUAGE sql AS 'SELECT true'")
             admin.execute("CREATE OPERATOR evil.> (LEFTARG = float8, RIGHTARG = float8, FUNCTION = evil.gt)")
             admin.execute("CREATE FUNCTION evil.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS 'SELECT ''1970-01-01''::timestamptz'")
-        with main.connect(dbname, user=app) as c:
+        with test_cluster.connect(dbname, user=app) as c:
             c.execute("SET search_path = evil, pg_catalog, public")
             answers = [c.execute("SELECT ok, round(remaining) FROM rate_limiter.rate_limit('api', 'k')").fetchone() for _ in range(3)]
             assert answers == [(True, 1.0), (True, 0.0), (False, 0.0)]
     finally:
-        with main.connect(dbname) as admin:
+        with test_cluster.connect(dbname) as admin:
             admin.execute(f"DROP OWNED BY {app} CASCADE")  # its grants live in the edition's database
             admin.execute(f"REVOKE {app} FROM {owner}")
             admin.execute(f"DROP ROLE {app}")
 
 
 @every_version
-def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_counts_exactly(main, edition, pg):
+def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_counts_exactly(test_cluster, edition, pg):
     """8 sessions on one key and on a few, each call (of one pair, or of two at once through
     rate_limit_all, named in either order) committed, rolled back, or undone by a rolled-back
     savepoint, with the clock stopped (no refill): what the committed calls were granted is
@@ -811,7 +811,7 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
     import threading
 
     dbname, _ = edition
-    with main.connect(dbname) as c:
+    with test_cluster.connect(dbname) as c:
         c.execute("SELECT rate_limiter.define('ledger', 'token bucket', 40, '1 hour')")
         c.execute("SELECT rate_limiter.define('ledger_fw', 'fixed window', 25, '1 hour', start => '2026-01-01')")
         c.execute("SELECT rate_limiter.define('ledger_sharded', 'token bucket', 32, '1 hour', shards => 4)")
@@ -820,7 +820,7 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
 
     def session(seed):
         rnd = seeded(seed)
-        with main.connect(dbname, autocommit=False) as c:
+        with test_cluster.connect(dbname, autocommit=False) as c:
             c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
             c.commit()
             for _ in range(40):
@@ -850,7 +850,7 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
 
     assert not in_eight_sessions(session)
     capacity = {"ledger": 40, "ledger_fw": 25, "ledger_sharded": 32}
-    with main.connect(dbname) as c:
+    with test_cluster.connect(dbname) as c:
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
         for (limit, key), granted in kept.items():
             assert granted <= capacity[limit], (limit, key, granted)
@@ -865,11 +865,11 @@ def test_the_edition_never_admits_more_than_the_limit_under_eight_sessions_and_c
     assert any(g == capacity[lim] for (lim, _), g in kept.items()), f"some key was drained: {kept}"
 
 
-def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_state(main, edition):
+def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_state(test_cluster, edition):
     """sql-only/to_extension.sql: the edition used, then the extension created over its rows by
     the documented step; every key answers as it did, its state kept."""
     dbname, owner = edition
-    with main.connect(dbname) as c:  # a superuser's session: where the library is loaded, fake_now is theirs to SET
+    with test_cluster.connect(dbname) as c:  # a superuser's session: where the library is loaded, fake_now is theirs to SET
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
         c.execute("SELECT rate_limiter.define('api', 'token bucket', 10, '1 minute')")
         c.execute("SELECT rate_limiter.define('daily', 'fixed window', 3, '2 days', max_reserved => 2)")
@@ -879,19 +879,19 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
         c.execute("SELECT rate_limiter.rate_limit('express', 'carol', 2, config => %s::jsonb)", (INLINE,))
         before = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1, config => %s::jsonb)", k).fetchone()
                   for k in CHECKED]
-    move = [f"{pg_bin(main.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(main.port), "-U", "postgres",
+    move = [f"{pg_bin(test_cluster.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(test_cluster.port), "-U", "postgres",
             "-d", dbname, "-f", str(ROOT / "sql-only" / "to_extension.sql")]
     # A view of the owner's over the edition stops the move (it would be dropped with it).
-    with main.connect(dbname, user=owner) as c:
+    with test_cluster.connect(dbname, user=owner) as c:
         c.execute("CREATE VIEW public.keys AS SELECT name, key FROM rate_limiter.state")
     result = subprocess.run(move, capture_output=True, text=True)
     assert result.returncode != 0 and "objects outside the edition use it: rule _RETURN on view public.keys" in result.stderr, result.stderr
-    with main.connect(dbname, user=owner) as c:
+    with test_cluster.connect(dbname, user=owner) as c:
         assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.6.0",), "the edition as it was"
         c.execute("DROP VIEW public.keys")
     result = subprocess.run(move, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    with main.connect(dbname) as c:
+    with test_cluster.connect(dbname) as c:
         assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.6.0",)
         assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rate_limiter_sql%'").fetchone() == (0,)
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
@@ -909,7 +909,7 @@ CHECKED = [("api", "alice", None), ("daily", "bob", None), ("api", "mallory", No
 
 
 @every_version
-def test_transactions_calling_one_sharded_key_twice_never_deadlock_and_never_over_admit(main, database, edition, pg):
+def test_transactions_calling_one_sharded_key_twice_never_deadlock_and_never_over_admit(test_cluster, database_name, edition, pg):
     """Issue 52, F8: a call waits for a shard's row only above every shard of the key its
     transaction holds, earlier calls' included; waiting below one, two transactions that each
     took from the key could each wait for the other's shard (40P01). 8 sessions x 40
@@ -917,8 +917,8 @@ def test_transactions_calling_one_sharded_key_twice_never_deadlock_and_never_ove
     a limit that admits every call, and one that runs out."""
     import time
 
-    for dbname in (database, edition[0]):
-        with main.connect(dbname) as c:
+    for dbname in (database_name, edition[0]):
+        with test_cluster.connect(dbname) as c:
             c.execute("SELECT rate_limiter.define('wide', 'token bucket', 1, '1 hour', capacity => 4000, shards => 4)")
             c.execute("SELECT rate_limiter.define('narrow', 'token bucket', 1, '1 hour', capacity => 100, shards => 4)")
         for limit in ("wide", "narrow"):
@@ -926,7 +926,7 @@ def test_transactions_calling_one_sharded_key_twice_never_deadlock_and_never_ove
 
             def session(seed):
                 rnd = seeded(seed)
-                with main.connect(dbname, autocommit=False) as c:
+                with test_cluster.connect(dbname, autocommit=False) as c:
                     for _ in range(40):
                         try:
                             oks = []
@@ -943,7 +943,7 @@ def test_transactions_calling_one_sharded_key_twice_never_deadlock_and_never_ove
             assert not in_eight_sessions(session)
             assert deadlocks == [], f"{dbname} {limit}: {len(deadlocks)} transactions aborted by 40P01"
             capacity = 4000 if limit == "wide" else 100
-            with main.connect(dbname) as c:
+            with test_cluster.connect(dbname) as c:
                 rows, values = c.execute("SELECT count(*), coalesce(sum(value), 0) FROM rate_limiter.state WHERE name = %s AND key = 'k'",
                                          (limit,)).fetchone()
             left = values + (4 - rows) * capacity / 4  # a shard never written is full
@@ -954,25 +954,25 @@ def test_transactions_calling_one_sharded_key_twice_never_deadlock_and_never_ove
 
 
 @every_version
-def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_rights(main, edition, pg):
+def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_rights(test_cluster, edition, pg):
     """Issue 52, F6 in the edition: its SECURITY DEFINER functions write as the database's
     owner. A role given ALL on the edition's tables plants on each a trigger that, run as
     anyone else, counts the run (tests/traps.py); every route that writes a table completes
     or refuses with 55000 and the trap never runs."""
     dbname, owner = edition
     role = "ed_planter_" + uuid.uuid4().hex[:6]
-    with main.connect() as admin:
+    with test_cluster.connect() as admin:
         admin.execute(f"CREATE ROLE {role} LOGIN")
     try:
-        with main.connect(dbname) as c:
+        with test_cluster.connect(dbname) as c:
             c.execute(f"CREATE SCHEMA {role} AUTHORIZATION {role}")
-        with main.connect(dbname, user=owner) as c:
+        with test_cluster.connect(dbname, user=owner) as c:
             c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {role}")
             c.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA rate_limiter TO {role}")
             c.execute(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA rate_limiter TO {role}")
             c.execute("SELECT rate_limiter.define('rows', 'token bucket', 10, '1 hour')")
             c.execute("SELECT rate_limiter.define('slots', 'concurrency', 2, '1 hour')")
-        with main.connect(dbname, user=role) as planter:
+        with test_cluster.connect(dbname, user=role) as planter:
             runs = plant_trigger_traps(planter, role)
             for table in ["limits", "blocks", "allows", "state", "leases"]:
                 # A trigger of the planter's, or the edition's own function with a WHEN of its.
@@ -997,10 +997,10 @@ def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_ri
                     refused += 1
             assert refused == 11, "every route writes a table with a planted trigger"
             assert trap_runs(planter, runs) == 0, "a trap ran with the owner's rights"
-        with main.connect(dbname, user=owner) as c:
+        with test_cluster.connect(dbname, user=owner) as c:
             for table in ["limits", "blocks", "allows", "state", "leases"]:
                 c.execute(f"DROP TRIGGER planted ON rate_limiter.{table}")
-        with main.connect(dbname, user=role) as app:
+        with test_cluster.connect(dbname, user=role) as app:
             assert app.execute("SELECT ok FROM rate_limiter.rate_limit('rows', 'k')").fetchone() == (True,)
             # A REPEATABLE READ snapshot taken before a trigger was planted would not show it:
             # refused while another role may plant one.
@@ -1010,7 +1010,7 @@ def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_ri
             assert refused.value.sqlstate == "55000"
             app.execute("ROLLBACK")
     finally:
-        with main.connect(dbname) as c:
+        with test_cluster.connect(dbname) as c:
             c.execute(f"DROP OWNED BY {role} CASCADE")
-        with main.connect() as admin:
+        with test_cluster.connect() as admin:
             admin.execute(f"DROP ROLE {role}")

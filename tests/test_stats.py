@@ -24,59 +24,59 @@ def top_denied(conn, name):
                         "ORDER BY denied DESC, key", (name,)).fetchall()
 
 
-def test_concurrent_sessions_are_counted_exactly(db, name):
-    define(db, name, rate=100, period="1 hour")
+def test_concurrent_sessions_are_counted_exactly(test_conn, name):
+    define(test_conn, name, rate=100, period="1 hour")
     assert hammer(name, sessions=8, calls=50, fake_now="2026-01-01 00:00:00+00") == 100
-    assert stats(db, name) == (400, 100, 300, 100.0, 0.0)
-    assert top_denied(db, name) == [("hot", 300, 0)]
-    last_allowed, last_denied, since = db.execute(
+    assert stats(test_conn, name) == (400, 100, 300, 100.0, 0.0)
+    assert top_denied(test_conn, name) == [("hot", 300, 0)]
+    last_allowed, last_denied, since = test_conn.execute(
         "SELECT last_allowed_at, last_denied_at, stats_reset FROM rate_limiter.stats WHERE name = %s", (name,)).fetchone()
     assert since <= last_allowed <= last_denied
 
 
-def test_calls_count_as_attempts_even_when_their_transaction_rolls_back(db, name):
-    define(db, name, rate=1, period="1 hour")
+def test_calls_count_as_attempts_even_when_their_transaction_rolls_back(test_conn, name):
+    define(test_conn, name, rate=1, period="1 hour")
     with connect(autocommit=False) as c:
         assert limit(c, name, "k")[0]
         c.rollback()
-    assert limit(db, name, "k")[0]  # the token came back ...
-    assert stats(db, name) == (2, 2, 0, 2.0, 0.0)  # ... but both calls are counted
+    assert limit(test_conn, name, "k")[0]  # the token came back ...
+    assert stats(test_conn, name) == (2, 2, 0, 2.0, 0.0)  # ... but both calls are counted
 
 
-def test_what_each_entry_point_counts(db, name):
-    define(db, name, rate=2, period="1 hour")
+def test_what_each_entry_point_counts(test_conn, name):
+    define(test_conn, name, rate=2, period="1 hour")
     other = name + "_b"
-    define(db, other, rate=1, period="1 hour")
-    db.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")  # nothing refills meanwhile
+    define(test_conn, other, rate=1, period="1 hour")
+    test_conn.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")  # nothing refills meanwhile
     # A reservation that must wait is allowed, and its tokens are reserved, not granted.
-    assert limit(db, name, "r", 2)[0]
-    assert limit(db, name, "r", 1, reserve=True)[:2] == (True, pytest.approx(1800000.0))
+    assert limit(test_conn, name, "r", 2)[0]
+    assert limit(test_conn, name, "r", 1, reserve=True)[:2] == (True, pytest.approx(1800000.0))
     # A check is not a call; a wait is one call however often it tries.
-    db.execute("SELECT rate_limiter.check_rate_limit(%s, 'k')", (name,))
-    db.execute("SELECT rate_limiter.wait_rate_limit(%s, 'r', timeout => '0 seconds')", (name,))
-    assert stats(db, name) == (3, 2, 1, 2.0, 1.0)
+    test_conn.execute("SELECT rate_limiter.check_rate_limit(%s, 'k')", (name,))
+    test_conn.execute("SELECT rate_limiter.wait_rate_limit(%s, 'r', timeout => '0 seconds')", (name,))
+    assert stats(test_conn, name) == (3, 2, 1, 2.0, 1.0)
     # rate_limit_all counts under every name: allowed under both, then denied under both,
     # with the key in the sketch of the limit that denied it only.
     reqs = f'[{{"name": "{name}", "key": "a"}}, {{"name": "{other}", "key": "a"}}]'
-    assert db.execute("SELECT ok FROM rate_limiter.rate_limit_all(%s)", (reqs,)).fetchone() == (True,)
-    assert db.execute("SELECT ok, limited_by FROM rate_limiter.rate_limit_all(%s)", (reqs,)).fetchone() == (False, other)
-    assert stats(db, name) == (5, 3, 2, 3.0, 1.0)
-    assert stats(db, other) == (2, 1, 1, 1.0, 0.0)
-    assert top_denied(db, name) == [("r", 1, 0)]
-    assert top_denied(db, other) == [("a", 1, 0)]
+    assert test_conn.execute("SELECT ok FROM rate_limiter.rate_limit_all(%s)", (reqs,)).fetchone() == (True,)
+    assert test_conn.execute("SELECT ok, limited_by FROM rate_limiter.rate_limit_all(%s)", (reqs,)).fetchone() == (False, other)
+    assert stats(test_conn, name) == (5, 3, 2, 3.0, 1.0)
+    assert stats(test_conn, other) == (2, 1, 1, 1.0, 0.0)
+    assert top_denied(test_conn, name) == [("r", 1, 0)]
+    assert top_denied(test_conn, other) == [("a", 1, 0)]
     # A blocked call is denied and counted; its key is in the sketch.
-    db.execute("SELECT rate_limiter.block(%s, 'bad')", (other,))
-    assert not limit(db, other, "bad")[0]
-    assert top_denied(db, other) == [("a", 1, 0), ("bad", 1, 0)]
-    db.execute("SELECT rate_limiter.unblock(%s, 'bad')", (other,))
+    test_conn.execute("SELECT rate_limiter.block(%s, 'bad')", (other,))
+    assert not limit(test_conn, other, "bad")[0]
+    assert top_denied(test_conn, other) == [("a", 1, 0), ("bad", 1, 0)]
+    test_conn.execute("SELECT rate_limiter.unblock(%s, 'bad')", (other,))
 
 
-def test_top_denied_keeps_the_heavy_hitters_of_many_keys(db, name):
-    define(db, name, rate=1, period="1 hour")
+def test_top_denied_keeps_the_heavy_hitters_of_many_keys(test_conn, name):
+    define(test_conn, name, rate=1, period="1 hour")
     # 200 keys denied 3 times each, one attacker 400 times: more keys than the sketch holds.
-    db.execute("SELECT rate_limiter.rate_limit(%s, 'k' || g %% 200) FROM generate_series(1, 800) g", (name,))
-    db.execute("SELECT rate_limiter.rate_limit(%s, 'attacker') FROM generate_series(1, 401)", (name,))
-    rows = top_denied(db, name)
+    test_conn.execute("SELECT rate_limiter.rate_limit(%s, 'k' || g %% 200) FROM generate_series(1, 800) g", (name,))
+    test_conn.execute("SELECT rate_limiter.rate_limit(%s, 'attacker') FROM generate_series(1, 401)", (name,))
+    rows = top_denied(test_conn, name)
     assert len(rows) == 64
     key, denied, error = rows[0]
     assert key == "attacker" and denied - error <= 400 <= denied
@@ -84,39 +84,39 @@ def test_top_denied_keeps_the_heavy_hitters_of_many_keys(db, name):
         assert denied - error <= 3 <= denied
 
 
-def test_stats_reset_zeroes_one_name_or_all(db, name):
-    define(db, name, rate=1, period="1 hour")
+def test_stats_reset_zeroes_one_name_or_all(test_conn, name):
+    define(test_conn, name, rate=1, period="1 hour")
     other = name + "_b"
-    define(db, other, rate=1, period="1 hour")
+    define(test_conn, other, rate=1, period="1 hour")
     for n in (name, name, other):
-        limit(db, n, "k")
-    before = db.execute("SELECT stats_reset FROM rate_limiter.stats WHERE name = %s", (name,)).fetchone()[0]
-    assert db.execute("SELECT rate_limiter.stats_reset(%s)", (name,)).fetchone() == (1,)
-    assert stats(db, name) == (0, 0, 0, 0.0, 0.0) and top_denied(db, name) == []
-    assert db.execute("SELECT last_allowed_at, last_denied_at, stats_reset > %s FROM rate_limiter.stats "
+        limit(test_conn, n, "k")
+    before = test_conn.execute("SELECT stats_reset FROM rate_limiter.stats WHERE name = %s", (name,)).fetchone()[0]
+    assert test_conn.execute("SELECT rate_limiter.stats_reset(%s)", (name,)).fetchone() == (1,)
+    assert stats(test_conn, name) == (0, 0, 0, 0.0, 0.0) and top_denied(test_conn, name) == []
+    assert test_conn.execute("SELECT last_allowed_at, last_denied_at, stats_reset > %s FROM rate_limiter.stats "
                       "WHERE name = %s", (before, name)).fetchone() == (None, None, True)
-    assert stats(db, other) == (1, 1, 0, 1.0, 0.0)
-    assert db.execute("SELECT rate_limiter.stats_reset() >= 3").fetchone() == (True,)
-    assert stats(db, other) == (0, 0, 0, 0.0, 0.0)
+    assert stats(test_conn, other) == (1, 1, 0, 1.0, 0.0)
+    assert test_conn.execute("SELECT rate_limiter.stats_reset() >= 3").fetchone() == (True,)
+    assert stats(test_conn, other) == (0, 0, 0, 0.0, 0.0)
 
 
-def test_track_stats_off_counts_nothing_and_is_superuser_only(db, name):
-    define(db, name, rate=1, period="1 hour")
-    db.execute("SET rate_limiter.track_stats = off")
-    limit(db, name, "k")
-    db.execute("RESET rate_limiter.track_stats")
-    assert stats(db, name) is None  # never counted, so no row either
+def test_track_stats_off_counts_nothing_and_is_superuser_only(test_conn, name):
+    define(test_conn, name, rate=1, period="1 hour")
+    test_conn.execute("SET rate_limiter.track_stats = off")
+    limit(test_conn, name, "k")
+    test_conn.execute("RESET rate_limiter.track_stats")
+    assert stats(test_conn, name) is None  # never counted, so no row either
     role = "r_" + uuid.uuid4().hex[:8]
-    db.execute(f"CREATE ROLE {role}")
+    test_conn.execute(f"CREATE ROLE {role}")
     try:
-        db.execute(f"SET ROLE {role}")
+        test_conn.execute(f"SET ROLE {role}")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            db.execute("SET rate_limiter.track_stats = off")
+            test_conn.execute("SET rate_limiter.track_stats = off")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            db.execute("SELECT * FROM rate_limiter.stats")
+            test_conn.execute("SELECT * FROM rate_limiter.stats")
     finally:
-        db.execute("RESET ROLE")
-        db.execute(f"DROP ROLE {role}")
+        test_conn.execute("RESET ROLE")
+        test_conn.execute(f"DROP ROLE {role}")
 
 
 @pytest.fixture
