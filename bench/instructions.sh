@@ -6,7 +6,7 @@
 # do, so a bisection of a few percent is decided by one run per commit. Also prints the
 # instructions by source file of the extension (release builds with line tables), the
 # answer to "where did they go". About 5 minutes per commit (mostly its fat-LTO build).
-# Usage: bash bench/instructions.sh COMMIT|WORK...
+# Usage: [WITH_OVERRIDE=1] bash bench/instructions.sh COMMIT|WORK...
 source "$(dirname "$0")/../scripts/lib.sh"
 N=${N:-50000}
 DATA=/tmp/rate_limiter_instructions
@@ -36,6 +36,11 @@ measure() { # commit label
     sudo -u postgres "$PG_BIN/initdb" -D "$DATA" -A trust -U postgres >/dev/null
     single_user "CREATE EXTENSION rate_limiter"
     single_user "SELECT rate_limiter.define('inproc', 'token bucket', 10, '1 second', 10)"
+    # WITH_OVERRIDE=1: another key has an override, so each call looks its own key up (once a
+    # backend: the pass calls each key once, the worst case).
+    if [ -n "${WITH_OVERRIDE:-}" ]; then
+        single_user "SELECT rate_limiter.override('inproc', 'another', rate => 20)"
+    fi
     local calls="SELECT count(*) FROM generate_series(1, $N) g, LATERAL rate_limiter.rate_limit('inproc', g::text)"
     single_user "$calls" # the insert pass
     # Only the executor's run is counted: the update pass, against the same statement's

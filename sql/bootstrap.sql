@@ -151,6 +151,7 @@ CREATE TABLE rate_limiter.overrides (
         CONSTRAINT overrides_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
     key text COLLATE "C"
         CONSTRAINT overrides_key_check CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024),
+    tier text COLLATE "C",
     rate double precision
         CONSTRAINT overrides_rate_check CHECK (rate OPERATOR(pg_catalog.>) 0::pg_catalog.float8 AND rate OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
     period interval
@@ -165,12 +166,15 @@ CREATE TABLE rate_limiter.overrides (
     until timestamptz NOT NULL DEFAULT 'infinity',
     note text,
     created timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    CONSTRAINT overrides_key_name_key UNIQUE NULLS NOT DISTINCT (key, name)
+    CONSTRAINT overrides_key_name_key UNIQUE NULLS NOT DISTINCT (key, name),
+    CONSTRAINT overrides_tier_or_numbers CHECK (tier IS NULL OR (rate IS NULL AND period IS NULL AND capacity IS NULL
+                                                                 AND max_reserved IS NULL AND min_gap IS NULL AND NOT exempt))
 );
 COMMENT ON TABLE rate_limiter.overrides IS
-    'A key''s own numbers under a named limit: a call on (name, key) is decided under the limit with these numbers in place of its own (NULL: the limit''s), counted in the same rows, until until. Manage with rate_limiter.override() and remove_override(); deleting the limit deletes its overrides.';
+    'A key''s own numbers under a named limit, or the tier it is in: a call on (name, key) is decided under the limit with these numbers (or the tier''s) in place of its own (NULL: the limit''s), counted in the same rows, until until. Manage with rate_limiter.override() and remove_override(); deleting the limit deletes its overrides.';
 COMMENT ON COLUMN rate_limiter.overrides.name IS 'The named limit (rate_limiter.limits) whose key has its own numbers.';
 COMMENT ON COLUMN rate_limiter.overrides.key IS 'The key; NULL is the limit''s shared NULL key.';
+COMMENT ON COLUMN rate_limiter.overrides.tier IS 'The tier (rate_limiter.tiers) whose numbers the key has; NULL: the numbers of this row.';
 COMMENT ON COLUMN rate_limiter.overrides.rate IS 'Tokens per period for this key; NULL: the limit''s.';
 COMMENT ON COLUMN rate_limiter.overrides.period IS 'The period for this key; NULL: the limit''s.';
 COMMENT ON COLUMN rate_limiter.overrides.capacity IS 'Most tokens this key may hold; NULL: rate when rate is given, else the limit''s capacity.';
@@ -181,6 +185,42 @@ COMMENT ON COLUMN rate_limiter.overrides.until IS 'The override holds until this
 COMMENT ON COLUMN rate_limiter.overrides.note IS 'Why, for the operator (a plan, a ticket).';
 COMMENT ON COLUMN rate_limiter.overrides.created IS 'When the override was made or last changed.';
 SELECT pg_catalog.pg_extension_config_dump('rate_limiter.overrides', '');
+
+-- A limit's tiers (rate_limiter.define_tier()): numbers defined once that an override names,
+-- so that a customer's plan is one row and a tier's change reaches every key in it.
+CREATE TABLE rate_limiter.tiers (
+    name text COLLATE "C" NOT NULL
+        CONSTRAINT tiers_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    tier text COLLATE "C" NOT NULL
+        CONSTRAINT tiers_tier_check CHECK (tier OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(tier) OPERATOR(pg_catalog.<=) 128),
+    rate double precision
+        CONSTRAINT tiers_rate_check CHECK (rate OPERATOR(pg_catalog.>) 0::pg_catalog.float8 AND rate OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    period interval
+        CONSTRAINT tiers_period_check CHECK (period OPERATOR(pg_catalog.>) '0'::pg_catalog.interval),
+    capacity double precision
+        CONSTRAINT tiers_capacity_check CHECK (capacity OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND capacity OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    max_reserved double precision
+        CONSTRAINT tiers_max_reserved_check CHECK (max_reserved OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND max_reserved OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    min_gap interval
+        CONSTRAINT tiers_min_gap_check CHECK (min_gap OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    exempt boolean NOT NULL DEFAULT false,
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT tiers_pkey PRIMARY KEY (name, tier)
+);
+COMMENT ON TABLE rate_limiter.tiers IS
+    'A named limit''s tiers (plans): numbers defined once, which each override naming the tier gives its key; a change of a tier reaches every key in it, each judged under the new numbers with its count kept. Manage with rate_limiter.define_tier() and remove_tier(); deleting the limit deletes its tiers.';
+COMMENT ON COLUMN rate_limiter.tiers.name IS 'The named limit (rate_limiter.limits) the tier is of.';
+COMMENT ON COLUMN rate_limiter.tiers.tier IS 'The tier''s name, as overrides name it (''free'', ''pro'').';
+COMMENT ON COLUMN rate_limiter.tiers.rate IS 'Tokens per period for the tier''s keys; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.tiers.period IS 'The period for the tier''s keys; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.tiers.capacity IS 'Most tokens a key of the tier may hold; NULL: rate when rate is given, else the limit''s capacity.';
+COMMENT ON COLUMN rate_limiter.tiers.max_reserved IS 'Most tokens a key of the tier may owe by reservations; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.tiers.min_gap IS 'Least time between two granted calls of a key of the tier; NULL: the limit''s.';
+COMMENT ON COLUMN rate_limiter.tiers.exempt IS 'true: the tier''s keys are not limited (ok with reason ''allowed'').';
+COMMENT ON COLUMN rate_limiter.tiers.note IS 'What the tier is, for the operator.';
+COMMENT ON COLUMN rate_limiter.tiers.created IS 'When the tier was defined or last changed.';
+SELECT pg_catalog.pg_extension_config_dump('rate_limiter.tiers', '');
 
 -- One small row per (name, key, shard). fillfactor leaves room on each page so updates
 -- stay HOT (no indexed column ever changes). COLLATE "C": equality is byte equality under

@@ -83,7 +83,7 @@ LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'credit_fmgr';
 
 -- Every backend caches named configs (and whether any block, allow or override exists, and
--- the overrides of the keys it called); these tell them all to forget them at each change,
+-- the overrides and tiers of the keys it called); these tell them all to forget them at each change,
 -- also when a logical replication apply worker or a restore (session_replication_role =
 -- replica) makes it. Row-level, because an apply worker fires row triggers only.
 CREATE TRIGGER limits_changed
@@ -118,6 +118,14 @@ CREATE TRIGGER overrides_truncated
     FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
 ALTER TABLE rate_limiter.overrides ENABLE ALWAYS TRIGGER overrides_changed;
 ALTER TABLE rate_limiter.overrides ENABLE ALWAYS TRIGGER overrides_truncated;
+CREATE TRIGGER tiers_changed
+    AFTER INSERT OR UPDATE OR DELETE ON rate_limiter.tiers
+    FOR EACH ROW EXECUTE FUNCTION rate_limiter._limits_changed();
+CREATE TRIGGER tiers_truncated
+    AFTER TRUNCATE ON rate_limiter.tiers
+    FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._limits_changed();
+ALTER TABLE rate_limiter.tiers ENABLE ALWAYS TRIGGER tiers_changed;
+ALTER TABLE rate_limiter.tiers ENABLE ALWAYS TRIGGER tiers_truncated;
 -- The trigger runs no SQL; its search_path is pinned anyway, as for every function that may
 -- run with more rights than the role whose statement fires it.
 ALTER FUNCTION rate_limiter._limits_changed() SET search_path = pg_catalog, pg_temp;
@@ -158,14 +166,18 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_value(text, text, jsonb, integer) IS
     'The stored value and ts of (name, key) (fullest of sample_shards shards) and the effective config.';
 COMMENT ON FUNCTION rate_limiter.define(text, text, double precision, interval, double precision, double precision, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean) IS
     'Create or replace a named limit in rate_limiter.limits.';
-COMMENT ON FUNCTION rate_limiter.override(text, text, double precision, interval, double precision, double precision, interval, boolean, timestamptz, text) IS
-    'Give (name, key) numbers of its own under the named limit (NULL: the limit''s), or exempt it, until until; its count is kept.';
+COMMENT ON FUNCTION rate_limiter.override(text, text, double precision, interval, double precision, double precision, interval, boolean, text, timestamptz, text) IS
+    'Give (name, key) numbers of its own under the named limit (NULL: the limit''s), or a tier''s, or exempt it, until until; its count is kept.';
 COMMENT ON FUNCTION rate_limiter.remove_override(text, text) IS
     'Take back the override of (name, key); returns whether there was one. Its count is kept.';
+COMMENT ON FUNCTION rate_limiter.define_tier(text, text, double precision, interval, double precision, double precision, interval, boolean, text) IS
+    'Create or replace a tier of the named limit: numbers (NULL: the limit''s) that each override naming it gives its key.';
+COMMENT ON FUNCTION rate_limiter.remove_tier(text, text) IS
+    'Remove a tier of the named limit that no override names; returns whether there was one.';
 COMMENT ON FUNCTION rate_limiter.prune(integer) IS
     'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows, overrides and leases that have ended; returns how many. Skips rows in use.';
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
-    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits, blocks, allows and overrides.';
+    'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits, blocks, allows, overrides and tiers.';
 
 -- Statistics (shared memory; see src/stats.rs).
 CREATE VIEW rate_limiter.stats AS SELECT * FROM rate_limiter._stats();

@@ -2,7 +2,7 @@
 //! configs of named limits, whether any block, allow or override exists, and the overrides of
 //! the keys called. A relcache invalidation of one of those relations empties them.
 //! PostgreSQL sends one on DDL and DROP EXTENSION, and the triggers on `rate_limiter.limits`,
-//! `blocks`, `allows` and `overrides` send one at every change to them, delivered to each
+//! `blocks`, `allows`, `overrides` and `tiers` send one at every change to them, delivered to each
 //! backend once the change commits.
 
 use std::cell::{Cell, RefCell};
@@ -38,6 +38,8 @@ pub struct Relations {
     /// `rate_limiter.overrides` and its unique index; None in a database whose extension is
     /// older than 0.7.0: no key has numbers of its own.
     pub overrides: Option<(pg_sys::Oid, pg_sys::Oid)>,
+    /// `rate_limiter.tiers` and its primary key; None where `overrides` is.
+    pub tiers: Option<(pg_sys::Oid, pg_sys::Oid)>,
     /// `rate_limiter.memory_snapshot`, memory limits' counts as the worker last wrote them;
     /// None in a database whose extension is older than 0.7.0 (0.6.0 kept a row per key): no
     /// snapshot is written or loaded there.
@@ -149,6 +151,12 @@ fn look_up() -> Relations {
             let overrides = table(c"overrides");
             (overrides, index_of(overrides, c"overrides_key_name_key"))
         });
+        let tiers = overrides.and_then(|_| {
+            (pg_sys::get_relname_relid(c"tiers".as_ptr(), schema) != pg_sys::InvalidOid).then(|| {
+                let tiers = table(c"tiers");
+                (tiers, index_of(tiers, c"tiers_pkey"))
+            })
+        });
         let leases = (pg_sys::get_relname_relid(c"leases".as_ptr(), schema) != pg_sys::InvalidOid).then(|| table(c"leases"));
         // 0.6.0's table (a row per key) until the update to 0.7.0 makes it a log: no snapshot,
         // but its drop by the update is watched (`forget`).
@@ -167,6 +175,7 @@ fn look_up() -> Relations {
             debits_key,
             leases,
             overrides,
+            tiers,
             memory_snapshot,
             snapshot_table: snapshot_table.unwrap_or(pg_sys::InvalidOid),
             decision_type,
@@ -351,9 +360,10 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
             let by_key = r.debits_key.unwrap_or(pg_sys::InvalidOid);
             let leases = r.leases.unwrap_or(pg_sys::InvalidOid);
             let (overrides, overrides_key) = r.overrides.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
+            let (tiers, tiers_key) = r.tiers.unwrap_or((pg_sys::InvalidOid, pg_sys::InvalidOid));
             [
                 r.state, r.state_key, r.limits, r.limits_key, r.blocks, r.blocks_key, allows, allows_key, debits, debits_key, by_key,
-                leases, overrides, overrides_key, r.snapshot_table, r.decision,
+                leases, overrides, overrides_key, tiers, tiers_key, r.snapshot_table, r.decision,
             ]
             .contains(&relid)
         }

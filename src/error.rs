@@ -14,6 +14,12 @@ pub enum Error {
     #[error("rate limit \"{0}\" does not exist")]
     UnknownLimit(String),
 
+    #[error("tier \"{tier}\" of rate limit \"{name}\" does not exist")]
+    UnknownTier { name: String, tier: String },
+
+    #[error("tier \"{tier}\" of rate limit \"{name}\" is named by {overrides} override(s)")]
+    TierInUse { name: String, tier: String, overrides: i64 },
+
     #[error("invalid rate limit argument: {0}")]
     InvalidArgument(String),
 
@@ -113,7 +119,8 @@ impl Error {
             | Error::Calendar(_) => {
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
             }
-            Error::UnknownLimit(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            Error::UnknownLimit(_) | Error::UnknownTier { .. } => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            Error::TierInUse { .. } => PgSqlErrorCode::ERRCODE_FOREIGN_KEY_VIOLATION,
             Error::NotSupported(_) | Error::Concurrency(_) | Error::SlotsOnSubscriber => {
                 PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED
             }
@@ -151,6 +158,10 @@ impl Error {
             }
             Error::UnknownLimit(_) => {
                 "Define it with rate_limiter.define(name, kind, rate, period) or pass config => '{...}'::jsonb."
+            }
+            Error::UnknownTier { .. } => "Define it with rate_limiter.define_tier(name, tier, rate => ..., period => ...).",
+            Error::TierInUse { .. } => {
+                "Move those keys to another tier or their own numbers with rate_limiter.override(), or remove_override() them, first."
             }
             Error::InvalidArgument(_) => {
                 "name must be a non-empty text of at most 128 bytes other than *other*, key at \

@@ -1,15 +1,16 @@
 //! Overrides (`rate_limiter.overrides`): a key of a named limit decided under numbers of its
-//! own, counted in the same rows, so that a change of plan neither hands out a fresh window
-//! nor takes one away. Looked up through the table's unique index, not at all while the table
-//! is empty, and each (name, key) once per backend until the table or the limits change
-//! (`cache`, whose entries the tables' triggers invalidate).
+//! own or its tier's (`rate_limiter.tiers`), counted in the same rows, so that a change of
+//! plan neither hands out a fresh window nor takes one away. Looked up through the tables'
+//! unique indexes, not at all while there is no override, and each (name, key) once per
+//! backend until the tables or the limits change (`cache`, whose entries the tables' triggers
+//! invalidate).
 
 use crate::bucket::Config;
 use crate::cache::{self, Overridden};
 use crate::call::Request;
 use crate::clock;
 use crate::error::{Error, Result};
-use crate::storage;
+use crate::storage::{self, Overriding};
 
 /// The override of `req`'s key in force now, if it has one: none for an inline config.
 fn in_force(req: &Request<'_>) -> Result<Option<Overridden>> {
@@ -20,9 +21,14 @@ fn in_force(req: &Request<'_>) -> Result<Option<Overridden>> {
     Ok(found.filter(|o| o.until > clock::now_ms()))
 }
 
-/// The override of `name`'s `key` as committed now, applied to the limit's row.
+/// The override of `name`'s `key` as committed now (its numbers, or its tier's), applied to
+/// the limit's row.
 fn load(name: &str, key: Option<&str>) -> Result<Option<Overridden>> {
-    let Some((numbers, exempt, until)) = storage::load_override(name, key) else { return Ok(None) };
+    let Some((overriding, until)) = storage::load_override(name, key) else { return Ok(None) };
+    let (numbers, exempt) = match overriding {
+        Overriding::Numbers(numbers, exempt) => (numbers, exempt),
+        Overriding::Tier(tier) => storage::load_tier(name, &tier).ok_or(Error::UnknownTier { name: name.to_owned(), tier })?,
+    };
     let row = storage::load_limit(name).ok_or_else(|| Error::UnknownLimit(name.to_owned()))?;
     let config = Config::try_from(&numbers.applied_to(&row))?;
     if config.hot || !config.durable {

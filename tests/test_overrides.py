@@ -1,6 +1,6 @@
-"""Overrides from the attacker's and the careless administrator's side: a key's numbers
-changed while 8 sessions call it, and a caller with EXECUTE on rate_limit alone reaching for
-another key's override (docs/api.md, Overrides)."""
+"""Overrides and tiers from the attacker's and the careless administrator's side: a key's
+numbers, or its tier's, changed while 8 sessions call it, and a caller with EXECUTE on
+rate_limit alone reaching for another key's override (docs/api.md, Overrides)."""
 
 import uuid
 
@@ -58,6 +58,16 @@ def test_an_override_lowered_under_eight_sessions_never_admits_more_than_the_hig
         assert limit(c, name, "k")[0] is False
 
 
+def test_a_tier_raised_under_eight_sessions_admits_exactly_its_new_rate_to_its_key(test_cluster, database_name, name):
+    """The key's numbers come from its tier; the tier's change reaches it mid-run, its count
+    kept: 20 in the window, exactly."""
+    with test_cluster.connect(database_name) as c:
+        define(c, name, "sliding window", rate=1, start="2026-01-01 00:00:00+00")
+        c.execute("SELECT rate_limiter.define_tier(%s, 'pro', rate => 10)", (name,))
+        c.execute("SELECT rate_limiter.override(%s, 'k', tier => 'pro')", (name,))
+    assert race(test_cluster, database_name, name, "SELECT rate_limiter.define_tier(%s, 'pro', rate => 20)") == 20
+
+
 @pytest.fixture
 def caller(test_cluster, database_name, name):
     """A role that may call rate_limit, nothing more, and a limit with an override of a key."""
@@ -80,7 +90,10 @@ def test_a_caller_with_execute_on_rate_limit_cannot_create_change_or_read_an_ove
                     "SELECT rate_limiter.override(%s, 'customer:7', rate => 1)",
                     "SELECT rate_limiter.remove_override(%s, 'customer:7')",
                     "SELECT * FROM rate_limiter.overrides WHERE name = %s",
-                    "DELETE FROM rate_limiter.overrides WHERE name = %s"]:
+                    "DELETE FROM rate_limiter.overrides WHERE name = %s",
+                    "SELECT rate_limiter.define_tier(%s, 'unlimited', rate => 1000000)",
+                    "SELECT rate_limiter.remove_tier(%s, 'unlimited')",
+                    "SELECT * FROM rate_limiter.tiers WHERE name = %s"]:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute(sql, (name,))
         # What it may do is call: the key's own numbers apply, mallory's are the limit's.

@@ -1,5 +1,5 @@
 //! What changes limits, lists and state: `define`, `block`, `unblock`, `allow`, `disallow`,
-//! `override`, `remove_override`, `reset_rate_limit` and `prune`, each SECURITY DEFINER with its search_path pinned (their SQL names tables by
+//! `override`, `remove_override`, `define_tier`, `remove_tier`, `reset_rate_limit` and `prune`, each SECURITY DEFINER with its search_path pinned (their SQL names tables by
 //! OID and qualifies every operator, see `storage`); and the entry points older versions'
 //! SQL names, which say to update.
 
@@ -86,10 +86,10 @@ fn list(list: List, name: Option<&str>, key: Option<&str>, until: Option<Timesta
     .unwrap_or_else(|e| e.raise())
 }
 
-/// Give `name`'s `key` numbers of its own (`define`'s names; NULL: the limit's), or exempt
-/// it, until `until`, with `note`. Its count is kept: a call on the key is judged under the
-/// new numbers as under a redefined limit. Refused for a limit that does not exist, numbers
-/// the limit's kind could not have, and hot and memory limits.
+/// Give `name`'s `key` numbers of its own (`define`'s names; NULL: the limit's), or a tier's,
+/// or exempt it, until `until`, with `note`. Its count is kept: a call on the key is judged
+/// under the new numbers as under a redefined limit. Refused for a limit or tier that does
+/// not exist, numbers the limit's kind could not have, and hot and memory limits.
 #[pg_extern(name = "override", security_definer, volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
@@ -102,6 +102,7 @@ fn set_override(
     max_reserved: default!(Option<f64>, "NULL"),
     min_gap: default!(Option<Interval>, "NULL"),
     exempt: default!(Option<bool>, false),
+    tier: default!(Option<&str>, "NULL"),
     until: default!(Option<TimestampWithTimeZone>, "'infinity'"),
     note: default!(Option<&str>, "NULL"),
 ) {
@@ -111,17 +112,84 @@ fn set_override(
         let key = valid_key(key)?;
         let exempt = exempt.ok_or_else(|| Error::InvalidArgument("exempt must not be NULL".into()))?;
         let until = until.ok_or_else(|| Error::InvalidArgument("until must not be NULL; use 'infinity'".into()))?;
-        let row = storage::load_limit(name).ok_or_else(|| Error::UnknownLimit(name.to_owned()))?;
-        if row.hot || !row.durable {
-            return Err(Error::NotSupported(format!("overrides of the hot or memory limit \"{name}\"")));
-        }
         let numbers = config::Override { rate, period, capacity, max_reserved, min_gap };
-        // Validated here for a clear message, as define's numbers are.
-        Config::try_from(&numbers.applied_to(&row))?;
-        storage::upsert_override(name, key, &numbers, exempt, until, note);
+        let row = numbers_for(name, &numbers)?;
+        if let Some(tier) = tier {
+            if numbers != config::Override::default() || exempt {
+                return Err(Error::InvalidArgument("an override names a tier or gives numbers (or exempt), not both".into()));
+            }
+            let (tier_numbers, _) =
+                storage::load_tier(name, tier).ok_or_else(|| Error::UnknownTier { name: name.to_owned(), tier: tier.to_owned() })?;
+            Config::try_from(&tier_numbers.applied_to(&row))?;
+        }
+        storage::upsert_override(name, key, tier, &numbers, exempt, until, note);
         Ok(())
     })()
     .unwrap_or_else(|e| e.raise())
+}
+
+/// The row of the limit `name` that `numbers` would change, once they are checked against it
+/// as `define` checks its numbers: refused for a limit that does not exist, a hot or memory
+/// limit, and numbers its kind could not have.
+fn numbers_for(name: &str, numbers: &config::Override) -> Result<LimitRow> {
+    let row = storage::load_limit(name).ok_or_else(|| Error::UnknownLimit(name.to_owned()))?;
+    if row.hot || !row.durable {
+        return Err(Error::NotSupported(format!("overrides of the hot or memory limit \"{name}\"")));
+    }
+    Config::try_from(&numbers.applied_to(&row))?;
+    Ok(row)
+}
+
+/// Define or replace the tier `tier` of the limit `name`: numbers (`define`'s names; NULL: the
+/// limit's), or exempt, that each override naming the tier gives its key, with `note`. A
+/// change reaches every key in the tier, each judged under the new numbers with its count kept.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::too_many_arguments)]
+fn define_tier(
+    name: Option<&str>,
+    tier: Option<&str>,
+    rate: default!(Option<f64>, "NULL"),
+    period: default!(Option<Interval>, "NULL"),
+    capacity: default!(Option<f64>, "NULL"),
+    max_reserved: default!(Option<f64>, "NULL"),
+    min_gap: default!(Option<Interval>, "NULL"),
+    exempt: default!(Option<bool>, false),
+    note: default!(Option<&str>, "NULL"),
+) {
+    storage::prevent_writes_unless_allowed(c"define_tier()");
+    (|| -> Result<()> {
+        let name = valid_name(name)?;
+        let tier = valid_tier(tier)?;
+        let exempt = exempt.ok_or_else(|| Error::InvalidArgument("exempt must not be NULL".into()))?;
+        let numbers = config::Override { rate, period, capacity, max_reserved, min_gap };
+        numbers_for(name, &numbers)?;
+        storage::upsert_tier(name, tier, &numbers, exempt, note);
+        Ok(())
+    })()
+    .unwrap_or_else(|e| e.raise())
+}
+
+/// Remove the tier `tier` of the limit `name`; whether there was one. Refused while an
+/// override names it.
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn remove_tier(name: Option<&str>, tier: Option<&str>) -> bool {
+    storage::prevent_writes_unless_allowed(c"remove_tier()");
+    (|| -> Result<bool> {
+        let name = valid_name(name)?;
+        let tier = valid_tier(tier)?;
+        Ok(storage::delete_tier(name, tier))
+    })()
+    .unwrap_or_else(|e| e.raise())
+}
+
+/// A tier's name: a non-empty text of at most 128 bytes, as a limit's.
+fn valid_tier(tier: Option<&str>) -> Result<&str> {
+    match tier {
+        Some(t) if !t.is_empty() && t.len() <= 128 => Ok(t),
+        _ => Err(Error::InvalidArgument("tier must be a non-empty text of at most 128 bytes".into())),
+    }
 }
 
 /// Take back the override of (`name`, `key`); whether there was one. The key is judged

@@ -1,6 +1,6 @@
-//! The trigger on `rate_limiter.limits`, `blocks` and `allows` that tells every backend to
-//! forget what it cached of them, and that moves a hot limit's debits into its base rows
-//! before the limit changes. (A file of its own: `#[pg_trigger]` names the standard
+//! The trigger on `rate_limiter.limits`, `blocks`, `allows`, `overrides` and `tiers` that
+//! tells every backend to forget what it cached of them, that moves a hot limit's debits into
+//! its base rows before the limit changes, and that keeps overrides and tiers with their limit. (A file of its own: `#[pg_trigger]` names the standard
 //! `Result`, which the other files of `api` shadow with the extension's.)
 
 use pgrx::prelude::*;
@@ -29,6 +29,9 @@ fn _limits_changed<'a>(
         memory_limit_changing(trigger);
         concurrency_limit_shrinking(trigger);
         overrides_follow_their_limit(trigger);
+    }
+    if cache::relations().tiers.is_some_and(|(tiers, _)| tiers == relid) {
+        tier_stays_while_named(trigger);
     }
     // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
     // transaction (InvalidOid would only raise "cache lookup failed"); the message is queued
@@ -168,11 +171,36 @@ fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
         let hot_or_memory = flag(new, "hot") == Some(true) || flag(new, "durable") == Some(false);
         if hot_or_memory && storage::has_overrides(&name(new)) {
             Error::NotSupported(format!(
-                "the limit \"{}\" has overrides, which a hot or memory limit cannot have: remove_override() them first",
+                "the limit \"{}\" has overrides or tiers, which a hot or memory limit cannot have: remove_override() and remove_tier() them first",
                 name(new)
             ))
             .raise()
         }
+    }
+}
+
+/// A tier that an override names stays, under its name: deleting, renaming or truncating it
+/// is refused (23503), as a foreign key would (the tables have none, so that `pg_dump` may
+/// restore their rows in any order).
+fn tier_stays_while_named(trigger: &PgTrigger<'_>) {
+    let text = |row: &PgHeapTuple<'_, AllocatedByPostgres>, column: &str| row.get_by_name::<String>(column).ok().flatten();
+    let gone = match (trigger.old(), trigger.new()) {
+        (Some(old), new) => {
+            let pair = |row: &PgHeapTuple<'_, AllocatedByPostgres>| (text(row, "name"), text(row, "tier"));
+            let renamed = new.as_ref().is_none_or(|new| pair(new) != pair(&old));
+            renamed.then(|| pair(&old))
+        }
+        _ => None,
+    };
+    if let Some((Some(name), Some(tier))) = gone {
+        let overrides = storage::overrides_naming(&name, &tier);
+        if overrides > 0 {
+            Error::TierInUse { name, tier, overrides }.raise()
+        }
+    }
+    if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) && storage::overrides_naming_any_tier() {
+        Error::NotSupported("TRUNCATE of rate_limiter.tiers while overrides name tiers: move or remove those overrides first".into())
+            .raise()
     }
 }
 

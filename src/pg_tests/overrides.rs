@@ -1,5 +1,5 @@
-//! Overrides: a key of a named limit decided under numbers of its own, its count kept
-//! across every change, and what `override` refuses.
+//! Overrides and tiers: a key of a named limit decided under numbers of its own or its
+//! tier's, its count kept across every change, and what they refuse.
 
 #[pgrx::pg_schema]
 mod tests {
@@ -127,5 +127,42 @@ mod tests {
         assert_eq!(admitted("o_sliding_window", "z", 30), 30);
         run("SELECT rate_limiter.override('o_sliding_window', 'z', rate => 20)");
         assert_eq!(admitted("o_sliding_window", "z", 30), 0, "30 taken count against 20");
+    }
+
+    #[pg_test]
+    fn a_tier_gives_its_keys_its_numbers_and_a_change_of_it_reaches_them_all() {
+        at("0");
+        run("SELECT rate_limiter.define('t', 'sliding window', 1, '1 hour', start => '2026-01-01 00:00:00+00')");
+        run("SELECT rate_limiter.define_tier('t', 'pro', rate => 3, note => 'plan: pro')");
+        run("SELECT rate_limiter.override('t', 'a', tier => 'pro')");
+        run("SELECT rate_limiter.override('t', 'b', tier => 'pro')");
+        assert_eq!(admitted("t", "a", 5), 3);
+        assert_eq!(admitted("t", "b", 1), 1);
+        assert_eq!(admitted("t", "c", 5), 1, "no tier: the limit's numbers");
+        // One row changes every key of the tier, each with its count kept.
+        run("SELECT rate_limiter.define_tier('t', 'pro', rate => 5)");
+        assert_eq!(admitted("t", "a", 5), 2, "3 taken count against 5");
+        assert_eq!(admitted("t", "b", 9), 4);
+        fails("SELECT rate_limiter.override('t', 'a', tier => 'gold')", "42704", "gold");
+        fails("SELECT rate_limiter.override('t', 'a', tier => 'pro', rate => 9)", "22023", "not both");
+        fails("SELECT rate_limiter.define_tier('t', 'big', capacity => 9)", "22023", "capacity");
+        fails("SELECT rate_limiter.define_tier('nope', 'pro', rate => 9)", "42704", "nope");
+        // A tier a key is in stays, however it is asked to go.
+        fails("SELECT rate_limiter.remove_tier('t', 'pro')", "23503", "2 override");
+        fails("DELETE FROM rate_limiter.tiers WHERE tier = 'pro'", "23503", "pro");
+        fails("UPDATE rate_limiter.tiers SET tier = 'gold' WHERE tier = 'pro'", "23503", "pro");
+        fails("TRUNCATE rate_limiter.tiers", "0A000", "TRUNCATE");
+        run("SELECT rate_limiter.override('t', 'a', rate => 1)");
+        run("SELECT rate_limiter.remove_override('t', 'b')");
+        assert!(one::<bool>("SELECT rate_limiter.remove_tier('t', 'pro')").unwrap());
+        assert!(!one::<bool>("SELECT rate_limiter.remove_tier('t', 'pro')").unwrap(), "none left");
+        // A tier may exempt its keys.
+        run("SELECT rate_limiter.define_tier('t', 'staff', exempt => true)");
+        run("SELECT rate_limiter.override('t', 'c', tier => 'staff')");
+        assert_eq!(one::<String>("SELECT reason FROM rate_limiter.rate_limit('t', 'c')").as_deref(), Some("allowed"));
+        // Tiers go with their limit, after the overrides that name them.
+        run("DELETE FROM rate_limiter.limits WHERE name = 't'");
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.tiers WHERE name = 't'"), Some(0));
+        assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.overrides WHERE name = 't'"), Some(0));
     }
 }

@@ -1,4 +1,5 @@
-//! Committed rows of the small tables (`rate_limiter.limits`, `blocks`, `allows`, `overrides`), read
+//! Committed rows of the small tables (`rate_limiter.limits`, `blocks`, `allows`, `overrides`,
+//! `tiers`), read
 //! through their unique indexes.
 
 use std::ptr::null_mut;
@@ -49,6 +50,12 @@ impl Lookup {
     pub fn overrides() -> Option<Lookup> {
         let (table, index) = cache::relations().overrides?;
         Some(Lookup::open(table, index, "rate_limiter.overrides", &shape::OVERRIDES, &[2, 1]))
+    }
+
+    /// `rate_limiter.tiers`, looked up by (name, tier); None where `overrides` is.
+    pub fn tiers() -> Option<Lookup> {
+        let (table, index) = cache::relations().tiers?;
+        Some(Lookup::open(table, index, "rate_limiter.tiers", &shape::TIERS, &[1, 2]))
     }
 
     /// Open `table` and its unique `index` on `key_columns`, then check both as they are now,
@@ -132,20 +139,48 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
     limits.find(&[Some(name)]).then(|| limit_row(&limits))
 }
 
-/// The override of `name`'s `key`, if any, as committed now: its numbers, whether the key is
-/// exempt, and until when.
-pub fn load_override(name: &str, key: Option<&str>) -> Option<(Override, bool, TimestampWithTimeZone)> {
+/// What an override gives its key.
+pub enum Overriding {
+    /// Numbers of its own, and whether the key is exempt.
+    Numbers(Override, bool),
+    /// A tier's (`rate_limiter.tiers`) numbers.
+    Tier(String),
+}
+
+/// The override of `name`'s `key`, if any, as committed now, and until when.
+pub fn load_override(name: &str, key: Option<&str>) -> Option<(Overriding, TimestampWithTimeZone)> {
     let overrides = Lookup::overrides()?;
     overrides.find(&[key, Some(name)]).then(|| {
         let required = "NOT NULL column of rate_limiter.overrides";
+        let tier: Option<String> = overrides.column(3);
         let numbers = Override {
-            rate: overrides.column(3),
-            period: overrides.column(4),
-            capacity: overrides.column(5),
-            max_reserved: overrides.column(6),
-            min_gap: overrides.column(7),
+            rate: overrides.column(4),
+            period: overrides.column(5),
+            capacity: overrides.column(6),
+            max_reserved: overrides.column(7),
+            min_gap: overrides.column(8),
         };
-        (numbers, overrides.column(8).expect(required), overrides.column(9).expect(required))
+        let overriding = match tier {
+            Some(tier) => Overriding::Tier(tier),
+            None => Overriding::Numbers(numbers, overrides.column(9).expect(required)),
+        };
+        (overriding, overrides.column(10).expect(required))
+    })
+}
+
+/// The numbers of `name`'s tier `tier`, if it exists, as committed now, and whether its keys
+/// are exempt.
+pub fn load_tier(name: &str, tier: &str) -> Option<(Override, bool)> {
+    let tiers = Lookup::tiers()?;
+    tiers.find(&[Some(name), Some(tier)]).then(|| {
+        let numbers = Override {
+            rate: tiers.column(3),
+            period: tiers.column(4),
+            capacity: tiers.column(5),
+            max_reserved: tiers.column(6),
+            min_gap: tiers.column(7),
+        };
+        (numbers, tiers.column(8).expect("NOT NULL column of rate_limiter.tiers"))
     })
 }
 

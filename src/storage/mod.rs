@@ -30,8 +30,11 @@ mod sql;
 mod state;
 
 pub use debits::{log_is_subscribed, DebitLog, Seen};
-pub use lookup::{any_override, load_limit, load_override, Lookup};
-pub use sql::{delete, delete_listed, delete_override, delete_overrides_of, has_overrides, prune, upsert_limit, upsert_listed, upsert_override};
+pub use lookup::{any_override, load_limit, load_override, load_tier, Lookup, Overriding};
+pub use sql::{
+    delete, delete_listed, delete_override, delete_overrides_of, delete_tier, has_overrides, overrides_naming, overrides_naming_any_tier, prune, upsert_limit,
+    upsert_listed, upsert_override, upsert_tier,
+};
 #[cfg(any(test, feature = "pg_test"))]
 pub use row::inline_name;
 pub use row::{is_inline_name, stored_name, Created, Locked, Owner, Row, Slot, Written};

@@ -90,9 +90,10 @@ pub const LISTS: [(&CStr, pg_sys::Oid); 3] =
     [(c"name", pg_sys::TEXTOID), (c"key", pg_sys::TEXTOID), (c"until", pg_sys::TIMESTAMPTZOID)];
 
 /// What an override is read by, by position (`rate_limiter.overrides`, new in 0.7.0).
-pub const OVERRIDES: [(&CStr, pg_sys::Oid); 9] = [
+pub const OVERRIDES: [(&CStr, pg_sys::Oid); 10] = [
     (c"name", pg_sys::TEXTOID),
     (c"key", pg_sys::TEXTOID),
+    (c"tier", pg_sys::TEXTOID),
     (c"rate", pg_sys::FLOAT8OID),
     (c"period", pg_sys::INTERVALOID),
     (c"capacity", pg_sys::FLOAT8OID),
@@ -100,6 +101,18 @@ pub const OVERRIDES: [(&CStr, pg_sys::Oid); 9] = [
     (c"min_gap", pg_sys::INTERVALOID),
     (c"exempt", pg_sys::BOOLOID),
     (c"until", pg_sys::TIMESTAMPTZOID),
+];
+
+/// What a tier is read by, by position (`rate_limiter.tiers`, new in 0.7.0).
+pub const TIERS: [(&CStr, pg_sys::Oid); 8] = [
+    (c"name", pg_sys::TEXTOID),
+    (c"tier", pg_sys::TEXTOID),
+    (c"rate", pg_sys::FLOAT8OID),
+    (c"period", pg_sys::INTERVALOID),
+    (c"capacity", pg_sys::FLOAT8OID),
+    (c"max_reserved", pg_sys::FLOAT8OID),
+    (c"min_gap", pg_sys::INTERVALOID),
+    (c"exempt", pg_sys::BOOLOID),
 ];
 
 /// What `api` forms a decision from, by position.

@@ -4,6 +4,7 @@
 //! informed.
 
 
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -185,30 +186,83 @@ fn overrides_or_outdated() -> String {
     written(table)
 }
 
-/// Insert or replace the override of (name, key).
-pub fn upsert_override(name: &str, key: Option<&str>, numbers: &Override, exempt: bool, until: TimestampWithTimeZone, note: Option<&str>) {
-    let table = overrides_or_outdated();
-    let sql = format!(
-        "INSERT INTO {table} AS o (name, key, rate, period, capacity, max_reserved, min_gap, exempt, until, note) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-         ON CONFLICT ON CONSTRAINT overrides_key_name_key DO UPDATE \
-         SET rate = excluded.rate, period = excluded.period, capacity = excluded.capacity, \
-         max_reserved = excluded.max_reserved, min_gap = excluded.min_gap, exempt = excluded.exempt, \
-         until = excluded.until, note = excluded.note, created = pg_catalog.now()"
-    );
-    let args = [
-        name.into(),
-        key.into(),
+/// What an override or a tier sets: numbers (NULL: the limit's), and whether exempt.
+fn numbers_args(numbers: &Override, exempt: bool) -> [DatumWithOid<'static>; 6] {
+    [
         numbers.rate.into(),
         numbers.period.into(),
         numbers.capacity.into(),
         numbers.max_reserved.into(),
         numbers.min_gap.into(),
         exempt.into(),
-        until.into(),
-        note.into(),
-    ];
+    ]
+}
+
+/// Insert or replace the override of (name, key): a tier, or numbers of its own.
+pub fn upsert_override(name: &str, key: Option<&str>, tier: Option<&str>, numbers: &Override, exempt: bool, until: TimestampWithTimeZone, note: Option<&str>) {
+    let table = overrides_or_outdated();
+    let sql = format!(
+        "INSERT INTO {table} AS o (name, key, tier, rate, period, capacity, max_reserved, min_gap, exempt, until, note) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+         ON CONFLICT ON CONSTRAINT overrides_key_name_key DO UPDATE \
+         SET tier = excluded.tier, rate = excluded.rate, period = excluded.period, capacity = excluded.capacity, \
+         max_reserved = excluded.max_reserved, min_gap = excluded.min_gap, exempt = excluded.exempt, \
+         until = excluded.until, note = excluded.note, created = pg_catalog.now()"
+    );
+    let mut args: Vec<DatumWithOid<'_>> = vec![name.into(), key.into(), tier.into()];
+    args.extend(numbers_args(numbers, exempt));
+    args.extend([until.into(), note.into()]);
     Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// `rate_limiter.tiers` (its name, as `written`), or 55000 in a database not yet updated to
+/// 0.7.0.
+fn tiers_or_outdated() -> String {
+    let (table, _) = cache::relations().tiers.unwrap_or_else(|| Error::ExtensionOutdated.raise());
+    written(table)
+}
+
+/// Insert or replace the tier `tier` of the limit `name`.
+pub fn upsert_tier(name: &str, tier: &str, numbers: &Override, exempt: bool, note: Option<&str>) {
+    let table = tiers_or_outdated();
+    let sql = format!(
+        "INSERT INTO {table} AS t (name, tier, rate, period, capacity, max_reserved, min_gap, exempt, note) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+         ON CONFLICT ON CONSTRAINT tiers_pkey DO UPDATE \
+         SET rate = excluded.rate, period = excluded.period, capacity = excluded.capacity, \
+         max_reserved = excluded.max_reserved, min_gap = excluded.min_gap, exempt = excluded.exempt, \
+         note = excluded.note, created = pg_catalog.now()"
+    );
+    let mut args: Vec<DatumWithOid<'_>> = vec![name.into(), tier.into()];
+    args.extend(numbers_args(numbers, exempt));
+    args.push(note.into());
+    Spi::run_with_args(&sql, &args).unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Delete the tier `tier` of the limit `name`; whether there was one. (The tiers' trigger
+/// refuses it while an override names it.)
+pub fn delete_tier(name: &str, tier: &str) -> bool {
+    let table = tiers_or_outdated();
+    let sql = format!("DELETE FROM {table} WHERE name OPERATOR(pg_catalog.=) $1 AND tier OPERATOR(pg_catalog.=) $2");
+    Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), tier.into()]).map(|t| !t.is_empty()))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Whether any override names a tier.
+pub fn overrides_naming_any_tier() -> bool {
+    let Some((table, _)) = cache::relations().overrides else { return false };
+    let sql = format!("SELECT EXISTS (SELECT FROM {} WHERE tier IS NOT NULL)", cache::qualified_name(table));
+    Spi::get_one::<bool>(&sql).unwrap_or_else(|e| panic!("{sql}: {e}")).unwrap_or(false)
+}
+
+/// How many overrides name the tier `tier` of the limit `name`.
+pub fn overrides_naming(name: &str, tier: &str) -> i64 {
+    let Some((table, _)) = cache::relations().overrides else { return 0 };
+    let sql = format!(
+        "SELECT pg_catalog.count(*) FROM {} WHERE name OPERATOR(pg_catalog.=) $1 AND tier OPERATOR(pg_catalog.=) $2",
+        cache::qualified_name(table)
+    );
+    Spi::get_one_with_args::<i64>(&sql, &[name.into(), tier.into()]).unwrap_or_else(|e| panic!("{sql}: {e}")).unwrap_or(0)
 }
 
 /// Delete the override of (name, key); whether there was one.
@@ -219,18 +273,23 @@ pub fn delete_override(name: &str, key: Option<&str>) -> bool {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-/// Whether the limit `name` has any override.
+/// Whether the limit `name` has any override or tier.
 pub fn has_overrides(name: &str) -> bool {
-    let Some((table, _)) = cache::relations().overrides else { return false };
-    let sql = format!("SELECT EXISTS (SELECT FROM {} WHERE name OPERATOR(pg_catalog.=) $1)", cache::qualified_name(table));
-    Spi::get_one_with_args::<bool>(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}")).unwrap_or(false)
+    let relations = cache::relations();
+    [relations.overrides, relations.tiers].into_iter().flatten().any(|(table, _)| {
+        let sql = format!("SELECT EXISTS (SELECT FROM {} WHERE name OPERATOR(pg_catalog.=) $1)", cache::qualified_name(table));
+        Spi::get_one_with_args::<bool>(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}")).unwrap_or(false)
+    })
 }
 
-/// Delete every override of the limit `name` (`None`: of every limit), as the limit goes.
+/// Delete every override and tier of the limit `name` (`None`: of every limit), as the limit
+/// goes: the overrides first, so that no tier they name is left named.
 pub fn delete_overrides_of(name: Option<&str>) {
-    let Some((table, _)) = cache::relations().overrides else { return };
-    let sql = format!("DELETE FROM {} WHERE $1::pg_catalog.text IS NULL OR name OPERATOR(pg_catalog.=) $1", written(table));
-    Spi::run_with_args(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let relations = cache::relations();
+    for (table, _) in [relations.overrides, relations.tiers].into_iter().flatten() {
+        let sql = format!("DELETE FROM {} WHERE $1::pg_catalog.text IS NULL OR name OPERATOR(pg_catalog.=) $1", written(table));
+        Spi::run_with_args(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }
 
 /// Insert or replace a named limit.
