@@ -312,7 +312,8 @@ ROUTED = ("rate_limit", "check_rate_limit", "wait_rate_limit", "rate_limit_all",
 # What docs/scaling-out.md says stays on each partition; anything new in rate_limiter must be
 # routed or listed here.
 PARTITION_ONLY = {"http_headers", "http_headers_all", "prune", "stats_reset",
-                  "ip_key", "stats_every_database", "top_denied_every_database"}
+                  "ip_key", "stats_every_database", "top_denied_every_database",
+                  "override", "remove_override", "define_tier", "remove_tier"}
 SIGNATURES = """
 SELECT p.proname, pg_get_function_arguments(p.oid),
        replace(pg_get_function_result(p.oid), %(schema)s || '.decision', 'decision'),

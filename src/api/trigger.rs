@@ -30,7 +30,10 @@ fn _limits_changed<'a>(
         concurrency_limit_shrinking(trigger);
         overrides_follow_their_limit(trigger);
     }
-    if cache::relations().tiers.is_some_and(|(tiers, _)| tiers == relid) {
+    // By the relation's own columns: in a database older than 0.4.0 (its update under way)
+    // the extension's relations cannot be looked up yet.
+    let is_tiers = trigger.relation().is_ok_and(|r| r.name() == "tiers" && r.tuple_desc().iter().any(|a| a.name() == "tier"));
+    if is_tiers {
         tier_stays_while_named(trigger);
     }
     // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
