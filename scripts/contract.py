@@ -178,8 +178,15 @@ def edition():
 
 
 def router():
-    """The router's functions after its install path (0.4.0, then each update), last one wins."""
-    scripts = ["rate_limiter_proxy--0.4.0.sql", "rate_limiter_proxy--0.4.0--0.5.0.sql", "rate_limiter_proxy--0.5.0--0.6.0.sql"]
+    """The router's functions after its install path (0.4.0, then each update up to the
+    control file's default_version, as CREATE EXTENSION runs them), last one wins."""
+    control = (ROOT / "proxy" / "rate_limiter_proxy.control").read_text()
+    default = re.search(r"^default_version = '([^']+)'", control, re.M).group(1)
+    scripts, version = ["rate_limiter_proxy--0.4.0.sql"], "0.4.0"
+    while version != default:
+        (update,) = (ROOT / "proxy").glob(f"rate_limiter_proxy--{version}--*.sql")
+        scripts.append(update.name)
+        version = update.name.removesuffix(".sql").split("--")[2]
     functions = {}
     for script in scripts:
         text = (ROOT / "proxy" / script).read_text()

@@ -64,8 +64,11 @@ thread_local! {
     static ANY_BLOCKS: Cell<Option<bool>> = const { Cell::new(None) };
     static ANY_ALLOWS: Cell<Option<bool>> = const { Cell::new(None) };
     static ANY_OVERRIDES: Cell<Option<bool>> = const { Cell::new(None) };
-    static OVERRIDDEN: RefCell<HashMap<(String, Option<String>), Option<Overridden>>> = RefCell::new(HashMap::new());
+    static OVERRIDDEN: RefCell<HashMap<Pair, Option<Overridden>>> = RefCell::new(HashMap::new());
 }
+
+/// A (name, key) whose override, or lack of one, a backend keeps.
+type Pair = (String, Option<String>);
 
 /// What a key's override makes of its named limit: the config it is decided under, whether
 /// it is exempt, and until when (ms).

@@ -189,6 +189,35 @@ def test_define_reaches_every_partition_with_its_share(fleet4):
             assert rows == {spread: ("token bucket", 100, 200, 2), single: ("sliding window", 10, None, 1)}
 
 
+def test_an_override_goes_to_the_keys_partition_and_a_tier_to_every_one(fleet2):
+    """A key's override is set where its calls go, and applies to them through the router; a
+    tier reaches every partition; a spread limit has neither (0A000)."""
+    name, spread = unique("plan"), unique("plan_spread")
+    with fleet2.connect() as c:
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'sliding window', 1, '1 hour')", (name,))
+        c.execute("SELECT rate_limiter_proxy.override(%s, 'pro', rate => 3, note => 'plan: pro')", (name,))
+        owner = c.execute("SELECT rate_limiter_proxy.partition_of('pro')").fetchone()[0]
+        took = [c.execute("SELECT ok FROM rate_limiter_proxy.rate_limit(%s, 'pro')", (name,)).fetchone()[0] for _ in range(4)]
+        assert took == [True, True, True, False]
+        c.execute("SELECT rate_limiter_proxy.define_tier(%s, 'team', rate => 2)", (name,))
+        c.execute("SELECT rate_limiter_proxy.override(%s, 'other', tier => 'team')", (name,))
+        took = [c.execute("SELECT ok FROM rate_limiter_proxy.rate_limit(%s, 'other')", (name,)).fetchone()[0] for _ in range(3)]
+        assert took == [True, True, False]
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'token bucket', 10, '1 minute', shards => 4)", (spread,))
+        for sql in ["SELECT rate_limiter_proxy.override(%s, 'k', rate => 20)", "SELECT rate_limiter_proxy.define_tier(%s, 't', rate => 20)"]:
+            with pytest.raises(errors.FeatureNotSupported):
+                c.execute(sql, (spread,))
+    for i in range(2):
+        with fleet2.on_partition(i) as c:
+            overrides = c.execute("SELECT key FROM rate_limiter.overrides WHERE name = %s AND key = 'pro'", (name,)).fetchall()
+            assert overrides == ([("pro",)] if i == owner else []), i
+            assert c.execute("SELECT rate FROM rate_limiter.tiers WHERE name = %s", (name,)).fetchall() == [(2.0,)], i
+    with fleet2.connect() as c:
+        assert c.execute("SELECT rate_limiter_proxy.remove_override(%s, 'pro')", (name,)).fetchone() == (True,)
+        with pytest.raises(errors.ForeignKeyViolation):
+            c.execute("SELECT rate_limiter_proxy.remove_tier(%s, 'team')", (name,))
+
+
 def test_a_limit_defined_through_the_router_in_shadow_mode_is_so_on_every_partition(fleet2):
     name = unique("shadow")
     with fleet2.connect() as c:
@@ -308,12 +337,11 @@ def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(parti
 
 ROUTED = ("rate_limit", "check_rate_limit", "wait_rate_limit", "rate_limit_all", "check_rate_limit_all",
           "rate_limit_value", "reset_rate_limit", "define", "block", "unblock", "credit", "allow", "disallow",
-          "acquire", "release", "renew")
+          "acquire", "release", "renew", "override", "remove_override", "define_tier", "remove_tier")
 # What docs/scaling-out.md says stays on each partition; anything new in rate_limiter must be
 # routed or listed here.
 PARTITION_ONLY = {"http_headers", "http_headers_all", "prune", "stats_reset",
-                  "ip_key", "stats_every_database", "top_denied_every_database",
-                  "override", "remove_override", "define_tier", "remove_tier"}
+                  "ip_key", "stats_every_database", "top_denied_every_database"}
 SIGNATURES = """
 SELECT p.proname, pg_get_function_arguments(p.oid),
        replace(pg_get_function_result(p.oid), %(schema)s || '.decision', 'decision'),
@@ -742,7 +770,8 @@ def test_objects_the_database_owner_plants_never_run_in_a_superusers_call(partit
     names = sorted(set(re.findall(r"([a-z_][a-z_0-9]*)\s*\(", "\n".join(
         open(os.path.join(PROXY_DIR, f)).read() for f in ("rate_limiter_proxy--0.4.0.sql", "rate_limiter_proxy--0.3.0--0.4.0.sql",
                                                           "rate_limiter_proxy--0.4.0--0.5.0.sql",
-                                                          "rate_limiter_proxy--0.5.0--0.6.0.sql")))))
+                                                          "rate_limiter_proxy--0.5.0--0.6.0.sql",
+                                                          "rate_limiter_proxy--0.6.0--0.7.0.sql")))))
     with hostile.connect(user=owner) as c:
         c.execute(PLANT.replace("%(names)s", "ARRAY[" + ", ".join(f"'{n}'" for n in names) + "]"))
         c.execute(f"ALTER DATABASE {hostile.router} SET search_path = public, pg_catalog")
@@ -785,6 +814,16 @@ def test_objects_the_database_owner_plants_never_run_in_a_superusers_call(partit
             c.execute("SELECT rate_limiter_proxy.rate_limit_all('" + json.dumps(
                 [{"name": single, "key": apart[0]}, {"name": single, "key": apart[1]}]) + "')")
 
+    def plans(c):
+        """The router functions since 0.7.0: overrides and tiers, and their refusal of a spread
+        limit."""
+        c.execute(f"SELECT rate_limiter_proxy.define_tier('{single}', 'pro', rate => 200)")
+        c.execute(f"SELECT rate_limiter_proxy.override('{single}', 'alice', tier => 'pro')")
+        assert c.execute(f"SELECT rate_limiter_proxy.remove_override('{single}', 'alice')").fetchone() == (True,)
+        assert c.execute(f"SELECT rate_limiter_proxy.remove_tier('{single}', 'pro')").fetchone() == (True,)
+        with pytest.raises(errors.FeatureNotSupported):
+            c.execute(f"SELECT rate_limiter_proxy.override('{spread}', 'alice', rate => 1)")
+
     with hostile.connect() as c:
         assert c.execute("SHOW search_path").fetchone() == ("public, pg_catalog",)
         calls(c)
@@ -794,6 +833,7 @@ def test_objects_the_database_owner_plants_never_run_in_a_superusers_call(partit
         assert planted_runs(hostile) == (0, []), "the update script ran them"
     with hostile.connect() as c:
         calls(c)
+        plans(c)
         assert planted_runs(hostile) == (0, [])
         c.execute("DROP EXTENSION rate_limiter_proxy")
         c.execute("CREATE EXTENSION rate_limiter_proxy")
