@@ -133,7 +133,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
         let shard = looked[p].shards[i];
         let row = lock_one(table, slot_of(p, i), looked[p].rows[i], true, &|| starting(table, &part.req, &part.config, shard, clock::now_ms()))
             .expect("a waiting lock is always obtained");
-        held_shards::note(&part.req, shard);
+        held_shards::note(&part.req, shard, part.config.shards);
         locked[p].push((i, row));
     }
     let now = clock::now_ms();

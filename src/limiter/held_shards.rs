@@ -29,9 +29,14 @@ pub fn of(req: &Request<'_>) -> Vec<i32> {
     HELD.with_borrow(|held| held.iter().filter(|(w, _, _)| is(w, req)).map(|(_, shard, _)| *shard).collect())
 }
 
-/// `shard` of `req`'s rows is held, until the transaction (or the current subtransaction,
-/// if it aborts) ends.
-pub fn note(req: &Request<'_>, shard: i32) {
+/// `shard` of `req`'s rows, of a limit of `shards` shards, is held, until the transaction (or
+/// the current subtransaction, if it aborts) ends. Only a sharded limit's shards are noted:
+/// a call of a limit of one shard takes shard 0 whatever it holds, and a transaction calling
+/// many keys would otherwise look through all of them at each call.
+pub fn note(req: &Request<'_>, shard: i32, shards: u32) {
+    if shards == 1 {
+        return;
+    }
     if !REGISTERED.get() {
         // SAFETY: callbacks that live as long as the library, registered once per backend.
         unsafe {

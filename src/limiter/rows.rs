@@ -170,7 +170,7 @@ fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>)
             };
             match written {
                 Written::Done => {
-                    held_shards::note(req, slot.shard);
+                    held_shards::note(req, slot.shard, config.shards);
                     return outcome.decision(req.name);
                 }
                 Written::Busy => {
@@ -182,7 +182,7 @@ fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>)
         }
         if try_locking {
             let starting = |shard| starting(table, req, config, shard, clock::now_ms());
-            match lock_all(table, req, &looked, &taking, wait, &mut held, &starting) {
+            match lock_all(table, req, config.shards, &looked, &taking, wait, &mut held, &starting) {
                 Some(locked) => return apply(table, req, &looked, &taking, locked, plan),
                 None => busy.extend(taking.iter().map(|i| looked.shards[*i])),
             }
@@ -219,12 +219,14 @@ fn lock_timed_out(req: &Request<'_>, config: &Config, planned: &Decision, waited
     }
 }
 
-/// Lock the rows of the shards at `taking` in ascending shard order, creating missing ones
-/// as `starting` a shard says, and note each in `held`. Without `wait`, gives up and returns
+/// Lock the rows of the shards at `taking` (of a limit of `shards` shards) in ascending shard
+/// order, creating missing ones as `starting` a shard says, and note each in `held`. Without `wait`, gives up and returns
 /// `None` as soon as one is held by another transaction.
+#[allow(clippy::too_many_arguments)]
 fn lock_all(
     table: &StateTable,
     req: &Request<'_>,
+    shards: u32,
     looked: &Looked,
     taking: &[usize],
     wait: bool,
@@ -237,7 +239,7 @@ fn lock_all(
     for i in order {
         let slot = slot(req, looked.shards[i]);
         locked[i] = Some(lock_one(table, slot, looked.rows[i], wait, &|| starting(slot.shard))?);
-        held_shards::note(req, slot.shard);
+        held_shards::note(req, slot.shard, shards);
         if !held.contains(&slot.shard) {
             held.push(slot.shard);
         }
