@@ -27,6 +27,10 @@ measure() { # commit label
         git -C "$ROOT" worktree add -f "$tree" "$1" >/dev/null
     fi
     log=$(mktemp)
+    # The commits share the target directory, and so the library's path: cargo, finding the
+    # fingerprint of this tree's last build fresh, would install another commit's library.
+    # The crate is built again each time (its dependencies stay built).
+    rm -rf "$ROOT"/target/instructions/release/.fingerprint/rate_limiter-* "$ROOT/target/instructions/release/librate_limiter.so"
     (cd "$tree" && CARGO_TARGET_DIR="$ROOT/target/instructions" CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
         cargo pgrx install --release --pg-config "$PG_CONFIG") >"$log" 2>&1 || { cat "$log"; exit 1; }
     rm -f "$log"
