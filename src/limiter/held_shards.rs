@@ -6,6 +6,7 @@
 //! a subtransaction took when it aborts, which gives those locks back.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::ffi::c_void;
 
 use pgrx::pg_sys;
@@ -16,23 +17,24 @@ use crate::call::{Fingerprint, Request};
 type Whose = (String, Option<String>, Option<Fingerprint>);
 
 thread_local! {
-    static HELD: RefCell<Vec<(Whose, i32, pg_sys::SubTransactionId)>> = const { RefCell::new(Vec::new()) };
+    /// Each (name, key, config)'s held shards, with the subtransaction that took each: found
+    /// by the key, not searched, however many keys the transaction calls.
+    static HELD: RefCell<HashMap<Whose, Vec<(i32, pg_sys::SubTransactionId)>>> = RefCell::new(HashMap::new());
     static REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
-fn is(whose: &Whose, req: &Request<'_>) -> bool {
-    whose.0 == req.name && whose.1.as_deref() == req.key && whose.2 == req.inline
+fn whose(req: &Request<'_>) -> Whose {
+    (req.name.to_owned(), req.key.map(str::to_owned), req.inline)
 }
 
 /// The shards of `req`'s (name, key, config) this transaction holds.
 pub fn of(req: &Request<'_>) -> Vec<i32> {
-    HELD.with_borrow(|held| held.iter().filter(|(w, _, _)| is(w, req)).map(|(_, shard, _)| *shard).collect())
+    HELD.with_borrow(|held| held.get(&whose(req)).map_or_else(Vec::new, |shards| shards.iter().map(|(s, _)| *s).collect()))
 }
 
 /// `shard` of `req`'s rows, of a limit of `shards` shards, is held, until the transaction (or
-/// the current subtransaction, if it aborts) ends. Only a sharded limit's shards are noted:
-/// a call of a limit of one shard takes shard 0 whatever it holds, and a transaction calling
-/// many keys would otherwise look through all of them at each call.
+/// the current subtransaction, if it aborts) ends. Only a sharded limit's shards are noted: a
+/// call of a limit of one shard takes shard 0 whatever it holds.
 pub fn note(req: &Request<'_>, shard: i32, shards: u32) {
     if shards == 1 {
         return;
@@ -48,8 +50,9 @@ pub fn note(req: &Request<'_>, shard: i32, shards: u32) {
     // SAFETY: inside a transaction, as every call is.
     let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
     HELD.with_borrow_mut(|held| {
-        if !held.iter().any(|(w, s, _)| *s == shard && is(w, req)) {
-            held.push(((req.name.to_owned(), req.key.map(str::to_owned), req.inline), shard, sub));
+        let shards = held.entry(whose(req)).or_default();
+        if !shards.iter().any(|(s, _)| *s == shard) {
+            shards.push((shard, sub));
         }
     });
 }
@@ -60,7 +63,7 @@ pub fn note(req: &Request<'_>, shard: i32, shards: u32) {
 unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
     use pg_sys::XactEvent::*;
     if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_PARALLEL_ABORT) {
-        HELD.with_borrow_mut(Vec::clear);
+        HELD.with_borrow_mut(HashMap::clear);
     }
 }
 
@@ -75,6 +78,11 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
 ) {
     // What `ending` and the subtransactions nested in it (numbered after it) took.
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        HELD.with_borrow_mut(|held| held.retain(|(_, _, sub)| *sub < ending));
+        HELD.with_borrow_mut(|held| {
+            held.retain(|_, shards| {
+                shards.retain(|(_, sub)| *sub < ending);
+                !shards.is_empty()
+            })
+        });
     }
 }
