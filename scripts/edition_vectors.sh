@@ -16,11 +16,12 @@ server -l "$dir/server.log" -w start -o "-p $port -k /tmp -c listen_addresses= -
 "$bin/psql" -X -q -h /tmp -p "$port" -U postgres -d postgres -c "CREATE ROLE owner LOGIN" -c "CREATE DATABASE edition OWNER owner"
 sql() { "$bin/psql" -X -q -At -v ON_ERROR_STOP=1 -h /tmp -p "$port" -U owner -d edition "$@"; }
 sql -f "$ROOT/sql-only/rate_limiter.sql" >/dev/null
+with_vectors() { sql -v vectors="$(cat "$ROOT/contract/vectors.json")" -f -; }
 mismatches=$({ cat "$ROOT/contract/replay.sql"
                echo "SELECT format('%s, step %s: expected %s, answered %s', about, step, expected, answered)"
                echo "  FROM pg_temp.vector_mismatches(:'vectors');"
-             } | sql -v vectors="$(cat "$ROOT/contract/vectors.json")" -f -)
-cases=$(sql -c "SELECT count(*) FROM jsonb_array_elements('$(sed "s/'/''/g" "$ROOT/contract/vectors.json")'::jsonb -> 'cases')")
+             } | with_vectors)
+cases=$(echo "SELECT count(*) FROM jsonb_array_elements(:'vectors'::jsonb -> 'cases');" | with_vectors)
 if [ -n "$mismatches" ]; then
     printf 'the SQL-only edition on PostgreSQL %s differs from contract/vectors.json:\n%s\n' "$NN" "$mismatches" >&2
     exit 1

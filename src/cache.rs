@@ -313,11 +313,7 @@ pub fn config<E>(name: &str, load: impl FnOnce() -> Result<Config, E>) -> Result
 
 /// Whether `rate_limiter.overrides` has any row, from the cache or from `load`.
 pub fn any_override(load: impl FnOnce() -> bool) -> bool {
-    ANY_OVERRIDES.get().unwrap_or_else(|| {
-        let any = load();
-        ANY_OVERRIDES.set(Some(any));
-        any
-    })
+    flag(&ANY_OVERRIDES, load)
 }
 
 /// The override of `name`'s `key` (`None`: it has none), from the cache or from `load`.
@@ -338,10 +334,17 @@ pub fn overridden<E>(name: &str, key: Option<&str>, load: impl FnOnce() -> Resul
 
 /// Whether `list` has any row, from the cache or from `load`.
 pub fn any_listed(list: List, load: impl FnOnce() -> bool) -> bool {
-    let flag = match list {
-        List::Blocks => &ANY_BLOCKS,
-        List::Allows => &ANY_ALLOWS,
-    };
+    flag(
+        match list {
+            List::Blocks => &ANY_BLOCKS,
+            List::Allows => &ANY_ALLOWS,
+        },
+        load,
+    )
+}
+
+/// A per-backend flag, from the cache or from `load` (which the cache then keeps).
+fn flag(flag: &'static std::thread::LocalKey<Cell<Option<bool>>>, load: impl FnOnce() -> bool) -> bool {
     flag.get().unwrap_or_else(|| {
         let any = load();
         flag.set(Some(any));

@@ -9,6 +9,7 @@ use crate::bucket::Config;
 use crate::cache::{self, Overridden};
 use crate::call::Request;
 use crate::clock;
+use crate::config::Override;
 use crate::error::{Error, Result};
 use crate::storage::{self, Overriding};
 
@@ -29,12 +30,19 @@ fn load(name: &str, key: Option<&str>) -> Result<Option<Overridden>> {
         Overriding::Numbers(numbers, exempt) => (numbers, exempt),
         Overriding::Tier(tier) => storage::load_tier(name, &tier).ok_or(Error::UnknownTier { name: name.to_owned(), tier })?,
     };
+    Ok(Some(Overridden { config: applied(name, &numbers)?, exempt, until: clock::timestamptz_ms(until) }))
+}
+
+/// The config of the limit `name` with `numbers` in place of its own, checked as `define`
+/// checks a limit's: refused for a limit that does not exist, a hot or memory limit, and
+/// numbers its kind could not have. What `override` and `define_tier` accept, and what a
+/// call is decided under.
+pub fn applied(name: &str, numbers: &Override) -> Result<Config> {
     let row = storage::load_limit(name).ok_or_else(|| Error::UnknownLimit(name.to_owned()))?;
-    let config = Config::try_from(&numbers.applied_to(&row))?;
-    if config.hot || !config.durable {
+    if row.hot || !row.durable {
         return Err(Error::NotSupported(format!("overrides of the hot or memory limit \"{name}\"")));
     }
-    Ok(Some(Overridden { config, exempt, until: clock::timestamptz_ms(until) }))
+    Config::try_from(&numbers.applied_to(&row))
 }
 
 /// The config `req` is decided under: its key's override's when one is in force, else

@@ -12,6 +12,7 @@ use crate::clock;
 use crate::config::{self, LimitRow};
 use crate::error::{self, Error, Result};
 use crate::limiter;
+use crate::overrides;
 use crate::shmem::deny_cache;
 use crate::storage;
 
@@ -113,31 +114,19 @@ fn set_override(
         let exempt = exempt.ok_or_else(|| Error::InvalidArgument("exempt must not be NULL".into()))?;
         let until = until.ok_or_else(|| Error::InvalidArgument("until must not be NULL; use 'infinity'".into()))?;
         let numbers = config::Override { rate, period, capacity, max_reserved, min_gap };
-        let row = numbers_for(name, &numbers)?;
+        overrides::applied(name, &numbers)?;
         if let Some(tier) = tier {
             if numbers != config::Override::default() || exempt {
                 return Err(Error::InvalidArgument("an override names a tier or gives numbers (or exempt), not both".into()));
             }
             let (tier_numbers, _) =
                 storage::load_tier(name, tier).ok_or_else(|| Error::UnknownTier { name: name.to_owned(), tier: tier.to_owned() })?;
-            Config::try_from(&tier_numbers.applied_to(&row))?;
+            overrides::applied(name, &tier_numbers)?;
         }
         storage::upsert_override(name, key, tier, &numbers, exempt, until, note);
         Ok(())
     })()
     .unwrap_or_else(|e| e.raise())
-}
-
-/// The row of the limit `name` that `numbers` would change, once they are checked against it
-/// as `define` checks its numbers: refused for a limit that does not exist, a hot or memory
-/// limit, and numbers its kind could not have.
-fn numbers_for(name: &str, numbers: &config::Override) -> Result<LimitRow> {
-    let row = storage::load_limit(name).ok_or_else(|| Error::UnknownLimit(name.to_owned()))?;
-    if row.hot || !row.durable {
-        return Err(Error::NotSupported(format!("overrides of the hot or memory limit \"{name}\"")));
-    }
-    Config::try_from(&numbers.applied_to(&row))?;
-    Ok(row)
 }
 
 /// Define or replace the tier `tier` of the limit `name`: numbers (`define`'s names; NULL: the
@@ -163,7 +152,7 @@ fn define_tier(
         let tier = valid_tier(tier)?;
         let exempt = exempt.ok_or_else(|| Error::InvalidArgument("exempt must not be NULL".into()))?;
         let numbers = config::Override { rate, period, capacity, max_reserved, min_gap };
-        numbers_for(name, &numbers)?;
+        overrides::applied(name, &numbers)?;
         storage::upsert_tier(name, tier, &numbers, exempt, note);
         Ok(())
     })()

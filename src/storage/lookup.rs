@@ -117,6 +117,20 @@ impl Lookup {
     }
 }
 
+impl Lookup {
+    /// The numbers of an override or a tier, in the columns from `rate` (rate, period,
+    /// capacity, max_reserved, min_gap: the two tables' order).
+    fn numbers_from(&self, rate: i32) -> Override {
+        Override {
+            rate: self.column(rate),
+            period: self.column(rate + 1),
+            capacity: self.column(rate + 2),
+            max_reserved: self.column(rate + 3),
+            min_gap: self.column(rate + 4),
+        }
+    }
+}
+
 impl Drop for Lookup {
     fn drop(&mut self) {
         // SAFETY: each was opened in `open` (null if it was not reached) and is closed once;
@@ -152,17 +166,9 @@ pub fn load_override(name: &str, key: Option<&str>) -> Option<(Overriding, Times
     let overrides = Lookup::overrides()?;
     overrides.find(&[key, Some(name)]).then(|| {
         let required = "NOT NULL column of rate_limiter.overrides";
-        let tier: Option<String> = overrides.column(3);
-        let numbers = Override {
-            rate: overrides.column(4),
-            period: overrides.column(5),
-            capacity: overrides.column(6),
-            max_reserved: overrides.column(7),
-            min_gap: overrides.column(8),
-        };
-        let overriding = match tier {
+        let overriding = match overrides.column(3) {
             Some(tier) => Overriding::Tier(tier),
-            None => Overriding::Numbers(numbers, overrides.column(9).expect(required)),
+            None => Overriding::Numbers(overrides.numbers_from(4), overrides.column(9).expect(required)),
         };
         (overriding, overrides.column(10).expect(required))
     })
@@ -173,14 +179,7 @@ pub fn load_override(name: &str, key: Option<&str>) -> Option<(Overriding, Times
 pub fn load_tier(name: &str, tier: &str) -> Option<(Override, bool)> {
     let tiers = Lookup::tiers()?;
     tiers.find(&[Some(name), Some(tier)]).then(|| {
-        let numbers = Override {
-            rate: tiers.column(3),
-            period: tiers.column(4),
-            capacity: tiers.column(5),
-            max_reserved: tiers.column(6),
-            min_gap: tiers.column(7),
-        };
-        (numbers, tiers.column(8).expect("NOT NULL column of rate_limiter.tiers"))
+        (tiers.numbers_from(3), tiers.column(8).expect("NOT NULL column of rate_limiter.tiers"))
     })
 }
 
