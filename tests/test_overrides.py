@@ -68,6 +68,27 @@ def test_a_tier_raised_under_eight_sessions_admits_exactly_its_new_rate_to_its_k
     assert race(test_cluster, database_name, name, "SELECT rate_limiter.define_tier(%s, 'pro', rate => 20)") == 20
 
 
+def test_an_override_rolled_back_is_forgotten_by_the_backend_that_saw_it(test_cluster, database_name, name):
+    """A session sets an override, calls under it (its cache now holds it), and rolls the
+    override back, whole or to a savepoint: its next calls are under the limit's numbers again,
+    with what the rolled-back calls took given back too."""
+    with test_cluster.connect(database_name, autocommit=False) as c:
+        c.execute(f"SET rate_limiter.fake_now = '{FAKE_NOW}'")
+        define(c, name, "sliding window", rate=1, start="2026-01-01 00:00:00+00")
+        c.commit()
+        c.execute("SELECT rate_limiter.override(%s, 'k', rate => 100)", (name,))
+        assert [limit(c, name, "k")[0] for _ in range(3)] == [True, True, True]
+        c.rollback()
+        assert [limit(c, name, "k")[0] for _ in range(2)] == [True, False]
+        c.rollback()
+        c.execute("SAVEPOINT s")
+        c.execute("SELECT rate_limiter.override(%s, 'k', rate => 100)", (name,))
+        assert [limit(c, name, "k")[0] for _ in range(3)] == [True, True, True]
+        c.execute("ROLLBACK TO SAVEPOINT s")
+        assert [limit(c, name, "k")[0] for _ in range(2)] == [True, False]
+        c.commit()
+
+
 @pytest.fixture
 def caller(test_cluster, database_name, name):
     """A role that may call rate_limit, nothing more, and a limit with an override of a key."""
