@@ -144,8 +144,8 @@ COMMENT ON COLUMN rate_limiter.allows.created IS 'When the allow was made or las
 SELECT pg_catalog.pg_extension_config_dump('rate_limiter.allows', '');
 
 -- A key's own numbers under a named limit (rate_limiter.override()): a call on that key is
--- decided under them, its count kept in the same rows, until until. Looked up by (key, name),
--- as the lists are.
+-- decided under them, its count kept in the same rows, until until. Looked up by (name, key),
+-- and read whole by name for the keys a limit overrides.
 CREATE TABLE rate_limiter.overrides (
     name text COLLATE "C" NOT NULL
         CONSTRAINT overrides_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
@@ -166,7 +166,7 @@ CREATE TABLE rate_limiter.overrides (
     until timestamptz NOT NULL DEFAULT 'infinity',
     note text,
     created timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    CONSTRAINT overrides_key_name_key UNIQUE NULLS NOT DISTINCT (key, name),
+    CONSTRAINT overrides_name_key_key UNIQUE NULLS NOT DISTINCT (name, key),
     CONSTRAINT overrides_tier_or_numbers CHECK (tier IS NULL OR (rate IS NULL AND period IS NULL AND capacity IS NULL
                                                                  AND max_reserved IS NULL AND min_gap IS NULL AND NOT exempt))
 );

@@ -6,7 +6,7 @@
 //! backend once the change commits.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::ptr::null_mut;
 
@@ -65,7 +65,26 @@ thread_local! {
     static ANY_ALLOWS: Cell<Option<bool>> = const { Cell::new(None) };
     static ANY_OVERRIDES: Cell<Option<bool>> = const { Cell::new(None) };
     static OVERRIDDEN: RefCell<HashMap<Pair, Option<Overridden>>> = RefCell::new(HashMap::new());
+    static OVERRIDDEN_KEYS: RefCell<KeysOfLimits> = RefCell::new(KeysOfLimits::default());
 }
+
+/// The keys each limit called in this backend overrides: a key not among them is answered
+/// without a probe of the table. None for a limit with more than fit: its keys are probed.
+#[derive(Default)]
+struct KeysOfLimits {
+    limits: HashMap<String, Option<Keys>>,
+    bytes: usize,
+}
+
+#[derive(Default)]
+struct Keys {
+    keys: HashSet<String>,
+    null: bool,
+}
+
+/// The most bytes of overridden keys a backend keeps (a key's length and 32 for its entry):
+/// a limit with more falls back to a probe per key, as when the budget is spent on others.
+const MAX_OVERRIDDEN_KEY_BYTES: usize = 1 << 20;
 
 /// A (name, key) whose override, or lack of one, a backend keeps.
 type Pair = (String, Option<String>);
@@ -152,7 +171,7 @@ fn look_up() -> Relations {
             .map(|(debits, _)| index_of(debits, c"debits_key"));
         let overrides = (pg_sys::get_relname_relid(c"overrides".as_ptr(), schema) != pg_sys::InvalidOid).then(|| {
             let overrides = table(c"overrides");
-            (overrides, index_of(overrides, c"overrides_key_name_key"))
+            (overrides, index_of(overrides, c"overrides_name_key_key"))
         });
         let tiers = overrides.and_then(|_| {
             (pg_sys::get_relname_relid(c"tiers".as_ptr(), schema) != pg_sys::InvalidOid).then(|| {
@@ -332,6 +351,34 @@ pub fn overridden<E>(name: &str, key: Option<&str>, load: impl FnOnce() -> Resul
     Ok(found)
 }
 
+/// Whether `name`'s `key` may have an override: false when it is not among the limit's
+/// overridden keys, from the cache or from `load` (`load(most)`: None when there are more
+/// than `most`).
+pub fn may_be_overridden(name: &str, key: Option<&str>, load: impl FnOnce(usize) -> Option<Vec<Option<String>>>) -> bool {
+    let known = OVERRIDDEN_KEYS.with_borrow(|kept| {
+        kept.limits.get(name).map(|keys| keys.as_ref().is_none_or(|k| key.map_or(k.null, |key| k.keys.contains(key))))
+    });
+    if let Some(known) = known {
+        return known;
+    }
+    let cost = |key: &Option<String>| key.as_ref().map_or(0, String::len) + 32;
+    let found = load(MAX_OVERRIDDEN_KEY_BYTES / 32).filter(|keys| keys.iter().map(cost).sum::<usize>() <= MAX_OVERRIDDEN_KEY_BYTES);
+    let bytes = found.as_ref().map_or(0, |keys| keys.iter().map(cost).sum()) + name.len() + 32;
+    let answer = found.as_ref().is_none_or(|keys| keys.iter().any(|k| k.as_deref() == key));
+    OVERRIDDEN_KEYS.with_borrow_mut(|kept| {
+        if kept.bytes + bytes > MAX_OVERRIDDEN_KEY_BYTES {
+            *kept = KeysOfLimits::default();
+        }
+        kept.bytes += bytes;
+        let keys = found.map(|keys| {
+            let null = keys.contains(&None);
+            Keys { keys: keys.into_iter().flatten().collect(), null }
+        });
+        kept.limits.insert(name.to_owned(), keys);
+    });
+    answer
+}
+
 /// Whether `list` has any row, from the cache or from `load`.
 pub fn any_listed(list: List, load: impl FnOnce() -> bool) -> bool {
     flag(
@@ -382,6 +429,7 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
         ANY_ALLOWS.set(None);
         ANY_OVERRIDES.set(None);
         OVERRIDDEN.with_borrow_mut(HashMap::clear);
+        OVERRIDDEN_KEYS.set(KeysOfLimits::default());
     }
 }
 

@@ -24,6 +24,9 @@ pub struct Request<'a> {
     /// The fingerprint of the config passed inline; `None` for a limit named in
     /// `rate_limiter.limits`.
     pub inline: Option<Fingerprint>,
+    /// The key's override exempts it from its limit now (set with the config it is decided
+    /// under, `overrides::config_for`): answered as an allowed key.
+    pub exempt: bool,
 }
 
 /// Why a call is denied (or, for `Allowed` and an allowing `LockTimeout`, let through

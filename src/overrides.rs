@@ -1,9 +1,10 @@
 //! Overrides (`rate_limiter.overrides`): a key of a named limit decided under numbers of its
 //! own or its tier's (`rate_limiter.tiers`), counted in the same rows, so that a change of
 //! plan neither hands out a fresh window nor takes one away. Looked up through the tables'
-//! unique indexes, not at all while there is no override, and each (name, key) once per
-//! backend until the tables or the limits change (`cache`, whose entries the tables' triggers
-//! invalidate).
+//! unique indexes: not at all while there is no override; a limit's overridden keys read
+//! whole once per backend, so that a key without one costs a lookup in memory; a key with
+//! one read once per backend. Kept until the tables or the limits change (`cache`, whose
+//! entries the tables' triggers invalidate).
 
 use crate::bucket::Config;
 use crate::cache::{self, Overridden};
@@ -15,7 +16,10 @@ use crate::storage::{self, Overriding};
 
 /// The override of `req`'s key in force now, if it has one: none for an inline config.
 fn in_force(req: &Request<'_>) -> Result<Option<Overridden>> {
-    if req.inline.is_some() || !cache::any_override(storage::any_override) {
+    if req.inline.is_some()
+        || !cache::any_override(storage::any_override)
+        || !cache::may_be_overridden(req.name, req.key, |most| storage::overridden_keys(req.name, most))
+    {
         return Ok(None);
     }
     let found = cache::overridden(req.name, req.key, || load(req.name, req.key))?;
@@ -46,12 +50,9 @@ pub fn applied(name: &str, numbers: &Override) -> Result<Config> {
 }
 
 /// The config `req` is decided under: its key's override's when one is in force, else
-/// `config`, its limit's.
-pub fn config_for(req: &Request<'_>, config: Config) -> Result<Config> {
-    Ok(in_force(req)?.map_or(config, |o| o.config))
-}
-
-/// Whether `req`'s key is exempt from its limit now, by its override.
-pub fn exempt(req: &Request<'_>) -> bool {
-    in_force(req).unwrap_or_else(|e| e.raise()).is_some_and(|o| o.exempt)
+/// `config`, its limit's; `req` is marked exempt when the override exempts it.
+pub fn config_for(req: &mut Request<'_>, config: Config) -> Result<Config> {
+    let found = in_force(req)?;
+    req.exempt = found.is_some_and(|o| o.exempt);
+    Ok(found.map_or(config, |o| o.config))
 }

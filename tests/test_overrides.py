@@ -89,6 +89,35 @@ def test_an_override_rolled_back_is_forgotten_by_the_backend_that_saw_it(test_cl
         c.commit()
 
 
+def test_a_concurrency_override_lowered_waits_for_the_slots_held_beyond_it(test_cluster, database_name, name):
+    """Three transactions hold the key's 3 slots under its override; the first ends. Lowered to
+    1, a new call would find slot 0 free while slots 1 and 2 are still held: so the change
+    waits for them, as a redefinition does, and the key never has more holders than the
+    override in force allows once the change is in."""
+    conns = [test_cluster.connect(database_name, autocommit=False) for _ in range(4)]
+    admin, holders = conns[0], conns[1:]
+    try:
+        define(admin, name, "concurrency", rate=1, period="1 minute")
+        admin.execute("SELECT rate_limiter.override(%s, 'k', rate => 3)", (name,))
+        admin.commit()
+        acquire = "SELECT ok FROM rate_limiter.acquire(%s, 'k')"
+        assert [h.execute(acquire, (name,)).fetchone()[0] for h in holders] == [True, True, True]
+        holders[0].commit()
+        admin.execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            admin.execute("SELECT rate_limiter.override(%s, 'k', rate => 1)", (name,))
+        admin.rollback()
+        for h in holders[1:]:
+            h.commit()
+        admin.execute("SELECT rate_limiter.override(%s, 'k', rate => 1)", (name,))
+        admin.commit()
+        assert holders[0].execute(acquire, (name,)).fetchone()[0]
+        assert not holders[1].execute(acquire, (name,)).fetchone()[0], "1 slot, held"
+    finally:
+        for c in conns:
+            c.close()
+
+
 @pytest.fixture
 def caller(test_cluster, database_name, name):
     """A role that may call rate_limit, nothing more, and a limit with an override of a key."""

@@ -86,6 +86,7 @@ pub(crate) fn request<'a>(
         count,
         reserve: reserve.unwrap_or(false),
         inline: None,
+        exempt: false,
     })
 }
 
@@ -174,7 +175,10 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
         }
         let config = match inline {
             Some(v) => config::from_json(v)?,
-            None => overrides::config_for(&req, resolve_named(req.name)?)?,
+            None => {
+                let named = resolve_named(req.name)?;
+                overrides::config_for(&mut req, named)?
+            }
         };
         req.inline = inline.map(|_| config::fingerprint(&config));
         if config.mode != Mode::All {

@@ -36,6 +36,10 @@ fn _limits_changed<'a>(
     if is_tiers {
         tier_stays_while_named(trigger);
     }
+    let is_overrides = trigger.relation().is_ok_and(|r| r.name() == "overrides" && r.tuple_desc().iter().any(|a| a.name() == "tier"));
+    if is_tiers || is_overrides {
+        concurrency_override_changing(trigger);
+    }
     // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
     // transaction (InvalidOid would only raise "cache lookup failed"); the message is queued
     // and sent at commit.
@@ -179,6 +183,24 @@ fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
             ))
             .raise()
         }
+    }
+}
+
+/// A change of a concurrency limit's override or tier can lower a key's slots: as a change
+/// of the limit (`concurrency_limit_shrinking`), it waits for every transaction that called a
+/// limit to end, so that no slot beyond the new number is still held when the next call
+/// counts. Any change of one, and any TRUNCATE, of either table.
+fn concurrency_override_changing(trigger: &PgTrigger<'_>) {
+    let name = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<String>("name").ok().flatten();
+    let concurrency = |row: &PgHeapTuple<'_, AllocatedByPostgres>| {
+        name(row).and_then(|name| storage::load_limit(&name)).is_some_and(|limit| limit.kind == "concurrency")
+    };
+    let holds = match (trigger.old(), trigger.new()) {
+        (None, None) => matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)),
+        (old, new) => old.iter().chain(new.iter()).any(concurrency),
+    };
+    if holds {
+        storage::hold_calls_off();
     }
 }
 

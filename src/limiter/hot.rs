@@ -127,7 +127,7 @@ fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, 
         state: State,
     }
     let write = |f: Folding| {
-        let req = Request { name, key: f.key.as_deref(), count: 0.0, reserve: false, inline: None };
+        let req = Request { name, key: f.key.as_deref(), count: 0.0, reserve: false, inline: None, exempt: false };
         table.write_locked(&f.row, slot(&req), f.state, bucket::expires(f.state, config));
     };
     let mut folding: Option<Folding> = None;
@@ -136,7 +136,7 @@ fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, 
             if let Some(done) = folding.take() {
                 write(done);
             }
-            let req = Request { name, key: row_key, count: 0.0, reserve: false, inline: None };
+            let req = Request { name, key: row_key, count: 0.0, reserve: false, inline: None, exempt: false };
             // A missing base row starts fresh at the first debit's instant.
             let starting = || {
                 let fresh = bucket::fresh(config, name, row_key, debit.at);

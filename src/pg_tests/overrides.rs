@@ -46,6 +46,28 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_limit_with_more_overridden_keys_than_a_backend_keeps_probes_each_key() {
+        // More keys than the per-backend list of a limit's overridden keys holds (1 MiB, a
+        // key's length and 32 bytes each): each key is then probed, every override still found.
+        at("0");
+        run("SELECT rate_limiter.define('many', 'token bucket', 1, '1 hour')");
+        let long = "repeat('k', 1019)";
+        run(&format!("INSERT INTO rate_limiter.overrides (name, key, rate) SELECT 'many', {long} || g, 2 FROM generate_series(1000, 2000) g"));
+        run("INSERT INTO rate_limiter.overrides (name, key, rate) VALUES ('many', 'k1', 2)");
+        run("SELECT rate_limiter.override('many', NULL, rate => 3)");
+        let last = one::<String>(&format!("SELECT {long} || 2000")).unwrap();
+        assert_eq!(admitted("many", &last, 5), 2, "the last key's override");
+        assert_eq!(admitted("many", "other", 5), 1, "a key without one");
+        assert_eq!((0..5).filter(|_| decide("rate_limiter.rate_limit('many', NULL)").ok).count(), 3, "the NULL key's");
+        // Back within: the list is read whole, and answers alike.
+        run("TRUNCATE rate_limiter.overrides");
+        run("SELECT rate_limiter.override('many', 'k1', rate => 2)");
+        assert_eq!(admitted("many", &last, 5), 0, "its 2 taken count against the limit's 1");
+        assert_eq!(admitted("many", "k1", 5), 2);
+        assert_eq!(admitted("many", "k2", 5), 1);
+    }
+
+    #[pg_test]
     fn an_override_ends_at_until_and_prune_deletes_it() {
         at("0");
         run("SELECT rate_limiter.define('boost', 'token bucket', 1, '1 hour')");

@@ -154,7 +154,7 @@ pub fn forget_database(database: pg_sys::Oid) {
 /// tag maps to.
 pub fn forget_pair(name: &str, key: Option<&str>) {
     let Some((_, slots)) = table() else { return };
-    let req = Request { name, key, count: 0.0, reserve: false, inline: None };
+    let req = Request { name, key, count: 0.0, reserve: false, inline: None, exempt: false };
     if let Some((tag, _, _)) = identity(this_database(), &req) {
         empty_if(&slots[tag as usize & (slots.len() - 1)], |_, held| held == tag);
     }
@@ -314,7 +314,7 @@ mod tests {
     use crate::call::Request;
 
     fn req<'a>(name: &'a str, key: Option<&'a str>, inline: Option<[u8; 16]>) -> Request<'a> {
-        Request { name, key, count: 1.0, reserve: false, inline }
+        Request { name, key, count: 1.0, reserve: false, inline, exempt: false }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::config::{LimitRow, Override};
 use crate::error::Error;
 use super::shape::{self, Columns, Shape};
 
-use super::scan::{probe, text_key};
+use super::scan::{probe, scan, text_key};
 
 /// One of the extension's small tables (limits, blocks, allows) opened for lookups through its
 /// unique index, as committed now: configs and blocks are read at their newest, never as of
@@ -45,11 +45,11 @@ impl Lookup {
         Some(Lookup::open(table, index, shown, &shape::LISTS, &[2, 1]))
     }
 
-    /// `rate_limiter.overrides`, looked up by (key, name); None in a database not yet updated
+    /// `rate_limiter.overrides`, looked up by (name, key); None in a database not yet updated
     /// to 0.7.0, which has no overrides.
     pub fn overrides() -> Option<Lookup> {
         let (table, index) = cache::relations().overrides?;
-        Some(Lookup::open(table, index, "rate_limiter.overrides", &shape::OVERRIDES, &[2, 1]))
+        Some(Lookup::open(table, index, "rate_limiter.overrides", &shape::OVERRIDES, &[1, 2]))
     }
 
     /// `rate_limiter.tiers`, looked up by (name, tier); None where `overrides` is.
@@ -100,6 +100,16 @@ impl Lookup {
         // valid until the next such call, none of which happens during the probe, and the
         // transaction's own snapshot keeps the rows it sees from being pruned.
         unsafe { probe(self.heap, self.index, pg_sys::GetLatestSnapshot(), &mut keys, self.tuple_slot) }
+    }
+
+    /// Each row with these values in the index's leading text columns, current while `each`
+    /// runs, until `each` answers false.
+    pub fn each(&self, values: &[Option<&str>], each: impl FnMut() -> bool) {
+        // SAFETY: as `find`'s.
+        let mut keys: Vec<pg_sys::ScanKeyData> =
+            values.iter().zip(1..).map(|(v, attno)| unsafe { text_key(self.index, attno, *v) }).collect();
+        // SAFETY: as `find`'s; `each` reads the slot only through `column`.
+        unsafe { scan(self.heap, self.index, pg_sys::GetLatestSnapshot(), &mut keys, self.tuple_slot, each) }
     }
 
     /// Whether the table has `columns`, in their order (a column newer than the database's
@@ -164,7 +174,7 @@ pub enum Overriding {
 /// The override of `name`'s `key`, if any, as committed now, and until when.
 pub fn load_override(name: &str, key: Option<&str>) -> Option<(Overriding, TimestampWithTimeZone)> {
     let overrides = Lookup::overrides()?;
-    overrides.find(&[key, Some(name)]).then(|| {
+    overrides.find(&[Some(name), key]).then(|| {
         let required = "NOT NULL column of rate_limiter.overrides";
         let overriding = match overrides.column(3) {
             Some(tier) => Overriding::Tier(tier),
@@ -172,6 +182,22 @@ pub fn load_override(name: &str, key: Option<&str>) -> Option<(Overriding, Times
         };
         (overriding, overrides.column(10).expect(required))
     })
+}
+
+/// The keys of `name` that have an override, as committed now (ended ones too: a call
+/// finds those ended by `until`); None when there are more than `most`.
+pub fn overridden_keys(name: &str, most: usize) -> Option<Vec<Option<String>>> {
+    let overrides = Lookup::overrides()?;
+    let mut keys = Vec::new();
+    let mut within = true;
+    overrides.each(&[Some(name)], || {
+        within = keys.len() < most;
+        if within {
+            keys.push(overrides.column(2));
+        }
+        within
+    });
+    within.then_some(keys)
 }
 
 /// The numbers of `name`'s tier `tier`, if it exists, as committed now, and whether its keys

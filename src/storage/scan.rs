@@ -29,6 +29,34 @@ pub(super) unsafe fn probe(
     }
 }
 
+/// Each visible row matching `keys` in `index` as of `snapshot`, in `tuple_slot` while
+/// `each` runs; the scan stops when `each` answers false.
+///
+/// # Safety
+/// As `probe`'s.
+pub(super) unsafe fn scan(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    keys: &mut [pg_sys::ScanKeyData],
+    tuple_slot: *mut pg_sys::TupleTableSlot,
+    mut each: impl FnMut() -> bool,
+) {
+    // SAFETY: the caller's promises; the scan is ended before returning, also when `each`
+    // raises (the transaction's abort ends it otherwise, and nothing here is reused).
+    unsafe {
+        let scan = server::index_beginscan(heap, index, snapshot, keys.len() as _);
+        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
+        while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot) {
+            pgrx::check_for_interrupts!();
+            if !each() {
+                break;
+            }
+        }
+        pg_sys::index_endscan(scan);
+    }
+}
+
 /// `index` column `attno` equals `value`, compared by `procedure` in the column's collation.
 ///
 /// # Safety

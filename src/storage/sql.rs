@@ -204,7 +204,7 @@ pub fn upsert_override(name: &str, key: Option<&str>, tier: Option<&str>, number
     let sql = format!(
         "INSERT INTO {table} AS o (name, key, tier, rate, period, capacity, max_reserved, min_gap, exempt, until, note) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-         ON CONFLICT ON CONSTRAINT overrides_key_name_key DO UPDATE \
+         ON CONFLICT ON CONSTRAINT overrides_name_key_key DO UPDATE \
          SET tier = excluded.tier, rate = excluded.rate, period = excluded.period, capacity = excluded.capacity, \
          max_reserved = excluded.max_reserved, min_gap = excluded.min_gap, exempt = excluded.exempt, \
          until = excluded.until, note = excluded.note, created = pg_catalog.now()"
