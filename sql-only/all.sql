@@ -299,13 +299,16 @@ COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) I
 
 -- The rate-limit HTTP headers of a decision of rate_limit_all(requests): one policy per limit
 -- named, and RateLimit for the limit that denied it, or else the first.
-CREATE FUNCTION rate_limiter.http_headers_all(requests jsonb, d rate_limiter.decision) RETURNS jsonb
+CREATE FUNCTION rate_limiter.http_headers_all(requests jsonb, d rate_limiter.decision, draft integer DEFAULT 11,
+                                              partition_key boolean DEFAULT false) RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     got record;
     names text[] := '{}';
     rates float8[] := '{}';
     periods float8[] := '{}';
+    concurrent boolean[] := '{}';
+    partitions text[] := '{}';
 BEGIN
     IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
     IF num_nulls(d) = 1 THEN PERFORM rate_limiter._raise('argument', 'd must not be NULL'); END IF;
@@ -315,8 +318,10 @@ BEGIN
         names := names || got.names[i];
         rates := rates || (got.configs[i]).rate;
         periods := periods || (got.configs[i]).period;
+        concurrent := concurrent || ((got.configs[i]).kind = 'concurrency');
+        partitions := partitions || CASE WHEN partition_key THEN got.keys[i] END;
     END LOOP;
-    RETURN rate_limiter._headers(names, rates, periods, coalesce(d.limited_by, names[1]), d);
+    RETURN rate_limiter._headers(names, rates, periods, concurrent, partitions, coalesce(d.limited_by, names[1]), d, draft);
 END $$;
-COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) IS
+COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision, integer, boolean) IS
     'The same headers for a decision of rate_limit_all(requests): one policy per limit named, RateLimit for the limiting one.';

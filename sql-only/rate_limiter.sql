@@ -2221,31 +2221,79 @@ CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms = 'NaN'::float8 OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
 
--- The headers of decision d (http.rs headers): a policy per limit (names, rates, periods in
--- ms), RateLimit for the limit `current`.
-CREATE FUNCTION rate_limiter._headers(names text[], rates double precision[], periods double precision[], current text,
-                                      d rate_limiter.decision) RETURNS jsonb
+-- Draft 11's quota and window, both integers (http.rs whole_quota): rate per period ms,
+-- scaled by the least factor up to 3600 that makes both whole, else the whole tokens of the
+-- window rounded up to a second.
+CREATE FUNCTION rate_limiter._whole_quota(rate double precision, period double precision, OUT q text, OUT w text)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    secs float8 := period / 1000::float8;
+    sq float8;
+    sw float8;
+BEGIN
+    FOR factor IN 1 .. 3600 LOOP
+        sq := rate * factor::float8;
+        sw := secs * factor::float8;
+        IF abs(sq - round(sq)) <= 1e-9::float8 * greatest(abs(sq), 1::float8)
+           AND abs(sw - round(sw)) <= 1e-9::float8 * greatest(abs(sw), 1::float8) AND round(sw) >= 1 THEN
+            q := rate_limiter._u64(round(sq));
+            w := rate_limiter._u64(round(sw));
+            RETURN;
+        END IF;
+    END LOOP;
+    sw := greatest(ceil(secs), 1::float8);
+    q := rate_limiter._u64(floor(rate * sw / secs));
+    w := rate_limiter._u64(sw);
+END $$;
+
+-- The headers of decision d (http.rs headers) in the syntax of draft 11 or 9: a policy per
+-- limit (names, rates, periods in ms, whether each is a concurrency limit, its partition key
+-- or NULL), RateLimit for the limit `current`.
+CREATE FUNCTION rate_limiter._headers(names text[], rates double precision[], periods double precision[], concurrent boolean[],
+                                      partitions text[], current text, d rate_limiter.decision, draft integer) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     policies text[] := '{}';
     headers jsonb;
+    pk text := '';
+    whole record;
 BEGIN
+    IF draft IS NULL THEN PERFORM rate_limiter._raise('argument', 'draft must not be NULL'); END IF;
+    IF draft NOT IN (9, 11) THEN PERFORM rate_limiter._raise('argument', format('draft must be 9 or 11, not %s', draft)); END IF;
     IF d.ok IS NULL THEN PERFORM rate_limiter._raise('argument', 'decision.ok must not be NULL'); END IF;
     FOR i IN 1 .. cardinality(names) LOOP
-        -- Integers where the numbers are whole; a quota below one token is still one.
-        policies := policies || format('%s;q=%s;w=%s', rate_limiter._sf_string(names[i]),
-            CASE WHEN rates[i] = trunc(rates[i]) THEN rate_limiter._u64(rates[i]) ELSE rate_limiter._display(rates[i]) END,
-            greatest(rate_limiter._seconds(periods[i])::numeric, 1));
+        IF draft = 9 THEN
+            -- Integers where the numbers are whole; a quota below one token is still one.
+            policies := policies || format('%s;q=%s;w=%s', rate_limiter._sf_string(names[i]),
+                CASE WHEN rates[i] = trunc(rates[i]) THEN rate_limiter._u64(rates[i]) ELSE rate_limiter._display(rates[i]) END,
+                greatest(rate_limiter._seconds(periods[i])::numeric, 1));
+        ELSIF concurrent[i] THEN
+            policies := policies || format('%s;q=%s;qu="concurrent-requests"%s', rate_limiter._sf_string(names[i]),
+                rate_limiter._u64(floor(rates[i])), rate_limiter._pk(partitions[i]));
+        ELSE
+            whole := rate_limiter._whole_quota(rates[i], periods[i]);
+            policies := policies || format('%s;q=%s;qu="requests";w=%s%s', rate_limiter._sf_string(names[i]),
+                whole.q, whole.w, rate_limiter._pk(partitions[i]));
+        END IF;
+        IF names[i] = current AND draft = 11 THEN
+            pk := rate_limiter._pk(partitions[i]);
+        END IF;
     END LOOP;
     headers := jsonb_build_object(
         'RateLimit-Policy', array_to_string(policies, ', '),
-        'RateLimit', format('%s;r=%s;t=%s', rate_limiter._sf_string(current), rate_limiter._u64(floor(greatest(coalesce(d.remaining, 0), 0))),
-            rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END)));
+        'RateLimit', format('%s;r=%s;t=%s%s', rate_limiter._sf_string(current), rate_limiter._u64(floor(greatest(coalesce(d.remaining, 0), 0))),
+            rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END), pk));
     IF NOT d.ok AND d.retry_after IS NOT NULL THEN
         headers := headers || jsonb_build_object('Retry-After', rate_limiter._seconds(d.retry_after));
     END IF;
     RETURN headers;
 END $$;
+
+-- ";pk=" and the key's bytes as a structured-field byte sequence (base64 between colons);
+-- nothing for no key.
+CREATE FUNCTION rate_limiter._pk(key text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN key IS NULL THEN '' ELSE ';pk=:' || translate(encode(convert_to(key, 'UTF8'), 'base64'), E'\n', '') || ':' END;
 
 -- A structured-field string: printable ASCII only, with " and \ escaped (22023 otherwise,
 -- which a header cannot carry).
@@ -2258,19 +2306,38 @@ BEGIN
     RETURN '"' || replace(replace(name, '\', '\\'), '"', '\"') || '"';
 END $$;
 
-CREATE FUNCTION rate_limiter.http_headers(name text, d rate_limiter.decision, config jsonb DEFAULT NULL) RETURNS jsonb
+CREATE FUNCTION rate_limiter.http_headers(name text, d rate_limiter.decision, config jsonb DEFAULT NULL, key text DEFAULT NULL,
+                                          draft integer DEFAULT 11, partition_key boolean DEFAULT false) RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     named record;
 BEGIN
     PERFORM rate_limiter._valid_name(name);
+    PERFORM rate_limiter._valid_key(key);
     IF num_nulls(d) = 1 THEN  -- the argument itself, not a row of NULLs (which IS NULL too)
         PERFORM rate_limiter._raise('argument', 'd must not be NULL');
     END IF;
     named := rate_limiter._named(name, config);
-    RETURN rate_limiter._headers(ARRAY[name], ARRAY[(named.c).rate], ARRAY[(named.c).period], name, d);
+    RETURN rate_limiter._headers(ARRAY[name], ARRAY[(named.c).rate], ARRAY[(named.c).period], ARRAY[(named.c).kind = 'concurrency'],
+                                 ARRAY[CASE WHEN partition_key THEN key END], name, d, draft);
 END $$;
-COMMENT ON FUNCTION rate_limiter.http_headers IS 'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
+COMMENT ON FUNCTION rate_limiter.http_headers IS 'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit on key, as a jsonb object, in draft 11''s syntax (draft => 9: draft 09''s); partition_key adds the key as pk.';
+
+-- Draft 11's problem-details body of a denial (http.rs problem): quota-exceeded, naming the
+-- limit that denied it; NULL when the decision is ok.
+CREATE FUNCTION rate_limiter.http_problem(d rate_limiter.decision) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF num_nulls(d) = 1 THEN PERFORM rate_limiter._raise('argument', 'd must not be NULL'); END IF;
+    IF d.ok IS NULL THEN PERFORM rate_limiter._raise('argument', 'decision.ok must not be NULL'); END IF;
+    IF d.ok THEN RETURN NULL; END IF;
+    IF d.limited_by IS NULL THEN PERFORM rate_limiter._raise('argument', 'decision.limited_by of a denial must not be NULL'); END IF;
+    RETURN jsonb_build_object('type', 'https://iana.org/assignments/http-problem-types#quota-exceeded',
+                              'title', 'Request cannot be satisfied as assigned quota has been exceeded',
+                              'status', 429, 'violated-policies', jsonb_build_array(d.limited_by),
+                              'rate_limiter-reason', coalesce(d.reason, ''));
+END $$;
+COMMENT ON FUNCTION rate_limiter.http_problem IS 'The problem-details body (application/problem+json) of a denial, of type quota-exceeded naming the limit that denied it; NULL when the decision is ok.';
 
 -- The stored value and ts of (name, key), not refilled; a key never written, fresh as of now.
 CREATE FUNCTION rate_limiter.rate_limit_value(name text, key text DEFAULT NULL, config jsonb DEFAULT NULL, sample_shards integer DEFAULT 1)
@@ -2913,13 +2980,16 @@ COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) I
 
 -- The rate-limit HTTP headers of a decision of rate_limit_all(requests): one policy per limit
 -- named, and RateLimit for the limit that denied it, or else the first.
-CREATE FUNCTION rate_limiter.http_headers_all(requests jsonb, d rate_limiter.decision) RETURNS jsonb
+CREATE FUNCTION rate_limiter.http_headers_all(requests jsonb, d rate_limiter.decision, draft integer DEFAULT 11,
+                                              partition_key boolean DEFAULT false) RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     got record;
     names text[] := '{}';
     rates float8[] := '{}';
     periods float8[] := '{}';
+    concurrent boolean[] := '{}';
+    partitions text[] := '{}';
 BEGIN
     IF requests IS NULL THEN PERFORM rate_limiter._raise('argument', 'requests must not be NULL'); END IF;
     IF num_nulls(d) = 1 THEN PERFORM rate_limiter._raise('argument', 'd must not be NULL'); END IF;
@@ -2929,10 +2999,12 @@ BEGIN
         names := names || got.names[i];
         rates := rates || (got.configs[i]).rate;
         periods := periods || (got.configs[i]).period;
+        concurrent := concurrent || ((got.configs[i]).kind = 'concurrency');
+        partitions := partitions || CASE WHEN partition_key THEN got.keys[i] END;
     END LOOP;
-    RETURN rate_limiter._headers(names, rates, periods, coalesce(d.limited_by, names[1]), d);
+    RETURN rate_limiter._headers(names, rates, periods, concurrent, partitions, coalesce(d.limited_by, names[1]), d, draft);
 END $$;
-COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) IS
+COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision, integer, boolean) IS
     'The same headers for a decision of rate_limit_all(requests): one policy per limit named, RateLimit for the limiting one.';
 
 -- Concurrency limits (src/limiter/concurrency.rs, bucket/concurrency.rs): a call takes `count`

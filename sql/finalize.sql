@@ -138,10 +138,12 @@ COMMENT ON FUNCTION rate_limiter.rate_limit_all(jsonb, boolean, boolean) IS
     'Take from several limits at once, all or none: requests is a JSON array of {"name", "key", "count", "config"}.';
 COMMENT ON FUNCTION rate_limiter.check_rate_limit_all(jsonb, boolean, boolean) IS
     'The answer rate_limit_all would give, without writing or locking anything.';
-COMMENT ON FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb) IS
-    'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit, as a jsonb object.';
-COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision) IS
+COMMENT ON FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb, text, integer, boolean) IS
+    'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit on key (its override''s numbers), as a jsonb object, in draft 11''s syntax (draft => 9: draft 09''s); partition_key adds the key as pk.';
+COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision, integer, boolean) IS
     'The HTTP headers for a decision of rate_limit_all(requests): one policy per limit.';
+COMMENT ON FUNCTION rate_limiter.http_problem(rate_limiter.decision) IS
+    'The problem-details body (application/problem+json) of a denial, of type quota-exceeded naming the limit that denied it; NULL when the decision is ok.';
 COMMENT ON FUNCTION rate_limiter.block(text, text, timestamptz, text) IS
     'Deny (name, key) until until (NULL name: under every limit), with reason ''blocked''; replaces an earlier block of the pair.';
 COMMENT ON FUNCTION rate_limiter.unblock(text, text) IS

@@ -287,6 +287,72 @@ COMMENT ON FUNCTION rate_limiter.prune(integer) IS
 COMMENT ON FUNCTION rate_limiter._limits_changed() IS
     'Internal: trigger that invalidates every backend''s cache of rate_limiter.limits, blocks, allows, overrides and tiers.';
 
+-- The HTTP headers (issue 55, docs/api.md): http_headers takes the key, whose override's
+-- numbers it reports, and both write draft 11's syntax (draft => 9: 0.6.0's), with the
+-- partition key on request; http_problem is new. A function's arguments cannot change in
+-- place: the two are created again, new symbols behind them (0.6.0's SQL names the old ones,
+-- kept for a database not yet updated), and the EXECUTE grants they had given back.
+DO $http$
+DECLARE
+    grants text[];
+    one text;
+BEGIN
+    SELECT pg_catalog.array_agg(pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', o.now,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END,
+               CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END))
+    INTO grants
+    FROM (VALUES ('rate_limiter.http_headers(text, rate_limiter.decision, jsonb)',
+                  'rate_limiter.http_headers(text, rate_limiter.decision, jsonb, text, integer, boolean)'),
+                 ('rate_limiter.http_headers_all(jsonb, rate_limiter.decision)',
+                  'rate_limiter.http_headers_all(jsonb, rate_limiter.decision, integer, boolean)')) f(was, now),
+         LATERAL (SELECT f.now, p.proacl, p.proowner FROM pg_catalog.pg_proc p
+                   WHERE p.oid OPERATOR(pg_catalog.=) f.was::pg_catalog.regprocedure) o,
+         pg_catalog.aclexplode(o.proacl) a
+    WHERE a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE' AND a.grantee OPERATOR(pg_catalog.<>) o.proowner;
+    DROP FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb);
+    DROP FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision);
+    CREATE FUNCTION rate_limiter."http_headers"(
+        "name" TEXT,
+        "d" rate_limiter.decision,
+        "config" jsonb DEFAULT NULL,
+        "key" TEXT DEFAULT NULL,
+        "draft" INT DEFAULT 11,
+        "partition_key" bool DEFAULT false
+    ) RETURNS jsonb
+    STABLE PARALLEL RESTRICTED
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'http_headers_since_0_7_0_wrapper';
+    CREATE FUNCTION rate_limiter."http_headers_all"(
+        "requests" jsonb,
+        "d" rate_limiter.decision,
+        "draft" INT DEFAULT 11,
+        "partition_key" bool DEFAULT false
+    ) RETURNS jsonb
+    STABLE PARALLEL RESTRICTED
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'http_headers_all_since_0_7_0_wrapper';
+    CREATE FUNCTION rate_limiter."http_problem"(
+        "d" rate_limiter.decision
+    ) RETURNS jsonb
+    IMMUTABLE PARALLEL SAFE
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'http_problem_wrapper';
+    REVOKE ALL ON FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb, text, integer, boolean) FROM PUBLIC;
+    REVOKE ALL ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision, integer, boolean) FROM PUBLIC;
+    REVOKE ALL ON FUNCTION rate_limiter.http_problem(rate_limiter.decision) FROM PUBLIC;
+    COMMENT ON FUNCTION rate_limiter.http_headers(text, rate_limiter.decision, jsonb, text, integer, boolean) IS
+        'RateLimit-Policy, RateLimit and (when denied) Retry-After headers for a decision of the limit on key (its override''s numbers), as a jsonb object, in draft 11''s syntax (draft => 9: draft 09''s); partition_key adds the key as pk.';
+    COMMENT ON FUNCTION rate_limiter.http_headers_all(jsonb, rate_limiter.decision, integer, boolean) IS
+        'The HTTP headers for a decision of rate_limit_all(requests): one policy per limit.';
+    COMMENT ON FUNCTION rate_limiter.http_problem(rate_limiter.decision) IS
+        'The problem-details body (application/problem+json) of a denial, of type quota-exceeded naming the limit that denied it; NULL when the decision is ok.';
+    FOREACH one IN ARRAY coalesce(grants, '{}') LOOP
+        EXECUTE one;
+    END LOOP;
+END
+$http$;
+
 -- Default privileges (ALTER DEFAULT PRIVILEGES) never reach an object this install or update
 -- created: it keeps only the grants the scripts give, so that a role given EXECUTE on every
 -- new function or SELECT on every new table gets neither define() nor a table (issue 41).

@@ -174,13 +174,13 @@ def test_a_concurrency_limit_answers_http_headers(test_conn, name):
     define(test_conn, name, "concurrency", rate=2, period="1 second")
     headers = test_conn.execute(
         "SELECT rate_limiter.http_headers(%s, d) FROM rate_limiter.rate_limit(%s, 'k') d", (name, name)).fetchone()[0]
-    assert headers == {"RateLimit-Policy": f'"{name}";q=2;w=1', "RateLimit": f'"{name}";r=1;t=1'}
+    assert headers == {"RateLimit-Policy": f'"{name}";q=2;qu="concurrent-requests"', "RateLimit": f'"{name}";r=1;t=1'}
     test_conn.execute("BEGIN")
     test_conn.execute("SELECT rate_limiter.acquire(%s, 'k', 2)", (name,))
     denied = test_conn.execute(
         "SELECT rate_limiter.http_headers(%s, d) FROM rate_limiter.rate_limit(%s, 'k') d", (name, name)).fetchone()[0]
     test_conn.execute("ROLLBACK")
-    assert denied == {"RateLimit-Policy": f'"{name}";q=2;w=1', "RateLimit": f'"{name}";r=0;t=1', "Retry-After": "1"}
+    assert denied == {"RateLimit-Policy": f'"{name}";q=2;qu="concurrent-requests"', "RateLimit": f'"{name}";r=0;t=1', "Retry-After": "1"}
 
 
 @every_version

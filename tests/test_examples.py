@@ -116,7 +116,7 @@ def test_fastapi_answers_429_with_retry_after_over_real_http():
     try:
         wait_until_listening(server, port, "uvicorn")
         status, headers = post(port, "/posts/alice?body=one")
-        assert status == 200 and headers["ratelimit-policy"] == '"fastapi_post";q=2;w=3600'
+        assert status == 200 and headers["ratelimit-policy"] == '"fastapi_post";q=2;qu="requests";w=3600'
         assert headers["ratelimit"].startswith('"fastapi_post";r=1;t=')
         assert post(port, "/posts/alice?body=lost&fail=true")[0] == 500  # rolled back, token back
         assert post(port, "/posts/alice?body=two")[0] == 200

@@ -61,6 +61,9 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(test_cluster, 
         try:
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {role}")
             old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.define TO {role}")
+            headers = released not in ("0.1.0", "0.2.0")  # http_headers came in 0.3.0
+            if headers:
+                old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.http_headers TO {role} WITH GRANT OPTION")
             if stats_recreated:
                 old.execute(f"GRANT SELECT ON rate_limiter.stats TO {role}")
                 old.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.stats_every_database() TO {role}")
@@ -116,6 +119,12 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(test_cluster, 
                                "interval, float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean)', 'EXECUTE')"
                                ).fetchone() == (True,)
             old.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.define FROM {role}")
+            if headers:
+                # Created again in 0.7.0 with key, draft and partition_key: its grant came along.
+                new_headers = "rate_limiter.http_headers(text, rate_limiter.decision, jsonb, text, integer, boolean)"
+                assert old.execute(f"SELECT has_function_privilege('{role}', '{new_headers}', 'EXECUTE WITH GRANT OPTION')"
+                                   ).fetchone() == (True,)
+                old.execute(f"REVOKE EXECUTE ON FUNCTION {new_headers} FROM {role}")
             if stats_recreated:
                 assert old.execute(f"SELECT has_table_privilege('{role}', 'rate_limiter.stats', 'SELECT'), "
                                    f"has_function_privilege('{role}', 'rate_limiter.stats_every_database()', 'EXECUTE')"

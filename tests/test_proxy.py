@@ -340,7 +340,7 @@ ROUTED = ("rate_limit", "check_rate_limit", "wait_rate_limit", "rate_limit_all",
           "acquire", "release", "renew", "override", "remove_override", "define_tier", "remove_tier")
 # What docs/scaling-out.md says stays on each partition; anything new in rate_limiter must be
 # routed or listed here.
-PARTITION_ONLY = {"http_headers", "http_headers_all", "prune", "stats_reset",
+PARTITION_ONLY = {"http_headers", "http_headers_all", "http_problem", "prune", "stats_reset",
                   "ip_key", "stats_every_database", "top_denied_every_database"}
 SIGNATURES = """
 SELECT p.proname, pg_get_function_arguments(p.oid),

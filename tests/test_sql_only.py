@@ -140,6 +140,7 @@ def run(conn, sql, params=()):
 
 
 names = st.sampled_from(["tb", "fw"])
+drafts = st.sampled_from([11, 9])
 keys = st.sampled_from(["a", "b", None, "é"])
 amounts = st.sampled_from([0, 0.5, 1, 1, 1, 1, 2, 3, 7, 11, 1e16, -1])
 def define(name):
@@ -189,7 +190,7 @@ requests = st.one_of(st.lists(request, min_size=1, max_size=3),
                      st.sampled_from([[], [{"name": "tb", "count": "1"}], [{"name": "tb", "cost": 1}], [3], {"name": "tb"}]))
 call_all = st.one_of(st.tuples(st.just("all"), st.sampled_from(["rate_limit_all", "check_rate_limit_all"]), requests,
                                st.booleans(), st.booleans()),
-                     st.tuples(st.just("headers_all"), requests))
+                     st.tuples(st.just("headers_all"), requests, drafts, st.booleans()))
 # A named calendar window: months, a week or a day, in a zone with summer time (which starts
 # within the sequences' month in Europe and in the United States), from a start or not.
 define_calendar = st.tuples(st.just("calendar"), names, st.sampled_from([1, 2, 3]),
@@ -207,7 +208,7 @@ steps = st.lists(st.one_of(
     st.tuples(st.just("credit"), names, keys, amounts),
     st.tuples(st.just("allow"), st.sampled_from(["tb", "fw", None]), keys, st.sampled_from([None, 700])),
     st.tuples(st.just("disallow"), st.sampled_from(["tb", "fw", None]), keys),
-    st.tuples(st.just("headers"), names, keys, amounts),
+    st.tuples(st.just("headers"), names, keys, amounts, drafts, st.booleans()),
     st.tuples(st.just("value"), names, keys),
     st.tuples(st.just("wait"), names, keys, amounts),
     st.tuples(st.just("prune"), st.sampled_from([0, 1, 10000])),
@@ -231,8 +232,9 @@ def step(conn, s, now_ms):
         return run(conn, f"SELECT * FROM rate_limiter.{fn}(%s::jsonb, %s, %s)", (json.dumps(reqs), reserve, throws))
     if kind == "headers_all":
         requests = json.dumps(s[1])
-        return run(conn, "SELECT rate_limiter.http_headers_all(%s::jsonb, d) FROM rate_limiter.check_rate_limit_all(%s::jsonb) d",
-                   (requests, requests))
+        draft, partition_key = (*s[2:], 11, False)[:2]
+        return run(conn, "SELECT rate_limiter.http_headers_all(%s::jsonb, d, %s, %s), rate_limiter.http_problem(d) "
+                         "FROM rate_limiter.check_rate_limit_all(%s::jsonb) d", (requests, draft, partition_key, requests))
     if kind == "calendar":
         _, name, rate, period, tz, start, max_reserved = s
         return run(conn, "SELECT rate_limiter.define(%s, 'fixed window', %s, %s::interval, max_reserved => %s, start => %s, tz => %s)",
@@ -276,9 +278,10 @@ def step(conn, s, now_ms):
     if kind == "credit":
         return run(conn, "SELECT * FROM rate_limiter.credit(%s, %s, %s)", s[1:])
     if kind == "headers":
-        _, name, key, count = s
-        return run(conn, "SELECT rate_limiter.http_headers(%s, d) FROM rate_limiter.check_rate_limit(%s, %s, %s) d",
-                   (name, name, key, count))
+        _, name, key, count, draft, partition_key = s
+        return run(conn, "SELECT rate_limiter.http_headers(%s, d, key => %s, draft => %s, partition_key => %s), "
+                         "rate_limiter.http_problem(d) FROM rate_limiter.check_rate_limit(%s, %s, %s) d",
+                   (name, key, draft, partition_key, name, key, count))
     if kind == "value":
         return run(conn, "SELECT * FROM rate_limiter.rate_limit_value(%s, %s)", s[1:])
     if kind == "wait":
@@ -326,6 +329,7 @@ def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(test_clus
                            ("all", "rate_limit_all", [{"name": "tb", "key": "b"}, {"name": "fw", "key": "b"}], False, True),
                            ("allow", None, "c", None), ("all", "rate_limit_all", [{"name": "tb", "key": "c"}, {"name": "fw", "key": "c"}], False, False),
                            ("headers_all", [{"name": "fw", "key": "a"}, {"name": "tb", "key": "a", "count": 50}, {"name": "fw", "key": "z"}]),
+                           ("headers", "fw", "a", 1, 11, True), ("headers", "tb", "é", 1, 9, True), ("headers", "tb", None, 3, 11, True),
                            ("all", "rate_limit_all", [{"name": "fw", "key": "a"}, {"name": "tb", "key": "a", "count": 40}], True, False)])
         # Inline configs: each config's own state (its rows named by the config's fingerprint),
         # shadow mode, a credit, a value, headers, a wait, and one as a part of several limits.

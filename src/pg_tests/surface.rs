@@ -145,27 +145,51 @@ mod tests {
         run("SELECT rate_limiter.define('api', 'token bucket', 10, '1 minute')");
         let headers = |sql: &str| one::<pgrx::JsonB>(sql).unwrap().0;
         assert_eq!(
-            headers("SELECT rate_limiter.http_headers('api', rate_limiter.rate_limit('api', 'k', 7))"),
-            serde_json::json!({"RateLimit-Policy": "\"api\";q=10;w=60", "RateLimit": "\"api\";r=3;t=42"})
+            headers("SELECT rate_limiter.http_headers('api', rate_limiter.rate_limit('api', 'k', 7), key => 'k')"),
+            serde_json::json!({"RateLimit-Policy": "\"api\";q=10;qu=\"requests\";w=60", "RateLimit": "\"api\";r=3;t=42"})
         );
         assert_eq!(
-            headers("SELECT rate_limiter.http_headers('api', d) FROM rate_limiter.rate_limit('api', 'k', 5) d"),
+            headers("SELECT rate_limiter.http_headers('api', d, draft => 9) FROM rate_limiter.rate_limit('api', 'k', 5) d"),
             serde_json::json!({"RateLimit-Policy": "\"api\";q=10;w=60", "RateLimit": "\"api\";r=3;t=12", "Retry-After": "12"})
         );
+        // The key's own numbers, and the key itself as pk when asked for.
+        run("SELECT rate_limiter.override('api', 'pro', rate => 100)");
+        let h = headers("SELECT rate_limiter.http_headers('api', rate_limiter.rate_limit('api', 'pro'), key => 'pro', partition_key => true)");
+        assert_eq!(h["RateLimit-Policy"], "\"api\";q=100;qu=\"requests\";w=60;pk=:cHJv:");
+        assert_eq!(h["RateLimit"], "\"api\";r=99;t=1;pk=:cHJv:");
         let inline = r#"'{"kind":"fixed window","rate":2,"period":"1 second"}'"#;
         let h = headers(&format!(
             "SELECT rate_limiter.http_headers('w', rate_limiter.rate_limit('w', config => {inline}), {inline})"
         ));
-        assert_eq!(h["RateLimit-Policy"], "\"w\";q=2;w=1");
+        assert_eq!(h["RateLimit-Policy"], "\"w\";q=2;qu=\"requests\";w=1");
         let requests = r#"'[{"name":"api","key":"k","count":4},{"name":"w","config":{"kind":"fixed window","rate":2,"period":1000}}]'"#;
-        let h = headers(&format!("SELECT rate_limiter.http_headers_all({requests}, rate_limiter.rate_limit_all({requests}))"));
+        let h = headers(&format!("SELECT rate_limiter.http_headers_all({requests}, rate_limiter.rate_limit_all({requests}), draft => 9)"));
         assert_eq!(h["RateLimit-Policy"], "\"api\";q=10;w=60, \"w\";q=2;w=1");
-        assert_eq!(h["RateLimit"], "\"api\";r=1;t=6", "api denied 4 of its 3; w keeps its 1: the least remaining, api's wait");
+        assert_eq!(
+            h["RateLimit"], "\"api\";r=1;t=6",
+            "api denied 4 of its 3; w keeps its 1: the least remaining, api's wait"
+        );
         assert_eq!(h["Retry-After"], "6");
+        // The problem-details body of the denial; none for an allowed call.
+        let problem = headers(&format!("SELECT rate_limiter.http_problem(rate_limiter.rate_limit_all({requests}))"));
+        assert_eq!(problem["violated-policies"], serde_json::json!(["api"]));
+        assert_eq!(problem["type"], "https://iana.org/assignments/http-problem-types#quota-exceeded");
+        assert_eq!(problem["rate_limiter-reason"], "exhausted");
+        assert_eq!(one::<pgrx::JsonB>("SELECT rate_limiter.http_problem(rate_limiter.check_rate_limit('api', 'new'))").map(|j| j.0), None);
         fails("SELECT rate_limiter.http_headers('api', NULL)", "22023", "d must not be NULL");
-        fails("SELECT rate_limiter.http_headers('nope', rate_limiter.check_rate_limit('api'))", "42704", "does not exist");
+        fails("SELECT rate_limiter.http_headers('api', rate_limiter.check_rate_limit('api'), draft => 10)", "22023", "draft must be 9 or 11");
+        fails("SELECT rate_limiter.http_problem(NULL)", "22023", "d must not be NULL");
+        fails(
+            "SELECT rate_limiter.http_headers('nope', rate_limiter.check_rate_limit('api'))",
+            "42704",
+            "does not exist",
+        );
         run("SELECT rate_limiter.define('é', 'token bucket', 1, '1 minute')");
-        fails("SELECT rate_limiter.http_headers('é', rate_limiter.check_rate_limit('é'))", "22023", "printable ASCII");
+        fails(
+            "SELECT rate_limiter.http_headers('é', rate_limiter.check_rate_limit('é'))",
+            "22023",
+            "printable ASCII",
+        );
     }
 
     #[pg_test]
@@ -412,7 +436,7 @@ mod tests {
                    WHEN proname LIKE 'http_headers%' THEN ('s'::\"char\", 'r'::\"char\")
                    WHEN proname IN ('_stats', '_top_denied', 'stats_reset', 'stats_every_database',
                                     'top_denied_every_database') THEN ('v'::\"char\", 'r'::\"char\")
-                   WHEN proname = 'ip_key' THEN ('i'::\"char\", 's'::\"char\")
+                   WHEN proname IN ('ip_key', 'http_problem') THEN ('i'::\"char\", 's'::\"char\")
                    ELSE ('v'::\"char\", 'u'::\"char\") END",
         );
         assert_eq!(wrong, Some(0));
