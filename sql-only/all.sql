@@ -66,7 +66,8 @@ END $$;
 -- checks them: each in turn, its members in byte order, its arguments, once only, its limit
 -- (named or inline), all or nothing.
 CREATE FUNCTION rate_limiter._parts(requests jsonb, reserve boolean, OUT names text[], OUT keys text[], OUT counts double precision[],
-                                    OUT configs rate_limiter._config[], OUT stored text[], OUT shards integer[])
+                                    OUT configs rate_limiter._config[], OUT stored text[], OUT shards integer[],
+                                    OUT exempts boolean[])
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
@@ -84,6 +85,7 @@ BEGIN
     configs := '{}';
     stored := '{}';
     shards := '{}';
+    exempts := '{}';
     IF jsonb_typeof(requests) <> 'array' THEN
         PERFORM rate_limiter._raise('argument', format('requests: expected a JSON array of objects, got %s', rate_limiter._json_text(requests)));
     END IF;
@@ -119,7 +121,7 @@ BEGIN
                     coalesce('Some(' || rate_limiter._debug(key) || ')', 'None')));
             END IF;
         END LOOP;
-        named := rate_limiter._named(name, config);
+        named := rate_limiter._named(name, key, config);
         IF (named.c).mode <> 'all' THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all takes all or nothing: "%s" has mode ''%s''', name, (named.c).mode));
         END IF;
@@ -136,6 +138,7 @@ BEGIN
         configs := configs || named.c;
         stored := stored || named.stored;
         shards := shards || named.shard;
+        exempts := exempts || named.exempt;
     END LOOP;
 END $$;
 
@@ -188,7 +191,7 @@ BEGIN
 
     -- Blocks and allows: a block denies all, an allowed request is ok and takes no part.
     FOR i IN 1 .. n LOOP
-        answered := answered || rate_limiter._listed(names[i], keys[i], counts[i], (configs[i]).capacity);
+        answered := answered || rate_limiter._listed(names[i], keys[i], counts[i], (configs[i]).capacity, (got.exempts)[i]);
     END LOOP;
     IF EXISTS (SELECT FROM unnest(answered) a WHERE NOT a.ok) THEN
         SELECT array_agg(i ORDER BY i) INTO parts FROM generate_series(1, n) i WHERE NOT (answered[i]).ok;

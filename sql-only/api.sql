@@ -88,7 +88,7 @@ BEGIN
 END $$;
 
 -- The shapes of src/error.rs: each raises its SQLSTATE with the extension's message and hint.
-CREATE FUNCTION rate_limiter._raise(kind text, message text, detail text DEFAULT NULL) RETURNS void
+CREATE FUNCTION rate_limiter._raise(kind text, message text, detail text DEFAULT NULL, extra text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     CASE kind
@@ -113,6 +113,12 @@ BEGIN
     WHEN 'unknown' THEN
         RAISE EXCEPTION 'rate limit "%" does not exist', message USING ERRCODE = '42704',
             HINT = 'Define it with rate_limiter.define(name, kind, rate, period) or pass config => ''{...}''::jsonb.';
+    WHEN 'unknown_tier' THEN
+        RAISE EXCEPTION 'tier "%" of rate limit "%" does not exist', message, detail USING ERRCODE = '42704',
+            HINT = 'Define it with rate_limiter.define_tier(name, tier, rate => ..., period => ...).';
+    WHEN 'tier_in_use' THEN
+        RAISE EXCEPTION 'tier "%" of rate limit "%" is named by % override(s)', message, detail, extra USING ERRCODE = '23503',
+            HINT = 'Move those keys to another tier or their own numbers with rate_limiter.override(), or remove_override() them, first.';
     WHEN 'count' THEN
         RAISE EXCEPTION '%', message USING ERRCODE = '22023', DETAIL = detail,
             HINT = 'No call can take more than the capacity (plus max_reserved when reserving); raise capacity or split the work into smaller counts.';

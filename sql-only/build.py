@@ -17,15 +17,15 @@ PG_TLE_OUT = HERE / "pg_tle.sql"
 # pg_tle's name for the edition: not `rate_limiter`, the compiled extension's.
 PG_TLE_NAME = "rate_limiter_sql"
 PG_TLE_QUOTE = "$_pgtle_$"
-VERSION = "0.6.0"
+VERSION = "0.7.0"
 # The extension's objects the edition has: what it keeps no state in (debits, leases, the
 # memory snapshot) is left out.
 # The edition's parts in the order they are installed: the bucket laid out as src/bucket/ is,
 # file by file (a type or SQL function before what names it), then the calls.
 PARTS = ("clock.sql", "bucket/types.sql", "bucket/calendar.sql", "bucket/sliding_window.sql",
          "bucket/rolling_window.sql", "bucket/convex.sql", "bucket/shard.sql", "bucket/credit.sql", "bucket/plan.sql",
-         "fingerprint.sql", "api.sql", "calls.sql", "shards.sql", "all.sql", "concurrency.sql")
-OBJECTS = {"limits", "blocks", "allows", "state", "decision", "leases", "leases_lease_id"}
+         "fingerprint.sql", "api.sql", "calls.sql", "overrides.sql", "shards.sql", "all.sql", "concurrency.sql")
+OBJECTS = {"limits", "blocks", "allows", "overrides", "tiers", "state", "decision", "leases", "leases_lease_id"}
 
 HEADER = f"""-- rate_limiter {VERSION}, the SQL-only edition: plain SQL and PL/pgSQL for databases where no
 -- compiled extension can be installed (RDS, Cloud SQL, Azure, Supabase, Neon). Written by

@@ -12,8 +12,8 @@ BEGIN
     END IF;
     -- The write to come runs with the owner's rights, as would a trigger or rule on the table
     -- (one a role with TRIGGER on it planted): refused, as the extension refuses it. Locked
-    -- first, so that none is planted between this look and the write. The edition's one
-    -- trigger is known by its whole shape: its function alone, run BEFORE each row (which
+    -- first, so that none is planted between this look and the write. The edition's two
+    -- triggers are known by their whole shape: its function alone, run BEFORE each row (which
     -- skips the row) or with a WHEN of the planter's (run with the owner's rights), would not do.
     FOREACH t IN ARRAY tables LOOP
         EXECUTE format('LOCK TABLE %s IN ROW EXCLUSIVE MODE', t);
@@ -21,10 +21,13 @@ BEGIN
             SELECT format('trigger "%s"', g.tgname) INTO planted FROM pg_trigger g
             WHERE g.tgrelid OPERATOR(pg_catalog.=) t
               AND NOT (g.tgrelid OPERATOR(pg_catalog.=) 'rate_limiter.limits'::regclass
-                       AND g.tgname OPERATOR(pg_catalog.=) 'limits_hold_slot_calls_off'
-                       AND g.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._hold_slot_calls_off()'::regprocedure
-                       AND g.tgtype OPERATOR(pg_catalog.=) 62 AND g.tgqual IS NULL
-                       AND g.tgnargs OPERATOR(pg_catalog.=) 0 AND NOT g.tgisinternal)
+                       AND ((g.tgname OPERATOR(pg_catalog.=) 'limits_hold_slot_calls_off'
+                             AND g.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._hold_slot_calls_off()'::regprocedure
+                             AND g.tgtype OPERATOR(pg_catalog.=) 62)
+                         OR (g.tgname OPERATOR(pg_catalog.=) 'limits_keep_overrides'
+                             AND g.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._overrides_follow_their_limit()'::regprocedure
+                             AND g.tgtype OPERATOR(pg_catalog.=) 56))
+                       AND g.tgqual IS NULL AND g.tgnargs OPERATOR(pg_catalog.=) 0 AND NOT g.tgisinternal)
             ORDER BY g.tgname LIMIT 1;
             IF planted IS NULL THEN
                 SELECT format('a rule (pg_rewrite oid %s)', r.oid) INTO planted
@@ -254,15 +257,18 @@ END $$;
 -- The limit a call is judged under: the inline config when given, else the named limit's
 -- (42704 when there is none); its shadow setting and deny cache; and where its state lives:
 -- the rows named `stored`, with shard `shard` (an inline config's rows are the name marked
--- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs).
-CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
+-- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs). A named
+-- limit's numbers are `key`'s override's while one is in force, which may exempt the key.
+CREATE FUNCTION rate_limiter._named(name text, key text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
                                     OUT deny_cache double precision, OUT stored text, OUT shard integer,
-                                    OUT lock_timeout double precision, OUT on_lock_timeout text)
+                                    OUT lock_timeout double precision, OUT on_lock_timeout text, OUT exempt boolean)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l rate_limiter.limits;
     inline record;
+    overridden record;
 BEGIN
+    exempt := false;
     IF config IS NOT NULL THEN
         inline := rate_limiter._config_of_json(config);
         c := inline.c;
@@ -276,7 +282,9 @@ BEGIN
     END IF;
     SELECT * INTO l FROM rate_limiter.limits AS x WHERE x.name = _named.name;
     IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
-    c := rate_limiter._config_of(l);
+    overridden := rate_limiter._overridden(l, key);
+    c := rate_limiter._config_of(overridden.applied);
+    exempt := overridden.exempt;
     enforce := l.enforce;
     deny_cache := rate_limiter._interval_ms(l.deny_cache);
     lock_timeout := rate_limiter._interval_ms(l.lock_timeout);
@@ -472,13 +480,14 @@ END;
 -- what one call could ever be granted.
 CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
                                       OUT c rate_limiter._config, OUT enforce boolean, OUT stored text, OUT shard integer,
-                                      OUT lock_timeout double precision, OUT on_lock_timeout text)
+                                      OUT lock_timeout double precision, OUT on_lock_timeout text, OUT exempt boolean)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     named record;
 BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
+    exempt := named.exempt;
     c := named.c;
     enforce := named.enforce;
     stored := named.stored;
@@ -523,7 +532,7 @@ END $$;
 
 -- The block or allow list's answer for (name, key), as lists::listed: a block wins; an entry
 -- that has ended counts for nothing. NULL when neither applies.
-CREATE FUNCTION rate_limiter._listed(name text, key text, count double precision, capacity double precision)
+CREATE FUNCTION rate_limiter._listed(name text, key text, count double precision, capacity double precision, exempt boolean)
 RETURNS rate_limiter.decision
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -550,7 +559,7 @@ BEGIN
     ELSE
         SELECT max(a.until) INTO until FROM rate_limiter.allows a WHERE a.key = _listed.key AND (a.name = _listed.name OR a.name IS NULL);
     END IF;
-    IF until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now() THEN
+    IF exempt OR (until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now()) THEN
         RETURN ROW(true, NULL, capacity, 0, count, 'allowed', NULL)::rate_limiter.decision;
     END IF;
     RETURN NULL;
@@ -650,7 +659,7 @@ RETURNS rate_limiter.decision
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     req record := rate_limiter._request(name, key, count, reserve, config);
-    d rate_limiter.decision := rate_limiter._listed(name, key, count, (req.c).capacity);
+    d rate_limiter.decision := rate_limiter._listed(name, key, count, (req.c).capacity, req.exempt);
     r rate_limiter.state;
     now float8;
 BEGIN
@@ -684,7 +693,7 @@ DECLARE
     decided record;
 BEGIN
     PERFORM rate_limiter._writable('rate_limit()', 'rate_limiter.state');
-    d := rate_limiter._listed(name, key, count, (req.c).capacity);
+    d := rate_limiter._listed(name, key, count, (req.c).capacity, req.exempt);
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
     END IF;
@@ -853,7 +862,7 @@ DECLARE
     credited record;
 BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
     c := named.c;
     PERFORM rate_limiter._writable('credit()', 'rate_limiter.state');
     IF c.kind = 'concurrency' THEN
@@ -892,7 +901,8 @@ DECLARE
     deleted bigint := 0;
     n bigint;
 BEGIN
-    PERFORM rate_limiter._writable('prune()', 'rate_limiter.blocks', 'rate_limiter.allows', 'rate_limiter.leases', 'rate_limiter.state');
+    PERFORM rate_limiter._writable('prune()', 'rate_limiter.blocks', 'rate_limiter.allows', 'rate_limiter.overrides', 'rate_limiter.leases',
+                                   'rate_limiter.state');
     IF max_rows IS NULL OR max_rows < 0 THEN
         PERFORM rate_limiter._raise('argument', format('max_rows must be >= 0, not %s',
             CASE WHEN max_rows IS NULL THEN 'None' ELSE format('Some(%s)', max_rows) END));
@@ -904,6 +914,11 @@ BEGIN
     IF deleted = max_rows THEN RETURN deleted; END IF;
     WITH ended AS (SELECT ctid FROM rate_limiter.allows WHERE until <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
     DELETE FROM rate_limiter.allows WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows THEN RETURN deleted; END IF;
+    -- Overrides that ended: their keys are decided under their limits again.
+    WITH ended AS (SELECT ctid FROM rate_limiter.overrides WHERE until <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.overrides WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
     GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
     IF deleted = max_rows THEN RETURN deleted; END IF;
     WITH ended AS (SELECT ctid FROM rate_limiter.leases WHERE expires_at <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
@@ -928,7 +943,7 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN deleted + n;
 END $$;
-COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows and leases that have ended; returns how many. Skips rows in use.';
+COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows, overrides and leases that have ended; returns how many. Skips rows in use.';
 
 -- A number as Rust's `as u64` makes it (saturating, NaN and negatives 0), as text.
 CREATE FUNCTION rate_limiter._u64(x double precision) RETURNS text
@@ -1039,7 +1054,7 @@ BEGIN
     IF num_nulls(d) = 1 THEN  -- the argument itself, not a row of NULLs (which IS NULL too)
         PERFORM rate_limiter._raise('argument', 'd must not be NULL');
     END IF;
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
     RETURN rate_limiter._headers(ARRAY[name], ARRAY[(named.c).rate], ARRAY[(named.c).period], ARRAY[(named.c).kind = 'concurrency'],
                                  ARRAY[CASE WHEN partition_key THEN key END], name, d, draft);
 END $$;
@@ -1079,7 +1094,7 @@ BEGIN
         PERFORM rate_limiter._raise('argument', format('sample_shards must be >= 1, not %s',
             CASE WHEN sample_shards IS NULL THEN 'None' ELSE format('Some(%s)', sample_shards) END));
     END IF;
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
     c := named.c;
     r := (rate_limiter._read_row(named.stored, key, named.shard)).row;
     now := rate_limiter._now();

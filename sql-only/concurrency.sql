@@ -239,12 +239,12 @@ BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
     IF lease IS NOT NULL THEN ms := rate_limiter._lease_ms(lease); END IF;
     PERFORM rate_limiter._writable('acquire()', 'rate_limiter.leases');
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
     IF (named.c).kind <> 'concurrency' THEN
         PERFORM rate_limiter._raise('slots', format('"%s" is a %s, not a concurrency limit: call rate_limit() for it', name, (named.c).kind));
     END IF;
     PERFORM rate_limiter._usable(name, count, false, named.c);
-    d := rate_limiter._listed(name, key, count, (named.c).capacity);
+    d := rate_limiter._listed(name, key, count, (named.c).capacity, named.exempt);
     IF d.ok IS NULL THEN
         took := rate_limiter._take_slots(named.c, named.stored, name, key, count, true, ms);
         d := took.d;

@@ -1,4 +1,4 @@
--- rate_limiter 0.6.0, the SQL-only edition: plain SQL and PL/pgSQL for databases where no
+-- rate_limiter 0.7.0, the SQL-only edition: plain SQL and PL/pgSQL for databases where no
 -- compiled extension can be installed (RDS, Cloud SQL, Azure, Supabase, Neon). Written by
 -- sql-only/build.py: edit its parts (sql-only/*.sql, sql/bootstrap.sql), not this file.
 --
@@ -28,7 +28,7 @@ BEGIN
 END $$;
 SET LOCAL search_path = pg_catalog, pg_temp;
 CREATE SCHEMA rate_limiter;
-COMMENT ON SCHEMA rate_limiter IS 'rate_limiter 0.6.0, SQL-only edition (sql-only/README.md).';
+COMMENT ON SCHEMA rate_limiter IS 'rate_limiter 0.7.0, SQL-only edition (sql-only/README.md).';
 
 -- The extension's tables and decision type (sql/bootstrap.sql).
 
@@ -176,6 +176,107 @@ COMMENT ON COLUMN rate_limiter.allows.until IS 'Allowed until this instant; ''in
 COMMENT ON COLUMN rate_limiter.allows.note IS 'Why, for the operator.';
 
 COMMENT ON COLUMN rate_limiter.allows.created IS 'When the allow was made or last changed.';
+
+-- A key's own numbers under a named limit (rate_limiter.override()): a call on that key is
+-- decided under them, its count kept in the same rows, until until. Looked up by (name, key),
+-- and read whole by name for the keys a limit overrides.
+CREATE TABLE rate_limiter.overrides (
+    name text COLLATE "C" NOT NULL
+        CONSTRAINT overrides_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    key text COLLATE "C"
+        CONSTRAINT overrides_key_check CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024),
+    tier text COLLATE "C",
+    rate double precision
+        CONSTRAINT overrides_rate_check CHECK (rate OPERATOR(pg_catalog.>) 0::pg_catalog.float8 AND rate OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    period interval
+        CONSTRAINT overrides_period_check CHECK (period OPERATOR(pg_catalog.>) '0'::pg_catalog.interval),
+    capacity double precision
+        CONSTRAINT overrides_capacity_check CHECK (capacity OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND capacity OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    max_reserved double precision
+        CONSTRAINT overrides_max_reserved_check CHECK (max_reserved OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND max_reserved OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    min_gap interval
+        CONSTRAINT overrides_min_gap_check CHECK (min_gap OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    exempt boolean NOT NULL DEFAULT false,
+    until timestamptz NOT NULL DEFAULT 'infinity',
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT overrides_name_key_key UNIQUE NULLS NOT DISTINCT (name, key),
+    CONSTRAINT overrides_tier_or_numbers CHECK (tier IS NULL OR (rate IS NULL AND period IS NULL AND capacity IS NULL
+                                                                 AND max_reserved IS NULL AND min_gap IS NULL AND NOT exempt))
+);
+
+COMMENT ON TABLE rate_limiter.overrides IS
+    'A key''s own numbers under a named limit, or the tier it is in: a call on (name, key) is decided under the limit with these numbers (or the tier''s) in place of its own (NULL: the limit''s), counted in the same rows, until until. Manage with rate_limiter.override() and remove_override(); deleting the limit deletes its overrides.';
+
+COMMENT ON COLUMN rate_limiter.overrides.name IS 'The named limit (rate_limiter.limits) whose key has its own numbers.';
+
+COMMENT ON COLUMN rate_limiter.overrides.key IS 'The key; NULL is the limit''s shared NULL key.';
+
+COMMENT ON COLUMN rate_limiter.overrides.tier IS 'The tier (rate_limiter.tiers) whose numbers the key has; NULL: the numbers of this row.';
+
+COMMENT ON COLUMN rate_limiter.overrides.rate IS 'Tokens per period for this key; NULL: the limit''s.';
+
+COMMENT ON COLUMN rate_limiter.overrides.period IS 'The period for this key; NULL: the limit''s.';
+
+COMMENT ON COLUMN rate_limiter.overrides.capacity IS 'Most tokens this key may hold; NULL: rate when rate is given, else the limit''s capacity.';
+
+COMMENT ON COLUMN rate_limiter.overrides.max_reserved IS 'Most tokens this key may owe by reservations; NULL: the limit''s.';
+
+COMMENT ON COLUMN rate_limiter.overrides.min_gap IS 'Least time between two granted calls of this key; NULL: the limit''s.';
+
+COMMENT ON COLUMN rate_limiter.overrides.exempt IS 'true: the key is not limited (ok with reason ''allowed'', its state neither read nor written), as an allow of the pair.';
+
+COMMENT ON COLUMN rate_limiter.overrides.until IS 'The override holds until this instant (a temporary boost); ''infinity'' until removed. rate_limiter.prune() deletes overrides that have ended.';
+
+COMMENT ON COLUMN rate_limiter.overrides.note IS 'Why, for the operator (a plan, a ticket).';
+
+COMMENT ON COLUMN rate_limiter.overrides.created IS 'When the override was made or last changed.';
+
+-- A limit's tiers (rate_limiter.define_tier()): numbers defined once that an override names,
+-- so that a customer's plan is one row and a tier's change reaches every key in it.
+CREATE TABLE rate_limiter.tiers (
+    name text COLLATE "C" NOT NULL
+        CONSTRAINT tiers_name_check CHECK (name OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 128),
+    tier text COLLATE "C" NOT NULL
+        CONSTRAINT tiers_tier_check CHECK (tier OPERATOR(pg_catalog.<>) '' AND pg_catalog.octet_length(tier) OPERATOR(pg_catalog.<=) 128),
+    rate double precision
+        CONSTRAINT tiers_rate_check CHECK (rate OPERATOR(pg_catalog.>) 0::pg_catalog.float8 AND rate OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    period interval
+        CONSTRAINT tiers_period_check CHECK (period OPERATOR(pg_catalog.>) '0'::pg_catalog.interval),
+    capacity double precision
+        CONSTRAINT tiers_capacity_check CHECK (capacity OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND capacity OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    max_reserved double precision
+        CONSTRAINT tiers_max_reserved_check CHECK (max_reserved OPERATOR(pg_catalog.>=) 0::pg_catalog.float8 AND max_reserved OPERATOR(pg_catalog.<) 'Infinity'::pg_catalog.float8),
+    min_gap interval
+        CONSTRAINT tiers_min_gap_check CHECK (min_gap OPERATOR(pg_catalog.>=) '0'::pg_catalog.interval),
+    exempt boolean NOT NULL DEFAULT false,
+    note text,
+    created timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CONSTRAINT tiers_pkey PRIMARY KEY (name, tier)
+);
+
+COMMENT ON TABLE rate_limiter.tiers IS
+    'A named limit''s tiers (plans): numbers defined once, which each override naming the tier gives its key; a change of a tier reaches every key in it, each judged under the new numbers with its count kept. Manage with rate_limiter.define_tier() and remove_tier(); deleting the limit deletes its tiers.';
+
+COMMENT ON COLUMN rate_limiter.tiers.name IS 'The named limit (rate_limiter.limits) the tier is of.';
+
+COMMENT ON COLUMN rate_limiter.tiers.tier IS 'The tier''s name, as overrides name it (''free'', ''pro'').';
+
+COMMENT ON COLUMN rate_limiter.tiers.rate IS 'Tokens per period for the tier''s keys; NULL: the limit''s.';
+
+COMMENT ON COLUMN rate_limiter.tiers.period IS 'The period for the tier''s keys; NULL: the limit''s.';
+
+COMMENT ON COLUMN rate_limiter.tiers.capacity IS 'Most tokens a key of the tier may hold; NULL: rate when rate is given, else the limit''s capacity.';
+
+COMMENT ON COLUMN rate_limiter.tiers.max_reserved IS 'Most tokens a key of the tier may owe by reservations; NULL: the limit''s.';
+
+COMMENT ON COLUMN rate_limiter.tiers.min_gap IS 'Least time between two granted calls of a key of the tier; NULL: the limit''s.';
+
+COMMENT ON COLUMN rate_limiter.tiers.exempt IS 'true: the tier''s keys are not limited (ok with reason ''allowed'').';
+
+COMMENT ON COLUMN rate_limiter.tiers.note IS 'What the tier is, for the operator.';
+
+COMMENT ON COLUMN rate_limiter.tiers.created IS 'When the tier was defined or last changed.';
 
 -- One small row per (name, key, shard). fillfactor leaves room on each page so updates
 -- stay HOT (no indexed column ever changes). COLLATE "C": equality is byte equality under
@@ -1159,7 +1260,7 @@ BEGIN
 END $$;
 
 -- The shapes of src/error.rs: each raises its SQLSTATE with the extension's message and hint.
-CREATE FUNCTION rate_limiter._raise(kind text, message text, detail text DEFAULT NULL) RETURNS void
+CREATE FUNCTION rate_limiter._raise(kind text, message text, detail text DEFAULT NULL, extra text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     CASE kind
@@ -1184,6 +1285,12 @@ BEGIN
     WHEN 'unknown' THEN
         RAISE EXCEPTION 'rate limit "%" does not exist', message USING ERRCODE = '42704',
             HINT = 'Define it with rate_limiter.define(name, kind, rate, period) or pass config => ''{...}''::jsonb.';
+    WHEN 'unknown_tier' THEN
+        RAISE EXCEPTION 'tier "%" of rate limit "%" does not exist', message, detail USING ERRCODE = '42704',
+            HINT = 'Define it with rate_limiter.define_tier(name, tier, rate => ..., period => ...).';
+    WHEN 'tier_in_use' THEN
+        RAISE EXCEPTION 'tier "%" of rate limit "%" is named by % override(s)', message, detail, extra USING ERRCODE = '23503',
+            HINT = 'Move those keys to another tier or their own numbers with rate_limiter.override(), or remove_override() them, first.';
     WHEN 'count' THEN
         RAISE EXCEPTION '%', message USING ERRCODE = '22023', DETAIL = detail,
             HINT = 'No call can take more than the capacity (plus max_reserved when reserving); raise capacity or split the work into smaller counts.';
@@ -1290,8 +1397,8 @@ BEGIN
     END IF;
     -- The write to come runs with the owner's rights, as would a trigger or rule on the table
     -- (one a role with TRIGGER on it planted): refused, as the extension refuses it. Locked
-    -- first, so that none is planted between this look and the write. The edition's one
-    -- trigger is known by its whole shape: its function alone, run BEFORE each row (which
+    -- first, so that none is planted between this look and the write. The edition's two
+    -- triggers are known by their whole shape: its function alone, run BEFORE each row (which
     -- skips the row) or with a WHEN of the planter's (run with the owner's rights), would not do.
     FOREACH t IN ARRAY tables LOOP
         EXECUTE format('LOCK TABLE %s IN ROW EXCLUSIVE MODE', t);
@@ -1299,10 +1406,13 @@ BEGIN
             SELECT format('trigger "%s"', g.tgname) INTO planted FROM pg_trigger g
             WHERE g.tgrelid OPERATOR(pg_catalog.=) t
               AND NOT (g.tgrelid OPERATOR(pg_catalog.=) 'rate_limiter.limits'::regclass
-                       AND g.tgname OPERATOR(pg_catalog.=) 'limits_hold_slot_calls_off'
-                       AND g.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._hold_slot_calls_off()'::regprocedure
-                       AND g.tgtype OPERATOR(pg_catalog.=) 62 AND g.tgqual IS NULL
-                       AND g.tgnargs OPERATOR(pg_catalog.=) 0 AND NOT g.tgisinternal)
+                       AND ((g.tgname OPERATOR(pg_catalog.=) 'limits_hold_slot_calls_off'
+                             AND g.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._hold_slot_calls_off()'::regprocedure
+                             AND g.tgtype OPERATOR(pg_catalog.=) 62)
+                         OR (g.tgname OPERATOR(pg_catalog.=) 'limits_keep_overrides'
+                             AND g.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._overrides_follow_their_limit()'::regprocedure
+                             AND g.tgtype OPERATOR(pg_catalog.=) 56))
+                       AND g.tgqual IS NULL AND g.tgnargs OPERATOR(pg_catalog.=) 0 AND NOT g.tgisinternal)
             ORDER BY g.tgname LIMIT 1;
             IF planted IS NULL THEN
                 SELECT format('a rule (pg_rewrite oid %s)', r.oid) INTO planted
@@ -1532,15 +1642,18 @@ END $$;
 -- The limit a call is judged under: the inline config when given, else the named limit's
 -- (42704 when there is none); its shadow setting and deny cache; and where its state lives:
 -- the rows named `stored`, with shard `shard` (an inline config's rows are the name marked
--- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs).
-CREATE FUNCTION rate_limiter._named(name text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
+-- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs). A named
+-- limit's numbers are `key`'s override's while one is in force, which may exempt the key.
+CREATE FUNCTION rate_limiter._named(name text, key text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
                                     OUT deny_cache double precision, OUT stored text, OUT shard integer,
-                                    OUT lock_timeout double precision, OUT on_lock_timeout text)
+                                    OUT lock_timeout double precision, OUT on_lock_timeout text, OUT exempt boolean)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l rate_limiter.limits;
     inline record;
+    overridden record;
 BEGIN
+    exempt := false;
     IF config IS NOT NULL THEN
         inline := rate_limiter._config_of_json(config);
         c := inline.c;
@@ -1554,7 +1667,9 @@ BEGIN
     END IF;
     SELECT * INTO l FROM rate_limiter.limits AS x WHERE x.name = _named.name;
     IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
-    c := rate_limiter._config_of(l);
+    overridden := rate_limiter._overridden(l, key);
+    c := rate_limiter._config_of(overridden.applied);
+    exempt := overridden.exempt;
     enforce := l.enforce;
     deny_cache := rate_limiter._interval_ms(l.deny_cache);
     lock_timeout := rate_limiter._interval_ms(l.lock_timeout);
@@ -1750,13 +1865,14 @@ END;
 -- what one call could ever be granted.
 CREATE FUNCTION rate_limiter._request(name text, key text, count double precision, reserve boolean, config jsonb,
                                       OUT c rate_limiter._config, OUT enforce boolean, OUT stored text, OUT shard integer,
-                                      OUT lock_timeout double precision, OUT on_lock_timeout text)
+                                      OUT lock_timeout double precision, OUT on_lock_timeout text, OUT exempt boolean)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     named record;
 BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
+    exempt := named.exempt;
     c := named.c;
     enforce := named.enforce;
     stored := named.stored;
@@ -1801,7 +1917,7 @@ END $$;
 
 -- The block or allow list's answer for (name, key), as lists::listed: a block wins; an entry
 -- that has ended counts for nothing. NULL when neither applies.
-CREATE FUNCTION rate_limiter._listed(name text, key text, count double precision, capacity double precision)
+CREATE FUNCTION rate_limiter._listed(name text, key text, count double precision, capacity double precision, exempt boolean)
 RETURNS rate_limiter.decision
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1828,7 +1944,7 @@ BEGIN
     ELSE
         SELECT max(a.until) INTO until FROM rate_limiter.allows a WHERE a.key = _listed.key AND (a.name = _listed.name OR a.name IS NULL);
     END IF;
-    IF until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now() THEN
+    IF exempt OR (until IS NOT NULL AND rate_limiter._ms(until) > rate_limiter._now()) THEN
         RETURN ROW(true, NULL, capacity, 0, count, 'allowed', NULL)::rate_limiter.decision;
     END IF;
     RETURN NULL;
@@ -1928,7 +2044,7 @@ RETURNS rate_limiter.decision
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     req record := rate_limiter._request(name, key, count, reserve, config);
-    d rate_limiter.decision := rate_limiter._listed(name, key, count, (req.c).capacity);
+    d rate_limiter.decision := rate_limiter._listed(name, key, count, (req.c).capacity, req.exempt);
     r rate_limiter.state;
     now float8;
 BEGIN
@@ -1962,7 +2078,7 @@ DECLARE
     decided record;
 BEGIN
     PERFORM rate_limiter._writable('rate_limit()', 'rate_limiter.state');
-    d := rate_limiter._listed(name, key, count, (req.c).capacity);
+    d := rate_limiter._listed(name, key, count, (req.c).capacity, req.exempt);
     IF d.ok IS NOT NULL THEN  -- listed (a row IS NOT NULL only when no column is)
         RETURN rate_limiter._answer(d, req.enforce, name, key, throws);
     END IF;
@@ -2131,7 +2247,7 @@ DECLARE
     credited record;
 BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
     c := named.c;
     PERFORM rate_limiter._writable('credit()', 'rate_limiter.state');
     IF c.kind = 'concurrency' THEN
@@ -2170,7 +2286,8 @@ DECLARE
     deleted bigint := 0;
     n bigint;
 BEGIN
-    PERFORM rate_limiter._writable('prune()', 'rate_limiter.blocks', 'rate_limiter.allows', 'rate_limiter.leases', 'rate_limiter.state');
+    PERFORM rate_limiter._writable('prune()', 'rate_limiter.blocks', 'rate_limiter.allows', 'rate_limiter.overrides', 'rate_limiter.leases',
+                                   'rate_limiter.state');
     IF max_rows IS NULL OR max_rows < 0 THEN
         PERFORM rate_limiter._raise('argument', format('max_rows must be >= 0, not %s',
             CASE WHEN max_rows IS NULL THEN 'None' ELSE format('Some(%s)', max_rows) END));
@@ -2182,6 +2299,11 @@ BEGIN
     IF deleted = max_rows THEN RETURN deleted; END IF;
     WITH ended AS (SELECT ctid FROM rate_limiter.allows WHERE until <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
     DELETE FROM rate_limiter.allows WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
+    GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
+    IF deleted = max_rows THEN RETURN deleted; END IF;
+    -- Overrides that ended: their keys are decided under their limits again.
+    WITH ended AS (SELECT ctid FROM rate_limiter.overrides WHERE until <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
+    DELETE FROM rate_limiter.overrides WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)) AND until <= now;
     GET DIAGNOSTICS n = ROW_COUNT; deleted := deleted + n;
     IF deleted = max_rows THEN RETURN deleted; END IF;
     WITH ended AS (SELECT ctid FROM rate_limiter.leases WHERE expires_at <= now LIMIT max_rows - deleted FOR UPDATE SKIP LOCKED)
@@ -2206,7 +2328,7 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN deleted + n;
 END $$;
-COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows and leases that have ended; returns how many. Skips rows in use.';
+COMMENT ON FUNCTION rate_limiter.prune IS 'Delete up to max_rows rows of rate_limiter.state that hold what a fresh state would, or belong to named limits that no longer exist, and blocks, allows, overrides and leases that have ended; returns how many. Skips rows in use.';
 
 -- A number as Rust's `as u64` makes it (saturating, NaN and negatives 0), as text.
 CREATE FUNCTION rate_limiter._u64(x double precision) RETURNS text
@@ -2317,7 +2439,7 @@ BEGIN
     IF num_nulls(d) = 1 THEN  -- the argument itself, not a row of NULLs (which IS NULL too)
         PERFORM rate_limiter._raise('argument', 'd must not be NULL');
     END IF;
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
     RETURN rate_limiter._headers(ARRAY[name], ARRAY[(named.c).rate], ARRAY[(named.c).period], ARRAY[(named.c).kind = 'concurrency'],
                                  ARRAY[CASE WHEN partition_key THEN key END], name, d, draft);
 END $$;
@@ -2357,7 +2479,7 @@ BEGIN
         PERFORM rate_limiter._raise('argument', format('sample_shards must be >= 1, not %s',
             CASE WHEN sample_shards IS NULL THEN 'None' ELSE format('Some(%s)', sample_shards) END));
     END IF;
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
     c := named.c;
     r := (rate_limiter._read_row(named.stored, key, named.shard)).row;
     now := rate_limiter._now();
@@ -2434,6 +2556,188 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION rate_limiter.wait_rate_limit IS 'rate_limit, sleeping until retry_after and trying again until granted or timeout would pass (then the denial, with reason ''timeout'' if it waited).';
+
+-- Overrides and tiers (docs/api.md, "Overrides: a key's own numbers"): a key of a named limit
+-- decided under numbers of its own or its tier's, counted in the same rows, as the
+-- extension's overrides.rs and api/admin.rs.
+
+-- The limit's row `l` with the override of `key` in force now in place of its numbers (as
+-- config/overrides.rs applied_to: a capacity not given follows a rate that is), and whether
+-- it exempts the key; `l` itself and false when the key has none.
+CREATE FUNCTION rate_limiter._overridden(l rate_limiter.limits, key text, OUT applied rate_limiter.limits, OUT exempt boolean)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    o rate_limiter.overrides;
+    t rate_limiter.tiers;
+BEGIN
+    applied := l;
+    exempt := false;
+    -- A NULL key its own probe of the index (name, key), as the lists' are.
+    IF key IS NULL THEN
+        SELECT * INTO o FROM rate_limiter.overrides x WHERE x.name = l.name AND x.key IS NULL;
+    ELSE
+        SELECT * INTO o FROM rate_limiter.overrides x WHERE x.name = l.name AND x.key = _overridden.key;
+    END IF;
+    IF o.name IS NULL OR rate_limiter._ms(o.until) <= rate_limiter._now() THEN
+        RETURN;
+    END IF;
+    IF o.tier IS NOT NULL THEN
+        SELECT * INTO t FROM rate_limiter.tiers x WHERE x.name = l.name AND x.tier = o.tier;
+        IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown_tier', o.tier, l.name); END IF;
+        o.rate := t.rate; o.period := t.period; o.capacity := t.capacity;
+        o.max_reserved := t.max_reserved; o.min_gap := t.min_gap; o.exempt := t.exempt;
+    END IF;
+    applied := rate_limiter._with_numbers(l, o.rate, o.period, o.capacity, o.max_reserved, o.min_gap);
+    exempt := o.exempt;
+END $$;
+
+-- The limit's row with these numbers in place of its own (NULL: its own; a capacity not given
+-- follows a rate that is, as define's does).
+CREATE FUNCTION rate_limiter._with_numbers(l rate_limiter.limits, rate double precision, period interval,
+                                           capacity double precision, max_reserved double precision, min_gap interval)
+RETURNS rate_limiter.limits
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    l.capacity := CASE WHEN capacity IS NOT NULL OR rate IS NOT NULL THEN capacity ELSE l.capacity END;
+    l.rate := coalesce(rate, l.rate);
+    l.period := coalesce(period, l.period);
+    l.max_reserved := coalesce(max_reserved, l.max_reserved);
+    l.min_gap := coalesce(min_gap, l.min_gap);
+    RETURN l;
+END $$;
+
+-- The named limit `name` (42704 when there is none), its numbers replaced by these and
+-- checked as a limit's row is (overrides.rs applied): what override() and define_tier()
+-- accept. A change of a concurrency limit's numbers waits for the transactions holding its
+-- slots, as a change of the limit does.
+CREATE FUNCTION rate_limiter._applied(name text, rate double precision, period interval, capacity double precision,
+                                      max_reserved double precision, min_gap interval) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l rate_limiter.limits;
+BEGIN
+    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = _applied.name;
+    IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
+    PERFORM rate_limiter._config_of(rate_limiter._with_numbers(l, rate, period, capacity, max_reserved, min_gap));
+    IF l.kind = 'concurrency' THEN
+        LOCK TABLE rate_limiter.leases IN SHARE ROW EXCLUSIVE MODE;
+    END IF;
+END $$;
+
+CREATE FUNCTION rate_limiter.override(name text, key text, rate double precision DEFAULT NULL, period interval DEFAULT NULL,
+    capacity double precision DEFAULT NULL, max_reserved double precision DEFAULT NULL, min_gap interval DEFAULT NULL,
+    exempt boolean DEFAULT false, tier text DEFAULT NULL, until timestamptz DEFAULT 'infinity', note text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t rate_limiter.tiers;
+BEGIN
+    PERFORM rate_limiter._writable('override()', 'rate_limiter.overrides');
+    PERFORM rate_limiter._valid_name(name);
+    PERFORM rate_limiter._valid_key(key);
+    IF exempt IS NULL THEN PERFORM rate_limiter._raise('argument', 'exempt must not be NULL'); END IF;
+    IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
+    PERFORM rate_limiter._applied(name, rate, period, capacity, max_reserved, min_gap);
+    IF tier IS NOT NULL THEN
+        IF num_nonnulls(rate, period, capacity, max_reserved, min_gap) > 0 OR exempt THEN
+            PERFORM rate_limiter._raise('argument', 'an override names a tier or gives numbers (or exempt), not both');
+        END IF;
+        -- Locked, so that remove_tier() waits for this override and then sees it.
+        SELECT * INTO t FROM rate_limiter.tiers x WHERE x.name = override.name AND x.tier = override.tier FOR KEY SHARE;
+        IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown_tier', tier, name); END IF;
+        PERFORM rate_limiter._applied(name, t.rate, t.period, t.capacity, t.max_reserved, t.min_gap);
+    END IF;
+    INSERT INTO rate_limiter.overrides AS o (name, key, tier, rate, period, capacity, max_reserved, min_gap, exempt, until, note)
+    VALUES (name, key, tier, rate, period, capacity, max_reserved, min_gap, exempt, until, note)
+    ON CONFLICT ON CONSTRAINT overrides_name_key_key DO UPDATE
+    SET tier = excluded.tier, rate = excluded.rate, period = excluded.period, capacity = excluded.capacity,
+        max_reserved = excluded.max_reserved, min_gap = excluded.min_gap, exempt = excluded.exempt,
+        until = excluded.until, note = excluded.note, created = pg_catalog.now();
+END $$;
+COMMENT ON FUNCTION rate_limiter.override IS
+    'Give (name, key) numbers of its own (define''s names; NULL: the limit''s), exempt it, or put it in a tier, until until: its calls are decided under them, its count kept.';
+
+CREATE FUNCTION rate_limiter.remove_override(name text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l rate_limiter.limits;
+BEGIN
+    PERFORM rate_limiter._writable('remove_override()', 'rate_limiter.overrides');
+    PERFORM rate_limiter._valid_name(name);
+    PERFORM rate_limiter._valid_key(key);
+    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = remove_override.name;
+    IF l.kind = 'concurrency' THEN
+        LOCK TABLE rate_limiter.leases IN SHARE ROW EXCLUSIVE MODE;
+    END IF;
+    DELETE FROM rate_limiter.overrides o WHERE o.name = remove_override.name AND o.key IS NOT DISTINCT FROM remove_override.key;
+    RETURN FOUND;
+END $$;
+COMMENT ON FUNCTION rate_limiter.remove_override IS 'Take back the override of (name, key); returns whether there was one. Its count is kept.';
+
+-- A tier's name: a non-empty text of at most 128 bytes (api/admin.rs valid_tier).
+CREATE FUNCTION rate_limiter._valid_tier(tier text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF tier IS NULL OR tier = '' OR octet_length(tier) > 128 THEN
+        PERFORM rate_limiter._raise('argument', 'tier must be a non-empty text of at most 128 bytes');
+    END IF;
+END $$;
+
+CREATE FUNCTION rate_limiter.define_tier(name text, tier text, rate double precision DEFAULT NULL, period interval DEFAULT NULL,
+    capacity double precision DEFAULT NULL, max_reserved double precision DEFAULT NULL, min_gap interval DEFAULT NULL,
+    exempt boolean DEFAULT false, note text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rate_limiter._writable('define_tier()', 'rate_limiter.tiers');
+    PERFORM rate_limiter._valid_name(name);
+    PERFORM rate_limiter._valid_tier(tier);
+    IF exempt IS NULL THEN PERFORM rate_limiter._raise('argument', 'exempt must not be NULL'); END IF;
+    PERFORM rate_limiter._applied(name, rate, period, capacity, max_reserved, min_gap);
+    INSERT INTO rate_limiter.tiers AS t (name, tier, rate, period, capacity, max_reserved, min_gap, exempt, note)
+    VALUES (name, tier, rate, period, capacity, max_reserved, min_gap, exempt, note)
+    ON CONFLICT ON CONSTRAINT tiers_pkey DO UPDATE
+    SET rate = excluded.rate, period = excluded.period, capacity = excluded.capacity,
+        max_reserved = excluded.max_reserved, min_gap = excluded.min_gap, exempt = excluded.exempt,
+        note = excluded.note, created = pg_catalog.now();
+END $$;
+COMMENT ON FUNCTION rate_limiter.define_tier IS
+    'Create or replace a tier of the named limit: numbers (NULL: the limit''s) that each override naming it gives its key.';
+
+CREATE FUNCTION rate_limiter.remove_tier(name text, tier text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    naming bigint;
+BEGIN
+    PERFORM rate_limiter._writable('remove_tier()', 'rate_limiter.tiers');
+    PERFORM rate_limiter._valid_name(name);
+    PERFORM rate_limiter._valid_tier(tier);
+    -- The tier locked first: an override() naming it that has not committed yet holds it, and
+    -- is waited for and then counted.
+    PERFORM FROM rate_limiter.tiers t WHERE t.name = remove_tier.name AND t.tier = remove_tier.tier FOR UPDATE;
+    SELECT count(*) INTO naming FROM rate_limiter.overrides o WHERE o.name = remove_tier.name AND o.tier = remove_tier.tier;
+    IF naming > 0 THEN
+        PERFORM rate_limiter._raise('tier_in_use', tier, name, naming::text);
+    END IF;
+    DELETE FROM rate_limiter.tiers t WHERE t.name = remove_tier.name AND t.tier = remove_tier.tier;
+    RETURN FOUND;
+END $$;
+COMMENT ON FUNCTION rate_limiter.remove_tier IS 'Remove a tier of the named limit that no override names; returns whether there was one.';
+
+-- A limit's overrides and tiers go with it (a DELETE, a TRUNCATE, a new name), as the
+-- extension's trigger deletes them: none is left to come back with a limit defined again
+-- under the name.
+CREATE FUNCTION rate_limiter._overrides_follow_their_limit() RETURNS trigger
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM rate_limiter.overrides o WHERE NOT EXISTS (SELECT FROM rate_limiter.limits l WHERE l.name = o.name);
+    DELETE FROM rate_limiter.tiers t WHERE NOT EXISTS (SELECT FROM rate_limiter.limits l WHERE l.name = t.name);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER limits_keep_overrides AFTER UPDATE OR DELETE OR TRUNCATE ON rate_limiter.limits
+FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._overrides_follow_their_limit();
+COMMENT ON TRIGGER limits_keep_overrides ON rate_limiter.limits IS
+    'A limit''s overrides and tiers go with it: deleted, renamed or truncated.';
 
 -- Sharded limits (shards > 1), as src/limiter/rows.rs and bucket::plan keep them: the limit
 -- split evenly over `shards` rows of (name, key); a call looks at one random shard, or at two
@@ -2747,7 +3051,8 @@ END $$;
 -- checks them: each in turn, its members in byte order, its arguments, once only, its limit
 -- (named or inline), all or nothing.
 CREATE FUNCTION rate_limiter._parts(requests jsonb, reserve boolean, OUT names text[], OUT keys text[], OUT counts double precision[],
-                                    OUT configs rate_limiter._config[], OUT stored text[], OUT shards integer[])
+                                    OUT configs rate_limiter._config[], OUT stored text[], OUT shards integer[],
+                                    OUT exempts boolean[])
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
@@ -2765,6 +3070,7 @@ BEGIN
     configs := '{}';
     stored := '{}';
     shards := '{}';
+    exempts := '{}';
     IF jsonb_typeof(requests) <> 'array' THEN
         PERFORM rate_limiter._raise('argument', format('requests: expected a JSON array of objects, got %s', rate_limiter._json_text(requests)));
     END IF;
@@ -2800,7 +3106,7 @@ BEGIN
                     coalesce('Some(' || rate_limiter._debug(key) || ')', 'None')));
             END IF;
         END LOOP;
-        named := rate_limiter._named(name, config);
+        named := rate_limiter._named(name, key, config);
         IF (named.c).mode <> 'all' THEN
             PERFORM rate_limiter._raise('unsupported', format('rate_limit_all takes all or nothing: "%s" has mode ''%s''', name, (named.c).mode));
         END IF;
@@ -2817,6 +3123,7 @@ BEGIN
         configs := configs || named.c;
         stored := stored || named.stored;
         shards := shards || named.shard;
+        exempts := exempts || named.exempt;
     END LOOP;
 END $$;
 
@@ -2869,7 +3176,7 @@ BEGIN
 
     -- Blocks and allows: a block denies all, an allowed request is ok and takes no part.
     FOR i IN 1 .. n LOOP
-        answered := answered || rate_limiter._listed(names[i], keys[i], counts[i], (configs[i]).capacity);
+        answered := answered || rate_limiter._listed(names[i], keys[i], counts[i], (configs[i]).capacity, (got.exempts)[i]);
     END LOOP;
     IF EXISTS (SELECT FROM unnest(answered) a WHERE NOT a.ok) THEN
         SELECT array_agg(i ORDER BY i) INTO parts FROM generate_series(1, n) i WHERE NOT (answered[i]).ok;
@@ -3248,12 +3555,12 @@ BEGIN
     PERFORM rate_limiter._arguments(name, key, count);
     IF lease IS NOT NULL THEN ms := rate_limiter._lease_ms(lease); END IF;
     PERFORM rate_limiter._writable('acquire()', 'rate_limiter.leases');
-    named := rate_limiter._named(name, config);
+    named := rate_limiter._named(name, key, config);
     IF (named.c).kind <> 'concurrency' THEN
         PERFORM rate_limiter._raise('slots', format('"%s" is a %s, not a concurrency limit: call rate_limit() for it', name, (named.c).kind));
     END IF;
     PERFORM rate_limiter._usable(name, count, false, named.c);
-    d := rate_limiter._listed(name, key, count, (named.c).capacity);
+    d := rate_limiter._listed(name, key, count, (named.c).capacity, named.exempt);
     IF d.ok IS NULL THEN
         took := rate_limiter._take_slots(named.c, named.stored, name, key, count, true, ms);
         d := took.d;
@@ -3388,7 +3695,7 @@ COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
 -- The edition's version, as extversion is the extension's.
 CREATE FUNCTION rate_limiter.edition() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN 'sql-only 0.6.0';
+RETURN 'sql-only 0.7.0';
 COMMENT ON FUNCTION rate_limiter.edition() IS 'The SQL-only edition''s version.';
 
 -- As the extension: nothing for PUBLIC, and none of what the installing role's default

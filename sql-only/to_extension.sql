@@ -1,5 +1,5 @@
 -- Moving a database from the SQL-only edition to the rate_limiter extension (self-hosting, or a
--- service that offers it), keeping every limit, key state, block and allow. Run by a superuser
+-- service that offers it), keeping every limit, key state, block, allow, override and tier. Run by a superuser
 -- once the extension's package is installed on the server:
 --     psql -v ON_ERROR_STOP=1 -d app -f sql-only/to_extension.sql
 -- One transaction: the edition's tables are locked against writers, its schema steps aside,
@@ -19,17 +19,18 @@ DECLARE
     shapes text;
     dependents text;
 BEGIN
-    IF edition IS NULL OR obj_description(edition, 'pg_namespace') IS DISTINCT FROM 'rate_limiter 0.6.0, SQL-only edition (sql-only/README.md).' THEN
-        RAISE EXCEPTION 'schema rate_limiter is not the SQL-only edition 0.6.0' USING ERRCODE = '55000';
+    IF edition IS NULL OR obj_description(edition, 'pg_namespace') IS DISTINCT FROM 'rate_limiter 0.7.0, SQL-only edition (sql-only/README.md).' THEN
+        RAISE EXCEPTION 'schema rate_limiter is not the SQL-only edition 0.7.0' USING ERRCODE = '55000',
+            HINT = 'An edition of another release moves with that release''s sql-only/to_extension.sql.';
     END IF;
-    -- The five tables as the edition made them: plain tables of the extension's column types.
+    -- The seven tables as the edition made them: plain tables of the extension's column types.
     SELECT string_agg(format('%s.%s', c.relname, a.attname), ', ') INTO shapes
     FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-    WHERE c.relnamespace = edition AND c.relname IN ('limits', 'state', 'blocks', 'allows', 'leases')
+    WHERE c.relnamespace = edition AND c.relname IN ('limits', 'state', 'blocks', 'allows', 'overrides', 'tiers', 'leases')
       AND (c.relkind <> 'r' OR a.atttypid::regtype::text NOT IN
            ('text', 'double precision', 'interval', 'integer', 'smallint', 'timestamp with time zone', 'boolean', 'double precision[]', 'uuid'));
     IF shapes IS NOT NULL OR (SELECT count(*) FROM pg_class WHERE relnamespace = edition AND relkind = 'r'
-                              AND relname IN ('limits', 'state', 'blocks', 'allows', 'leases')) <> 5 THEN
+                              AND relname IN ('limits', 'state', 'blocks', 'allows', 'overrides', 'tiers', 'leases')) <> 7 THEN
         RAISE EXCEPTION 'the edition''s tables are not as it made them: %', coalesce(shapes, 'a table is missing') USING ERRCODE = '55000';
     END IF;
     -- Objects outside the schema that use the edition's (they would be dropped with it).
@@ -53,9 +54,10 @@ BEGIN
             HINT = 'Drop them, move, and make them again on the extension''s objects.';
     END IF;
 END $$;
-LOCK TABLE rate_limiter.leases, rate_limiter.limits, rate_limiter.state, rate_limiter.blocks, rate_limiter.allows IN EXCLUSIVE MODE;
+LOCK TABLE rate_limiter.leases, rate_limiter.limits, rate_limiter.state, rate_limiter.blocks, rate_limiter.allows,
+           rate_limiter.overrides, rate_limiter.tiers IN EXCLUSIVE MODE;
 ALTER SCHEMA rate_limiter RENAME TO rate_limiter_sql_only;
-CREATE EXTENSION rate_limiter VERSION '0.6.0';
+CREATE EXTENSION rate_limiter VERSION '0.7.0';
 INSERT INTO rate_limiter.limits (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets,
                                  lock_timeout, on_lock_timeout, deny_cache, hot, enforce, tz, durable)
 SELECT name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets,
@@ -66,6 +68,10 @@ INSERT INTO rate_limiter.blocks (name, key, until, note, created)
 SELECT name, key, until, note, created FROM rate_limiter_sql_only.blocks;
 INSERT INTO rate_limiter.allows (name, key, until, note, created)
 SELECT name, key, until, note, created FROM rate_limiter_sql_only.allows;
+INSERT INTO rate_limiter.tiers (name, tier, rate, period, capacity, max_reserved, min_gap, exempt, note, created)
+SELECT name, tier, rate, period, capacity, max_reserved, min_gap, exempt, note, created FROM rate_limiter_sql_only.tiers;
+INSERT INTO rate_limiter.overrides (name, key, tier, rate, period, capacity, max_reserved, min_gap, exempt, until, note, created)
+SELECT name, key, tier, rate, period, capacity, max_reserved, min_gap, exempt, until, note, created FROM rate_limiter_sql_only.overrides;
 INSERT INTO rate_limiter.leases (name, key, slot, lease_id, expires_at)
 SELECT name, key, slot, lease_id, expires_at FROM rate_limiter_sql_only.leases;
 DROP SCHEMA rate_limiter_sql_only CASCADE;

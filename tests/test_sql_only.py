@@ -91,7 +91,7 @@ def edition(test_cluster):
 def test_a_database_owner_who_is_not_a_superuser_installs_it_with_one_psql_f(test_cluster, edition, pg):
     dbname, owner = edition
     with test_cluster.connect(dbname, user=owner) as c:
-        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.6.0",)
+        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.7.0",)
         assert c.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone() == (False,)
         # Nothing for PUBLIC, as the extension: the schema, its tables and functions.
         assert c.execute("SELECT nspacl FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone()[0] is None or \
@@ -209,6 +209,14 @@ steps = st.lists(st.one_of(
     st.tuples(st.just("allow"), st.sampled_from(["tb", "fw", None]), keys, st.sampled_from([None, 700])),
     st.tuples(st.just("disallow"), st.sampled_from(["tb", "fw", None]), keys),
     st.tuples(st.just("headers"), names, keys, amounts, drafts, st.booleans()),
+    # Overrides and tiers: a key's own numbers (some the limit's kind cannot have), exempt or
+    # ending, a key put in a tier, a tier changed or removed while named.
+    st.tuples(st.just("override"), names, keys, st.sampled_from([None, 1, 4, 50]), st.sampled_from([None, 3, 0.5]),
+              st.booleans(), st.sampled_from([None, 900])),
+    st.tuples(st.just("tier"), names, st.sampled_from(["free", "pro"]), st.sampled_from([None, 2, 40])),
+    st.tuples(st.just("in tier"), names, keys, st.sampled_from(["free", "pro"])),
+    st.tuples(st.just("remove override"), names, keys),
+    st.tuples(st.just("remove tier"), names, st.sampled_from(["free", "pro"])),
     st.tuples(st.just("value"), names, keys),
     st.tuples(st.just("wait"), names, keys, amounts),
     st.tuples(st.just("prune"), st.sampled_from([0, 1, 10000])),
@@ -284,6 +292,19 @@ def step(conn, s, now_ms):
                    (name, key, draft, partition_key, name, key, count))
     if kind == "value":
         return run(conn, "SELECT * FROM rate_limiter.rate_limit_value(%s, %s)", s[1:])
+    if kind == "override":
+        _, name, key, rate, capacity, exempt, ms = s
+        return run(conn, "SELECT rate_limiter.override(%s, %s, rate => %s, capacity => %s, exempt => %s, until => %s::timestamptz "
+                         "+ make_interval(secs => %s::float8 / 1000))",
+                   (name, key, rate, capacity, exempt, "infinity" if ms is None else START, now_ms + (ms or 0)))
+    if kind == "tier":
+        return run(conn, "SELECT rate_limiter.define_tier(%s, %s, rate => %s)", s[1:])
+    if kind == "in tier":
+        return run(conn, "SELECT rate_limiter.override(%s, %s, tier => %s)", s[1:])
+    if kind == "remove override":
+        return run(conn, "SELECT rate_limiter.remove_override(%s, %s)", s[1:])
+    if kind == "remove tier":
+        return run(conn, "SELECT rate_limiter.remove_tier(%s, %s)", s[1:])
     if kind == "wait":
         return run(conn, "SELECT * FROM rate_limiter.wait_rate_limit(%s, %s, %s, '0')", s[1:])
     if kind == "prune":
@@ -354,9 +375,23 @@ def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(test_clus
                            ("calendar", "tb", 2, "1 day", "Europe/Berlin", "2026-01-10 02:30:00+01", None),
                            ("clock", 238 * 86400000 + 3600000), ("call", "rate_limit", "tb", "a", 2, False, False),
                            ("call", "rate_limit", "tb", "a", 1, False, False)])
+        # Overrides and tiers: a key moved up and back down with its count kept, a tier that is
+        # named (and so stays), an exempt key, numbers the kind cannot have, an override ending.
+        @example(limits=(("define", "tb", "token bucket", 2, 60000, None, None, None, None, True, "all"),
+                         ("define", "fw", "sliding window", 3, 60000, None, None, None, None, True, "all")),
+                 sequence=[("call", "rate_limit", "tb", "a", 2, False, False), ("call", "rate_limit", "tb", "a", 1, False, False),
+                           ("override", "tb", "a", 50, None, False, None), ("call", "rate_limit", "tb", "a", 7, False, False),
+                           ("tier", "tb", "pro", 40), ("in tier", "tb", "b", "pro"), ("call", "rate_limit", "tb", "b", 11, False, False),
+                           ("headers", "tb", "b", 1, 11, True), ("remove tier", "tb", "pro"), ("in tier", "tb", "b", "free"),
+                           ("override", "tb", "é", None, None, True, None), ("call", "rate_limit", "tb", "é", 11, False, False),
+                           ("override", "fw", "a", None, 3, False, None), ("override", "fw", None, 4, None, False, 900),
+                           ("call", "rate_limit", "fw", None, 4, False, False), ("clock", 1000), ("call", "check_rate_limit", "fw", None, 1, False, False),
+                           ("remove override", "tb", "a"), ("call", "rate_limit", "tb", "a", 1, False, False),
+                           ("all", "rate_limit_all", [{"name": "tb", "key": "é"}, {"name": "fw", "key": "b"}], False, False),
+                           ("value", "tb", "b"), ("prune", 10000)])
         def sequences(limits, sequence):
             for conn in (ext, ed):
-                for table in ("limits", "state", "blocks", "allows"):
+                for table in ("overrides", "tiers", "limits", "state", "blocks", "allows"):
                     conn.execute(f"DELETE FROM rate_limiter.{table}")
             now_ms = 0
             for n, s in enumerate([*limits, *sequence]):
@@ -881,6 +916,9 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
         c.execute("SELECT rate_limiter.rate_limit('daily', 'bob', 5, reserve => true)")
         c.execute("SELECT rate_limiter.block('api', 'mallory')")
         c.execute("SELECT rate_limiter.rate_limit('express', 'carol', 2, config => %s::jsonb)", (INLINE,))
+        c.execute("SELECT rate_limiter.define_tier('api', 'pro', rate => 100)")
+        c.execute("SELECT rate_limiter.override('api', 'dave', tier => 'pro', note => 'plan')")
+        c.execute("SELECT rate_limiter.rate_limit('api', 'dave', 30)")
         before = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1, config => %s::jsonb)", k).fetchone()
                   for k in CHECKED]
     move = [f"{pg_bin(test_cluster.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(test_cluster.port), "-U", "postgres",
@@ -891,25 +929,26 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
     result = subprocess.run(move, capture_output=True, text=True)
     assert result.returncode != 0 and "objects outside the edition use it: rule _RETURN on view public.keys" in result.stderr, result.stderr
     with test_cluster.connect(dbname, user=owner) as c:
-        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.6.0",), "the edition as it was"
+        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.7.0",), "the edition as it was"
         c.execute("DROP VIEW public.keys")
     result = subprocess.run(move, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     with test_cluster.connect(dbname) as c:
-        assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.6.0",)
+        assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.7.0",)
         assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rate_limiter_sql%'").fetchone() == (0,)
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
         after = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1, config => %s::jsonb)", k).fetchone()
                  for k in CHECKED]
     assert after == before
     assert before[0][2] == 5 and before[1][0] is False and before[2][5] == "blocked" and before[4][2] == 2, before
+    assert before[5][2] == 69, "dave's tier: 100 less his 30 and this 1"
 
 
 # An inline config (as the client packages pass them): its state moves too, under the same
 # fingerprint.
 INLINE = '{"kind": "fixed window", "rate": 5, "period": 60000}'
 CHECKED = [("api", "alice", None), ("daily", "bob", None), ("api", "mallory", None), ("api", "new", None),
-           ("express", "carol", INLINE)]
+           ("express", "carol", INLINE), ("api", "dave", None)]
 
 
 @every_version
