@@ -38,13 +38,14 @@ fn load(name: &str, key: Option<&str>) -> Result<Option<Overridden>> {
 }
 
 /// The config of the limit `name` with `numbers` in place of its own, checked as `define`
-/// checks a limit's: refused for a limit that does not exist, a hot or memory limit, and
+/// checks a limit's: refused for a limit that does not exist, a hot limit (whose log is
+/// folded under one config for all its keys), and
 /// numbers its kind could not have. What `override` and `define_tier` accept, and what a
 /// call is decided under.
 pub fn applied(name: &str, numbers: &Override) -> Result<Config> {
     let row = storage::load_limit(name).ok_or_else(|| Error::UnknownLimit(name.to_owned()))?;
-    if row.hot || !row.durable {
-        return Err(Error::NotSupported(format!("overrides of the hot or memory limit \"{name}\"")));
+    if row.hot {
+        return Err(Error::NotSupported(format!("overrides of the hot limit \"{name}\"")));
     }
     Config::try_from(&numbers.applied_to(&row))
 }

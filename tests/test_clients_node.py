@@ -50,4 +50,5 @@ def test_the_node_package_from_its_artifact_through_the_libraries_it_plugs_into(
     # The example that calls the package, as examples/README.md shows it.
     shutil.copy(EXAMPLES / "express_store.js", app / "express_store.js")
     assert run("node", "express_store.js", cwd=app, env=env).splitlines() == [
-        "1. express-rate-limit: 200 200 429", "2. in the transaction: 500 200 429"]
+        "1. express-rate-limit: 200 200 429", "2. in the transaction: 500 200 429",
+        "3. a plan changed mid-window: 200 200 429 | 200 200 200 429"]

@@ -32,12 +32,13 @@ def race(test_cluster, database_name, name, change, sessions=8, calls=30):
     return sum(in_sessions(sessions, session))
 
 
-def test_an_override_raised_under_eight_sessions_admits_exactly_the_new_rate_in_the_window(test_cluster, database_name, name):
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "memory"])
+def test_an_override_raised_under_eight_sessions_admits_exactly_the_new_rate_in_the_window(test_cluster, database_name, name, durable):
     """Calls before the change take under 10, calls after under 20, all from one count (a
     sliding window keeps what each window took): the window admits 20, exactly, whatever the
-    interleaving (240 calls, enough after the change)."""
+    interleaving (240 calls, enough after the change); in a row or in shared memory."""
     with test_cluster.connect(database_name) as c:
-        define(c, name, "sliding window", rate=10, start="2026-01-01 00:00:00+00")
+        define(c, name, "sliding window", rate=10, start="2026-01-01 00:00:00+00", durable=durable)
     assert race(test_cluster, database_name, name, "SELECT rate_limiter.override(%s, 'k', rate => 20)") == 20
     with test_cluster.connect(database_name) as c:
         c.execute(f"SET rate_limiter.fake_now = '{FAKE_NOW}'")
@@ -58,11 +59,12 @@ def test_an_override_lowered_under_eight_sessions_never_admits_more_than_the_hig
         assert limit(c, name, "k")[0] is False
 
 
-def test_a_tier_raised_under_eight_sessions_admits_exactly_its_new_rate_to_its_key(test_cluster, database_name, name):
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "memory"])
+def test_a_tier_raised_under_eight_sessions_admits_exactly_its_new_rate_to_its_key(test_cluster, database_name, name, durable):
     """The key's numbers come from its tier; the tier's change reaches it mid-run, its count
     kept: 20 in the window, exactly."""
     with test_cluster.connect(database_name) as c:
-        define(c, name, "sliding window", rate=1, start="2026-01-01 00:00:00+00")
+        define(c, name, "sliding window", rate=1, start="2026-01-01 00:00:00+00", durable=durable)
         c.execute("SELECT rate_limiter.define_tier(%s, 'pro', rate => 10)", (name,))
         c.execute("SELECT rate_limiter.override(%s, 'k', tier => 'pro')", (name,))
     assert race(test_cluster, database_name, name, "SELECT rate_limiter.define_tier(%s, 'pro', rate => 20)") == 20
@@ -116,6 +118,28 @@ def test_a_concurrency_override_lowered_waits_for_the_slots_held_beyond_it(test_
     finally:
         for c in conns:
             c.close()
+
+
+def test_a_memory_limits_key_keeps_its_count_in_shared_memory_under_its_override(test_cluster, database_name, name):
+    """A memory limit's key moved up, exempted and back: its count stays in shared memory (no
+    row), and a change made in a transaction is not called under in that transaction (0A000),
+    as a change of the limit is not."""
+    with test_cluster.connect(database_name) as c:
+        c.execute(f"SET rate_limiter.fake_now = '{FAKE_NOW}'")
+        define(c, name, "sliding window", rate=2, period="1 hour", start="2026-01-01 00:00:00+00", durable=False)
+        assert [limit(c, name, "k")[0] for _ in range(3)] == [True, True, False]
+        c.execute("SELECT rate_limiter.override(%s, 'k', rate => 5)", (name,))
+        assert [limit(c, name, "k")[0] for _ in range(4)] == [True, True, True, False], "5 less the 2 taken"
+        c.execute("SELECT rate_limiter.override(%s, 'k', exempt => true)", (name,))
+        assert all(limit(c, name, "k")[0] for _ in range(5)), "exempt"
+        c.execute("SELECT rate_limiter.remove_override(%s, 'k')", (name,))
+        assert not limit(c, name, "k")[0], "5 taken against the limit's 2"
+        assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (name,)).fetchone() == (0,)
+        with c.transaction():
+            c.execute("SELECT rate_limiter.override(%s, 'k', rate => 50)", (name,))
+            with pytest.raises(psycopg.errors.FeatureNotSupported), c.transaction():  # a savepoint
+                limit(c, name, "k")
+        assert limit(c, name, "k")[0], "committed: 50 less the 5 taken"
 
 
 @pytest.fixture

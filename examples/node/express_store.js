@@ -18,6 +18,11 @@ const name = `example_${process.pid}`;
 app.get("/hello", rateLimit({ windowMs: 60_000, limit: 2, standardHeaders: "draft-7", legacyHeaders: false,
                               store: new PostgresStore({ db: pool, name }) }), (_req, res) => res.send("hello"));
 
+// 3. The same middleware on a named limit: a customer's plan is the administrator's row, and
+// changing it mid-window needs no change here (step 3 below).
+app.get("/plan", rateLimit({ windowMs: 60_000, limit: 2, standardHeaders: "draft-7", legacyHeaders: false,
+                             store: new PostgresStore({ db: pool, name: `${name}_plan`, named: true }) }), (_req, res) => res.send("hello"));
+
 // 2. A limit inside the transaction that writes: a failed write gives the token back.
 app.post("/messages", async (req, res) => {
   const client = await pool.connect();
@@ -47,6 +52,17 @@ const server = app.listen(0, "127.0.0.1", async () => {
   const sends = [];
   for (const path of ["/messages?fail=1", "/messages", "/messages"]) sends.push((await fetch(url + path, { method: "POST" })).status);
   console.log(`2. in the transaction: ${sends.join(" ")}`);
+  // 3. Two requests in 30 days, then the client is moved to the 'pro' tier (5) mid-window:
+  // the 2 it took still count.
+  await pool.query("SELECT rate_limiter.define($1, 'sliding window', 2, '30 days')", [`${name}_plan`]);
+  await pool.query("SELECT rate_limiter.define_tier($1, 'pro', rate => 5)", [`${name}_plan`]);
+  const plan = [];
+  for (let i = 0; i < 3; i++) plan.push((await fetch(`${url}/plan`)).status);
+  await pool.query("SELECT rate_limiter.override($1, '127.0.0.1', tier => 'pro')", [`${name}_plan`]);
+  plan.push("|");
+  for (let i = 0; i < 4; i++) plan.push((await fetch(`${url}/plan`)).status);
+  console.log(`3. a plan changed mid-window: ${plan.join(" ")}`);
+  await pool.query("DELETE FROM rate_limiter.limits WHERE name = $1", [`${name}_plan`]);
   server.close();
   await pool.end();
 });

@@ -1,6 +1,6 @@
 """rate_limiter from Django's ORM (transaction.atomic()) on psycopg 3.
 
-A standalone script: settings, one model and its table, then the three steps. The limit
+A standalone script: settings, one model and its table, then the four steps. The limit
 is taken with the atomic block's connection, so it commits or rolls back with the
 model's write. RL429 becomes the application's RateLimited.
 Connection: the libpq environment (PGHOST, PGPORT, PGUSER, PGDATABASE).
@@ -67,6 +67,11 @@ def main():
     with connection.cursor() as cursor:
         cursor.execute("SELECT rate_limiter.define('django_send', 'token bucket', 3, '1 hour')")
         cursor.execute("SELECT rate_limiter.reset_rate_limit('django_send', 'alice')")
+        # Step 4's limit and plans, the administrator's, afresh.
+        cursor.execute("SELECT rate_limiter.define('django_posts', 'sliding window', 2, '30 days')")
+        cursor.execute("SELECT rate_limiter.define_tier('django_posts', 'pro', rate => 5, note => '5 posts a month')")
+        cursor.execute("SELECT rate_limiter.remove_override('django_posts', 'alice')")
+        cursor.execute("SELECT rate_limiter.reset_rate_limit('django_posts', 'alice')")
         cursor.execute("DROP TABLE IF EXISTS django_messages")
     with connection.schema_editor() as editor:
         editor.create_model(Message)
@@ -96,6 +101,20 @@ def main():
                 take("alice", throws=True)
     except RateLimited as e:
         print(f"3. RateLimited from SQLSTATE {e.__cause__.__cause__.sqlstate}: retry after {round(e.retry_after_ms / 1000)} s")
+
+
+    # 4. A plan change mid-window, made by the administrator alone: the application's call is
+    # the same, and what alice took before still counts.
+    def post():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT ok FROM rate_limiter.rate_limit('django_posts', 'alice')")
+            return cursor.fetchone()[0]
+
+    before = sum(post() for _ in range(3))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT rate_limiter.override('django_posts', 'alice', tier => 'pro', note => 'upgraded')")
+    after = sum(post() for _ in range(5))
+    print(f"4. upgraded to 'pro' mid-window: {before} posts before, {after} after (5 in the window in all)")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ fn _limits_changed<'a>(
     }
     let is_overrides = trigger.relation().is_ok_and(|r| r.name() == "overrides" && r.tuple_desc().iter().any(|a| a.name() == "tier"));
     if is_tiers || is_overrides {
-        concurrency_override_changing(trigger);
+        override_changing(trigger);
     }
     // SAFETY: `relid` is the trigger's own relation, open and locked by the executor in this
     // transaction (InvalidOid would only raise "cache lookup failed"); the message is queued
@@ -157,7 +157,7 @@ fn concurrency_limit_shrinking(trigger: &PgTrigger<'_>) {
 }
 
 /// A limit's overrides go with it (a DELETE, a TRUNCATE, a new name), and a limit with
-/// overrides cannot become hot or a memory limit, which have none.
+/// overrides cannot become hot: a hot limit's log is folded under one config for every key.
 fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
     if cache::relations().overrides.is_none() {
         return;
@@ -175,10 +175,9 @@ fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
         }
     }
     if let Some(new) = &new {
-        let hot_or_memory = flag(new, "hot") == Some(true) || flag(new, "durable") == Some(false);
-        if hot_or_memory && storage::has_overrides(&name(new)) {
+        if flag(new, "hot") == Some(true) && storage::has_overrides(&name(new)) {
             Error::NotSupported(format!(
-                "the limit \"{}\" has overrides or tiers, which a hot or memory limit cannot have: remove_override() and remove_tier() them first",
+                "the limit \"{}\" has overrides or tiers, which a hot limit cannot have: remove_override() and remove_tier() them first",
                 name(new)
             ))
             .raise()
@@ -186,21 +185,25 @@ fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
     }
 }
 
-/// A change of a concurrency limit's override or tier can lower a key's slots: as a change
-/// of the limit (`concurrency_limit_shrinking`), it waits for every transaction that called a
-/// limit to end, so that no slot beyond the new number is still held when the next call
-/// counts. Any change of one, and any TRUNCATE, of either table.
-fn concurrency_override_changing(trigger: &PgTrigger<'_>) {
+/// A change of an override or a tier changes its keys' numbers, as a change of their limit
+/// does, and waits as that change waits: a concurrency limit's for every transaction that
+/// called a limit to end (`concurrency_limit_shrinking`: no slot beyond a lowered number is
+/// still held when the next call counts); a memory limit's for its calls in flight, whose
+/// keys' entries then take on their new numbers at their next call
+/// (`memory_limit_changing`). Any change of one; a TRUNCATE of either table, for every limit.
+fn override_changing(trigger: &PgTrigger<'_>) {
     let name = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<String>("name").ok().flatten();
-    let concurrency = |row: &PgHeapTuple<'_, AllocatedByPostgres>| {
-        name(row).and_then(|name| storage::load_limit(&name)).is_some_and(|limit| limit.kind == "concurrency")
+    let limits: Vec<(String, LimitRow)> = match (trigger.old(), trigger.new()) {
+        (None, None) if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) => storage::all_limits(),
+        (old, new) => {
+            old.iter().chain(new.iter()).filter_map(name).filter_map(|name| Some((name.clone(), storage::load_limit(&name)?))).collect()
+        }
     };
-    let holds = match (trigger.old(), trigger.new()) {
-        (None, None) => matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)),
-        (old, new) => old.iter().chain(new.iter()).any(concurrency),
-    };
-    if holds {
+    if limits.iter().any(|(_, limit)| limit.kind == "concurrency") {
         storage::hold_calls_off();
+    }
+    for (name, _) in limits.iter().filter(|(_, limit)| !limit.durable) {
+        limiter::memory::limit_changing(name, Some(None));
     }
 }
 

@@ -102,10 +102,9 @@ mod tests {
         fails("SELECT rate_limiter.override('sw', 'k', rate => 0)", "22023", "rate");
         fails("SELECT rate_limiter.override('sw', 'k', exempt => NULL)", "22023", "exempt");
         run("SELECT rate_limiter.define('h', 'token bucket', 10, '1 minute', hot => true)");
-        fails("SELECT rate_limiter.override('h', 'k', rate => 20)", "0A000", "hot or memory");
-        run("SELECT rate_limiter.define('m', 'token bucket', 10, '1 minute', durable => false)");
-        fails("SELECT rate_limiter.override('m', 'k', rate => 20)", "0A000", "hot or memory");
-        // A limit with overrides stays durable and not hot.
+        fails("SELECT rate_limiter.override('h', 'k', rate => 20)", "0A000", "hot limit");
+        fails("SELECT rate_limiter.define_tier('h', 'pro', rate => 20)", "0A000", "hot limit");
+        // A limit with overrides stays not hot.
         run("SELECT rate_limiter.override('sw', 'k', rate => 20)");
         fails("SELECT rate_limiter.define('sw', 'sliding window', 10, '1 minute', hot => true)", "0A000", "remove_override");
         // Redefined otherwise, the override applies to the new definition's other numbers.

@@ -163,6 +163,17 @@ pub fn load_limit(name: &str) -> Option<LimitRow> {
     limits.find(&[Some(name)]).then(|| limit_row(&limits))
 }
 
+/// Every named limit as committed now, with its name.
+pub fn all_limits() -> Vec<(String, LimitRow)> {
+    let limits = Lookup::limits();
+    let mut all = Vec::new();
+    limits.each(&[], || {
+        all.push((limits.column(1).expect("NOT NULL column of rate_limiter.limits"), limit_row(&limits)));
+        true
+    });
+    all
+}
+
 /// What an override gives its key.
 pub enum Overriding {
     /// Numbers of its own, and whether the key is exempt.

@@ -26,6 +26,12 @@ export interface PostgresStoreOptions {
    * crash forgets at most the last second. Not with `skipFailedRequests` or
    * `skipSuccessfulRequests`: their give-back could land in the next window. */
   durable?: boolean;
+  /** `true` counts under the named limit `name` of `rate_limiter.limits` (its numbers, and each
+   * key's override or tier) instead of an inline fixed window of `limit` per `windowMs`: a
+   * customer's plan is then the administrator's row, with no change here. The database
+   * decides; `limit` only scales the hits the library is told (a granted request is never
+   * reported over it). */
+  named?: boolean;
 }
 
 interface Counted {
@@ -63,6 +69,7 @@ export class PostgresStore {
     this.grants = new Grants(this.limiter, "PostgresStore", () => ({
       rate_limit: "increment",
       ...(this.decrements ? { credit: "decrement, which skipFailedRequests and skipSuccessfulRequests call" } : {}),
+      ...(this.decrements && options.named ? { rate_limit_value: "decrement on a named limit (its kind)" } : {}),
     }));
   }
 
@@ -82,6 +89,12 @@ export class PostgresStore {
     this.dynamic = typeof options.limit === "function";
   }
 
+  /** The call's limit: the named one, or the inline fixed window. */
+  private counting(): { config?: Record<string, unknown> } {
+    const config = this.config(); // also when named: the hits reported need a number
+    return this.options.named ? {} : { config };
+  }
+
   private config(): Record<string, unknown> {
     if (this.limit === undefined) {
       throw new TypeError(
@@ -95,7 +108,8 @@ export class PostgresStore {
    * nothing); when denied, more than any limit express-rate-limit could compare it with. */
   private hits(d: { ok: boolean; remaining: number }, limit: number): number {
     if (!d.ok) return this.dynamic ? Number.MAX_SAFE_INTEGER : limit + 1;
-    return Math.max(1, Math.round(limit - d.remaining));
+    // A named limit's key may have more than `limit` (its plan): granted is never over it.
+    return Math.min(Math.max(1, Math.round(limit - d.remaining)), this.options.named ? limit : Infinity);
   }
 
   /** One request: taken from the key's window, or (window spent) counted as over the limit,
@@ -109,7 +123,7 @@ export class PostgresStore {
       this.remember(key, started, this.windowMs, { denials: 1 });
       return { totalHits: 1, resetTime: new Date(started + this.windowMs) };
     }
-    const d = await this.limiter.limit(this.prefix, key, { config: this.config() });
+    const d = await this.limiter.limit(this.prefix, key, this.counting());
     const windowLeft = d.ok ? d.resetAfter : d.retryAfter ?? d.resetAfter;
     this.remember(key, started, windowLeft, d.ok ? { windowEnd: new Date(d.at.getTime() + d.resetAfter) } : { denials: 1 });
     return { totalHits: this.hits(d, this.limit as number), resetTime: new Date(started + windowLeft) };
@@ -142,7 +156,7 @@ export class PostgresStore {
       return;
     }
     if (entry.windowEnd === undefined || this.limit === 0) return;
-    await this.limiter.creditBefore(this.prefix, key, entry.windowEnd, { config: this.config() });
+    await this.limiter.creditBefore(this.prefix, key, entry.windowEnd, this.counting());
   }
 
   /** The key's hits so far, taking nothing, as MemoryStore answers: `undefined` for a key with
@@ -150,8 +164,8 @@ export class PostgresStore {
    * in a window still running. */
   async get(key: string): Promise<ClientRateLimitInfo | undefined> {
     if (this.limit === 0) return undefined;
-    const d = await this.limiter.check(this.prefix, key, { count: 0, config: this.config() });
-    const totalHits = Math.round((this.limit as number) - d.remaining);
+    const d = await this.limiter.check(this.prefix, key, { count: 0, ...this.counting() });
+    const totalHits = Math.min(Math.round((this.limit as number) - d.remaining), this.limit as number);
     if (totalHits > 0) return { totalHits, resetTime: new Date(Date.now() + d.resetAfter) };
     const windowEnd = this.counted.get(key)?.windowEnd;
     return windowEnd !== undefined && windowEnd.getTime() > d.at.getTime() ? { totalHits: 0, resetTime: windowEnd } : undefined;

@@ -231,11 +231,14 @@ export class RateLimiter {
     return { value: row.value, ts: row.ts, shard: row.shard, effectiveConfig: row.effective_config };
   }
 
-  /** The `RateLimit-Policy`, `RateLimit` and (denied) `Retry-After` headers of decision `d` of `name`. */
-  async headers(name: string, d: Decision, options: { config?: Config } = {}): Promise<Record<string, string>> {
+  /** The `RateLimit-Policy`, `RateLimit` and (denied) `Retry-After` headers of decision `d` of `name`, with `key`'s own
+   * numbers (its override's, 0.7.0) when given. */
+  async headers(name: string, d: Decision, options: { config?: Config; key?: string } = {}): Promise<Record<string, string>> {
+    const keyed = options.key === undefined ? "" : ", key => $10::text";
     const [row] = await this.rows(
-      `SELECT ${this.schema}.http_headers($1, ROW($2, $3, $4, $5, $6, $7, $8)::${this.schema}.decision, $9::jsonb) AS h`,
-      [name, d.ok, d.retryAfter, d.remaining, d.resetAfter, d.granted, d.reason, d.limitedBy, json(options.config)],
+      `SELECT ${this.schema}.http_headers($1, ROW($2, $3, $4, $5, $6, $7, $8)::${this.schema}.decision, $9::jsonb${keyed}) AS h`,
+      [name, d.ok, d.retryAfter, d.remaining, d.resetAfter, d.granted, d.reason, d.limitedBy, json(options.config),
+       ...(options.key === undefined ? [] : [options.key])],
     );
     return row.h;
   }

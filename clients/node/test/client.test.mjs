@@ -25,6 +25,11 @@ test("limit, check, credit, value and headers answer as the extension does", asy
   const headers = await rl.headers(name, denied);
   assert.equal(headers["RateLimit"], `"${name}";r=0;t=${Math.ceil(denied.resetAfter / 1000)}`);
   assert.equal(headers["Retry-After"], String(Math.ceil(denied.retryAfter / 1000)));
+  assert.equal(headers["RateLimit-Policy"], `"${name}";q=2;qu="requests";w=3600`);
+  // A key's own numbers, its override's, when the key is given.
+  await pool.query("SELECT rate_limiter.override($1, 'bob', rate => 5)", [name]);
+  const bob = await rl.limit(name, "bob");
+  assert.equal((await rl.headers(name, bob, { key: "bob" }))["RateLimit-Policy"], `"${name}";q=5;qu="requests";w=3600`);
   assert.equal((await rl.credit(name, "alice")).granted, -1);
   assert.equal((await rl.value(name, "alice")).value, 1);
   await rl.reset(name, "alice");

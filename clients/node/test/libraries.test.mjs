@@ -53,6 +53,34 @@ test("express-rate-limit answers 429 with its headers once the window in Postgre
   }
 });
 
+test("express-rate-limit on a named limit: a customer's plan is the administrator's row, changed mid-window with its count kept", async () => {
+  const app = express();
+  const name = unique("express_named");
+  await pool.query("SELECT rate_limiter.define($1, 'sliding window', 2, '30 days')", [name]);
+  app.use(rateLimit({ windowMs: 60_000, limit: 2, standardHeaders: "draft-7", legacyHeaders: false,
+                      store: new PostgresStore({ db: pool, name, named: true }) }));
+  app.get("/", (_req, res) => res.send("hello"));
+  const { url, close } = await serve(app);
+  try {
+    const statuses = async (n) => {
+      const got = [];
+      for (let i = 0; i < n; i++) got.push((await fetch(url)).status);
+      return got;
+    };
+    assert.deepEqual(await statuses(3), [200, 200, 429], "the limit's 2");
+    await pool.query("SELECT rate_limiter.define_tier($1, 'pro', rate => 5)", [name]);
+    await pool.query("SELECT rate_limiter.override($1, '127.0.0.1', tier => 'pro')", [name]);
+    assert.deepEqual(await statuses(4), [200, 200, 200, 429], "the tier's 5, less the 2 taken");
+    await pool.query("SELECT rate_limiter.remove_override($1, '127.0.0.1')", [name]);
+    assert.deepEqual(await statuses(1), [429], "5 taken against the limit's 2");
+    // No inline config's row: the count is the named limit's.
+    const { rows } = await pool.query("SELECT DISTINCT name FROM rate_limiter.state WHERE split_part(name, '#', 1) = $1", [name]);
+    assert.deepEqual(rows.map((r) => r.name), [name]);
+  } finally {
+    await close();
+  }
+});
+
 test("express-rate-limit: a failed request keeps its hit unless skipFailedRequests says otherwise", async () => {
   const app = express();
   app.use(rateLimit({ windowMs: 60_000, limit: 2, store: new PostgresStore({ db: pool, name: unique("express_fail") }) }));

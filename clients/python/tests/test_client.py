@@ -26,6 +26,10 @@ def test_decisions_headers_and_credit_on_psycopg(conn, name):
     assert (denied.ok, denied.reason, denied.limited_by) == (False, "exhausted", name)
     headers = rl.headers(name, denied)
     assert headers["Retry-After"] == str(-(-int(denied.retry_after) // 1000))
+    assert headers["RateLimit-Policy"] == f'"{name}";q=2;qu="requests";w=3600'
+    # A key's own numbers, its override's, when the key is given.
+    conn.execute("SELECT rate_limiter.override(%s, 'bob', rate => 5)", [name])
+    assert rl.headers(name, rl.limit(name, "bob"), key="bob")["RateLimit-Policy"] == f'"{name}";q=5;qu="requests";w=3600'
     assert rl.credit(name, "alice").granted == -1
     assert rl.check(name, "alice").ok
     rl.reset(name, "alice")

@@ -34,7 +34,7 @@ class AsyncRateLimiter:
         return cls(raw.driver_connection, schema)
 
     async def _row(self, sql: str, params: tuple) -> Any:
-        keyed = len(params) > 1 and sql is not self.sql.headers  # every other statement's second argument is the key
+        keyed = len(params) > 1 and sql not in (self.sql.headers, self.sql.headers_of_key)  # every other statement's second argument is the key
         if self.asyncpg and keyed and params[1] is not None and not isinstance(params[1], str):
             params = (params[0], str(params[1])) + params[2:]  # a key such as an integer id, as text
         try:
@@ -84,9 +84,9 @@ class AsyncRateLimiter:
     async def unblock(self, name: Optional[str], key: Optional[str]) -> bool:
         return bool((await self._row(self.sql.unblock, (name, key)))[0])
 
-    async def headers(self, name: str, d: Decision, *, config: Optional[Config] = None) -> dict[str, str]:
-        row = await self._row(self.sql.headers, (name, d.ok, d.retry_after, d.remaining, d.reset_after, d.granted,
-                                                 d.reason, d.limited_by, config_json(config)))
+    async def headers(self, name: str, d: Decision, *, config: Optional[Config] = None, key: Optional[str] = None) -> dict[str, str]:
+        params = (name, d.ok, d.retry_after, d.remaining, d.reset_after, d.granted, d.reason, d.limited_by, config_json(config))
+        row = await (self._row(self.sql.headers, params) if key is None else self._row(self.sql.headers_of_key, params + (str(key),)))
         return json_value(row[0])
 
     async def acquire(self, name: str, key: Optional[str] = None, count: float = 1, *, lease: Optional[float] = None,

@@ -49,6 +49,8 @@ class Statements:
             f"SELECT {s}.http_headers({m(1)}::text, ROW({m(2)}::boolean, {m(3)}::float8, {m(4)}::float8, {m(5)}::float8, "
             f"{m(6)}::float8, {m(7)}::text, {m(8)}::text)::{s}.decision, {m(9)}::jsonb)"
         )
+        # The key's own numbers (its override's, 0.7.0): named so that 0.6.0's three arguments still do without one.
+        self.headers_of_key = self.headers[:-1] + f", key => {m(10)}::text)"
         self.acquire = (
             f"SELECT {DECISION}, lease_id FROM {s}.acquire("
             f"{args(6, ('::text', '::text', '::float8', '::interval', '::boolean', '::jsonb'))})"

@@ -80,10 +80,11 @@ class RateLimiter:
         value, ts, shard, effective = self._row(self.sql.value, (name, key, config_json(config)))
         return value, ts, shard, json_value(effective)
 
-    def headers(self, name: str, d: Decision, *, config: Optional[Config] = None) -> dict[str, str]:
-        """``RateLimit-Policy``, ``RateLimit`` and (denied) ``Retry-After`` for decision ``d`` of ``name``."""
-        row = self._row(self.sql.headers, (name, d.ok, d.retry_after, d.remaining, d.reset_after, d.granted, d.reason,
-                                           d.limited_by, config_json(config)))
+    def headers(self, name: str, d: Decision, *, config: Optional[Config] = None, key: Optional[str] = None) -> dict[str, str]:
+        """``RateLimit-Policy``, ``RateLimit`` and (denied) ``Retry-After`` for decision ``d`` of ``name``, with
+        ``key``'s own numbers (its override's) when given."""
+        params = (name, d.ok, d.retry_after, d.remaining, d.reset_after, d.granted, d.reason, d.limited_by, config_json(config))
+        row = self._row(self.sql.headers, params) if key is None else self._row(self.sql.headers_of_key, params + (str(key),))
         return json_value(row[0])
 
     def acquire(self, name: str, key: Optional[str] = None, count: float = 1, *, lease: Optional[float] = None,
