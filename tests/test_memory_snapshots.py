@@ -6,6 +6,7 @@ scans that take every free worker slot do not stop the rounds once they run (F5)
 asserted is generous (3 s at an interval of 200 ms); before, the rounds stopped for 5 s (F4)
 or for as long as the scans ran (F5)."""
 
+import datetime
 import threading
 import time
 
@@ -16,6 +17,14 @@ from clusters import PORTS, every_version, wait_for
 from ledger import NOW
 
 INTERVAL = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.memory_snapshot=200"]
+
+
+def started_now():
+    """The real instant, as a fixed window's start: its window ends a period from now, never
+    while a test waits for a round. Without one, a key's window ends at a phase of its own
+    (for ('m', 'k') at xx:44:41 each hour), and a key whose window ended before the first
+    round copied it equals an absent key, which is never written: the wait then fails."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
 @every_version
@@ -30,7 +39,7 @@ def test_a_held_reset_delays_no_round_of_its_database_or_another(clusters):
     for test_conn in ("a", "b"):
         with server.connect(test_conn) as c:
             c.execute("CREATE EXTENSION rate_limiter")
-            define(c, "m", "fixed window", rate=100, period="1 hour", durable=False)
+            define(c, "m", "fixed window", rate=100, period="1 hour", start=started_now(), durable=False)
     with server.connect("a") as a, server.connect("a") as holder, server.connect("b") as b:
         a.execute("SELECT rate_limiter.rate_limit('m', 'k')")
         wait_for(lambda: snapshot_keys(a) >= 1, "k's row in a")
@@ -68,7 +77,7 @@ def test_parallel_scans_on_every_free_worker_slot_do_not_stop_the_snapshots(clus
         "-c max_worker_processes=6", "-c max_parallel_workers=6", "-c max_parallel_workers_per_gather=6"]).init().start()
     with server.connect() as c:
         c.execute("CREATE EXTENSION rate_limiter")
-        define(c, "m", "fixed window", rate=100, period="1 hour", durable=False)
+        define(c, "m", "fixed window", rate=100, period="1 hour", start=started_now(), durable=False)
         c.execute("CREATE ROLE nobody LOGIN")
         c.execute("CREATE TABLE public.big AS SELECT g FROM generate_series(1, 200000) g")
         c.execute("CREATE TABLE public.small AS SELECT g FROM generate_series(1, 1000) g")
@@ -119,7 +128,7 @@ def test_a_database_whose_snapshot_worker_runs_can_be_dropped(clusters):
         admin.execute("CREATE DATABASE doomed")
         with server.connect("doomed") as c:
             c.execute("CREATE EXTENSION rate_limiter")
-            define(c, "m", "fixed window", rate=100, period="1 hour", durable=False)
+            define(c, "m", "fixed window", rate=100, period="1 hour", start=started_now(), durable=False)
             c.execute("SELECT rate_limiter.rate_limit('m', 'k')")
             wait_for(lambda: snapshot_keys(c) >= 1, "the worker's first round")
         running = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rate_limiter memory snapshot'"
@@ -142,7 +151,7 @@ def test_the_log_is_copied_whole_and_cut_as_rounds_add_to_it_and_a_crash_loads_i
         c.execute("CREATE EXTENSION rate_limiter")
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")  # one window throughout
     with server.connect() as c:
-        define(c, "m", "fixed window", rate=1000, period="1 hour", durable=False)
+        define(c, "m", "fixed window", rate=1000, period="1 hour", start=started_now(), durable=False)
         calls, copied = 0, False
         last = "SELECT COALESCE(max(seq), 0) FROM rate_limiter.memory_snapshot"
         while not copied and calls < 60:
@@ -180,7 +189,7 @@ def test_a_worker_with_nothing_to_write_ends_and_the_next_change_starts_another(
     running = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rate_limiter memory snapshot'"
     with server.connect() as c:
         c.execute("CREATE EXTENSION rate_limiter")
-        define(c, "m", "fixed window", rate=100, period="1 day", durable=False)
+        define(c, "m", "fixed window", rate=100, period="1 day", start=started_now(), durable=False)
         c.execute("SELECT rate_limiter.rate_limit('m', 'k')")
         wait_for(lambda: snapshot_keys(c) >= 1, "the first round")
         assert c.execute(running).fetchone() == (1,)
@@ -209,7 +218,7 @@ def test_a_logical_subscriber_keeps_its_own_log_beside_the_publishers(clusters):
     with publisher.connect("app") as pub, subscriber.connect("app") as sub:
         pub.execute("CREATE PUBLICATION everything FOR ALL TABLES")
         sub.execute(f"CREATE SUBSCRIPTION s CONNECTION '{publisher.conninfo('app')}' PUBLICATION everything")
-        define(pub, "m", "fixed window", rate=10, period="1 hour", durable=False)
+        define(pub, "m", "fixed window", rate=10, period="1 hour", start=started_now(), durable=False)
         wait_for(lambda: sub.execute("SELECT count(*) FROM rate_limiter.limits WHERE name = 'm'").fetchone() == (1,),
                  "the limit on the subscriber")
         pub.execute("SELECT rate_limiter.rate_limit('m', 'k', 7)")
