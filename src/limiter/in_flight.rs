@@ -89,7 +89,17 @@ pub fn note_folding(ticket: hot::Ticket) {
 /// Drop these escrows when the transaction commits.
 pub fn forget_at_commit(what: Forget) {
     register_callbacks();
-    OPEN.with_borrow_mut(|open| open.forget.push((what, subtransaction())));
+    let at = subtransaction();
+    OPEN.with_borrow_mut(|open| {
+        // Asked once per (sub)transaction: a statement that changes many overrides of one memory
+        // limit would otherwise walk the whole table of keys at commit once for each row.
+        let again = |(w, s): &(Forget, pg_sys::SubTransactionId)| {
+            *s == at && matches!((w, &what), (Forget::MemoryChanged(l, c), Forget::MemoryChanged(limit, config)) if l == limit && c == config)
+        };
+        if !open.forget.iter().any(again) {
+            open.forget.push((what, at));
+        }
+    });
 }
 
 /// Whether this transaction (in a subtransaction not rolled back) asked to drop what `hit`
