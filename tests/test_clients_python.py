@@ -36,7 +36,8 @@ def test_the_python_package_from_its_wheel_through_the_libraries_it_plugs_into(t
     # The example that calls the package, as examples/README.md shows it.
     example = Path(__file__).resolve().parent.parent / "examples" / "python" / "flask_limiter_app.py"
     assert run(str(venv / "bin" / "python"), str(example), cwd=tmp_path, env=env).splitlines() == [
-        "1. Flask-Limiter: 200 200 429", "2. in the transaction: 500 200 429"]
+        "1. Flask-Limiter: 200 200 429", "2. in the transaction: 500 200 429",
+        "3. a plan changed mid-window: 200 200 429 | 200 200 200 429"]
     run_limits_own_suite(tmp_path, venv, env)
 
 

@@ -44,6 +44,16 @@ def send():
     return "sent"
 
 
+@app.get("/plan")
+@limiter.exempt
+def plan():
+    # A named limit, whose keys' plans are the administrator's rows (rate_limiter.override):
+    # a customer moved to another plan mid-window needs no change here, and keeps its count.
+    with psycopg.connect() as conn:
+        d = RateLimiter(conn).limit(NAME + "_plan", request.remote_addr)
+    return ("hello", 200) if d.ok else ("slow down", 429)
+
+
 def status(url, method="GET"):
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
@@ -57,4 +67,13 @@ threading.Thread(target=server.serve_forever, daemon=True).start()
 base = f"http://127.0.0.1:{server.server_port}"
 print("1. Flask-Limiter:", " ".join(str(status(f"{base}/hello")) for _ in range(3)))
 print("2. in the transaction:", " ".join(str(status(base + p, "POST")) for p in ["/messages?fail=1", "/messages", "/messages"]))
+# 3. Two requests in 30 days, then the client moves to the 'pro' tier (5) mid-window.
+with psycopg.connect(autocommit=True) as admin:
+    admin.execute("SELECT rate_limiter.define(%s, 'sliding window', 2, '30 days')", [NAME + "_plan"])
+    admin.execute("SELECT rate_limiter.define_tier(%s, 'pro', rate => 5)", [NAME + "_plan"])
+    before = [status(f"{base}/plan") for _ in range(3)]
+    admin.execute("SELECT rate_limiter.override(%s, '127.0.0.1', tier => 'pro')", [NAME + "_plan"])
+    after = [status(f"{base}/plan") for _ in range(4)]
+    admin.execute("DELETE FROM rate_limiter.limits WHERE name = %s", [NAME + "_plan"])
+print("3. a plan changed mid-window:", " ".join(map(str, before)), "|", " ".join(map(str, after)))
 server.shutdown()
