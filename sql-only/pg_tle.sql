@@ -2732,6 +2732,9 @@ COMMENT ON FUNCTION rate_limiter.remove_tier IS 'Remove a tier of the named limi
 CREATE FUNCTION rate_limiter._overrides_follow_their_limit() RETURNS trigger
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- It writes with the owner's rights: refused, as every write is, where a trigger or rule
+    -- was planted on the tables it writes.
+    PERFORM rate_limiter._writable('a change of rate_limiter.limits', 'rate_limiter.overrides', 'rate_limiter.tiers');
     DELETE FROM rate_limiter.overrides o WHERE NOT EXISTS (SELECT FROM rate_limiter.limits l WHERE l.name = o.name);
     DELETE FROM rate_limiter.tiers t WHERE NOT EXISTS (SELECT FROM rate_limiter.limits l WHERE l.name = t.name);
     RETURN NULL;

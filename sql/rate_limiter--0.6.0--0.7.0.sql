@@ -47,7 +47,6 @@ REVOKE ALL ON rate_limiter.memory_snapshot FROM PUBLIC;
 DO $$
 DECLARE
     grants text[];
-    one text;
 BEGIN
     SELECT pg_catalog.array_agg(pg_catalog.format('GRANT %s ON %s TO %s%s', a.privilege_type, o.what,
                CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
@@ -119,9 +118,11 @@ BEGIN
     COMMENT ON FUNCTION rate_limiter._stats() IS 'Internal: the rows of rate_limiter.stats.';
     COMMENT ON FUNCTION rate_limiter.stats_every_database() IS
         'The rows of rate_limiter.stats of every database, with its name (superusers and pg_monitor members only).';
-    FOREACH one IN ARRAY coalesce(grants, '{}') LOOP
-        EXECUTE one;
-    END LOOP;
+    -- Given back at the end of the script, after the pin of default privileges, which would
+    -- take back a grant the owner's default privileges happen to repeat.
+    PERFORM pg_catalog.set_config('rate_limiter_update.grants',
+        (coalesce(NULLIF(pg_catalog.current_setting('rate_limiter_update.grants', true), ''), '[]')::pg_catalog.jsonb
+         OPERATOR(pg_catalog.||) coalesce(pg_catalog.to_jsonb(grants), '[]'::pg_catalog.jsonb))::pg_catalog.text, true);
 END $$;
 
 -- Overrides (issue 55, docs/api.md): a key of a named limit decided under numbers of its own.
@@ -295,7 +296,6 @@ COMMENT ON FUNCTION rate_limiter._limits_changed() IS
 DO $http$
 DECLARE
     grants text[];
-    one text;
 BEGIN
     SELECT pg_catalog.array_agg(pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', o.now,
                CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
@@ -347,9 +347,11 @@ BEGIN
         'The HTTP headers for a decision of rate_limit_all(requests): one policy per limit.';
     COMMENT ON FUNCTION rate_limiter.http_problem(rate_limiter.decision) IS
         'The problem-details body (application/problem+json) of a denial, of type quota-exceeded naming the limit that denied it; NULL when the decision is ok.';
-    FOREACH one IN ARRAY coalesce(grants, '{}') LOOP
-        EXECUTE one;
-    END LOOP;
+    -- Given back at the end of the script, after the pin of default privileges, which would
+    -- take back a grant the owner's default privileges happen to repeat.
+    PERFORM pg_catalog.set_config('rate_limiter_update.grants',
+        (coalesce(NULLIF(pg_catalog.current_setting('rate_limiter_update.grants', true), ''), '[]')::pg_catalog.jsonb
+         OPERATOR(pg_catalog.||) coalesce(pg_catalog.to_jsonb(grants), '[]'::pg_catalog.jsonb))::pg_catalog.text, true);
 END
 $http$;
 
@@ -413,3 +415,17 @@ BEGIN
     END LOOP;
 END
 $pin$;
+
+-- The grants the objects created again above had (the statistics' view and functions,
+-- http_headers and http_headers_all), given back after the pin: a grant is the
+-- administrator's, whatever default privileges say.
+DO $regrant$
+DECLARE
+    one text;
+BEGIN
+    FOR one IN SELECT pg_catalog.jsonb_array_elements_text(
+                   coalesce(NULLIF(pg_catalog.current_setting('rate_limiter_update.grants', true), ''), '[]')::pg_catalog.jsonb) LOOP
+        EXECUTE one;
+    END LOOP;
+END
+$regrant$;

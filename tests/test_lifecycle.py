@@ -93,6 +93,10 @@ def test_update_matches_a_fresh_install_and_keeps_data_and_grants(test_cluster, 
                         "BEGIN SELECT * INTO d FROM rate_limiter.rate_limit('kept', k); RETURN d.ok; END $$")
 
             default_privileges(old, intruder, schema="rate_limiter")
+            if released == "0.6.0":
+                # The role's own grants, which its default privileges happen to repeat: those of the
+                # objects 0.7.0 creates again are given back after the pin that takes back leaks.
+                default_privileges(old, role, schema="rate_limiter")
             old.execute("ALTER EXTENSION rate_limiter UPDATE")
             for test_conn in (fresh, old):
                 assert granted_to(test_conn, "rate_limiter", intruder) == [], "no default privilege reached the extension"

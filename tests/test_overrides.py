@@ -2,6 +2,7 @@
 numbers, or its tier's, changed while 8 sessions call it, and a caller with EXECUTE on
 rate_limit alone reaching for another key's override (docs/api.md, Overrides)."""
 
+import time
 import uuid
 
 import psycopg
@@ -140,6 +141,43 @@ def test_a_memory_limits_key_keeps_its_count_in_shared_memory_under_its_override
             with pytest.raises(psycopg.errors.FeatureNotSupported), c.transaction():  # a savepoint
                 limit(c, name, "k")
         assert limit(c, name, "k")[0], "committed: 50 less the 5 taken"
+
+
+def test_prune_deletes_an_ended_override_without_waiting_for_the_slots_held(test_cluster, database_name, name):
+    """An override of a concurrency limit that has ended changes no key's numbers: prune()
+    deletes it without waiting for the transaction holding a slot (a change of a live one
+    waits, as above)."""
+    with test_cluster.connect(database_name, autocommit=False) as admin, \
+         test_cluster.connect(database_name, autocommit=False) as holder:
+        define(admin, name, "concurrency", rate=1, period="1 minute")
+        admin.execute("SELECT rate_limiter.override(%s, 'k', rate => 2, until => now() + interval '50 milliseconds')", (name,))
+        admin.commit()
+        time.sleep(0.1)
+        assert holder.execute("SELECT ok FROM rate_limiter.acquire(%s, 'k')", (name,)).fetchone() == (True,)
+        admin.execute("SET lock_timeout = '300ms'")
+        assert admin.execute("SELECT rate_limiter.prune()").fetchone()[0] >= 1
+        assert admin.execute("SELECT count(*) FROM rate_limiter.overrides WHERE name = %s", (name,)).fetchone() == (0,)
+        admin.commit()
+        holder.commit()
+
+
+def test_a_tier_is_not_removed_under_an_override_naming_it_that_has_not_committed(test_cluster, database_name, name):
+    """override(tier => 'pro') holds the tier's row until it commits: remove_tier() waits for it
+    and then refuses (23503), so that no override is left naming a tier that is gone."""
+    with test_cluster.connect(database_name, autocommit=False) as admin, \
+         test_cluster.connect(database_name, autocommit=False) as other:
+        define(admin, name, "sliding window", rate=1)
+        admin.execute("SELECT rate_limiter.define_tier(%s, 'pro', rate => 10)", (name,))
+        admin.commit()
+        admin.execute("SELECT rate_limiter.override(%s, 'k', tier => 'pro')", (name,))
+        other.execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute("SELECT rate_limiter.remove_tier(%s, 'pro')", (name,))
+        other.rollback()
+        admin.commit()
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            other.execute("SELECT rate_limiter.remove_tier(%s, 'pro')", (name,))
+        other.rollback()
 
 
 @pytest.fixture

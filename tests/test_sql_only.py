@@ -1017,7 +1017,7 @@ def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_ri
             c.execute("SELECT rate_limiter.define('slots', 'concurrency', 2, '1 hour')")
         with test_cluster.connect(dbname, user=role) as planter:
             runs = plant_trigger_traps(planter, role)
-            for table in ["limits", "blocks", "allows", "state", "leases"]:
+            for table in ["limits", "blocks", "allows", "state", "leases", "overrides", "tiers"]:
                 # A trigger of the planter's, or the edition's own function with a WHEN of its.
                 how = [f"AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON rate_limiter.{table} FOR EACH STATEMENT "
                        f"EXECUTE FUNCTION {role}.trap()",
@@ -1032,16 +1032,20 @@ def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_ri
                           "SELECT rate_limiter.block('rows', 'b')", "SELECT rate_limiter.unblock('rows', 'b')",
                           "SELECT rate_limiter.allow('rows', 'a')", "SELECT rate_limiter.disallow('rows', 'a')",
                           "SELECT rate_limiter.acquire('slots', 'k', lease => '1 minute')",
-                          "SELECT rate_limiter.reset_rate_limit('rows', 'k')", "SELECT rate_limiter.prune()"]:
+                          "SELECT rate_limiter.reset_rate_limit('rows', 'k')", "SELECT rate_limiter.prune()",
+                          "SELECT rate_limiter.override('rows', 'k', rate => 2)", "SELECT rate_limiter.remove_override('rows', 'k')",
+                          "SELECT rate_limiter.define_tier('rows', 'pro', rate => 2)", "SELECT rate_limiter.remove_tier('rows', 'pro')",
+                          # The edition's own trigger on the limits deletes their overrides and tiers as their owner.
+                          "DELETE FROM rate_limiter.limits WHERE name = 'none'"]:
                 try:
                     planter.execute(route)
                 except psycopg.Error as error:
                     assert error.sqlstate == "55000" and 'it has trigger "planted"' in str(error), f"{route}: {error}"
                     refused += 1
-            assert refused == 11, "every route writes a table with a planted trigger"
+            assert refused == 16, "every route writes a table with a planted trigger"
             assert trap_runs(planter, runs) == 0, "a trap ran with the owner's rights"
         with test_cluster.connect(dbname, user=owner) as c:
-            for table in ["limits", "blocks", "allows", "state", "leases"]:
+            for table in ["limits", "blocks", "allows", "state", "leases", "overrides", "tiers"]:
                 c.execute(f"DROP TRIGGER planted ON rate_limiter.{table}")
         with test_cluster.connect(dbname, user=role) as app:
             assert app.execute("SELECT ok FROM rate_limiter.rate_limit('rows', 'k')").fetchone() == (True,)

@@ -114,7 +114,15 @@ fn set_override(
         let exempt = exempt.ok_or_else(|| Error::InvalidArgument("exempt must not be NULL".into()))?;
         let until = until.ok_or_else(|| Error::InvalidArgument("until must not be NULL; use 'infinity'".into()))?;
         let numbers = config::Override { rate, period, capacity, max_reserved, min_gap };
-        overrides::applied(name, &numbers)?;
+        storage::hold_for_override(name, tier);
+        let config = overrides::applied(name, &numbers)?;
+        if !config.durable && clock::timestamptz_ms(until).is_finite() {
+            // Its end would change the key's config under calls in flight, with nothing to wait
+            // for them: remove_override() waits, as a redefinition does.
+            return Err(Error::NotSupported(format!(
+                "an override of the memory limit \"{name}\" with an end: remove_override() it when it is to end"
+            )));
+        }
         if let Some(tier) = tier {
             if numbers != config::Override::default() || exempt {
                 return Err(Error::InvalidArgument("an override names a tier or gives numbers (or exempt), not both".into()));
@@ -152,6 +160,7 @@ fn define_tier(
         let tier = valid_tier(tier)?;
         let exempt = exempt.ok_or_else(|| Error::InvalidArgument("exempt must not be NULL".into()))?;
         let numbers = config::Override { rate, period, capacity, max_reserved, min_gap };
+        storage::hold_for_override(name, None);
         overrides::applied(name, &numbers)?;
         storage::upsert_tier(name, tier, &numbers, exempt, note);
         Ok(())

@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 
 use crate::bucket::Config;
 use crate::cache;
+use crate::clock;
 use crate::config::LimitRow;
 use crate::error::Error;
 use crate::limiter::{self, hot::Change};
@@ -122,7 +123,9 @@ fn memory_limit_changing(trigger: &PgTrigger<'_>) {
     if let Some(old) = old.as_ref().filter(|row| memory(row)) {
         let stays = new.as_ref().filter(|new| memory(new) && name(new) == name(old));
         // The new config, when it is one (a row outside the bounds is refused by calls).
-        let now = stays.map(|new| Config::try_from(&limit_row(new)).ok());
+        // With overrides, the keys' configs are not the limit's: their entries are kept until
+        // their next call takes them on (`Some(None)`), never given the limit's expiry.
+        let now = stays.map(|new| Config::try_from(&limit_row(new)).ok().filter(|_| !storage::has_overrides(&name(new))));
         limiter::memory::limit_changing(&name(old), now);
     }
 }
@@ -193,11 +196,20 @@ fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
 /// (`memory_limit_changing`). Any change of one; a TRUNCATE of either table, for every limit.
 fn override_changing(trigger: &PgTrigger<'_>) {
     let name = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<String>("name").ok().flatten();
+    // An override that has ended gives no key numbers any more: deleting it (as prune() does)
+    // changes nothing, and waits for nothing.
+    let ended = |row: &PgHeapTuple<'_, AllocatedByPostgres>| {
+        row.get_by_name::<TimestampWithTimeZone>("until").ok().flatten().is_some_and(|until| clock::timestamptz_ms(until) <= clock::now_ms())
+    };
     let limits: Vec<(String, LimitRow)> = match (trigger.old(), trigger.new()) {
         (None, None) if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) => storage::all_limits(),
-        (old, new) => {
-            old.iter().chain(new.iter()).filter_map(name).filter_map(|name| Some((name.clone(), storage::load_limit(&name)?))).collect()
-        }
+        (old, new) => old
+            .iter()
+            .filter(|row| !ended(row))
+            .chain(new.iter())
+            .filter_map(name)
+            .filter_map(|name| Some((name.clone(), storage::load_limit(&name)?)))
+            .collect(),
     };
     if limits.iter().any(|(_, limit)| limit.kind == "concurrency") {
         storage::hold_calls_off();

@@ -104,6 +104,10 @@ mod tests {
         run("SELECT rate_limiter.define('h', 'token bucket', 10, '1 minute', hot => true)");
         fails("SELECT rate_limiter.override('h', 'k', rate => 20)", "0A000", "hot limit");
         fails("SELECT rate_limiter.define_tier('h', 'pro', rate => 20)", "0A000", "hot limit");
+        // A memory limit's override ends only by remove_override(), which waits for its calls.
+        run("SELECT rate_limiter.define('m', 'token bucket', 10, '1 minute', durable => false)");
+        fails("SELECT rate_limiter.override('m', 'k', rate => 20, until => now() + interval '1 hour')", "0A000", "remove_override");
+        run("SELECT rate_limiter.override('m', 'k', rate => 20)");
         // A limit with overrides stays not hot.
         run("SELECT rate_limiter.override('sw', 'k', rate => 20)");
         fails("SELECT rate_limiter.define('sw', 'sliding window', 10, '1 minute', hot => true)", "0A000", "remove_override");

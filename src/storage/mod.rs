@@ -32,7 +32,8 @@ mod state;
 pub use debits::{log_is_subscribed, DebitLog, Seen};
 pub use lookup::{all_limits, any_override, load_limit, load_override, load_tier, overridden_keys, Lookup, Overriding};
 pub use sql::{
-    delete, delete_listed, delete_override, delete_overrides_of, delete_tier, has_overrides, overrides_naming, overrides_naming_any_tier, prune, upsert_limit,
+    delete, delete_listed, delete_override, delete_overrides_of, delete_tier, has_overrides, hold_for_override, overrides_naming, overrides_naming_any_tier, prune,
+    upsert_limit,
     upsert_listed, upsert_override, upsert_tier,
 };
 #[cfg(any(test, feature = "pg_test"))]

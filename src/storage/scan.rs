@@ -42,18 +42,25 @@ pub(super) unsafe fn scan(
     tuple_slot: *mut pg_sys::TupleTableSlot,
     mut each: impl FnMut() -> bool,
 ) {
-    // SAFETY: the caller's promises; the scan is ended before returning, also when `each`
-    // raises (the transaction's abort ends it otherwise, and nothing here is reused).
+    /// The scan, ended on drop: also when `each` raises, before the caller closes the
+    /// relations and the slot it reads.
+    struct Ended(pg_sys::IndexScanDesc);
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            // SAFETY: a scan begun below and ended only here.
+            unsafe { pg_sys::index_endscan(self.0) }
+        }
+    }
+    // SAFETY: the caller's promises; the scan is ended when `scan` drops.
     unsafe {
-        let scan = server::index_beginscan(heap, index, snapshot, keys.len() as _);
-        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
-        while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot) {
+        let scan = Ended(server::index_beginscan(heap, index, snapshot, keys.len() as _));
+        pg_sys::index_rescan(scan.0, keys.as_mut_ptr(), keys.len() as _, null_mut(), 0);
+        while pg_sys::index_getnext_slot(scan.0, pg_sys::ScanDirection::ForwardScanDirection, tuple_slot) {
             pgrx::check_for_interrupts!();
             if !each() {
                 break;
             }
         }
-        pg_sys::index_endscan(scan);
     }
 }
 

@@ -62,6 +62,12 @@ pub fn delete(name: &str, key: Option<&str>) {
 /// is kept.
 pub fn prune(now: f64, max_rows: i32) -> i64 {
     let relations = cache::relations();
+    // The limits first, as a TRUNCATE of them takes them before the tables below: prune then
+    // waits for it, rather than hold a table that the TRUNCATE's trigger waits for while
+    // waiting for the limits itself (a deadlock). AccessShare: a define does not wait.
+    // SAFETY: locks a relation by the OID the cache resolved for this database, to the end of
+    // the transaction, waited for as any lock is.
+    unsafe { pg_sys::LockRelationOid(relations.limits, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let ended = [
         list_table(List::Blocks).map(|(table, _)| (table, "until")),
         list_table(List::Allows).map(|(table, _)| (table, "until")),
@@ -246,6 +252,21 @@ pub fn delete_tier(name: &str, tier: &str) -> bool {
     let sql = format!("DELETE FROM {table} WHERE name OPERATOR(pg_catalog.=) $1 AND tier OPERATOR(pg_catalog.=) $2");
     Spi::connect_mut(|client| client.update(&sql, None, &[name.into(), tier.into()]).map(|t| !t.is_empty()))
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Lock the limit `name`'s row, and its tier `tier`'s when given, FOR KEY SHARE to the end of
+/// the transaction: a DELETE or rename of either waits for the override that names it, whose
+/// trigger then sees it (in read committed), so that none is left naming what is gone.
+pub fn hold_for_override(name: &str, tier: Option<&str>) {
+    let relations = cache::relations();
+    let limits = cache::qualified_name(relations.limits);
+    let sql = format!("SELECT FROM {limits} WHERE name OPERATOR(pg_catalog.=) $1 FOR KEY SHARE");
+    Spi::run_with_args(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    if let (Some(tier), Some((tiers, _))) = (tier, relations.tiers) {
+        let tiers = cache::qualified_name(tiers);
+        let sql = format!("SELECT FROM {tiers} WHERE name OPERATOR(pg_catalog.=) $1 AND tier OPERATOR(pg_catalog.=) $2 FOR KEY SHARE");
+        Spi::run_with_args(&sql, &[name.into(), tier.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }
 
 /// Whether any override names a tier.

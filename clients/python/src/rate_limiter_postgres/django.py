@@ -40,9 +40,8 @@ def rate_limited(name: str, *, key: Callable[[HttpRequest], Optional[str]] = _cl
 
         def limited(request: HttpRequest, run_view: Callable[[], HttpResponse]) -> HttpResponse:
             limiter = RateLimiter.for_django(using, schema)
-            k = key(request)
-            d = limiter.limit(name, k, count, config=config)
-            headers = limiter.headers(name, d, config=config, key=k)
+            d = limiter.limit(name, key(request), count, config=config)
+            headers = limiter.headers(name, d, config=config)
             response = run_view() if d.ok else HttpResponse(
                 f'rate limit "{name}" exceeded', status=429, content_type="text/plain")
             for header, value in headers.items():

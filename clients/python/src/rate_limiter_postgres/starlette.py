@@ -30,7 +30,7 @@ async def _decide(conn: Any, schema: str, name: str, key: Optional[str], count: 
                   config: Optional[dict[str, Any]]) -> tuple[Decision, dict[str, str]]:
     limiter = AsyncRateLimiter(conn, schema)
     d = await limiter.limit(name, key, count, config=config)
-    return d, await limiter.headers(name, d, config=config, key=key)
+    return d, await limiter.headers(name, d, config=config)
 
 
 def rate_limit(name: str, *, key: Callable[[Request], Optional[str]], db: Db, count: float = 1,
