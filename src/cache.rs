@@ -362,8 +362,10 @@ pub fn may_be_overridden(name: &str, key: Option<&str>, load: impl FnOnce(usize)
         return known;
     }
     let cost = |key: &Option<String>| key.as_ref().map_or(0, String::len) + 32;
-    let found = load(MAX_OVERRIDDEN_KEY_BYTES / 32).filter(|keys| keys.iter().map(cost).sum::<usize>() <= MAX_OVERRIDDEN_KEY_BYTES);
-    let bytes = found.as_ref().map_or(0, |keys| keys.iter().map(cost).sum()) + name.len() + 32;
+    let loaded = load(MAX_OVERRIDDEN_KEY_BYTES / 32);
+    let key_bytes = loaded.as_ref().map_or(0, |keys| keys.iter().map(cost).sum::<usize>());
+    let found = loaded.filter(|_| key_bytes <= MAX_OVERRIDDEN_KEY_BYTES);
+    let bytes = (if found.is_some() { key_bytes } else { 0 }) + name.len() + 32;
     let answer = found.as_ref().is_none_or(|keys| keys.iter().any(|k| k.as_deref() == key));
     OVERRIDDEN_KEYS.with_borrow_mut(|kept| {
         if kept.bytes + bytes > MAX_OVERRIDDEN_KEY_BYTES {

@@ -93,9 +93,7 @@ impl Lookup {
     /// Whether a row has these values (`None`: NULL) in the index's leading text columns;
     /// it is then the current row. No values: whether there is any row.
     pub fn find(&self, values: &[Option<&str>]) -> bool {
-        // SAFETY: the index is open and its leading columns are text (the callers' tables).
-        let mut keys: Vec<pg_sys::ScanKeyData> =
-            values.iter().zip(1..).map(|(v, attno)| unsafe { text_key(self.index, attno, *v) }).collect();
+        let mut keys = self.keys(values);
         // SAFETY: relations and slot stay open until drop; GetLatestSnapshot's snapshot stays
         // valid until the next such call, none of which happens during the probe, and the
         // transaction's own snapshot keeps the rows it sees from being pruned.
@@ -105,11 +103,15 @@ impl Lookup {
     /// Each row with these values in the index's leading text columns, current while `each`
     /// runs, until `each` answers false.
     pub fn each(&self, values: &[Option<&str>], each: impl FnMut() -> bool) {
-        // SAFETY: as `find`'s.
-        let mut keys: Vec<pg_sys::ScanKeyData> =
-            values.iter().zip(1..).map(|(v, attno)| unsafe { text_key(self.index, attno, *v) }).collect();
+        let mut keys = self.keys(values);
         // SAFETY: as `find`'s; `each` reads the slot only through `column`.
         unsafe { scan(self.heap, self.index, pg_sys::GetLatestSnapshot(), &mut keys, self.tuple_slot, each) }
+    }
+
+    /// Scan keys: these values (`None`: NULL) in the index's leading columns.
+    fn keys(&self, values: &[Option<&str>]) -> Vec<pg_sys::ScanKeyData> {
+        // SAFETY: the index is open and its leading columns are text (the callers' tables).
+        values.iter().zip(1..).map(|(v, attno)| unsafe { text_key(self.index, attno, *v) }).collect()
     }
 
     /// Whether the table has `columns`, in their order (a column newer than the database's
