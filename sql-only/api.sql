@@ -136,6 +136,9 @@ BEGIN
         RAISE EXCEPTION 'rate_limiter will not write % in a % transaction: another role may create triggers on it', message, detail
             USING ERRCODE = '55000',
             HINT = 'The edition writes its tables with its owner''s rights; outside READ COMMITTED it reads the catalog as of the transaction''s snapshot and could miss a trigger created since. REVOKE TRIGGER, REFERENCES ON the table FROM every other role (docs/security.md), or call it in a READ COMMITTED transaction.';
+    WHEN 'isolation' THEN
+        RAISE EXCEPTION 'not supported: % in a % transaction in the SQL-only edition', message, detail USING ERRCODE = '0A000',
+            HINT = 'remove_tier() and a DELETE or TRUNCATE of rate_limiter.limits must see an override() that commits while they wait for it, which only a READ COMMITTED statement does in SQL: run it in a READ COMMITTED transaction.';
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',

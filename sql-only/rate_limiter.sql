@@ -1308,6 +1308,9 @@ BEGIN
         RAISE EXCEPTION 'rate_limiter will not write % in a % transaction: another role may create triggers on it', message, detail
             USING ERRCODE = '55000',
             HINT = 'The edition writes its tables with its owner''s rights; outside READ COMMITTED it reads the catalog as of the transaction''s snapshot and could miss a trigger created since. REVOKE TRIGGER, REFERENCES ON the table FROM every other role (docs/security.md), or call it in a READ COMMITTED transaction.';
+    WHEN 'isolation' THEN
+        RAISE EXCEPTION 'not supported: % in a % transaction in the SQL-only edition', message, detail USING ERRCODE = '0A000',
+            HINT = 'remove_tier() and a DELETE or TRUNCATE of rate_limiter.limits must see an override() that commits while they wait for it, which only a READ COMMITTED statement does in SQL: run it in a READ COMMITTED transaction.';
     WHEN 'edition' THEN
         -- What only the compiled extension does: shared memory, C, the background worker.
         RAISE EXCEPTION 'not supported: % in the SQL-only edition', message USING ERRCODE = '0A000',
@@ -2616,7 +2619,9 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp 
 DECLARE
     l rate_limiter.limits;
 BEGIN
-    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = _applied.name;
+    -- Locked to the end of the transaction: a DELETE or rename of the limit waits for the
+    -- override() or define_tier() that checked it, and its trigger then deletes that row too.
+    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = _applied.name FOR SHARE;
     IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
     PERFORM rate_limiter._config_of(rate_limiter._with_numbers(l, rate, period, capacity, max_reserved, min_gap));
     IF l.kind = 'concurrency' THEN
@@ -2704,6 +2709,18 @@ END $$;
 COMMENT ON FUNCTION rate_limiter.define_tier IS
     'Create or replace a tier of the named limit: numbers (NULL: the limit''s) that each override naming it gives its key.';
 
+-- A removal that must see every override committed before it: an override() that commits
+-- while it waits for the row the override locked is seen by a READ COMMITTED statement, never
+-- by an older snapshot, and SQL has no other (the extension reads the latest snapshot, as a
+-- foreign key's check does). Refused elsewhere rather than leaving an override naming nothing.
+CREATE FUNCTION rate_limiter._read_committed(what text) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM rate_limiter._raise('isolation', what, current_setting('transaction_isolation'));
+    END IF;
+END $$;
+
 CREATE FUNCTION rate_limiter.remove_tier(name text, tier text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2712,6 +2729,7 @@ BEGIN
     PERFORM rate_limiter._writable('remove_tier()', 'rate_limiter.tiers');
     PERFORM rate_limiter._valid_name(name);
     PERFORM rate_limiter._valid_tier(tier);
+    PERFORM rate_limiter._read_committed('remove_tier()');
     -- The tier locked first: an override() naming it that has not committed yet holds it, and
     -- is waited for and then counted.
     PERFORM FROM rate_limiter.tiers t WHERE t.name = remove_tier.name AND t.tier = remove_tier.tier FOR UPDATE;
@@ -2733,6 +2751,10 @@ BEGIN
     -- It writes with the owner's rights: refused, as every write is, where a trigger or rule
     -- was planted on the tables it writes.
     PERFORM rate_limiter._writable('a change of rate_limiter.limits', 'rate_limiter.overrides', 'rate_limiter.tiers');
+    -- A limit that goes (define() only updates): see _read_committed.
+    IF TG_OP <> 'UPDATE' THEN
+        PERFORM rate_limiter._read_committed(TG_OP || ' of rate_limiter.limits');
+    END IF;
     DELETE FROM rate_limiter.overrides o WHERE NOT EXISTS (SELECT FROM rate_limiter.limits l WHERE l.name = o.name);
     DELETE FROM rate_limiter.tiers t WHERE NOT EXISTS (SELECT FROM rate_limiter.limits l WHERE l.name = t.name);
     RETURN NULL;

@@ -10,7 +10,7 @@ use crate::bucket::Config;
 use crate::cache::{self, Overridden};
 use crate::call::Request;
 use crate::clock;
-use crate::config::Override;
+use crate::config::{LimitRow, Override};
 use crate::error::{Error, Result};
 use crate::storage::{self, Overriding};
 
@@ -30,24 +30,36 @@ fn in_force(req: &Request<'_>) -> Result<Option<Overridden>> {
 /// the limit's row.
 fn load(name: &str, key: Option<&str>) -> Result<Option<Overridden>> {
     let Some((overriding, until)) = storage::load_override(name, key) else { return Ok(None) };
-    let (numbers, exempt) = match overriding {
-        Overriding::Numbers(numbers, exempt) => (numbers, exempt),
-        Overriding::Tier(tier) => storage::load_tier(name, &tier).ok_or(Error::UnknownTier { name: name.to_owned(), tier })?,
-    };
+    let (numbers, exempt) = numbers_of(name, overriding)?;
     Ok(Some(Overridden { config: applied(name, &numbers)?, exempt, until: clock::timestamptz_ms(until) }))
 }
 
 /// The config of the limit `name` with `numbers` in place of its own, checked as `define`
-/// checks a limit's: refused for a limit that does not exist, a hot limit (whose log is
-/// folded under one config for all its keys), and
-/// numbers its kind could not have. What `override` and `define_tier` accept, and what a
-/// call is decided under.
+/// checks a limit's: refused for a limit that does not exist and numbers its kind could not
+/// have. What `override` and `define_tier` accept, and what a call is decided under.
 pub fn applied(name: &str, numbers: &Override) -> Result<Config> {
     let row = storage::load_limit(name).ok_or_else(|| Error::UnknownLimit(name.to_owned()))?;
-    if row.hot {
-        return Err(Error::NotSupported(format!("overrides of the hot limit \"{name}\"")));
-    }
     Config::try_from(&numbers.applied_to(&row))
+}
+
+/// The numbers `overriding` gives, as committed now (a tier's, looked up), and whether they
+/// exempt the key.
+pub fn numbers_of(name: &str, overriding: Overriding) -> Result<(Override, bool)> {
+    match overriding {
+        Overriding::Numbers(numbers, exempt) => Ok((numbers, exempt)),
+        Overriding::Tier(tier) => storage::load_tier(name, &tier).ok_or(Error::UnknownTier { name: name.to_owned(), tier }),
+    }
+}
+
+/// The config `key` of `name` is decided under when the limit's row is `row`: its override's
+/// numbers (or its tier's), as committed now, applied to `row`; else `row`'s own. What a hot
+/// limit's key was admitted under, for the fold of its log when the row changes.
+pub fn config_under(row: &LimitRow, name: &str, key: Option<&str>) -> Result<Config> {
+    let numbers = match storage::load_override(name, key) {
+        Some((overriding, _)) => numbers_of(name, overriding)?.0,
+        None => Override::default(),
+    };
+    Config::try_from(&numbers.applied_to(row))
 }
 
 /// The config `req` is decided under: its key's override's when one is in force, else

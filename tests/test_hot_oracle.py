@@ -1,5 +1,6 @@
 """A hot limit, and a memory limit, against its oracle: the same random single-session sequence of calls, checks,
-reads, resets, redefinitions (capacity up and down, into and out of hot mode), transactions
+reads, resets, redefinitions (capacity up and down, into and out of hot mode), overrides of
+the key set and removed, transactions
 (READ COMMITTED and REPEATABLE READ), savepoints, clock steps, evictions of the escrow and,
 on a cluster of its own, crashes, run on a hot limit in one database and on the same limit,
 never hot, in another, must give the same answers call by call and the same final state. The one
@@ -30,6 +31,9 @@ OPS = st.one_of(
     st.tuples(st.just("value")),
     st.tuples(st.just("reset")),
     st.tuples(st.just("define"), st.sampled_from([3, 5, 8]), st.booleans()),
+    # The key's own numbers (docs/api.md, Overrides): its log folded under the old ones.
+    st.tuples(st.just("override"), st.sampled_from([1, 2, 4]), st.sampled_from([3, 8])),
+    st.tuples(st.just("remove_override")),
     st.tuples(st.just("begin"), st.sampled_from(["", " ISOLATION LEVEL REPEATABLE READ"])),
     st.tuples(st.just("commit")),
     st.tuples(st.just("rollback")),
@@ -94,6 +98,11 @@ class Side:
                                         (self.name, op[1])).fetchone())
         if kind == "define":
             return self.define(op[1], op[2])
+        if kind == "override":
+            return self.execute("SELECT rate_limiter.override(%s, 'k', rate => %s, capacity => %s)",
+                                (self.name, op[1], op[2])).fetchone()
+        if kind == "remove_override":
+            return self.execute("SELECT rate_limiter.remove_override(%s, 'k')", (self.name,)).fetchone()
         raise AssertionError(op)
 
 

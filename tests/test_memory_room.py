@@ -174,6 +174,28 @@ def test_a_redefined_limit_keeps_its_keys_counted_under_the_new_period(clusters)
 
 
 @every_version
+def test_a_limit_redefined_shorter_gives_its_full_keys_entries_away(clusters):
+    """40 keys drained under windows of an hour, the limit then given windows of a second:
+    two seconds on, each of them equals an absent key, so 60 new keys find the room of all 64
+    entries. (Kept to the old windows' end, the 40 would leave 24 entries, and 36 of the new
+    keys at least in rows.)"""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(WALK)
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "m", "fixed window", rate=1, period="1 hour", start=NOW, durable=False)
+        assert walk(c, "m", 40, 1) == [40]
+        define(c, "m", "fixed window", rate=1, period="1 second", start=NOW, durable=False)
+        c.execute("SET rate_limiter.fake_now = '2030-01-01 00:00:02+00'")
+        c.execute("SELECT rate_limiter.define('n', 'fixed window', 1, '1 hour', start => %s, durable => false)", (NOW,))
+        assert walk(c, "n", 60, 1) == [60]
+        in_rows = c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = 'n'").fetchone()[0]
+        assert in_rows < 36, f"{in_rows} of 60 new keys in rows: the redefined keys kept their entries"
+    small.stop()
+
+
+@every_version
 def test_each_database_keeps_its_share_and_a_module_not_loaded_says_so(clusters):
     """A database beyond its share of a 64-entry table counts its new keys in rows while
     another database still has entries; without the library preloaded a memory limit says

@@ -2,6 +2,7 @@
 numbers, or its tier's, changed while 8 sessions call it, and a caller with EXECUTE on
 rate_limit alone reaching for another key's override (docs/api.md, Overrides)."""
 
+import threading
 import time
 import uuid
 
@@ -33,13 +34,19 @@ def race(test_cluster, database_name, name, change, sessions=8, calls=30):
     return sum(in_sessions(sessions, session))
 
 
-@pytest.mark.parametrize("durable", [True, False], ids=["durable", "memory"])
-def test_an_override_raised_under_eight_sessions_admits_exactly_the_new_rate_in_the_window(test_cluster, database_name, name, durable):
+# Where a key's count is kept: a row, shared memory (durable => false), or a hot limit's
+# escrow and log (hot => true).
+WHERE = {"durable": {}, "memory": {"durable": False}, "hot": {"hot": True}}
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_an_override_raised_under_eight_sessions_admits_exactly_the_new_rate_in_the_window(test_cluster, database_name, name, where):
     """Calls before the change take under 10, calls after under 20, all from one count (a
     sliding window keeps what each window took): the window admits 20, exactly, whatever the
-    interleaving (240 calls, enough after the change); in a row or in shared memory."""
+    interleaving (240 calls, enough after the change); in a row, in shared memory or in a hot
+    limit's escrow."""
     with test_cluster.connect(database_name) as c:
-        define(c, name, "sliding window", rate=10, start="2026-01-01 00:00:00+00", durable=durable)
+        define(c, name, "sliding window", rate=10, start="2026-01-01 00:00:00+00", **WHERE[where])
     assert race(test_cluster, database_name, name, "SELECT rate_limiter.override(%s, 'k', rate => 20)") == 20
     with test_cluster.connect(database_name) as c:
         c.execute(f"SET rate_limiter.fake_now = '{FAKE_NOW}'")
@@ -60,12 +67,12 @@ def test_an_override_lowered_under_eight_sessions_never_admits_more_than_the_hig
         assert limit(c, name, "k")[0] is False
 
 
-@pytest.mark.parametrize("durable", [True, False], ids=["durable", "memory"])
-def test_a_tier_raised_under_eight_sessions_admits_exactly_its_new_rate_to_its_key(test_cluster, database_name, name, durable):
+@pytest.mark.parametrize("where", WHERE)
+def test_a_tier_raised_under_eight_sessions_admits_exactly_its_new_rate_to_its_key(test_cluster, database_name, name, where):
     """The key's numbers come from its tier; the tier's change reaches it mid-run, its count
     kept: 20 in the window, exactly."""
     with test_cluster.connect(database_name) as c:
-        define(c, name, "sliding window", rate=1, start="2026-01-01 00:00:00+00", durable=durable)
+        define(c, name, "sliding window", rate=1, start="2026-01-01 00:00:00+00", **WHERE[where])
         c.execute("SELECT rate_limiter.define_tier(%s, 'pro', rate => 10)", (name,))
         c.execute("SELECT rate_limiter.override(%s, 'k', tier => 'pro')", (name,))
     assert race(test_cluster, database_name, name, "SELECT rate_limiter.define_tier(%s, 'pro', rate => 20)") == 20
@@ -178,6 +185,69 @@ def test_a_tier_is_not_removed_under_an_override_naming_it_that_has_not_committe
         with pytest.raises(psycopg.errors.ForeignKeyViolation):
             other.execute("SELECT rate_limiter.remove_tier(%s, 'pro')", (name,))
         other.rollback()
+
+
+# What a change of the limit or its tier must do once the override() it waited for has
+# committed: (the override, the change, the error it must end with or None, how many
+# overrides the limit then has).
+IN_PRO = "SELECT rate_limiter.override(%s, 'k', tier => 'pro')"
+CHANGES_AFTER_AN_OVERRIDE = {
+    "remove_tier": (IN_PRO, "SELECT rate_limiter.remove_tier(%(n)s, 'pro')", psycopg.errors.ForeignKeyViolation, 1),
+    # A hot limit's overrides have no end.
+    "define_hot": ("SELECT rate_limiter.override(%s, 'k', rate => 5, until => now() + interval '1 hour')",
+                   "SELECT rate_limiter.define(%(n)s, 'token bucket', 1, '1 hour', hot => true)",
+                   psycopg.errors.FeatureNotSupported, 1),
+    "delete_limit": (IN_PRO, "DELETE FROM rate_limiter.limits WHERE name = %(n)s", None, 0),
+}
+
+
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
+@pytest.mark.parametrize("change", CHANGES_AFTER_AN_OVERRIDE)
+def test_a_change_that_waited_for_an_override_sees_it_at_every_isolation_level(test_cluster, database_name, name,
+                                                                               isolation, change):
+    """A change whose snapshot is older than an override() that commits while the change waits
+    for it: the tier is not removed (23503), the limit is not made hot under an override with
+    an end (0A000), a deleted limit takes the override with it. Under REPEATABLE READ the change's own snapshot does not show
+    the override; the checks read what is committed now, as a foreign key's do."""
+    override, sql, refusal, left = CHANGES_AFTER_AN_OVERRIDE[change]
+    with test_cluster.connect(database_name) as setup:
+        define(setup, name, "token bucket", rate=1)
+        setup.execute("SELECT rate_limiter.define_tier(%s, 'pro', rate => 10)", (name,))
+    with test_cluster.connect(database_name, autocommit=False) as admin, \
+         test_cluster.connect(database_name, autocommit=False) as changer:
+        changer.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+        changer.execute("SELECT count(*) FROM rate_limiter.overrides")  # its snapshot, before the override
+        admin.execute(override, (name,))
+        outcome = []
+
+        def run_change():
+            try:
+                changer.execute(sql, {"n": name})
+                changer.commit()
+                outcome.append(None)
+            except psycopg.Error as error:
+                changer.rollback()
+                outcome.append(type(error))
+
+        thread = threading.Thread(target=run_change)
+        thread.start()
+        pid = changer.info.backend_pid
+        with test_cluster.connect(database_name) as watcher:
+            for _ in range(500):
+                if not thread.is_alive():
+                    raise AssertionError(f"{change} did not wait for the override: {outcome}")
+                if watcher.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                   (pid,)).fetchone()[0]:
+                    break
+                time.sleep(0.01)
+            else:
+                raise AssertionError(f"{change} did not wait for the override")
+        admin.commit()
+        thread.join(30)
+        assert outcome == [refusal]
+        overrides = admin.execute("SELECT count(*) FROM rate_limiter.overrides WHERE name = %s", (name,)).fetchone()[0]
+        assert overrides == left
+        admin.commit()
 
 
 @pytest.fixture

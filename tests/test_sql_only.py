@@ -707,6 +707,36 @@ def test_a_change_of_a_limit_waits_for_the_transactions_holding_slots(test_clust
 
 
 @every_version
+def test_the_editions_removals_see_an_override_committed_while_they_waited_or_are_refused(test_cluster, edition, pg):
+    """As the extension's (test_overrides.py): override() holds its limit's row, so that a
+    DELETE of the limit waits for it and then deletes the override too. Outside READ
+    COMMITTED a statement cannot see what committed after its snapshot in SQL: remove_tier()
+    and a DELETE of the limits are refused there (0A000), not left with an override naming
+    nothing."""
+    dbname, owner = edition
+    with test_cluster.connect(dbname, user=owner) as c:
+        c.execute("SELECT rate_limiter.define('plans', 'token bucket', 1, '1 hour')")
+        c.execute("SELECT rate_limiter.define_tier('plans', 'pro', rate => 10)")
+    with test_cluster.connect(dbname, user=owner, autocommit=False) as admin, \
+         test_cluster.connect(dbname, user=owner, autocommit=False) as changer:
+        admin.execute("SELECT rate_limiter.override('plans', 'k', tier => 'pro')")
+        changer.execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            changer.execute("DELETE FROM rate_limiter.limits WHERE name = 'plans'")
+        changer.rollback()
+        admin.commit()
+        for removal in ["SELECT rate_limiter.remove_tier('plans', 'pro')", "DELETE FROM rate_limiter.limits WHERE name = 'plans'",
+                        "TRUNCATE rate_limiter.limits"]:
+            changer.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match="in a repeatable read transaction"):
+                changer.execute(removal)
+            changer.rollback()
+        changer.execute("DELETE FROM rate_limiter.limits WHERE name = 'plans'")
+        changer.commit()
+        assert changer.execute("SELECT (SELECT count(*) FROM rate_limiter.overrides) + (SELECT count(*) FROM rate_limiter.tiers)").fetchone() == (0,)
+
+
+@every_version
 def test_a_concurrency_limit_never_lets_more_hold_its_slots_than_it_has(test_cluster, edition, pg):
     """8 sessions take a slot of a limit of 3, in transactions that hold it a moment, commit
     or roll back, and some by a lease released before the end: never more than 3 at once."""

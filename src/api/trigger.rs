@@ -8,7 +8,7 @@ use pgrx::prelude::*;
 use crate::bucket::Config;
 use crate::cache;
 use crate::clock;
-use crate::config::LimitRow;
+use crate::config::{LimitRow, Override};
 use crate::error::Error;
 use crate::limiter::{self, hot::Change};
 use crate::storage;
@@ -55,12 +55,7 @@ fn _limits_changed<'a>(
 /// publisher's then collide with): its escrows are only forgotten. An apply worker never
 /// refuses a TRUNCATE, which would stop replication.
 fn hot_limit_changing(trigger: &PgTrigger<'_>) {
-    // SAFETY: plain values of this single-threaded backend, set at its start or by SET.
-    let applying = unsafe {
-        pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
-            && pg_sys::MyBackendType == pg_sys::BackendType::B_BG_WORKER
-    };
-    let change = if applying && storage::log_is_subscribed() { Change::Replicated } else { Change::Local };
+    let (applying, change) = hot_change();
     if matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)) {
         limiter::hot::limits_truncated(if applying { Change::Replicated } else { Change::Local });
         if !applying {
@@ -86,7 +81,7 @@ fn hot_limit_changing(trigger: &PgTrigger<'_>) {
             ))
             .raise()
         }
-        limiter::hot::limit_changing(&name(old), was.as_ref(), change);
+        limiter::hot::limit_changing(&name(old), was.map(|_| limit_row(old)).as_ref(), change);
     }
     if let Some(new) = new.as_ref().filter(|row| hot(row)) {
         let renamed = old.as_ref().is_none_or(|old| !hot(old) || name(old) != name(new));
@@ -94,6 +89,17 @@ fn hot_limit_changing(trigger: &PgTrigger<'_>) {
             limiter::hot::limit_changing(&name(new), None, change);
         }
     }
+}
+
+/// Whether this backend applies a subscription's changes, and where a change of a hot limit
+/// it makes comes from (see `hot_limit_changing`).
+fn hot_change() -> (bool, Change) {
+    // SAFETY: plain values of this single-threaded backend, set at its start or by SET.
+    let applying = unsafe {
+        pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+            && pg_sys::MyBackendType == pg_sys::BackendType::B_BG_WORKER
+    };
+    (applying, if applying && storage::log_is_subscribed() { Change::Replicated } else { Change::Local })
 }
 
 /// A change of a memory limit (docs/memory-limits.md) waits for the calls in flight, so that
@@ -159,8 +165,8 @@ fn concurrency_limit_shrinking(trigger: &PgTrigger<'_>) {
     }
 }
 
-/// A limit's overrides go with it (a DELETE, a TRUNCATE, a new name), and a limit with
-/// overrides cannot become hot: a hot limit's log is folded under one config for every key.
+/// A limit's overrides go with it (a DELETE, a TRUNCATE, a new name), and a limit whose
+/// overrides end by `until` cannot become hot (see `override_changing`).
 fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
     if cache::relations().overrides.is_none() {
         return;
@@ -178,9 +184,9 @@ fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
         }
     }
     if let Some(new) = &new {
-        if flag(new, "hot") == Some(true) && storage::has_overrides(&name(new)) {
+        if flag(new, "hot") == Some(true) && storage::has_overrides_ending(&name(new)) {
             Error::NotSupported(format!(
-                "the limit \"{}\" has overrides or tiers, which a hot limit cannot have: remove_override() and remove_tier() them first",
+                "the limit \"{}\" has overrides with an end (until), which a hot limit's cannot have: remove_override() them first",
                 name(new)
             ))
             .raise()
@@ -216,6 +222,97 @@ fn override_changing(trigger: &PgTrigger<'_>) {
     }
     for (name, _) in limits.iter().filter(|(_, limit)| !limit.durable) {
         limiter::memory::limit_changing(name, Some(None));
+    }
+    if limits.iter().any(|(_, limit)| limit.hot) {
+        hot_keys_changing(trigger, &limits);
+    }
+}
+
+/// The keys of a hot limit whose numbers an override or a tier changes: each key's log is
+/// folded under the numbers its debits were admitted under (the old row's), once no call is
+/// in flight, as a redefinition folds the limit's; its escrow goes at commit. Such an
+/// override has no end (`until`): its end would change the key's numbers under debits in
+/// flight with nothing to fold them first. A TRUNCATE is refused while the log holds debits.
+fn hot_keys_changing(trigger: &PgTrigger<'_>, limits: &[(String, LimitRow)]) {
+    let (_, change) = hot_change();
+    let text = |row: &PgHeapTuple<'_, AllocatedByPostgres>, column: &str| row.get_by_name::<String>(column).ok().flatten();
+    let hot = |name: &str| limits.iter().find(|(n, _)| n == name).filter(|(_, limit)| limit.hot).map(|(_, limit)| limit);
+    let is_tiers = trigger.relation().is_ok_and(|r| r.name() == "tiers");
+    let (old, new) = (trigger.old(), trigger.new());
+    if old.is_none() && new.is_none() {
+        if is_tiers {
+            return; // no key is in a tier (`tier_stays_while_named`): no key's numbers change
+        }
+        if change == Change::Local {
+            storage::hold_calls_off();
+        }
+        for (name, _) in limits.iter().filter(|(_, limit)| limit.hot) {
+            if change == Change::Local && limiter::hot::logged(name) {
+                Error::NotSupported(format!(
+                    "TRUNCATE of the overrides or tiers while the hot limit \"{name}\" has debits not yet folded: DELETE the rows instead, which folds"
+                ))
+                .raise()
+            }
+            limiter::hot::limit_changing(name, None, change);
+        }
+        return;
+    }
+    if let Some(new) = new.as_ref().filter(|_| !is_tiers) {
+        let ends = new.get_by_name::<TimestampWithTimeZone>("until").ok().flatten().is_some_and(|until| clock::timestamptz_ms(until).is_finite());
+        if ends && text(new, "name").as_deref().and_then(hot).is_some() {
+            Error::NotSupported(format!(
+                "an override of the hot limit \"{}\" with an end: remove_override() it when it is to end",
+                text(new, "name").unwrap_or_default()
+            ))
+            .raise()
+        }
+    }
+    // The keys whose numbers change, each with the config its debits were admitted under.
+    let mut was: Vec<(String, Option<String>, Config)> = Vec::new();
+    // Numbers the limit's kind cannot have admitted nothing: no debit of theirs to fold.
+    let config = |row: &LimitRow, numbers: &Override| Config::try_from(&numbers.applied_to(row)).ok();
+    if let Some(old) = &old {
+        let Some(name) = text(old, "name") else { return };
+        if let Some(limit) = hot(&name) {
+            if is_tiers {
+                let numbers = override_numbers(old);
+                if let Some(config) = config(limit, &numbers) {
+                    for key in storage::keys_in_tier(&name, &text(old, "tier").unwrap_or_default()) {
+                        was.push((name.clone(), key, config));
+                    }
+                }
+            } else {
+                let numbers = match text(old, "tier") {
+                    Some(tier) => storage::load_tier(&name, &tier).map(|(numbers, _)| numbers).unwrap_or_default(),
+                    None => override_numbers(old),
+                };
+                was.extend(config(limit, &numbers).map(|config| (name.clone(), text(old, "key"), config)));
+            }
+        }
+    }
+    if let Some(new) = new.as_ref().filter(|_| !is_tiers) {
+        let key = (text(new, "name"), text(new, "key"));
+        let same = old.as_ref().is_some_and(|old| (text(old, "name"), text(old, "key")) == key);
+        if let (Some(name), false) = (key.0.as_deref(), same) {
+            // A key that had no override: its debits were the limit's own numbers'.
+            if let Some(limit) = hot(name) {
+                was.extend(config(limit, &Override::default()).map(|config| (name.to_owned(), key.1.clone(), config)));
+            }
+        }
+    }
+    for (name, key, config) in was {
+        limiter::hot::keys_changing(&name, &[(key, config)], change);
+    }
+}
+
+/// The numbers of a row of `rate_limiter.overrides` or `tiers` as the trigger gets it.
+fn override_numbers(row: &PgHeapTuple<'_, AllocatedByPostgres>) -> Override {
+    Override {
+        rate: row.get_by_name("rate").ok().flatten(),
+        period: row.get_by_name("period").ok().flatten(),
+        capacity: row.get_by_name("capacity").ok().flatten(),
+        max_reserved: row.get_by_name("max_reserved").ok().flatten(),
+        min_gap: row.get_by_name("min_gap").ok().flatten(),
     }
 }
 
@@ -261,7 +358,9 @@ fn limit_row(row: &PgHeapTuple<'_, AllocatedByPostgres>) -> LimitRow {
         lock_timeout: row.get_by_name("lock_timeout").ok().flatten(),
         on_lock_timeout: row.get_by_name("on_lock_timeout").ok().flatten().expect(required),
         deny_cache: row.get_by_name("deny_cache").ok().flatten(),
-        hot: true,
+        // As stored: a memory limit's config is refused with hot => true (a row of a database
+        // older than 0.4.0 has no hot column, and is no hot limit).
+        hot: row.get_by_name("hot").ok().flatten().unwrap_or(false),
         durable: row.get_by_name("durable").ok().flatten().unwrap_or(true),
         enforce: row.get_by_name("enforce").ok().flatten().unwrap_or(true),
         tz: row.get_by_name("tz").ok().flatten(),

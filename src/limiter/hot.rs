@@ -7,7 +7,9 @@ use crate::bucket::escrow::{self, Debit};
 use crate::bucket::{self, Config, State};
 use crate::call::{Decision, Request};
 use crate::clock;
+use crate::config::LimitRow;
 use crate::error::Error;
+use crate::overrides;
 use crate::shmem::hot;
 use crate::storage::{self, DebitLog, Latest, Owner, Seen, Slot, StateTable};
 
@@ -46,7 +48,7 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
         log.insert(req.name, req.key, &Debit { seq, at: admitted.outcome.at, count: req.count, committed: false });
     }
     if let Some(below) = fold_below {
-        fold(&log, req.name, Some(req.key), config, below, c"rate_limit()");
+        fold(&log, req.name, Some(req.key), &|_| Some(*config), below, c"rate_limit()");
     }
     admitted.outcome.decision(req.name)
 }
@@ -117,18 +119,30 @@ fn replay(req: &Request<'_>, config: &Config, base: Option<State>, log: &DebitLo
 /// Move the logged debits of `name` (of `key` only, when given) numbered below `below` (all
 /// when `None`) into their keys' base rows, and delete them: in the caller's transaction, so
 /// that the base and the log change together, with the newest committed rows at every
-/// isolation level (a fold leaves their sum as it was). One key at a time, as the log's index
-/// orders them; nothing kept but the key being folded.
-fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, below: Option<u64>, command: &std::ffi::CStr) {
+/// isolation level (a fold leaves their sum as it was). Each key's debits are applied under
+/// the config they were admitted under, `config_of(key)` (its override's or the limit's); a
+/// key it gives none for keeps its debits. One key at a time, as the log's index orders them;
+/// nothing kept but the key being folded.
+fn fold(
+    log: &DebitLog,
+    name: &str,
+    key: Option<Option<&str>>,
+    config_of: &dyn Fn(Option<&str>) -> Option<Config>,
+    below: Option<u64>,
+    command: &std::ffi::CStr,
+) {
     let table = &StateTable::open_newest(command);
+    /// A key being folded: its config, locked base row and state so far; None for a key
+    /// whose debits stay.
     struct Folding {
         key: Option<String>,
-        row: storage::Row,
-        state: State,
+        into: Option<(Config, storage::Row, State)>,
     }
     let write = |f: Folding| {
-        let req = Request { name, key: f.key.as_deref(), count: 0.0, reserve: false, inline: None, exempt: false };
-        table.write_locked(&f.row, slot(&req), f.state, bucket::expires(f.state, config));
+        if let Some((config, row, state)) = f.into {
+            let req = Request { name, key: f.key.as_deref(), count: 0.0, reserve: false, inline: None, exempt: false };
+            table.write_locked(&row, slot(&req), state, bucket::expires(state, &config));
+        }
     };
     let mut folding: Option<Folding> = None;
     log.each(name, key, below, Seen::Now, |row_key, debit, row| {
@@ -136,18 +150,23 @@ fn fold(log: &DebitLog, name: &str, key: Option<Option<&str>>, config: &Config, 
             if let Some(done) = folding.take() {
                 write(done);
             }
-            let req = Request { name, key: row_key, count: 0.0, reserve: false, inline: None, exempt: false };
-            // A missing base row starts fresh at the first debit's instant.
-            let starting = || {
-                let fresh = bucket::fresh(config, name, row_key, debit.at);
-                (fresh, bucket::expires(fresh, config))
-            };
-            let row = super::rows::lock_one(table, slot(&req), table.read(slot(&req)), true, &starting).expect("waited for the row");
-            folding = Some(Folding { key: row_key.map(str::to_owned), state: row.state, row });
+            let into = config_of(row_key).map(|config| {
+                let req = Request { name, key: row_key, count: 0.0, reserve: false, inline: None, exempt: false };
+                // A missing base row starts fresh at the first debit's instant.
+                let starting = || {
+                    let fresh = bucket::fresh(&config, name, row_key, debit.at);
+                    (fresh, bucket::expires(fresh, &config))
+                };
+                let locked = super::rows::lock_one(table, slot(&req), table.read(slot(&req)), true, &starting).expect("waited for the row");
+                let state = locked.state;
+                (config, locked, state)
+            });
+            folding = Some(Folding { key: row_key.map(str::to_owned), into });
         }
-        let f = folding.as_mut().expect("set above");
-        f.state = escrow::apply(f.state, config, debit);
-        log.delete(row);
+        if let Some((config, _, state)) = &mut folding.as_mut().expect("set above").into {
+            *state = escrow::apply(*state, config, debit);
+            log.delete(row);
+        }
     });
     if let Some(done) = folding {
         write(done);
@@ -176,17 +195,35 @@ pub enum Change {
 }
 
 /// A change of a limit that is or was hot (`rate_limiter.limits`' trigger): once no call is
-/// in flight, a limit that was hot (`was`, its config) has its whole log folded into base
-/// rows, and its escrows go when this transaction commits; calls after it load the new one.
-pub fn limit_changing(name: &str, was: Option<&Config>, change: Change) {
+/// in flight, a limit that was hot (`was`, its row) has its whole log folded into base rows,
+/// each key's under the config it had (its override's numbers applied to `was`), and its
+/// escrows go when this transaction commits; calls after it load the new one.
+pub fn limit_changing(name: &str, was: Option<&LimitRow>, change: Change) {
     in_flight::forget_at_commit(Forget::Name(name.to_owned()));
     if change == Change::Replicated {
         return;
     }
     storage::hold_calls_off();
-    if let Some(config) = was {
+    if let Some(row) = was {
         let log = DebitLog::open(Some(c"define()"));
-        fold(&log, name, None, config, None, c"define()");
+        fold(&log, name, None, &|key| overrides::config_under(row, name, key).ok(), None, c"define()");
+    }
+}
+
+/// A change of the numbers of some keys of the hot limit `name` (an override or a tier): once
+/// no call is in flight, each key's log is folded under `was`, the config its debits were
+/// admitted under, and its escrow goes when this transaction commits.
+pub fn keys_changing(name: &str, was: &[(Option<String>, Config)], change: Change) {
+    for (key, _) in was {
+        in_flight::forget_at_commit(Forget::Key(name.to_owned(), key.clone()));
+    }
+    if change == Change::Replicated || was.is_empty() {
+        return;
+    }
+    storage::hold_calls_off();
+    let log = DebitLog::open(Some(c"override()"));
+    for (key, config) in was {
+        fold(&log, name, Some(key.as_deref()), &|_| Some(*config), None, c"override()");
     }
 }
 

@@ -101,15 +101,22 @@ mod tests {
         fails("SELECT rate_limiter.override('sw', 'k', capacity => 20)", "22023", "capacity");
         fails("SELECT rate_limiter.override('sw', 'k', rate => 0)", "22023", "rate");
         fails("SELECT rate_limiter.override('sw', 'k', exempt => NULL)", "22023", "exempt");
+        // A hot limit's override ends only by remove_override(), which folds its key's log.
         run("SELECT rate_limiter.define('h', 'token bucket', 10, '1 minute', hot => true)");
-        fails("SELECT rate_limiter.override('h', 'k', rate => 20)", "0A000", "hot limit");
-        fails("SELECT rate_limiter.define_tier('h', 'pro', rate => 20)", "0A000", "hot limit");
+        fails("SELECT rate_limiter.override('h', 'k', rate => 20, until => now() + interval '1 hour')", "0A000", "remove_override");
+        fails(
+            "INSERT INTO rate_limiter.overrides (name, key, rate, until) VALUES ('h', 'k', 20, now() + interval '1 hour')",
+            "0A000",
+            "remove_override",
+        );
+        run("SELECT rate_limiter.override('h', 'k', rate => 20)");
+        run("SELECT rate_limiter.define_tier('h', 'pro', rate => 20)");
         // A memory limit's override ends only by remove_override(), which waits for its calls.
         run("SELECT rate_limiter.define('m', 'token bucket', 10, '1 minute', durable => false)");
         fails("SELECT rate_limiter.override('m', 'k', rate => 20, until => now() + interval '1 hour')", "0A000", "remove_override");
         run("SELECT rate_limiter.override('m', 'k', rate => 20)");
-        // A limit with overrides stays not hot.
-        run("SELECT rate_limiter.override('sw', 'k', rate => 20)");
+        // A limit with an override that ends stays not hot.
+        run("SELECT rate_limiter.override('sw', 'k', rate => 20, until => now() + interval '1 hour')");
         fails("SELECT rate_limiter.define('sw', 'sliding window', 10, '1 minute', hot => true)", "0A000", "remove_override");
         // Redefined otherwise, the override applies to the new definition's other numbers.
         run("SELECT rate_limiter.define('sw', 'fixed window', 10, '1 minute')");

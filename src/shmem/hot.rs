@@ -357,11 +357,14 @@ fn claim(
     let share = share(count);
     let own_only = held >= share;
     let by_age = {
-        let mut order: Vec<usize> = (0..count).collect();
+        // Each entry's age read once: `last_used` changes under the entry's lock alone, and a
+        // sort whose keys change under it may panic.
         // SAFETY: entries below the count, under the table's lock, which every write of `used`
         // holds; `last_used` is atomic. Only an order to try: checked under each entry's lock.
-        order.sort_by_key(|i| unsafe { ((*entries.add(*i)).used, (*entries.add(*i)).last_used.load(Relaxed)) });
-        order
+        let mut ages: Vec<(bool, u64, usize)> =
+            (0..count).map(|i| unsafe { ((*entries.add(i)).used, (*entries.add(i)).last_used.load(Relaxed), i) }).collect();
+        ages.sort_unstable();
+        ages.into_iter().map(|(_, _, i)| i).collect::<Vec<usize>>()
     };
     // SAFETY: as above.
     let candidate = |i: usize| !own_only || unsafe { (*entries.add(i)).used && (*entries.add(i)).database == database };

@@ -14,6 +14,7 @@ use crate::config::{LimitRow, Override};
 use crate::error::Error;
 
 use super::guard;
+use super::spi;
 use super::row::{key_is_second_param_sql, named_or_inline_sql};
 use super::xact_snapshot_isolation;
 
@@ -254,13 +255,15 @@ pub fn delete_tier(name: &str, tier: &str) -> bool {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-/// Lock the limit `name`'s row, and its tier `tier`'s when given, FOR KEY SHARE to the end of
-/// the transaction: a DELETE or rename of either waits for the override that names it, whose
-/// trigger then sees it (in read committed), so that none is left naming what is gone.
+/// Lock the limit `name`'s row FOR SHARE, and its tier `tier`'s when given FOR KEY SHARE, to
+/// the end of the transaction: a change of the limit (a DELETE, a rename, a `define` that
+/// makes it hot) and a DELETE or rename of the tier wait for the override, and their triggers
+/// then see it (they read the latest snapshot), so that none is left naming what is gone or
+/// overriding what takes none.
 pub fn hold_for_override(name: &str, tier: Option<&str>) {
     let relations = cache::relations();
     let limits = cache::qualified_name(relations.limits);
-    let sql = format!("SELECT FROM {limits} WHERE name OPERATOR(pg_catalog.=) $1 FOR KEY SHARE");
+    let sql = format!("SELECT FROM {limits} WHERE name OPERATOR(pg_catalog.=) $1 FOR SHARE");
     Spi::run_with_args(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
     if let (Some(tier), Some((tiers, _))) = (tier, relations.tiers) {
         let tiers = cache::qualified_name(tiers);
@@ -269,21 +272,26 @@ pub fn hold_for_override(name: &str, tier: Option<&str>) {
     }
 }
 
-/// Whether any override names a tier.
+/// Whether any override names a tier, in the latest snapshot (see `has_overrides`).
 pub fn overrides_naming_any_tier() -> bool {
     let Some((table, _)) = cache::relations().overrides else { return false };
-    let sql = format!("SELECT EXISTS (SELECT FROM {} WHERE tier IS NOT NULL)", cache::qualified_name(table));
-    Spi::get_one::<bool>(&sql).unwrap_or_else(|e| panic!("{sql}: {e}")).unwrap_or(false)
+    let sql = format!("SELECT FROM {} WHERE tier IS NOT NULL LIMIT 1", cache::qualified_name(table));
+    let mut found = false;
+    spi::run(table, &sql, &[], |_| found = true);
+    found
 }
 
-/// How many overrides name the tier `tier` of the limit `name`.
+/// How many overrides name the tier `tier` of the limit `name`, in the latest snapshot (see
+/// `has_overrides`).
 pub fn overrides_naming(name: &str, tier: &str) -> i64 {
     let Some((table, _)) = cache::relations().overrides else { return 0 };
     let sql = format!(
         "SELECT pg_catalog.count(*) FROM {} WHERE name OPERATOR(pg_catalog.=) $1 AND tier OPERATOR(pg_catalog.=) $2",
         cache::qualified_name(table)
     );
-    Spi::get_one_with_args::<i64>(&sql, &[name.into(), tier.into()]).unwrap_or_else(|e| panic!("{sql}: {e}")).unwrap_or(0)
+    let mut naming = 0;
+    spi::run(table, &sql, &[spi::text_arg(name), spi::text_arg(tier)], |row| naming = row.int8(1));
+    naming
 }
 
 /// Delete the override of (name, key); whether there was one.
@@ -294,22 +302,57 @@ pub fn delete_override(name: &str, key: Option<&str>) -> bool {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-/// Whether the limit `name` has any override or tier.
+/// Whether the limit `name` has any override or tier, committed now or written by this
+/// transaction: read in the latest snapshot, so that an override() that committed while a
+/// REPEATABLE READ change of the limit waited for its lock is seen, as a foreign key's check
+/// sees it.
 pub fn has_overrides(name: &str) -> bool {
     let relations = cache::relations();
     [relations.overrides, relations.tiers].into_iter().flatten().any(|(table, _)| {
-        let sql = format!("SELECT EXISTS (SELECT FROM {} WHERE name OPERATOR(pg_catalog.=) $1)", cache::qualified_name(table));
-        Spi::get_one_with_args::<bool>(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}")).unwrap_or(false)
+        let sql = format!("SELECT FROM {} WHERE name OPERATOR(pg_catalog.=) $1 LIMIT 1", cache::qualified_name(table));
+        let mut found = false;
+        spi::run(table, &sql, &[spi::text_arg(name)], |_| found = true);
+        found
     })
 }
 
+/// Whether the limit `name` has an override with an end (`until`), in the latest snapshot
+/// (see `has_overrides`).
+pub fn has_overrides_ending(name: &str) -> bool {
+    let Some((table, _)) = cache::relations().overrides else { return false };
+    let sql = format!(
+        "SELECT FROM {} WHERE name OPERATOR(pg_catalog.=) $1 AND until OPERATOR(pg_catalog.<>) 'infinity'::pg_catalog.timestamptz LIMIT 1",
+        cache::qualified_name(table)
+    );
+    let mut found = false;
+    spi::run(table, &sql, &[spi::text_arg(name)], |_| found = true);
+    found
+}
+
+/// The keys whose overrides name the tier `tier` of the limit `name`, in the latest snapshot
+/// (see `has_overrides`).
+pub fn keys_in_tier(name: &str, tier: &str) -> Vec<Option<String>> {
+    let Some((table, _)) = cache::relations().overrides else { return Vec::new() };
+    let sql = format!(
+        "SELECT key FROM {} WHERE name OPERATOR(pg_catalog.=) $1 AND tier OPERATOR(pg_catalog.=) $2",
+        cache::qualified_name(table)
+    );
+    let mut keys = Vec::new();
+    spi::run(table, &sql, &[spi::text_arg(name), spi::text_arg(tier)], |row| keys.push(row.text_or_null(1)));
+    keys
+}
+
 /// Delete every override and tier of the limit `name` (`None`: of every limit), as the limit
-/// goes: the overrides first, so that no tier they name is left named.
+/// goes: the overrides first, so that no tier they name is left named. In the latest
+/// snapshot (see `has_overrides`): none committed meanwhile is left behind.
 pub fn delete_overrides_of(name: Option<&str>) {
     let relations = cache::relations();
     for (table, _) in [relations.overrides, relations.tiers].into_iter().flatten() {
-        let sql = format!("DELETE FROM {} WHERE $1::pg_catalog.text IS NULL OR name OPERATOR(pg_catalog.=) $1", written(table));
-        Spi::run_with_args(&sql, &[name.into()]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let sql = format!(
+            "DELETE FROM {} WHERE $1::pg_catalog.text IS NULL OR name OPERATOR(pg_catalog.=) $1",
+            cache::qualified_name(table)
+        );
+        spi::write(table, &sql, &[spi::text_opt(name)], |_| {});
     }
 }
 
