@@ -257,8 +257,8 @@ END $$;
 -- The limit a call is judged under: the inline config when given, else the named limit's
 -- (42704 when there is none); its shadow setting and deny cache; and where its state lives:
 -- the rows named `stored`, with shard `shard` (an inline config's rows are the name marked
--- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs). A named
--- limit's numbers are `key`'s override's while one is in force, which may exempt the key.
+-- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs). Its numbers
+-- are `key`'s override's while one is in force, which may exempt the key.
 CREATE FUNCTION rate_limiter._named(name text, key text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
                                     OUT deny_cache double precision, OUT stored text, OUT shard integer,
                                     OUT lock_timeout double precision, OUT on_lock_timeout text, OUT exempt boolean)
@@ -278,6 +278,17 @@ BEGIN
         on_lock_timeout := inline.on_lock_timeout;
         stored := name || '#' || rate_limiter._fingerprint(c);
         shard := -1;
+        -- The key's override under that name, in force: its numbers in place of the call's
+        -- own, counted by the call's own fingerprint all the same (overrides.rs inline_config_for).
+        overridden := rate_limiter._override_numbers(name, key);
+        IF overridden.in_force THEN
+            IF c.kind = 'concurrency' THEN
+                PERFORM rate_limiter._raise('unsupported', format('an override of "%s" for an inline concurrency config: define the limit by name and call it so', name));
+            END IF;
+            c := (rate_limiter._config_of_json(rate_limiter._in_json(config, overridden.rate, overridden.period,
+                  overridden.capacity, overridden.max_reserved, overridden.min_gap))).c;
+            exempt := overridden.exempt;
+        END IF;
         RETURN;
     END IF;
     SELECT * INTO l FROM rate_limiter.limits AS x WHERE x.name = _named.name;

@@ -1647,8 +1647,8 @@ END $$;
 -- The limit a call is judged under: the inline config when given, else the named limit's
 -- (42704 when there is none); its shadow setting and deny cache; and where its state lives:
 -- the rows named `stored`, with shard `shard` (an inline config's rows are the name marked
--- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs). A named
--- limit's numbers are `key`'s override's while one is in force, which may exempt the key.
+-- with the config's fingerprint, at shard -1: limiter/rows.rs, storage/row.rs). Its numbers
+-- are `key`'s override's while one is in force, which may exempt the key.
 CREATE FUNCTION rate_limiter._named(name text, key text, config jsonb, OUT c rate_limiter._config, OUT enforce boolean,
                                     OUT deny_cache double precision, OUT stored text, OUT shard integer,
                                     OUT lock_timeout double precision, OUT on_lock_timeout text, OUT exempt boolean)
@@ -1668,6 +1668,17 @@ BEGIN
         on_lock_timeout := inline.on_lock_timeout;
         stored := name || '#' || rate_limiter._fingerprint(c);
         shard := -1;
+        -- The key's override under that name, in force: its numbers in place of the call's
+        -- own, counted by the call's own fingerprint all the same (overrides.rs inline_config_for).
+        overridden := rate_limiter._override_numbers(name, key);
+        IF overridden.in_force THEN
+            IF c.kind = 'concurrency' THEN
+                PERFORM rate_limiter._raise('unsupported', format('an override of "%s" for an inline concurrency config: define the limit by name and call it so', name));
+            END IF;
+            c := (rate_limiter._config_of_json(rate_limiter._in_json(config, overridden.rate, overridden.period,
+                  overridden.capacity, overridden.max_reserved, overridden.min_gap))).c;
+            exempt := overridden.exempt;
+        END IF;
         RETURN;
     END IF;
     SELECT * INTO l FROM rate_limiter.limits AS x WHERE x.name = _named.name;
@@ -2566,34 +2577,65 @@ COMMENT ON FUNCTION rate_limiter.wait_rate_limit IS 'rate_limit, sleeping until 
 -- decided under numbers of its own or its tier's, counted in the same rows, as the
 -- extension's overrides.rs and api/admin.rs.
 
+-- The override of (name, key) in force now, its numbers (a tier's, looked up) and whether it
+-- exempts the key; in_force false when the key has none (overrides.rs numbers_of).
+CREATE FUNCTION rate_limiter._override_numbers(name text, key text, OUT in_force boolean, OUT rate double precision,
+    OUT period interval, OUT capacity double precision, OUT max_reserved double precision, OUT min_gap interval,
+    OUT exempt boolean)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    o rate_limiter.overrides;
+    t rate_limiter.tiers;
+BEGIN
+    in_force := false;
+    -- A NULL key its own probe of the index (name, key), as the lists' are.
+    IF key IS NULL THEN
+        SELECT * INTO o FROM rate_limiter.overrides x WHERE x.name = _override_numbers.name AND x.key IS NULL;
+    ELSE
+        SELECT * INTO o FROM rate_limiter.overrides x WHERE x.name = _override_numbers.name AND x.key = _override_numbers.key;
+    END IF;
+    IF o.name IS NULL OR rate_limiter._ms(o.until) <= rate_limiter._now() THEN
+        RETURN;
+    END IF;
+    IF o.tier IS NOT NULL THEN
+        SELECT * INTO t FROM rate_limiter.tiers x WHERE x.name = o.name AND x.tier = o.tier;
+        IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown_tier', o.tier, o.name); END IF;
+        o.rate := t.rate; o.period := t.period; o.capacity := t.capacity;
+        o.max_reserved := t.max_reserved; o.min_gap := t.min_gap; o.exempt := t.exempt;
+    END IF;
+    in_force := true;
+    rate := o.rate; period := o.period; capacity := o.capacity;
+    max_reserved := o.max_reserved; min_gap := o.min_gap; exempt := o.exempt;
+END $$;
+
 -- The limit's row `l` with the override of `key` in force now in place of its numbers (as
 -- config/overrides.rs applied_to: a capacity not given follows a rate that is), and whether
 -- it exempts the key; `l` itself and false when the key has none.
 CREATE FUNCTION rate_limiter._overridden(l rate_limiter.limits, key text, OUT applied rate_limiter.limits, OUT exempt boolean)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    o rate_limiter.overrides;
-    t rate_limiter.tiers;
+    o record;
 BEGIN
-    applied := l;
-    exempt := false;
-    -- A NULL key its own probe of the index (name, key), as the lists' are.
-    IF key IS NULL THEN
-        SELECT * INTO o FROM rate_limiter.overrides x WHERE x.name = l.name AND x.key IS NULL;
-    ELSE
-        SELECT * INTO o FROM rate_limiter.overrides x WHERE x.name = l.name AND x.key = _overridden.key;
+    o := rate_limiter._override_numbers(l.name, key);
+    applied := CASE WHEN o.in_force THEN rate_limiter._with_numbers(l, o.rate, o.period, o.capacity, o.max_reserved, o.min_gap) ELSE l END;
+    exempt := o.in_force AND o.exempt;
+END $$;
+
+-- An inline config's members with an override's numbers in place of the call's own (as
+-- config/overrides.rs in_json: a period and a minimum gap as interval text, a capacity not
+-- given following a rate that is, a member's aliases replaced by it).
+CREATE FUNCTION rate_limiter._in_json(config jsonb, rate double precision, period interval, capacity double precision,
+                                      max_reserved double precision, min_gap interval) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF rate IS NOT NULL THEN config := config || jsonb_build_object('rate', rate); END IF;
+    IF period IS NOT NULL THEN config := config || jsonb_build_object('period', period::text); END IF;
+    IF capacity IS NOT NULL OR rate IS NOT NULL THEN config := config || jsonb_build_object('capacity', capacity); END IF;
+    IF max_reserved IS NOT NULL THEN
+        config := config - 'max_reserved' || jsonb_build_object('maxReserved', max_reserved);
     END IF;
-    IF o.name IS NULL OR rate_limiter._ms(o.until) <= rate_limiter._now() THEN
-        RETURN;
-    END IF;
-    IF o.tier IS NOT NULL THEN
-        SELECT * INTO t FROM rate_limiter.tiers x WHERE x.name = l.name AND x.tier = o.tier;
-        IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown_tier', o.tier, l.name); END IF;
-        o.rate := t.rate; o.period := t.period; o.capacity := t.capacity;
-        o.max_reserved := t.max_reserved; o.min_gap := t.min_gap; o.exempt := t.exempt;
-    END IF;
-    applied := rate_limiter._with_numbers(l, o.rate, o.period, o.capacity, o.max_reserved, o.min_gap);
-    exempt := o.exempt;
+    IF min_gap IS NOT NULL THEN config := config - 'min_gap' || jsonb_build_object('minGap', min_gap::text); END IF;
+    RETURN config;
 END $$;
 
 -- The limit's row with these numbers in place of its own (NULL: its own; a capacity not given

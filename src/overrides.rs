@@ -6,20 +6,24 @@
 //! one read once per backend. Kept until the tables or the limits change (`cache`, whose
 //! entries the tables' triggers invalidate).
 
-use crate::bucket::Config;
+use crate::bucket::{Config, Kind};
 use crate::cache::{self, Overridden};
 use crate::call::Request;
 use crate::clock;
-use crate::config::{LimitRow, Override};
+use crate::config::{self, LimitRow, Override};
 use crate::error::{Error, Result};
 use crate::storage::{self, Overriding};
 
-/// The override of `req`'s key in force now, if it has one: none for an inline config.
+/// Whether `req`'s key may have an override: answered from memory but for a key the limit
+/// overrides.
+fn may_have_one(req: &Request<'_>) -> bool {
+    cache::any_override(storage::any_override)
+        && cache::may_be_overridden(req.name, req.key, |most| storage::overridden_keys(req.name, most))
+}
+
+/// The override of `req`'s key in force now under its named limit, if it has one.
 fn in_force(req: &Request<'_>) -> Result<Option<Overridden>> {
-    if req.inline.is_some()
-        || !cache::any_override(storage::any_override)
-        || !cache::may_be_overridden(req.name, req.key, |most| storage::overridden_keys(req.name, most))
-    {
+    if !may_have_one(req) {
         return Ok(None);
     }
     let found = cache::overridden(req.name, req.key, || load(req.name, req.key))?;
@@ -60,6 +64,34 @@ pub fn config_under(row: &LimitRow, name: &str, key: Option<&str>) -> Result<Con
         None => Override::default(),
     };
     Config::try_from(&numbers.applied_to(row))
+}
+
+/// The config an inline call `req` is decided under: `config`, parsed from `json`, with its
+/// key's override in force (the named limit's of that name) given as `json`'s members in
+/// place of its own, the rest the call's; `req` is marked exempt when the override exempts
+/// it. The call is counted by its own config's fingerprint all the same, so that a plan's
+/// change keeps its count, and a store that passes its numbers inline honours the override
+/// unchanged. Refused (0A000) for a concurrency or memory config, whose change of numbers
+/// waits for the calls in flight of a named limit only. Read at each call: a key without
+/// one costs what a named limit's does.
+pub fn inline_config_for(req: &mut Request<'_>, config: Config, json: &serde_json::Value) -> Result<Config> {
+    if !may_have_one(req) {
+        return Ok(config);
+    }
+    let Some((overriding, until)) = storage::load_override(req.name, req.key) else { return Ok(config) };
+    if clock::timestamptz_ms(until) <= clock::now_ms() {
+        return Ok(config);
+    }
+    if config.kind == Kind::Concurrency || !config.durable {
+        return Err(Error::NotSupported(format!(
+            "an override of \"{}\" for an inline {} config: define the limit by name and call it so",
+            req.name,
+            if config.durable { "concurrency" } else { "memory" }
+        )));
+    }
+    let (numbers, exempt) = numbers_of(req.name, overriding)?;
+    req.exempt = exempt;
+    config::from_json(&numbers.in_json(json))
 }
 
 /// The config `req` is decided under: its key's override's when one is in force, else

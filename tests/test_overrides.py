@@ -187,6 +187,35 @@ def test_a_tier_is_not_removed_under_an_override_naming_it_that_has_not_committe
         other.rollback()
 
 
+def test_an_inline_call_takes_its_keys_override_counted_by_its_own_config(test_cluster, database_name, name):
+    """The stores (clients/) pass their numbers inline: the administrator's override of (name,
+    key) decides that key's calls all the same, its count kept in the call's own state, while
+    other keys keep the call's numbers; an inline concurrency config is refused (0A000), its
+    slots waited for only under a named limit."""
+    # A sliding window: a raised rate gives its difference at once (docs/api.md, Overrides).
+    inline = '{"kind": "sliding window", "rate": 2, "period": "1 hour", "start": "2026-01-01 00:00:00+00"}'
+    with test_cluster.connect(database_name) as c:
+        c.execute(f"SET rate_limiter.fake_now = '{FAKE_NOW}'")
+
+        def calls(key, n):
+            return [c.execute("SELECT ok FROM rate_limiter.rate_limit(%s, %s, config => %s::jsonb)",
+                              (name, key, inline)).fetchone()[0] for _ in range(n)]
+
+        assert calls("k", 3) == [True, True, False]
+        define(c, name, "sliding window", rate=2, period="1 hour")
+        c.execute("SELECT rate_limiter.override(%s, 'k', rate => 5)", (name,))
+        assert calls("k", 4) == [True, True, True, False], "5 in the window, 2 of them taken before"
+        assert calls("other", 3) == [True, True, False]
+        c.execute("SELECT rate_limiter.override(%s, 'k', exempt => true)", (name,))
+        assert calls("k", 4) == [True] * 4
+        c.execute("SELECT rate_limiter.remove_override(%s, 'k')", (name,))
+        assert calls("k", 1) == [False], "the 5 taken count against 2"
+        c.execute("SELECT rate_limiter.override(%s, 'k', rate => 5)", (name,))
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="inline concurrency"):
+            c.execute("SELECT * FROM rate_limiter.acquire(%s, 'k', config => '{\"kind\": \"concurrency\", \"rate\": 3, "
+                      "\"period\": 1000}'::jsonb)", (name,))
+
+
 # What a change of the limit or its tier must do once the override() it waited for has
 # committed: (the override, the change, the error it must end with or None, how many
 # overrides the limit then has).

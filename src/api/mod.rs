@@ -90,22 +90,22 @@ pub(crate) fn request<'a>(
     })
 }
 
-/// The inline config when given, else the named limit's (cached per backend).
-fn resolve(name: &str, inline: Option<JsonbArg>) -> Result<Config> {
+/// The config `req` is judged under, with `req` marked with the state it reaches: an
+/// inline config's own, by its fingerprint, or the named limit's; its numbers the key's
+/// override's while one is in force.
+fn resolve_for(req: &mut Request<'_>, inline: Option<JsonbArg>) -> Result<Config> {
     match inline {
-        Some(arg) => config::from_json(&arg.parse()?),
-        None => resolve_named(name),
+        Some(arg) => inline_for(req, &arg.parse()?),
+        None => overrides::config_for(req, resolve_named(req.name)?),
     }
 }
 
-/// The config `req` is judged under, with `req` marked with the state it reaches: an
-/// inline config's own, by its fingerprint, or the named limit's (its numbers the key's
-/// override's while one is in force).
-fn resolve_for(req: &mut Request<'_>, inline: Option<JsonbArg>) -> Result<Config> {
-    let given = inline.is_some();
-    let config = resolve(req.name, inline)?;
-    req.inline = given.then(|| config::fingerprint(&config));
-    overrides::config_for(req, config)
+/// An inline config, `json`: counted by its own fingerprint, decided under the key's
+/// override's numbers in place of its own while one is in force.
+fn inline_for(req: &mut Request<'_>, json: &serde_json::Value) -> Result<Config> {
+    let config = config::from_json(json)?;
+    req.inline = Some(config::fingerprint(&config));
+    overrides::inline_config_for(req, config, json)
 }
 
 fn resolve_named(name: &str) -> Result<Config> {
@@ -174,13 +174,12 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
             return Err(bad(format!("({}, {:?}) appears twice; add the counts instead", req.name, req.key)));
         }
         let config = match inline {
-            Some(v) => config::from_json(v)?,
+            Some(v) => inline_for(&mut req, v)?,
             None => {
                 let named = resolve_named(req.name)?;
                 overrides::config_for(&mut req, named)?
             }
         };
-        req.inline = inline.map(|_| config::fingerprint(&config));
         if config.mode != Mode::All {
             return Err(Error::NotSupported(format!(
                 "rate_limit_all takes all or nothing: \"{}\" has mode '{}'",

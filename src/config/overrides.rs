@@ -28,4 +28,35 @@ impl Override {
             ..row.clone()
         }
     }
+
+    /// An inline config's members (`json`, an object) with these numbers in place of the
+    /// call's own, as `applied_to` puts them in a limit's row: a period and a minimum gap as
+    /// interval text, which a calendar period stays; the aliases of a member replaced with it.
+    pub fn in_json(&self, json: &serde_json::Value) -> serde_json::Value {
+        let mut object = json.as_object().cloned().unwrap_or_default();
+        let mut put = |names: &[&str], value: serde_json::Value| {
+            for name in names {
+                object.remove(*name);
+            }
+            object.insert(names[0].to_owned(), value);
+        };
+        if let Some(rate) = self.rate {
+            put(&["rate"], rate.into());
+        }
+        if let Some(period) = self.period {
+            put(&["period"], crate::clock::interval_text(period).into());
+        }
+        match (self.capacity, self.rate) {
+            (Some(capacity), _) => put(&["capacity"], capacity.into()),
+            (None, Some(_)) => put(&["capacity"], serde_json::Value::Null), // follows the rate
+            (None, None) => {}
+        }
+        if let Some(max_reserved) = self.max_reserved {
+            put(&["maxReserved", "max_reserved"], max_reserved.into());
+        }
+        if let Some(min_gap) = self.min_gap {
+            put(&["minGap", "min_gap"], crate::clock::interval_text(min_gap).into());
+        }
+        serde_json::Value::Object(object)
+    }
 }

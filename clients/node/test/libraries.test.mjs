@@ -232,6 +232,36 @@ test("@fastify/rate-limit answers 429 with retry-after from the store in Postgre
   }
 });
 
+test("@fastify/rate-limit and rate-limiter-flexible, unchanged, honour the administrator's override of their name", async () => {
+  // The stores pass their numbers inline; the key's override under that name decides all the
+  // same (docs/api.md, Overrides). A fixed window moved up keeps its level, so the plan is
+  // given before the window starts.
+  const name = unique("fastify_plan");
+  await pool.query("SELECT rate_limiter.define($1, 'fixed window', 2, '1 minute')", [name]);
+  await pool.query("SELECT rate_limiter.override($1, '127.0.0.1', rate => 4, note => 'plan: pro')", [name]);
+  const fastify = Fastify({ forceCloseConnections: true });
+  await fastify.register(fastifyRateLimit, { max: 2, timeWindow: 60_000, store: postgresStore({ db: pool, name }) });
+  fastify.get("/", async () => "hello");
+  await fastify.listen({ port: 0, host: "127.0.0.1" });
+  const url = `http://127.0.0.1:${fastify.server.address().port}`;
+  try {
+    const answers = [];
+    for (let i = 0; i < 5; i++) answers.push((await fetch(url)).status);
+    assert.deepEqual(answers, [200, 200, 200, 200, 429], "the key's 4, not the store's 2");
+  } finally {
+    await fastify.close();
+  }
+  const keyPrefix = unique("rlf_plan");
+  await pool.query("SELECT rate_limiter.define($1, 'fixed window', 2, '1 minute')", [keyPrefix]);
+  await pool.query("SELECT rate_limiter.override($1, 'pro', rate => 3)", [keyPrefix]);
+  const limiter = new RateLimiterPostgresExtension({ db: pool, keyPrefix, points: 2, duration: 60 });
+  for (let i = 0; i < 3; i++) await limiter.consume("pro");
+  await assert.rejects(limiter.consume("pro"), (res) => res instanceof RateLimiterRes && res.remainingPoints === 0);
+  await limiter.consume("free");
+  await limiter.consume("free");
+  await assert.rejects(limiter.consume("free"), (res) => res instanceof RateLimiterRes);
+});
+
 test("rate-limiter-flexible: consume, get, reward, penalty, block and delete keep its contract", async () => {
   const limiter = new RateLimiterPostgresExtension({ db: pool, keyPrefix: unique("rlf"), points: 3, duration: 60 });
   const first = await limiter.consume("u", 2);

@@ -115,6 +115,22 @@ def test_the_storage_refuses_to_reset_everything_and_clears_one_key(storage_uri,
     assert storage.check()
 
 
+def test_the_limits_storage_honours_the_administrators_override_of_its_name_unchanged(storage_uri, name, conn):
+    """The storage passes limits' numbers inline; an override of (its name, limits' key for a
+    client) still gives that client its plan (docs/api.md, Overrides), with no change here."""
+    from limits import RateLimitItemPerMinute
+    from limits.strategies import MovingWindowRateLimiter
+
+    conn.execute("SELECT rate_limiter.define(%s, 'rolling window', 2, '1 minute')", (name,))
+    conn.execute("SELECT rate_limiter.override(%s, 'LIMITER/pro-customer/2/1/minute', rate => 5)", (name,))
+    storage = storage_from_string(storage_uri, name=name)
+    limiter = MovingWindowRateLimiter(storage)
+    item = RateLimitItemPerMinute(2)
+    assert [limiter.hit(item, "pro-customer") for _ in range(6)] == [True] * 5 + [False]
+    assert [limiter.hit(item, "free-customer") for _ in range(3)] == [True, True, False]
+    storage.close()
+
+
 def test_slowapi_and_the_starlette_dependency_on_fastapi_answer_429(storage_uri, name):
     slow = SlowLimiter(key_func=lambda request: name, storage_uri=storage_uri, headers_enabled=True)
     pools = {}
