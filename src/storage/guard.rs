@@ -33,26 +33,73 @@ pub fn writable(table: pg_sys::Oid) {
 /// # Safety
 /// `relation` is open.
 unsafe fn planted_code(relation: pg_sys::Relation) -> Option<String> {
+    // Copied before any catalog lookup: a lookup may take invalidations that rebuild the
+    // relation's entry and free its trigger descriptor (as the executor copies it too).
     // SAFETY: the caller's relation is open: its trigger descriptor is null or holds
-    // `numtriggers` triggers, its rule lock null or `numLocks` rules.
-    unsafe {
-        let triggers = (*relation).trigdesc;
-        if !triggers.is_null() {
-            let extension = pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false);
-            let table = CStr::from_ptr((*(*relation).rd_rel).relname.data.as_ptr()).to_string_lossy().into_owned();
-            for i in 0..(*triggers).numtriggers as usize {
-                let trigger = &*(*triggers).triggers.add(i);
-                if !is_own(&table, trigger, extension) {
-                    return Some(format!("trigger \"{}\"", CStr::from_ptr(trigger.tgname).to_string_lossy()));
-                }
-            }
-        }
+    // `numtriggers` triggers, each with a NUL-terminated name; its rule lock null or
+    // `numLocks` rules.
+    let (table, triggers, rule) = unsafe {
+        let table = CStr::from_ptr((*(*relation).rd_rel).relname.data.as_ptr()).to_string_lossy().into_owned();
+        let descriptor = (*relation).trigdesc;
+        let triggers: Vec<Trigger> = if descriptor.is_null() {
+            Vec::new()
+        } else {
+            (0..(*descriptor).numtriggers as usize).map(|i| Trigger::of(&*(*descriptor).triggers.add(i))).collect()
+        };
         let rules = (*relation).rd_rules;
-        if !rules.is_null() && (*rules).numLocks > 0 {
-            let rule = &**(*rules).rules;
-            return Some(format!("a rule (pg_rewrite oid {})", rule.ruleId.to_u32()));
+        let rule = (!rules.is_null() && (*rules).numLocks > 0).then(|| (**(*rules).rules).ruleId.to_u32());
+        (table, triggers, rule)
+    };
+    if !triggers.is_empty() {
+        // SAFETY: a catalog lookup by name inside the caller's transaction.
+        let extension = unsafe { pg_sys::get_extension_oid(c"rate_limiter".as_ptr(), false) };
+        if let Some(planted) = triggers.iter().find(|trigger| !trigger.is_own(&table, extension)) {
+            return Some(format!("trigger \"{}\"", planted.name));
         }
-        None
+    }
+    rule.map(|oid| format!("a rule (pg_rewrite oid {oid})"))
+}
+
+/// What `is_own` reads of a trigger, copied out of the relation's descriptor.
+struct Trigger {
+    name: String,
+    kind: i16,
+    internal: bool,
+    has_when: bool,
+    arguments: i16,
+    function: pg_sys::Oid,
+}
+
+impl Trigger {
+    /// # Safety
+    /// `trigger` is a trigger of an open relation's descriptor.
+    unsafe fn of(trigger: &pg_sys::Trigger) -> Trigger {
+        Trigger {
+            // SAFETY: the trigger's name is a NUL-terminated string of the descriptor.
+            name: unsafe { CStr::from_ptr(trigger.tgname) }.to_string_lossy().into_owned(),
+            kind: trigger.tgtype,
+            internal: trigger.tgisinternal,
+            has_when: !trigger.tgqual.is_null(),
+            arguments: trigger.tgnargs,
+            function: trigger.tgfoid,
+        }
+    }
+
+    /// Whether it is a trigger the extension made on `table` (sql/finalize.sql):
+    /// `<table>_changed`, AFTER INSERT OR UPDATE OR DELETE of each row, or `<table>_truncated`,
+    /// AFTER TRUNCATE, each running the extension's own function with no WHEN and no
+    /// arguments. The function alone would not do: a planted trigger may run it BEFORE each
+    /// row (which skips the row) or with a WHEN clause of the planter's (which runs with the
+    /// writer's rights).
+    fn is_own(&self, table: &str, extension: pg_sys::Oid) -> bool {
+        let shape = (self.name == format!("{table}_changed") && self.kind == ROW | INSERT | DELETE | UPDATE)
+            || (self.name == format!("{table}_truncated") && self.kind == TRUNCATE);
+        shape
+            && !self.internal
+            && !self.has_when
+            && self.arguments == 0
+            // SAFETY: a catalog lookup by OID inside the caller's transaction.
+            && unsafe { pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, self.function) } == extension
     }
 }
 
@@ -62,24 +109,3 @@ const INSERT: i16 = 1 << 2;
 const DELETE: i16 = 1 << 3;
 const UPDATE: i16 = 1 << 4;
 const TRUNCATE: i16 = 1 << 5;
-
-/// Whether `trigger` on `table` is one the extension made (sql/finalize.sql): `<table>_changed`,
-/// AFTER INSERT OR UPDATE OR DELETE of each row, or `<table>_truncated`, AFTER TRUNCATE, each
-/// running the extension's own function with no WHEN and no arguments. The function alone
-/// would not do: a planted trigger may run it BEFORE each row (which skips the row) or with a
-/// WHEN clause of the planter's (which runs with the writer's rights).
-///
-/// # Safety
-/// `trigger` is a trigger of the open relation named `table`.
-unsafe fn is_own(table: &str, trigger: &pg_sys::Trigger, extension: pg_sys::Oid) -> bool {
-    // SAFETY: the trigger's name is a NUL-terminated string of the open relation's descriptor.
-    let name = unsafe { CStr::from_ptr(trigger.tgname) }.to_string_lossy();
-    let shape = (name == format!("{table}_changed") && trigger.tgtype == ROW | INSERT | DELETE | UPDATE)
-        || (name == format!("{table}_truncated") && trigger.tgtype == TRUNCATE);
-    shape
-        && !trigger.tgisinternal
-        && trigger.tgqual.is_null()
-        && trigger.tgnargs == 0
-        // SAFETY: a catalog lookup by OID inside the caller's transaction.
-        && unsafe { pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, trigger.tgfoid) } == extension
-}
