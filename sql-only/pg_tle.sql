@@ -2665,7 +2665,7 @@ DECLARE
 BEGIN
     -- Locked to the end of the transaction: a DELETE or rename of the limit waits for the
     -- override() or define_tier() that checked it, and its trigger then deletes that row too.
-    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = _applied.name FOR SHARE;
+    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = _applied.name FOR KEY SHARE;
     IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
     PERFORM rate_limiter._config_of(rate_limiter._with_numbers(l, rate, period, capacity, max_reserved, min_gap));
     IF l.kind = 'concurrency' THEN

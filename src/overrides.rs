@@ -60,8 +60,8 @@ pub fn numbers_of(name: &str, overriding: Overriding) -> Result<(Override, bool)
 /// limit's key was admitted under, for the fold of its log when the row changes.
 pub fn config_under(row: &LimitRow, name: &str, key: Option<&str>) -> Result<Config> {
     let numbers = match storage::load_override(name, key) {
-        Some((overriding, _)) => numbers_of(name, overriding)?.0,
-        None => Override::default(),
+        Some((overriding, until)) if clock::timestamptz_ms(until) > clock::now_ms() => numbers_of(name, overriding)?.0,
+        _ => Override::default(),
     };
     Config::try_from(&numbers.applied_to(row))
 }

@@ -117,7 +117,7 @@ fn set_override(
         let numbers = config::Override { rate, period, capacity, max_reserved, min_gap };
         storage::hold_for_override(name, tier);
         let config = overrides::applied(name, &numbers)?;
-        if (!config.durable || config.hot) && clock::timestamptz_ms(until).is_finite() {
+        if (!config.durable || config.hot) && clock::timestamptz_ms(until) != f64::INFINITY {
             // Its end would change the key's config under calls in flight (and a hot key's
             // logged debits), with nothing to wait for them: remove_override() waits, as a
             // redefinition does.

@@ -223,6 +223,22 @@ fn override_changing(trigger: &PgTrigger<'_>) {
     for (name, _) in limits.iter().filter(|(_, limit)| !limit.durable) {
         limiter::memory::limit_changing(name, Some(None));
     }
+    // Any `until` but 'infinity' ('-infinity' too, never in force) is an end, which would
+    // change a hot or memory key's numbers under its calls in flight with nothing to wait for
+    // them: remove_override() ends it.
+    let is_overrides = trigger.relation().is_ok_and(|r| r.name() == "overrides");
+    if let Some(new) = trigger.new().filter(|_| is_overrides) {
+        let ends = new.get_by_name::<TimestampWithTimeZone>("until").ok().flatten().is_some_and(|until| clock::timestamptz_ms(until) != f64::INFINITY);
+        let limit = name(&new).and_then(|name| limits.iter().find(|(n, _)| *n == name).map(|(_, limit)| limit));
+        if let Some(limit) = limit.filter(|limit| ends && (limit.hot || !limit.durable)) {
+            Error::NotSupported(format!(
+                "an override of the {} limit \"{}\" with an end: remove_override() it when it is to end",
+                if limit.hot { "hot" } else { "memory" },
+                name(&new).unwrap_or_default()
+            ))
+            .raise()
+        }
+    }
     if limits.iter().any(|(_, limit)| limit.hot) {
         hot_keys_changing(trigger, &limits);
     }
@@ -235,6 +251,13 @@ fn override_changing(trigger: &PgTrigger<'_>) {
 /// flight with nothing to fold them first. A TRUNCATE is refused while the log holds debits.
 fn hot_keys_changing(trigger: &PgTrigger<'_>, limits: &[(String, LimitRow)]) {
     let (_, change) = hot_change();
+    // Calls in flight waited for first, and so any change of the limit or its tiers: what
+    // their debits were admitted under is read after, as committed now.
+    if change == Change::Local {
+        storage::hold_calls_off();
+    }
+    let limits: Vec<(String, LimitRow)> =
+        limits.iter().filter_map(|(name, _)| Some((name.clone(), storage::load_limit(name)?))).collect();
     let text = |row: &PgHeapTuple<'_, AllocatedByPostgres>, column: &str| row.get_by_name::<String>(column).ok().flatten();
     let hot = |name: &str| limits.iter().find(|(n, _)| n == name).filter(|(_, limit)| limit.hot).map(|(_, limit)| limit);
     let is_tiers = trigger.relation().is_ok_and(|r| r.name() == "tiers");
@@ -242,9 +265,6 @@ fn hot_keys_changing(trigger: &PgTrigger<'_>, limits: &[(String, LimitRow)]) {
     if old.is_none() && new.is_none() {
         if is_tiers {
             return; // no key is in a tier (`tier_stays_while_named`): no key's numbers change
-        }
-        if change == Change::Local {
-            storage::hold_calls_off();
         }
         for (name, _) in limits.iter().filter(|(_, limit)| limit.hot) {
             if change == Change::Local && limiter::hot::logged(name) {
@@ -256,16 +276,6 @@ fn hot_keys_changing(trigger: &PgTrigger<'_>, limits: &[(String, LimitRow)]) {
             limiter::hot::limit_changing(name, None, change);
         }
         return;
-    }
-    if let Some(new) = new.as_ref().filter(|_| !is_tiers) {
-        let ends = new.get_by_name::<TimestampWithTimeZone>("until").ok().flatten().is_some_and(|until| clock::timestamptz_ms(until).is_finite());
-        if ends && text(new, "name").as_deref().and_then(hot).is_some() {
-            Error::NotSupported(format!(
-                "an override of the hot limit \"{}\" with an end: remove_override() it when it is to end",
-                text(new, "name").unwrap_or_default()
-            ))
-            .raise()
-        }
     }
     // The keys whose numbers change, each with the config its debits were admitted under.
     let mut was: Vec<(String, Option<String>, Config)> = Vec::new();

@@ -109,11 +109,18 @@ mod tests {
             "0A000",
             "remove_override",
         );
+        // '-infinity' is an end too: never in force, its key admitted under the limit's numbers.
+        fails("SELECT rate_limiter.override('h', 'k', rate => 20, until => '-infinity')", "0A000", "remove_override");
         run("SELECT rate_limiter.override('h', 'k', rate => 20)");
         run("SELECT rate_limiter.define_tier('h', 'pro', rate => 20)");
         // A memory limit's override ends only by remove_override(), which waits for its calls.
         run("SELECT rate_limiter.define('m', 'token bucket', 10, '1 minute', durable => false)");
         fails("SELECT rate_limiter.override('m', 'k', rate => 20, until => now() + interval '1 hour')", "0A000", "remove_override");
+        fails(
+            "INSERT INTO rate_limiter.overrides (name, key, rate, until) VALUES ('m', 'k', 20, now() + interval '1 hour')",
+            "0A000",
+            "remove_override",
+        );
         run("SELECT rate_limiter.override('m', 'k', rate => 20)");
         // A limit with an override that ends stays not hot.
         run("SELECT rate_limiter.override('sw', 'k', rate => 20, until => now() + interval '1 hour')");
