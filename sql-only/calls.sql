@@ -225,6 +225,7 @@ BEGIN
         lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout,
         deny_cache = excluded.deny_cache, hot = excluded.hot, enforce = excluded.enforce, tz = excluded.tz,
         durable = excluded.durable;
+    PERFORM rate_limiter._overrides_fit(l);
 END $$;
 COMMENT ON FUNCTION rate_limiter.define IS 'Create or replace a named limit in rate_limiter.limits.';
 

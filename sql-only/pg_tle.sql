@@ -1615,6 +1615,7 @@ BEGIN
         lock_timeout = excluded.lock_timeout, on_lock_timeout = excluded.on_lock_timeout,
         deny_cache = excluded.deny_cache, hot = excluded.hot, enforce = excluded.enforce, tz = excluded.tz,
         durable = excluded.durable;
+    PERFORM rate_limiter._overrides_fit(l);
 END $$;
 COMMENT ON FUNCTION rate_limiter.define IS 'Create or replace a named limit in rate_limiter.limits.';
 
@@ -2619,6 +2620,25 @@ BEGIN
     o := rate_limiter._override_numbers(l.name, key);
     applied := CASE WHEN o.in_force THEN rate_limiter._with_numbers(l, o.rate, o.period, o.capacity, o.max_reserved, o.min_gap) ELSE l END;
     exempt := o.in_force AND o.exempt;
+END $$;
+
+-- The overrides in force (their own numbers) and the tiers of the limit `l` checked under its
+-- new row, as a call would check them (overrides.rs fit): the first that does not fit raises
+-- what its key's calls would. The overrides by key (bytes, the NULL key first), then the tiers.
+CREATE FUNCTION rate_limiter._overrides_fit(l rate_limiter.limits) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n record;
+BEGIN
+    FOR n IN SELECT o.rate, o.period, o.capacity, o.max_reserved, o.min_gap FROM rate_limiter.overrides o
+             WHERE o.name = l.name AND o.tier IS NULL AND rate_limiter._ms(o.until) > rate_limiter._now()
+             ORDER BY o.key COLLATE "C" NULLS FIRST LOOP
+        PERFORM rate_limiter._config_of(rate_limiter._with_numbers(l, n.rate, n.period, n.capacity, n.max_reserved, n.min_gap));
+    END LOOP;
+    FOR n IN SELECT t.rate, t.period, t.capacity, t.max_reserved, t.min_gap FROM rate_limiter.tiers t
+             WHERE t.name = l.name ORDER BY t.tier COLLATE "C" LOOP
+        PERFORM rate_limiter._config_of(rate_limiter._with_numbers(l, n.rate, n.period, n.capacity, n.max_reserved, n.min_gap));
+    END LOOP;
 END $$;
 
 -- An inline config's members with an override's numbers in place of the call's own (as

@@ -46,6 +46,13 @@ pub fn applied(name: &str, numbers: &Override) -> Result<Config> {
     Config::try_from(&numbers.applied_to(&row))
 }
 
+/// Whether the overrides and tiers of `name` still give numbers the limit's new row `row` can
+/// have: else the first that does not, as its key's calls would be refused (22023, 0A000).
+/// After `define` wrote the row, so that an `override()` it waited for is seen.
+pub fn fit(name: &str, row: &LimitRow) -> Result<()> {
+    storage::numbers_given(name).iter().try_for_each(|numbers| Config::try_from(&numbers.applied_to(row)).map(|_| ()))
+}
+
 /// The numbers `overriding` gives, as committed now (a tier's, looked up), and whether they
 /// exempt the key.
 pub fn numbers_of(name: &str, overriding: Overriding) -> Result<(Override, bool)> {

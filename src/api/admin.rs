@@ -271,7 +271,7 @@ fn define_since_0_6_0(
         // Validate here for a clear message; the table's CHECK constraints are the backstop.
         Config::try_from(&row)?;
         storage::upsert_limit(&row, name);
-        Ok(())
+        overrides::fit(name, &row)
     })();
     result.unwrap_or_else(|e| e.raise())
 }

@@ -32,7 +32,7 @@ mod state;
 pub use debits::{log_is_subscribed, DebitLog, Seen};
 pub use lookup::{all_limits, any_override, load_limit, load_override, load_tier, overridden_keys, Lookup, Overriding};
 pub use sql::{
-    delete, delete_listed, delete_override, delete_overrides_of, delete_tier, has_overrides, has_overrides_ending, hold_for_override, keys_in_tier, overrides_naming, overrides_naming_any_tier, prune,
+    delete, delete_listed, delete_override, delete_overrides_of, delete_tier, has_overrides, has_overrides_ending, hold_for_override, keys_in_tier, numbers_given, overrides_naming, overrides_naming_any_tier, prune,
     upsert_limit,
     upsert_listed, upsert_override, upsert_tier,
 };

@@ -59,6 +59,24 @@ impl ResultRow {
         self.datum(column).value() as i64
     }
 
+    /// A float8 column that may be NULL.
+    pub fn float8_or_null(&self, column: i32) -> Option<f64> {
+        let mut is_null = false;
+        // SAFETY: as in `datum`.
+        let datum = unsafe { pg_sys::SPI_getbinval(self.tuple, self.desc, column, &mut is_null) };
+        // SAFETY: a float8 datum of SPI's current result, read while SPI is connected.
+        unsafe { f64::from_datum(datum, is_null) }
+    }
+
+    /// An interval column that may be NULL.
+    pub fn interval_or_null(&self, column: i32) -> Option<pgrx::datum::Interval> {
+        let mut is_null = false;
+        // SAFETY: as in `datum`.
+        let datum = unsafe { pg_sys::SPI_getbinval(self.tuple, self.desc, column, &mut is_null) };
+        // SAFETY: an interval datum of SPI's current result, read while SPI is connected.
+        unsafe { pgrx::datum::Interval::from_datum(datum, is_null) }
+    }
+
     pub fn bool(&self, column: i32) -> bool {
         self.datum(column).value() != 0
     }

@@ -342,6 +342,38 @@ pub fn keys_in_tier(name: &str, tier: &str) -> Vec<Option<String>> {
     keys
 }
 
+/// The numbers every override in force (its own, not a tier's) and every tier of the limit
+/// `name` give, in the latest snapshot (see `has_overrides`): the overrides by key (bytes,
+/// the NULL key first), then the tiers by name.
+pub fn numbers_given(name: &str) -> Vec<Override> {
+    let relations = cache::relations();
+    let now = spi::ts_arg(clock::now_ms(), "now");
+    let numbers = "rate, period, capacity, max_reserved, min_gap";
+    let mut given = Vec::new();
+    let mut read = |row: &spi::ResultRow| {
+        given.push(Override {
+            rate: row.float8_or_null(1),
+            period: row.interval_or_null(2),
+            capacity: row.float8_or_null(3),
+            max_reserved: row.float8_or_null(4),
+            min_gap: row.interval_or_null(5),
+        })
+    };
+    if let Some((table, _)) = relations.overrides {
+        let sql = format!(
+            "SELECT {numbers} FROM {} WHERE name OPERATOR(pg_catalog.=) $1 AND tier IS NULL AND until OPERATOR(pg_catalog.>) $2 \
+             ORDER BY key COLLATE \"C\" NULLS FIRST",
+            cache::qualified_name(table)
+        );
+        spi::run(table, &sql, &[spi::text_arg(name), now], &mut read);
+    }
+    if let Some((table, _)) = relations.tiers {
+        let sql = format!("SELECT {numbers} FROM {} WHERE name OPERATOR(pg_catalog.=) $1 ORDER BY tier COLLATE \"C\"", cache::qualified_name(table));
+        spi::run(table, &sql, &[spi::text_arg(name)], &mut read);
+    }
+    given
+}
+
 /// Delete every override and tier of the limit `name` (`None`: of every limit), as the limit
 /// goes: the overrides first, so that no tier they name is left named. In the latest
 /// snapshot (see `has_overrides`): none committed meanwhile is left behind.
