@@ -66,11 +66,17 @@ pub fn numbers_of(name: &str, overriding: Overriding) -> Result<(Override, bool)
 /// numbers (or its tier's), as committed now, applied to `row`; else `row`'s own. What a hot
 /// limit's key was admitted under, for the fold of its log when the row changes.
 pub fn config_under(row: &LimitRow, name: &str, key: Option<&str>) -> Result<Config> {
-    let numbers = match storage::load_override(name, key) {
-        Some((overriding, until)) if clock::timestamptz_ms(until) > clock::now_ms() => numbers_of(name, overriding)?.0,
-        _ => Override::default(),
-    };
+    let numbers = numbers_in_force(name, key)?.map_or_else(Override::default, |(numbers, _)| numbers);
     Config::try_from(&numbers.applied_to(row))
+}
+
+/// The numbers of the override of `name`'s `key` in force now, as committed now, and whether
+/// they exempt the key; None when it has none, or one that has ended.
+fn numbers_in_force(name: &str, key: Option<&str>) -> Result<Option<(Override, bool)>> {
+    match storage::load_override(name, key) {
+        Some((overriding, until)) if clock::timestamptz_ms(until) > clock::now_ms() => numbers_of(name, overriding).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// The config an inline call `req` is decided under: `config`, parsed from `json`, with its
@@ -85,10 +91,7 @@ pub fn inline_config_for(req: &mut Request<'_>, config: Config, json: &serde_jso
     if !may_have_one(req) {
         return Ok(config);
     }
-    let Some((overriding, until)) = storage::load_override(req.name, req.key) else { return Ok(config) };
-    if clock::timestamptz_ms(until) <= clock::now_ms() {
-        return Ok(config);
-    }
+    let Some((numbers, exempt)) = numbers_in_force(req.name, req.key)? else { return Ok(config) };
     if config.kind == Kind::Concurrency || !config.durable {
         return Err(Error::NotSupported(format!(
             "an override of \"{}\" for an inline {} config: define the limit by name and call it so",
@@ -96,7 +99,6 @@ pub fn inline_config_for(req: &mut Request<'_>, config: Config, json: &serde_jso
             if config.durable { "concurrency" } else { "memory" }
         )));
     }
-    let (numbers, exempt) = numbers_of(req.name, overriding)?;
     req.exempt = exempt;
     config::from_json(&numbers.in_json(json))
 }

@@ -96,8 +96,14 @@ pub(crate) fn request<'a>(
 fn resolve_for(req: &mut Request<'_>, inline: Option<JsonbArg>) -> Result<Config> {
     match inline {
         Some(arg) => inline_for(req, &arg.parse()?),
-        None => overrides::config_for(req, resolve_named(req.name)?),
+        None => named_for(req),
     }
+}
+
+/// The named limit's config, its numbers the key's override's while one is in force.
+fn named_for(req: &mut Request<'_>) -> Result<Config> {
+    let named = resolve_named(req.name)?;
+    overrides::config_for(req, named)
 }
 
 /// An inline config, `json`: counted by its own fingerprint, decided under the key's
@@ -175,10 +181,7 @@ fn parts(requests: &serde_json::Value, reserve: bool) -> Result<Vec<Part<'_>>> {
         }
         let config = match inline {
             Some(v) => inline_for(&mut req, v)?,
-            None => {
-                let named = resolve_named(req.name)?;
-                overrides::config_for(&mut req, named)?
-            }
+            None => named_for(&mut req)?,
         };
         if config.mode != Mode::All {
             return Err(Error::NotSupported(format!(

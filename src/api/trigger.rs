@@ -240,7 +240,7 @@ fn override_changing(trigger: &PgTrigger<'_>) {
         }
     }
     if limits.iter().any(|(_, limit)| limit.hot) {
-        hot_keys_changing(trigger, &limits);
+        hot_keys_changing(trigger, limits.iter().map(|(name, _)| name));
     }
 }
 
@@ -249,15 +249,19 @@ fn override_changing(trigger: &PgTrigger<'_>) {
 /// in flight, as a redefinition folds the limit's; its escrow goes at commit. Such an
 /// override has no end (`until`): its end would change the key's numbers under debits in
 /// flight with nothing to fold them first. A TRUNCATE is refused while the log holds debits.
-fn hot_keys_changing(trigger: &PgTrigger<'_>, limits: &[(String, LimitRow)]) {
+fn hot_keys_changing<'a>(trigger: &PgTrigger<'_>, names: impl Iterator<Item = &'a String>) {
     let (_, change) = hot_change();
     // Calls in flight waited for first, and so any change of the limit or its tiers: what
     // their debits were admitted under is read after, as committed now.
     if change == Change::Local {
         storage::hold_calls_off();
     }
-    let limits: Vec<(String, LimitRow)> =
-        limits.iter().filter_map(|(name, _)| Some((name.clone(), storage::load_limit(name)?))).collect();
+    let mut limits: Vec<(String, LimitRow)> = Vec::new();
+    for name in names {
+        if !limits.iter().any(|(n, _)| n == name) {
+            limits.extend(storage::load_limit(name).map(|limit| (name.clone(), limit)));
+        }
+    }
     let text = |row: &PgHeapTuple<'_, AllocatedByPostgres>, column: &str| row.get_by_name::<String>(column).ok().flatten();
     let hot = |name: &str| limits.iter().find(|(n, _)| n == name).filter(|(_, limit)| limit.hot).map(|(_, limit)| limit);
     let is_tiers = trigger.relation().is_ok_and(|r| r.name() == "tiers");
@@ -310,8 +314,11 @@ fn hot_keys_changing(trigger: &PgTrigger<'_>, limits: &[(String, LimitRow)]) {
             }
         }
     }
-    for (name, key, config) in was {
-        limiter::hot::keys_changing(&name, &[(key, config)], change);
+    // One fold per limit (a renamed override touches two), its log opened once for its keys.
+    for (name, _) in &limits {
+        let keys: Vec<(Option<String>, Config)> =
+            was.iter().filter(|(n, _, _)| n == name).map(|(_, key, config)| (key.clone(), *config)).collect();
+        limiter::hot::keys_changing(name, &keys, change);
     }
 }
 
