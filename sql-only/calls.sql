@@ -965,10 +965,16 @@ RETURN CASE WHEN x IS NULL OR x = 'NaN'::float8 OR x <= 0 THEN '0'
             WHEN x < 9007199254740992::float8 THEN trunc(x)::bigint::text
             ELSE (trunc(x / 4294967296::float8)::numeric * 4294967296 + (x - trunc(x / 4294967296::float8) * 4294967296::float8)::numeric)::text END;
 
--- Whole seconds, rounded up, of ms (api/headers.rs seconds()).
+-- A count as a structured-field integer (http.rs sf_integer): floored, at most 15 digits
+-- (RFC 9651), as text.
+CREATE FUNCTION rate_limiter._sf_integer(x double precision) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN least(rate_limiter._u64(floor(x))::numeric, 999999999999999)::text;
+
+-- Whole seconds, rounded up, of ms (http.rs seconds()), at most 15 digits.
 CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms = 'NaN'::float8 OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
+RETURN rate_limiter._sf_integer(ceil(CASE WHEN ms IS NULL OR ms = 'NaN'::float8 OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
 
 -- Draft 11's quota and window, both integers (http.rs whole_quota): rate per period ms,
 -- scaled by the least factor up to 3600 that makes both whole, else the whole tokens of the
@@ -985,14 +991,14 @@ BEGIN
         sw := secs * factor::float8;
         IF abs(sq - round(sq)) <= 1e-9::float8 * greatest(abs(sq), 1::float8)
            AND abs(sw - round(sw)) <= 1e-9::float8 * greatest(abs(sw), 1::float8) AND round(sw) >= 1 THEN
-            q := rate_limiter._u64(round(sq));
-            w := rate_limiter._u64(round(sw));
+            q := rate_limiter._sf_integer(round(sq));
+            w := rate_limiter._sf_integer(round(sw));
             RETURN;
         END IF;
     END LOOP;
     sw := greatest(ceil(secs), 1::float8);
-    q := rate_limiter._u64(floor(rate * sw / secs));
-    w := rate_limiter._u64(sw);
+    q := rate_limiter._sf_integer(rate * sw / secs);
+    w := rate_limiter._sf_integer(sw);
 END $$;
 
 -- The headers of decision d (http.rs headers) in the syntax of draft 11 or 9: a policy per
@@ -1014,11 +1020,11 @@ BEGIN
         IF draft = 9 THEN
             -- Integers where the numbers are whole; a quota below one token is still one.
             policies := policies || format('%s;q=%s;w=%s', rate_limiter._sf_string(names[i]),
-                CASE WHEN rates[i] = trunc(rates[i]) THEN rate_limiter._u64(rates[i]) ELSE rate_limiter._display(rates[i]) END,
+                CASE WHEN rates[i] = trunc(rates[i]) THEN rate_limiter._sf_integer(rates[i]) ELSE rate_limiter._display(rates[i]) END,
                 greatest(rate_limiter._seconds(periods[i])::numeric, 1));
         ELSIF concurrent[i] THEN
             policies := policies || format('%s;q=%s;qu="concurrent-requests"%s', rate_limiter._sf_string(names[i]),
-                rate_limiter._u64(floor(rates[i])), rate_limiter._pk(partitions[i]));
+                rate_limiter._sf_integer(rates[i]), rate_limiter._pk(partitions[i]));
         ELSE
             whole := rate_limiter._whole_quota(rates[i], periods[i]);
             policies := policies || format('%s;q=%s;qu="requests";w=%s%s', rate_limiter._sf_string(names[i]),
@@ -1030,7 +1036,7 @@ BEGIN
     END LOOP;
     headers := jsonb_build_object(
         'RateLimit-Policy', array_to_string(policies, ', '),
-        'RateLimit', format('%s;r=%s;t=%s%s', rate_limiter._sf_string(current), rate_limiter._u64(floor(greatest(coalesce(d.remaining, 0), 0))),
+        'RateLimit', format('%s;r=%s;t=%s%s', rate_limiter._sf_string(current), rate_limiter._sf_integer(coalesce(d.remaining, 0)),
             rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END), pk));
     IF NOT d.ok AND d.retry_after IS NOT NULL THEN
         headers := headers || jsonb_build_object('Retry-After', rate_limiter._seconds(d.retry_after));

@@ -54,6 +54,9 @@ LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS
 DECLARE
     n record;
 BEGIN
+    IF l.kind = 'concurrency' AND EXISTS (SELECT FROM rate_limiter.overrides o WHERE o.name = l.name AND o.until <> 'infinity') THEN
+        PERFORM rate_limiter._raise('unsupported', format('the limit "%s" has overrides with an end (until), which a concurrency limit''s cannot have: remove_override() them first', l.name));
+    END IF;
     FOR n IN SELECT o.rate, o.period, o.capacity, o.max_reserved, o.min_gap FROM rate_limiter.overrides o
              WHERE o.name = l.name AND o.tier IS NULL AND rate_limiter._ms(o.until) > rate_limiter._now()
              ORDER BY o.key COLLATE "C" NULLS FIRST LOOP
@@ -108,8 +111,10 @@ DECLARE
     l rate_limiter.limits;
 BEGIN
     -- Locked to the end of the transaction: a DELETE or rename of the limit waits for the
-    -- override() or define_tier() that checked it, and its trigger then deletes that row too.
-    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = _applied.name FOR KEY SHARE;
+    -- override() or define_tier() that checked it, and its trigger then deletes that row too;
+    -- so does define()'s update (FOR SHARE, which an update of other columns waits for), whose
+    -- check of the overrides then sees this one.
+    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = _applied.name FOR SHARE;
     IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
     PERFORM rate_limiter._config_of(rate_limiter._with_numbers(l, rate, period, capacity, max_reserved, min_gap));
     IF l.kind = 'concurrency' THEN
@@ -131,6 +136,11 @@ BEGIN
     IF exempt IS NULL THEN PERFORM rate_limiter._raise('argument', 'exempt must not be NULL'); END IF;
     IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
     PERFORM rate_limiter._applied(name, rate, period, capacity, max_reserved, min_gap);
+    -- Its end would let the slots it allowed be taken again under the limit's own number
+    -- while its holders still hold theirs: remove_override() waits for them.
+    IF until <> 'infinity' AND (SELECT x.kind FROM rate_limiter.limits x WHERE x.name = override.name) = 'concurrency' THEN
+        PERFORM rate_limiter._raise('unsupported', format('an override of the concurrency limit "%s" with an end: remove_override() it when it is to end', name));
+    END IF;
     IF tier IS NOT NULL THEN
         IF num_nonnulls(rate, period, capacity, max_reserved, min_gap) > 0 OR exempt THEN
             PERFORM rate_limiter._raise('argument', 'an override names a tier or gives numbers (or exempt), not both');

@@ -407,8 +407,9 @@ END $$;
 --
 -- What it is about (bucket/types.rs).
 
--- One shard's state, as bucket::State: counts are the sliding window's {previous, current}
--- (NULL for a token bucket and a fixed window).
+-- One shard's state, as bucket::State: counts are the sliding window's {previous, current},
+-- the rolling window's cells, or a token bucket's and fixed window's {-capacity}, the capacity
+-- its value is what is left of, negated (NULL in a row written before 0.8.0).
 CREATE TYPE rate_limiter._state AS (value double precision, ts double precision, granted_at double precision,
                                     counts double precision[]);
 
@@ -815,6 +816,33 @@ RETURN greatest(((9224318016000000::float8 - now)
                          ELSE c.period END
                   - 2::float8) * c.rate - c.capacity, 0::float8);
 
+-- bucket::carried: the state as c reads it. A token bucket's or fixed window's value is what
+-- is left of the capacity it keeps as its one count, negated: under another capacity the key keeps
+-- what it used (the bucket's deficit; the fixed window's tokens taken in its window, never
+-- below 0 but for a debt of reservations, which is kept). A window kind reads it as a row of
+-- another kind: the tokens used, no counts.
+CREATE FUNCTION rate_limiter._carried(s rate_limiter._state, c rate_limiter._config) RETURNS rate_limiter._state
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    used float8;
+BEGIN
+    -- The capacity, negated: no count of taken tokens is negative (a sliding window row of
+    -- 0.4.0 keeps one count too, its previous window's).
+    IF array_length(s.counts, 1) IS DISTINCT FROM 1 OR NOT s.counts[1] < 0 THEN
+        RETURN s;
+    END IF;
+    used := -s.counts[1] - s.value;
+    IF c.kind = 'token bucket' AND -s.counts[1] <> c.capacity THEN
+        s.value := c.capacity - used;
+    ELSIF c.kind = 'fixed window' AND -s.counts[1] <> c.capacity THEN
+        s.value := greatest(c.capacity - used, least(s.value, 0::float8));
+    ELSIF c.kind IN ('sliding window', 'rolling window') THEN
+        s.value := c.rate - used;
+        s.counts := NULL;
+    END IF;
+    RETURN s;
+END $$;
+
 -- bucket::convex_check and check: refill to now, take count, min_gap after the last grant.
 CREATE FUNCTION rate_limiter._check(s rate_limiter._state, c rate_limiter._config, now double precision,
                                     count double precision, reserve boolean)
@@ -827,6 +855,7 @@ DECLARE
     windows float8;
     gap_end float8;
 BEGIN
+    s := rate_limiter._carried(s, c);
     IF c.kind = 'sliding window' THEN
         r := rate_limiter._sliding_check(s, c, now, count);
     ELSIF c.kind = 'rolling window' THEN
@@ -848,7 +877,8 @@ BEGIN
     IF c.kind NOT IN ('sliding window', 'rolling window') THEN
         r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
         r.available := r.value;
-        r.counts := s.counts;
+        -- What the value is left of: a later config of another capacity keeps what was used.
+        r.counts := ARRAY[-c.capacity];
     END IF;
     r.reason := 'exhausted';
     -- A gap that has passed is forgotten, so the row can expire.
@@ -920,12 +950,15 @@ RETURN ROW(c.capacity,
 -- bucket::reset_after: ms until a state is full again.
 CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
 RETURNS double precision
-LANGUAGE sql STABLE PARALLEL UNSAFE
-RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
-            WHEN c.kind = 'rolling window' THEN rate_limiter._rolling_reset_after(s, c, now)
-            WHEN c.capacity - s.value <= 0 THEN 0::float8
-            WHEN c.kind = 'token bucket' THEN (c.capacity - s.value) / (c.rate / c.period)
-            ELSE greatest(rate_limiter._window_after(c, s.ts, ceil((c.capacity - s.value) / c.rate)) - now, 0::float8) END;
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    s := rate_limiter._carried(s, c);
+    RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
+                WHEN c.kind = 'rolling window' THEN rate_limiter._rolling_reset_after(s, c, now)
+                WHEN c.capacity - s.value <= 0 THEN 0::float8
+                WHEN c.kind = 'token bucket' THEN (c.capacity - s.value) / (c.rate / c.period)
+                ELSE greatest(rate_limiter._window_after(c, s.ts, ceil((c.capacity - s.value) / c.rate)) - now, 0::float8) END;
+END $$;
 
 -- bucket::expires: from when the state holds what a fresh one would, checked with _check
 -- itself so that rounding only makes it later.
@@ -936,6 +969,7 @@ DECLARE
     step float8 := CASE c.kind WHEN 'token bucket' THEN 1::float8 WHEN 'rolling window' THEN c.period / c.buckets ELSE c.period END;
     refilled rate_limiter._check;
 BEGIN
+    s := rate_limiter._carried(s, c);
     IF c.kind = 'token bucket' THEN
         at := s.ts + greatest((c.capacity - s.value) / (c.rate / c.period), 0::float8);
     ELSIF c.kind = 'rolling window' THEN
@@ -949,8 +983,9 @@ BEGIN
     at := ceil(greatest(at, coalesce(s.granted_at + c.min_gap, '-Infinity'::float8)));
     FOR i IN 1 .. 64 LOOP
         refilled := rate_limiter._check(s, c, at, 0, false);
+        -- A token bucket's or fixed window's one count is its capacity, not tokens taken.
         IF refilled.value >= c.capacity AND at >= s.ts AND refilled.granted_at IS NULL
-           AND rate_limiter._last_nonzero(refilled.counts) = 0 THEN
+           AND ((array_length(refilled.counts, 1) = 1 AND refilled.counts[1] < 0) OR rate_limiter._last_nonzero(refilled.counts) = 0) THEN
             RETURN at;
         END IF;
         at := at + step;
@@ -2353,10 +2388,16 @@ RETURN CASE WHEN x IS NULL OR x = 'NaN'::float8 OR x <= 0 THEN '0'
             WHEN x < 9007199254740992::float8 THEN trunc(x)::bigint::text
             ELSE (trunc(x / 4294967296::float8)::numeric * 4294967296 + (x - trunc(x / 4294967296::float8) * 4294967296::float8)::numeric)::text END;
 
--- Whole seconds, rounded up, of ms (api/headers.rs seconds()).
+-- A count as a structured-field integer (http.rs sf_integer): floored, at most 15 digits
+-- (RFC 9651), as text.
+CREATE FUNCTION rate_limiter._sf_integer(x double precision) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN least(rate_limiter._u64(floor(x))::numeric, 999999999999999)::text;
+
+-- Whole seconds, rounded up, of ms (http.rs seconds()), at most 15 digits.
 CREATE FUNCTION rate_limiter._seconds(ms double precision) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN rate_limiter._u64(ceil(CASE WHEN ms IS NULL OR ms = 'NaN'::float8 OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
+RETURN rate_limiter._sf_integer(ceil(CASE WHEN ms IS NULL OR ms = 'NaN'::float8 OR ms < 0 THEN 0::float8 ELSE ms END / 1000::float8));
 
 -- Draft 11's quota and window, both integers (http.rs whole_quota): rate per period ms,
 -- scaled by the least factor up to 3600 that makes both whole, else the whole tokens of the
@@ -2373,14 +2414,14 @@ BEGIN
         sw := secs * factor::float8;
         IF abs(sq - round(sq)) <= 1e-9::float8 * greatest(abs(sq), 1::float8)
            AND abs(sw - round(sw)) <= 1e-9::float8 * greatest(abs(sw), 1::float8) AND round(sw) >= 1 THEN
-            q := rate_limiter._u64(round(sq));
-            w := rate_limiter._u64(round(sw));
+            q := rate_limiter._sf_integer(round(sq));
+            w := rate_limiter._sf_integer(round(sw));
             RETURN;
         END IF;
     END LOOP;
     sw := greatest(ceil(secs), 1::float8);
-    q := rate_limiter._u64(floor(rate * sw / secs));
-    w := rate_limiter._u64(sw);
+    q := rate_limiter._sf_integer(rate * sw / secs);
+    w := rate_limiter._sf_integer(sw);
 END $$;
 
 -- The headers of decision d (http.rs headers) in the syntax of draft 11 or 9: a policy per
@@ -2402,11 +2443,11 @@ BEGIN
         IF draft = 9 THEN
             -- Integers where the numbers are whole; a quota below one token is still one.
             policies := policies || format('%s;q=%s;w=%s', rate_limiter._sf_string(names[i]),
-                CASE WHEN rates[i] = trunc(rates[i]) THEN rate_limiter._u64(rates[i]) ELSE rate_limiter._display(rates[i]) END,
+                CASE WHEN rates[i] = trunc(rates[i]) THEN rate_limiter._sf_integer(rates[i]) ELSE rate_limiter._display(rates[i]) END,
                 greatest(rate_limiter._seconds(periods[i])::numeric, 1));
         ELSIF concurrent[i] THEN
             policies := policies || format('%s;q=%s;qu="concurrent-requests"%s', rate_limiter._sf_string(names[i]),
-                rate_limiter._u64(floor(rates[i])), rate_limiter._pk(partitions[i]));
+                rate_limiter._sf_integer(rates[i]), rate_limiter._pk(partitions[i]));
         ELSE
             whole := rate_limiter._whole_quota(rates[i], periods[i]);
             policies := policies || format('%s;q=%s;qu="requests";w=%s%s', rate_limiter._sf_string(names[i]),
@@ -2418,7 +2459,7 @@ BEGIN
     END LOOP;
     headers := jsonb_build_object(
         'RateLimit-Policy', array_to_string(policies, ', '),
-        'RateLimit', format('%s;r=%s;t=%s%s', rate_limiter._sf_string(current), rate_limiter._u64(floor(greatest(coalesce(d.remaining, 0), 0))),
+        'RateLimit', format('%s;r=%s;t=%s%s', rate_limiter._sf_string(current), rate_limiter._sf_integer(coalesce(d.remaining, 0)),
             rate_limiter._seconds(CASE WHEN d.ok THEN coalesce(d.reset_after, 0) ELSE coalesce(d.retry_after, d.reset_after, 0) END), pk));
     IF NOT d.ok AND d.retry_after IS NOT NULL THEN
         headers := headers || jsonb_build_object('Retry-After', rate_limiter._seconds(d.retry_after));
@@ -2628,6 +2669,9 @@ LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS
 DECLARE
     n record;
 BEGIN
+    IF l.kind = 'concurrency' AND EXISTS (SELECT FROM rate_limiter.overrides o WHERE o.name = l.name AND o.until <> 'infinity') THEN
+        PERFORM rate_limiter._raise('unsupported', format('the limit "%s" has overrides with an end (until), which a concurrency limit''s cannot have: remove_override() them first', l.name));
+    END IF;
     FOR n IN SELECT o.rate, o.period, o.capacity, o.max_reserved, o.min_gap FROM rate_limiter.overrides o
              WHERE o.name = l.name AND o.tier IS NULL AND rate_limiter._ms(o.until) > rate_limiter._now()
              ORDER BY o.key COLLATE "C" NULLS FIRST LOOP
@@ -2682,8 +2726,10 @@ DECLARE
     l rate_limiter.limits;
 BEGIN
     -- Locked to the end of the transaction: a DELETE or rename of the limit waits for the
-    -- override() or define_tier() that checked it, and its trigger then deletes that row too.
-    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = _applied.name FOR KEY SHARE;
+    -- override() or define_tier() that checked it, and its trigger then deletes that row too;
+    -- so does define()'s update (FOR SHARE, which an update of other columns waits for), whose
+    -- check of the overrides then sees this one.
+    SELECT * INTO l FROM rate_limiter.limits x WHERE x.name = _applied.name FOR SHARE;
     IF NOT FOUND THEN PERFORM rate_limiter._raise('unknown', name); END IF;
     PERFORM rate_limiter._config_of(rate_limiter._with_numbers(l, rate, period, capacity, max_reserved, min_gap));
     IF l.kind = 'concurrency' THEN
@@ -2705,6 +2751,11 @@ BEGIN
     IF exempt IS NULL THEN PERFORM rate_limiter._raise('argument', 'exempt must not be NULL'); END IF;
     IF until IS NULL THEN PERFORM rate_limiter._raise('argument', 'until must not be NULL; use ''infinity'''); END IF;
     PERFORM rate_limiter._applied(name, rate, period, capacity, max_reserved, min_gap);
+    -- Its end would let the slots it allowed be taken again under the limit's own number
+    -- while its holders still hold theirs: remove_override() waits for them.
+    IF until <> 'infinity' AND (SELECT x.kind FROM rate_limiter.limits x WHERE x.name = override.name) = 'concurrency' THEN
+        PERFORM rate_limiter._raise('unsupported', format('an override of the concurrency limit "%s" with an end: remove_override() it when it is to end', name));
+    END IF;
     IF tier IS NOT NULL THEN
         IF num_nonnulls(rate, period, capacity, max_reserved, min_gap) > 0 OR exempt THEN
             PERFORM rate_limiter._raise('argument', 'an override names a tier or gives numbers (or exempt), not both');

@@ -18,6 +18,22 @@ pub use overrides::Override;
 pub use parse::{from_json, JsonbArg, LimitRow};
 pub use validate::MAX_AMOUNT;
 
+/// Why a limit's overrides can have no end (`until`), if they cannot: the end of an override
+/// of a hot, memory or concurrency limit would change its key's numbers under calls in flight
+/// (a hot key's logged debits, a memory key's escrow, the slots a boost let be taken) with
+/// nothing to wait for them; `remove_override()` waits, as a redefinition does.
+pub fn no_end_for(concurrency: bool, hot: bool, durable: bool) -> Option<&'static str> {
+    if hot {
+        Some("hot")
+    } else if !durable {
+        Some("memory")
+    } else if concurrency {
+        Some("concurrency")
+    } else {
+        None
+    }
+}
+
 /// `rate_limiter.max_lease`, in ms.
 pub fn max_lease_ms() -> f64 {
     f64::from(settings::MAX_LEASE.get()) * 1000.0

@@ -77,6 +77,9 @@ pub enum Error {
     #[error("this transaction holds {held} concurrency slots and asks for {asked} more, over rate_limiter.max_slots_per_transaction ({max})")]
     SlotsPerTransaction { held: u32, asked: u32, max: u32 },
 
+    #[error("this transaction has locked {0} keys of memory limits outside shared memory, the most rate_limiter.max_memory_key_locks_per_transaction allows")]
+    MemoryKeyLocksPerTransaction(u32),
+
     #[error("this database holds its {0} of the rate_limiter.hot_keys entries, each a hot (name, key) with calls in flight")]
     HotKeysShareFull(usize),
 
@@ -144,7 +147,8 @@ impl Error {
             | Error::HotKeysShareFull(_)
             | Error::MemoryKeysFull { .. }
             | Error::MemoryDatabasesFull
-            | Error::SlotsPerTransaction { .. } => {
+            | Error::SlotsPerTransaction { .. }
+            | Error::MemoryKeyLocksPerTransaction(_) => {
                 PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED
             }
             Error::PreparedInFlight | Error::ChangedHere(_) => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -264,6 +268,14 @@ impl Error {
                  lease in transactions of their own (a committed lease holds its slots with no \
                  lock). A superuser may raise rate_limiter.max_slots_per_transaction, well inside \
                  max_locks_per_transaction."
+            }
+            Error::MemoryKeyLocksPerTransaction(_) => {
+                "A key of a memory limit that finds no room in shared memory is counted in its row, \
+                 locked until the transaction ends: an entry of the server's shared lock table, \
+                 which every database shares. Call fewer such keys in one transaction, give memory \
+                 limits more room (rate_limiter.memory_keys, rate_limiter.memory_keys_per_database), \
+                 or, as a superuser, raise rate_limiter.max_memory_key_locks_per_transaction, well \
+                 inside max_locks_per_transaction."
             }
             Error::HotKeysShareFull(_) => {
                 "Raise rate_limiter.hot_keys_per_database (a superuser setting; by default half of \

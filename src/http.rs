@@ -70,30 +70,42 @@ fn sf_bytes(bytes: &[u8]) -> String {
     out
 }
 
-/// Whole seconds from milliseconds, rounded up (a client that waits that long is not early).
+/// The largest integer a structured field carries (RFC 9651: at most 15 digits); a parser
+/// drops a whole field with a larger one.
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// A count as a structured-field integer: floored, and at most `SF_INTEGER_MAX` (a quota so
+/// large is told as less than it is, never more).
+fn sf_integer(x: f64) -> u64 {
+    (x.max(0.0).floor() as u64).min(SF_INTEGER_MAX)
+}
+
+/// Whole seconds from milliseconds, rounded up (a client that waits that long is not early),
+/// at most `SF_INTEGER_MAX`.
 fn seconds(ms: f64) -> u64 {
-    (ms.max(0.0) / 1000.0).ceil() as u64
+    ((ms.max(0.0) / 1000.0).ceil() as u64).min(SF_INTEGER_MAX)
 }
 
 /// A number as draft 09 writes it: an integer where it is whole.
 fn decimal(x: f64) -> String {
-    if x.fract() == 0.0 { format!("{}", x as u64) } else { format!("{x}") }
+    if x.fract() == 0.0 { format!("{}", sf_integer(x)) } else { format!("{x}") }
 }
 
 /// Draft 11's quota and window, both integers: `rate` per `period` ms, scaled by the least
 /// factor up to 3600 that makes both whole (0.5 a second is 1 per 2 seconds), else the whole
-/// tokens of the window rounded up to a second, never more than the limit gives.
+/// tokens of the window rounded up to a second, never more than the limit gives; each at
+/// most `SF_INTEGER_MAX`.
 fn whole_quota(rate: f64, period: f64) -> (u64, u64) {
     let window = period / 1000.0;
     let whole = |x: f64| (x - x.round()).abs() <= 1e-9 * x.abs().max(1.0);
     for factor in 1..=3600u32 {
         let (q, w) = (rate * f64::from(factor), window * f64::from(factor));
         if whole(q) && whole(w) && w.round() >= 1.0 {
-            return (q.round() as u64, w.round() as u64);
+            return (sf_integer(q.round()), sf_integer(w.round()));
         }
     }
     let w = window.ceil().max(1.0);
-    ((rate * w / window).floor() as u64, w as u64)
+    (sf_integer(rate * w / window), sf_integer(w))
 }
 
 /// One member of `RateLimit-Policy`.
@@ -101,7 +113,7 @@ fn policy_item(p: &Policy<'_>, draft: Draft) -> Result<String, String> {
     let name = sf_string(p.name).ok_or_else(|| p.name.to_owned())?;
     Ok(match draft {
         Draft::Nine => format!("{name};q={};w={}", decimal(p.rate), seconds(p.period).max(1)),
-        Draft::Eleven if p.concurrent => format!("{name};q={};qu=\"concurrent-requests\"", p.rate.floor() as u64),
+        Draft::Eleven if p.concurrent => format!("{name};q={};qu=\"concurrent-requests\"", sf_integer(p.rate)),
         Draft::Eleven => {
             let (q, w) = whole_quota(p.rate, p.period);
             format!("{name};q={q};qu=\"requests\";w={w}")
@@ -126,7 +138,7 @@ pub fn headers(policies: &[Policy<'_>], current: &str, answer: &Answer, draft: D
     // Until more quota: when denied, until the call would pass; else until the limit is full.
     let until = if answer.ok { answer.reset_after } else { answer.retry_after.unwrap_or(answer.reset_after) };
     let name = sf_string(current).ok_or_else(|| current.to_owned())?;
-    let remaining = answer.remaining.max(0.0).floor() as u64;
+    let remaining = sf_integer(answer.remaining);
     let mut headers = Map::new();
     headers.insert("RateLimit-Policy".into(), items.join(", ").into());
     headers.insert("RateLimit".into(), format!("{name};r={remaining};t={}{pk}", seconds(until)).into());
@@ -196,6 +208,18 @@ mod tests {
         assert_eq!(whole_quota(1.0, 86_400_000.0), (1, 86_400));
         assert_eq!(whole_quota(std::f64::consts::PI, 1_000.0), (3, 1));
         assert_eq!(whole_quota(5.0, 250.0), (20, 1), "5 a quarter second: 20 a second");
+    }
+
+    #[test]
+    fn integers_have_at_most_fifteen_digits() {
+        // Issue 64, F7: q=1000000000000000 made a strict parser drop the whole field.
+        let huge = Answer { ok: true, retry_after: None, remaining: 1e15, reset_after: 1e20 };
+        let h = headers(&[policy("api", 1e15, 1_000.0)], "api", &huge, Draft::Eleven).unwrap();
+        assert_eq!(h["RateLimit-Policy"], "\"api\";q=999999999999999;qu=\"requests\";w=1");
+        assert_eq!(h["RateLimit"], "\"api\";r=999999999999999;t=999999999999999");
+        assert_eq!(whole_quota(1e300, 1e300), (SF_INTEGER_MAX, SF_INTEGER_MAX));
+        let h = headers(&[policy("api", 1e15, 1_000.0)], "api", &huge, Draft::Nine).unwrap();
+        assert_eq!(h["RateLimit-Policy"], "\"api\";q=999999999999999;w=1");
     }
 
     #[test]

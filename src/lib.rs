@@ -37,7 +37,7 @@ pub extern "C-unwind" fn _PG_init() {
     settings::register(preloading);
     cache::register_invalidation();
     prune_worker::register();
-    storage::slots::register();
+    storage::held_locks::register();
     if preloading {
         shmem::register();
         if shmem::memory::enabled() {

@@ -46,6 +46,21 @@ pub fn applied(name: &str, numbers: &Override) -> Result<Config> {
     Config::try_from(&numbers.applied_to(&row))
 }
 
+/// Every config a key of `name` may be decided under when the limit's row is `row`, each
+/// once: the row's own, and each override's and tier's numbers in force applied to it, with
+/// `changing` (the numbers a change under way gives or takes). Numbers the row cannot have are
+/// left out (such a key's calls are refused).
+pub fn configs_in_force(name: &str, row: &LimitRow, changing: &[Override]) -> Vec<Config> {
+    let mut configs: Vec<Config> = Vec::new();
+    let numbers = std::iter::once(Override::default()).chain(changing.iter().copied()).chain(storage::numbers_given(name));
+    for config in numbers.filter_map(|n| Config::try_from(&n.applied_to(row)).ok()) {
+        if !configs.contains(&config) {
+            configs.push(config);
+        }
+    }
+    configs
+}
+
 /// Whether the overrides and tiers of `name` still give numbers the limit's new row `row` can
 /// have: else the first that does not, as its key's calls would be refused (22023, 0A000).
 /// After `define` wrote the row, so that an `override()` it waited for is seen.

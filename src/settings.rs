@@ -24,6 +24,11 @@ pub static SHADOW: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// connection, which every database shares.
 pub static MAX_SLOTS_PER_TRANSACTION: GucSetting<i32> = GucSetting::<i32>::new(32);
 
+/// The most keys of memory limits one transaction may look for outside shared memory (each
+/// held by a lock in the shared lock table until the transaction ends, while the key may be
+/// counted in its row).
+pub static MAX_MEMORY_KEY_LOCKS_PER_TRANSACTION: GucSetting<i32> = GucSetting::<i32>::new(32);
+
 /// The longest lease `acquire` and `renew` give, in seconds: a lease's rows stay until it
 /// ends (`prune()` removes them then), so this bounds how long a caller's rows stay.
 pub static MAX_LEASE: GucSetting<i32> = GucSetting::<i32>::new(86_400);
@@ -85,6 +90,16 @@ pub fn register(preloading: bool) {
         c"The most concurrency-limit slots one transaction may hold at once; a call that would hold more is refused (53400).",
         c"Each slot held is an entry of the server's shared lock table, which every database shares. A superuser setting; keep it well inside max_locks_per_transaction.",
         &MAX_SLOTS_PER_TRANSACTION,
+        1,
+        MAX_SLOTS as i32,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rate_limiter.max_memory_key_locks_per_transaction",
+        c"The most keys of memory limits one transaction may look for outside shared memory; a call for one more is refused (53400).",
+        c"Each such key is locked until the transaction ends, an entry of the server's shared lock table, which every database shares. A superuser setting; keep it well inside max_locks_per_transaction.",
+        &MAX_MEMORY_KEY_LOCKS_PER_TRANSACTION,
         1,
         MAX_SLOTS as i32,
         GucContext::Suset,

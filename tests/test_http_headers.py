@@ -8,6 +8,7 @@ import json
 from http_sfv import List, Token
 
 from calls import define
+from editions import edition  # noqa: F401 - a fixture
 
 HEADERS = ("SELECT rate_limiter.http_headers(%(n)s, d, key => %(k)s, draft => %(draft)s, partition_key => %(pk)s), "
            "rate_limiter.http_problem(d) FROM rate_limiter.rate_limit(%(n)s, %(k)s, %(c)s) d")
@@ -76,3 +77,20 @@ def test_draft_nine_stays_on_request_for_the_clients_that_parse_it(test_conn, na
     parsed, _, _ = fields(test_conn, name, count=0.5, draft=9, pk=True)
     [(_, policy)] = parsed["RateLimit-Policy"]
     assert set(policy) == {"q", "w"} and float(policy["q"]) == 0.5 and policy["w"] == 1, "0.6.0's fields, no pk"
+
+
+def test_integers_stay_within_fifteen_digits_in_the_extension_and_the_edition(test_conn, test_cluster, edition, name):
+    """Issue 64, F7: a rate of 1e15 wrote q=1000000000000000, 16 digits, and a strict parser
+    (RFC 9651 allows 15) dropped the whole field. Each integer is now told as at most
+    999,999,999,999,999: a quota so large told as less than it is, never more."""
+    dbname, owner = edition
+    with test_cluster.connect(dbname, user=owner) as on_edition:
+        for conn in (test_conn, on_edition):
+            define(conn, name, "token bucket", rate=1e15, period="1 second")
+            parsed, _, _ = fields(conn, name)
+            [(_, policy)] = parsed["RateLimit-Policy"]
+            assert policy == {"q": 999_999_999_999_999, "qu": "requests", "w": 1}
+            [(_, now)] = parsed["RateLimit"]
+            assert now["r"] == 999_999_999_999_999
+            parsed, _, _ = fields(conn, name, draft=9)
+            assert parsed["RateLimit-Policy"][0][1]["q"] == 999_999_999_999_999

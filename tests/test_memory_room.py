@@ -291,3 +291,110 @@ def test_a_backend_past_its_32_escrows_keeps_its_next_keys_calls_as_committed(te
         left = [remaining(c, "pool", f"k{i}") for i in range(40)]
     assert (first, second, third) == ([True] * 40, [True] * 40, [False, False])
     assert left == [2] * 32 + [0] * 8
+
+
+@every_version
+def test_one_transaction_locks_a_bounded_number_of_keys_counted_in_rows(clusters):
+    """Issue 64, F1: once keys find no room, each key called is looked for in its row under a
+    lock held to the transaction's end. One transaction of a role with EXECUTE alone called
+    13,000 such keys and filled the cluster's lock table. Now it locks at most
+    rate_limiter.max_memory_key_locks_per_transaction (32) of them and is refused with 53400
+    past that, while a key that finds its entry holds no lock; other sessions go on."""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+    with small.connect() as c:
+        define(c, "m", "fixed window", rate=5, period="1 hour", start=NOW, durable=False)
+        c.execute("SET synchronous_commit = off")
+        for i in range(100):
+            c.execute("SELECT rate_limiter.rate_limit('m', %s)", (f"filler {i}",))
+        in_memory = c.execute("SELECT key FROM rate_limiter.state WHERE name = 'm'").fetchall()
+        assert len(in_memory) >= 100 - 64, "the table is full: keys are counted in rows"
+        key_locks = """SELECT count(*) FROM pg_locks
+                       WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 21069"""
+        c.execute("BEGIN")
+        # A filler in shared memory (no row) holds no lock; one in its row holds one.
+        in_entries = c.execute("""SELECT 'filler ' || g FROM generate_series(0, 99) g
+                                  WHERE NOT EXISTS (SELECT FROM rate_limiter.state WHERE key = 'filler ' || g)
+                                  LIMIT 3""").fetchall()
+        for (key,) in in_entries:
+            c.execute("SELECT rate_limiter.rate_limit('m', %s)", (key,))
+        assert c.execute(key_locks).fetchone() == (0,)
+        admitted = 0
+        with pytest.raises(errors.ConfigurationLimitExceeded, match="max_memory_key_locks_per_transaction") as refused:
+            for i in range(1000):
+                c.execute("SELECT rate_limiter.rate_limit('m', %s)", (f"new {i}",))
+                admitted += 1
+        assert admitted == 32, admitted
+        assert refused.value.diag.message_hint.startswith("A key of a memory limit that finds no room")
+        c.execute("ROLLBACK")
+        # In a savepoint rolled back, its keys' locks are released and no longer counted.
+        c.execute("BEGIN")
+        c.execute("SAVEPOINT s")
+        for i in range(30):
+            c.execute("SELECT rate_limiter.rate_limit('m', %s)", (f"again {i}",))
+        c.execute("ROLLBACK TO SAVEPOINT s")
+        assert c.execute(key_locks).fetchone() == (0,)
+        for i in range(32):
+            c.execute("SELECT rate_limiter.rate_limit('m', %s)", (f"again {i}",))
+        assert c.execute(key_locks).fetchone() == (32,)
+        with small.connect() as other:
+            assert other.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'another session')").fetchone() == (True,)
+        c.execute("COMMIT")
+    small.stop()
+
+
+@every_version
+def test_an_override_or_a_redefinition_with_overrides_pins_no_key_of_its_limit(clusters):
+    """Issue 64, F6: any override or tier change of a memory limit, or a redefinition of one
+    with overrides, kept every key of that limit in shared memory until it was called again
+    (its expiry infinite): after one override() of an unrelated key, 40 keys whose windows had
+    ended still held 40 of 64 entries, and new keys of another limit were counted in rows.
+    Now each key is taken on under every config a key of the limit may have: two seconds on,
+    the 40 equal absent keys and give their entries away."""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(WALK)
+        for round, change in enumerate([
+                "SELECT rate_limiter.override('{m}', 'someone else', rate => 2)",
+                "SELECT rate_limiter.define_tier('{m}', 'pro', rate => 3)",
+                "SELECT rate_limiter.define('{m}', 'fixed window', 1, '1 second', start => '{now}', durable => false)"]):
+            m, n, now = f"m{round}", f"n{round}", f"2030-01-0{round + 1} 00:00:00+00"
+            c.execute(f"SET rate_limiter.fake_now = '{now}'")
+            define(c, m, "fixed window", rate=1, period="1 second", start=NOW, durable=False)
+            if round == 2:
+                c.execute(f"SELECT rate_limiter.override('{m}', 'someone else', rate => 2)")
+            assert walk(c, m, 40, 1) == [40]
+            c.execute(change.format(m=m, now=NOW))
+            c.execute(f"SET rate_limiter.fake_now = '2030-01-0{round + 1} 00:00:02+00'")
+            c.execute("SELECT rate_limiter.define(%s, 'fixed window', 1, '1 hour', start => %s, durable => false)", (n, NOW))
+            assert walk(c, n, 60, 1) == [60]
+            in_rows = c.execute("SELECT count(*) FROM rate_limiter.state WHERE name = %s", (n,)).fetchone()[0]
+            assert in_rows < 36, f"{change}: {in_rows} of 60 new keys in rows: the limit's keys kept their entries"
+            c.execute("DELETE FROM rate_limiter.limits")
+            c.execute("DELETE FROM rate_limiter.state")
+    small.stop()
+
+
+def test_a_database_on_0_6_0s_sql_keeps_its_keys_counted_in_rows_across_a_restart(clusters):
+    """Issue 64, F3: under this library, a database not yet updated from 0.6.0 has no
+    snapshot log to mark that keys were counted in rows; after a clean restart its keys in
+    rows were counted afresh in memory (a window of 3 admitted 3 more). Without the log, its
+    keys not in memory are looked for in their rows."""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter VERSION '0.6.0'")
+        c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
+    with small.connect() as c:
+        define(c, "m", "fixed window", rate=3, period="1 hour", start=NOW, durable=False)
+        for i in range(100):
+            assert [c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (f"k{i}",)).fetchone()[0]
+                    for _ in range(3)] == [True] * 3
+        in_row = c.execute("SELECT key FROM rate_limiter.state ORDER BY key LIMIT 1").fetchone()[0]
+    small.stop("fast")
+    small.start()
+    with small.connect() as c:
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (in_row,)).fetchone() == (False,)
+    small.stop()

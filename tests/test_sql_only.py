@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from properties import drawn, examples_on, seeded
 from clusters import PORTS, every_version, pg_bin
 from traps import plant_trigger_traps, trap_runs
+from editions import EDITION, edition, install  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
-EDITION = ROOT / "sql-only" / "rate_limiter.sql"
 START = "2026-03-01 00:00:00+00"
 
 
@@ -45,46 +45,6 @@ def in_eight_sessions(session):
     for t in threads:
         t.join()
     return errors
-
-
-def install(test_cluster, dbname, owner):
-    """The edition, installed into a new database of `owner` by `owner`, as the README says."""
-    with test_cluster.connect() as admin:
-        admin.execute(f"CREATE DATABASE {dbname} OWNER {owner}")
-    result = subprocess.run([f"{pg_bin(test_cluster.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(test_cluster.port), "-U", owner,
-                             "-d", dbname, "-v", "ON_ERROR_STOP=1", "-f", str(EDITION)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-
-
-@pytest.fixture
-def edition(test_cluster):
-    """A database with the edition, installed by its owner, a role that is not a superuser,
-    whose default privileges would give another role everything it creates."""
-    owner, dbname, other = "ed_owner_" + uuid.uuid4().hex[:6], "ed_" + uuid.uuid4().hex[:8], "ed_other_" + uuid.uuid4().hex[:6]
-    with test_cluster.connect() as admin:
-        admin.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
-        admin.execute(f"CREATE ROLE {other}")
-        for kind in ("TABLES", "FUNCTIONS", "SCHEMAS", "TYPES", "SEQUENCES"):
-            admin.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT ALL ON {kind} TO {other}")
-    try:
-        install(test_cluster, dbname, owner)
-        with test_cluster.connect(dbname) as c:
-            assert c.execute("""SELECT count(*) FROM pg_class WHERE relnamespace = 'rate_limiter'::regnamespace
-                                AND relacl::text LIKE %s""", (f"%{other}%",)).fetchone() == (0,)
-            assert c.execute("""SELECT count(*) FROM pg_proc WHERE pronamespace = 'rate_limiter'::regnamespace
-                                AND proacl::text LIKE %s""", (f"%{other}%",)).fetchone() == (0,)
-            assert c.execute("""SELECT count(*) FROM pg_type WHERE typnamespace = 'rate_limiter'::regnamespace
-                                AND typacl::text LIKE %s""", (f"%{other}%",)).fetchone() == (0,)
-            assert other not in str(c.execute("SELECT nspacl FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone()[0])
-        yield dbname, owner
-    finally:
-        with test_cluster.connect() as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
-            admin.execute(f"DROP OWNED BY {other}")
-            for kind in ("TABLES", "FUNCTIONS", "SCHEMAS", "TYPES", "SEQUENCES"):
-                admin.execute(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} REVOKE ALL ON {kind} FROM {other}")
-            admin.execute(f"DROP ROLE {other}")
-            admin.execute(f"DROP ROLE {owner}")
 
 
 @every_version
@@ -1091,3 +1051,38 @@ def test_no_trigger_a_role_plants_on_the_editions_tables_runs_with_its_owners_ri
             c.execute(f"DROP OWNED BY {role} CASCADE")
         with test_cluster.connect() as admin:
             admin.execute(f"DROP ROLE {role}")
+
+
+@every_version
+def test_the_editions_override_holds_off_a_define_it_no_longer_fits_and_takes_no_end_on_a_concurrency_limit(test_cluster, edition, pg):
+    """Issue 64, F4: the edition's override() held its limit FOR KEY SHARE, which define()'s
+    update does not wait for: a definition the pending override no longer fits went through,
+    and the key's calls then failed. Now define() waits for it and refuses (as the extension
+    does). F2: an override of a concurrency limit with an end is refused (0A000), as the
+    extension refuses it: its end let new holders take slots the boost's holders still held."""
+    dbname, owner = edition
+    with test_cluster.connect(dbname, user=owner, autocommit=False) as admin, \
+         test_cluster.connect(dbname, user=owner, autocommit=False) as changer:
+        admin.execute("SELECT rate_limiter.define('plans', 'token bucket', 2, '1 hour')")
+        admin.commit()
+        admin.execute("SELECT rate_limiter.override('plans', 'k', capacity => 5)")
+        changer.execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            changer.execute("SELECT rate_limiter.define('plans', 'sliding window', 2, '1 hour')")
+        changer.rollback()
+        admin.commit()
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="capacity"):
+            changer.execute("SELECT rate_limiter.define('plans', 'sliding window', 2, '1 hour')")
+        changer.rollback()
+        assert changer.execute("SELECT ok FROM rate_limiter.rate_limit('plans', 'k')").fetchone() == (True,)
+        changer.rollback()
+
+        admin.execute("SELECT rate_limiter.define('pool', 'concurrency', 2, '1 minute')")
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="concurrency limit .* with an end"):
+            admin.execute("SELECT rate_limiter.override('pool', 'k', rate => 4, until => now() + interval '1 hour')")
+        admin.rollback()
+        admin.execute("SELECT rate_limiter.define('pool', 'token bucket', 2, '1 minute')")
+        admin.execute("SELECT rate_limiter.override('pool', 'k', rate => 4, until => now() + interval '1 hour')")
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="overrides with an end"):
+            admin.execute("SELECT rate_limiter.define('pool', 'concurrency', 2, '1 minute')")
+        admin.rollback()

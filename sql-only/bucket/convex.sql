@@ -11,6 +11,33 @@ RETURN greatest(((9224318016000000::float8 - now)
                          ELSE c.period END
                   - 2::float8) * c.rate - c.capacity, 0::float8);
 
+-- bucket::carried: the state as c reads it. A token bucket's or fixed window's value is what
+-- is left of the capacity it keeps as its one count, negated: under another capacity the key keeps
+-- what it used (the bucket's deficit; the fixed window's tokens taken in its window, never
+-- below 0 but for a debt of reservations, which is kept). A window kind reads it as a row of
+-- another kind: the tokens used, no counts.
+CREATE FUNCTION rate_limiter._carried(s rate_limiter._state, c rate_limiter._config) RETURNS rate_limiter._state
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    used float8;
+BEGIN
+    -- The capacity, negated: no count of taken tokens is negative (a sliding window row of
+    -- 0.4.0 keeps one count too, its previous window's).
+    IF array_length(s.counts, 1) IS DISTINCT FROM 1 OR NOT s.counts[1] < 0 THEN
+        RETURN s;
+    END IF;
+    used := -s.counts[1] - s.value;
+    IF c.kind = 'token bucket' AND -s.counts[1] <> c.capacity THEN
+        s.value := c.capacity - used;
+    ELSIF c.kind = 'fixed window' AND -s.counts[1] <> c.capacity THEN
+        s.value := greatest(c.capacity - used, least(s.value, 0::float8));
+    ELSIF c.kind IN ('sliding window', 'rolling window') THEN
+        s.value := c.rate - used;
+        s.counts := NULL;
+    END IF;
+    RETURN s;
+END $$;
+
 -- bucket::convex_check and check: refill to now, take count, min_gap after the last grant.
 CREATE FUNCTION rate_limiter._check(s rate_limiter._state, c rate_limiter._config, now double precision,
                                     count double precision, reserve boolean)
@@ -23,6 +50,7 @@ DECLARE
     windows float8;
     gap_end float8;
 BEGIN
+    s := rate_limiter._carried(s, c);
     IF c.kind = 'sliding window' THEN
         r := rate_limiter._sliding_check(s, c, now, count);
     ELSIF c.kind = 'rolling window' THEN
@@ -44,7 +72,8 @@ BEGIN
     IF c.kind NOT IN ('sliding window', 'rolling window') THEN
         r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
         r.available := r.value;
-        r.counts := s.counts;
+        -- What the value is left of: a later config of another capacity keeps what was used.
+        r.counts := ARRAY[-c.capacity];
     END IF;
     r.reason := 'exhausted';
     -- A gap that has passed is forgotten, so the row can expire.

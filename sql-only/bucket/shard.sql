@@ -53,12 +53,15 @@ RETURN ROW(c.capacity,
 -- bucket::reset_after: ms until a state is full again.
 CREATE FUNCTION rate_limiter._reset_after(s rate_limiter._state, c rate_limiter._config, now double precision)
 RETURNS double precision
-LANGUAGE sql STABLE PARALLEL UNSAFE
-RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
-            WHEN c.kind = 'rolling window' THEN rate_limiter._rolling_reset_after(s, c, now)
-            WHEN c.capacity - s.value <= 0 THEN 0::float8
-            WHEN c.kind = 'token bucket' THEN (c.capacity - s.value) / (c.rate / c.period)
-            ELSE greatest(rate_limiter._window_after(c, s.ts, ceil((c.capacity - s.value) / c.rate)) - now, 0::float8) END;
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    s := rate_limiter._carried(s, c);
+    RETURN CASE WHEN c.kind = 'sliding window' THEN rate_limiter._sliding_reset_after(s, c, now)
+                WHEN c.kind = 'rolling window' THEN rate_limiter._rolling_reset_after(s, c, now)
+                WHEN c.capacity - s.value <= 0 THEN 0::float8
+                WHEN c.kind = 'token bucket' THEN (c.capacity - s.value) / (c.rate / c.period)
+                ELSE greatest(rate_limiter._window_after(c, s.ts, ceil((c.capacity - s.value) / c.rate)) - now, 0::float8) END;
+END $$;
 
 -- bucket::expires: from when the state holds what a fresh one would, checked with _check
 -- itself so that rounding only makes it later.
@@ -69,6 +72,7 @@ DECLARE
     step float8 := CASE c.kind WHEN 'token bucket' THEN 1::float8 WHEN 'rolling window' THEN c.period / c.buckets ELSE c.period END;
     refilled rate_limiter._check;
 BEGIN
+    s := rate_limiter._carried(s, c);
     IF c.kind = 'token bucket' THEN
         at := s.ts + greatest((c.capacity - s.value) / (c.rate / c.period), 0::float8);
     ELSIF c.kind = 'rolling window' THEN
@@ -82,8 +86,9 @@ BEGIN
     at := ceil(greatest(at, coalesce(s.granted_at + c.min_gap, '-Infinity'::float8)));
     FOR i IN 1 .. 64 LOOP
         refilled := rate_limiter._check(s, c, at, 0, false);
+        -- A token bucket's or fixed window's one count is its capacity, not tokens taken.
         IF refilled.value >= c.capacity AND at >= s.ts AND refilled.granted_at IS NULL
-           AND rate_limiter._last_nonzero(refilled.counts) = 0 THEN
+           AND ((array_length(refilled.counts, 1) = 1 AND refilled.counts[1] < 0) OR rate_limiter._last_nonzero(refilled.counts) = 0) THEN
             RETURN at;
         END IF;
         at := at + step;

@@ -5,8 +5,9 @@
 --
 -- What it is about (bucket/types.rs).
 
--- One shard's state, as bucket::State: counts are the sliding window's {previous, current}
--- (NULL for a token bucket and a fixed window).
+-- One shard's state, as bucket::State: counts are the sliding window's {previous, current},
+-- the rolling window's cells, or a token bucket's and fixed window's {-capacity}, the capacity
+-- its value is what is left of, negated (NULL in a row written before 0.8.0).
 CREATE TYPE rate_limiter._state AS (value double precision, ts double precision, granted_at double precision,
                                     counts double precision[]);
 

@@ -6,7 +6,7 @@
 use pgrx::pg_sys::{Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 
-use crate::bucket::Config;
+use crate::bucket::{Config, Kind};
 use crate::cache::List;
 use crate::clock;
 use crate::config::{self, LimitRow};
@@ -90,8 +90,8 @@ fn list(list: List, name: Option<&str>, key: Option<&str>, until: Option<Timesta
 /// Give `name`'s `key` numbers of its own (`define`'s names; NULL: the limit's), or a tier's,
 /// or exempt it, until `until`, with `note`. Its count is kept: a call on the key is judged
 /// under the new numbers as under a redefined limit. Refused for a limit or tier that does
-/// not exist, numbers the limit's kind could not have, and an end (`until`) for a hot or
-/// memory limit.
+/// not exist, numbers the limit's kind could not have, and an end (`until`) for a hot, memory
+/// or concurrency limit.
 #[pg_extern(name = "override", security_definer, volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
@@ -117,11 +117,8 @@ fn set_override(
         let numbers = config::Override { rate, period, capacity, max_reserved, min_gap };
         storage::hold_for_override(name, tier);
         let config = overrides::applied(name, &numbers)?;
-        if (!config.durable || config.hot) && clock::timestamptz_ms(until) != f64::INFINITY {
-            // Its end would change the key's config under calls in flight (and a hot key's
-            // logged debits), with nothing to wait for them: remove_override() waits, as a
-            // redefinition does.
-            let which = if config.hot { "hot" } else { "memory" };
+        let no_end = config::no_end_for(config.kind == Kind::Concurrency, config.hot, config.durable);
+        if let Some(which) = no_end.filter(|_| clock::timestamptz_ms(until) != f64::INFINITY) {
             return Err(Error::NotSupported(format!(
                 "an override of the {which} limit \"{name}\" with an end: remove_override() it when it is to end"
             )));

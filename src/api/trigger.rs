@@ -8,9 +8,10 @@ use pgrx::prelude::*;
 use crate::bucket::Config;
 use crate::cache;
 use crate::clock;
-use crate::config::{LimitRow, Override};
+use crate::config::{self, LimitRow, Override};
 use crate::error::Error;
 use crate::limiter::{self, hot::Change};
+use crate::overrides;
 use crate::storage;
 use crate::shmem::deny_cache;
 
@@ -128,10 +129,9 @@ fn memory_limit_changing(trigger: &PgTrigger<'_>) {
     }
     if let Some(old) = old.as_ref().filter(|row| memory(row)) {
         let stays = new.as_ref().filter(|new| memory(new) && name(new) == name(old));
-        // The new config, when it is one (a row outside the bounds is refused by calls).
-        // With overrides, the keys' configs are not the limit's: their entries are kept until
-        // their next call takes them on (`Some(None)`), never given the limit's expiry.
-        let now = stays.map(|new| Config::try_from(&limit_row(new)).ok().filter(|_| !storage::has_overrides(&name(new))));
+        // The configs its keys may be decided under now: the limit's, and its overrides' and
+        // tiers' (a row outside the bounds is refused by calls, and gives none).
+        let now = stays.map(|new| overrides::configs_in_force(&name(new), &limit_row(new), &[]));
         limiter::memory::limit_changing(&name(old), now);
     }
 }
@@ -166,7 +166,7 @@ fn concurrency_limit_shrinking(trigger: &PgTrigger<'_>) {
 }
 
 /// A limit's overrides go with it (a DELETE, a TRUNCATE, a new name), and a limit whose
-/// overrides end by `until` cannot become hot (see `override_changing`).
+/// overrides end by `until` cannot become hot, memory or concurrency (see `override_changing`).
 fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
     if cache::relations().overrides.is_none() {
         return;
@@ -184,9 +184,11 @@ fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
         }
     }
     if let Some(new) = &new {
-        if flag(new, "hot") == Some(true) && storage::has_overrides_ending(&name(new)) {
+        let concurrency = new.get_by_name::<String>("kind").ok().flatten().is_some_and(|kind| kind == "concurrency");
+        let no_end = config::no_end_for(concurrency, flag(new, "hot") == Some(true), flag(new, "durable") != Some(false));
+        if let Some(which) = no_end.filter(|_| storage::has_overrides_ending(&name(new))) {
             Error::NotSupported(format!(
-                "the limit \"{}\" has overrides with an end (until), which a hot limit's cannot have: remove_override() them first",
+                "the limit \"{}\" has overrides with an end (until), which a {which} limit's cannot have: remove_override() them first",
                 name(new)
             ))
             .raise()
@@ -220,8 +222,11 @@ fn override_changing(trigger: &PgTrigger<'_>) {
     if limits.iter().any(|(_, limit)| limit.kind == "concurrency") {
         storage::hold_calls_off();
     }
-    for (name, _) in limits.iter().filter(|(_, limit)| !limit.durable) {
-        limiter::memory::limit_changing(name, Some(None));
+    // Each key's entry is taken on under every config a key of the limit may now have, the
+    // changed rows' numbers among them (never pinned until its next call).
+    let changing: Vec<Override> = trigger.old().iter().chain(trigger.new().iter()).map(override_numbers).collect();
+    for (name, limit) in limits.iter().filter(|(_, limit)| !limit.durable) {
+        limiter::memory::limit_changing(name, Some(overrides::configs_in_force(name, limit, &changing)));
     }
     // Any `until` but 'infinity' ('-infinity' too, never in force) is an end, which would
     // change a hot or memory key's numbers under its calls in flight with nothing to wait for
@@ -230,10 +235,10 @@ fn override_changing(trigger: &PgTrigger<'_>) {
     if let Some(new) = trigger.new().filter(|_| is_overrides) {
         let ends = new.get_by_name::<TimestampWithTimeZone>("until").ok().flatten().is_some_and(|until| clock::timestamptz_ms(until) != f64::INFINITY);
         let limit = name(&new).and_then(|name| limits.iter().find(|(n, _)| *n == name).map(|(_, limit)| limit));
-        if let Some(limit) = limit.filter(|limit| ends && (limit.hot || !limit.durable)) {
+        let no_end = limit.and_then(|limit| config::no_end_for(limit.kind == "concurrency", limit.hot, limit.durable));
+        if let Some(which) = no_end.filter(|_| ends) {
             Error::NotSupported(format!(
-                "an override of the {} limit \"{}\" with an end: remove_override() it when it is to end",
-                if limit.hot { "hot" } else { "memory" },
+                "an override of the {which} limit \"{}\" with an end: remove_override() it when it is to end",
                 name(&new).unwrap_or_default()
             ))
             .raise()

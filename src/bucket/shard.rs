@@ -3,7 +3,7 @@
 //! never call back up; the planning above (`plan.rs`, `modes.rs`, `credit.rs`) combines shards.
 
 use super::convex::convex_check;
-use super::types::{Check, Config, Kind, State};
+use super::types::{Check, Config, Counts, Kind, State};
 use super::{rolling_window, sliding_window};
 use crate::call::Reason;
 
@@ -30,9 +30,32 @@ pub fn fresh_state(config: &Config, now: f64, phase: f64) -> State {
     State::new(config.capacity, ts)
 }
 
+/// `state` as `config` reads it. A token bucket's or fixed window's value is what is left of
+/// the capacity it was written under, which it keeps as its one count, negated (a row or
+/// entry written before 0.8.0 has none, and is read as it stands). Under numbers of another capacity (an
+/// override set, changed, removed or ended, a tier changed, the limit redefined) the key
+/// keeps what it used: the token bucket its deficit below capacity, the fixed window the
+/// tokens taken in its window. Numbers raised give the difference at once; lowered below what
+/// was used, none until the bucket refills it, or (a fixed window) until the window ends: a
+/// fixed window's debt of reservations is kept, never made deeper. A window kind reads such a
+/// state as a row of another kind: tokens used, no counts.
+pub(super) fn carried(state: State, config: &Config) -> State {
+    let Some(written_under) = state.written_under() else { return state };
+    let used = written_under - state.value;
+    match config.kind {
+        Kind::TokenBucket if written_under != config.capacity => State { value: config.capacity - used, ..state },
+        Kind::FixedWindow if written_under != config.capacity => {
+            State { value: (config.capacity - used).max(state.value.min(0.0)), ..state }
+        }
+        Kind::TokenBucket | Kind::FixedWindow | Kind::Concurrency => state,
+        Kind::SlidingWindow | Kind::RollingWindow => State { value: config.rate - used, counts: Counts::NONE, ..state },
+    }
+}
+
 /// Refill `state` up to `now`, take `count`, and say whether that is allowed: the kind's
 /// tokens, and `min_gap` after the last granted call.
 pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
+    let state = carried(state, config);
     let mut c = match config.kind {
         Kind::SlidingWindow => sliding_window::check(state, config, now, count),
         Kind::RollingWindow => rolling_window::check(state, config, now, count),
@@ -54,6 +77,7 @@ pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool)
 
 /// Milliseconds until a shard holding `state` at `now` is full again.
 pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
+    let state = carried(state, config);
     let missing = config.capacity - state.value;
     match config.kind {
         Kind::SlidingWindow => sliding_window::reset_after(state, config, now),
@@ -81,12 +105,12 @@ pub fn available(state: State, config: &Config, now: f64) -> f64 {
 
 /// `expires` with the config of one shard.
 pub(super) fn expires_of_shard(state: State, config: &Config) -> f64 {
+    let state = carried(state, config);
     let full = |at: f64| {
         let c = check(state, config, at, 0.0, false);
-        c.value >= config.capacity
-            && at >= state.ts
-            && c.counts.as_slice().iter().all(|n| *n == 0.0)
-            && c.granted_at.is_none()
+        // A token bucket's or fixed window's one count is its capacity, not tokens taken.
+        let nothing_taken = c.state().written_under().is_some() || c.counts.as_slice().iter().all(|n| *n == 0.0);
+        c.value >= config.capacity && at >= state.ts && nothing_taken && c.granted_at.is_none()
     };
     let mut at = match config.kind {
         Kind::TokenBucket => state.ts + ((config.capacity - state.value) / (config.rate / config.period)).max(0.0),

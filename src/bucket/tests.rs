@@ -449,7 +449,8 @@ fn partial_mode_takes_what_there_is() {
 fn penalize_mode_counts_denied_calls_down_to_minus_capacity() {
     let c = Config { mode: Mode::Penalize, ..config(Kind::TokenBucket, 10.0, 10.0 * SECOND) };
     let denied = plan(&[at(0.0, NOW)], &c, NOW, 4.0, false);
-    assert_eq!((denied.ok, denied.granted, denied.after[0]), (false, 0.0, (at(-4.0, NOW), true)));
+    let owed = State { counts: State::capacity_mark(10.0), ..at(-4.0, NOW) };
+    assert_eq!((denied.ok, denied.granted, denied.after[0]), (false, 0.0, (owed, true)), "with the capacity it is left of");
     assert_eq!(denied.retry_after, Some(8.0 * SECOND), "the 4 owed, then 4 more");
     assert_eq!(denied.available[0], -4.0);
     let capped = plan(&[at(-8.0, NOW)], &c, NOW, 4.0, false);
@@ -546,4 +547,57 @@ fn sliding_window_counts_hold_under_another_rate() {
     let legacy = State { value: 99.0, ts: NOW, counts: Counts::new(&[0.0]).unwrap(), granted_at: None };
     assert_eq!(check(legacy, &low, NOW, 0.0, false).available, 10.0, "clamped, as a token bucket's level is");
     assert!(!check(legacy, &low, NOW, 11.0, false).ok);
+}
+
+/// Issue 64: numbers changed under a key (an override, a tier, a redefinition) keep what it
+/// used. A token bucket keeps its deficit below capacity and a fixed window the tokens taken
+/// in its window: raised, the difference at once; lowered below what was used, none until
+/// the bucket refills or the window ends. Under the same numbers, the arithmetic is the
+/// Convex component's, bit for bit.
+#[test]
+fn numbers_changed_under_a_key_keep_what_it_used() {
+    for kind in [Kind::TokenBucket, Kind::FixedWindow] {
+        let three = config(kind, 3.0, HOUR);
+        let ten = config(kind, 10.0, HOUR);
+        let mut state = fresh_state(&three, NOW, 0.0);
+        for _ in 0..3 {
+            state = check(state, &three, NOW, 1.0, false).state();
+        }
+        assert!(!check(state, &three, NOW, 1.0, false).ok, "{kind:?}: 3 taken");
+        assert_eq!(state.written_under(), Some(3.0));
+        // A sliding window row of 0.4.0 keeps one count too, never negative: not a capacity.
+        assert_eq!(State { counts: Counts::new(&[3.0]).unwrap(), ..state }.written_under(), None);
+        let raised = check(state, &ten, NOW, 7.0, false);
+        assert!(raised.ok && !check(raised.state(), &ten, NOW, 1.0, false).ok, "{kind:?}: 7 more, not 0 or 10");
+        // An override of 6 ends after 4 taken, under 2: the key used 4 of the 2 it now has.
+        let (six, two) = (config(kind, 6.0, HOUR), config(kind, 2.0, HOUR));
+        let mut state = fresh_state(&six, NOW, 0.0);
+        for _ in 0..4 {
+            state = check(state, &six, NOW, 1.0, false).state();
+        }
+        assert!(!check(state, &two, NOW + SECOND, 1.0, false).ok, "{kind:?}: none under 2 after 4 taken");
+        let window_later = check(state, &two, NOW + HOUR, 0.0, false).value;
+        match kind {
+            // The deficit of 2 is paid back by an hour's refill of 2: empty, not full.
+            Kind::TokenBucket => assert!(window_later.abs() < 1e-9, "{window_later}"),
+            // A new window: what was used in the last one is forgotten.
+            _ => assert_eq!(window_later, 2.0),
+        }
+        // A debt of reservations is kept, never made deeper by a lowering.
+        let owing = State { value: -1.0, ts: NOW, counts: State::capacity_mark(3.0), granted_at: None };
+        let lowered = check(owing, &config(kind, 1.0, HOUR), NOW, 0.0, false).value;
+        assert_eq!(lowered, if kind == Kind::TokenBucket { -3.0 } else { -1.0 }, "{kind:?}");
+        // A state written before 0.8.0 (no count) is read as it stands, as before.
+        assert_eq!(check(at(0.0, NOW), &ten, NOW, 0.0, false).value, 0.0);
+        // Same numbers: the arithmetic is unchanged.
+        assert_eq!(check(state, &six, NOW, 1.0, false).value, check(at(state.value, NOW), &six, NOW, 1.0, false).value);
+    }
+    // A window kind reads such a state as a row of another kind: the tokens used count.
+    let tb = config(Kind::TokenBucket, 10.0, HOUR);
+    let used = check(fresh_state(&tb, NOW, 0.0), &tb, NOW, 4.0, false).state();
+    let sliding = config(Kind::SlidingWindow, 5.0, HOUR);
+    assert_eq!(check(used, &sliding, NOW, 1.0, false).available, 0.0, "4 used of 5");
+    // And a row full again expires as a fresh one would.
+    let full_at = expires(used, &tb);
+    assert!((NOW + 0.4 * HOUR..NOW + 0.4 * HOUR + 2.0).contains(&full_at), "{full_at}");
 }

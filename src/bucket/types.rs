@@ -214,6 +214,21 @@ impl State {
     pub fn new(value: f64, ts: f64) -> State {
         State { value, ts, counts: Counts::NONE, granted_at: None }
     }
+
+    /// The capacity a token bucket's or fixed window's value was written under, if it says:
+    /// its one count, negated (`capacity_mark`), which no count of taken tokens is (a sliding
+    /// window row of 0.4.0 keeps one count too, its previous window's).
+    pub fn written_under(&self) -> Option<f64> {
+        match self.counts.as_slice() {
+            [mark] if *mark < 0.0 => Some(-mark),
+            _ => None,
+        }
+    }
+
+    /// A token bucket's or fixed window's counts: the capacity its value is what is left of.
+    pub fn capacity_mark(capacity: f64) -> Counts {
+        Counts::new(&[-capacity]).expect("one count")
+    }
 }
 
 /// Outcome of taking `count` from a shard at `now`.

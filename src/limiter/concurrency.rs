@@ -14,7 +14,8 @@ use crate::clock;
 use crate::config;
 use crate::error::Error;
 use crate::storage::leases::{self, LeaseId, Leased};
-use crate::storage::slots::{self, Slots, Tried};
+use crate::storage::held_locks::{self, HeldLock};
+use crate::storage::slots::{Slots, Tried};
 use crate::storage::{self, stored_name};
 
 /// How the slots a call takes are held.
@@ -111,7 +112,7 @@ fn not_on_a_subscriber() {
 /// `rate_limiter.max_slots_per_transaction` slot locks with `asked` more: each is an entry
 /// of the lock table every database shares.
 fn within_slots_per_transaction(asked: usize) {
-    let (held, max) = (slots::held(), config::max_slots_per_transaction());
+    let (held, max) = (held_locks::held(HeldLock::Slot), config::max_slots_per_transaction());
     let asked = u32::try_from(asked).unwrap_or(u32::MAX);
     if held.saturating_add(asked) > max {
         Error::SlotsPerTransaction { held, asked, max }.raise()
@@ -142,7 +143,7 @@ pub fn acquire(req: &Request<'_>, config: &Config, hold: Hold) -> (Decision, Opt
     // The slots taken are locked until the transaction ends: the lease is written without
     // keeping other searches waiting (the write may wait for a row another transaction
     // deleted).
-    slots::count_held(found.taken.len() as u32);
+    held_locks::count_held(HeldLock::Slot, found.taken.len() as u32);
     drop(searching);
     let lease = match hold {
         Hold::Lease(ms) if want > 0 => {
@@ -194,7 +195,7 @@ pub fn renew(name: &str, key: Option<&str>, id: &LeaseId, ms: f64) -> bool {
     for slot in &held {
         slots.wait_for(*slot);
     }
-    slots::count_held(held.len() as u32);
+    held_locks::count_held(HeldLock::Slot, held.len() as u32);
     let now = clock::now_ms();
     let still: Vec<u32> = mine(now).iter().map(|l| l.slot).collect();
     still.len() == held.len() && leases::extend(&stored, key, id, now + ms, now) == held.len()

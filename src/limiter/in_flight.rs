@@ -30,8 +30,9 @@ pub enum Forget {
     MemoryKey(memory::Identity),
     MemoryLimit(u64),
     /// Nothing dropped: a memory limit changed, and its keys' counts are taken on under the
-    /// new config (this transaction's own calls are refused until the commit).
-    MemoryChanged(u64, Option<Config>),
+    /// configs they may now be decided under (this transaction's own calls are refused until
+    /// the commit).
+    MemoryChanged(u64, Vec<Config>),
 }
 
 #[derive(Default)]
@@ -153,7 +154,10 @@ fn forget(what: Forget) {
         }
         Forget::MemoryKey(id) => memory::forget(id.limit_tag(), Some(&id)),
         Forget::MemoryLimit(limit) => memory::forget(limit, None),
-        Forget::MemoryChanged(limit, config) => memory::retune(limit, config.map(|c| (memory::config_tag(&config::fingerprint(&c)), c)).as_ref()),
+        Forget::MemoryChanged(limit, configs) => {
+            let tagged: Vec<(u64, Config)> = configs.into_iter().map(|c| (memory::config_tag(&config::fingerprint(&c)), c)).collect();
+            memory::retune(limit, &tagged)
+        }
     }
 }
 

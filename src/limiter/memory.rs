@@ -124,17 +124,22 @@ fn place(id: &Identity, req: &Request<'_>, config: &Config, fingerprint: u64, no
         Hold::NoRoom if standby => refused(req, Error::MemoryKeysFull { share: None }),
         Hold::Absent | Hold::NoRoom => {}
     }
-    storage::lock_memory_key(&id.key_bytes());
-    if let Hold::Entry(guard) = hold(Claim::Never) {
-        return Place::Entry(guard);
-    }
-    if rows_may_exist() && row_counts(req, config, now) {
-        return Place::Row;
-    }
-    match hold(Claim::Always) {
+    let taken = storage::lock_memory_key(&id.key_bytes());
+    let place = match hold(Claim::Never) {
         Hold::Entry(guard) => Place::Entry(guard),
-        Hold::Absent | Hold::NoRoom => Place::Row,
+        _ if rows_may_exist() && row_counts(req, config, now) => Place::Row,
+        _ => match hold(Claim::Always) {
+            Hold::Entry(guard) => Place::Entry(guard),
+            Hold::Absent | Hold::NoRoom => Place::Row,
+        },
+    };
+    // A key in shared memory is found there by every later call, which takes no lock: only
+    // a key counted in its row (written, not yet committed) keeps its lock to the end, so a
+    // transaction holds one lock for each such key alone.
+    if let Place::Entry(_) = place {
+        storage::release_memory_key(&id.key_bytes(), taken);
     }
+    place
 }
 
 /// A call of a key counted in its row: the durable limit's, in this call's own open of the
@@ -365,9 +370,10 @@ fn forget(rows: Rows) {
 }
 
 /// A memory limit changing (`rate_limiter.limits`' trigger): it waits for the calls in
-/// flight, and at commit its keys' counts are taken on under the new config (`now`), as a
-/// durable limit's rows are; deleted or renamed (`now` is `None`), its counts go.
-pub fn limit_changing(name: &str, now: Option<Option<Config>>) {
+/// flight, and at commit its keys' counts are taken on under the configs its keys may now be
+/// decided under (`now`: the limit's, its overrides' and tiers'), as a durable limit's rows
+/// are; deleted or renamed (`now` is `None`), its counts go.
+pub fn limit_changing(name: &str, now: Option<Vec<Config>>) {
     load_snapshot();
     storage::hold_calls_off();
     let Some(limit) = memory::limit_tag(cache::relations().state, name) else { return };

@@ -218,4 +218,60 @@ mod tests {
         assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.tiers WHERE name = 't'"), Some(0));
         assert_eq!(one::<i64>("SELECT count(*) FROM rate_limiter.overrides WHERE name = 't'"), Some(0));
     }
+
+    /// Issue 64: a plan changed mid-window keeps what the key used, on every kind: raised
+    /// from 3 to 10 after 3 taken, 7 more (0.7.0 gave a token bucket and a fixed window 0); a
+    /// tier raised from 5 to 8 after 5 taken, 3 more (0.7.0: 0); an override of 6 that ends
+    /// after 4 were taken under a limit of 2, none (0.7.0: 2 for a token bucket and a fixed
+    /// window); a limit redefined from 3 to 5 after 3 taken, 2 more.
+    #[pg_test]
+    fn a_plan_changed_mid_window_keeps_what_the_key_used_on_every_kind() {
+        for kind in ["token bucket", "fixed window", "sliding window", "rolling window"] {
+            at("0");
+            let start = if kind == "token bucket" { "" } else { ", start => '2026-01-01 00:00:00+00'" };
+            let def = |name: &str, rate: u32| run(&format!("SELECT rate_limiter.define('{name}', '{kind}', {rate}, '1 hour'{start})"));
+            def("raised", 3);
+            assert_eq!(admitted("raised", "k", 4), 3, "{kind}");
+            run("SELECT rate_limiter.override('raised', 'k', rate => 10)");
+            assert_eq!(admitted("raised", "k", 10), 7, "{kind}: raised from 3 to 10 after 3 taken");
+            def("tiered", 1);
+            run("SELECT rate_limiter.define_tier('tiered', 'pro', rate => 5)");
+            run("SELECT rate_limiter.override('tiered', 'k', tier => 'pro')");
+            assert_eq!(admitted("tiered", "k", 6), 5, "{kind}");
+            run("SELECT rate_limiter.define_tier('tiered', 'pro', rate => 8)");
+            assert_eq!(admitted("tiered", "k", 5), 3, "{kind}: a tier raised from 5 to 8 after 5 taken");
+            def("ending", 2);
+            run("SELECT rate_limiter.override('ending', 'k', rate => 6, until => '2026-01-01 00:00:30+00')");
+            assert_eq!(admitted("ending", "k", 4), 4, "{kind}");
+            at("1 minute");
+            assert_eq!(admitted("ending", "k", 3), 0, "{kind}: an override of 6 ended after 4 taken, under a limit of 2");
+            at("0");
+            def("redefined", 3);
+            assert_eq!(admitted("redefined", "k", 4), 3, "{kind}");
+            def("redefined", 5);
+            assert_eq!(admitted("redefined", "k", 5), 2, "{kind}: redefined from 3 to 5 after 3 taken");
+            // Lowered below what was used: none until the window ends or the bucket refills.
+            def("redefined", 1);
+            assert_eq!(admitted("redefined", "k", 2), 0, "{kind}: lowered to 1 after 5 taken");
+            for name in ["raised", "tiered", "ending", "redefined"] {
+                run(&format!("DELETE FROM rate_limiter.limits WHERE name = '{name}'"));
+                run(&format!("DELETE FROM rate_limiter.state WHERE name = '{name}'"));
+            }
+        }
+    }
+
+    /// Issue 64, F2: an override of a concurrency limit with an end ended without waiting for
+    /// the slots it allowed (a boost from 2 to 4 ended: 4 holders under a limit of 2). Such an
+    /// end is refused, as a hot or memory limit's is, and so is a limit with such overrides
+    /// redefined as a concurrency limit, and a direct INSERT of one.
+    #[pg_test]
+    fn a_concurrency_limits_override_takes_no_end() {
+        run("SELECT rate_limiter.define('pool', 'concurrency', 2, '1 minute')");
+        fails("SELECT rate_limiter.override('pool', 'k', rate => 4, until => now() + interval '1 hour')", "0A000", "concurrency limit \"pool\" with an end");
+        fails("INSERT INTO rate_limiter.overrides (name, key, rate, until) VALUES ('pool', 'k', 4, now() + interval '1 hour')", "0A000", "with an end");
+        run("SELECT rate_limiter.override('pool', 'k', rate => 4)");
+        run("SELECT rate_limiter.define('boosted', 'token bucket', 2, '1 minute')");
+        run("SELECT rate_limiter.override('boosted', 'k', rate => 4, until => now() + interval '1 hour')");
+        fails("SELECT rate_limiter.define('boosted', 'concurrency', 2, '1 minute')", "0A000", "overrides with an end");
+    }
 }

@@ -748,10 +748,12 @@ pub fn is_dropping(database: pg_sys::Oid) -> bool {
 }
 
 /// Limit `limit` (`limit_tag`) of this database changed: its named keys' counts are taken
-/// on under the new config (`config_tag` of its fingerprint, and the config), which says from
-/// when each equals an absent key's; with no config to go by, none is given away until
+/// on under the configs a key of it may now be decided under (`config_tag` of each one's
+/// fingerprint, and the config: the limit's own, its overrides' and tiers'). Each key equals
+/// an absent key's from the latest instant any of them says, never earlier than under its
+/// own; one config is the key's from now on. With none to go by, none is given away until
 /// called again.
-pub fn retune(limit: u64, now: Option<&(u64, Config)>) {
+pub fn retune(limit: u64, now: &[(u64, Config)]) {
     let Some(table) = table() else { return };
     let database = database();
     for partition in 0..table.partitions() {
@@ -764,10 +766,13 @@ pub fn retune(limit: u64, now: Option<&(u64, Config)>) {
             match now {
                 // Only rolled-back calls: as absent as a key never called.
                 _ if entry.absent() => let_go(&table, i),
-                Some((fingerprint, config)) if entry.in_flight == 0 => {
+                [_, ..] if entry.in_flight == 0 => {
                     let entry = table.entry_to_change(i);
-                    entry.config = *fingerprint;
-                    entry.expires = bucket::expires(entry.at_rest().0, config);
+                    if let [(fingerprint, _)] = now {
+                        entry.config = *fingerprint;
+                    }
+                    let state = entry.at_rest().0;
+                    entry.expires = now.iter().map(|(_, config)| bucket::expires(state, config)).fold(f64::NEG_INFINITY, f64::max);
                 }
                 _ => entry.expires = f64::INFINITY,
             }

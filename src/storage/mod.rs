@@ -14,9 +14,11 @@ use pgrx::IntoDatum;
 
 use crate::clock;
 use crate::error::Error;
+use held_locks::HeldLock;
 
 mod debits;
 mod guard;
+pub mod held_locks;
 pub mod leases;
 mod lookup;
 mod row;
@@ -32,7 +34,7 @@ mod state;
 pub use debits::{log_is_subscribed, DebitLog, Seen};
 pub use lookup::{all_limits, any_override, load_limit, load_override, load_tier, overridden_keys, Lookup, Overriding};
 pub use sql::{
-    delete, delete_listed, delete_override, delete_overrides_of, delete_tier, has_overrides, has_overrides_ending, hold_for_override, keys_in_tier, numbers_given, overrides_naming, overrides_naming_any_tier, prune,
+    delete, delete_listed, delete_override, delete_overrides_of, delete_tier, has_overrides_ending, hold_for_override, keys_in_tier, numbers_given, overrides_naming, overrides_naming_any_tier, prune,
     upsert_limit,
     upsert_listed, upsert_override, upsert_tier,
 };
@@ -102,11 +104,10 @@ pub fn in_recovery() -> bool {
 /// (`pg_advisory_lock` uses 1 and 2, the creators of a row `CREATE_LOCK_SPACE`).
 const MEMORY_KEY_LOCK_SPACE: u16 = 0x524d; // "RM"
 
-/// Hold memory key `key` (its 128-bit tag) until the transaction ends: while a key is not in
-/// shared memory, the calls that look for its row, or count it there, take turns.
-pub fn lock_memory_key(key: &[u8; 16]) {
+/// The lock of memory key `key` (its 128-bit tag) in this database.
+fn memory_key_tag(key: &[u8; 16]) -> pg_sys::LOCKTAG {
     let half = |at: usize| u32::from_le_bytes(key[at..at + 4].try_into().expect("4 bytes"));
-    let tag = pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
         // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL runs.
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
         locktag_field2: half(0) ^ half(8),
@@ -114,10 +115,43 @@ pub fn lock_memory_key(key: &[u8; 16]) {
         locktag_field4: MEMORY_KEY_LOCK_SPACE,
         locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
         locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
-    };
+    }
+}
+
+/// Hold memory key `key` until the transaction ends, or `release_memory_key`: while a key
+/// is not in shared memory, the calls that look for its row, or count it there, take turns.
+/// At most `rate_limiter.max_memory_key_locks_per_transaction` keys a transaction (53400
+/// past it): each is an entry of the lock table every database shares. Whether this took it
+/// (rather than held it already).
+pub fn lock_memory_key(key: &[u8; 16]) -> bool {
+    let tag = memory_key_tag(key);
     // SAFETY: a transaction-level advisory lock, released by the server when the transaction
     // ends; waited for as any lock is (deadlock detection, lock_timeout, cancels apply).
-    unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, false) };
+    let result = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, false) };
+    if result != pg_sys::LockAcquireResult::LOCKACQUIRE_OK {
+        return false;
+    }
+    let held = held_locks::held(HeldLock::MemoryKey);
+    if held >= crate::settings::MAX_MEMORY_KEY_LOCKS_PER_TRANSACTION.get() as u32 {
+        // SAFETY: as in release_memory_key: the hold just taken, not counted.
+        unsafe { pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false) };
+        Error::MemoryKeyLocksPerTransaction(held).raise()
+    }
+    held_locks::count_held(HeldLock::MemoryKey, 1);
+    true
+}
+
+/// Let go of one hold of memory key `key`'s lock before the transaction ends: the key found
+/// its entry in shared memory, where every later call finds it without the lock. `taken`:
+/// what `lock_memory_key` answered (a hold taken before stays counted and held).
+pub fn release_memory_key(key: &[u8; 16], taken: bool) {
+    if !taken {
+        return;
+    }
+    // SAFETY: the tag of a lock `lock_memory_key` took under this resource owner, in this
+    // subtransaction; LockRelease drops that hold.
+    unsafe { pg_sys::LockRelease(&memory_key_tag(key), pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false) };
+    held_locks::count_released(HeldLock::MemoryKey);
 }
 
 /// The latest snapshot, registered until dropped: what every transaction committed by now,

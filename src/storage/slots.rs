@@ -7,9 +7,6 @@
 //! database, fields 2 and 3 a hash of (name, key), field 4 the slot plus 4 (SQL's advisory
 //! locks use 1 and 2). `pg_locks` shows them as advisory locks with `objsubid` 3 and up.
 
-use std::cell::RefCell;
-use std::ffi::c_void;
-
 use pgrx::pg_sys;
 use sha2::{Digest, Sha256};
 
@@ -130,72 +127,4 @@ impl Drop for Searching {
         // SAFETY: the tag `search` acquired under this resource owner, released once.
         unsafe { pg_sys::LockRelease(&self.tag, EXCLUSIVE, false) };
     }
-}
-
-thread_local! {
-    /// The slot locks this transaction holds, by the subtransaction that took them. Ids rise
-    /// with time and nesting: a subtransaction's abort releases the locks of every entry from
-    /// its id on.
-    static HELD: RefCell<Vec<(pg_sys::SubTransactionId, u32)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// How many slot locks this transaction holds (a bound on its share of the lock table).
-pub fn held() -> u32 {
-    HELD.with(|h| h.borrow().iter().map(|(_, n)| n).sum())
-}
-
-/// `n` more slot locks held by this transaction, until it (or the current subtransaction,
-/// if that aborts) ends. Counted by the caller once it keeps them, so a slot taken twice
-/// counts twice: an overcount, never an undercount.
-pub fn count_held(n: u32) {
-    // SAFETY: inside a transaction, as every call is.
-    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
-    HELD.with(|h| {
-        let mut h = h.borrow_mut();
-        if let Some((_, held)) = h.last_mut().filter(|(s, _)| *s == sub) {
-            *held += n;
-        } else {
-            h.push((sub, n));
-        }
-    });
-}
-
-/// From `_PG_init`: forget the count when the transaction ends, and a subtransaction's part
-/// when it aborts.
-pub fn register() {
-    // SAFETY: callbacks that live as long as the library, registered once per process.
-    unsafe {
-        pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
-        pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
-    }
-}
-
-/// # Safety
-/// Only as a transaction callback, registered by `register`.
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
-    use pg_sys::XactEvent::*;
-    if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_PARALLEL_ABORT) {
-        HELD.with(|h| h.borrow_mut().clear());
-    }
-}
-
-/// # Safety
-/// Only as a subtransaction callback, registered by `register`.
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn at_subtransaction_end(
-    event: pg_sys::SubXactEvent::Type,
-    ending: pg_sys::SubTransactionId,
-    parent: pg_sys::SubTransactionId,
-    _arg: *mut c_void,
-) {
-    use pg_sys::SubXactEvent::*;
-    HELD.with(|h| {
-        let mut h = h.borrow_mut();
-        match event {
-            SUBXACT_EVENT_ABORT_SUB => h.retain(|(s, _)| *s < ending),
-            SUBXACT_EVENT_COMMIT_SUB => h.iter_mut().filter(|(s, _)| *s >= ending).for_each(|(s, _)| *s = parent),
-            _ => {}
-        }
-    });
 }

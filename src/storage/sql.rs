@@ -272,7 +272,7 @@ pub fn hold_for_override(name: &str, tier: Option<&str>) {
     }
 }
 
-/// Whether any override names a tier, in the latest snapshot (see `has_overrides`).
+/// Whether any override names a tier, in the latest snapshot (see `has_overrides_ending`).
 pub fn overrides_naming_any_tier() -> bool {
     let Some((table, _)) = cache::relations().overrides else { return false };
     let sql = format!("SELECT FROM {} WHERE tier IS NOT NULL LIMIT 1", cache::qualified_name(table));
@@ -282,7 +282,7 @@ pub fn overrides_naming_any_tier() -> bool {
 }
 
 /// How many overrides name the tier `tier` of the limit `name`, in the latest snapshot (see
-/// `has_overrides`).
+/// `has_overrides_ending`).
 pub fn overrides_naming(name: &str, tier: &str) -> i64 {
     let Some((table, _)) = cache::relations().overrides else { return 0 };
     let sql = format!(
@@ -302,22 +302,10 @@ pub fn delete_override(name: &str, key: Option<&str>) -> bool {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-/// Whether the limit `name` has any override or tier, committed now or written by this
-/// transaction: read in the latest snapshot, so that an override() that committed while a
-/// REPEATABLE READ change of the limit waited for its lock is seen, as a foreign key's check
-/// sees it.
-pub fn has_overrides(name: &str) -> bool {
-    let relations = cache::relations();
-    [relations.overrides, relations.tiers].into_iter().flatten().any(|(table, _)| {
-        let sql = format!("SELECT FROM {} WHERE name OPERATOR(pg_catalog.=) $1 LIMIT 1", cache::qualified_name(table));
-        let mut found = false;
-        spi::run(table, &sql, &[spi::text_arg(name)], |_| found = true);
-        found
-    })
-}
-
-/// Whether the limit `name` has an override with an end (`until`), in the latest snapshot
-/// (see `has_overrides`).
+/// Whether the limit `name` has an override with an end (`until`), committed now or written
+/// by this transaction: read in the latest snapshot, so that an override() that committed
+/// while a REPEATABLE READ change of the limit waited for its lock is seen, as a foreign
+/// key's check sees it.
 pub fn has_overrides_ending(name: &str) -> bool {
     let Some((table, _)) = cache::relations().overrides else { return false };
     let sql = format!(
@@ -330,7 +318,7 @@ pub fn has_overrides_ending(name: &str) -> bool {
 }
 
 /// The keys whose overrides name the tier `tier` of the limit `name`, in the latest snapshot
-/// (see `has_overrides`).
+/// (see `has_overrides_ending`).
 pub fn keys_in_tier(name: &str, tier: &str) -> Vec<Option<String>> {
     let Some((table, _)) = cache::relations().overrides else { return Vec::new() };
     let sql = format!(
@@ -343,7 +331,7 @@ pub fn keys_in_tier(name: &str, tier: &str) -> Vec<Option<String>> {
 }
 
 /// The numbers every override in force (its own, not a tier's) and every tier of the limit
-/// `name` give, in the latest snapshot (see `has_overrides`): the overrides by key (bytes,
+/// `name` give, in the latest snapshot (see `has_overrides_ending`): the overrides by key (bytes,
 /// the NULL key first), then the tiers by name.
 pub fn numbers_given(name: &str) -> Vec<Override> {
     let relations = cache::relations();
@@ -376,7 +364,7 @@ pub fn numbers_given(name: &str) -> Vec<Override> {
 
 /// Delete every override and tier of the limit `name` (`None`: of every limit), as the limit
 /// goes: the overrides first, so that no tier they name is left named. In the latest
-/// snapshot (see `has_overrides`): none committed meanwhile is left behind.
+/// snapshot (see `has_overrides_ending`): none committed meanwhile is left behind.
 pub fn delete_overrides_of(name: Option<&str>) {
     let relations = cache::relations();
     for (table, _) in [relations.overrides, relations.tiers].into_iter().flatten() {

@@ -479,7 +479,7 @@ impl StateTable {
             instant(state.ts, "time"),
             // An expiry past the last instant PostgreSQL can store is never.
             clock::ms_to_pg_us(expires).map_or(Datum::from(i64::MAX), Datum::from),
-            // NULL unless the kind keeps counts: no array built on the token bucket's path.
+            // NULL when the state keeps no counts (a row read as written before 0.8.0).
             match state.counts.as_slice() {
                 [] => Datum::from(0),
                 counts => counts.to_vec().into_datum().expect("an array"),
