@@ -17,7 +17,7 @@ PG_TLE_OUT = HERE / "pg_tle.sql"
 # pg_tle's name for the edition: not `rate_limiter`, the compiled extension's.
 PG_TLE_NAME = "rate_limiter_sql"
 PG_TLE_QUOTE = "$_pgtle_$"
-VERSION = "0.7.0"
+VERSION = "0.8.0"
 # The extension's objects the edition has: what it keeps no state in (debits, leases, the
 # memory snapshot) is left out.
 # The edition's parts in the order they are installed: the bucket laid out as src/bucket/ is,

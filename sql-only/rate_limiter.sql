@@ -1,4 +1,4 @@
--- rate_limiter 0.7.0, the SQL-only edition: plain SQL and PL/pgSQL for databases where no
+-- rate_limiter 0.8.0, the SQL-only edition: plain SQL and PL/pgSQL for databases where no
 -- compiled extension can be installed (RDS, Cloud SQL, Azure, Supabase, Neon). Written by
 -- sql-only/build.py: edit its parts (sql-only/*.sql, sql/bootstrap.sql), not this file.
 --
@@ -28,7 +28,7 @@ BEGIN
 END $$;
 SET LOCAL search_path = pg_catalog, pg_temp;
 CREATE SCHEMA rate_limiter;
-COMMENT ON SCHEMA rate_limiter IS 'rate_limiter 0.7.0, SQL-only edition (sql-only/README.md).';
+COMMENT ON SCHEMA rate_limiter IS 'rate_limiter 0.8.0, SQL-only edition (sql-only/README.md).';
 
 -- The extension's tables and decision type (sql/bootstrap.sql).
 
@@ -316,7 +316,7 @@ COMMENT ON COLUMN rate_limiter.state.value IS 'Tokens held as of ts (negative wh
 COMMENT ON COLUMN rate_limiter.state.ts IS 'Token bucket: last update. Fixed and sliding window: start of the window value belongs to. Rolling window: start of the newest cell.';
 
 COMMENT ON COLUMN rate_limiter.state.counts IS
-    'Sliding window: {tokens taken in the window before ts, tokens taken in the window from ts} (a row 0.4.0 wrote holds the first only). Rolling window: tokens taken per counting cell, oldest first, the last starting at ts. NULL for the other kinds.';
+    'Sliding window: {tokens taken in the window before ts, tokens taken in the window from ts} (a row 0.4.0 wrote holds the first only). Rolling window: tokens taken per counting cell, oldest first, the last starting at ts. Token bucket and fixed window: {-capacity}, the capacity value is what is left of, negated, so that a key whose numbers change keeps what it used (NULL in a row written before 0.8.0).';
 
 COMMENT ON COLUMN rate_limiter.state.granted_at IS 'The last granted call, while the limit''s min_gap after it has not passed; else NULL.';
 
@@ -3833,7 +3833,7 @@ COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
 -- The edition's version, as extversion is the extension's.
 CREATE FUNCTION rate_limiter.edition() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN 'sql-only 0.7.0';
+RETURN 'sql-only 0.8.0';
 COMMENT ON FUNCTION rate_limiter.edition() IS 'The SQL-only edition''s version.';
 
 -- As the extension: nothing for PUBLIC, and none of what the installing role's default

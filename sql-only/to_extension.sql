@@ -19,8 +19,8 @@ DECLARE
     shapes text;
     dependents text;
 BEGIN
-    IF edition IS NULL OR obj_description(edition, 'pg_namespace') IS DISTINCT FROM 'rate_limiter 0.7.0, SQL-only edition (sql-only/README.md).' THEN
-        RAISE EXCEPTION 'schema rate_limiter is not the SQL-only edition 0.7.0' USING ERRCODE = '55000',
+    IF edition IS NULL OR obj_description(edition, 'pg_namespace') IS DISTINCT FROM 'rate_limiter 0.8.0, SQL-only edition (sql-only/README.md).' THEN
+        RAISE EXCEPTION 'schema rate_limiter is not the SQL-only edition 0.8.0' USING ERRCODE = '55000',
             HINT = 'An edition of another release moves with that release''s sql-only/to_extension.sql.';
     END IF;
     -- The seven tables as the edition made them: plain tables of the extension's column types.
@@ -57,7 +57,7 @@ END $$;
 LOCK TABLE rate_limiter.leases, rate_limiter.limits, rate_limiter.state, rate_limiter.blocks, rate_limiter.allows,
            rate_limiter.overrides, rate_limiter.tiers IN EXCLUSIVE MODE;
 ALTER SCHEMA rate_limiter RENAME TO rate_limiter_sql_only;
-CREATE EXTENSION rate_limiter VERSION '0.7.0';
+CREATE EXTENSION rate_limiter VERSION '0.8.0';
 INSERT INTO rate_limiter.limits (name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets,
                                  lock_timeout, on_lock_timeout, deny_cache, hot, enforce, tz, durable)
 SELECT name, kind, rate, period, capacity, max_reserved, shards, start, min_gap, mode, buckets,

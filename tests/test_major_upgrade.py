@@ -18,7 +18,7 @@ LATER = "2030-01-01 00:00:30+00"
 
 # (from, to, pg_upgrade's mode, the extension's version in the old cluster). The last two
 # cases are a DBA who did not update the extension first: it is updated on the new cluster.
-CURRENT = "0.7.0"
+CURRENT = "0.8.0"
 PATHS = [("15-upstream", "16", "--copy", CURRENT), ("15-upstream", "17", "--copy", CURRENT),
          ("15-upstream", "18", "--link", CURRENT), ("16", "17", "--copy", CURRENT), ("16", "18", "--link", CURRENT),
          ("17", "18", "--copy", CURRENT), ("15-upstream", "17", "--copy", "0.3.0"), ("16", "18", "--copy", "0.4.0")]

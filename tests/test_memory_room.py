@@ -380,21 +380,26 @@ def test_an_override_or_a_redefinition_with_overrides_pins_no_key_of_its_limit(c
 
 def test_a_database_on_0_6_0s_sql_keeps_its_keys_counted_in_rows_across_a_restart(clusters):
     """Issue 64, F3: under this library, a database not yet updated from 0.6.0 has no
-    snapshot log to mark that keys were counted in rows; after a clean restart its keys in
-    rows were counted afresh in memory (a window of 3 admitted 3 more). Without the log, its
-    keys not in memory are looked for in their rows."""
+    snapshot log to mark that keys were counted in rows; after a clean restart, once the
+    entries that had crowded a key out were free again, its row was forgotten and the key
+    counted afresh in memory (a window of 3 admitted 3 more). Without the log, its keys not in
+    memory are looked for in their rows."""
     small = small_cluster(clusters, 64)
     with small.connect() as c:
         c.execute("CREATE EXTENSION rate_limiter VERSION '0.6.0'")
         c.execute(f"ALTER DATABASE postgres SET rate_limiter.fake_now = '{NOW}'")
     with small.connect() as c:
-        define(c, "m", "fixed window", rate=3, period="1 hour", start=NOW, durable=False)
+        define(c, "fillers", "fixed window", rate=1, period="1 second", start=NOW, durable=False)
         for i in range(100):
-            assert [c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (f"k{i}",)).fetchone()[0]
-                    for _ in range(3)] == [True] * 3
-        in_row = c.execute("SELECT key FROM rate_limiter.state ORDER BY key LIMIT 1").fetchone()[0]
+            c.execute("SELECT rate_limiter.rate_limit('fillers', %s)", (f"f{i}",))
+        define(c, "m", "fixed window", rate=3, period="1 hour", start=NOW, durable=False)
+        assert [c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'victim')").fetchone()[0] for _ in range(4)] == \
+            [True, True, True, False]
+        assert c.execute("SELECT count(*) FROM rate_limiter.state WHERE key = 'victim'").fetchone() == (1,), "in its row"
     small.stop("fast")
     small.start()
     with small.connect() as c:
-        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (in_row,)).fetchone() == (False,)
+        # The fillers' windows ended: their entries are free for the taking.
+        c.execute("SET rate_limiter.fake_now = '2030-01-01 00:00:05+00'")
+        assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'victim')").fetchone() == (False,), "3 of 3 taken"
     small.stop()

@@ -11,9 +11,10 @@ import threading
 import time
 
 import psycopg
+import pytest
 
 from calls import define, snapshot_keys
-from clusters import PORTS, every_version, wait_for
+from clusters import PORTS, VERSIONS, as_postgres, every_version, wait_for
 from ledger import NOW
 
 INTERVAL = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.memory_snapshot=200"]
@@ -238,3 +239,72 @@ def test_a_logical_subscriber_keeps_its_own_log_beside_the_publishers(clusters):
         left = "SELECT remaining FROM rate_limiter.check_rate_limit('m', %s, 0)"
         assert [sub.execute(left, (k,)).fetchone()[0] for k in ("k", "j")] == [7, 8], "its own counts, loaded"
         sub.execute("DROP SUBSCRIPTION s")
+
+
+def copy_made_a_subscriber(clusters, make_subscriber):
+    """A publisher of every table with a memory limit, and a physical copy of it made its
+    logical subscriber by `make_subscriber(publisher, copy)` (which leaves the copy stopped):
+    both count memory keys while 20 rows of an application table are written; every row must
+    reach the subscriber, and its snapshot log must be of an origin of its own, its apply
+    worker without an error. (Issue 64, F8: the copy shared the publisher's secret and so its
+    origin; its apply worker failed on memory_snapshot_pkey every 5 s and the subscription
+    stopped, 1 to 3 of 20 rows replicated.)"""
+    settings = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.memory_snapshot=100"]
+    publisher = clusters("pub", PORTS["publisher"], settings + ["-c wal_level=logical"]).init().start()
+    with publisher.connect() as c:
+        c.execute("CREATE DATABASE app")
+    with publisher.connect("app") as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        define(c, "m", "fixed window", rate=100, period="1 hour", start=started_now(), durable=False)
+        c.execute("SELECT rate_limiter.rate_limit('m', 'before the copy')")
+    copy = clusters("sub", PORTS["subscriber"], settings).follow(publisher)
+    make_subscriber(publisher, copy)
+    copy.start()
+    with publisher.connect("app") as pub, copy.connect("app") as sub:
+        for i in range(20):
+            pub.execute("INSERT INTO orders VALUES (%s)", (i,))
+            pub.execute("SELECT rate_limiter.rate_limit('m', %s)", (f"pub {i}",))
+            sub.execute("SELECT rate_limiter.rate_limit('m', %s)", (f"sub {i}",))
+            time.sleep(0.02)
+        wait_for(lambda: sub.execute("SELECT count(*) FROM orders").fetchone() == (20,), "every row on the subscriber",
+                 detail=copy.log)
+        origins = "SELECT count(DISTINCT origin) FROM rate_limiter.memory_snapshot"
+        wait_for(lambda: sub.execute(origins).fetchone() == (2,), "the subscriber's own log beside the publisher's",
+                 detail=copy.log)
+        pub.execute("INSERT INTO orders VALUES (20)")
+        pub.execute("SELECT rate_limiter.rate_limit('m', 'after')")
+        wait_for(lambda: sub.execute("SELECT count(*) FROM orders").fetchone() == (21,), "a row after the rounds", detail=copy.log)
+        assert sub.execute("SELECT sum(apply_error_count) FROM pg_stat_subscription_stats").fetchone() == (0,), copy.log()
+        mine, theirs = (c.execute("SELECT origin FROM rate_limiter.memory_snapshot ORDER BY seq DESC LIMIT 1").fetchone()
+                        for c in (sub, pub))
+        assert mine != theirs
+
+
+@pytest.mark.parametrize("pg", [v for v in VERSIONS if int(v) >= 17])
+def test_a_subscriber_made_by_pg_createsubscriber_writes_a_log_of_its_own(clusters, pg):
+    """pg_createsubscriber (PostgreSQL 17 and later) gives the copy a system identifier of its
+    own: the secret made under the publisher's gives way to one of the copy's own."""
+    def make_subscriber(publisher, copy):
+        copy.stop()
+        result = as_postgres(f"{copy.bin}/pg_createsubscriber", "-D", copy.dir, "-P", publisher.conninfo("app"),
+                             "-d", "app", "-p", str(copy.port), "-s", "/tmp", "-U", "postgres", check=False)
+        assert result.returncode == 0, result.stderr
+    copy_made_a_subscriber(clusters, make_subscriber)
+
+
+def test_a_base_backup_made_a_subscriber_by_hand_writes_a_log_of_its_own_once_its_secret_is_deleted(clusters):
+    """A base backup started on its own keeps the publisher's system identifier: as
+    docs/memory-limits.md says, its secret is deleted before its first start, and it makes
+    one of its own."""
+    def make_subscriber(publisher, copy):
+        with publisher.connect("app") as pub:
+            pub.execute("CREATE PUBLICATION everything FOR ALL TABLES")
+        copy.stop()
+        as_postgres("rm", f"{copy.dir}/standby.signal", f"{copy.dir}/rate_limiter_memory.secret")
+        copy.start()
+        with copy.connect("app") as sub:
+            sub.execute(f"CREATE SUBSCRIPTION s CONNECTION '{publisher.conninfo('app')}' PUBLICATION everything "
+                        "WITH (copy_data = false)")
+        copy.stop()
+    copy_made_a_subscriber(clusters, make_subscriber)

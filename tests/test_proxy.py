@@ -218,6 +218,27 @@ def test_an_override_goes_to_the_keys_partition_and_a_tier_to_every_one(fleet2):
             c.execute("SELECT rate_limiter_proxy.remove_tier(%s, 'team')", (name,))
 
 
+def test_a_limit_with_overrides_or_tiers_is_not_spread_by_a_later_define(fleet2):
+    """Issue 64, F5: the router refused overrides and tiers of a spread limit only when they
+    were made. A later define(..., shards => N) spread the limit over the partitions and left
+    each override and tier whole on every partition: a key in a tier of 4 got 4 on each, 8
+    in all. Now that define is refused (0A000), and allowed once the plans are gone."""
+    name = unique("plan_then_spread")
+    with fleet2.connect() as c:
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 2, '1 hour')", (name,))
+        c.execute("SELECT rate_limiter_proxy.define_tier(%s, 'team', rate => 4)", (name,))
+        c.execute("SELECT rate_limiter_proxy.override(%s, 'k', tier => 'team')", (name,))
+        with pytest.raises(errors.FeatureNotSupported, match="overrides or tiers"):
+            c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 2, '1 hour', shards => 4)", (name,))
+        took = sum(c.execute("SELECT ok FROM rate_limiter_proxy.rate_limit(%s, 'k')", (name,)).fetchone()[0] for _ in range(10))
+        assert took == 4, "the tier's 4, once"
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 3, '1 hour')", (name,))  # not spread: allowed
+        assert c.execute("SELECT rate_limiter_proxy.remove_override(%s, 'k')", (name,)).fetchone() == (True,)
+        assert c.execute("SELECT rate_limiter_proxy.remove_tier(%s, 'team')", (name,)).fetchone() == (True,)
+        c.execute("SELECT rate_limiter_proxy.define(%s, 'fixed window', 2, '1 hour', shards => 4)", (name,))
+        assert c.execute("SELECT shards FROM rate_limiter_proxy.limits WHERE name = %s", (name,)).fetchone() == (4,)
+
+
 def test_a_limit_defined_through_the_router_in_shadow_mode_is_so_on_every_partition(fleet2):
     name = unique("shadow")
     with fleet2.connect() as c:
@@ -771,7 +792,8 @@ def test_objects_the_database_owner_plants_never_run_in_a_superusers_call(partit
         open(os.path.join(PROXY_DIR, f)).read() for f in ("rate_limiter_proxy--0.4.0.sql", "rate_limiter_proxy--0.3.0--0.4.0.sql",
                                                           "rate_limiter_proxy--0.4.0--0.5.0.sql",
                                                           "rate_limiter_proxy--0.5.0--0.6.0.sql",
-                                                          "rate_limiter_proxy--0.6.0--0.7.0.sql")))))
+                                                          "rate_limiter_proxy--0.6.0--0.7.0.sql",
+                                                          "rate_limiter_proxy--0.7.0--0.8.0.sql")))))
     with hostile.connect(user=owner) as c:
         c.execute(PLANT.replace("%(names)s", "ARRAY[" + ", ".join(f"'{n}'" for n in names) + "]"))
         c.execute(f"ALTER DATABASE {hostile.router} SET search_path = public, pg_catalog")

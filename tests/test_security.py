@@ -273,7 +273,7 @@ def test_updating_from_020_keeps_the_grants_of_a_role_whose_name_needs_quoting(e
             admin.execute("CREATE EXTENSION rate_limiter VERSION '0.2.0'")
             admin.execute(f'GRANT EXECUTE ON FUNCTION rate_limiter.define TO "{role}"')
             admin.execute("ALTER EXTENSION rate_limiter UPDATE")
-            assert admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.7.0",)
+            assert admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.8.0",)
             assert admin.execute("SELECT has_function_privilege(%s, 'rate_limiter.define(text, text, float8, interval, "
                                  "float8, float8, integer, timestamptz, interval, text, integer, interval, text, interval, boolean, boolean, text, boolean)', "
                                  "'EXECUTE')", (role,)).fetchone() == (True,)

@@ -51,7 +51,7 @@ def in_eight_sessions(session):
 def test_a_database_owner_who_is_not_a_superuser_installs_it_with_one_psql_f(test_cluster, edition, pg):
     dbname, owner = edition
     with test_cluster.connect(dbname, user=owner) as c:
-        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.7.0",)
+        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.8.0",)
         assert c.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone() == (False,)
         # Nothing for PUBLIC, as the extension: the schema, its tables and functions.
         assert c.execute("SELECT nspacl FROM pg_namespace WHERE nspname = 'rate_limiter'").fetchone()[0] is None or \
@@ -919,12 +919,12 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
     result = subprocess.run(move, capture_output=True, text=True)
     assert result.returncode != 0 and "objects outside the edition use it: rule _RETURN on view public.keys" in result.stderr, result.stderr
     with test_cluster.connect(dbname, user=owner) as c:
-        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.7.0",), "the edition as it was"
+        assert c.execute("SELECT rate_limiter.edition()").fetchone() == ("sql-only 0.8.0",), "the edition as it was"
         c.execute("DROP VIEW public.keys")
     result = subprocess.run(move, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     with test_cluster.connect(dbname) as c:
-        assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.7.0",)
+        assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'rate_limiter'").fetchone() == ("0.8.0",)
         assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rate_limiter_sql%'").fetchone() == (0,)
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
         after = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1, config => %s::jsonb)", k).fetchone()

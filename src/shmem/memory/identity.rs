@@ -6,7 +6,10 @@
 //! The secret is a file of the data directory, made at the first start with the library:
 //! a base backup copies it, so that a standby places keys as its primary does and loads the
 //! primary's snapshot at its promotion. A new secret (the file lost) only makes the saved
-//! counts match no key: they start full, as after a crash without a snapshot.
+//! counts match no key: they start full, as after a crash without a snapshot. Beside it, the
+//! system identifier it was made under: a copy that became a cluster of its own under another
+//! identifier (pg_createsubscriber gives its logical subscriber one) makes a secret of its own,
+//! and so an origin of its own in the snapshot log, which it may receive its publisher's.
 
 use std::hash::Hasher;
 use std::io::Write;
@@ -17,6 +20,8 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// In the data directory (the postmaster's working directory).
 const SECRET_FILE: &str = "rate_limiter_memory.secret";
+/// The system identifier (pg_control's) the secret was made under, as decimal text.
+const SYSTEM_FILE: &str = "rate_limiter_memory.system";
 
 /// The entry of (limit, key) under the named limit or one inline config of its name.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -116,28 +121,49 @@ pub fn config_tag(fingerprint: &[u8; 16]) -> u64 {
 /// The cluster's secret: read from its file, or made and written there at the first start.
 /// Only in the postmaster, before any backend runs.
 pub(super) fn cluster_secret() -> [u64; 2] {
+    // SAFETY: the postmaster has read pg_control before it makes shared memory.
+    let system = unsafe { pg_sys::GetSystemIdentifier() }.to_string();
+    let made_under = std::fs::read_to_string(SYSTEM_FILE).ok();
     if let Ok(bytes) = std::fs::read(SECRET_FILE) {
-        if let Ok(bytes) = <[u8; 16]>::try_from(bytes.as_slice()) {
-            return secret_of(bytes);
+        match <[u8; 16]>::try_from(bytes.as_slice()) {
+            // A secret from before the file of its identifier (0.7.0) is this cluster's.
+            Ok(bytes) if made_under.as_deref().is_none_or(|id| id.trim() == system) => {
+                if made_under.is_none() {
+                    write_file(SYSTEM_FILE, system.as_bytes(), "its system identifier");
+                }
+                return secret_of(bytes);
+            }
+            Ok(_) => pgrx::log!(
+                "rate_limiter: the memory limits' secret was made under another system identifier: this cluster was copied and is one of its own now (as pg_createsubscriber makes one), so a new secret is made, and with it an origin of its own in rate_limiter.memory_snapshot"
+            ),
+            Err(_) => pgrx::warning!("rate_limiter: {SECRET_FILE} is not 16 bytes: a new secret is made, and saved memory limit counts match no key"),
         }
-        pgrx::warning!("rate_limiter: {SECRET_FILE} is not 16 bytes: a new secret is made, and saved memory limit counts match no key");
     }
     let mut bytes = [0u8; 16];
     // SAFETY: a buffer of 16 writable bytes.
     if !unsafe { pg_sys::pg_strong_random(bytes.as_mut_ptr().cast(), bytes.len()) } {
         pgrx::error!("rate_limiter: no strong random bytes for the memory limits' secret");
     }
-    let written = (|| {
-        let tmp = format!("{SECRET_FILE}.tmp");
-        let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        std::fs::rename(tmp, SECRET_FILE)
-    })();
-    if let Err(e) = written {
-        pgrx::warning!("rate_limiter: the memory limits' secret was not written to {SECRET_FILE} ({e}): counts saved now match no key after a restart");
+    if write_file(SECRET_FILE, &bytes, "the memory limits' secret") {
+        write_file(SYSTEM_FILE, system.as_bytes(), "its system identifier");
     }
     secret_of(bytes)
+}
+
+/// Write `bytes` to `name` in the data directory, whole or not at all; a warning naming
+/// `what` if it could not be (counts saved now then match no key after a restart).
+fn write_file(name: &str, bytes: &[u8], what: &str) -> bool {
+    let written = (|| {
+        let tmp = format!("{name}.tmp");
+        let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(tmp, name)
+    })();
+    if let Err(e) = &written {
+        pgrx::warning!("rate_limiter: {what} was not written to {name} ({e}): counts saved now match no key after a restart");
+    }
+    written.is_ok()
 }
 
 /// SipHash's two keys from the secret's 16 bytes.
