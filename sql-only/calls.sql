@@ -110,7 +110,7 @@ BEGIN
              CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode,
              CASE WHEN calendar THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
              CASE WHEN calendar THEN CASE WHEN months > 0 THEN months ELSE days END END,
-             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), l.shards)::rate_limiter._config;
+             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), l.shards, false)::rate_limiter._config;
     RETURN rate_limiter._validate(c, l.shards, lock_timeout, deny_cache, l.start IS NULL OR isfinite(l.start), l.hot, l.durable);
 END $$;
 
@@ -447,7 +447,7 @@ BEGIN
             CASE WHEN kind = 'rolling window' THEN coalesce(buckets, 10) ELSE 0 END, coalesce(mode, 'all'),
             CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
             CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN months ELSE days END END,
-            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), coalesce(shards, 1))::rate_limiter._config,
+            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), coalesce(shards, 1), false)::rate_limiter._config,
         coalesce(shards, 1), lock_timeout, deny_cache,
         us >= -210866803200000000::float8 AND us < 9224318016000000000::float8,
         false, coalesce(durable, true));
@@ -1125,6 +1125,8 @@ BEGIN
         s := sharded.s;
         shard := sharded.shard;
     END IF;
+    -- As a call reads it: a level written under other numbers keeps what was used.
+    s := rate_limiter._carried(s, rate_limiter._per_shard(c));
     value := s.value;
     ts := rate_limiter._ts(s.ts);
     effective_config := jsonb_strip_nulls(jsonb_build_object(

@@ -415,11 +415,13 @@ END $$;
 CREATE TYPE rate_limiter._state AS (value double precision, ts double precision, granted_at double precision,
                                     counts double precision[]);
 
--- The config the arithmetic reads, as bucket::Config (per shard).
+-- The config the arithmetic reads, as bucket::Config (per shard; split: one shard's share of a
+-- limit of several, whose state keeps no capacity mark).
 CREATE TYPE rate_limiter._config AS (
     kind text, rate double precision, period double precision, capacity double precision,
     max_reserved double precision, start double precision, min_gap double precision, buckets integer,
-    mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision, shards integer);
+    mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision, shards integer,
+    split boolean);
 
 -- bucket::Check: what taking `count` from a state at `now` gives.
 CREATE TYPE rate_limiter._check AS (
@@ -821,7 +823,8 @@ RETURN greatest(((9224318016000000::float8 - now)
 -- bucket::carried: the state as c reads it. A token bucket's or fixed window's value is what
 -- is left of the capacity it keeps as its one count, negated: under another capacity the key keeps
 -- what it used (the bucket's deficit; the fixed window's tokens taken in its window, never
--- below 0 but for a debt of reservations, which is kept). A window kind reads it as a row of
+-- below 0 but for a debt of reservations, which is kept), marked with the new capacity. A
+-- share of several shards reads the level as it stands. A window kind reads it as a row of
 -- another kind: the tokens used, no counts.
 CREATE FUNCTION rate_limiter._carried(s rate_limiter._state, c rate_limiter._config) RETURNS rate_limiter._state
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -834,10 +837,15 @@ BEGIN
         RETURN s;
     END IF;
     used := -s.counts[1] - s.value;
-    IF c.kind = 'token bucket' AND -s.counts[1] <> c.capacity THEN
+    IF c.kind IN ('token bucket', 'fixed window') AND c.split THEN
+        -- A share of several shards reads the level as it stands (as before 0.8.0).
+        s.counts := NULL;
+    ELSIF c.kind = 'token bucket' THEN
         s.value := c.capacity - used;
-    ELSIF c.kind = 'fixed window' AND -s.counts[1] <> c.capacity THEN
+        s.counts := ARRAY[-c.capacity];
+    ELSIF c.kind = 'fixed window' THEN
         s.value := greatest(c.capacity - used, least(s.value, 0::float8));
+        s.counts := ARRAY[-c.capacity];
     ELSIF c.kind IN ('sliding window', 'rolling window') THEN
         s.value := c.rate - used;
         s.counts := NULL;
@@ -880,7 +888,7 @@ BEGIN
         r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
         r.available := r.value;
         -- What the value is left of: a later config of another capacity keeps what was used.
-        r.counts := ARRAY[-c.capacity];
+        r.counts := CASE WHEN c.split THEN NULL ELSE ARRAY[-c.capacity] END;
     END IF;
     r.reason := 'exhausted';
     -- A gap that has passed is forgotten, so the row can expire.
@@ -1535,7 +1543,7 @@ BEGIN
              CASE WHEN l.kind = 'rolling window' THEN coalesce(l.buckets, 10) ELSE 0 END, l.mode,
              CASE WHEN calendar THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
              CASE WHEN calendar THEN CASE WHEN months > 0 THEN months ELSE days END END,
-             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), l.shards)::rate_limiter._config;
+             zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), l.shards, false)::rate_limiter._config;
     RETURN rate_limiter._validate(c, l.shards, lock_timeout, deny_cache, l.start IS NULL OR isfinite(l.start), l.hot, l.durable);
 END $$;
 
@@ -1872,7 +1880,7 @@ BEGIN
             CASE WHEN kind = 'rolling window' THEN coalesce(buckets, 10) ELSE 0 END, coalesce(mode, 'all'),
             CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN 'm' ELSE 'd' END END,
             CASE WHEN zone IS NOT NULL THEN CASE WHEN months > 0 THEN months ELSE days END END,
-            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), coalesce(shards, 1))::rate_limiter._config,
+            zone, rate_limiter._cal_anchor(zone, CASE WHEN months > 0 THEN 'm' ELSE 'd' END, days, start), coalesce(shards, 1), false)::rate_limiter._config,
         coalesce(shards, 1), lock_timeout, deny_cache,
         us >= -210866803200000000::float8 AND us < 9224318016000000000::float8,
         false, coalesce(durable, true));
@@ -2550,6 +2558,8 @@ BEGIN
         s := sharded.s;
         shard := sharded.shard;
     END IF;
+    -- As a call reads it: a level written under other numbers keeps what was used.
+    s := rate_limiter._carried(s, rate_limiter._per_shard(c));
     value := s.value;
     ts := rate_limiter._ts(s.ts);
     effective_config := jsonb_strip_nulls(jsonb_build_object(
@@ -2898,6 +2908,7 @@ BEGIN
     c.capacity := c.capacity / c.shards::float8;
     c.max_reserved := c.max_reserved / c.shards::float8;
     c.shards := 1;
+    c.split := true;
     RETURN c;
 END $$;
 

@@ -17,6 +17,7 @@ BEGIN
     c.capacity := c.capacity / c.shards::float8;
     c.max_reserved := c.max_reserved / c.shards::float8;
     c.shards := 1;
+    c.split := true;
     RETURN c;
 END $$;
 

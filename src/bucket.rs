@@ -20,13 +20,13 @@ mod types;
 
 pub use calendar::Calendar;
 pub use plan::{plan, plan_credit, Outcome};
-pub use shard::{available, check, expires, fresh};
+pub use shard::{as_read, available, check, expires, fresh};
 pub use types::*;
 #[cfg(test)]
 use {
     calendar::END_OF_TIME_MS,
     convex::storable_debt,
-    shard::{fresh_state, phase_fraction, reset_after},
+    shard::{carried, fresh_state, phase_fraction, reset_after},
 };
 
 #[cfg(test)]

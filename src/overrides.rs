@@ -46,19 +46,26 @@ pub fn applied(name: &str, numbers: &Override) -> Result<Config> {
     Config::try_from(&numbers.applied_to(&row))
 }
 
+/// The most configs `configs_in_force` gives: each memory key's expiry is computed under
+/// each of them at the change's commit, under its partition's lock.
+const MOST_CONFIGS_IN_FORCE: usize = 32;
+
 /// Every config a key of `name` may be decided under when the limit's row is `row`, each
 /// once: the row's own, and each override's and tier's numbers in force applied to it, with
 /// `changing` (the numbers a change under way gives or takes). Numbers the row cannot have are
-/// left out (such a key's calls are refused).
-pub fn configs_in_force(name: &str, row: &LimitRow, changing: &[Override]) -> Vec<Config> {
+/// left out (such a key's calls are refused). None past `MOST_CONFIGS_IN_FORCE`.
+pub fn configs_in_force(name: &str, row: &LimitRow, changing: &[Override]) -> Option<Vec<Config>> {
     let mut configs: Vec<Config> = Vec::new();
     let numbers = std::iter::once(Override::default()).chain(changing.iter().copied()).chain(storage::numbers_given(name));
     for config in numbers.filter_map(|n| Config::try_from(&n.applied_to(row)).ok()) {
         if !configs.contains(&config) {
+            if configs.len() == MOST_CONFIGS_IN_FORCE {
+                return None;
+            }
             configs.push(config);
         }
     }
-    configs
+    Some(configs)
 }
 
 /// Whether the overrides and tiers of `name` still give numbers the limit's new row `row` can

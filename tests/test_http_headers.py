@@ -8,6 +8,7 @@ import json
 from http_sfv import List, Token
 
 from calls import define
+from clusters import every_version
 from editions import edition  # noqa: F401 - a fixture
 
 HEADERS = ("SELECT rate_limiter.http_headers(%(n)s, d, key => %(k)s, draft => %(draft)s, partition_key => %(pk)s), "
@@ -79,7 +80,8 @@ def test_draft_nine_stays_on_request_for_the_clients_that_parse_it(test_conn, na
     assert set(policy) == {"q", "w"} and float(policy["q"]) == 0.5 and policy["w"] == 1, "0.6.0's fields, no pk"
 
 
-def test_integers_stay_within_fifteen_digits_in_the_extension_and_the_edition(test_conn, test_cluster, edition, name):
+@every_version
+def test_integers_stay_within_fifteen_digits_in_the_extension_and_the_edition(test_conn, test_cluster, edition, name, pg):
     """Issue 64, F7: a rate of 1e15 wrote q=1000000000000000, 16 digits, and a strict parser
     (RFC 9651 allows 15) dropped the whole field. Each integer is now told as at most
     999,999,999,999,999: a quota so large told as less than it is, never more."""

@@ -378,6 +378,7 @@ def test_an_override_or_a_redefinition_with_overrides_pins_no_key_of_its_limit(c
     small.stop()
 
 
+@every_version
 def test_a_database_on_0_6_0s_sql_keeps_its_keys_counted_in_rows_across_a_restart(clusters):
     """Issue 64, F3: under this library, a database not yet updated from 0.6.0 has no
     snapshot log to mark that keys were counted in rows; after a clean restart, once the

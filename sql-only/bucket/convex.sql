@@ -14,7 +14,8 @@ RETURN greatest(((9224318016000000::float8 - now)
 -- bucket::carried: the state as c reads it. A token bucket's or fixed window's value is what
 -- is left of the capacity it keeps as its one count, negated: under another capacity the key keeps
 -- what it used (the bucket's deficit; the fixed window's tokens taken in its window, never
--- below 0 but for a debt of reservations, which is kept). A window kind reads it as a row of
+-- below 0 but for a debt of reservations, which is kept), marked with the new capacity. A
+-- share of several shards reads the level as it stands. A window kind reads it as a row of
 -- another kind: the tokens used, no counts.
 CREATE FUNCTION rate_limiter._carried(s rate_limiter._state, c rate_limiter._config) RETURNS rate_limiter._state
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -27,10 +28,15 @@ BEGIN
         RETURN s;
     END IF;
     used := -s.counts[1] - s.value;
-    IF c.kind = 'token bucket' AND -s.counts[1] <> c.capacity THEN
+    IF c.kind IN ('token bucket', 'fixed window') AND c.split THEN
+        -- A share of several shards reads the level as it stands (as before 0.8.0).
+        s.counts := NULL;
+    ELSIF c.kind = 'token bucket' THEN
         s.value := c.capacity - used;
-    ELSIF c.kind = 'fixed window' AND -s.counts[1] <> c.capacity THEN
+        s.counts := ARRAY[-c.capacity];
+    ELSIF c.kind = 'fixed window' THEN
         s.value := greatest(c.capacity - used, least(s.value, 0::float8));
+        s.counts := ARRAY[-c.capacity];
     ELSIF c.kind IN ('sliding window', 'rolling window') THEN
         s.value := c.rate - used;
         s.counts := NULL;
@@ -73,7 +79,7 @@ BEGIN
         r.ok := r.value >= 0 OR (reserve AND NOT (-r.value > coalesce(c.max_reserved, rate_limiter._storable_debt(c, now))));
         r.available := r.value;
         -- What the value is left of: a later config of another capacity keeps what was used.
-        r.counts := ARRAY[-c.capacity];
+        r.counts := CASE WHEN c.split THEN NULL ELSE ARRAY[-c.capacity] END;
     END IF;
     r.reason := 'exhausted';
     -- A gap that has passed is forgotten, so the row can expire.

@@ -11,11 +11,13 @@
 CREATE TYPE rate_limiter._state AS (value double precision, ts double precision, granted_at double precision,
                                     counts double precision[]);
 
--- The config the arithmetic reads, as bucket::Config (per shard).
+-- The config the arithmetic reads, as bucket::Config (per shard; split: one shard's share of a
+-- limit of several, whose state keeps no capacity mark).
 CREATE TYPE rate_limiter._config AS (
     kind text, rate double precision, period double precision, capacity double precision,
     max_reserved double precision, start double precision, min_gap double precision, buckets integer,
-    mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision, shards integer);
+    mode text, cal_unit text, cal_n integer, cal_zone text, cal_anchor double precision, shards integer,
+    split boolean);
 
 -- bucket::Check: what taking `count` from a state at `now` gives.
 CREATE TYPE rate_limiter._check AS (

@@ -15,7 +15,7 @@ use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
-use crate::bucket::{Config, Kind};
+use crate::bucket::{self, Config, Kind};
 use crate::call::Reason;
 use crate::cache;
 use crate::clock;
@@ -444,6 +444,8 @@ fn rate_limit_value(
         let mut config = resolve_for(&mut req, config)?;
         let (state, shard) = limiter::value(&table, &req, &config, sample);
         drop(table);
+        // As a call reads it: a level written under other numbers keeps what was used.
+        let state = bucket::as_read(state, &config);
         if config.kind.has_windows() && config.start.is_none() {
             // As the Convex component does: report the window phase in force.
             config.start = Some(state.ts);

@@ -131,8 +131,8 @@ fn memory_limit_changing(trigger: &PgTrigger<'_>) {
         let stays = new.as_ref().filter(|new| memory(new) && name(new) == name(old));
         // The configs its keys may be decided under now: the limit's, and its overrides' and
         // tiers' (a row outside the bounds is refused by calls, and gives none).
-        let now = stays.map(|new| overrides::configs_in_force(&name(new), &limit_row(new), &[]));
-        limiter::memory::limit_changing(&name(old), now);
+        let configs = stays.map(|new| move || overrides::configs_in_force(&name(new), &limit_row(new), &[]));
+        limiter::memory::limit_changing(&name(old), configs.as_ref().map(|f| f as &dyn Fn() -> Option<Vec<Config>>));
     }
 }
 
@@ -226,7 +226,7 @@ fn override_changing(trigger: &PgTrigger<'_>) {
     // changed rows' numbers among them (never pinned until its next call).
     let changing: Vec<Override> = trigger.old().iter().chain(trigger.new().iter()).map(override_numbers).collect();
     for (name, limit) in limits.iter().filter(|(_, limit)| !limit.durable) {
-        limiter::memory::limit_changing(name, Some(overrides::configs_in_force(name, limit, &changing)));
+        limiter::memory::limit_changing(name, Some(&|| overrides::configs_in_force(name, limit, &changing)));
     }
     // Any `until` but 'infinity' ('-infinity' too, never in force) is an end, which would
     // change a hot or memory key's numbers under its calls in flight with nothing to wait for

@@ -2,7 +2,7 @@
 //! operation for operation (so floating point rounding matches too).
 
 use super::calendar::END_OF_TIME_MS;
-use super::types::{Check, Config, Kind, State};
+use super::types::{Check, Config, Counts, Kind, State};
 use crate::call::Reason;
 
 /// What one (name, key) may owe without `max_reserved`: as much as refills from `now` until
@@ -50,7 +50,7 @@ pub(super) fn convex_check(state: State, config: &Config, now: f64, count: f64, 
         value,
         ts,
         // What the value is left of: a later config of another capacity keeps what was used.
-        counts: State::capacity_mark(config.capacity),
+        counts: if config.split { Counts::NONE } else { State::capacity_mark(config.capacity) },
         available: value,
         retry_after,
         granted_at: None,

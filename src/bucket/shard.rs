@@ -38,18 +38,26 @@ pub fn fresh_state(config: &Config, now: f64, phase: f64) -> State {
 /// tokens taken in its window. Numbers raised give the difference at once; lowered below what
 /// was used, none until the bucket refills it, or (a fixed window) until the window ends: a
 /// fixed window's debt of reservations is kept, never made deeper. A window kind reads such a
-/// state as a row of another kind: tokens used, no counts.
+/// state as a row of another kind: tokens used, no counts. The state read is marked with the
+/// new capacity, so that reading it again changes nothing.
 pub(super) fn carried(state: State, config: &Config) -> State {
     let Some(written_under) = state.written_under() else { return state };
     let used = written_under - state.value;
+    let marked = State::capacity_mark(config.capacity);
     match config.kind {
-        Kind::TokenBucket if written_under != config.capacity => State { value: config.capacity - used, ..state },
-        Kind::FixedWindow if written_under != config.capacity => {
-            State { value: (config.capacity - used).max(state.value.min(0.0)), ..state }
-        }
-        Kind::TokenBucket | Kind::FixedWindow | Kind::Concurrency => state,
+        // A share of several shards reads the level as it stands (as before 0.8.0).
+        Kind::TokenBucket | Kind::FixedWindow if config.split => State { counts: Counts::NONE, ..state },
+        Kind::TokenBucket => State { value: config.capacity - used, counts: marked, ..state },
+        Kind::FixedWindow => State { value: (config.capacity - used).max(state.value.min(0.0)), counts: marked, ..state },
+        Kind::Concurrency => state,
         Kind::SlidingWindow | Kind::RollingWindow => State { value: config.rate - used, counts: Counts::NONE, ..state },
     }
+}
+
+/// `state` as a call under `config` (the limit's) reads it before any refill (`carried`):
+/// what `rate_limit_value` reports.
+pub fn as_read(state: State, config: &Config) -> State {
+    carried(state, &config.per_shard())
 }
 
 /// Refill `state` up to `now`, take `count`, and say whether that is allowed: the kind's

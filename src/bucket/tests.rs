@@ -32,6 +32,7 @@ pub(super) fn config(kind: Kind, rate: f64, period: f64) -> Config {
         durable: true,
         enforce: true,
         calendar: None,
+        split: false,
     }
 }
 
@@ -592,6 +593,23 @@ fn numbers_changed_under_a_key_keep_what_it_used() {
         // Same numbers: the arithmetic is unchanged.
         assert_eq!(check(state, &six, NOW, 1.0, false).value, check(at(state.value, NOW), &six, NOW, 1.0, false).value);
     }
+    // A share of several shards keeps no mark, and reads a marked state at its level: a limit
+    // of 40 in 4 shards, drained, made one shard, gives none more in the window (its shard 0
+    // saw 10 of the 40 taken); one shard made 4 reads shard 0 at its level, as before 0.8.0.
+    for kind in [Kind::TokenBucket, Kind::FixedWindow] {
+        let four = Config { shards: 4, ..config(kind, 40.0, HOUR) };
+        let share = check(fresh_state(&four.per_shard(), NOW, 0.0), &four.per_shard(), NOW, 10.0, false).state();
+        assert_eq!((share.value, share.written_under()), (0.0, None), "{kind:?}");
+        assert!(!check(share, &config(kind, 40.0, HOUR), NOW, 1.0, false).ok, "{kind:?}: none more as one shard");
+        let whole = check(fresh_state(&config(kind, 40.0, HOUR), NOW, 0.0), &config(kind, 40.0, HOUR), NOW, 40.0, false).state();
+        assert_eq!(check(whole, &four.per_shard(), NOW, 0.0, false).value, 0.0, "{kind:?}: the level, no carry");
+    }
+    // Read twice, a carried state changes no more (its mark is the new capacity).
+    let tb3 = config(Kind::TokenBucket, 3.0, HOUR);
+    let three_used = check(fresh_state(&tb3, NOW, 0.0), &tb3, NOW, 3.0, false).state();
+    let tb10 = config(Kind::TokenBucket, 10.0, HOUR);
+    assert_eq!(carried(carried(three_used, &tb10), &tb10), carried(three_used, &tb10));
+    assert_eq!(reset_after(three_used, &tb10, NOW), 3.0 / 10.0 * HOUR, "3 used, refilled at 10 an hour");
     // A window kind reads such a state as a row of another kind: the tokens used count.
     let tb = config(Kind::TokenBucket, 10.0, HOUR);
     let used = check(fresh_state(&tb, NOW, 0.0), &tb, NOW, 4.0, false).state();

@@ -85,6 +85,10 @@ pub struct Config {
     /// Fixed window: windows on the calendar (months, a day, a week in a time zone) instead
     /// of every `period` ms; `period` is then their nominal length.
     pub calendar: Option<Calendar>,
+    /// One shard's share of a limit of several (`per_shard`): its state keeps no capacity
+    /// mark, so that a change of the number of shards, which moves a key's count between
+    /// shards, never reads one share's use as the whole key's (`shard::carried`).
+    pub split: bool,
 }
 
 /// What a call answers when `lock_timeout` passes.
@@ -126,6 +130,7 @@ impl Config {
             capacity: self.capacity / n,
             max_reserved: self.max_reserved.map(|m| m / n),
             shards: 1,
+            split: true,
             ..*self
         }
     }

@@ -116,6 +116,7 @@ impl TryFrom<&LimitRow> for Config {
             hot: row.hot,
             durable: row.durable,
             enforce: row.enforce,
+            split: false,
         })
     }
 }
@@ -206,6 +207,7 @@ pub fn from_json(value: &Value) -> Result<Config> {
         durable: durable.unwrap_or(true),
         enforce: enforce.unwrap_or(true),
         calendar: calendar(kind, period_interval, tz, start, NamedBy::Inline)?,
+        split: false,
     })
 }
 

@@ -371,9 +371,11 @@ fn forget(rows: Rows) {
 
 /// A memory limit changing (`rate_limiter.limits`' trigger): it waits for the calls in
 /// flight, and at commit its keys' counts are taken on under the configs its keys may now be
-/// decided under (`now`: the limit's, its overrides' and tiers'), as a durable limit's rows
-/// are; deleted or renamed (`now` is `None`), its counts go.
-pub fn limit_changing(name: &str, now: Option<Vec<Config>>) {
+/// decided under (`now`, asked once no other change of its can commit meanwhile: the
+/// limit's, its overrides' and tiers'; none known, none of its keys is given away until
+/// called again), as a durable limit's rows are; deleted or renamed (`now` is `None`), its
+/// counts go.
+pub fn limit_changing(name: &str, now: Option<&dyn Fn() -> Option<Vec<Config>>>) {
     load_snapshot();
     storage::hold_calls_off();
     let Some(limit) = memory::limit_tag(cache::relations().state, name) else { return };
@@ -382,7 +384,7 @@ pub fn limit_changing(name: &str, now: Option<Vec<Config>>) {
     }
     in_flight::forget_at_commit(match now {
         None => Forget::MemoryLimit(limit),
-        Some(config) => Forget::MemoryChanged(limit, config),
+        Some(configs) => Forget::MemoryChanged(limit, configs().unwrap_or_default()),
     });
 }
 

@@ -233,6 +233,10 @@ mod tests {
             def("raised", 3);
             assert_eq!(admitted("raised", "k", 4), 3, "{kind}");
             run("SELECT rate_limiter.override('raised', 'k', rate => 10)");
+            if kind == "token bucket" || kind == "fixed window" {
+                let value = one::<f64>("SELECT value FROM rate_limiter.rate_limit_value('raised', 'k')");
+                assert_eq!(value, Some(7.0), "{kind}: rate_limit_value reads it as a call does");
+            }
             assert_eq!(admitted("raised", "k", 10), 7, "{kind}: raised from 3 to 10 after 3 taken");
             def("tiered", 1);
             run("SELECT rate_limiter.define_tier('tiered', 'pro', rate => 5)");
