@@ -1055,7 +1055,8 @@ END $$;
 
 -- What one call decides on one state at now (bucket::plan for one shard, with what a denial
 -- does instead by mode, bucket/modes.rs; Outcome::decision): the decision, and the state to
--- write when the call changes it (an ok call; a denial in the penalize mode), else NULL.
+-- write when the call changes it (an ok call; a denial in the penalize mode; a level written
+-- under another capacity), else NULL.
 CREATE FUNCTION rate_limiter._decide(s rate_limiter._state, c rate_limiter._config, now double precision, name text,
                                      count double precision, reserve boolean,
                                      OUT d rate_limiter.decision, OUT after rate_limiter._state)
@@ -1099,6 +1100,13 @@ BEGIN
         d := ROW(false, took.retry_after, refilled.available,
                  greatest(0::float8, rate_limiter._reset_after(ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state, c, now)),
                  0, took.reason, name)::rate_limiter.decision;
+        -- A level written under another capacity (numbers changed since) is written all the
+        -- same, as it reads now, with an expiry under the numbers in force (limiter/rows.rs
+        -- remarked): prune() keeps the row while the key still owes what it used.
+        IF array_length(s.counts, 1) = 1 AND s.counts[1] < 0 AND array_length(refilled.counts, 1) = 1
+           AND refilled.counts[1] < 0 AND refilled.counts[1] <> s.counts[1] THEN
+            after := ROW(refilled.value, refilled.ts, refilled.granted_at, refilled.counts)::rate_limiter._state;
+        END IF;
     END IF;
 END $$;
 

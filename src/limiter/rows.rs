@@ -119,7 +119,21 @@ type Plan<'p> = &'p dyn Fn(&[State], f64) -> Outcome;
 
 /// Take `req.count` (`rate_limit`).
 pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
-    write(table, req, config, &|states, now| bucket::plan(states, config, now, req.count, req.reserve))
+    write(table, req, config, &|states, now| remarked(states, bucket::plan(states, config, now, req.count, req.reserve)))
+}
+
+/// `outcome`, with every shard it leaves unchanged whose token bucket's or fixed window's
+/// level was written under another capacity (numbers changed since) to be written all the same: a denial then stores the
+/// level as it reads it now, and an expiry under the numbers in force, so that prune() keeps
+/// the row while the key still owes what it used.
+fn remarked(states: &[State], mut outcome: Outcome) -> Outcome {
+    for (before, (after, write)) in states.iter().zip(outcome.after.iter_mut()) {
+        let (was, is) = (before.written_under(), after.written_under());
+        if was.is_some() && is.is_some() && was != is {
+            *write = true;
+        }
+    }
+    outcome
 }
 
 /// Give `req.count` back (`credit`), to the emptiest shard looked at; `config` has no

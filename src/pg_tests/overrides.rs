@@ -249,6 +249,12 @@ mod tests {
             assert_eq!(admitted("ending", "k", 4), 4, "{kind}");
             at("1 minute");
             assert_eq!(admitted("ending", "k", 3), 0, "{kind}: an override of 6 ended after 4 taken, under a limit of 2");
+            // Under the override, the row was full again 40 minutes on; under the limit's 2 an
+            // hour the key still owes then: the denials wrote it with that expiry, so prune()
+            // keeps it.
+            at("41 minutes");
+            run("SELECT rate_limiter.prune()");
+            assert_eq!(admitted("ending", "k", 1), 0, "{kind}: still owed after a prune");
             at("0");
             def("redefined", 3);
             assert_eq!(admitted("redefined", "k", 4), 3, "{kind}");

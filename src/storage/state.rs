@@ -262,11 +262,9 @@ impl StateTable {
         let ts = clock::pg_us_to_ms(attr(TS).expect(required).value() as i64);
         let counts = match attr(COUNTS) {
             None => Counts::NONE,
-            // SAFETY: a float8[] datum of the tuple in the slot; from_datum detoasts it.
-            Some(d) => unsafe { Vec::<Option<f64>>::from_datum(d, false) }
-                .and_then(|v| v.into_iter().collect::<Option<Vec<f64>>>())
-                .and_then(|v| Counts::new(&v))
-                .unwrap_or_else(|| Error::StateTableChanged.raise()),
+            // SAFETY: a float8[] datum of the tuple in the slot (the column's type checked at
+            // open), alive while the slot holds the tuple.
+            Some(d) => unsafe { counts_of(d) }.unwrap_or_else(|| Error::StateTableChanged.raise()),
         };
         let granted_at = attr(GRANTED_AT).map(|d| clock::pg_us_to_ms(d.value() as i64));
         // SAFETY: as above; the slot's tid is that of the tuple in it.
@@ -482,7 +480,7 @@ impl StateTable {
             // NULL when the state keeps no counts (a row read as written before 0.8.0).
             match state.counts.as_slice() {
                 [] => Datum::from(0),
-                counts => counts.to_vec().into_datum().expect("an array"),
+                counts => counts_datum(counts),
             },
             state.granted_at.map_or(Datum::from(0), |at| instant(at, "granted_at")),
         ];
@@ -599,3 +597,45 @@ unsafe fn slot_keys(index: pg_sys::Relation, slot: Slot<'_>) -> [pg_sys::ScanKey
         ]
     }
 }
+
+/// The counts of a `float8[]` datum: one dimension, no NULL, at most `MAX_COUNTS` (an empty
+/// array has none); None for any other. Read in place: a call reads them on every row.
+///
+/// # Safety
+/// `d` is a valid `float8[]` datum, alive for the call.
+unsafe fn counts_of(d: Datum) -> Option<Counts> {
+    // SAFETY: a varlena datum (the caller's promise); detoasting gives an ArrayType with a
+    // 4-byte header, the datum itself or a copy in the current memory context.
+    let array = unsafe { pg_sys::pg_detoast_datum(d.cast_mut_ptr()) }.cast::<pg_sys::ArrayType>();
+    // SAFETY: an ArrayType's header, then (ndim) dimensions and lower bounds, then its data at
+    // ARR_DATA_OFFSET: with no NULL bitmap (dataoffset 0), MAXALIGN of the header and those.
+    unsafe {
+        let header = &*array;
+        if header.ndim == 0 {
+            return Some(Counts::NONE);
+        }
+        if header.ndim != 1 || header.dataoffset != 0 || header.elemtype != pg_sys::FLOAT8OID {
+            return None;
+        }
+        let len = usize::try_from(*array.cast::<u8>().add(size_of::<pg_sys::ArrayType>()).cast::<i32>()).ok()?;
+        if len > crate::bucket::MAX_COUNTS {
+            return None;
+        }
+        let offset = (size_of::<pg_sys::ArrayType>() + 2 * size_of::<i32>()).next_multiple_of(pg_sys::MAXIMUM_ALIGNOF as usize);
+        let data = std::slice::from_raw_parts(array.cast::<u8>().add(offset).cast::<f64>(), len);
+        Counts::new(data)
+    }
+}
+
+/// `counts` as a `float8[]` datum, in the current memory context.
+fn counts_datum(counts: &[f64]) -> Datum {
+    let mut elements: Vec<Datum> = counts.iter().map(|c| Datum::from(c.to_bits())).collect();
+    // SAFETY: `elements` holds `counts.len()` float8 datums by value (FLOAT8PASSBYVAL on the
+    // 64-bit platforms pgrx builds for), 8 bytes each, double-aligned; construct_array copies
+    // them into a new array of the current memory context.
+    let array = unsafe {
+        pg_sys::construct_array(elements.as_mut_ptr(), counts.len() as i32, pg_sys::FLOAT8OID, 8, true, pg_sys::TYPALIGN_DOUBLE as std::ffi::c_char)
+    };
+    Datum::from(array)
+}
+
