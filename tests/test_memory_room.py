@@ -311,6 +311,7 @@ def test_one_transaction_locks_a_bounded_number_of_keys_counted_in_rows(clusters
             c.execute("SELECT rate_limiter.rate_limit('m', %s)", (f"filler {i}",))
         in_memory = c.execute("SELECT key FROM rate_limiter.state WHERE name = 'm'").fetchall()
         assert len(in_memory) >= 100 - 64, "the table is full: keys are counted in rows"
+        # The memory keys' locks: advisory tags whose field 4, objsubid here, is 0x524d ("RM").
         key_locks = """SELECT count(*) FROM pg_locks
                        WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 21069"""
         c.execute("BEGIN")

@@ -128,11 +128,12 @@ fn memory_limit_changing(trigger: &PgTrigger<'_>) {
         }
     }
     if let Some(old) = old.as_ref().filter(|row| memory(row)) {
-        let stays = new.as_ref().filter(|new| memory(new) && name(new) == name(old));
-        // The configs its keys may be decided under now: the limit's, and its overrides' and
-        // tiers' (a row outside the bounds is refused by calls, and gives none).
-        let configs = stays.map(|new| move || overrides::configs_in_force(&name(new), &limit_row(new), &[]));
-        limiter::memory::limit_changing(&name(old), configs.as_ref().map(|f| f as &dyn Fn() -> Option<Vec<Config>>));
+        match new.as_ref().filter(|new| memory(new) && name(new) == name(old)) {
+            // The configs its keys may be decided under now: the limit's, and its overrides'
+            // and tiers' (a row outside the bounds is refused by calls, and gives none).
+            Some(new) => limiter::memory::limit_changing(&name(old), || overrides::configs_in_force(&name(new), &limit_row(new), &[])),
+            None => limiter::memory::limit_going(&name(old)),
+        }
     }
 }
 
@@ -176,7 +177,6 @@ fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
         return;
     }
     let name = |row: &PgHeapTuple<'_, AllocatedByPostgres>| row.get_by_name::<String>("name").ok().flatten().unwrap_or_default();
-    let flag = |row: &PgHeapTuple<'_, AllocatedByPostgres>, column: &str| row.get_by_name::<bool>(column).ok().flatten();
     let (old, new) = (trigger.old(), trigger.new());
     if let Some(old) = &old {
         if new.as_ref().is_none_or(|new| name(new) != name(old)) {
@@ -184,8 +184,8 @@ fn overrides_follow_their_limit(trigger: &PgTrigger<'_>) {
         }
     }
     if let Some(new) = &new {
-        let concurrency = new.get_by_name::<String>("kind").ok().flatten().is_some_and(|kind| kind == "concurrency");
-        let no_end = config::no_end_for(concurrency, flag(new, "hot") == Some(true), flag(new, "durable") != Some(false));
+        let row = limit_row(new);
+        let no_end = config::no_end_for(row.kind == "concurrency", row.hot, row.durable);
         if let Some(which) = no_end.filter(|_| storage::has_overrides_ending(&name(new))) {
             Error::NotSupported(format!(
                 "the limit \"{}\" has overrides with an end (until), which a {which} limit's cannot have: remove_override() them first",
@@ -226,7 +226,7 @@ fn override_changing(trigger: &PgTrigger<'_>) {
     // changed rows' numbers among them (never pinned until its next call).
     let changing: Vec<Override> = trigger.old().iter().chain(trigger.new().iter()).map(override_numbers).collect();
     for (name, limit) in limits.iter().filter(|(_, limit)| !limit.durable) {
-        limiter::memory::limit_changing(name, Some(&|| overrides::configs_in_force(name, limit, &changing)));
+        limiter::memory::limit_changing(name, || overrides::configs_in_force(name, limit, &changing));
     }
     // Any `until` but 'infinity' ('-infinity' too, never in force) is an end, which would
     // change a hot or memory key's numbers under its calls in flight with nothing to wait for

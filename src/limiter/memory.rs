@@ -369,23 +369,30 @@ fn forget(rows: Rows) {
     }
 }
 
-/// A memory limit changing (`rate_limiter.limits`' trigger): it waits for the calls in
-/// flight, and at commit its keys' counts are taken on under the configs its keys may now be
-/// decided under (`now`, asked once no other change of its can commit meanwhile: the
-/// limit's, its overrides' and tiers'; none known, none of its keys is given away until
-/// called again), as a durable limit's rows are; deleted or renamed (`now` is `None`), its
-/// counts go.
-pub fn limit_changing(name: &str, now: Option<&dyn Fn() -> Option<Vec<Config>>>) {
+/// A memory limit changing (the triggers of `rate_limiter.limits`, overrides and tiers): it
+/// waits for the calls in flight, and at commit its keys' counts are taken on under the
+/// configs its keys may now be decided under (`configs`, asked once no other change of it can
+/// commit meanwhile: the limit's, its overrides' and tiers'; none known, none of its keys is
+/// given away until called again), as a durable limit's rows are.
+pub fn limit_changing(name: &str, configs: impl FnOnce() -> Option<Vec<Config>>) {
+    let Some(limit) = limit_held_still(name) else { return };
+    in_flight::forget_at_commit(Forget::MemoryChanged(limit, configs().unwrap_or_default()));
+}
+
+/// A memory limit deleted or renamed: it waits for the calls in flight, and its counts go at
+/// commit.
+pub fn limit_going(name: &str) {
+    let Some(limit) = limit_held_still(name) else { return };
+    forget(Rows::Limit(limit));
+    in_flight::forget_at_commit(Forget::MemoryLimit(limit));
+}
+
+/// The tag of memory limit `name`, once its calls in flight ended and new ones wait for this
+/// transaction; None without memory limits.
+fn limit_held_still(name: &str) -> Option<u64> {
     load_snapshot();
     storage::hold_calls_off();
-    let Some(limit) = memory::limit_tag(cache::relations().state, name) else { return };
-    if now.is_none() {
-        forget(Rows::Limit(limit));
-    }
-    in_flight::forget_at_commit(match now {
-        None => Forget::MemoryLimit(limit),
-        Some(configs) => Forget::MemoryChanged(limit, configs().unwrap_or_default()),
-    });
+    memory::limit_tag(cache::relations().state, name)
 }
 
 /// After a crash or a promotion, this database's counts as the worker last wrote them,

@@ -129,7 +129,7 @@ pub(super) fn cluster_secret() -> [u64; 2] {
             // A secret from before the file of its identifier (0.7.0) is this cluster's.
             Ok(bytes) if made_under.as_deref().is_none_or(|id| id.trim() == system) => {
                 if made_under.is_none() {
-                    write_file(SYSTEM_FILE, system.as_bytes(), "its system identifier");
+                    write_system_file(&system);
                 }
                 return secret_of(bytes);
             }
@@ -144,26 +144,30 @@ pub(super) fn cluster_secret() -> [u64; 2] {
     if !unsafe { pg_sys::pg_strong_random(bytes.as_mut_ptr().cast(), bytes.len()) } {
         pgrx::error!("rate_limiter: no strong random bytes for the memory limits' secret");
     }
-    if write_file(SECRET_FILE, &bytes, "the memory limits' secret") {
-        write_file(SYSTEM_FILE, system.as_bytes(), "its system identifier");
+    match write_file(SECRET_FILE, &bytes) {
+        Ok(()) => write_system_file(&system),
+        Err(e) => pgrx::warning!(
+            "rate_limiter: the memory limits' secret was not written to {SECRET_FILE} ({e}): counts saved now match no key after a restart"
+        ),
     }
     secret_of(bytes)
 }
 
-/// Write `bytes` to `name` in the data directory, whole or not at all; a warning naming
-/// `what` if it could not be (counts saved now then match no key after a restart).
-fn write_file(name: &str, bytes: &[u8], what: &str) -> bool {
-    let written = (|| {
-        let tmp = format!("{name}.tmp");
-        let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(tmp, name)
-    })();
-    if let Err(e) = &written {
-        pgrx::warning!("rate_limiter: {what} was not written to {name} ({e}): counts saved now match no key after a restart");
+/// Record the system identifier the secret was made under. Without the file, the next start
+/// takes the secret as this cluster's, as it took a secret from before the file.
+fn write_system_file(system: &str) {
+    if let Err(e) = write_file(SYSTEM_FILE, system.as_bytes()) {
+        pgrx::warning!("rate_limiter: the system identifier was not written to {SYSTEM_FILE} ({e}): a copy of this cluster under another identifier keeps its secret");
     }
-    written.is_ok()
+}
+
+/// Write `bytes` to `name` in the data directory, whole or not at all.
+fn write_file(name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = format!("{name}.tmp");
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(tmp, name)
 }
 
 /// SipHash's two keys from the secret's 16 bytes.
