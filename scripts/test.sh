@@ -24,7 +24,17 @@ slowest_tests() {
     # Not head, which would end sort with SIGPIPE (and, under pipefail, the run with 141).
     sort -k2,2 -g -r "$TIER4_TIMINGS" | awk 'NR <= 20 { printf "%7.1f  %-11s %s\n", $2, $1, $3 }'
 }
-trap 'tier4_timings; slowest_tests; print_timings' EXIT
+# The throwaway clusters of tiers 3 and 4 stay up after the run; their logs are judged at its
+# end (a crash or failed assertion fails the run, whatever the tests said).
+STARTED=()
+judge_running_clusters() {
+    local NN status=0
+    for NN in "${STARTED[@]}"; do
+        check_server_log "$(cluster_dir "$NN")/server.log" "PostgreSQL $NN's throwaway cluster" || status=1
+    done
+    return $status
+}
+trap 'status=$?; tier4_timings; slowest_tests; print_timings; judge_running_clusters || status=1; exit $status' EXIT
 tiers=" ${*:-0 1 2 3 4} "
 wants() { for t in "$@"; do [[ $tiers == *" $t "* ]] && return 0; done; return 1; }
 read -r -a VERSIONS <<< "${RATE_LIMITER_PG_VERSIONS:-${SUPPORTED_MAJORS[*]}}"
@@ -110,7 +120,7 @@ fi
 # with SIGBUS or SIGSEGV that way): the throwaway clusters are stopped before any install and
 # started again after it. Other servers on this machine that load the library should be
 # stopped too; build_and_install itself replaces the file (a new inode).
-for NN in "${VERSIONS[@]}"; do stop_cluster "$NN"; done
+for NN in "${VERSIONS[@]}"; do stop_cluster "$NN" previous; done
 if wants 1 2; then
     for NN in "${VERSIONS[@]}"; do
         timed "tiers 1 and 2 on $NN, with clippy" unit_and_pg_tests "$NN"
@@ -124,6 +134,7 @@ CLUSTER_SETTINGS="$CLUSTER_SETTINGS -c fsync=off"
 for NN in "${VERSIONS[@]}"; do
     timed "release build and install on $NN" build_and_install "$NN"
     start_cluster "$NN"
+    STARTED+=("$NN")
 done
 if wants 3; then
     for NN in "${VERSIONS[@]}"; do timed "tier 3 on $NN" isolation "$NN"; done

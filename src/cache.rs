@@ -131,7 +131,7 @@ fn look_up() -> Relations {
         let relation = |name: &CStr| {
             let oid = pg_sys::get_relname_relid(name.as_ptr(), schema);
             if oid == pg_sys::InvalidOid {
-                error!("rate_limiter.{} is missing; reinstall the extension", name.to_string_lossy());
+                Error::RelationGone(format!("{}.{}", schema_name(schema), name.to_string_lossy())).raise()
             }
             oid
         };
@@ -227,7 +227,7 @@ unsafe fn extension_row(extension: pg_sys::Oid) -> (pg_sys::Oid, pg_sys::Oid) {
         let scan = pg_sys::systable_beginscan(catalog, pg_sys::ExtensionOidIndexId.into(), true, null_mut(), 1, &mut key);
         let tuple = pg_sys::systable_getnext(scan);
         if tuple.is_null() {
-            error!("extension rate_limiter (OID {}) vanished while it was being looked up", extension.to_u32());
+            Error::RelationGone("extension rate_limiter".to_owned()).raise()
         }
         let row = &*(pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_extension);
         let found = (row.extnamespace, row.extowner);
@@ -314,7 +314,7 @@ pub fn qualified_name(relation: pg_sys::Oid) -> String {
         let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relation));
         let name = pg_sys::get_rel_name(relation);
         if schema.is_null() || name.is_null() {
-            error!("relation {} vanished while it was in use", relation.to_u32());
+            Error::RelationGone(format!("relation {}", relation.to_u32())).raise()
         }
         CStr::from_ptr(pg_sys::quote_qualified_identifier(schema, name)).to_string_lossy().into_owned()
     }

@@ -59,6 +59,9 @@ pub enum Error {
     #[error("{0} is not an object of the extension rate_limiter")]
     NotAMember(String),
 
+    #[error("{0} does not exist: the extension was dropped, or its table, while this call waited for it")]
+    RelationGone(String),
+
     #[error("permission denied for {0}: it shows every database's limit names and keys")]
     NotAMonitor(String),
 
@@ -124,6 +127,7 @@ impl Error {
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
             }
             Error::UnknownLimit(_) | Error::UnknownTier { .. } => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            Error::RelationGone(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
             Error::TierInUse { .. } => PgSqlErrorCode::ERRCODE_FOREIGN_KEY_VIOLATION,
             Error::NotSupported(_) | Error::Concurrency(_) | Error::SlotsOnSubscriber => {
                 PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED
@@ -241,6 +245,11 @@ impl Error {
                 "An object of that name exists in the extension's schema but the extension did not \
                  create it: drop the look-alike and restore the extension's own object, or DROP \
                  EXTENSION rate_limiter and create it again."
+            }
+            Error::RelationGone(_) => {
+                "DROP EXTENSION rate_limiter committed (or a DROP of one of its tables): once \
+                 CREATE EXTENSION rate_limiter has run again, call again; a table dropped alone \
+                 comes back only with DROP EXTENSION rate_limiter and CREATE EXTENSION."
             }
             Error::ShapeChanged { .. } => {
                 "The extension reads and writes its tables and type column by column, by position: \

@@ -23,6 +23,7 @@ mod settings;
 mod shmem;
 mod snapshot_worker;
 mod storage;
+mod transaction;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod pg_tests;
@@ -37,7 +38,8 @@ pub extern "C-unwind" fn _PG_init() {
     settings::register(preloading);
     cache::register_invalidation();
     prune_worker::register();
-    storage::held_locks::register();
+    // The plain lists first: in_flight's settling touches shared memory, and may raise.
+    transaction::register(&[limiter::held_shards::at_end, storage::held_locks::at_end, limiter::in_flight::at_end]);
     if preloading {
         shmem::register();
         if shmem::memory::enabled() {
@@ -57,7 +59,10 @@ pub mod pg_test {
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
         // Shared memory (statistics, the deny cache) gets #[pg_test]s too; the prune worker
-        // stays off so that it never changes state rows under a test.
-        vec!["shared_preload_libraries = 'rate_limiter'", "rate_limiter.prune_interval = 0"]
+        // stays off so that it never changes state rows under a test. A crash or failed
+        // assertion anywhere (a worker's too, or a backend's between tests) shuts the server
+        // down instead of restarting it, so that every later test fails: the harness keeps
+        // the server's log to itself.
+        vec!["shared_preload_libraries = 'rate_limiter'", "rate_limiter.prune_interval = 0", "restart_after_crash = off"]
     }
 }

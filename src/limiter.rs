@@ -15,9 +15,9 @@ use crate::storage::StateTable;
 
 mod all;
 pub mod concurrency;
-mod held_shards;
+pub mod held_shards;
 pub mod hot;
-mod in_flight;
+pub mod in_flight;
 pub mod memory;
 mod rows;
 mod store;

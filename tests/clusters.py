@@ -4,6 +4,7 @@ listens only on a socket in /tmp, and is removed when its test ends."""
 
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,6 +36,20 @@ def from_scripts(function, argument):
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
+@functools.cache
+def from_lib(variable):
+    """A variable of scripts/lib.sh (and of servers.sh, which it sources)."""
+    return subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/lib.sh" && echo "${{{variable}}}"'],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+# The major the test command builds with assertions (scripts/servers.sh).
+ASSERT_MAJOR = from_lib("ASSERT_MAJOR")
+# A test of the extension's C paths (its shared memory, workers, transaction callbacks) runs on
+# 15 and on the assert-enabled server by this parameter, as every_version runs on each.
+on_assert_server = pytest.mark.parametrize("pg", [v for v in dict.fromkeys(["15", ASSERT_MAJOR]) if v in VERSIONS])
+
+
 def pg_bin(version="15"):
     return from_scripts("pg_bin", version)
 
@@ -56,9 +71,15 @@ PORTS = {
         "worker": 5496, "cron": 5497, "stats": 5498, "stats_unloaded": 5499, "security": 5511, "in_place": 5512,
         "upgrade_old": 5513, "upgrade_new": 5514, "exporter": 5515, "hotkeys": 5516, "hot_crash": 5517,
         "hot_primary": 5518, "hot_standby": 5519, "hot_subscriber": 5520, "package": 5521, "hot_oracle": 5522,
-        "slots_crash": 5523, "hot_updates": 5524, "memkeys": 5525, "sql_only": 5526, "planted": 5527, "partitions": [5620, 5621, 5622, 5623],
+        "slots_crash": 5523, "hot_updates": 5524, "memkeys": 5525, "sql_only": 5526, "planted": 5527, "discard": 5528, "partitions": [5620, 5621, 5622, 5623],
     }.items()
 }
+
+
+# The lines of a server log that tell of a fault: a failed assertion, a process ended by a
+# signal (the postmaster's line for a crashed backend or worker), a PANIC. As
+# scripts/lib.sh's SERVER_LOG_FAULTS, which judges the test command's own clusters.
+SERVER_LOG_FAULTS = re.compile(r"^TRAP: | PANIC:  |\(PID [0-9]+\) was terminated by signal")
 
 
 def connect(**kwargs):
@@ -87,7 +108,7 @@ class Cluster:
         return cluster
 
     def init(self, *options):
-        self.destroy()
+        self.remove()  # a directory an earlier run left, whose log is not this test's to judge
         os.makedirs(BASE, exist_ok=True)
         os.makedirs(self.dir)
         shutil.chown(BASE, "postgres")
@@ -116,6 +137,17 @@ class Cluster:
 
     def stop(self, mode="fast"):
         as_postgres(f"{self.bin}/pg_ctl", "-D", self.dir, "-w", "-m", mode, "stop", check=False)
+        self.judge()
+
+    def judge(self):
+        """Fails if the server's log tells of a crash or a failed assertion, whatever the test
+        saw: a background worker's crash, or a backend's while no test's session was in it."""
+        try:
+            with open(f"{self.dir}/server.log", errors="replace") as f:
+                faults = [line.rstrip() for line in f if SERVER_LOG_FAULTS.search(line)]
+        except OSError:
+            return
+        assert not faults, f"{self.name}'s server log tells of a fault:\n" + "\n".join(faults[:20])
 
     def kill9(self):
         """Crash: SIGKILL the postmaster and every process it started, as a power cut would."""
@@ -133,8 +165,16 @@ class Cluster:
             time.sleep(0.05)
 
     def destroy(self):
+        try:
+            if os.path.exists(f"{self.dir}/postmaster.pid"):
+                self.stop("immediate")
+            self.judge()
+        finally:
+            self.remove()
+
+    def remove(self):
         if os.path.exists(f"{self.dir}/postmaster.pid"):
-            self.stop("immediate")
+            as_postgres(f"{self.bin}/pg_ctl", "-D", self.dir, "-w", "-m", "immediate", "stop", check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def log(self):

@@ -12,7 +12,7 @@ import pytest
 from psycopg import errors
 
 from calls import amcheck_clean
-from clusters import PG_BIN, PORTS, as_postgres, connect, every_version, kill_9_under_load, rows_reach, wait_for
+from clusters import PG_BIN, PORTS, as_postgres, connect, every_version, kill_9_under_load, on_assert_server, rows_reach, wait_for
 
 NOW = "2030-01-01 00:00:00+00"
 
@@ -39,6 +39,13 @@ SHAPE_CHANGES = [
     "ALTER TABLE rate_limiter.limits DROP CONSTRAINT limits_pkey, ADD CONSTRAINT limits_pkey PRIMARY KEY (kind, name)",
     "ALTER TABLE rate_limiter.blocks DROP CONSTRAINT blocks_key_name_key, "
     "ADD CONSTRAINT blocks_key_name_key UNIQUE NULLS NOT DISTINCT (name, key)",
+    # ... or partial, and the state's on its columns in another order (a read compared the key
+    # with the name), or a CHECK its direct writes would not run.
+    "ALTER TABLE rate_limiter.limits DROP CONSTRAINT limits_pkey; "
+    "CREATE UNIQUE INDEX limits_pkey ON rate_limiter.limits (name) WHERE rate > 1e9",
+    "ALTER TABLE rate_limiter.state DROP CONSTRAINT state_key_name_shard_key, "
+    "ADD CONSTRAINT state_key_name_shard_key UNIQUE NULLS NOT DISTINCT (name, key, shard)",
+    "ALTER TABLE rate_limiter.state ADD CONSTRAINT small CHECK (value < 1e300)",
 ]
 
 
@@ -54,6 +61,18 @@ def test_a_shape_change_is_55000_with_a_hint_never_a_crash(database_name, ddl):
             with pytest.raises(errors.ObjectNotInPrerequisiteState) as raised:
                 app.execute(sql)
             assert raised.value.diag.message_hint
+        assert admin.execute("SELECT 1").fetchone() == (1,), "the server is still up"
+
+
+def test_a_column_type_changed_under_sql_is_55000_never_a_crash(database_name):
+    """A table read through SPI (the leases) with a column of another type than the one read
+    by pointer: a uuid read from a bigint dereferenced the integer."""
+    with connect(dbname=database_name) as admin:
+        admin.execute("SELECT rate_limiter.define('c', 'concurrency', 3, '1 hour')")
+        admin.execute("SELECT rate_limiter.acquire('c', 'k', lease => '1 hour')")
+        admin.execute("ALTER TABLE rate_limiter.leases ALTER COLUMN lease_id TYPE bigint USING 1")
+        with pytest.raises(errors.ObjectNotInPrerequisiteState, match="rate_limiter.leases"):
+            admin.execute("SELECT rate_limiter.acquire('c', 'k', lease => '1 hour')")
         assert admin.execute("SELECT 1").fetchone() == (1,), "the server is still up"
 
 
@@ -423,6 +442,7 @@ def expired_rows(conn, n):
     conn.execute("RESET rate_limiter.fake_now")
 
 
+@on_assert_server
 def test_the_background_worker_prunes_and_vacuums_every_database_that_has_the_extension(clusters):
     cluster = clusters("worker", PORTS["worker"], ["-c shared_preload_libraries=rate_limiter",
                                         "-c rate_limiter.prune_interval=1s"]).init().start()

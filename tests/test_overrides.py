@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from calls import define, limit
+from clusters import on_assert_server
 from together import in_sessions
 
 FAKE_NOW = "2026-01-01 00:10:00+00"
@@ -39,6 +40,7 @@ def race(test_cluster, database_name, name, change, sessions=8, calls=30):
 WHERE = {"durable": {}, "memory": {"durable": False}, "hot": {"hot": True}}
 
 
+@on_assert_server
 @pytest.mark.parametrize("where", WHERE)
 def test_an_override_raised_under_eight_sessions_admits_exactly_the_new_rate_in_the_window(test_cluster, database_name, name, where):
     """Calls before the change take under 10, calls after under 20, all from one count (a
@@ -67,6 +69,7 @@ def test_an_override_lowered_under_eight_sessions_never_admits_more_than_the_hig
         assert limit(c, name, "k")[0] is False
 
 
+@on_assert_server
 @pytest.mark.parametrize("where", WHERE)
 def test_a_tier_raised_under_eight_sessions_admits_exactly_its_new_rate_to_its_key(test_cluster, database_name, name, where):
     """The key's numbers come from its tier; the tier's change reaches it mid-run, its count

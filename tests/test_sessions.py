@@ -15,7 +15,7 @@ from psycopg import errors, sql
 
 from properties import seeded
 from calls import define, hammer, limit
-from clusters import connect, wait_for
+from clusters import connect, on_assert_server, wait_for
 from together import in_sessions
 
 
@@ -225,6 +225,7 @@ def test_a_role_with_only_execute_cannot_touch_the_tables(test_conn, name):
         test_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+@on_assert_server
 def test_plpgsql_function_and_procedure_callers(test_conn, name):
     define(test_conn, name, rate=2)
     test_conn.execute(

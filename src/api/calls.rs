@@ -13,7 +13,7 @@ use std::time::Instant;
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
 use pgrx::prelude::*;
-use pgrx::JsonB;
+use pgrx::{JsonB, PgMemoryContexts};
 
 use crate::bucket::{self, Config, Kind};
 use crate::call::Reason;
@@ -345,8 +345,16 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
         }
         let started = Instant::now();
         let mut waited = false;
+        // Each try's server memory (its config read again, its table opened) in a context of
+        // its own, emptied after it: a wait of any length holds one try's worth.
+        let mut tries = PgMemoryContexts::new("wait_rate_limit tries");
         loop {
-            let (d, config) = decide(&mut req, inline, true)?;
+            // SAFETY: the decision and config are Rust values; nothing allocated in `tries` is
+            // used after its reset below.
+            let tried = unsafe { tries.switch_to(|_| decide(&mut req, inline, true)) };
+            // SAFETY: as above.
+            unsafe { tries.reset() };
+            let (d, config) = tried?;
             let left = timeout - started.elapsed().as_secs_f64() * 1000.0;
             let poll = if config.kind == Kind::Concurrency { SLOT_POLL_MS } else { f64::INFINITY };
             match d.retry_after {
@@ -394,7 +402,7 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
     }
     let Decided { all: d, limiting, parts: decisions } = limiter::decide_all(&table, &parts, consume);
     if consume {
-        limiter::unpin_memory_parts(&parts);
+        limiter::unpin_memory_parts();
     }
     drop(table);
     let denied = !d.ok;

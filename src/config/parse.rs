@@ -57,8 +57,18 @@ unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbArg {
     }
 }
 
+/// The most bytes a jsonb argument may hold (a config, or `rate_limit_all`'s requests): it
+/// becomes Rust values several times its size, whose allocation is not PostgreSQL's to refuse.
+const MAX_JSONB_BYTES: usize = 1 << 20;
+
 impl JsonbArg {
     pub fn parse(&self) -> Result<Value> {
+        // SAFETY: the datum is a jsonb argument of the current call; its size is read from its
+        // header (a toasted value's too) without detoasting it.
+        let bytes = unsafe { pg_sys::toast_raw_datum_size(self.0) };
+        if bytes > MAX_JSONB_BYTES {
+            return Err(Error::InvalidArgument(format!("a jsonb argument of {bytes} bytes, more than {MAX_JSONB_BYTES}")));
+        }
         // SAFETY: the datum is a jsonb argument of the current call; jsonb_out detoasts it.
         let text = unsafe { pgrx::direct_function_call::<&std::ffi::CStr>(pg_sys::jsonb_out, &[Some(self.0)]) }
             .expect("jsonb_out never returns NULL");

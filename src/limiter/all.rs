@@ -45,11 +45,10 @@ pub fn place_memory_parts(parts: &mut [Part<'_>]) {
     }
 }
 
-/// The entries `place_memory_parts` kept may be given away again.
-pub fn unpin_memory_parts(parts: &[Part<'_>]) {
-    for part in parts.iter().filter(|p| Store::of(&p.config) == Store::Memory) {
-        memory::unpin(&part.req, &part.config);
-    }
+/// The entries `place_memory_parts` kept may be given away again (if an error comes first,
+/// when the transaction ends: `in_flight`).
+pub fn unpin_memory_parts() {
+    in_flight::unpin_all();
 }
 
 pub fn decide_all(table: &StateTable, parts: &[Part<'_>], consume: bool) -> Decided {

@@ -28,7 +28,6 @@ pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decisi
         Error::ChangedHere(req.name.to_owned()).raise()
     }
     let mut log = DebitLog::open(Some(c"rate_limit()"));
-    in_flight::register_callbacks();
     let now = clock::now_ms();
     let mut guard = hot::hold(req.name, req.key, config, || load(table, &log, req, config, now)).unwrap_or_else(|e| e.raise());
     let ticket = guard.ticket();

@@ -2,16 +2,13 @@
 //! of hot and memory limits in flight (their escrows' debits), escrows to drop at commit,
 //! and folds of hot logs. One set of transaction callbacks serves both kinds of escrow.
 
-use std::cell::{Cell, RefCell};
-use std::ffi::c_void;
-
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 
 use crate::bucket::Config;
 use crate::config;
 use crate::error::Error;
 use crate::shmem::{hot, memory};
+use crate::transaction::{self, Ending, Held};
 
 /// A call that took tokens from an escrow, until its transaction ends.
 pub enum Debit {
@@ -35,70 +32,73 @@ pub enum Forget {
     MemoryChanged(u64, Vec<Config>),
 }
 
-#[derive(Default)]
-struct Open {
-    debits: Vec<(Debit, pg_sys::SubTransactionId)>,
-    forget: Vec<(Forget, pg_sys::SubTransactionId)>,
-    /// The hot escrows whose logs this transaction folds.
-    folding: Vec<(hot::Ticket, pg_sys::SubTransactionId)>,
-}
-
 thread_local! {
-    static OPEN: RefCell<Open> = RefCell::new(Open::default());
-    static REGISTERED: Cell<bool> = const { Cell::new(false) };
+    /// The calls in flight, in the order made (`mark`).
+    static DEBITS: Held<(), Debit> = Held::default();
+    /// The escrows to drop at commit.
+    static FORGET: Held<(), Forget> = Held::default();
+    /// The hot escrows whose logs this transaction folds.
+    static FOLDING: Held<(), hot::Ticket> = Held::default();
+    /// Memory entries kept from being given away while a statement decides (`rate_limit_all`'s
+    /// memory parts): given back when it has, or when the (sub)transaction ends if an error
+    /// came first.
+    static PINNED: Held<(), (memory::Identity, Config)> = Held::default();
 }
 
-fn subtransaction() -> pg_sys::SubTransactionId {
-    // SAFETY: reads this backend's transaction state, inside a transaction.
-    unsafe { pg_sys::GetCurrentSubTransactionId() }
+/// `id`'s entry, pinned under `config`, is to be given back (`unpin_all`).
+pub fn note_pinned(id: memory::Identity, config: Config) {
+    PINNED.with(|pinned| pinned.add((), (id, config)));
 }
 
-/// Before the first thing noted: the callbacks, once per backend.
-pub fn register_callbacks() {
-    if !REGISTERED.get() {
-        // SAFETY: both callbacks live as long as the library; registered once per backend.
-        unsafe {
-            pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
-            pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
+/// Every entry `note_pinned` noted may be given away again.
+pub fn unpin_all() {
+    unpin(PINNED.with(Held::take));
+}
+
+fn unpin(pinned: Vec<((), (memory::Identity, Config))>) {
+    for ((), (id, config)) in pinned {
+        if let Some(mut guard) = memory::peek(&id) {
+            guard.settled(&config);
         }
-        REGISTERED.set(true);
     }
 }
 
 /// Note a debit, to settle when its (sub)transaction ends.
 pub fn note_debit(debit: Debit) {
-    OPEN.with_borrow_mut(|open| open.debits.push((debit, subtransaction())));
+    DEBITS.with(|debits| debits.add((), debit));
 }
 
 /// How many debits this transaction holds: a mark to take back to.
 pub fn mark() -> usize {
-    OPEN.with_borrow(|open| open.debits.len())
+    DEBITS.with(|debits| debits.count(&()))
 }
 
 /// Take back every debit noted since `mark` (`rate_limit_all`'s memory parts, when one is
 /// denied), as a rolled-back savepoint around them would.
 pub fn take_back_since(mark: usize) {
-    let taken = OPEN.with_borrow_mut(|open| open.debits.split_off(mark));
+    let taken = DEBITS.with(|debits| debits.take_after(&(), mark));
     settle(taken, false);
 }
 
 /// Note a fold of a hot log by this transaction.
 pub fn note_folding(ticket: hot::Ticket) {
-    OPEN.with_borrow_mut(|open| open.folding.push((ticket, subtransaction())));
+    FOLDING.with(|folding| folding.add((), ticket));
 }
 
 /// Drop these escrows when the transaction commits.
 pub fn forget_at_commit(what: Forget) {
-    register_callbacks();
-    let at = subtransaction();
-    OPEN.with_borrow_mut(|open| {
-        // Asked once per (sub)transaction: a statement that changes many overrides of one memory
-        // limit would otherwise walk the whole table of keys at commit once for each row.
-        let again = |(w, s): &(Forget, pg_sys::SubTransactionId)| {
-            *s == at && matches!((w, &what), (Forget::MemoryChanged(l, c), Forget::MemoryChanged(limit, config)) if l == limit && c == config)
-        };
-        if !open.forget.iter().any(again) {
-            open.forget.push((what, at));
+    let at = transaction::current_subtransaction();
+    FORGET.with(|forget| {
+        // Asked once per (sub)transaction (its own, or of a subtransaction of it that committed):
+        // a statement that changes many overrides of one memory limit would otherwise walk the
+        // whole table of keys at commit once for each row.
+        let again = forget.change(&(), |asked| {
+            asked.iter().any(|(w, s)| {
+                *s >= at && matches!((w, &what), (Forget::MemoryChanged(l, c), Forget::MemoryChanged(limit, config)) if l == limit && c == config)
+            })
+        });
+        if !again {
+            forget.add((), what);
         }
     });
 }
@@ -106,20 +106,20 @@ pub fn forget_at_commit(what: Forget) {
 /// Whether this transaction (in a subtransaction not rolled back) asked to drop what `hit`
 /// accepts.
 pub fn forgotten_here(hit: impl Fn(&Forget) -> bool) -> bool {
-    OPEN.with_borrow(|open| open.forget.iter().any(|(what, _)| hit(what)))
+    FORGET.with(|forget| forget.any(|_, what| hit(what)))
 }
 
 /// The folds of these escrows ended, done or undone.
-fn end_folds(folding: Vec<(hot::Ticket, pg_sys::SubTransactionId)>, folded: bool) {
-    for mut guard in folding.into_iter().filter_map(|(ticket, _)| hot::redeem(ticket)) {
+fn end_folds(folding: Vec<((), hot::Ticket)>, folded: bool) {
+    for mut guard in folding.into_iter().filter_map(|((), ticket)| hot::redeem(ticket)) {
         guard.entry().end_fold(folded);
     }
 }
 
 /// Settle this backend's debits: committed, or taken back. An escrow gone meanwhile was
 /// dropped by this transaction's own reset or change of the limit (or a dropped database).
-fn settle(debits: Vec<(Debit, pg_sys::SubTransactionId)>, committed: bool) {
-    for (debit, _) in debits {
+fn settle(debits: Vec<Debit>, committed: bool) {
+    for debit in debits {
         match debit {
             Debit::Hot(ticket, seq) => {
                 if let Some(mut guard) = hot::redeem(ticket) {
@@ -161,74 +161,36 @@ fn forget(what: Forget) {
     }
 }
 
-/// # Safety
-/// Only as a transaction callback, registered by `register_callbacks`.
-#[pg_guard]
-unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
-    use pg_sys::XactEvent::*;
-    match event {
-        XACT_EVENT_PRE_PREPARE => {
-            // COMMIT PREPARED runs in another backend, whose callbacks know nothing of these.
-            let open = OPEN.with_borrow(|o| !o.debits.is_empty() || !o.forget.is_empty() || !o.folding.is_empty());
-            if open {
+/// The transaction's end (`transaction::register`): its debits settled and folds ended,
+/// committed or not, and at commit the escrows it asked to drop dropped.
+pub fn at_end(ending: Ending) {
+    match ending {
+        // COMMIT PREPARED runs in another backend, which knows nothing of these.
+        Ending::Preparing => {
+            if !(DEBITS.with(Held::is_empty) && FORGET.with(Held::is_empty) && FOLDING.with(Held::is_empty) && PINNED.with(Held::is_empty)) {
                 Error::PreparedInFlight.raise()
             }
         }
         // After the commit is durable and visible, before the locks are released: so a
         // change that waited for calls drops escrows before the next call can load one.
-        XACT_EVENT_COMMIT | XACT_EVENT_ABORT => {
-            let open = OPEN.take();
-            let committed = event == XACT_EVENT_COMMIT;
-            settle(open.debits, committed);
-            end_folds(open.folding, committed);
+        Ending::Committed | Ending::Ended => {
+            let committed = ending == Ending::Committed;
+            unpin(PINNED.with(Held::take));
+            settle(DEBITS.with(Held::take).into_iter().map(|((), debit)| debit).collect(), committed);
+            end_folds(FOLDING.with(Held::take), committed);
+            let forget_all = FORGET.with(Held::take);
             if committed {
-                for (what, _) in open.forget {
+                for ((), what) in forget_all {
                     forget(what);
                 }
             }
         }
-        _ => {}
-    }
-}
-
-/// # Safety
-/// Only as a subtransaction callback, registered by `register_callbacks`.
-#[pg_guard]
-unsafe extern "C-unwind" fn at_subtransaction_end(
-    event: pg_sys::SubXactEvent::Type,
-    ending: pg_sys::SubTransactionId,
-    parent: pg_sys::SubTransactionId,
-    _arg: *mut c_void,
-) {
-    use pg_sys::SubXactEvent::*;
-    // Subtransactions still open when `ending` ends are nested in it: numbered after it.
-    let inside = |sub: pg_sys::SubTransactionId| sub >= ending;
-    match event {
-        SUBXACT_EVENT_ABORT_SUB => {
-            let (aborted, unfolded) = OPEN.with_borrow_mut(|open| {
-                open.forget.retain(|(_, sub)| !inside(*sub));
-                let (unfolded, folding) = std::mem::take(&mut open.folding).into_iter().partition(|(_, sub)| inside(*sub));
-                open.folding = folding;
-                let (aborted, kept) = std::mem::take(&mut open.debits).into_iter().partition(|(_, sub)| inside(*sub));
-                open.debits = kept;
-                (aborted, unfolded)
-            });
-            settle(aborted, false);
+        Ending::SubtransactionAborted(ending) => {
+            FORGET.with(|forget| drop(forget.take_from(ending)));
+            unpin(PINNED.with(|pinned| pinned.take_from(ending)));
+            let unfolded = FOLDING.with(|folding| folding.take_from(ending));
+            settle(DEBITS.with(|debits| debits.take_from(ending)).into_iter().map(|((), debit)| debit).collect(), false);
             end_folds(unfolded, false);
         }
-        SUBXACT_EVENT_COMMIT_SUB => OPEN.with_borrow_mut(|open| {
-            let subs = open
-                .debits
-                .iter_mut()
-                .map(|(_, sub)| sub)
-                .chain(open.forget.iter_mut().map(|(_, sub)| sub))
-                .chain(open.folding.iter_mut().map(|(_, sub)| sub));
-            for sub in subs {
-                if inside(*sub) {
-                    *sub = parent;
-                }
-            }
-        }),
-        _ => {}
     }
 }

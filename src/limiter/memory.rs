@@ -178,6 +178,7 @@ pub fn counted_in_row(req: &Request<'_>, config: &Config) -> bool {
     match place(&id, req, config, fingerprint_of(req, config), clock::now_ms()) {
         Place::Entry(mut guard) => {
             guard.pin();
+            in_flight::note_pinned(id, *config);
             false
         }
         Place::Row => {
@@ -187,12 +188,6 @@ pub fn counted_in_row(req: &Request<'_>, config: &Config) -> bool {
     }
 }
 
-/// The entry `counted_in_row` kept may be given away again when it equals an absent key's.
-pub fn unpin(req: &Request<'_>, config: &Config) {
-    if let Some(mut guard) = memory::peek(&identity(req)) {
-        guard.settled(config);
-    }
-}
 
 fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> Decision {
     load_snapshot();
@@ -200,7 +195,6 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
     if changed_here(&id, true) {
         Error::ChangedHere(req.name.to_owned()).raise()
     }
-    in_flight::register_callbacks();
     let fingerprint = fingerprint_of(req, config);
     let me = storage::my_transaction();
     let mut waited = None;

@@ -368,6 +368,11 @@ mod tests {
         fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":1,"shards":0}')"#, "22023", "shards");
         fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"kind":"token bucket","rate":1,"period":1,"bogus":1}')"#, "22023", "unknown key");
         fails(r#"SELECT rate_limiter.rate_limit('x', config => '{"rate":1,"period":1}')"#, "22023", "\"kind\" is required");
+        // A jsonb argument past 1 MB is refused before it becomes Rust values (whose allocation
+        // failing would abort the backend); toasted, it is measured without detoasting.
+        let huge = r#"jsonb_build_object('kind', 'token bucket', 'rate', 1, 'period', 1, 'x', repeat('y', 2000000))"#;
+        fails(&format!("SELECT rate_limiter.rate_limit('x', config => {huge})"), "22023", "more than 1048576");
+        fails(&format!("SELECT rate_limiter.rate_limit_all(jsonb_build_array({huge}))"), "22023", "more than 1048576");
         fails("SELECT rate_limiter.define('d', 'token bucket', -1, '1 second')", "22023", "rate must be");
         fails("SELECT rate_limiter.define('d', 'token bucket', 1, '0 seconds')", "22023", "period must be");
         fails("SELECT rate_limiter.define('d', 'token bucket', 1, '1 second', shards => 0)", "22023", "shards");

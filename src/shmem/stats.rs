@@ -337,6 +337,9 @@ thread_local! {
     static LAST: RefCell<(String, usize)> = const { RefCell::new((String::new(), 0)) };
 }
 
+/// The most names a backend remembers the entries of; past it, it looks them up again.
+const MAX_NAMES_REMEMBERED: usize = 4096;
+
 fn entry_of(shared: &Shared, name: &str) -> usize {
     if let Some(i) = LAST.with_borrow(|(last, i)| (last == name).then_some(*i)) {
         return i;
@@ -348,7 +351,14 @@ fn entry_of(shared: &Shared, name: &str) -> usize {
             // backends are single-threaded, so the read cannot race; a backend stays in one
             // database, so its maps need not say which.
             let i = shared.find_or_add(unsafe { pg_sys::MyDatabaseId }, name);
-            ENTRIES.with_borrow_mut(|e| e.insert(name.to_owned(), i));
+            ENTRIES.with_borrow_mut(|e| {
+                // Bounded: a session calling ever new names (inline configs take any) would
+                // otherwise keep one entry for each as long as it lives.
+                if e.len() >= MAX_NAMES_REMEMBERED {
+                    e.clear();
+                }
+                e.insert(name.to_owned(), i)
+            });
             i
         }
     };

@@ -65,9 +65,9 @@ impl DebitLog {
             }
             None => pg_sys::AccessShareLock,
         } as pg_sys::LOCKMODE;
-        // SAFETY: the extension's table by the OID the cache checked; locked to the end of
-        // the transaction, closed once on drop.
-        let heap = unsafe { pg_sys::table_open(table, lockmode) };
+        // The extension's table by the OID the cache checked; locked to the end of the
+        // transaction, closed once on drop.
+        let heap = super::open_table(table, lockmode, "rate_limiter.debits");
         let mut log = DebitLog { heap, indexes: [null_mut(); 2], infos: [null_mut(); 2], tuple_slot: null_mut() };
         // SAFETY: its indexes, each opened with the table's lock mode; closed on drop.
         unsafe {
@@ -83,8 +83,10 @@ impl DebitLog {
             let list = pg_sys::RelationGetIndexList(heap);
             let indexes = if list.is_null() { 0 } else { (*list).length };
             pg_sys::list_free(list);
-            if triggers || checks || indexes != 2 {
-                let detail = "it has a trigger, CHECK constraint or index the extension did not create".to_owned();
+            shape::require_plain_heap(heap, "rate_limiter.debits");
+            let index_changed = !shape::index_is(log.indexes[BY_SEQ], true, &[1]) || !shape::index_is(log.indexes[BY_KEY], false, &[2, 3, 1]);
+            if triggers || checks || indexes != 2 || index_changed {
+                let detail = "it has a trigger, CHECK constraint or index the extension did not create, or one of its indexes changed".to_owned();
                 Error::ShapeChanged { relation: "rate_limiter.debits".into(), detail }.raise()
             }
             log.tuple_slot = pg_sys::table_slot_create(heap, null_mut());

@@ -15,10 +15,10 @@ use crate::error::Error;
 /// Lock `table` for writing, to the end of the transaction, and refuse it if it has a
 /// trigger whose function is not the extension's, or a rule.
 pub fn writable(table: pg_sys::Oid) {
-    // SAFETY: inside a transaction; the relation is opened with the lock a write takes (kept
-    // by table_close(NoLock) to the transaction's end) and its descriptor is read while open.
+    // Opened with the lock a write takes (kept by table_close(NoLock) to the transaction's end).
+    let relation = super::open_table(table, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE, "a table of rate_limiter");
+    // SAFETY: the relation is open; its descriptor is read while it is.
     unsafe {
-        let relation = pg_sys::table_open(table, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
         let planted = planted_code(relation);
         pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
         if let Some(what) = planted {

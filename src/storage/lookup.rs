@@ -65,9 +65,8 @@ impl Lookup {
         let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         // Each resource goes into the struct as soon as it is opened, so that `drop` closes
         // what was opened if a later step raises.
-        // SAFETY: callers run inside a transaction with the cached OID; table_open locks it or
-        // raises if it is gone, never returning a dangling relation. Closed once, on drop.
-        let mut lookup = Lookup { heap: unsafe { pg_sys::table_open(table, lockmode) }, index: null_mut(), tuple_slot: null_mut() };
+        // Callers run inside a transaction with the cached OID. Closed once, on drop.
+        let mut lookup = Lookup { heap: super::open_table(table, lockmode, shown), index: null_mut(), tuple_slot: null_mut() };
         // SAFETY: the cached unique index of that table; index_open raises rather than open a
         // relation that is gone or not an index. Closed once, on drop.
         lookup.index = unsafe { pg_sys::index_open(index, lockmode) };
@@ -76,14 +75,8 @@ impl Lookup {
         lookup.tuple_slot = unsafe { pg_sys::table_slot_create(lookup.heap, null_mut()) };
         // SAFETY: the heap is open and locked, so its descriptor is current.
         unsafe { shape::require((*lookup.heap).rd_att, shown, columns, Columns::AtLeast) };
-        // SAFETY: an open index has its pg_index row, whose `indkey` holds `indnatts` columns;
-        // its expressions are a NULL column of that row when it has none.
-        let index_changed = unsafe {
-            let form = &*(*lookup.index).rd_index;
-            let plain = pg_sys::heap_attisnull((*lookup.index).rd_indextuple, pg_sys::Anum_pg_index_indexprs as i32, null_mut());
-            !(form.indisunique && plain && form.indkey.values.as_slice(form.indnatts as usize) == key_columns)
-        };
-        if index_changed {
+        // SAFETY: the index is open.
+        if !unsafe { shape::index_is(lookup.index, true, key_columns) } {
             let detail = "its unique index is not the one the extension made".to_owned();
             Error::ShapeChanged { relation: shown.to_owned(), detail }.raise()
         }

@@ -44,6 +44,20 @@ pub use row::{is_inline_name, stored_name, Created, Locked, Owner, Row, Slot, Wr
 pub use server::{die_on_sigterm, my_transaction, wait_for_transaction};
 pub use state::StateTable;
 
+/// The extension's table `table` (shown as `shown`) opened and locked in `lockmode`, to the
+/// end of the transaction; 42P01 if it is gone: a DROP EXTENSION that committed while this
+/// call waited for the lock leaves only the OID the cache found before it (an ERROR of the
+/// server's own would be XX000).
+pub fn open_table(table: pg_sys::Oid, lockmode: pg_sys::LOCKMODE, shown: &str) -> pg_sys::Relation {
+    // SAFETY: inside a transaction; try_table_open locks first and returns null, not a
+    // dangling relation, when the OID names no relation once locked.
+    let relation = unsafe { pg_sys::try_table_open(table, lockmode) };
+    if relation.is_null() {
+        Error::RelationGone(shown.to_owned()).raise()
+    }
+    relation
+}
+
 /// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
 /// parallel worker, before anything is attempted.
 pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {

@@ -38,9 +38,26 @@ pub fn uuid_arg(id: &[u8; 16]) -> Arg {
 pub struct ResultRow {
     tuple: pg_sys::HeapTuple,
     desc: pg_sys::TupleDesc,
+    /// The table the statement is about, to name in an error.
+    table: pg_sys::Oid,
 }
 
 impl ResultRow {
+    /// Refuses a column of another type than the one about to be read through a pointer: the
+    /// tables read here are the extension's, and their owner may ALTER a column's type.
+    fn require_type(&self, column: i32, expected: pg_sys::Oid) {
+        // SAFETY: SPI's current result descriptor, read while SPI is connected; a column
+        // number out of range gives InvalidOid, which differs from every expected type.
+        let found = unsafe { pg_sys::SPI_gettypeid(self.desc, column) };
+        if found != expected {
+            crate::error::Error::ShapeChanged {
+                relation: crate::cache::qualified_name(self.table),
+                detail: format!("column {column} of a result is of type OID {}, not {}", found.to_u32(), expected.to_u32()),
+            }
+            .raise()
+        }
+    }
+
     fn datum(&self, column: i32) -> Datum {
         let mut is_null = false;
         // SAFETY: a row of SPI's current result and its descriptor, read while SPI is
@@ -70,6 +87,7 @@ impl ResultRow {
 
     /// An interval column that may be NULL.
     pub fn interval_or_null(&self, column: i32) -> Option<pgrx::datum::Interval> {
+        self.require_type(column, pg_sys::INTERVALOID);
         let mut is_null = false;
         // SAFETY: as in `datum`.
         let datum = unsafe { pg_sys::SPI_getbinval(self.tuple, self.desc, column, &mut is_null) };
@@ -83,6 +101,7 @@ impl ResultRow {
 
     /// A text column that may be NULL.
     pub fn text_or_null(&self, column: i32) -> Option<String> {
+        self.require_type(column, pg_sys::TEXTOID);
         let mut is_null = false;
         // SAFETY: as in `datum`.
         let datum = unsafe { pg_sys::SPI_getbinval(self.tuple, self.desc, column, &mut is_null) };
@@ -91,6 +110,7 @@ impl ResultRow {
     }
 
     pub fn text(&self, column: i32) -> String {
+        self.require_type(column, pg_sys::TEXTOID);
         // SAFETY: a text datum of SPI's current result, read while SPI is connected.
         unsafe { String::from_datum(self.datum(column), false) }.expect("not NULL")
     }
@@ -100,11 +120,13 @@ impl ResultRow {
     }
 
     pub fn bytea(&self, column: i32) -> Vec<u8> {
+        self.require_type(column, pg_sys::BYTEAOID);
         // SAFETY: a bytea datum of SPI's current result, read while SPI is connected.
         unsafe { Vec::<u8>::from_datum(self.datum(column), false) }.expect("not NULL")
     }
 
     pub fn uuid(&self, column: i32) -> [u8; 16] {
+        self.require_type(column, pg_sys::UUIDOID);
         let ptr = self.datum(column).cast_mut_ptr::<u8>();
         let mut id = [0; 16];
         // SAFETY: a uuid datum points at its 16 bytes (pass by reference, fixed length).
@@ -123,6 +145,7 @@ pub fn write(table: pg_sys::Oid, sql: &str, args: &[Arg], each: impl FnMut(&Resu
 /// Run `sql` on `table` with `args` ($1, $2, ... in order) as the table's owner, reading
 /// what is committed now, and visit each row it returns.
 pub fn run(table: pg_sys::Oid, sql: &str, args: &[Arg], mut each: impl FnMut(&ResultRow)) {
+    let relation = table;
     let owner = cache::owner(table);
     let _as_owner = AsOwner::switch(owner);
     let sql = CString::new(sql).expect("no NUL in the SQL");
@@ -155,7 +178,7 @@ pub fn run(table: pg_sys::Oid, sql: &str, args: &[Arg], mut each: impl FnMut(&Re
             let table = pg_sys::SPI_tuptable;
             if !table.is_null() {
                 for i in 0..pg_sys::SPI_processed as usize {
-                    each(&ResultRow { tuple: *(*table).vals.add(i), desc: (*table).tupdesc });
+                    each(&ResultRow { tuple: *(*table).vals.add(i), desc: (*table).tupdesc, table: relation });
                 }
             }
             pg_sys::SPI_freeplan(plan);

@@ -119,6 +119,11 @@ impl StateTable {
                 table.index = unsafe { pg_sys::index_open(cache::relations().state_key, lockmode as pg_sys::LOCKMODE) };
                 let info = std::cell::Cell::new(null_mut());
                 table.indexes.push(StateIndex { relation: table.index, info, valid: true });
+                // SAFETY: the index is open; its probes read columns 1 to 3 by position.
+                if !unsafe { is_key_copy(table.index) && shape::index_is(table.index, true, &INDEX_COLUMNS) } {
+                    let detail = "its unique index is not the one the extension made".to_owned();
+                    Error::ShapeChanged { relation: "rate_limiter.state".into(), detail }.raise()
+                }
             }
         }
         table
@@ -128,9 +133,9 @@ impl StateTable {
     fn locked(lockmode: pg_sys::LOCKMODE, snapshot_isolation: bool) -> StateTable {
         // SAFETY: taking in invalidations is allowed anywhere in a transaction.
         unsafe { pg_sys::AcceptInvalidationMessages() };
-        // SAFETY: the OID is the extension's table, looked up after the invalidations above;
-        // the lock is held to the end of the transaction.
-        let heap = unsafe { pg_sys::table_open(cache::relations().state, lockmode) };
+        // The OID is the extension's table, looked up after the invalidations above; the lock
+        // is held to the end of the transaction.
+        let heap = super::open_table(cache::relations().state, lockmode, "rate_limiter.state");
         let table = StateTable {
             heap,
             index: null_mut(),
@@ -558,8 +563,11 @@ impl Drop for StateTable {
 /// # Safety
 /// `heap` is open and locked.
 unsafe fn check_shape(heap: pg_sys::Relation) {
-    // SAFETY: an open relation's descriptor.
-    unsafe { shape::require((*heap).rd_att, "rate_limiter.state", &shape::STATE, shape::Columns::Exactly) };
+    // SAFETY: an open relation's descriptor and pg_class row.
+    unsafe {
+        shape::require((*heap).rd_att, "rate_limiter.state", &shape::STATE, shape::Columns::Exactly);
+        shape::require_plain_heap(heap, "rate_limiter.state");
+    }
 }
 
 /// Whether an index is the unique index on (key, name, shard) or an exact copy of it, the

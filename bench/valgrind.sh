@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The #[pg_test]s (tier 2) on the assert-enabled server (scripts/servers.sh's ASSERT_MAJOR,
+# built with Valgrind's client requests) with every server process under Valgrind's memcheck
+# and PostgreSQL's own suppressions (src/tools/valgrind.supp of the server's pinned source).
+# An error is an invalid read or write, a jump on uninitialised memory, or a chunk of a memory
+# context touched after it was freed; a leak counts when it is definite and one of its frames
+# is the extension's. Prints the figures and the first error of each kind, and fails on any.
+# Too slow for the test command (about 20 to 40 times slower than tier 2: most of an hour on
+# two cores). Usage: bash bench/valgrind.sh [cargo pgrx test filter]
+source "$(dirname "$0")/../scripts/lib.sh"
+NN=$ASSERT_MAJOR
+WORK=/tmp/rate_limiter_valgrind
+LOGS=$WORK/logs # one file per process, written by postgres
+setup "$NN"
+install_debian_packages valgrind
+as_root rm -rf "$WORK" && mkdir -p "$WORK" && as_root install -d -o postgres "$LOGS"
+
+# PostgreSQL's suppressions, from the server's own pinned source.
+(cd "$WORK" && fetch_source "$(pg_sources "$NN" | head -n 1)" >/dev/null \
+    && tar xjf source.tar.bz2 --wildcards '*/src/tools/valgrind.supp' --strip-components=3 && rm source.tar.bz2)
+[ -s "$WORK/valgrind.supp" ] || { echo "no valgrind.supp in PostgreSQL $NN's source" >&2; exit 1; }
+
+# A copy of the server whose postgres runs under memcheck (pg_ctl starts the postgres beside
+# it), known to pgrx through a PGRX_HOME of its own: the cached server is left as it is.
+cp -a "$(pg_prefix "$NN")" "$WORK/server"
+mv "$WORK/server/bin/postgres" "$WORK/server/bin/postgres.real"
+cat > "$WORK/server/bin/postgres" <<EOF
+#!/bin/sh
+exec valgrind --quiet --trace-children=yes --track-origins=yes --read-var-info=yes --num-callers=30 \\
+    --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite \\
+    --suppressions=$WORK/valgrind.supp --error-markers=VALGRINDERROR-BEGIN,VALGRINDERROR-END \\
+    --log-file=$LOGS/%p.log "$WORK/server/bin/postgres.real" "\$@"
+EOF
+chmod 755 "$WORK/server/bin/postgres" && as_root chmod -R a+rX "$WORK"
+mkdir -p "$WORK/pgrx"
+printf '[configs]\npg%s = "%s"\n' "$NN" "$WORK/server/bin/pg_config" > "$WORK/pgrx/config.toml"
+
+as_root mkdir -p /tmp/rate_limiter_valgrind_data && as_root chown postgres: /tmp/rate_limiter_valgrind_data
+started=$(date +%s)
+status=0
+(cd "$ROOT" && PGRX_HOME="$WORK/pgrx" CARGO_PGRX_DISABLE_GC_SECTIONS_WORKAROUND=1 RUST_TEST_THREADS=2 \
+    cargo pgrx test "pg$NN" --runas postgres --pgdata /tmp/rate_limiter_valgrind_data/pg$NN "$@") > "$WORK/tests.log" 2>&1 || status=$?
+seconds=$(( $(date +%s) - started ))
+
+# Each process's log: its errors (between the markers) and the definite leaks with a frame
+# of the extension's.
+errors=$(cat "$LOGS"/*.log | grep -c VALGRINDERROR-BEGIN || true)
+leaks=$(awk '/definitely lost in/ { block = $0; mine = 0; next }
+             block != "" && /rate_limiter/ { mine = 1 }
+             block != "" && /^==[0-9]+== $/ { if (mine) n++; block = "" }
+             END { print n + 0 }' "$LOGS"/*.log)
+processes=$(ls "$LOGS" | wc -l)
+passed=$(grep -Eo 'test result: [a-z]+\. [0-9]+ passed' "$WORK/tests.log" | tail -n 1)
+echo "PostgreSQL $NN (assert-enabled) under memcheck: $(minutes_seconds "$seconds") for the pg_tests ($passed), exit status $status"
+echo "$processes server processes traced; $errors errors; $leaks definite leaks through the extension's frames"
+if [ "$errors" != 0 ]; then
+    echo "first errors:"
+    cat "$LOGS"/*.log | awk '/VALGRINDERROR-BEGIN/ { on = 1; n++ } on && n <= 3 { print } /VALGRINDERROR-END/ { on = 0 }'
+fi
+[ "$status" = 0 ] && [ "$errors" = 0 ] && [ "$leaks" = 0 ]

@@ -1,0 +1,183 @@
+//! What a backend's open transaction holds on the extension's behalf, kept until it ends: one
+//! helper for every such list, with the server's transaction callbacks in one place.
+//!
+//! Each list (`Held`) tags what it is given with the subtransaction that gave it. Subtransaction
+//! ids only rise, and a subtransaction started while another is open is nested in it, so what
+//! a subtransaction and those nested in it gave is exactly what carries its id or a later one:
+//! its abort takes that (`take_from`), and its commit changes nothing. When the transaction
+//! ends, each list's owner is told (`Ending`), once, by the callbacks `register` installs from
+//! `_PG_init`: a list is never left behind for the next transaction.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::hash::Hash;
+
+use pgrx::pg_sys;
+
+pub use pg_sys::SubTransactionId;
+
+/// How a transaction, or one of its subtransactions, ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Ending {
+    /// About to prepare (`PREPARE TRANSACTION`): an owner may still refuse, with an error.
+    Preparing,
+    /// Committed: durable and visible, its locks not yet released. An error here would come
+    /// after the commit (a PANIC): an owner settles, it does not raise.
+    Committed,
+    /// Aborted, or prepared (what it held then belongs to the prepared transaction).
+    Ended,
+    /// A subtransaction aborted: what it and those nested in it gave.
+    SubtransactionAborted(SubTransactionId),
+}
+
+/// What a transaction holds of one kind, by key (`()` for an unkeyed list), each with the
+/// subtransaction that gave it; in the order given. For a `thread_local!` of its owner, which
+/// empties it on each `Ending`.
+pub struct Held<K, T> {
+    by_key: RefCell<HashMap<K, Vec<(T, SubTransactionId)>>>,
+}
+
+impl<K: Eq + Hash + Clone, T> Default for Held<K, T> {
+    fn default() -> Self {
+        Held { by_key: RefCell::new(HashMap::new()) }
+    }
+}
+
+impl<K: Eq + Hash + Clone, T> Held<K, T> {
+    /// `item` held under `key` until the transaction, or the current subtransaction if it
+    /// aborts, ends.
+    pub fn add(&self, key: K, item: T) {
+        let sub = current_subtransaction();
+        self.by_key.borrow_mut().entry(key).or_default().push((item, sub));
+    }
+
+    /// What `key` holds, oldest first.
+    pub fn copied(&self, key: &K) -> Vec<T>
+    where
+        T: Copy,
+    {
+        self.by_key.borrow().get(key).map_or_else(Vec::new, |items| items.iter().map(|(item, _)| *item).collect())
+    }
+
+    /// The items `key` holds, oldest first, to change in place.
+    pub fn change<R>(&self, key: &K, change: impl FnOnce(&mut [(T, SubTransactionId)]) -> R) -> R {
+        let mut by_key = self.by_key.borrow_mut();
+        change(by_key.get_mut(key).map_or(&mut [][..], Vec::as_mut_slice))
+    }
+
+    /// Whether any item of any key satisfies `hit`.
+    pub fn any(&self, hit: impl Fn(&K, &T) -> bool) -> bool {
+        self.by_key.borrow().iter().any(|(key, items)| items.iter().any(|(item, _)| hit(key, item)))
+    }
+
+    /// How many items `key` holds: a mark for `take_after`.
+    pub fn count(&self, key: &K) -> usize {
+        self.by_key.borrow().get(key).map_or(0, Vec::len)
+    }
+
+    /// The items `key` was given after `mark` items, taken out.
+    pub fn take_after(&self, key: &K, mark: usize) -> Vec<T> {
+        let mut by_key = self.by_key.borrow_mut();
+        let Some(items) = by_key.get_mut(key) else { return Vec::new() };
+        items.split_off(mark.min(items.len())).into_iter().map(|(item, _)| item).collect()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_key.borrow().values().all(Vec::is_empty)
+    }
+
+    /// Everything held, taken out (keys in no particular order, each key's items oldest first).
+    pub fn take(&self) -> Vec<(K, T)> {
+        let by_key = std::mem::take(&mut *self.by_key.borrow_mut());
+        by_key.into_iter().flat_map(|(key, items)| items.into_iter().map(move |(item, _)| (key.clone(), item))).collect()
+    }
+
+    /// What subtransaction `ending` and those nested in it gave, taken out.
+    pub fn take_from(&self, ending: SubTransactionId) -> Vec<(K, T)> {
+        let mut taken = Vec::new();
+        self.by_key.borrow_mut().retain(|key, items| {
+            let (given, kept): (Vec<_>, Vec<_>) = std::mem::take(items).into_iter().partition(|(_, sub)| *sub >= ending);
+            taken.extend(given.into_iter().map(|(item, _)| (key.clone(), item)));
+            *items = kept;
+            !items.is_empty()
+        });
+        taken
+    }
+
+    /// Emptied as `ending` asks, for an owner with nothing to settle.
+    pub fn forget(&self, ending: Ending) {
+        match ending {
+            Ending::Committed | Ending::Ended => self.by_key.borrow_mut().clear(),
+            Ending::SubtransactionAborted(sub) => drop(self.take_from(sub)),
+            Ending::Preparing => {}
+        }
+    }
+}
+
+/// The current subtransaction's id.
+pub fn current_subtransaction() -> SubTransactionId {
+    // SAFETY: reads this backend's transaction state; every caller runs inside a transaction.
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
+}
+
+/// Who is told of each `Ending`: the owners of the lists, in this order.
+type Owner = fn(Ending);
+
+thread_local! {
+    static OWNERS: RefCell<Vec<Owner>> = const { RefCell::new(Vec::new()) };
+}
+
+/// From `_PG_init`, once per process (children of a preloading postmaster inherit it): the
+/// owners of the lists, and the server's callbacks that tell them.
+pub fn register(owners: &[Owner]) {
+    OWNERS.with_borrow_mut(|registered| {
+        if registered.is_empty() {
+            registered.extend_from_slice(owners);
+            // SAFETY: callbacks that live as long as the library, registered once per process
+            // (OWNERS is empty only before the first registration).
+            unsafe {
+                pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
+                pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
+            }
+        }
+    });
+}
+
+fn tell(ending: Ending) {
+    // Copied out: an owner may add to a list, never to the owners.
+    let owners = OWNERS.with_borrow(Vec::clone);
+    for owner in owners {
+        owner(ending);
+    }
+}
+
+/// # Safety
+/// Only as a transaction callback, registered by `register`.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
+    use pg_sys::XactEvent::*;
+    // A parallel worker's own events too: it holds nothing (every function of the extension
+    // that holds anything is parallel unsafe or restricted), and its lists end empty.
+    match event {
+        XACT_EVENT_PRE_PREPARE => tell(Ending::Preparing),
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => tell(Ending::Committed),
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => tell(Ending::Ended),
+        _ => {}
+    }
+}
+
+/// # Safety
+/// Only as a subtransaction callback, registered by `register`.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_subtransaction_end(
+    event: pg_sys::SubXactEvent::Type,
+    ending: SubTransactionId,
+    _parent: SubTransactionId,
+    _arg: *mut c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        tell(Ending::SubtransactionAborted(ending));
+    }
+}
