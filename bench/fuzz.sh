@@ -5,11 +5,11 @@
 # with the date as seed. Then the server log written meanwhile is searched for assertion
 # failures, backends killed by a signal and PANICs. Prints the figures; exits 1 on a fault
 # (an internal error, SQLSTATE class XX, or a lost connection) or a log finding.
-#   bash bench/fuzz.sh [MINUTES=30] [VERSION=17]
+#   bash bench/fuzz.sh [MINUTES=30] [VERSION=ASSERT_MAJOR]
 # Builds nothing: the library installed on that cluster is the one fuzzed.
 source "$(dirname "$0")/../scripts/lib.sh"
 MINUTES=${1:-30}
-NN=${2:-17}
+NN=${2:-$ASSERT_MAJOR}
 SESSIONS=${SESSIONS:-6}
 SEED=${SEED:-$(date +%Y%m%d)}
 DB=rate_limiter_fuzz
@@ -27,8 +27,7 @@ status=0
     --seconds "$(awk "BEGIN { print $MINUTES * 60 }")" --sessions "$SESSIONS" --seed "$SEED" --functions || status=1
 
 step "the server log since the run started: TRAP, terminated by signal, PANIC"
-# A PANIC as the log level (a message may quote the word).
-FINDINGS=$(as_root tail -c +"$LOG_FROM" "$LOG" | grep -E 'TRAP:|terminated by signal|(^|\] )PANIC: ' || true)
+FINDINGS=$(as_root tail -c +"$LOG_FROM" "$LOG" | grep -E "$SERVER_LOG_FAULTS" || true)
 if [ -n "$FINDINGS" ]; then
     echo "$FINDINGS" | head -50
     echo "$(echo "$FINDINGS" | wc -l) log finding(s) in $LOG"

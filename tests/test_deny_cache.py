@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from calls import define, limit
-from clusters import every_version, on_assert_server
+from clusters import every_version
 
 NOW = "2030-01-01 00:00:00+00"
 
@@ -25,7 +25,6 @@ def at(conn, instant):
     conn.execute(f"SET rate_limiter.fake_now = '{instant}'")
 
 
-@on_assert_server
 def test_a_denial_is_answered_from_the_cache_until_deny_cache_passes(test_conn, name):
     define(test_conn, name, rate=1, period="1 hour", deny_cache="10 seconds")
     define(test_conn, name + "_plain", rate=1, period="1 hour")

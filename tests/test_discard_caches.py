@@ -30,8 +30,8 @@ def config(kind, **extra):
 
 # Every SQL function of the extension, each called at least once, as a session of an
 # application or an administrator would; the triggers of the five definition tables fire
-# under define, block, allow, override and tier (each write checked by the guard), and the
-# truncate triggers under TRUNCATE.
+# under define, block, allow, override and tier (each write checked by the guard), and their
+# truncate triggers under TRUNCATE (the limits' at the end).
 SURFACE = [
     "SELECT rate_limiter.define('durable', 'token bucket', 5, '1 hour')",
     "SELECT rate_limiter.define('memory', 'token bucket', 5, '1 hour', durable => false)",
@@ -86,6 +86,7 @@ SURFACE = [
     "SELECT rate_limiter.stats_reset()",
     "TRUNCATE rate_limiter.blocks",
     "TRUNCATE rate_limiter.allows",
+    "TRUNCATE rate_limiter.overrides, rate_limiter.tiers",
 ]
 
 
@@ -129,6 +130,9 @@ def test_every_function_trigger_and_worker_with_caches_discarded(clusters):
         changes.join(120)
         assert not changes.is_alive(), "the changes did not end once the calls committed"
         assert calls.execute("SELECT granted FROM rate_limiter.rate_limit('durable', 'flight')").fetchone() == (1,)
+
+    with cluster.connect() as c:
+        c.execute("TRUNCATE rate_limiter.limits CASCADE")
 
     # A round of each worker: the snapshot worker copies the memory limits' counts out, the
     # prune worker removes rows that expired (written at a fake clock long ago).

@@ -4,6 +4,8 @@ rate_limiter.state, exactly as a durable limit's, until that row equals an absen
 (docs/memory-limits.md, "Bounded memory"). Where a key lands comes from a keyed hash under
 the cluster's secret, which no role can read."""
 
+import json
+
 import pytest
 from psycopg import errors
 
@@ -404,4 +406,28 @@ def test_a_database_on_0_6_0s_sql_keeps_its_keys_counted_in_rows_across_a_restar
         # The fillers' windows ended: their entries are free for the taking.
         c.execute("SET rate_limiter.fake_now = '2030-01-01 00:00:05+00'")
         assert c.execute("SELECT ok FROM rate_limiter.rate_limit('m', 'victim')").fetchone() == (False,), "3 of 3 taken"
+    small.stop()
+
+
+@every_version
+def test_entries_kept_for_rate_limit_all_are_given_back_when_it_fails(clusters):
+    """rate_limit_all keeps its memory parts' entries from being given away while it decides;
+    an error before it has (here 25006, a durable part in a read-only transaction) gave them
+    back only when the same key was called again, so failed calls of fresh keys filled the
+    database's share for good and every later key was counted in its row."""
+    small = small_cluster(clusters, 64)
+    with small.connect() as c:
+        c.execute("CREATE EXTENSION rate_limiter")
+        c.execute(f"SET rate_limiter.fake_now = '{NOW}'")
+        define(c, "m", "fixed window", rate=5, period="1 hour", start=NOW, durable=False)
+        define(c, "rows", "fixed window", rate=5, period="1 hour", start=NOW)
+        for n in range(10):  # 100 fresh keys, more than the table's 64 entries
+            parts = [{"name": "m", "key": f"failed {n} {i}"} for i in range(10)] + [{"name": "rows", "key": "k"}]
+            c.execute("BEGIN READ ONLY")
+            with pytest.raises(errors.ReadOnlySqlTransaction):
+                c.execute("SELECT rate_limiter.rate_limit_all(%s)", (json.dumps(parts),))
+            c.execute("ROLLBACK")
+        assert [c.execute("SELECT ok FROM rate_limiter.rate_limit('m', %s)", (f"later {i}",)).fetchone()[0]
+                for i in range(20)] == [True] * 20
+        assert c.execute("SELECT count(*) FROM rate_limiter.state").fetchone() == (0,), "later keys counted in rows"
     small.stop()

@@ -69,11 +69,9 @@ impl DebitLog {
         // transaction, closed once on drop.
         let heap = super::open_table(table, lockmode, "rate_limiter.debits");
         let mut log = DebitLog { heap, indexes: [null_mut(); 2], infos: [null_mut(); 2], tuple_slot: null_mut() };
-        // SAFETY: its indexes, each opened with the table's lock mode; closed on drop.
-        unsafe {
-            log.indexes[BY_SEQ] = pg_sys::index_open(index, lockmode);
-            log.indexes[BY_KEY] = pg_sys::index_open(by_key, lockmode);
-        }
+        // Its indexes, each opened with the table's lock mode; closed on drop.
+        log.indexes[BY_SEQ] = super::open_index(index, lockmode, "rate_limiter.debits");
+        log.indexes[BY_KEY] = super::open_index(by_key, lockmode, "rate_limiter.debits");
         // SAFETY: the heap is open and locked: its descriptor, triggers and index list are
         // current.
         unsafe {

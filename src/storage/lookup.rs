@@ -67,9 +67,9 @@ impl Lookup {
         // what was opened if a later step raises.
         // Callers run inside a transaction with the cached OID. Closed once, on drop.
         let mut lookup = Lookup { heap: super::open_table(table, lockmode, shown), index: null_mut(), tuple_slot: null_mut() };
-        // SAFETY: the cached unique index of that table; index_open raises rather than open a
-        // relation that is gone or not an index. Closed once, on drop.
-        lookup.index = unsafe { pg_sys::index_open(index, lockmode) };
+        // The cached unique index of that table, checked once the table is locked. Closed
+        // once, on drop.
+        lookup.index = super::open_index(index, lockmode, shown);
         // SAFETY: `lookup.heap` is open, which is all table_slot_create needs; the slot is
         // dropped once, on drop.
         lookup.tuple_slot = unsafe { pg_sys::table_slot_create(lookup.heap, null_mut()) };

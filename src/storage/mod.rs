@@ -58,6 +58,21 @@ pub fn open_table(table: pg_sys::Oid, lockmode: pg_sys::LOCKMODE, shown: &str) -
     relation
 }
 
+/// The index `index` of a table this transaction holds locked (which keeps it from being
+/// dropped), opened in `lockmode`; 42P01 if the OID, found before the table's lock was
+/// taken, names no relation now (an index replaced meanwhile, as ALTER TABLE ... DROP
+/// CONSTRAINT, ADD CONSTRAINT does).
+pub fn open_index(index: pg_sys::Oid, lockmode: pg_sys::LOCKMODE, shown: &str) -> pg_sys::Relation {
+    // SAFETY: a syscache lookup by OID inside a transaction; '\0' for a missing relation.
+    let kind = unsafe { pg_sys::get_rel_relkind(index) };
+    if kind != pg_sys::RELKIND_INDEX as std::ffi::c_char {
+        Error::RelationGone(format!("the index of {shown}")).raise()
+    }
+    // SAFETY: an index of a table this transaction holds locked: it cannot be dropped before
+    // index_open locks it too.
+    unsafe { pg_sys::index_open(index, lockmode) }
+}
+
 /// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
 /// parallel worker, before anything is attempted.
 pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {

@@ -22,7 +22,9 @@ pub enum NewIndexEntries {
 }
 
 /// `heap_update` of `tuple` over the version at `tid`, as `simple_heap_update` does but
-/// returning the result instead of raising it; also says which indexes need entries.
+/// returning the result instead of raising it; also says which indexes need entries. It
+/// waits for a transaction that holds the row: heap_update's "no wait" is for a row the
+/// caller already holds (asserted), so a caller that must not wait locks the row first.
 ///
 /// # Safety
 /// `heap` is open for writing; `tuple` was formed from its descriptor; `tid` is a version of
@@ -32,7 +34,6 @@ pub unsafe fn heap_update(
     tid: &mut pg_sys::ItemPointerData,
     tuple: pg_sys::HeapTuple,
     cid: pg_sys::CommandId,
-    wait: bool,
     failure: &mut pg_sys::TM_FailureData,
 ) -> (pg_sys::TM_Result::Type, NewIndexEntries) {
     let mut lockmode = pg_sys::LockTupleMode::LockTupleNoKeyExclusive;
@@ -41,7 +42,7 @@ pub unsafe fn heap_update(
     #[cfg(feature = "pg15")]
     // SAFETY: the caller's contract; the flag is read from the header heap_update filled in.
     unsafe {
-        let result = pg_sys::heap_update(heap, tid, tuple, cid, null_mut(), wait, failure, &mut lockmode);
+        let result = pg_sys::heap_update(heap, tid, tuple, cid, null_mut(), true, failure, &mut lockmode);
         let heap_only = (*(*tuple).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 != 0;
         (result, if heap_only { NewIndexEntries::None } else { NewIndexEntries::All })
     }
@@ -50,7 +51,7 @@ pub unsafe fn heap_update(
     // SAFETY: the caller's contract; `update_indexes` is a plain out parameter.
     unsafe {
         let mut update_indexes = pg_sys::TU_UpdateIndexes::TU_None;
-        let result = pg_sys::heap_update(heap, tid, tuple, cid, null_mut(), wait, failure, &mut lockmode, &mut update_indexes);
+        let result = pg_sys::heap_update(heap, tid, tuple, cid, null_mut(), true, failure, &mut lockmode, &mut update_indexes);
         let entries = match update_indexes {
             pg_sys::TU_UpdateIndexes::TU_All => NewIndexEntries::All,
             pg_sys::TU_UpdateIndexes::TU_Summarizing => NewIndexEntries::SummarizingOnly,

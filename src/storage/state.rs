@@ -289,6 +289,18 @@ impl StateTable {
     /// Write `state`, to expire at `expires`, over `row`. Without `wait`, gives up when
     /// another transaction holds it.
     pub fn update(&self, row: &Row, slot: Slot<'_>, state: State, expires: f64, wait: bool) -> Written {
+        if !wait {
+            // heap_update may not be asked not to wait for a row another transaction holds
+            // (an assertion of the server's says so): the row is locked without waiting
+            // first, as UPDATE after SELECT ... FOR NO KEY UPDATE SKIP LOCKED does, and then
+            // updated, which waits for nobody once this transaction holds it.
+            match self.lock(row, false) {
+                Locked::Busy => return Written::Busy,
+                Locked::Row(newest) if same_tid(&newest.tid, &row.tid) => {}
+                // Changed meanwhile: decided again on the newest version.
+                Locked::Row(_) | Locked::Gone => return Written::Moved,
+            }
+        }
         let tuple = self.form(slot, state, expires);
         let mut tid = row.tid;
         // SAFETY: plain-old-data out parameter.
@@ -298,7 +310,7 @@ impl StateTable {
         // they open the table for writing (RowExclusiveLock, every index open).
         let (result, entries) = unsafe {
             let cid = pg_sys::GetCurrentCommandId(true);
-            server::heap_update(self.heap, &mut tid, tuple, cid, wait, &mut failure)
+            server::heap_update(self.heap, &mut tid, tuple, cid, &mut failure)
         };
         match result {
             TM_Result::TM_Ok => {
@@ -317,7 +329,6 @@ impl StateTable {
                 self.next_command();
                 Written::Done
             }
-            TM_Result::TM_BeingModified | TM_Result::TM_WouldBlock if !wait => Written::Busy,
             TM_Result::TM_Updated | TM_Result::TM_Deleted if self.snapshot_isolation => {
                 Error::SerializationFailure.raise()
             }
@@ -554,6 +565,10 @@ impl Drop for StateTable {
             pg_sys::table_close(self.heap, pg_sys::NoLock as _);
         }
     }
+}
+
+fn same_tid(a: &pg_sys::ItemPointerData, b: &pg_sys::ItemPointerData) -> bool {
+    (a.ip_blkid.bi_hi, a.ip_blkid.bi_lo, a.ip_posid) == (b.ip_blkid.bi_hi, b.ip_blkid.bi_lo, b.ip_posid)
 }
 
 /// Refuse to read or write rows of a shape other than the one `form` and `slot_row` use:
