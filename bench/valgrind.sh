@@ -33,7 +33,8 @@ exec valgrind --quiet --trace-children=yes --track-origins=yes --read-var-info=y
 EOF
 chmod 755 "$WORK/server/bin/postgres" && as_root chmod -R a+rX "$WORK"
 mkdir -p "$WORK/pgrx"
-printf '[configs]\npg%s = "%s"\n' "$NN" "$WORK/server/bin/pg_config" > "$WORK/pgrx/config.toml"
+# Its own test port, clear of a test command running meanwhile (pgrx's is 32200 + major).
+printf 'base_testing_port = 33200\n[configs]\npg%s = "%s"\n' "$NN" "$WORK/server/bin/pg_config" > "$WORK/pgrx/config.toml"
 
 as_root mkdir -p /tmp/rate_limiter_valgrind_data && as_root chown postgres: /tmp/rate_limiter_valgrind_data
 started=$(date +%s)

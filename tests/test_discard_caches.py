@@ -18,9 +18,9 @@ from clusters import ASSERT_MAJOR, PORTS, ROOT, VERSIONS, wait_for
 pytestmark = pytest.mark.skipif(ASSERT_MAJOR not in VERSIONS,
                                 reason=f"the assert-enabled PostgreSQL {ASSERT_MAJOR} is not among the versions tested")
 
-# A prune round under discarded caches takes seconds, and the launcher ends a worker that runs
-# past its interval.
-SETTINGS = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.prune_interval=30s",
+# A prune round under discarded caches takes tens of seconds, and the launcher ends a worker
+# that runs past its interval.
+SETTINGS = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.prune_interval=60s",
             "-c rate_limiter.memory_snapshot=200", "-c debug_discard_caches=1"]
 
 
@@ -37,46 +37,33 @@ SURFACE = [
     "SELECT rate_limiter.define('memory', 'token bucket', 5, '1 hour', durable => false)",
     "SELECT rate_limiter.define('hot', 'token bucket', 5, '1 hour', hot => true)",
     "SELECT rate_limiter.define('slots', 'concurrency', 2, '1 hour')",
-    "SELECT rate_limiter.define('cached', 'token bucket', 1, '1 hour', deny_cache => '5 seconds')",
     "SELECT ok FROM rate_limiter.rate_limit('durable', 'k')",
-    f"SELECT ok FROM rate_limiter.rate_limit('sharded', 'k', 3, config => '{config('fixed window', rate=40, shards=4)}')",
-    f"SELECT ok FROM rate_limiter.rate_limit('sliding', 'k', config => '{config('sliding window')}')",
     "SELECT ok FROM rate_limiter.rate_limit('memory', 'k', 2)",
     "SELECT ok FROM rate_limiter.rate_limit('hot', 'k')",
+    f"SELECT ok FROM rate_limiter.rate_limit('sharded', 'k', 3, config => '{config('fixed window', rate=40, shards=4)}')",
+    f"SELECT ok FROM rate_limiter.rate_limit('sliding', 'k', config => '{config('sliding window', durable=False)}')",
     f"SELECT ok FROM rate_limiter.rate_limit('calendar', 'k', config => '{config('fixed window', period='1 day', tz='Europe/Berlin')}')",
-    "SELECT ok FROM rate_limiter.rate_limit('cached', 'k')",
-    "SELECT ok FROM rate_limiter.rate_limit('cached', 'k')",
-    f"SELECT ok FROM rate_limiter.rate_limit('inline', 'k', config => '{config('rolling window')}')",
     "SELECT ok FROM rate_limiter.check_rate_limit('durable', 'k')",
     """SELECT ok FROM rate_limiter.rate_limit_all('[{"name": "durable", "key": "a"}, {"name": "memory", "key": "a"}]')""",
     """SELECT ok FROM rate_limiter.check_rate_limit_all('[{"name": "durable", "key": "a"}]')""",
     "SELECT granted FROM rate_limiter.credit('durable', 'k', 1)",
     "SELECT ok FROM rate_limiter.wait_rate_limit('durable', 'w', timeout => '1 second')",
     "SELECT count(*) FROM rate_limiter.rate_limit_value('memory', 'k')",
-    "SELECT count(*) FROM rate_limiter.rate_limit_value('durable', 'k')",
     "SELECT rate_limiter.renew('slots', 'k', lease_id, '1 minute') AND rate_limiter.release('slots', 'k', lease_id) "
     "FROM rate_limiter.acquire('slots', 'k', lease => '1 minute')",
-    "SELECT ok FROM rate_limiter.acquire('slots', 'held')",
     "SELECT rate_limiter.block('durable', 'bad', now() + interval '1 hour', 'test')",
-    "SELECT ok FROM rate_limiter.rate_limit('durable', 'bad')",
     "SELECT rate_limiter.unblock('durable', 'bad')",
     "SELECT rate_limiter.allow(NULL, 'good')",
-    "SELECT ok FROM rate_limiter.rate_limit('memory', 'good')",
     "SELECT rate_limiter.disallow(NULL, 'good')",
-    "SELECT rate_limiter.override('durable', 'vip', rate => 50, note => 'plan')",
-    "SELECT rate_limiter.override('memory', 'vip', rate => 50)",
-    "SELECT rate_limiter.define_tier('hot', 'pro', rate => 50)",
-    "SELECT rate_limiter.override('hot', 'vip', tier => 'pro')",
-    "SELECT ok FROM rate_limiter.rate_limit('hot', 'vip')",
+    "SELECT rate_limiter.define_tier('durable', 'pro', rate => 50)",
+    "SELECT rate_limiter.override('durable', 'vip', tier => 'pro')",
+    "SELECT ok FROM rate_limiter.rate_limit('durable', 'vip')",
     "SELECT rate_limiter.remove_override('durable', 'vip')",
-    "SELECT rate_limiter.remove_override('hot', 'vip')",
-    "SELECT rate_limiter.remove_tier('hot', 'pro')",
+    "SELECT rate_limiter.remove_tier('durable', 'pro')",
     "SELECT rate_limiter.http_headers('durable', rate_limiter.rate_limit('durable', 'h'), key => 'h')",
     """SELECT rate_limiter.http_headers_all('[{"name": "durable", "key": "h"}]', rate_limiter.rate_limit('durable', 'h'))""",
     "SELECT rate_limiter.http_problem(rate_limiter.rate_limit('durable', 'h', 5))",
     "SELECT rate_limiter.ip_key('2001:db8::1')",
-    "SELECT rate_limiter.reset_rate_limit('durable', 'k')",
-    "SELECT rate_limiter.reset_rate_limit('memory', 'k')",
     "SELECT rate_limiter.reset_rate_limit('hot', 'k')",
     "SELECT rate_limiter.prune()",
     "SELECT count(*) FROM rate_limiter._stats()",
@@ -99,6 +86,10 @@ def test_every_function_trigger_and_worker_with_caches_discarded(clusters):
         # pointers are not the extension's), and everything after runs with them discarded.
         admin.execute("SET debug_discard_caches = 0")
         admin.execute("CREATE EXTENSION rate_limiter")
+        # A row that expired long ago, for the prune worker's first round (a minute on) to
+        # remove while the rest runs: written at a fake clock.
+        admin.execute("SET rate_limiter.fake_now = '2020-01-01'")
+        admin.execute(f"SELECT rate_limiter.rate_limit('old', 'k', config => '{config('token bucket')}')")
 
     contract = json.load(open(os.path.join(ROOT, "contract", "functions.json")))["functions"]
     called = {f["name"] for f in contract if any(f"rate_limiter.{f['name']}(" in s for s in SURFACE)}
@@ -119,30 +110,35 @@ def test_every_function_trigger_and_worker_with_caches_discarded(clusters):
         for name in ("durable", "memory", "hot"):
             calls.execute("SELECT rate_limiter.rate_limit(%s, 'flight')", (name,))
         calls.execute("SELECT rate_limiter.acquire('slots', 'flight')")
-        changes = threading.Thread(target=lambda: [admin.execute(s) for s in (
-            "SELECT rate_limiter.define('hot', 'token bucket', 7, '1 hour', hot => true)",
-            "SELECT rate_limiter.override('memory', 'flight', rate => 9)",
-            "SELECT rate_limiter.define_tier('durable', 'gold', rate => 9)",
-        )])
+        failed = []
+
+        def change():
+            try:
+                for statement in ("SELECT rate_limiter.define('hot', 'token bucket', 7, '1 hour', hot => true)",
+                                  "SELECT rate_limiter.override('memory', 'flight', rate => 9)",
+                                  "SELECT rate_limiter.define_tier('durable', 'gold', rate => 9)"):
+                    admin.execute(statement)
+            except Exception as e:  # noqa: BLE001 - reported by the test, not lost in the thread
+                failed.append(e)
+
+        changes = threading.Thread(target=change)
         changes.start()
         changes.join(2)  # some of them wait for the calls' transaction
         calls.execute("COMMIT")
         changes.join(120)
         assert not changes.is_alive(), "the changes did not end once the calls committed"
+        assert not failed, failed
         assert calls.execute("SELECT granted FROM rate_limiter.rate_limit('durable', 'flight')").fetchone() == (1,)
 
     with cluster.connect() as c:
         c.execute("TRUNCATE rate_limiter.limits CASCADE")
 
     # A round of each worker: the snapshot worker copies the memory limits' counts out, the
-    # prune worker removes rows that expired (written at a fake clock long ago).
+    # prune worker removed the row that expired.
     with cluster.connect() as c:
-        c.execute("SET rate_limiter.fake_now = '2020-01-01'")
-        c.execute(f"SELECT rate_limiter.rate_limit('old', 'k', config => '{config('token bucket')}')")
-        c.execute("RESET rate_limiter.fake_now")
         wait_for(lambda: c.execute("SELECT count(*) > 0 FROM rate_limiter.memory_snapshot").fetchone() == (True,),
                  "the snapshot worker's round", timeout=120, detail=cluster.log)
         wait_for(lambda: c.execute("SELECT count(*) FROM rate_limiter.state "
                                    "WHERE split_part(name, '#', 1) = 'old'").fetchone() == (0,),
-                 "the prune worker's round", timeout=120, detail=cluster.log)
+                 "the prune worker's round", timeout=240, detail=cluster.log)
     cluster.stop()
