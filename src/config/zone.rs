@@ -62,8 +62,10 @@ thread_local! {
     /// `PgZone` per PostgreSQL zone, shared by its spellings.
     static ZONES: std::cell::RefCell<std::collections::HashMap<String, &'static PgZone>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
-    static BY_TZ: std::cell::RefCell<std::collections::HashMap<usize, &'static PgZone>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    /// Never dropped, as the zones it owns live as long as the process: were its destructor
+    /// to run at exit, the zones would be lost memory (Valgrind's definite leaks).
+    static BY_TZ: std::mem::ManuallyDrop<std::cell::RefCell<std::collections::HashMap<usize, &'static PgZone>>> =
+        std::mem::ManuallyDrop::new(std::cell::RefCell::new(std::collections::HashMap::new()));
     /// POSIX-style specs loaded for inline configs.
     static SPECS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }

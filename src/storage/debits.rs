@@ -247,6 +247,13 @@ pub fn log_is_subscribed() -> bool {
 
 impl Drop for DebitLog {
     fn drop(&mut self) {
+        // Not while unwinding from an error: the (sub)transaction's abort releases these, after
+        // it has released every LWLock. An error raised inside the server while it held a
+        // buffer's content lock (a serialization failure found during a heap fetch) would
+        // otherwise have its buffer unpinned still locked (an assertion of the server's).
+        if std::thread::panicking() {
+            return;
+        }
         // SAFETY: each was opened by `open` and is closed once; the locks stay to the end of
         // the transaction, as the executor keeps them.
         unsafe {
@@ -257,7 +264,7 @@ impl Drop for DebitLog {
                 if index.is_null() {
                     continue;
                 }
-                if !info.is_null() && !std::thread::panicking() {
+                if !info.is_null() {
                     server::index_insert_cleanup(index, info);
                 }
                 pg_sys::index_close(index, pg_sys::NoLock as _);

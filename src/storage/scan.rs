@@ -47,6 +47,11 @@ pub(super) unsafe fn scan(
     struct Ended(pg_sys::IndexScanDesc);
     impl Drop for Ended {
         fn drop(&mut self) {
+            // Not while unwinding from an error, which the server may have raised with the
+            // scan's buffer locked: the abort ends it, after releasing every LWLock.
+            if std::thread::panicking() {
+                return;
+            }
             // SAFETY: a scan begun below and ended only here.
             unsafe { pg_sys::index_endscan(self.0) }
         }

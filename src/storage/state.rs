@@ -545,6 +545,13 @@ impl StateTable {
 
 impl Drop for StateTable {
     fn drop(&mut self) {
+        // Not while unwinding from an error: the (sub)transaction's abort releases these, after
+        // it has released every LWLock. An error raised inside the server while it held a
+        // buffer's content lock (a serialization failure found during a heap fetch) would
+        // otherwise have its buffer unpinned still locked (an assertion of the server's).
+        if std::thread::panicking() {
+            return;
+        }
         // SAFETY: each was opened by `open` and is closed once; on an error path the
         // snapshot is popped only if it is still on top (else the abort pops it).
         unsafe {
@@ -555,9 +562,7 @@ impl Drop for StateTable {
                 pg_sys::PopActiveSnapshot();
             }
             for index in &self.indexes {
-                // Not while unwinding from an error: the (sub)transaction abort that follows
-                // releases what the inserts cached, as it does for the executor.
-                if !index.info.get().is_null() && !std::thread::panicking() {
+                if !index.info.get().is_null() {
                     server::index_insert_cleanup(index.relation, index.info.get());
                 }
                 pg_sys::index_close(index.relation, pg_sys::NoLock as _);
