@@ -133,7 +133,9 @@ pub fn sleep_ms(ms: f64) {
         // owner may wait on it; it is reset after each wakeup, before the next check for
         // interrupts, the order latch.h prescribes.
         unsafe {
-            pg_sys::WaitLatch(pg_sys::MyLatch, events, left.as_millis().max(1) as i64, pg_sys::PG_WAIT_EXTENSION);
+            // WaitLatch takes at most INT_MAX ms (asserted): a longer sleep is several waits.
+            let timeout = left.as_millis().clamp(1, i32::MAX as u128) as i64;
+            pg_sys::WaitLatch(pg_sys::MyLatch, events, timeout, pg_sys::PG_WAIT_EXTENSION);
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
     }

@@ -99,6 +99,20 @@ def test_conflicting_consumption_at_higher_isolation_is_40001(test_conn, name, l
         b.rollback()
 
 
+@on_assert_server
+def test_a_wait_longer_than_the_servers_longest_wait_ends_at_statement_timeout(test_cluster, database_name, name):
+    """A wait of more than 2^31 ms (about 25 days) is several waits on the latch: one was asked
+    for, and the server asserts its bound (found by the fuzzer on the assert-enabled server)."""
+    with test_cluster.connect(database_name) as c:
+        define(c, name, rate=1, period="100 days")
+        assert limit(c, name, "k")[0]
+        c.execute("SET statement_timeout = '300ms'")
+        with pytest.raises(errors.QueryCanceled):
+            c.execute("SELECT ok FROM rate_limiter.wait_rate_limit(%s, 'k', timeout => '200 days')", (name,))
+        c.execute("RESET statement_timeout")
+        assert c.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_concurrent_sessions_never_exceed_the_bound_exactly(test_conn, name):
     # The clock is pinned, so nothing flows in: the bound is the capacity, exactly.
     define(test_conn, name, rate=1000, period="1 hour")
