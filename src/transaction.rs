@@ -38,13 +38,13 @@ pub struct Held<K, T> {
     by_key: RefCell<HashMap<K, Vec<(T, SubTransactionId)>>>,
 }
 
-impl<K: Eq + Hash + Clone, T> Default for Held<K, T> {
+impl<K: Eq + Hash, T> Default for Held<K, T> {
     fn default() -> Self {
         Held { by_key: RefCell::new(HashMap::new()) }
     }
 }
 
-impl<K: Eq + Hash + Clone, T> Held<K, T> {
+impl<K: Eq + Hash, T> Held<K, T> {
     /// `item` held under `key` until the transaction, or the current subtransaction if it
     /// aborts, ends.
     pub fn add(&self, key: K, item: T) {
@@ -60,10 +60,11 @@ impl<K: Eq + Hash + Clone, T> Held<K, T> {
         self.by_key.borrow().get(key).map_or_else(Vec::new, |items| items.iter().map(|(item, _)| *item).collect())
     }
 
-    /// The items `key` holds, oldest first, to change in place.
-    pub fn change<R>(&self, key: &K, change: impl FnOnce(&mut [(T, SubTransactionId)]) -> R) -> R {
+    /// The items `key` holds, oldest first, each with the subtransaction that gave it, for
+    /// `with` to read or change in place.
+    pub fn with_items<R>(&self, key: &K, with: impl FnOnce(&mut [(T, SubTransactionId)]) -> R) -> R {
         let mut by_key = self.by_key.borrow_mut();
-        change(by_key.get_mut(key).map_or(&mut [][..], Vec::as_mut_slice))
+        with(by_key.get_mut(key).map_or(&mut [][..], Vec::as_mut_slice))
     }
 
     /// Whether any item of any key satisfies `hit`.
@@ -89,17 +90,16 @@ impl<K: Eq + Hash + Clone, T> Held<K, T> {
     }
 
     /// Everything held, taken out (keys in no particular order, each key's items oldest first).
-    pub fn take(&self) -> Vec<(K, T)> {
-        let by_key = std::mem::take(&mut *self.by_key.borrow_mut());
-        by_key.into_iter().flat_map(|(key, items)| items.into_iter().map(move |(item, _)| (key.clone(), item))).collect()
+    pub fn take(&self) -> Vec<T> {
+        std::mem::take(&mut *self.by_key.borrow_mut()).into_values().flat_map(|items| items.into_iter().map(|(item, _)| item)).collect()
     }
 
     /// What subtransaction `ending` and those nested in it gave, taken out.
-    pub fn take_from(&self, ending: SubTransactionId) -> Vec<(K, T)> {
+    pub fn take_from(&self, ending: SubTransactionId) -> Vec<T> {
         let mut taken = Vec::new();
-        self.by_key.borrow_mut().retain(|key, items| {
+        self.by_key.borrow_mut().retain(|_, items| {
             let (given, kept): (Vec<_>, Vec<_>) = std::mem::take(items).into_iter().partition(|(_, sub)| *sub >= ending);
-            taken.extend(given.into_iter().map(|(item, _)| (key.clone(), item)));
+            taken.extend(given.into_iter().map(|(item, _)| item));
             *items = kept;
             !items.is_empty()
         });

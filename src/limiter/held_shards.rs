@@ -35,7 +35,7 @@ pub fn note(req: &Request<'_>, shard: i32, shards: u32) {
     }
     let whose = whose(req);
     HELD.with(|held| {
-        if !held.copied(&whose).contains(&shard) {
+        if !held.with_items(&whose, |shards| shards.iter().any(|(s, _)| *s == shard)) {
             held.add(whose, shard);
         }
     });

@@ -55,8 +55,8 @@ pub fn unpin_all() {
     unpin(PINNED.with(Held::take));
 }
 
-fn unpin(pinned: Vec<((), (memory::Identity, Config))>) {
-    for ((), (id, config)) in pinned {
+fn unpin(pinned: Vec<(memory::Identity, Config)>) {
+    for (id, config) in pinned {
         if let Some(mut guard) = memory::peek(&id) {
             guard.settled(&config);
         }
@@ -92,7 +92,7 @@ pub fn forget_at_commit(what: Forget) {
         // Asked once per (sub)transaction (its own, or of a subtransaction of it that committed):
         // a statement that changes many overrides of one memory limit would otherwise walk the
         // whole table of keys at commit once for each row.
-        let again = forget.change(&(), |asked| {
+        let again = forget.with_items(&(), |asked| {
             asked.iter().any(|(w, s)| {
                 *s >= at && matches!((w, &what), (Forget::MemoryChanged(l, c), Forget::MemoryChanged(limit, config)) if l == limit && c == config)
             })
@@ -110,8 +110,8 @@ pub fn forgotten_here(hit: impl Fn(&Forget) -> bool) -> bool {
 }
 
 /// The folds of these escrows ended, done or undone.
-fn end_folds(folding: Vec<((), hot::Ticket)>, folded: bool) {
-    for mut guard in folding.into_iter().filter_map(|((), ticket)| hot::redeem(ticket)) {
+fn end_folds(folding: Vec<hot::Ticket>, folded: bool) {
+    for mut guard in folding.into_iter().filter_map(hot::redeem) {
         guard.entry().end_fold(folded);
     }
 }
@@ -176,11 +176,11 @@ pub fn at_end(ending: Ending) {
         Ending::Committed | Ending::Ended => {
             let committed = ending == Ending::Committed;
             unpin(PINNED.with(Held::take));
-            settle(DEBITS.with(Held::take).into_iter().map(|((), debit)| debit).collect(), committed);
+            settle(DEBITS.with(Held::take), committed);
             end_folds(FOLDING.with(Held::take), committed);
             let forget_all = FORGET.with(Held::take);
             if committed {
-                for ((), what) in forget_all {
+                for what in forget_all {
                     forget(what);
                 }
             }
@@ -189,7 +189,7 @@ pub fn at_end(ending: Ending) {
             FORGET.with(|forget| drop(forget.take_from(ending)));
             unpin(PINNED.with(|pinned| pinned.take_from(ending)));
             let unfolded = FOLDING.with(|folding| folding.take_from(ending));
-            settle(DEBITS.with(|debits| debits.take_from(ending)).into_iter().map(|((), debit)| debit).collect(), false);
+            settle(DEBITS.with(|debits| debits.take_from(ending)), false);
             end_folds(unfolded, false);
         }
     }

@@ -77,14 +77,13 @@ impl DebitLog {
         unsafe {
             shape::require((*heap).rd_att, "rate_limiter.debits", &shape::DEBITS, Columns::Exactly);
             let triggers = !(*heap).trigdesc.is_null() && (*(*heap).trigdesc).numtriggers > 0;
-            let checks = !(*(*heap).rd_att).constr.is_null() && (*(*(*heap).rd_att).constr).num_check > 0;
             let list = pg_sys::RelationGetIndexList(heap);
             let indexes = if list.is_null() { 0 } else { (*list).length };
             pg_sys::list_free(list);
             shape::require_plain_heap(heap, "rate_limiter.debits");
             let index_changed = !shape::index_is(log.indexes[BY_SEQ], true, &[1]) || !shape::index_is(log.indexes[BY_KEY], false, &[2, 3, 1]);
-            if triggers || checks || indexes != 2 || index_changed {
-                let detail = "it has a trigger, CHECK constraint or index the extension did not create, or one of its indexes changed".to_owned();
+            if triggers || indexes != 2 || index_changed {
+                let detail = "it has a trigger or index the extension did not create, or one of its indexes changed".to_owned();
                 Error::ShapeChanged { relation: "rate_limiter.debits".into(), detail }.raise()
             }
             log.tuple_slot = pg_sys::table_slot_create(heap, null_mut());
@@ -247,11 +246,7 @@ pub fn log_is_subscribed() -> bool {
 
 impl Drop for DebitLog {
     fn drop(&mut self) {
-        // Not while unwinding from an error: the (sub)transaction's abort releases these, after
-        // it has released every LWLock. An error raised inside the server while it held a
-        // buffer's content lock (a serialization failure found during a heap fetch) would
-        // otherwise have its buffer unpinned still locked (an assertion of the server's).
-        if std::thread::panicking() {
+        if super::unwinding() {
             return;
         }
         // SAFETY: each was opened by `open` and is closed once; the locks stay to the end of

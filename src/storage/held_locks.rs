@@ -22,7 +22,7 @@ thread_local! {
 
 /// How many locks of `what` this transaction holds.
 pub fn held(what: HeldLock) -> u32 {
-    HELD.with(|h| h.copied(&what).into_iter().sum())
+    HELD.with(|h| h.with_items(&what, |counts| counts.iter().map(|(n, _)| n).sum()))
 }
 
 /// `n` more locks of `what` held by this transaction, until it (or the current
@@ -35,7 +35,7 @@ pub fn count_held(what: HeldLock, n: u32) {
 /// One lock of `what` that `count_held` counted let go early.
 pub fn count_released(what: HeldLock) {
     HELD.with(|h| {
-        h.change(&what, |counts| {
+        h.with_items(&what, |counts| {
             if let Some((n, _)) = counts.iter_mut().rev().find(|(n, _)| *n > 0) {
                 *n -= 1;
             }

@@ -138,11 +138,7 @@ impl Lookup {
 
 impl Drop for Lookup {
     fn drop(&mut self) {
-        // Not while unwinding from an error: the (sub)transaction's abort releases these, after
-        // it has released every LWLock. An error raised inside the server while it held a
-        // buffer's content lock (a serialization failure found during a heap fetch) would
-        // otherwise have its buffer unpinned still locked (an assertion of the server's).
-        if std::thread::panicking() {
+        if super::unwinding() {
             return;
         }
         // SAFETY: each was opened in `open` (null if it was not reached) and is closed once;

@@ -58,6 +58,15 @@ pub fn open_table(table: pg_sys::Oid, lockmode: pg_sys::LOCKMODE, shown: &str) -
     relation
 }
 
+/// Whether a `Drop` that holds buffers (an index scan, a slot, a relation) runs while unwinding
+/// from an error: then it leaves them to the (sub)transaction's abort, which releases every
+/// LWLock first. The server may have raised the error with a buffer's content lock held (a
+/// serialization failure found during a heap fetch), and unpinning that buffer still locked
+/// fails an assertion of the server's.
+pub(super) fn unwinding() -> bool {
+    std::thread::panicking()
+}
+
 /// The index `index` of a table this transaction holds locked (which keeps it from being
 /// dropped), opened in `lockmode`; 42P01 if the OID, found before the table's lock was
 /// taken, names no relation now (an index replaced meanwhile, as ALTER TABLE ... DROP

@@ -47,9 +47,7 @@ pub(super) unsafe fn scan(
     struct Ended(pg_sys::IndexScanDesc);
     impl Drop for Ended {
         fn drop(&mut self) {
-            // Not while unwinding from an error, which the server may have raised with the
-            // scan's buffer locked: the abort ends it, after releasing every LWLock.
-            if std::thread::panicking() {
+            if super::unwinding() {
                 return;
             }
             // SAFETY: a scan begun below and ended only here.

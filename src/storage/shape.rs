@@ -195,14 +195,14 @@ pub unsafe fn difference(desc: pg_sys::TupleDesc, shape: &Shape, columns: Column
     })
 }
 
-/// Whether an open index is a plain one on exactly `columns` (unique if `unique`), usable for
-/// a scan: no expression, no predicate (a partial index would miss rows), valid and live (not
-/// a build that failed). The extension reads through its indexes by column position, so an
-/// index its owner replaced under the same name must be refused, never scanned.
+/// Whether an open index is a plain one on exactly `columns` (unique if `unique`): no
+/// expression and no predicate (a partial index would miss rows). The extension reads through
+/// its indexes by column position, so an index its owner replaced under the same name must be
+/// refused, never scanned.
 ///
 /// # Safety
 /// `index` is open.
-pub unsafe fn index_is(index: pg_sys::Relation, unique: bool, columns: &[i16]) -> bool {
+pub unsafe fn index_has(index: pg_sys::Relation, unique: bool, columns: &[i16]) -> bool {
     // SAFETY: an open index has its pg_index row, whose `indkey` holds `indnatts` column
     // numbers; expressions and predicate are NULL columns of that row when absent.
     unsafe {
@@ -210,8 +210,27 @@ pub unsafe fn index_is(index: pg_sys::Relation, unique: bool, columns: &[i16]) -
         let row = (*index).rd_indextuple;
         let plain = pg_sys::heap_attisnull(row, pg_sys::Anum_pg_index_indexprs as i32, std::ptr::null_mut())
             && pg_sys::heap_attisnull(row, pg_sys::Anum_pg_index_indpred as i32, std::ptr::null_mut());
-        (form.indisunique || !unique) && form.indisvalid && form.indislive && plain && form.indkey.values.as_slice(form.indnatts as usize) == columns
+        (form.indisunique || !unique) && plain && form.indkey.values.as_slice(form.indnatts as usize) == columns
     }
+}
+
+/// Whether an open index can be scanned: valid and live, not a build that failed.
+///
+/// # Safety
+/// `index` is open.
+pub unsafe fn index_usable(index: pg_sys::Relation) -> bool {
+    // SAFETY: an open index has its pg_index row.
+    let form = unsafe { &*(*index).rd_index };
+    form.indisvalid && form.indislive
+}
+
+/// `index_has`, and usable for a scan.
+///
+/// # Safety
+/// `index` is open.
+pub unsafe fn index_is(index: pg_sys::Relation, unique: bool, columns: &[i16]) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { index_has(index, unique, columns) && index_usable(index) }
 }
 
 /// 55000 unless `heap`, written here through heapam as the executor would, is a heap table
@@ -224,7 +243,7 @@ pub unsafe fn require_plain_heap(heap: pg_sys::Relation, shown: &str) {
     // SAFETY: an open relation's pg_class row and descriptor.
     let (heap_am, checks) = unsafe {
         let constraints = (*(*heap).rd_att).constr;
-        ((*(*heap).rd_rel).relam == pg_sys::Oid::from(pg_sys::HEAP_TABLE_AM_OID), !constraints.is_null() && (*constraints).num_check > 0)
+        ((*(*heap).rd_rel).relam == pg_sys::HEAP_TABLE_AM_OID, !constraints.is_null() && (*constraints).num_check > 0)
     };
     if !heap_am || checks {
         let detail = if heap_am { "it has a CHECK constraint" } else { "its table access method is not heap" };

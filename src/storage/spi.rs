@@ -145,7 +145,6 @@ pub fn write(table: pg_sys::Oid, sql: &str, args: &[Arg], each: impl FnMut(&Resu
 /// Run `sql` on `table` with `args` ($1, $2, ... in order) as the table's owner, reading
 /// what is committed now, and visit each row it returns.
 pub fn run(table: pg_sys::Oid, sql: &str, args: &[Arg], mut each: impl FnMut(&ResultRow)) {
-    let relation = table;
     let owner = cache::owner(table);
     let _as_owner = AsOwner::switch(owner);
     let sql = CString::new(sql).expect("no NUL in the SQL");
@@ -175,10 +174,10 @@ pub fn run(table: pg_sys::Oid, sql: &str, args: &[Arg], mut each: impl FnMut(&Re
             if status < 0 {
                 panic!("SPI_execute_snapshot failed ({status}): {}", sql.to_string_lossy());
             }
-            let table = pg_sys::SPI_tuptable;
-            if !table.is_null() {
+            let result = pg_sys::SPI_tuptable;
+            if !result.is_null() {
                 for i in 0..pg_sys::SPI_processed as usize {
-                    each(&ResultRow { tuple: *(*table).vals.add(i), desc: (*table).tupdesc, table: relation });
+                    each(&ResultRow { tuple: *(*result).vals.add(i), desc: (*result).tupdesc, table });
                 }
             }
             pg_sys::SPI_freeplan(plan);

@@ -120,7 +120,7 @@ impl StateTable {
                 let info = std::cell::Cell::new(null_mut());
                 table.indexes.push(StateIndex { relation: table.index, info, valid: true });
                 // SAFETY: the index is open; its probes read columns 1 to 3 by position.
-                if !unsafe { is_key_copy(table.index) && shape::index_is(table.index, true, &INDEX_COLUMNS) } {
+                if !unsafe { is_key_copy(table.index) && shape::index_usable(table.index) } {
                     let detail = "its unique index is not the one the extension made".to_owned();
                     Error::ShapeChanged { relation: "rate_limiter.state".into(), detail }.raise()
                 }
@@ -545,11 +545,7 @@ impl StateTable {
 
 impl Drop for StateTable {
     fn drop(&mut self) {
-        // Not while unwinding from an error: the (sub)transaction's abort releases these, after
-        // it has released every LWLock. An error raised inside the server while it held a
-        // buffer's content lock (a serialization failure found during a heap fetch) would
-        // otherwise have its buffer unpinned still locked (an assertion of the server's).
-        if std::thread::panicking() {
+        if super::unwinding() {
             return;
         }
         // SAFETY: each was opened by `open` and is closed once; on an error path the
@@ -597,15 +593,10 @@ unsafe fn check_shape(heap: pg_sys::Relation) {
 /// # Safety
 /// `index` is open.
 unsafe fn is_key_copy(index: pg_sys::Relation) -> bool {
-    // SAFETY: an open index has its pg_index row, whose `indkey` holds `indnatts` column
-    // numbers; expressions and predicate are NULL columns of that row when absent.
+    // SAFETY: an open index has its pg_index row; `index_has` reads it as it promises.
     unsafe {
         let form = &*(*index).rd_index;
-        let row = (*index).rd_indextuple;
-        let columns = form.indkey.values.as_slice(form.indnatts as usize);
-        let plain = pg_sys::heap_attisnull(row, pg_sys::Anum_pg_index_indexprs as i32, null_mut())
-            && pg_sys::heap_attisnull(row, pg_sys::Anum_pg_index_indpred as i32, null_mut());
-        form.indisunique && form.indimmediate && form.indnullsnotdistinct && columns == INDEX_COLUMNS && plain
+        form.indimmediate && form.indnullsnotdistinct && shape::index_has(index, true, &INDEX_COLUMNS)
     }
 }
 
