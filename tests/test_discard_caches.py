@@ -19,9 +19,10 @@ pytestmark = pytest.mark.skipif(ASSERT_MAJOR not in VERSIONS,
                                 reason=f"the assert-enabled PostgreSQL {ASSERT_MAJOR} is not among the versions tested")
 
 # A prune round under discarded caches takes tens of seconds, and the launcher ends a worker
-# that runs past its interval; each worker's round is paid for in CPU, so a few rounds.
+# that runs past its interval; each worker's round is paid for in CPU, so a few rounds. No
+# autovacuum: its workers would discard their caches too, for nothing the test looks at.
 SETTINGS = ["-c shared_preload_libraries=rate_limiter", "-c rate_limiter.prune_interval=90s",
-            "-c rate_limiter.memory_snapshot=10000", "-c debug_discard_caches=1"]
+            "-c rate_limiter.memory_snapshot=10000", "-c debug_discard_caches=1", "-c autovacuum=off"]
 
 
 def config(kind, **extra):
