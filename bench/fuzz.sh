@@ -26,6 +26,7 @@ server -l "$DIR/server.log" -w start -o "-p $PORT -k /tmp -c listen_addresses= -
 "$BIN/psql" -X -q -h /tmp -p "$PORT" -U postgres -d postgres -c "CREATE DATABASE fuzz"
 "$BIN/psql" -X -q -h /tmp -p "$PORT" -U postgres -d fuzz -c "CREATE EXTENSION rate_limiter"
 
+test_venv  # the tests' virtualenv, made if this checkout has none yet
 step "fuzzing PostgreSQL $NN for $MINUTES min: $SESSIONS sessions, seed $SEED"
 status=0
 "$ROOT/.venv/bin/python" "$ROOT/tests/fuzz.py" --conninfo "host=/tmp port=$PORT user=postgres dbname=fuzz" \
