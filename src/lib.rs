@@ -58,11 +58,13 @@ pub mod pg_test {
 
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        // Shared memory (statistics, the deny cache) gets #[pg_test]s too; the prune worker
-        // stays off so that it never changes state rows under a test. A crash or failed
+        // Shared memory (statistics, the deny cache) gets #[pg_test]s too; both workers stay
+        // off: the prune worker would change state rows under a test, and the snapshot worker
+        // would commit memory limits' counts that another test's prune() then counts (three
+        // tests' prune() answered one row too many under Valgrind). A crash or failed
         // assertion anywhere (a worker's too, or a backend's between tests) shuts the server
         // down instead of restarting it, so that every later test fails: the harness keeps
         // the server's log to itself.
-        vec!["shared_preload_libraries = 'rate_limiter'", "rate_limiter.prune_interval = 0", "restart_after_crash = off"]
+        vec!["shared_preload_libraries = 'rate_limiter'", "rate_limiter.prune_interval = 0", "rate_limiter.memory_snapshot = 0", "restart_after_crash = off"]
     }
 }
