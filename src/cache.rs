@@ -60,6 +60,9 @@ pub enum List {
 
 thread_local! {
     static RELATIONS: Cell<Option<Relations>> = const { Cell::new(None) };
+    /// How many times the caches were emptied: what is cached elsewhere from the same
+    /// relations (`storage::decision_type`) is current while this has not moved.
+    static GENERATION: Cell<u64> = const { Cell::new(0) };
     static CONFIGS: RefCell<HashMap<String, Config>> = RefCell::new(HashMap::new());
     static ANY_BLOCKS: Cell<Option<bool>> = const { Cell::new(None) };
     static ANY_ALLOWS: Cell<Option<bool>> = const { Cell::new(None) };
@@ -101,6 +104,11 @@ pub struct Overridden {
 /// The most (name, key) pairs whose override, or lack of one, a backend keeps: a backend
 /// that calls more keys than this looks the others up again.
 const MAX_OVERRIDDEN: usize = 10_000;
+
+/// The caches' generation: it moves whenever they are emptied.
+pub fn generation() -> u64 {
+    GENERATION.get()
+}
 
 pub fn relations() -> Relations {
     RELATIONS.get().unwrap_or_else(|| {
@@ -425,6 +433,7 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
         None => true,
     };
     if relid == pg_sys::InvalidOid || ours {
+        GENERATION.set(GENERATION.get().wrapping_add(1));
         RELATIONS.set(None);
         CONFIGS.with_borrow_mut(HashMap::clear);
         ANY_BLOCKS.set(None);

@@ -53,13 +53,13 @@ pub(crate) fn listed_decision(req: &Request<'_>, listed: Listed, capacity: f64) 
 /// The whole decision of one call: a block denies it outright and an allow lets it through;
 /// a check reads; a consuming call is answered from the deny cache when it holds a denial,
 /// else consumes, and a denial it gets is remembered there. In shadow mode, a denial other
-/// than a block is answered ok.
-pub fn decide(table: &StateTable, req: &Request<'_>, config: &Config, consume: bool) -> Decision {
+/// than a block is answered ok. `table` opens the state table, for the stores that read it.
+pub fn decide(table: impl FnOnce() -> StateTable, req: &Request<'_>, config: &Config, consume: bool) -> Decision {
     if let Some(listed) = lists::listed(req) {
         return listed_decision(req, listed, config.capacity);
     }
     let d = if !consume {
-        check(table, req, config)
+        check(&table(), req, config)
     } else if let Some(d) = deny_cache::answer(req, config) {
         d
     } else {
@@ -85,8 +85,8 @@ pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision
     Store::of(config).check(table, req, config)
 }
 
-/// Consume (`rate_limit`).
-pub fn consume(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+/// Consume (`rate_limit`), with the state table `table` opens if the store reads it.
+pub fn consume(table: impl FnOnce() -> StateTable, req: &Request<'_>, config: &Config) -> Decision {
     Store::of(config).consume(table, req, config)
 }
 

@@ -8,7 +8,7 @@
 //! ends, each list's owner is told (`Ending`), once, by the callbacks `register` installs from
 //! `_PG_init`: a list is never left behind for the next transaction.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::Hash;
@@ -37,6 +37,9 @@ pub enum Ending {
 pub struct Held<K, T> {
     by_key: RefCell<HashMap<K, Vec<(T, SubTransactionId)>>>,
 }
+
+/// How many keys' emptied lists a `Held` keeps, their room reused by the next transaction.
+const KEPT_KEYS: usize = 16;
 
 impl<K: Eq + Hash, T> Default for Held<K, T> {
     fn default() -> Self {
@@ -90,8 +93,17 @@ impl<K: Eq + Hash, T> Held<K, T> {
     }
 
     /// Everything held, taken out (keys in no particular order, each key's items oldest first).
+    /// The lists keep their room for the next transaction, unless there are many of them.
     pub fn take(&self) -> Vec<T> {
-        std::mem::take(&mut *self.by_key.borrow_mut()).into_values().flat_map(|items| items.into_iter().map(|(item, _)| item)).collect()
+        let mut by_key = self.by_key.borrow_mut();
+        if by_key.is_empty() {
+            return Vec::new();
+        }
+        let taken = by_key.values_mut().flat_map(|items| items.drain(..).map(|(item, _)| item)).collect();
+        if by_key.len() > KEPT_KEYS {
+            by_key.clear();
+        }
+        taken
     }
 
     /// What subtransaction `ending` and those nested in it gave, taken out.
@@ -109,7 +121,7 @@ impl<K: Eq + Hash, T> Held<K, T> {
     /// Emptied as `ending` asks, for an owner with nothing to settle.
     pub fn forget(&self, ending: Ending) {
         match ending {
-            Ending::Committed | Ending::Ended => self.by_key.borrow_mut().clear(),
+            Ending::Committed | Ending::Ended => drop(self.take()),
             Ending::SubtransactionAborted(sub) => drop(self.take_from(sub)),
             Ending::Preparing => {}
         }
@@ -126,29 +138,25 @@ pub fn current_subtransaction() -> SubTransactionId {
 type Owner = fn(Ending);
 
 thread_local! {
-    static OWNERS: RefCell<Vec<Owner>> = const { RefCell::new(Vec::new()) };
+    static OWNERS: Cell<&'static [Owner]> = const { Cell::new(&[]) };
 }
 
 /// From `_PG_init`, once per process (children of a preloading postmaster inherit it): the
 /// owners of the lists, and the server's callbacks that tell them.
-pub fn register(owners: &[Owner]) {
-    OWNERS.with_borrow_mut(|registered| {
-        if registered.is_empty() {
-            registered.extend_from_slice(owners);
-            // SAFETY: callbacks that live as long as the library, registered once per process
-            // (OWNERS is empty only before the first registration).
-            unsafe {
-                pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
-                pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
-            }
+pub fn register(owners: &'static [Owner]) {
+    if OWNERS.get().is_empty() {
+        OWNERS.set(owners);
+        // SAFETY: callbacks that live as long as the library, registered once per process
+        // (OWNERS is empty only before the first registration).
+        unsafe {
+            pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
+            pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
         }
-    });
+    }
 }
 
 fn tell(ending: Ending) {
-    // Copied out: an owner may add to a list, never to the owners.
-    let owners = OWNERS.with_borrow(Vec::clone);
-    for owner in owners {
+    for owner in OWNERS.get() {
         owner(ending);
     }
 }

@@ -64,6 +64,21 @@ def test_a_shape_change_is_55000_with_a_hint_never_a_crash(database_name, ddl):
         assert admin.execute("SELECT 1").fetchone() == (1,), "the server is still up"
 
 
+@pytest.mark.parametrize("ddl", [d for d in SHAPE_CHANGES if "rate_limiter.decision" in d])
+def test_a_memory_call_sees_its_row_type_changed(database_name, ddl):
+    """A memory limit's call checks the decision type's descriptor once per cache generation
+    (issue 66), not at each call: a change committed in another session still reaches the
+    next call of a session that checked it before."""
+    with connect(dbname=database_name) as admin, connect(dbname=database_name) as app:
+        admin.execute("SELECT rate_limiter.define('m', 'token bucket', 5, '1 hour', durable => false)")
+        call = "SELECT ok FROM rate_limiter.rate_limit('m', 'k')"
+        assert app.execute(call).fetchone() == (True,)
+        admin.execute(ddl)
+        with pytest.raises(errors.ObjectNotInPrerequisiteState, match="rate_limiter.decision") as raised:
+            app.execute(call)
+        assert raised.value.diag.message_hint
+
+
 def test_a_column_type_changed_under_sql_is_55000_never_a_crash(database_name):
     """A table read through SPI (the leases) with a column of another type than the one read
     by pointer: a uuid read from a bigint dereferenced the integer."""

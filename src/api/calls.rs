@@ -17,28 +17,39 @@ use pgrx::{JsonB, PgMemoryContexts};
 
 use crate::bucket::{self, Config, Kind};
 use crate::call::Reason;
-use crate::cache;
 use crate::clock;
 use crate::config::{self, JsonbArg};
 use crate::error::{self, Error, Result};
 use crate::limiter::{self, Decided, Decision, Request};
 use crate::shmem::stats;
-use crate::storage::shape;
+use crate::storage::decision_type;
 use crate::storage::StateTable;
 
 use super::{fmgr_v1_info, parts, request, resolve_for, usable};
 
 
 fn decide(req: &mut Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<(Decision, Config)> {
-    // Open the table first: its lock takes in pending invalidations of cached configs.
-    let mut table = if consume { StateTable::open_for_call(c"rate_limit()") } else { StateTable::open(None) };
+    // Lock the table first: its lock takes in pending invalidations of cached configs.
+    let table = if consume {
+        StateTable::lock_for_call(c"rate_limit()");
+        None
+    } else {
+        Some(StateTable::open(None))
+    };
     let config = resolve_for(req, inline)?;
     usable(req, &config)?;
-    if consume && config.durable {
-        // A memory limit's call writes nothing: in a read-only transaction and on a standby too.
-        table.prepare_writes(c"rate_limit()");
-    }
-    Ok((limiter::decide(&table, req, &config, consume), config))
+    let open = || {
+        table.unwrap_or_else(|| {
+            let mut table = StateTable::open_for_call(c"rate_limit()");
+            if config.durable {
+                // A memory limit's call writes nothing: in a read-only transaction and on a
+                // standby too.
+                table.prepare_writes(c"rate_limit()");
+            }
+            table
+        })
+    };
+    Ok((limiter::decide(open, req, &config, consume), config))
 }
 
 /// The longest `wait_rate_limit` sleeps between tries of a concurrency limit: a slot frees
@@ -154,32 +165,10 @@ pub(super) fn decision_columns(d: &Decision) -> ([Datum; 7], [bool; 7]) {
 /// The decision as a `rate_limiter.decision` datum; 55000 if that type was altered.
 fn decision_datum(d: &Decision) -> Datum {
     let (mut values, mut nulls) = decision_columns(d);
-    let desc = PinnedRowType::of(cache::relations().decision_type);
-    // SAFETY: `desc` holds a reference count on the type cache's descriptor from `of` until it
-    // drops at the end of this function, so the descriptor stays valid throughout.
-    unsafe { shape::require(desc.0, "rate_limiter.decision", &shape::DECISION, shape::Columns::Exactly) };
-    // SAFETY: the descriptor has exactly the columns `values` and `nulls` fill (checked
-    // above), and stays pinned while the tuple is formed.
-    unsafe { pgrx::heap_tuple_get_datum(pg_sys::heap_form_tuple(desc.0, values.as_mut_ptr(), nulls.as_mut_ptr())) }
-}
-
-/// A row type's descriptor from the type cache, pinned until dropped (on error paths too).
-struct PinnedRowType(pg_sys::TupleDesc);
-
-impl PinnedRowType {
-    fn of(row_type: pg_sys::Oid) -> PinnedRowType {
-        // SAFETY: looks up a composite type by OID (raises if it is gone); the reference
-        // count it takes is given back once, on drop.
-        PinnedRowType(unsafe { pg_sys::lookup_rowtype_tupdesc(row_type, -1) })
-    }
-}
-
-impl Drop for PinnedRowType {
-    fn drop(&mut self) {
-        // SAFETY: `self.0` carries the one reference count `of` took (nothing else builds a
-        // PinnedRowType), and drop runs once, so it is given back exactly once.
-        unsafe { pg_sys::DecrTupleDescRefCount(self.0) }
-    }
+    let desc = decision_type::descriptor();
+    // SAFETY: the descriptor has exactly the columns `values` and `nulls` fill (checked by
+    // `descriptor`), and nothing between its lookup and here takes invalidations in.
+    unsafe { pgrx::heap_tuple_get_datum(pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr())) }
 }
 
 /// Runs the guarded body, then raises `RL429` from this frame, which pgrx does not guard

@@ -60,10 +60,11 @@ impl Outcome {
 pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bool) -> Outcome {
     let shards = config.shards;
     let config = &config.per_shard();
-    let refilled: Vec<Check> = states.iter().map(|s| check(*s, config, now, 0.0, false)).collect();
-    // `taken[i]`: the check of shard i when the call changes it.
+    // `taken[i]`: the check of shard i when the call changes it; a shard it leaves is only
+    // refilled (not computed for a lone shard the call takes from, the usual case).
     let outcome = |ok: bool, granted: f64, denied: &Check, taken: [Option<Check>; 2]| {
-        let after: Vec<Check> = (0..states.len()).map(|i| taken[i].unwrap_or(refilled[i])).collect();
+        let after: Vec<Check> =
+            (0..states.len()).map(|i| taken[i].unwrap_or_else(|| check(states[i], config, now, 0.0, false))).collect();
         Outcome {
             ok,
             retry_after: denied.retry_after,

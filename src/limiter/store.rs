@@ -47,11 +47,13 @@ impl Store {
         }
     }
 
-    /// Take `req.count` (`rate_limit`); a slot is held until the transaction ends.
-    pub fn consume(self, table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
+    /// Take `req.count` (`rate_limit`); a slot is held until the transaction ends. The
+    /// state table is opened (`table`) only for the stores that read it: a memory limit's
+    /// call needs no more than the lock its caller took.
+    pub fn consume(self, table: impl FnOnce() -> StateTable, req: &Request<'_>, config: &Config) -> Decision {
         match self {
-            Store::Rows => rows::consume(table, req, config),
-            Store::Hot => hot::consume(table, req, config),
+            Store::Rows => rows::consume(&table(), req, config),
+            Store::Hot => hot::consume(&table(), req, config),
             Store::Memory => memory::consume(req, config),
             Store::Slots => concurrency::acquire(req, config, concurrency::Hold::Transaction).0,
         }

@@ -3,7 +3,8 @@
 //! here), with `row` what it deals in; `lookup` reads committed rows of
 //! `rate_limiter.limits` and `rate_limiter.blocks`; `sql` runs the plain SPI statements of
 //! prune, blocks and define; `scan` holds the index probes they share; `shape` the columns of
-//! every relation read by position; `server` every server call whose signature differs
+//! every relation read by position, and `decision_type` the checked descriptor of the row every
+//! call returns; `server` every server call whose signature differs
 //! between the supported PostgreSQL majors. This file holds what the writers share.
 //!
 //! The limiter's functions are the only way into these tables, so no table privilege is
@@ -17,6 +18,7 @@ use crate::error::Error;
 use held_locks::HeldLock;
 
 mod debits;
+pub mod decision_type;
 mod guard;
 pub mod held_locks;
 pub mod leases;

@@ -101,10 +101,29 @@ impl StateTable {
     /// A parallel worker is refused either way: its calls would end with the worker, not
     /// with the transaction they belong to.
     pub fn open_for_call(command: &std::ffi::CStr) -> StateTable {
+        Self::lock_for_call(command);
+        Self::locked(pg_sys::RowExclusiveLock as pg_sys::LOCKMODE, xact_snapshot_isolation())
+    }
+
+    /// As `open_for_call`, the lock alone, to the end of the transaction: all a memory
+    /// limit's call needs of the table (a change of a limit waits for it, `hold_calls_off`),
+    /// without opening it; `open_for_call` after it takes nothing more. Pending
+    /// invalidations are taken in first, as for any open.
+    pub fn lock_for_call(command: &std::ffi::CStr) {
         // SAFETY: `command` is NUL-terminated and alive for the call, which only reads this
         // backend's state and raises an ERROR in parallel mode.
         unsafe { pg_sys::PreventCommandIfParallelMode(command.as_ptr()) };
-        Self::locked(pg_sys::RowExclusiveLock as pg_sys::LOCKMODE, xact_snapshot_isolation())
+        // SAFETY: taking in invalidations is allowed anywhere in a transaction.
+        unsafe { pg_sys::AcceptInvalidationMessages() };
+        let state = cache::relations().state;
+        // SAFETY: inside a transaction; a lock on an OID that names nothing (a DROP
+        // EXTENSION committed while this call waited) is harmless, and is refused below.
+        unsafe { pg_sys::LockRelationOid(state, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+        // SAFETY: a syscache probe by OID; the lock above keeps the answer true.
+        let exists = unsafe { pg_sys::SearchSysCacheExists(pg_sys::SysCacheIdentifier::RELOID as i32, state.into(), 0.into(), 0.into(), 0.into()) };
+        if !exists {
+            Error::RelationGone("rate_limiter.state".into()).raise()
+        }
     }
 
     fn opened(write: Option<&std::ffi::CStr>, snapshot_isolation: bool) -> StateTable {
