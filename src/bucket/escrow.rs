@@ -60,6 +60,14 @@ pub struct Admitted {
     pub seq: Option<u64>,
 }
 
+/// A call's `plan` on an escrow's tail at an instant, made before its admission
+/// (`admit_planned`).
+pub struct Planned {
+    pub tail: State,
+    pub at: f64,
+    pub outcome: Outcome,
+}
+
 /// How an escrow keeps a state: as it is (`State`, for hot limits), or packed into fewer
 /// bytes for the kinds that need them (memory limits, one entry per key).
 pub trait Stored: Copy {
@@ -224,13 +232,33 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
     /// which the debit's abort would then take away. So instants never go back along the
     /// list; an abort takes back the instant of the debit it removes.
     pub fn admit(&mut self, config: &Config, now: f64, count: f64, reserve: bool, seq: u64) -> Admitted {
+        self.admit_planned(config, now, count, reserve, seq, None)
+    }
+
+    /// `admit`, with `planned`: this call's `plan` as its caller made it already, with the
+    /// tail and the instant it planned on. `plan` being a function of those (and of the call),
+    /// its outcome is taken as it is while they are still the escrow's, planned again
+    /// otherwise.
+    pub fn admit_planned(
+        &mut self,
+        config: &Config,
+        now: f64,
+        count: f64,
+        reserve: bool,
+        seq: u64,
+        planned: Option<Planned>,
+    ) -> Admitted {
         assert!(
             config.mode == Mode::All && config.shards == 1 && config.min_gap.is_none(),
             "an escrow admits in mode 'all', on one row, without min_gap"
         );
         assert!(self.len == 0 || self.at(self.len - 1).seq < seq, "debits are numbered in admission order");
         let at = self.admission_instant(now);
-        let outcome = plan(&[self.tail.load()], config, at, count, reserve);
+        let tail = self.tail.load();
+        let outcome = match planned {
+            Some(Planned { tail: planned_on, at: planned_at, outcome }) if planned_on == tail && planned_at == at => outcome,
+            _ => plan(&[tail], config, at, count, reserve),
+        };
         if !outcome.ok || count <= 0.0 {
             return Admitted { outcome, seq: None };
         }
@@ -344,7 +372,8 @@ mod tests {
 
     use super::super::tests::{config, ALL_KINDS, NOW};
     use super::super::{check, fresh_state, Config, Kind, State};
-    use super::{apply, Debit, Escrow};
+    use super::super::plan;
+    use super::{apply, Debit, Escrow, Planned};
 
     fn available(state: State, c: &Config, now: f64) -> f64 {
         check(state, c, now, 0.0, false).available
@@ -374,6 +403,29 @@ mod tests {
         assert_eq!(available(escrow.tail(), &c, NOW + 5_000.0), 5.0);
         assert!(escrow.commit(&c, second));
         assert_eq!(escrow.unsettled_from(), None);
+    }
+
+    #[test]
+    fn a_plan_made_on_another_tail_or_instant_is_made_again() {
+        let c = config(Kind::FixedWindow, 3.0, 60_000.0);
+        let mut escrow = Escrow::<8>::new(fresh_state(&c, NOW, 0.0));
+        let full = escrow.tail();
+        // Planned on the full window, before three calls took it all: denied on the tail.
+        let stale = plan(&[full], &c, NOW, 1.0, false);
+        assert!(stale.ok);
+        (1..=3).for_each(|n| assert!(escrow.admit(&c, NOW, 1.0, false, n).seq.is_some()));
+        let planned = Planned { tail: full, at: NOW, outcome: stale.clone() };
+        assert_eq!(escrow.admit_planned(&c, NOW, 1.0, false, 4, Some(planned)).seq, None, "the tail moved on");
+        // On the same tail at another instant, neither.
+        let mut other = Escrow::<8>::new(fresh_state(&c, NOW, 0.0));
+        let denied = plan(&[other.tail()], &c, NOW, 4.0, false);
+        assert!(!denied.ok);
+        let planned = Planned { tail: other.tail(), at: NOW - 1.0, outcome: denied.clone() };
+        assert!(other.admit_planned(&c, NOW, 1.0, false, 1, Some(planned)).seq.is_some(), "planned at another instant");
+        // On the same tail and instant, the plan is the admission's.
+        let mut same = Escrow::<8>::new(fresh_state(&c, NOW, 0.0));
+        let planned = Planned { tail: same.tail(), at: NOW, outcome: denied };
+        assert_eq!(same.admit_planned(&c, NOW, 1.0, false, 1, Some(planned)).seq, None, "taken as planned");
     }
 
     #[test]

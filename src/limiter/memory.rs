@@ -7,6 +7,7 @@
 //! instead, exactly as a durable limit's, until its row equals an absent key's and room
 //! frees (`place`): never refused for want of room, never admitted twice.
 
+use crate::bucket::escrow::Planned;
 use crate::bucket::{self, Config, State};
 use crate::cache;
 use crate::call::{Decision, Reason, Request};
@@ -248,7 +249,9 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
             guard.note_committed();
         }
         let count = if what == Listing::Credit { -req.count } else { req.count };
-        let (listed, seq) = guard.list(config, now, count, req.reserve);
+        // The take's plan is the admission's, while the tail and instant are those it was made on.
+        let planned = (what == Listing::Take).then_some(Planned { tail, at, outcome: planned });
+        let (listed, seq) = guard.list(config, now, count, req.reserve, planned);
         let admitted = match listed {
             Listed::InFlight(admitted) => {
                 if let Some(f) = guard.in_flight() {

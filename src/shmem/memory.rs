@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
 
 use pgrx::pg_sys;
 
-use crate::bucket::escrow::{Admitted, Escrow};
+use crate::bucket::escrow::{Admitted, Escrow, Planned};
 use crate::bucket::{self, Config, State};
 use crate::error::{Error, Result};
 use crate::settings;
@@ -490,8 +490,9 @@ impl Guard {
 
     /// List a take (`count` > 0) or a credit (`count` < 0) in flight, with `list` given the
     /// escrow lent to the entry and the debit's number; with no escrow to lend, a take is
-    /// decided on the committed state and kept, and a credit gives nothing back.
-    pub fn list(&mut self, config: &Config, now: f64, count: f64, reserve: bool) -> (Listed, u64) {
+    /// decided on the committed state and kept, and a credit gives nothing back. A take's
+    /// `planned` is its plan as the caller made it (`Escrow::admit_planned`).
+    pub fn list(&mut self, config: &Config, now: f64, count: f64, reserve: bool, planned: Option<Planned>) -> (Listed, u64) {
         if self.entry_ref().in_flight == 0 {
             if let Some(slot) = pool::take(&self.table) {
                 let (base, base_at) = self.entry_ref().at_rest();
@@ -503,7 +504,7 @@ impl Guard {
             let (state, base_at) = self.entry_ref().at_rest();
             let mut escrow = Escrow::<RING, entry::Packed>::new_at(state, base_at);
             let admitted =
-                if count >= 0.0 { escrow.admit(config, now, count, reserve, 1) } else { escrow.credit(config, now, -count, 1) };
+                if count >= 0.0 { escrow.admit_planned(config, now, count, reserve, 1, planned) } else { escrow.credit(config, now, -count, 1) };
             if count > 0.0 && admitted.seq.is_some() {
                 escrow.commit(config, 1);
                 let (state, base_at) = escrow.snapshot();
@@ -515,7 +516,8 @@ impl Guard {
         };
         let seq = f.draw_seq();
         let escrow = f.escrow();
-        let admitted = if count >= 0.0 { escrow.admit(config, now, count, reserve, seq) } else { escrow.credit(config, now, -count, seq) };
+        let admitted =
+            if count >= 0.0 { escrow.admit_planned(config, now, count, reserve, seq, planned) } else { escrow.credit(config, now, -count, seq) };
         self.entry();
         (Listed::InFlight(admitted), seq)
     }
