@@ -168,8 +168,8 @@ impl StateTable {
         table
     }
 
-    /// The call's snapshot and a slot to read rows into, once: a memory limit's call, which
-    /// opens the table only for its lock (`open_for_call`), takes neither.
+    /// The call's snapshot and a slot to read rows into, once: a call opened for its lock alone
+    /// (`open_for_call`, before it knows whether its limit writes) takes neither until then.
     fn begin_reading(&mut self) {
         if !self.snapshot.is_null() {
             return;
