@@ -536,6 +536,7 @@ impl Guard {
     /// Debit `seq` of this entry's escrow ended: committed, or taken back.
     pub fn settle(&mut self, seq: u64, committed: bool, config: &Config) {
         let Some(f) = self.in_flight() else { return };
+        let tail = f.escrow_ref().tail();
         f.end_holder(seq);
         if committed {
             f.escrow().commit(config, seq);
@@ -547,7 +548,11 @@ impl Guard {
         } else {
             self.entry();
         }
-        self.settled(config);
+        // The expiry is the tail's, which the last call that changed it set: a commit that
+        // leaves the tail as it was (a take's, counted since its admission) leaves it too.
+        if self.tail() != tail {
+            self.settled(config);
+        }
     }
 }
 

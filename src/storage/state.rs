@@ -115,14 +115,20 @@ impl StateTable {
         unsafe { pg_sys::PreventCommandIfParallelMode(command.as_ptr()) };
         // SAFETY: taking in invalidations is allowed anywhere in a transaction.
         unsafe { pg_sys::AcceptInvalidationMessages() };
-        let state = cache::relations().state;
+        let (state, generation) = (cache::relations().state, cache::generation());
         // SAFETY: inside a transaction; a lock on an OID that names nothing (a DROP
         // EXTENSION committed while this call waited) is harmless, and is refused below.
         unsafe { pg_sys::LockRelationOid(state, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
-        // SAFETY: a syscache probe by OID; the lock above keeps the answer true.
-        let exists = unsafe { pg_sys::SearchSysCacheExists(pg_sys::SysCacheIdentifier::RELOID as i32, state.into(), 0.into(), 0.into(), 0.into()) };
-        if !exists {
-            Error::RelationGone("rate_limiter.state".into()).raise()
+        // A lock newly taken takes invalidations in: a drop of the table that committed
+        // meanwhile (or a reset of every cache) moved the caches' generation. Unmoved, the
+        // table is the one the cache found.
+        if cache::generation() != generation {
+            // SAFETY: a syscache probe by OID; the lock above keeps the answer true.
+            let exists =
+                unsafe { pg_sys::SearchSysCacheExists(pg_sys::SysCacheIdentifier::RELOID as i32, state.into(), 0.into(), 0.into(), 0.into()) };
+            if !exists {
+                Error::RelationGone("rate_limiter.state".into()).raise()
+            }
         }
     }
 
