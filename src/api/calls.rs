@@ -40,7 +40,7 @@ fn decide(req: &mut Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Res
     usable(req, &config)?;
     let open = || {
         table.unwrap_or_else(|| {
-            let mut table = StateTable::open_for_call(c"rate_limit()");
+            let mut table = StateTable::open_after_call_lock();
             if config.durable {
                 // A memory limit's call writes nothing: in a read-only transaction and on a
                 // standby too.

@@ -102,7 +102,15 @@ impl StateTable {
     /// with the transaction they belong to.
     pub fn open_for_call(command: &std::ffi::CStr) -> StateTable {
         Self::lock_for_call(command);
-        Self::locked(pg_sys::RowExclusiveLock as pg_sys::LOCKMODE, xact_snapshot_isolation())
+        Self::open_after_call_lock()
+    }
+
+    /// `open_for_call` once `lock_for_call` took the lock in this call: the table opened
+    /// without locking it again, its shape checked.
+    pub fn open_after_call_lock() -> StateTable {
+        // The lock is held: the OID is the current one, and an assert-enabled server checks it.
+        let heap = super::open_table(cache::relations().state, pg_sys::NoLock as pg_sys::LOCKMODE, "rate_limiter.state");
+        Self::checked(heap, xact_snapshot_isolation())
     }
 
     /// As `open_for_call`, the lock alone, to the end of the transaction: all a memory
@@ -161,6 +169,11 @@ impl StateTable {
         // The OID is the extension's table, looked up after the invalidations above; the lock
         // is held to the end of the transaction.
         let heap = super::open_table(cache::relations().state, lockmode, "rate_limiter.state");
+        Self::checked(heap, snapshot_isolation)
+    }
+
+    /// The open and locked `heap`, its shape checked.
+    fn checked(heap: pg_sys::Relation, snapshot_isolation: bool) -> StateTable {
         let table = StateTable {
             heap,
             index: null_mut(),
