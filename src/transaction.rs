@@ -38,8 +38,10 @@ pub struct Held<K, T> {
     by_key: RefCell<HashMap<K, Vec<(T, SubTransactionId)>>>,
 }
 
-/// How many keys' emptied lists a `Held` keeps, their room reused by the next transaction.
+/// How many keys' emptied lists a `Held` keeps, and how much room each keeps, reused by the
+/// next transaction: what one transaction made grow beyond that goes with it.
 const KEPT_KEYS: usize = 16;
+const KEPT_ITEMS: usize = 64;
 
 impl<K: Eq + Hash, T> Default for Held<K, T> {
     fn default() -> Self {
@@ -101,7 +103,9 @@ impl<K: Eq + Hash, T> Held<K, T> {
         }
         let taken = by_key.values_mut().flat_map(|items| items.drain(..).map(|(item, _)| item)).collect();
         if by_key.len() > KEPT_KEYS {
-            by_key.clear();
+            *by_key = HashMap::new();
+        } else {
+            by_key.values_mut().for_each(|items| items.shrink_to(KEPT_ITEMS));
         }
         taken
     }

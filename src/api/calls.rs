@@ -29,26 +29,25 @@ use super::{fmgr_v1_info, parts, request, resolve_for, usable};
 
 
 fn decide(req: &mut Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<(Decision, Config)> {
+    if !consume {
+        let table = StateTable::open(None);
+        let config = resolve_for(req, inline)?;
+        usable(req, &config)?;
+        return Ok((limiter::decide(|| table, req, &config, false), config));
+    }
     // Lock the table first: its lock takes in pending invalidations of cached configs.
-    let table = if consume {
-        StateTable::lock_for_call(c"rate_limit()");
-        None
-    } else {
-        Some(StateTable::open(None))
-    };
+    let lock = StateTable::lock_for_call(c"rate_limit()");
     let config = resolve_for(req, inline)?;
     usable(req, &config)?;
-    let open = || {
-        table.unwrap_or_else(|| {
-            let mut table = StateTable::open_after_call_lock();
-            if config.durable {
-                // A memory limit's call writes nothing: in a read-only transaction and on a
-                // standby too.
-                table.prepare_writes(c"rate_limit()");
-            }
-            table
-        })
-    };
+    // A durable limit's call is refused in a read-only transaction or on a standby before
+    // anything else (25006); a memory limit's call writes nothing, and needs no more of the
+    // table than its lock, unless its key is counted in a row (which opens it again).
+    let table = config.durable.then(|| {
+        let mut table = StateTable::open_after_call_lock(lock);
+        table.prepare_writes(c"rate_limit()");
+        table
+    });
+    let open = || table.unwrap_or_else(|| StateTable::open_after_call_lock(lock));
     Ok((limiter::decide(open, req, &config, consume), config))
 }
 

@@ -62,7 +62,12 @@ mod tests {
     fn writing_functions_refuse_read_only_transactions_with_25006() {
         at("0");
         run("SELECT rate_limiter.define('ro', 'token bucket', 1, '1 second')");
+        run("SELECT rate_limiter.allow('ro', 'allowed')");
+        run("SELECT rate_limiter.block('ro', 'blocked')");
         run("SET transaction_read_only = on");
+        // Refused before the lists answer, as every other key is.
+        fails("SELECT rate_limiter.rate_limit('ro', 'allowed')", "25006", "read-only");
+        fails("SELECT rate_limiter.rate_limit('ro', 'blocked')", "25006", "read-only");
         fails("SELECT rate_limiter.reset_rate_limit('ro')", "25006", "read-only");
         fails("SELECT rate_limiter.define('ro', 'token bucket', 2, '1 second')", "25006", "read-only");
         fails("SELECT rate_limiter.prune()", "25006", "read-only");

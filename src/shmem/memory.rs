@@ -549,8 +549,9 @@ impl Guard {
             self.entry();
         }
         // The expiry is the tail's, which the last call that changed it set: a commit that
-        // leaves the tail as it was (a take's, counted since its admission) leaves it too.
-        if self.tail() != tail {
+        // leaves the tail as it was (a take's, counted since its admission) leaves it too,
+        // unless a change of the limit held the entry meanwhile (an infinite expiry).
+        if self.tail() != tail || self.entry_ref().expires == f64::INFINITY {
             self.settled(config);
         }
     }

@@ -67,6 +67,11 @@ impl StateIndex {
 
 /// `rate_limiter.state` and its indexes, open for one call, with the snapshot the call reads
 /// with. Closed on drop, on error paths too.
+/// `rate_limiter.state` locked for a consuming call (`StateTable::lock_for_call`): its OID,
+/// as locked.
+#[derive(Clone, Copy)]
+pub struct CallLock(pg_sys::Oid);
+
 pub struct StateTable {
     heap: pg_sys::Relation,
     /// Where lookups go: the valid unique index.
@@ -101,35 +106,38 @@ impl StateTable {
     /// A parallel worker is refused either way: its calls would end with the worker, not
     /// with the transaction they belong to.
     pub fn open_for_call(command: &std::ffi::CStr) -> StateTable {
-        Self::lock_for_call(command);
-        Self::open_after_call_lock()
+        Self::open_after_call_lock(Self::lock_for_call(command))
     }
 
-    /// `open_for_call` once `lock_for_call` took the lock in this call: the table opened
-    /// without locking it again, its shape checked.
-    pub fn open_after_call_lock() -> StateTable {
-        // The lock is held: the OID is the current one, and an assert-enabled server checks it.
-        let heap = super::open_table(cache::relations().state, pg_sys::NoLock as pg_sys::LOCKMODE, "rate_limiter.state");
+    /// `open_for_call` once `lock_for_call` took the lock in this call: the table it locked,
+    /// opened without locking it again, its shape checked.
+    pub fn open_after_call_lock(lock: CallLock) -> StateTable {
+        // The OID locked, whatever the cache found since; an assert-enabled server checks
+        // that the lock is held.
+        let heap = super::open_table(lock.0, pg_sys::NoLock as pg_sys::LOCKMODE, "rate_limiter.state");
         Self::checked(heap, xact_snapshot_isolation())
     }
 
     /// As `open_for_call`, the lock alone, to the end of the transaction: all a memory
     /// limit's call needs of the table (a change of a limit waits for it, `hold_calls_off`),
-    /// without opening it; `open_for_call` after it takes nothing more. Pending
+    /// without opening it; `open_after_call_lock` opens the table it locked. Pending
     /// invalidations are taken in first, as for any open.
-    pub fn lock_for_call(command: &std::ffi::CStr) {
+    pub fn lock_for_call(command: &std::ffi::CStr) -> CallLock {
         // SAFETY: `command` is NUL-terminated and alive for the call, which only reads this
         // backend's state and raises an ERROR in parallel mode.
         unsafe { pg_sys::PreventCommandIfParallelMode(command.as_ptr()) };
         // SAFETY: taking in invalidations is allowed anywhere in a transaction.
         unsafe { pg_sys::AcceptInvalidationMessages() };
-        let (state, generation) = (cache::relations().state, cache::generation());
+        // The generation first: a look-up of the cache's OIDs can itself take in the drop of
+        // the table it then names.
+        let generation = cache::generation();
+        let state = cache::relations().state;
         // SAFETY: inside a transaction; a lock on an OID that names nothing (a DROP
         // EXTENSION committed while this call waited) is harmless, and is refused below.
         unsafe { pg_sys::LockRelationOid(state, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
-        // A lock newly taken takes invalidations in: a drop of the table that committed
-        // meanwhile (or a reset of every cache) moved the caches' generation. Unmoved, the
-        // table is the one the cache found.
+        // A drop of the table that committed meanwhile (or a reset of every cache) moved the
+        // caches' generation, by the time the lock was newly taken. Unmoved, the table is the
+        // one the cache found.
         if cache::generation() != generation {
             // SAFETY: a syscache probe by OID; the lock above keeps the answer true.
             let exists =
@@ -138,6 +146,7 @@ impl StateTable {
                 Error::RelationGone("rate_limiter.state".into()).raise()
             }
         }
+        CallLock(state)
     }
 
     fn opened(write: Option<&std::ffi::CStr>, snapshot_isolation: bool) -> StateTable {
