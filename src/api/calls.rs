@@ -441,7 +441,7 @@ fn rate_limit_value(
         let (state, shard) = limiter::value(&table, &req, &config, sample);
         drop(table);
         // As a call reads it: a level written under other numbers keeps what was used.
-        let state = bucket::as_read(state, &config);
+        let state = bucket::as_read(&state, &config);
         if config.kind.has_windows() && config.start.is_none() {
             // As the Convex component does: report the window phase in force.
             config.start = Some(state.ts);

@@ -18,7 +18,7 @@ pub fn storable_debt(config: &Config, now: f64) -> f64 {
 
 /// The token bucket and fixed window, as the Convex component computes them.
 /// Elapsed time never counts negative, so a clock that steps back refills nothing.
-pub(super) fn convex_check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
+pub(super) fn convex_check(state: &State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
     let elapsed = (now - state.ts).max(0.0);
     let (value, ts, retry_after) = match config.kind {
         Kind::SlidingWindow | Kind::RollingWindow | Kind::Concurrency => unreachable!("not a Convex kind"),

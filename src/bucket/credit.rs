@@ -17,7 +17,7 @@ use super::{rolling_window, sliding_window};
 
 /// The shard's state after a credit of `count` at `now`, and how much it took back
 /// (`0 <= given <= count`).
-pub fn credit(state: State, config: &Config, now: f64, count: f64) -> (State, f64) {
+pub fn credit(state: &State, config: &Config, now: f64, count: f64) -> (State, f64) {
     // Refilled, windows moved on and an ended gap forgotten, as a call at `now` would.
     let now_state = check(state, config, now, 0.0, false).state();
     match config.kind {
@@ -27,7 +27,7 @@ pub fn credit(state: State, config: &Config, now: f64, count: f64) -> (State, f6
             (State { value: now_state.value + given, ..now_state }, given)
         }
         Kind::SlidingWindow => {
-            let (current, previous) = sliding_window::taken(now_state, config);
+            let (current, previous) = sliding_window::taken(&now_state, config);
             let from_current = count.min(current);
             let from_previous = (count - from_current).min(previous);
             let state = sliding_window::state(config, now_state.ts, previous - from_previous, current - from_current, now_state.granted_at);
@@ -56,8 +56,8 @@ mod tests {
     use super::super::{check, fresh_state, plan_credit, Config, Kind, State};
     use super::credit;
 
-    fn take(state: State, c: &Config, now: f64, count: f64) -> State {
-        let taken = check(state, c, now, count, false);
+    fn take(state: &State, c: &Config, now: f64, count: f64) -> State {
+        let taken = check(&state, c, now, count, false);
         assert!(taken.ok);
         taken.state()
     }
@@ -67,15 +67,15 @@ mod tests {
         for kind in ALL_KINDS {
             let c = config(kind, 10.0, 60_000.0);
             let full = fresh_state(&c, NOW, 0.0);
-            let used = take(full, &c, NOW, 7.0);
+            let used = take(&full, &c, NOW, 7.0);
             // Part of what was taken, then more than is left to give: clamped, not an error.
-            let (back, given) = credit(used, &c, NOW, 4.0);
+            let (back, given) = credit(&used, &c, NOW, 4.0);
             assert_eq!(given, 4.0, "{kind:?}");
-            assert_eq!(check(back, &c, NOW, 0.0, false).available, 7.0, "{kind:?}");
-            let (back, given) = credit(back, &c, NOW, 100.0);
+            assert_eq!(check(&back, &c, NOW, 0.0, false).available, 7.0, "{kind:?}");
+            let (back, given) = credit(&back, &c, NOW, 100.0);
             assert_eq!(given, 3.0, "{kind:?}: only what was still taken comes back");
-            assert_eq!(check(back, &c, NOW, 0.0, false).available, 10.0, "{kind:?}");
-            assert_eq!(credit(full, &c, NOW, 5.0).1, 0.0, "{kind:?}: a full limit takes nothing back");
+            assert_eq!(check(&back, &c, NOW, 0.0, false).available, 10.0, "{kind:?}");
+            assert_eq!(credit(&full, &c, NOW, 5.0).1, 0.0, "{kind:?}: a full limit takes nothing back");
         }
     }
 
@@ -83,22 +83,22 @@ mod tests {
     fn a_window_that_no_longer_counts_takes_nothing_back() {
         for kind in [Kind::FixedWindow, Kind::SlidingWindow, Kind::RollingWindow] {
             let c = config(kind, 10.0, 60_000.0);
-            let used = take(fresh_state(&c, NOW, 0.0), &c, NOW, 10.0);
+            let used = take(&fresh_state(&c, NOW, 0.0), &c, NOW, 10.0);
             // Two periods on, nothing taken then still counts.
-            assert_eq!(credit(used, &c, NOW + 120_000.0, 5.0).1, 0.0, "{kind:?}");
+            assert_eq!(credit(&used, &c, NOW + 120_000.0, 5.0).1, 0.0, "{kind:?}");
         }
         // The sliding window's previous window still weighs: its tokens come back, after the
         // current window's.
         let c = config(Kind::SlidingWindow, 10.0, 60_000.0);
-        let before = take(fresh_state(&c, NOW, 0.0), &c, NOW, 6.0);
-        let now = take(before, &c, NOW + 60_000.0, 3.0);
-        let (back, given) = credit(now, &c, NOW + 60_000.0, 5.0);
+        let before = take(&fresh_state(&c, NOW, 0.0), &c, NOW, 6.0);
+        let now = take(&before, &c, NOW + 60_000.0, 3.0);
+        let (back, given) = credit(&now, &c, NOW + 60_000.0, 5.0);
         assert_eq!((given, back.value, back.counts.get(0)), (5.0, 10.0, 4.0), "3 from this window, 2 from the last");
         // The rolling window's newest cells first.
         let c = config(Kind::RollingWindow, 10.0, 10_000.0);
-        let first = take(fresh_state(&c, NOW, 0.0), &c, NOW, 4.0);
-        let second = take(first, &c, NOW + 5_000.0, 4.0);
-        let (back, _) = credit(second, &c, NOW + 5_000.0, 5.0);
+        let first = take(&fresh_state(&c, NOW, 0.0), &c, NOW, 4.0);
+        let second = take(&first, &c, NOW + 5_000.0, 4.0);
+        let (back, _) = credit(&second, &c, NOW + 5_000.0, 5.0);
         let cells = back.counts.as_slice();
         assert_eq!((cells[cells.len() - 1], cells.iter().sum::<f64>()), (0.0, 3.0), "the newest cell first, then older");
     }
@@ -106,12 +106,12 @@ mod tests {
     #[test]
     fn a_token_bucket_pays_a_debt_first_and_never_goes_above_capacity() {
         let c = Config { capacity: 20.0, ..config(Kind::TokenBucket, 10.0, 60_000.0) };
-        let owed = check(fresh_state(&c, NOW, 0.0), &c, NOW, 30.0, true).state();
+        let owed = check(&fresh_state(&c, NOW, 0.0), &c, NOW, 30.0, true).state();
         assert_eq!(owed.value, -10.0);
-        let (back, given) = credit(owed, &c, NOW, 25.0);
+        let (back, given) = credit(&owed, &c, NOW, 25.0);
         assert_eq!((back.value, given), (15.0, 25.0));
         // Refilled first: 30 s later 5 more are there, so only 0 of 10 fit... up to capacity.
-        let (back, given) = credit(back, &c, NOW + 30_000.0, 10.0);
+        let (back, given) = credit(&back, &c, NOW + 30_000.0, 10.0);
         assert_eq!((back.value, given), (20.0, 0.0));
     }
 
@@ -119,8 +119,8 @@ mod tests {
     fn a_sharded_credit_fills_the_emptiest_shard_looked_at() {
         let c = Config { shards: 4, ..config(Kind::TokenBucket, 40.0, 60_000.0) }.per_shard();
         let full = fresh_state(&c, NOW, 0.0);
-        let emptier = take(full, &c, NOW, 8.0);
-        let fuller = take(full, &c, NOW, 3.0);
+        let emptier = take(&full, &c, NOW, 8.0);
+        let fuller = take(&full, &c, NOW, 3.0);
         let outcome = plan_credit(&[fuller, emptier], &c, NOW, 20.0);
         assert!(outcome.ok);
         assert_eq!(outcome.granted, -8.0, "capped at the shard's capacity, the rest discarded");
@@ -156,14 +156,14 @@ mod tests {
                 now += f64::from(rng.gen_range(0..(period as u32 / 3).max(1)));
                 if rng.gen_bool(0.6) {
                     let count = f64::from(rng.gen_range(1..=c.capacity as u32));
-                    let taken = check(state, &c, now, count, false);
+                    let taken = check(&state, &c, now, count, false);
                     if taken.ok {
                         state = taken.state();
                         events.push((now, count));
                     }
                 } else {
                     let count = f64::from(rng.gen_range(0..=(2.0 * c.capacity) as u32));
-                    let (after, given) = credit(state, &c, now, count);
+                    let (after, given) = credit(&state, &c, now, count);
                     assert!((0.0..=count).contains(&given));
                     state = after;
                     given_back += given;

@@ -16,6 +16,7 @@
 //! Pure and of fixed size (a ring of `N` debits), so that it lives in shared memory as it
 //! is (`shmem::hot`).
 
+use super::types::{Counts, MAX_COUNTS};
 use super::{check, credit, plan, plan_credit, Config, Mode, Outcome, State};
 
 /// A call that took tokens, as it is replayed: refilled to `at`, then `count` taken; or, with
@@ -33,7 +34,7 @@ const NO_DEBIT: Debit = Debit { seq: 0, at: 0.0, count: 0.0, committed: false };
 /// The state after `debit`: refilled to its instant, its count taken whatever is left (it
 /// was admitted once, and is replayed as it was); a credit gives back what the state still
 /// counts of it.
-pub fn apply(state: State, config: &Config, debit: &Debit) -> State {
+pub fn apply(state: &State, config: &Config, debit: &Debit) -> State {
     if debit.is_credit() {
         return credit::credit(state, config, debit.at, -debit.count).0;
     }
@@ -68,25 +69,40 @@ pub struct Planned {
     pub outcome: Outcome,
 }
 
-/// How an escrow keeps a state: as it is (`State`, for hot limits), or packed into fewer
-/// bytes for the kinds that need them (memory limits, one entry per key).
+/// How an escrow keeps a state: whole (`Wide`, for hot limits), or packed into fewer bytes
+/// for the kinds that need them (memory limits, one entry per key). Either is plain data, as
+/// shared memory needs: a `State`'s many counts are on the heap.
 pub trait Stored: Copy {
-    fn store(state: State) -> Self;
+    fn store(state: &State) -> Self;
     fn load(&self) -> State;
 }
 
-impl Stored for State {
-    fn store(state: State) -> State {
-        state
+/// A state with every count inline.
+#[derive(Clone, Copy, Debug)]
+pub struct Wide {
+    value: f64,
+    ts: f64,
+    len: usize,
+    counts: [f64; MAX_COUNTS],
+    granted_at: Option<f64>,
+}
+
+impl Stored for Wide {
+    fn store(state: &State) -> Wide {
+        let counts = state.counts.as_slice();
+        let mut wide = Wide { value: state.value, ts: state.ts, len: counts.len(), counts: [0.0; MAX_COUNTS], granted_at: state.granted_at };
+        wide.counts[..counts.len()].copy_from_slice(counts);
+        wide
     }
 
     fn load(&self) -> State {
-        *self
+        let counts = Counts::new(&self.counts[..self.len]).expect("at most MAX_COUNTS counts");
+        State { value: self.value, ts: self.ts, counts, granted_at: self.granted_at }
     }
 }
 
 #[derive(Clone, Copy, Debug)]
-pub struct Escrow<const N: usize, S: Stored = State> {
+pub struct Escrow<const N: usize, S: Stored = Wide> {
     /// The state after every debit before the list.
     base: S,
     /// The base with every listed debit applied, in order: what calls are admitted against.
@@ -114,7 +130,7 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
 
     /// An escrow over `base`, the committed state, whose latest debit was at `base_at`.
     pub fn new_at(base: State, base_at: f64) -> Self {
-        let base = S::store(base);
+        let base = S::store(&base);
         Escrow { base, tail: base, base_at, ring: [NO_DEBIT; N], head: 0, len: 0, sunk: 0, sunk_in_flight: 0 }
     }
 
@@ -128,8 +144,8 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
         // SAFETY: the caller's promise; only fields are written, through raw pointers, so
         // nothing reads the fields that may not be valid yet.
         unsafe {
-            (&raw mut (*this).base).write(S::store(base));
-            (&raw mut (*this).tail).write(S::store(base));
+            (&raw mut (*this).base).write(S::store(&base));
+            (&raw mut (*this).tail).write(S::store(&base));
             (&raw mut (*this).base_at).write(base_at);
             (&raw mut (*this).head).write(0);
             (&raw mut (*this).len).write(0);
@@ -215,7 +231,7 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
 
     fn pop_into_base(&mut self, config: &Config) -> Debit {
         let debit = *self.at(0);
-        self.base = S::store(apply(self.base.load(), config, &debit));
+        self.base = S::store(&apply(&self.base.load(), config, &debit));
         self.base_at = self.base_at.max(debit.at);
         self.head = (self.head + 1) % N;
         self.len -= 1;
@@ -263,7 +279,7 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
             return Admitted { outcome, seq: None };
         }
         self.make_room(config);
-        self.tail = S::store(outcome.after[0].0);
+        self.tail = S::store(&outcome.after[0].0);
         self.list(Debit { seq, at, count, committed: false });
         Admitted { outcome, seq: Some(seq) }
     }
@@ -321,10 +337,10 @@ impl<const N: usize, S: Stored> Escrow<N, S> {
         for j in 0..self.len {
             let debit = *self.at(j);
             if debit.in_tail() {
-                tail = apply(tail, config, &debit);
+                tail = apply(&tail, config, &debit);
             }
         }
-        self.tail = S::store(tail);
+        self.tail = S::store(&tail);
     }
 
     /// The transaction of debit `seq` committed. False when it is no longer listed (sunk).
@@ -375,8 +391,8 @@ mod tests {
     use super::super::plan;
     use super::{apply, Debit, Escrow, Planned};
 
-    fn available(state: State, c: &Config, now: f64) -> f64 {
-        check(state, c, now, 0.0, false).available
+    fn available(state: &State, c: &Config, now: f64) -> f64 {
+        check(&state, c, now, 0.0, false).available
     }
 
     /// Whether `a` is no more permissive than `b`: as many tokens or fewer at every instant
@@ -385,7 +401,7 @@ mod tests {
         let steps = 4 * c.buckets.max(2);
         (0..=2 * steps).all(|j| {
             let t = now + c.period * f64::from(j) / f64::from(steps);
-            available(a, c, t) <= available(b, c, t) + 1e-9
+            available(&a, c, t) <= available(&b, c, t) + 1e-9
         })
     }
 
@@ -396,11 +412,11 @@ mod tests {
         let first = escrow.admit(&c, NOW, 5.0, false, 1).seq.expect("admitted");
         // Full again 5 s later (the clamp drops what would refill beyond capacity)...
         let second = escrow.admit(&c, NOW + 5_000.0, 5.0, false, 2).seq.expect("admitted");
-        assert_eq!(available(escrow.tail(), &c, NOW + 5_000.0), 5.0);
+        assert_eq!(available(&escrow.tail(), &c, NOW + 5_000.0), 5.0);
         // ...so without the first call the second still leaves 5, not 10: adding the first
         // call's 5 back would admit 5 tokens the bucket never had.
         assert!(escrow.abort(&c, first));
-        assert_eq!(available(escrow.tail(), &c, NOW + 5_000.0), 5.0);
+        assert_eq!(available(&escrow.tail(), &c, NOW + 5_000.0), 5.0);
         assert!(escrow.commit(&c, second));
         assert_eq!(escrow.unsettled_from(), None);
     }
@@ -411,7 +427,7 @@ mod tests {
         let mut escrow = Escrow::<8>::new(fresh_state(&c, NOW, 0.0));
         let full = escrow.tail();
         // Planned on the full window, before three calls took it all: denied on the tail.
-        let stale = plan(&[full], &c, NOW, 1.0, false);
+        let stale = plan(&[full.clone()], &c, NOW, 1.0, false);
         assert!(stale.ok);
         (1..=3).for_each(|n| assert!(escrow.admit(&c, NOW, 1.0, false, n).seq.is_some()));
         let planned = Planned { tail: full, at: NOW, outcome: stale.clone() };
@@ -490,7 +506,7 @@ mod tests {
         let kind = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow][round % 3];
         let c = config(kind, f64::from(rng.gen_range(2..20)), f64::from(rng.gen_range(100..5_000)));
         let base = fresh_state(&c, NOW, 0.0);
-        let mut escrow = Escrow::<N>::new(base);
+        let mut escrow = Escrow::<N>::new(base.clone());
         let (mut now, mut seq) = (NOW, 0);
         let mut in_flight: Vec<Debit> = Vec::new();
         let mut committed: Vec<Debit> = Vec::new();
@@ -529,7 +545,7 @@ mod tests {
                 _ => {}
             }
             committed.sort_by_key(|d| d.seq);
-            let history = committed.iter().fold(base, |s, d| apply(s, &c, d));
+            let history = committed.iter().fold(base.clone(), |s, d| apply(&s, &c, d));
             let from = escrow.admission_instant(now);
             assert!(no_more_permissive(escrow.tail(), history, &c, from), "{c:?}: more permissive than committed");
         }
@@ -539,7 +555,7 @@ mod tests {
             }
         }
         committed.sort_by_key(|d| d.seq);
-        let history = committed.iter().fold(base, |s, d| apply(s, &c, d));
+        let history = committed.iter().fold(base.clone(), |s, d| apply(&s, &c, d));
         if escrow.sunk() == 0 {
             assert_eq!(escrow.tail(), history, "{c:?}");
         } else {
@@ -589,14 +605,14 @@ mod tests {
 
     /// One random sequence; returns how many calls aborted and whether any debit was sunk.
     fn run<const N: usize>(rng: &mut StdRng, c: &Config, base: State, reserve_allowed: bool) -> (usize, bool) {
-        let mut escrow = Escrow::<N>::new(base);
+        let mut escrow = Escrow::<N>::new(base.clone());
         let mut now = NOW;
         let mut seq = 0;
         // (debit, reserve) of calls in flight, and of those that committed.
         let mut in_flight: Vec<(Debit, bool)> = Vec::new();
         let mut committed: Vec<(Debit, bool)> = Vec::new();
         let mut aborted = 0;
-        let replay = |debits: &mut dyn Iterator<Item = &Debit>| debits.fold(base, |s, d| apply(s, c, d));
+        let replay = |debits: &mut dyn Iterator<Item = &Debit>| debits.fold(base.clone(), |s, d| apply(&s, c, d));
         let step = (c.period as u32 / 4).max(1);
         for _ in 0..80 {
             now += f64::from(rng.gen_range(0..step));
@@ -659,7 +675,7 @@ mod tests {
         committed.sort_by_key(|(d, _)| d.seq);
         let mut serial = base;
         for (debit, reserve) in &committed {
-            let one = check(serial, c, debit.at, debit.count, *reserve);
+            let one = check(&serial, c, debit.at, debit.count, *reserve);
             assert!(one.ok, "{c:?}: committed call {debit:?} would be denied one at a time");
             serial = one.state();
         }

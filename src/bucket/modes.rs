@@ -13,7 +13,7 @@ pub(super) enum Instead {
 }
 
 /// What to do instead of the plain denial `denied` of `count` from `state` at `now`.
-pub(super) fn instead_of_denial(state: State, denied: Check, config: &Config, now: f64, count: f64) -> Option<Instead> {
+pub(super) fn instead_of_denial(state: &State, denied: &Check, config: &Config, now: f64, count: f64) -> Option<Instead> {
     match config.mode {
         Mode::All => None,
         Mode::Partial => {
@@ -35,12 +35,12 @@ pub(super) fn instead_of_denial(state: State, denied: Check, config: &Config, no
             let penalty = count.min(before.value + config.capacity).max(0.0);
             let penalized = Check { granted_at: denied.granted_at, ..check(state, config, now, penalty, false) };
             // When the same call would pass, now that this one has been counted.
-            let again = check(penalized.state(), config, now, count, false);
+            let again = check(&penalized.state(), config, now, count, false);
             Some(Instead::Penalty(Check {
                 ok: false,
                 retry_after: again.retry_after,
                 reason: denied.reason,
-                available: check(penalized.state(), config, now, 0.0, false).available,
+                available: check(&penalized.state(), config, now, 0.0, false).available,
                 ..penalized
             }))
         }

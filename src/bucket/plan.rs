@@ -36,7 +36,7 @@ impl Outcome {
     pub fn decision(&self, name: &str) -> Decision {
         let looked = self.after.len() as f64;
         let total: f64 = self.available.iter().sum();
-        let reset_after = self.after.iter().map(|(s, _)| reset_after(*s, &self.per_shard, self.at)).fold(0.0, f64::max);
+        let reset_after = self.after.iter().map(|(s, _)| reset_after(s, &self.per_shard, self.at)).fold(0.0, f64::max);
         Decision {
             ok: self.ok,
             retry_after: self.retry_after,
@@ -50,7 +50,7 @@ impl Outcome {
 
     /// When the row of the `i`th shard looked at can go, as the call leaves it.
     pub fn expires(&self, i: usize) -> f64 {
-        expires_of_shard(self.after[i].0, &self.per_shard)
+        expires_of_shard(&self.after[i].0, &self.per_shard)
     }
 }
 
@@ -63,12 +63,13 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
     // `taken[i]`: the check of shard i when the call changes it; a shard it leaves is only
     // refilled (not computed for a lone shard the call takes from, the usual case).
     let outcome = |ok: bool, granted: f64, denied: &Check, taken: [Option<Check>; 2]| {
+        let changed = [taken[0].is_some(), taken[1].is_some()];
         let after: Vec<Check> =
-            (0..states.len()).map(|i| taken[i].unwrap_or_else(|| check(states[i], config, now, 0.0, false))).collect();
+            taken.into_iter().zip(states).map(|(t, s)| t.unwrap_or_else(|| check(s, config, now, 0.0, false))).collect();
         Outcome {
             ok,
             retry_after: denied.retry_after,
-            after: after.iter().zip(&taken).map(|(c, t)| (c.state(), t.is_some())).collect(),
+            after: after.iter().zip(changed).map(|(c, t)| (c.state(), t)).collect(),
             available: after.iter().map(|c| c.available).collect(),
             granted,
             reason: denied.reason,
@@ -77,18 +78,18 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
             per_shard: *config,
         }
     };
-    let taking = |i: usize, c: Check| {
+    let taking = |i: usize, c: &Check| {
         let mut taken = [None, None];
-        taken[i] = Some(c);
-        outcome(true, count, &c, taken)
+        taken[i] = Some(c.clone());
+        outcome(true, count, c, taken)
     };
-    let checks: Vec<Check> = states.iter().map(|s| check(*s, config, now, count, reserve)).collect();
-    match checks[..] {
+    let checks: Vec<Check> = states.iter().map(|s| check(s, config, now, count, reserve)).collect();
+    match &checks[..] {
         [one] if one.ok => taking(0, one),
-        [one] => match modes::instead_of_denial(states[0], one, config, now, count) {
-            Some(modes::Instead::Partial(part, amount)) => outcome(true, amount, &one, [Some(part), None]),
-            Some(modes::Instead::Penalty(penalized)) => outcome(false, 0.0, &penalized, [Some(penalized), None]),
-            None => outcome(false, 0.0, &one, [None, None]),
+        [one] => match modes::instead_of_denial(&states[0], one, config, now, count) {
+            Some(modes::Instead::Partial(part, amount)) => outcome(true, amount, one, [Some(part), None]),
+            Some(modes::Instead::Penalty(penalized)) => outcome(false, 0.0, &penalized.clone(), [Some(penalized), None]),
+            None => outcome(false, 0.0, one, [None, None]),
         },
         [one, two] if one.ok && two.ok => {
             if one.available > two.available {
@@ -102,13 +103,13 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
         [one, two] => {
             // Neither can serve alone: take from both so they end level.
             let balance = one.available + two.available + count;
-            let one = check(states[0], config, now, one.available + count - balance / 2.0, reserve);
-            let two = check(states[1], config, now, two.available + count - balance / 2.0, reserve);
+            let one = check(&states[0], config, now, one.available + count - balance / 2.0, reserve);
+            let two = check(&states[1], config, now, two.available + count - balance / 2.0, reserve);
             let retry_after = match (one.retry_after, two.retry_after) {
                 (None, None) => None,
                 (a, b) => Some(a.unwrap_or(0.0).max(b.unwrap_or(0.0))),
             };
-            let both = Check { retry_after, ..one };
+            let both = Check { retry_after, ..one.clone() };
             if one.ok && two.ok {
                 outcome(true, count, &both, [Some(one), Some(two)])
             } else {
@@ -126,13 +127,13 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
 pub fn plan_credit(states: &[State], config: &Config, now: f64, count: f64) -> Outcome {
     let shards = config.shards;
     let config = &config.per_shard();
-    let refilled: Vec<Check> = states.iter().map(|s| check(*s, config, now, 0.0, false)).collect();
+    let refilled: Vec<Check> = states.iter().map(|s| check(s, config, now, 0.0, false)).collect();
     let emptiest = (0..states.len())
         .min_by(|a, b| refilled[*a].available.total_cmp(&refilled[*b].available))
         .expect("a call looks at a shard");
-    let (credited, given) = credit::credit(states[emptiest], config, now, count);
+    let (credited, given) = credit::credit(&states[emptiest], config, now, count);
     let mut after = refilled;
-    after[emptiest] = check(credited, config, now, 0.0, false);
+    after[emptiest] = check(&credited, config, now, 0.0, false);
     Outcome {
         ok: true,
         retry_after: None,

@@ -36,7 +36,7 @@ pub(super) fn cell_start(config: &Config, anchor: f64, now: f64) -> f64 {
 }
 
 /// The counting cells as of `at`: the start of the cell `at` falls in, and their counts.
-fn cells(state: State, config: &Config, at: f64) -> (f64, Vec<f64>) {
+fn cells(state: &State, config: &Config, at: f64) -> (f64, Vec<f64>) {
     let (ts, g) = (us(state.ts), width(config));
     let n = config.buckets as usize + 1;
     // A clock that steps back stays in the stored cell.
@@ -55,7 +55,7 @@ fn cells(state: State, config: &Config, at: f64) -> (f64, Vec<f64>) {
     (ms(ts + shift * g), counts)
 }
 
-pub(super) fn check(state: State, config: &Config, now: f64, count: f64) -> Check {
+pub(super) fn check(state: &State, config: &Config, now: f64, count: f64) -> Check {
     let (start, mut counts) = cells(state, config, now);
     let taken: f64 = counts.iter().sum();
     let ok = taken + count <= config.rate;
@@ -79,7 +79,7 @@ pub(super) fn left(cells: &[f64], config: &Config) -> f64 {
 
 /// The earliest instant from `now` on at which taking `count` is allowed: the start of the
 /// first later cell from which enough of the oldest cells no longer count.
-fn retry_at(state: State, config: &Config, now: f64, count: f64) -> f64 {
+fn retry_at(state: &State, config: &Config, now: f64, count: f64) -> f64 {
     let (start, counts) = cells(state, config, now);
     let mut left: f64 = counts.iter().sum();
     let mut shift = counts.len();
@@ -94,7 +94,7 @@ fn retry_at(state: State, config: &Config, now: f64, count: f64) -> f64 {
 }
 
 /// Milliseconds from `now` until no taken token counts any more.
-pub(super) fn reset_after(state: State, config: &Config, now: f64) -> f64 {
+pub(super) fn reset_after(state: &State, config: &Config, now: f64) -> f64 {
     let (start, counts) = cells(state, config, now);
     match counts.iter().rposition(|c| *c != 0.0) {
         Some(last) => (ms(us(start) + (last as i64 + 1) * width(config)) - now).max(0.0),
@@ -103,7 +103,7 @@ pub(super) fn reset_after(state: State, config: &Config, now: f64) -> f64 {
 }
 
 /// When no taken token counts any more (see `super::expires`).
-pub(super) fn expires(state: State, config: &Config) -> f64 {
+pub(super) fn expires(state: &State, config: &Config) -> f64 {
     match state.counts.as_slice().iter().rposition(|c| *c != 0.0) {
         Some(last) => ms(us(state.ts) + (last as i64 + 1) * width(config)),
         None => state.ts,

@@ -40,34 +40,34 @@ pub fn fresh_state(config: &Config, now: f64, phase: f64) -> State {
 /// fixed window's debt of reservations is kept, never made deeper. A window kind reads such a
 /// state as a row of another kind: tokens used, no counts. The state read is marked with the
 /// new capacity, so that reading it again changes nothing.
-pub(super) fn carried(state: State, config: &Config) -> State {
-    let Some(written_under) = state.written_under() else { return state };
+pub(super) fn carried(state: &State, config: &Config) -> State {
+    let Some(written_under) = state.written_under() else { return state.clone() };
     let used = written_under - state.value;
     let marked = State::capacity_mark(config.capacity);
     match config.kind {
         // A share of several shards reads the level as it stands (as before 0.8.0).
-        Kind::TokenBucket | Kind::FixedWindow if config.split => State { counts: Counts::NONE, ..state },
-        Kind::TokenBucket => State { value: config.capacity - used, counts: marked, ..state },
-        Kind::FixedWindow => State { value: (config.capacity - used).max(state.value.min(0.0)), counts: marked, ..state },
-        Kind::Concurrency => state,
-        Kind::SlidingWindow | Kind::RollingWindow => State { value: config.rate - used, counts: Counts::NONE, ..state },
+        Kind::TokenBucket | Kind::FixedWindow if config.split => State { counts: Counts::NONE, ..*state },
+        Kind::TokenBucket => State { value: config.capacity - used, counts: marked, ..*state },
+        Kind::FixedWindow => State { value: (config.capacity - used).max(state.value.min(0.0)), counts: marked, ..*state },
+        Kind::Concurrency => state.clone(),
+        Kind::SlidingWindow | Kind::RollingWindow => State { value: config.rate - used, counts: Counts::NONE, ..*state },
     }
 }
 
 /// `state` as a call under `config` (the limit's) reads it before any refill (`carried`):
 /// what `rate_limit_value` reports.
-pub fn as_read(state: State, config: &Config) -> State {
+pub fn as_read(state: &State, config: &Config) -> State {
     carried(state, &config.per_shard())
 }
 
 /// Refill `state` up to `now`, take `count`, and say whether that is allowed: the kind's
 /// tokens, and `min_gap` after the last granted call.
-pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
+pub fn check(state: &State, config: &Config, now: f64, count: f64, reserve: bool) -> Check {
     let state = carried(state, config);
     let mut c = match config.kind {
-        Kind::SlidingWindow => sliding_window::check(state, config, now, count),
-        Kind::RollingWindow => rolling_window::check(state, config, now, count),
-        Kind::TokenBucket | Kind::FixedWindow | Kind::Concurrency => convex_check(state, config, now, count, reserve),
+        Kind::SlidingWindow => sliding_window::check(&state, config, now, count),
+        Kind::RollingWindow => rolling_window::check(&state, config, now, count),
+        Kind::TokenBucket | Kind::FixedWindow | Kind::Concurrency => convex_check(&state, config, now, count, reserve),
     };
     // A gap that has passed is forgotten, so the row can expire.
     let gap_end = state.granted_at.zip(config.min_gap).map(|(at, gap)| at + gap).filter(|end| now < *end);
@@ -84,12 +84,12 @@ pub fn check(state: State, config: &Config, now: f64, count: f64, reserve: bool)
 }
 
 /// Milliseconds until a shard holding `state` at `now` is full again.
-pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
+pub fn reset_after(state: &State, config: &Config, now: f64) -> f64 {
     let state = carried(state, config);
     let missing = config.capacity - state.value;
     match config.kind {
-        Kind::SlidingWindow => sliding_window::reset_after(state, config, now),
-        Kind::RollingWindow => rolling_window::reset_after(state, config, now),
+        Kind::SlidingWindow => sliding_window::reset_after(&state, config, now),
+        Kind::RollingWindow => rolling_window::reset_after(&state, config, now),
         _ if missing <= 0.0 => 0.0,
         Kind::TokenBucket => missing / (config.rate / config.period),
         Kind::FixedWindow => (config.window_after(state.ts, (missing / config.rate).ceil()) - now).max(0.0),
@@ -102,20 +102,20 @@ pub fn reset_after(state: State, config: &Config, now: f64) -> f64 {
 /// fresh one is. From then on the row can be deleted without changing any decision.
 /// Computed in closed form, then checked with `check` itself, so that rounding can only
 /// make it later, never early. `config` is the limit's, split per shard here.
-pub fn expires(state: State, config: &Config) -> f64 {
+pub fn expires(state: &State, config: &Config) -> f64 {
     expires_of_shard(state, &config.per_shard())
 }
 
 /// Tokens a shard holding `state` has as of `now` (`config` is the limit's).
-pub fn available(state: State, config: &Config, now: f64) -> f64 {
+pub fn available(state: &State, config: &Config, now: f64) -> f64 {
     check(state, &config.per_shard(), now, 0.0, false).available
 }
 
 /// `expires` with the config of one shard.
-pub(super) fn expires_of_shard(state: State, config: &Config) -> f64 {
+pub(super) fn expires_of_shard(state: &State, config: &Config) -> f64 {
     let state = carried(state, config);
     let full = |at: f64| {
-        let c = check(state, config, at, 0.0, false);
+        let c = check(&state, config, at, 0.0, false);
         // A token bucket's or fixed window's one count is its capacity, not tokens taken.
         let nothing_taken = c.state().written_under().is_some() || c.counts.as_slice().iter().all(|n| *n == 0.0);
         c.value >= config.capacity && at >= state.ts && nothing_taken && c.granted_at.is_none()
@@ -126,8 +126,8 @@ pub(super) fn expires_of_shard(state: State, config: &Config) -> f64 {
             let windows = ((config.capacity - state.value) / config.rate).ceil().max(0.0);
             config.window_after(state.ts, windows)
         }
-        Kind::SlidingWindow => sliding_window::expires(state, config),
-        Kind::RollingWindow => rolling_window::expires(state, config),
+        Kind::SlidingWindow => sliding_window::expires(&state, config),
+        Kind::RollingWindow => rolling_window::expires(&state, config),
         Kind::Concurrency => unreachable!("a concurrency limit has no state row"),
     }
     .max(state.granted_at.zip(config.min_gap).map_or(f64::NEG_INFINITY, |(at, gap)| at + gap))

@@ -26,7 +26,7 @@ struct Windows {
 }
 
 /// The tokens taken in the window starting at `state.ts`.
-fn current(state: State, config: &Config) -> f64 {
+fn current(state: &State, config: &Config) -> f64 {
     match state.counts.as_slice() {
         [_, current] => *current,
         // 0.4.0's row, or another kind's (a rolling window redefined as a sliding one).
@@ -34,7 +34,7 @@ fn current(state: State, config: &Config) -> f64 {
     }
 }
 
-fn windows(state: State, config: &Config, at: f64) -> Windows {
+fn windows(state: &State, config: &Config, at: f64) -> Windows {
     // A clock that steps back stays in the stored window.
     let elapsed = ((at - state.ts).max(0.0) / config.period).floor();
     let taken = current(state, config);
@@ -48,7 +48,7 @@ fn windows(state: State, config: &Config, at: f64) -> Windows {
 
 /// The tokens taken in the window a state belongs to, and in the window before it (for a
 /// state moved to the present by `check`: those that still weigh).
-pub(super) fn taken(state: State, config: &Config) -> (f64, f64) {
+pub(super) fn taken(state: &State, config: &Config) -> (f64, f64) {
     (current(state, config), state.counts.get(0))
 }
 
@@ -65,7 +65,7 @@ fn weighted(w: &Windows, config: &Config, at: f64) -> f64 {
     w.previous * (1.0 - fraction) + w.current
 }
 
-pub(super) fn check(state: State, config: &Config, now: f64, count: f64) -> Check {
+pub(super) fn check(state: &State, config: &Config, now: f64, count: f64) -> Check {
     let w = windows(state, config, now);
     let weighted = weighted(&w, config, now);
     let ok = weighted + count <= config.rate;
@@ -86,7 +86,7 @@ pub(super) fn check(state: State, config: &Config, now: f64, count: f64) -> Chec
 /// previous window's weight decays, or in the next window, where this window's tokens weigh.
 /// Computed in closed form, then checked with `check` itself so that rounding can only make
 /// it later. `count` is at most `rate` (larger counts are refused before).
-fn retry_at(state: State, config: &Config, now: f64, count: f64) -> f64 {
+fn retry_at(state: &State, config: &Config, now: f64, count: f64) -> f64 {
     let w = windows(state, config, now);
     let room = config.rate - w.current - count;
     let mut at = if room >= 0.0 && w.previous > 0.0 {
@@ -107,13 +107,13 @@ fn retry_at(state: State, config: &Config, now: f64, count: f64) -> f64 {
     w.start + 2.0 * config.period
 }
 
-fn check_ok(state: State, config: &Config, at: f64, count: f64) -> bool {
+fn check_ok(state: &State, config: &Config, at: f64, count: f64) -> bool {
     let w = windows(state, config, at);
     weighted(&w, config, at) + count <= config.rate
 }
 
 /// Milliseconds from `now` until no taken token weighs any more.
-pub(super) fn reset_after(state: State, config: &Config, now: f64) -> f64 {
+pub(super) fn reset_after(state: &State, config: &Config, now: f64) -> f64 {
     let w = windows(state, config, now);
     let until = if w.current > 0.0 {
         w.start + 2.0 * config.period
@@ -126,7 +126,7 @@ pub(super) fn reset_after(state: State, config: &Config, now: f64) -> f64 {
 }
 
 /// When nothing taken weighs any more (see `super::expires`).
-pub(super) fn expires(state: State, config: &Config) -> f64 {
+pub(super) fn expires(state: &State, config: &Config) -> f64 {
     let taken = current(state, config);
     let windows = if taken > 0.0 {
         2.0

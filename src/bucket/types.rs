@@ -177,25 +177,37 @@ impl Config {
 pub const MAX_COUNTS: usize = MAX_BUCKETS as usize + 1;
 
 /// Token counts a kind keeps beside `value` (the sliding window's previous window, the
-/// rolling window's cells); absent ones are 0. A fixed array, so that `State` stays `Copy`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Counts {
-    len: usize,
-    counts: [f64; MAX_COUNTS],
+/// rolling window's cells); absent ones are 0. Up to two inline, more (a rolling window's
+/// cells) on the heap: a call moves its states dozens of times, and a state of all 65 cells
+/// inline (560 bytes) cost a memory limit's call a fifth of its instructions in copies.
+#[derive(Clone, Debug)]
+pub struct Counts(Cells);
+
+#[derive(Clone, Debug)]
+enum Cells {
+    Few(u8, [f64; 2]),
+    Many(Box<[f64]>),
 }
 
 impl Counts {
-    pub const NONE: Counts = Counts { len: 0, counts: [0.0; MAX_COUNTS] };
+    pub const NONE: Counts = Counts(Cells::Few(0, [0.0; 2]));
 
     /// `None` when there are more than `MAX_COUNTS`.
     pub fn new(counts: &[f64]) -> Option<Counts> {
-        let mut c = Counts { len: counts.len(), ..Counts::NONE };
-        c.counts.get_mut(..counts.len())?.copy_from_slice(counts);
-        Some(c)
+        Some(Counts(match counts {
+            [] => Cells::Few(0, [0.0; 2]),
+            [a] => Cells::Few(1, [*a, 0.0]),
+            [a, b] => Cells::Few(2, [*a, *b]),
+            _ if counts.len() <= MAX_COUNTS => Cells::Many(counts.into()),
+            _ => return None,
+        }))
     }
 
     pub fn as_slice(&self) -> &[f64] {
-        &self.counts[..self.len]
+        match &self.0 {
+            Cells::Few(len, counts) => &counts[..usize::from(*len)],
+            Cells::Many(counts) => counts,
+        }
     }
 
     pub fn get(&self, i: usize) -> f64 {
@@ -203,8 +215,14 @@ impl Counts {
     }
 }
 
+impl PartialEq for Counts {
+    fn eq(&self, other: &Counts) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
 /// One shard's stored state.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct State {
     pub value: f64,
     /// Token bucket: last update. Fixed and sliding window: start of the window `value`
@@ -237,7 +255,7 @@ impl State {
 }
 
 /// Outcome of taking `count` from a shard at `now`.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Check {
     pub ok: bool,
     /// The shard's value after taking `count` (negative when short or reserving).
@@ -257,7 +275,7 @@ pub struct Check {
 impl Check {
     /// The state to store when the call takes from this shard.
     pub fn state(&self) -> State {
-        State { value: self.value, ts: self.ts, counts: self.counts, granted_at: self.granted_at }
+        State { value: self.value, ts: self.ts, counts: self.counts.clone(), granted_at: self.granted_at }
     }
 }
 

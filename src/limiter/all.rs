@@ -130,7 +130,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
     for &(p, i) in &order {
         let part = parts[durable[p]];
         let shard = looked[p].shards[i];
-        let row = lock_one(table, slot_of(p, i), looked[p].rows[i], true, &|| starting(table, &part.req, &part.config, shard, clock::now_ms()))
+        let row = lock_one(table, slot_of(p, i), looked[p].rows[i].clone(), true, &|| starting(table, &part.req, &part.config, shard, clock::now_ms()))
             .expect("a waiting lock is always obtained");
         held_shards::note(&part.req, shard, part.config.shards);
         locked[p].push((i, row));
@@ -141,7 +141,7 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
         .zip(&mut locked)
         .map(|(&p, rows)| {
             rows.sort_by_key(|(i, _)| *i);
-            let states: Vec<_> = rows.iter().map(|(_, r)| r.state).collect();
+            let states: Vec<_> = rows.iter().map(|(_, r)| r.state.clone()).collect();
             bucket::plan(&states, &parts[p].config, now, parts[p].req.count, parts[p].req.reserve)
         })
         .collect();
@@ -161,8 +161,8 @@ fn decide_metered(table: &StateTable, parts: &[&Part<'_>], consume: bool) -> Dec
     }
     for (p, (o, rows)) in outcomes.iter().zip(&locked).enumerate() {
         for (j, (i, row)) in rows.iter().enumerate() {
-            let (state, changed) = o.after[j];
-            if changed {
+            let (state, changed) = &o.after[j];
+            if *changed {
                 table.write_locked(row, slot_of(p, *i), state, o.expires(j));
             }
         }

@@ -107,8 +107,8 @@ fn committed(table: &StateTable, log: &DebitLog, req: &Request<'_>, config: &Con
 fn replay(req: &Request<'_>, config: &Config, base: Option<State>, log: &DebitLog, seen: Seen, now: f64) -> (State, f64, u64) {
     let (mut state, mut last, mut debits) = (base, f64::NEG_INFINITY, 0);
     log.each(req.name, Some(req.key), None, seen, |_, debit, _| {
-        let base = state.unwrap_or_else(|| bucket::fresh(config, req.name, req.key, debit.at.min(now)));
-        state = Some(escrow::apply(base, config, debit));
+        let base = state.take().unwrap_or_else(|| bucket::fresh(config, req.name, req.key, debit.at.min(now)));
+        state = Some(escrow::apply(&base, config, debit));
         last = last.max(debit.at);
         debits += 1;
     });
@@ -140,7 +140,8 @@ fn fold(
     let write = |f: Folding| {
         if let Some((config, row, state)) = f.into {
             let req = Request { name, key: f.key.as_deref(), count: 0.0, reserve: false, inline: None, exempt: false };
-            table.write_locked(&row, slot(&req), state, bucket::expires(state, &config));
+            let expires = bucket::expires(&state, &config);
+            table.write_locked(&row, slot(&req), &state, expires);
         }
     };
     let mut folding: Option<Folding> = None;
@@ -154,16 +155,16 @@ fn fold(
                 // A missing base row starts fresh at the first debit's instant.
                 let starting = || {
                     let fresh = bucket::fresh(&config, name, row_key, debit.at);
-                    (fresh, bucket::expires(fresh, &config))
+                    (fresh.clone(), bucket::expires(&fresh, &config))
                 };
                 let locked = super::rows::lock_one(table, slot(&req), table.read(slot(&req)), true, &starting).expect("waited for the row");
-                let state = locked.state;
+                let state = locked.state.clone();
                 (config, locked, state)
             });
             folding = Some(Folding { key: row_key.map(str::to_owned), into });
         }
         if let Some((config, _, state)) = &mut folding.as_mut().expect("set above").into {
-            *state = escrow::apply(*state, config, debit);
+            *state = escrow::apply(state, config, debit);
             log.delete(row);
         }
     });

@@ -109,7 +109,7 @@ fn rows_may_exist() -> bool {
 fn row_counts(req: &Request<'_>, config: &Config, now: f64) -> bool {
     let table = StateTable::open(None);
     let latest = Latest::take();
-    table.read_at(rows::slot(req, 0), &latest).is_some_and(|row| bucket::expires(row.state, config) > now)
+    table.read_at(rows::slot(req, 0), &latest).is_some_and(|row| bucket::expires(&row.state, config) > now)
 }
 
 /// Where `id`'s key is counted: its entry, found or given; else, one call at a time (the
@@ -211,8 +211,8 @@ fn list(req: &Request<'_>, config: &Config, what: Listing, may_fold: bool) -> De
         // As the escrow would answer a call it does not list (see `Escrow::admit`, `credit`):
         // a denial, a count of 0 or a credit that gives nothing back lends no escrow.
         let planned = match what {
-            Listing::Take => bucket::plan(&[tail], config, at, req.count, req.reserve),
-            Listing::Credit => bucket::plan_credit(&[tail], config, at, req.count),
+            Listing::Take => bucket::plan(std::slice::from_ref(&tail), config, at, req.count, req.reserve),
+            Listing::Credit => bucket::plan_credit(std::slice::from_ref(&tail), config, at, req.count),
         };
         let would_list = match what {
             Listing::Take => req.count > 0.0 && planned.ok,

@@ -38,7 +38,7 @@ impl Looked {
     /// Each shard's state as of `now`: stored, else fresh.
     pub fn states(&self, req: &Request<'_>, config: &Config, now: f64) -> Vec<State> {
         let fresh = || bucket::fresh(config, req.name, req.key, now);
-        self.stored.iter().map(|s| s.unwrap_or_else(fresh)).collect()
+        self.stored.iter().map(|s| s.clone().unwrap_or_else(fresh)).collect()
     }
 }
 
@@ -58,7 +58,8 @@ fn shared_inline(table: &StateTable, req: &Request<'_>, shard: i32) -> Option<St
 /// when that expires.
 pub(super) fn starting(table: &StateTable, req: &Request<'_>, config: &Config, shard: i32, now: f64) -> (State, f64) {
     let state = shared_inline(table, req, shard).unwrap_or_else(|| bucket::fresh(config, req.name, req.key, now));
-    (state, bucket::expires(state, config))
+    let expires = bucket::expires(&state, config);
+    (state, expires)
 }
 
 /// One random shard, or two distinct ones from `MIN_CHOOSE_TWO` shards up, out of `pool`
@@ -98,7 +99,7 @@ fn held_of(req: &Request<'_>, config: &Config) -> Vec<i32> {
 pub(super) fn look(table: &StateTable, req: &Request<'_>, shards: Vec<i32>) -> Looked {
     let rows: Vec<Option<Row>> = shards.iter().map(|s| table.read(slot(req, *s))).collect();
     Looked {
-        stored: rows.iter().zip(&shards).map(|(r, s)| r.map_or_else(|| shared_inline(table, req, *s), |r| Some(r.state))).collect(),
+        stored: rows.iter().zip(&shards).map(|(r, s)| r.as_ref().map_or_else(|| shared_inline(table, req, *s), |r| Some(r.state.clone()))).collect(),
         rows,
         shards,
     }
@@ -172,7 +173,7 @@ fn write(table: &StateTable, req: &Request<'_>, config: &Config, plan: Plan<'_>)
         if let [i] = taking[..] {
             // The common case, one row to write: write it without locking it first.
             let slot = slot(req, looked.shards[i]);
-            let state = outcome.after[i].0;
+            let state = &outcome.after[i].0;
             let expires = outcome.expires(i);
             let written = match &looked.rows[i] {
                 Some(row) => table.update(row, slot, state, expires, wait),
@@ -252,13 +253,13 @@ fn lock_all(
     let mut locked: Vec<Option<Row>> = vec![None; looked.shards.len()];
     for i in order {
         let slot = slot(req, looked.shards[i]);
-        locked[i] = Some(lock_one(table, slot, looked.rows[i], wait, &|| starting(slot.shard))?);
+        locked[i] = Some(lock_one(table, slot, looked.rows[i].clone(), wait, &|| starting(slot.shard))?);
         held_shards::note(req, slot.shard, shards);
         if !held.contains(&slot.shard) {
             held.push(slot.shard);
         }
     }
-    Some(taking.iter().map(|i| locked[*i].expect("every taken shard was locked")).collect())
+    Some(taking.iter().map(|i| locked[*i].take().expect("every taken shard was locked")).collect())
 }
 
 /// Lock the row of `slot` (`known` when it was read), creating it when missing with the
@@ -284,7 +285,7 @@ pub(super) fn lock_one(
             // until commit. If a concurrent transaction created it first, lock theirs.
             None => {
                 let (state, expires) = starting();
-                match table.create(slot, state, expires, wait) {
+                match table.create(slot, &state, expires, wait) {
                     Created::Done(row) => return Some(row),
                     Created::Exists(row) => known = Some(row),
                     Created::Busy => return None,
@@ -297,11 +298,11 @@ pub(super) fn lock_one(
 /// Decide again on the locked rows with the clock read after locking, and write.
 fn apply(table: &StateTable, req: &Request<'_>, looked: &Looked, taking: &[usize], locked: Vec<Row>, plan: Plan<'_>) -> Decision {
     let now = clock::now_ms();
-    let states: Vec<State> = locked.iter().map(|r| r.state).collect();
+    let states: Vec<State> = locked.iter().map(|r| r.state.clone()).collect();
     let outcome = plan(&states, now);
     for (j, (&i, row)) in taking.iter().zip(&locked).enumerate() {
-        let (state, changed) = outcome.after[j];
-        if changed {
+        let (state, changed) = &outcome.after[j];
+        if *changed {
             table.write_locked(row, slot(req, looked.shards[i]), state, outcome.expires(j));
         }
     }
@@ -317,15 +318,15 @@ pub fn value(table: &StateTable, req: &Request<'_>, config: &Config, sample_shar
         .map(|s| s as i32)
         .collect();
     let looked = look(table, req, shards);
-    let states = looked.states(req, config, now);
+    let mut states = looked.states(req, config, now);
     // Compare as of now, so a shard that has since refilled counts as fuller.
     let fullest = (0..looked.shards.len())
         .max_by(|a, b| {
-            let value_now = |i: usize| bucket::available(states[i], config, now);
+            let value_now = |i: usize| bucket::available(&states[i], config, now);
             value_now(*a).total_cmp(&value_now(*b))
         })
         .unwrap_or(0);
-    (states[fullest], looked.shards[fullest])
+    (states.swap_remove(fullest), looked.shards[fullest])
 }
 
 #[cfg(test)]

@@ -61,13 +61,13 @@ mod tests {
         // A key's state is what a call last wrote; one never written starts fresh at each
         // call, as a missing row does.
         let k = key.map(str::to_owned);
-        let state = states.get(&k).copied().unwrap_or_else(|| bucket::fresh(&config, req.name, key, now));
+        let state = states.get(&k).cloned().unwrap_or_else(|| bucket::fresh(&config, req.name, key, now));
         let outcome = match call {
             "credit" => bucket::plan_credit(&[state], &config, now, count),
             "rate_limit" | "check_rate_limit" => bucket::plan(&[state], &config, now, count, reserve),
             other => panic!("a vector's call is rate_limit, check_rate_limit or credit, not {other}"),
         };
-        let (after, changed) = outcome.after[0];
+        let (after, changed) = outcome.after[0].clone();
         if call != "check_rate_limit" && changed {
             states.insert(k, after);
         }

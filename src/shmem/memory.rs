@@ -530,7 +530,7 @@ impl Guard {
     /// After a change under `config`: when the entry may be given away.
     pub fn settled(&mut self, config: &Config) {
         let tail = self.tail();
-        self.entry().expires = bucket::expires(tail, config);
+        self.entry().expires = bucket::expires(&tail, config);
     }
 
     /// Debit `seq` of this entry's escrow ended: committed, or taken back.
@@ -780,7 +780,7 @@ pub fn retune(limit: u64, now: &[(u64, Config)]) {
                         entry.config = *fingerprint;
                     }
                     let state = entry.at_rest().0;
-                    entry.expires = now.iter().map(|(_, config)| bucket::expires(state, config)).fold(f64::NEG_INFINITY, f64::max);
+                    entry.expires = now.iter().map(|(_, config)| bucket::expires(&state, config)).fold(f64::NEG_INFINITY, f64::max);
                 }
                 _ => entry.expires = f64::INFINITY,
             }

@@ -107,7 +107,7 @@ impl<'a> Slot<'a> {
 }
 
 /// A stored state and where it is.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Row {
     pub state: State,
     pub(super) tid: ItemPointerData,
@@ -122,9 +122,6 @@ pub enum Written {
     Moved,
 }
 
-// A `Row` holds its `State` by value (a rolling window's cells included): boxing it would
-// allocate on every call to spare a copy.
-#[allow(clippy::large_enum_variant)]
 pub enum Locked {
     Row(Row),
     Busy,

@@ -335,7 +335,7 @@ impl StateTable {
 
     /// Write `state`, to expire at `expires`, over `row`. Without `wait`, gives up when
     /// another transaction holds it.
-    pub fn update(&self, row: &Row, slot: Slot<'_>, state: State, expires: f64, wait: bool) -> Written {
+    pub fn update(&self, row: &Row, slot: Slot<'_>, state: &State, expires: f64, wait: bool) -> Written {
         if !wait {
             // heap_update may not be asked not to wait for a row another transaction holds
             // (an assertion of the server's says so): the row is locked without waiting
@@ -385,7 +385,7 @@ impl StateTable {
     }
 
     /// Write `state` over `row`, which this transaction holds locked.
-    pub fn write_locked(&self, row: &Row, slot: Slot<'_>, state: State, expires: f64) {
+    pub fn write_locked(&self, row: &Row, slot: Slot<'_>, state: &State, expires: f64) {
         match self.update(row, slot, state, expires, true) {
             Written::Done => {}
             _ => unreachable!("a row this transaction holds locked cannot change"),
@@ -436,7 +436,7 @@ impl StateTable {
     /// vanishes at once, so nobody waits for it), and take turns with the other creators of
     /// this row on an advisory lock, held only while looking (with a snapshot that also sees
     /// uncommitted rows) and inserting again; waits happen outside it.
-    pub fn create(&self, slot: Slot<'_>, state: State, expires: f64, wait: bool) -> Created {
+    pub fn create(&self, slot: Slot<'_>, state: &State, expires: f64, wait: bool) -> Created {
         if let Some(row) = self.insert_if_unique(slot, state, expires) {
             return Created::Done(row);
         }
@@ -503,7 +503,7 @@ impl StateTable {
 
     /// Insert the row speculatively; `None` (and the row taken back) if another live or
     /// uncommitted row of the slot might exist.
-    fn insert_if_unique(&self, slot: Slot<'_>, state: State, expires: f64) -> Option<Row> {
+    fn insert_if_unique(&self, slot: Slot<'_>, state: &State, expires: f64) -> Option<Row> {
         let tuple = self.form(slot, state, expires);
         // SAFETY: the speculative insertion protocol of ExecInsert: take the token, insert
         // with it, enter the index entries, then confirm or take back, and release.
@@ -528,10 +528,10 @@ impl StateTable {
         };
         self.next_command();
         // SAFETY: heap_insert set the new row's tid.
-        unique.then_some(Row { state, tid: unsafe { (*tuple).t_self } })
+        unique.then(|| Row { state: state.clone(), tid: unsafe { (*tuple).t_self } })
     }
 
-    fn form(&self, slot: Slot<'_>, state: State, expires: f64) -> pg_sys::HeapTuple {
+    fn form(&self, slot: Slot<'_>, state: &State, expires: f64) -> pg_sys::HeapTuple {
         let mut values = [
             text(&slot.stored_name()),
             slot.key.map(text).unwrap_or(Datum::from(0)),

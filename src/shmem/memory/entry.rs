@@ -34,7 +34,7 @@ impl Packed {
 }
 
 impl Stored for Packed {
-    fn store(state: State) -> Packed {
+    fn store(state: &State) -> Packed {
         let counts = state.counts.as_slice();
         assert!(counts.len() <= 2 && state.granted_at.is_none(), "a memory limit's kind keeps at most two counts");
         let mut packed = Packed { value: state.value, ts: state.ts, counts: [0.0; 2], len: counts.len() };
@@ -120,7 +120,7 @@ impl Entry {
     }
 
     pub(super) fn set_at_rest(&mut self, state: State, base_at: f64) {
-        let p = Packed::store(state);
+        let p = Packed::store(&state);
         self.state = Packed4 { value: p.value, ts: p.ts, counts: p.counts };
         self.flags = (self.flags & 0x0f) | ((p.len as u8) << 4);
         self.base_at = base_at;

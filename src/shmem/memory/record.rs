@@ -69,7 +69,7 @@ pub fn of(table: &Table, entry: &Entry) -> Record {
         0 => entry.at_rest(),
         n => table.in_flight(n - 1).escrow_ref().snapshot(),
     };
-    let (value, ts, c, len) = Packed::store(state).parts();
+    let (value, ts, c, len) = Packed::store(&state).parts();
     let id = entry.identity();
     Record {
         name: name(id.key_bytes(), id.variant),
