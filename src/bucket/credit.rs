@@ -125,7 +125,7 @@ mod tests {
         assert!(outcome.ok);
         assert_eq!(outcome.granted, -8.0, "capped at the shard's capacity, the rest discarded");
         assert_eq!((outcome.after[0].1, outcome.after[1].1), (false, true));
-        assert_eq!(outcome.available, vec![7.0, 10.0]);
+        assert_eq!(outcome.available[..], [7.0, 10.0]);
     }
 
     /// Over random sequences of takes and credits on a fake clock, no kind lets more through,

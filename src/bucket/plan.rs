@@ -6,6 +6,48 @@ use super::types::{Check, Config, State};
 use super::{credit, modes};
 use crate::call::{Decision, Reason};
 
+/// One value for each shard a call looked at (one or two), inline: a call allocates nothing
+/// for them.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PerShard<T> {
+    One([T; 1]),
+    Two([T; 2]),
+}
+
+impl<T> std::ops::Deref for PerShard<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            PerShard::One(one) => one,
+            PerShard::Two(two) => two,
+        }
+    }
+}
+
+impl<T> std::ops::DerefMut for PerShard<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            PerShard::One(one) => one,
+            PerShard::Two(two) => two,
+        }
+    }
+}
+
+impl<T> FromIterator<T> for PerShard<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(items: I) -> Self {
+        let mut items = items.into_iter();
+        let first = items.next().expect("a call looks at a shard");
+        match items.next() {
+            None => PerShard::One([first]),
+            Some(second) => {
+                assert!(items.next().is_none(), "a call looks at one or two shards");
+                PerShard::Two([first, second])
+            }
+        }
+    }
+}
+
 /// What a call does to the shards it looked at.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outcome {
@@ -15,9 +57,9 @@ pub struct Outcome {
     pub retry_after: Option<f64>,
     /// Per looked-at shard (same order as the input): its state after the call, and whether
     /// the call changed it (so it must be written).
-    pub after: Vec<(State, bool)>,
+    pub after: PerShard<(State, bool)>,
     /// Per looked-at shard: tokens left as of now after the call.
-    pub available: Vec<f64>,
+    pub available: PerShard<f64>,
     /// Tokens taken: `count` when ok, less in the partial mode, 0 when denied.
     pub granted: f64,
     /// Why it is denied, when it is.
@@ -64,7 +106,7 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
     // refilled (not computed for a lone shard the call takes from, the usual case).
     let outcome = |ok: bool, granted: f64, denied: &Check, taken: [Option<Check>; 2]| {
         let changed = [taken[0].is_some(), taken[1].is_some()];
-        let after: Vec<Check> =
+        let after: PerShard<Check> =
             taken.into_iter().zip(states).map(|(t, s)| t.unwrap_or_else(|| check(s, config, now, 0.0, false))).collect();
         Outcome {
             ok,
@@ -83,7 +125,7 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
         taken[i] = Some(c.clone());
         outcome(true, count, c, taken)
     };
-    let checks: Vec<Check> = states.iter().map(|s| check(s, config, now, count, reserve)).collect();
+    let checks: PerShard<Check> = states.iter().map(|s| check(s, config, now, count, reserve)).collect();
     match &checks[..] {
         [one] if one.ok => taking(0, one),
         [one] => match modes::instead_of_denial(&states[0], one, config, now, count) {
@@ -127,7 +169,7 @@ pub fn plan(states: &[State], config: &Config, now: f64, count: f64, reserve: bo
 pub fn plan_credit(states: &[State], config: &Config, now: f64, count: f64) -> Outcome {
     let shards = config.shards;
     let config = &config.per_shard();
-    let refilled: Vec<Check> = states.iter().map(|s| check(s, config, now, 0.0, false)).collect();
+    let refilled: PerShard<Check> = states.iter().map(|s| check(s, config, now, 0.0, false)).collect();
     let emptiest = (0..states.len())
         .min_by(|a, b| refilled[*a].available.total_cmp(&refilled[*b].available))
         .expect("a call looks at a shard");
