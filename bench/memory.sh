@@ -6,6 +6,7 @@
 #   noop               SELECT CAST(:id AS text): a transaction that does nothing
 #   memory_alone       SELECT ok FROM rate_limit(...): the memory limit alone, in FROM
 #   memory_alone_tl    SELECT (rate_limit(...)).ok: the same in the target list
+#   memory_ok          SELECT rate_limit_ok(...): the limit's ok alone, no decision row
 #   read               SELECT of the user's row by primary key, no limit
 #   read_c_function    the read joined with a trivial C function in FROM (int8abs): what
 #                      PostgreSQL's function scan costs any function
@@ -13,6 +14,7 @@
 #                      token bucket of 10 a second (durable => false)
 #   read_memory_where  the same limit in the read's WHERE clause
 #   read_memory_tl     the same limit in the read's target list
+#   read_memory_ok     the read with rate_limit_ok(...) in its WHERE clause
 #   read_durable       read_memory_from with a durable limit (a row write, WAL and a flush)
 #   write              INSERT of one message for the user (a primary key and an index)
 #   write_memory       the INSERT after rate_limit on the user's key, in one statement
@@ -28,7 +30,7 @@ source "$(dirname "$0")/../scripts/lib.sh"
 DURATION=${DURATION:-8}
 ROUNDS=${ROUNDS:-3}
 USERS=${USERS:-100000}
-WORKLOADS=${WORKLOADS:-noop memory_alone memory_alone_tl read read_c_function read_memory_from read_memory_where read_memory_tl read_durable write write_memory write_durable}
+WORKLOADS=${WORKLOADS:-noop memory_alone memory_alone_tl memory_ok read read_c_function read_memory_from read_memory_where read_memory_tl read_memory_ok read_durable write write_memory write_durable}
 DB=rate_limiter_bench_memory
 OUT=$ROOT/bench/out/memory
 mkdir -p "$OUT"
@@ -65,6 +67,8 @@ for d in durable memory; do
 done
 workload read_memory_where "SELECT u.id, u.name, u.plan FROM users u WHERE u.id = :id AND ($(limit memory)).ok"
 workload read_memory_tl "SELECT u.id, u.name, u.plan, ($(limit memory)).ok FROM users u WHERE u.id = :id"
+workload memory_ok "SELECT rate_limiter.rate_limit_ok('api_memory', CAST(:id AS text))"
+workload read_memory_ok "SELECT u.id, u.name, u.plan FROM users u WHERE u.id = :id AND rate_limiter.rate_limit_ok('api_memory', CAST(:id AS text))"
 workload write "INSERT INTO messages (user_id, body) VALUES (:id, 'hello')"
 busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; } # user nice system irq softirq steal
 TICK_US=$((1000000 / $(getconf CLK_TCK)))

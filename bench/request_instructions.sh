@@ -56,6 +56,8 @@ REQUESTS=(
     "read_memory_from|SELECT u.id, u.name, u.plan FROM rate_limiter.rate_limit('api_memory', CAST(\$1 AS text)) l, users u WHERE l.ok AND u.id = \$1"
     "read_memory_where|SELECT u.id, u.name, u.plan FROM users u WHERE u.id = \$1 AND (rate_limiter.rate_limit('api_memory', CAST(\$1 AS text))).ok"
     "read_memory_tl|SELECT u.id, u.name, u.plan, (rate_limiter.rate_limit('api_memory', CAST(\$1 AS text))).ok FROM users u WHERE u.id = \$1"
+    "memory_ok_alone|SELECT rate_limiter.rate_limit_ok('api_memory', CAST(\$1 AS text))"
+    "read_memory_ok_where|SELECT u.id, u.name, u.plan FROM users u WHERE u.id = \$1 AND rate_limiter.rate_limit_ok('api_memory', CAST(\$1 AS text))"
     "durable_alone|SELECT ok FROM rate_limiter.rate_limit('api_durable', CAST(\$1 AS text))"
     "write|INSERT INTO messages (user_id, body) VALUES (\$1, 'hello')"
     "write_memory|INSERT INTO messages (user_id, body) SELECT \$1, 'hello' FROM rate_limiter.rate_limit('api_memory', CAST(\$1 AS text)) l WHERE l.ok"

@@ -176,3 +176,21 @@ BEGIN
     END LOOP;
 END
 $pin$;
+
+-- Issue 66: rate_limit's ok alone, routed as rate_limit is (its errors too), for a WHERE
+-- clause or a target list. It calls rate_limit with its caller's rights: a role needs EXECUTE
+-- on both.
+CREATE FUNCTION rate_limiter_proxy.rate_limit_ok(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false,
+    config jsonb DEFAULT NULL
+) RETURNS boolean
+LANGUAGE sql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT (rate_limiter_proxy.rate_limit(name, key, count, reserve, throws, config)).ok
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb) IS
+    'rate_limit(...).ok on the partition that owns the key.';

@@ -2186,6 +2186,16 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION rate_limiter.rate_limit IS 'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';
 
+-- rate_limit's ok alone. The extension's forms no decision row; the edition's is rate_limit's,
+-- for the same surface.
+CREATE FUNCTION rate_limiter.rate_limit_ok(name text, key text DEFAULT NULL, count double precision DEFAULT 1,
+    reserve boolean DEFAULT false, throws boolean DEFAULT false, config jsonb DEFAULT NULL)
+RETURNS boolean
+LANGUAGE sql VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT (rate_limiter.rate_limit(name, key, count, reserve, throws, config)).ok
+$$;
+COMMENT ON FUNCTION rate_limiter.rate_limit_ok IS 'rate_limit(...).ok, at less cost: takes as rate_limit does (and raises RL429 with throws), and returns only whether the call is ok.';
+
 -- rate_limit under a lock_timeout (limiter/rows.rs write): rounds that never queue for a row
 -- another transaction holds (each lock waits 1 ms at most, the function's own lock_timeout),
 -- each reading, deciding and trying to write; between rounds a pause of 1 ms doubling up to

@@ -1,7 +1,7 @@
 -- The public consuming functions, the cache trigger, privileges and comments, after the
 -- Rust functions exist.
 --
--- rate_limit and check_rate_limit are C functions of the library written by hand here:
+-- rate_limit, rate_limit_ok and check_rate_limit are C functions of the library written by hand here:
 -- they are raw fmgr entry points (src/api.rs) so that throws => true can raise the custom
 -- SQLSTATE RL429, which pgrx-generated functions cannot. They are not SECURITY DEFINER: they
 -- reach the tables through the access methods, not SQL, so EXECUTE on them is the permission.
@@ -16,6 +16,18 @@ CREATE FUNCTION rate_limiter.rate_limit(
 ) RETURNS rate_limiter.decision
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'rate_limit_fmgr';
+
+-- rate_limit's ok alone, with no decision row to form: for a WHERE clause or a target list.
+CREATE FUNCTION rate_limiter.rate_limit_ok(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false,
+    config jsonb DEFAULT NULL
+) RETURNS boolean
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'rate_limit_ok_fmgr';
 
 CREATE FUNCTION rate_limiter.check_rate_limit(
     name text,
@@ -132,6 +144,8 @@ ALTER FUNCTION rate_limiter._limits_changed() SET search_path = pg_catalog, pg_t
 
 COMMENT ON FUNCTION rate_limiter.rate_limit(text, text, double precision, boolean, boolean, jsonb) IS
     'Take count tokens from (name, key) inside the caller''s transaction; returns a decision, or raises RL429 with throws.';
+COMMENT ON FUNCTION rate_limiter.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb) IS
+    'rate_limit(...).ok, at less cost: takes as rate_limit does (and raises RL429 with throws), and returns only whether the call is ok.';
 COMMENT ON FUNCTION rate_limiter.check_rate_limit(text, text, double precision, boolean, boolean, jsonb) IS
     'The answer rate_limit would give, without writing or locking anything.';
 COMMENT ON FUNCTION rate_limiter.rate_limit_all(jsonb, boolean, boolean) IS

@@ -606,7 +606,7 @@ def pool_definitions(gen):
 
 
 CALL_WEIGHTS = {
-    "rate_limit": 16, "check_rate_limit": 6, "credit": 4, "rate_limit_value": 4, "rate_limit_all": 5,
+    "rate_limit": 16, "rate_limit_ok": 6, "check_rate_limit": 6, "credit": 4, "rate_limit_value": 4, "rate_limit_all": 5,
     "check_rate_limit_all": 2, "wait_rate_limit": 3, "acquire": 5, "release": 2, "renew": 2, "define": 8,
     "define_tier": 3, "override": 4, "remove_override": 2, "remove_tier": 2, "block": 2, "unblock": 2, "allow": 2,
     "disallow": 2, "reset_rate_limit": 3, "prune": 2, "http_headers": 3, "http_headers_all": 2, "http_problem": 2,

@@ -356,7 +356,7 @@ def test_a_spread_limit_waits_for_redefine_all_after_the_partitions_change(parti
     assert allowed in (39, 40)
 
 
-ROUTED = ("rate_limit", "check_rate_limit", "wait_rate_limit", "rate_limit_all", "check_rate_limit_all",
+ROUTED = ("rate_limit", "rate_limit_ok", "check_rate_limit", "wait_rate_limit", "rate_limit_all", "check_rate_limit_all",
           "rate_limit_value", "reset_rate_limit", "define", "block", "unblock", "credit", "allow", "disallow",
           "acquire", "release", "renew", "override", "remove_override", "define_tier", "remove_tier")
 # What docs/scaling-out.md says stays on each partition; anything new in rate_limiter must be
@@ -413,6 +413,11 @@ def test_results_and_errors_read_as_on_a_partition(fleet2):
         # double may differ in their last digit).
         hint = re.fullmatch(r"Retry after ([0-9.e+-]+) ms\.", diag.message_hint)
         assert hint and float(hint.group(1)) == detail["retryAfter"]
+        # rate_limit_ok: the same call's ok, and its RL429 with throws.
+        assert c.execute("SELECT rate_limiter_proxy.rate_limit_ok(%s, 'k', config => %s)", (name, config)).fetchone() == (False,)
+        with pytest.raises(psycopg.Error) as denied_ok:
+            c.execute("SELECT rate_limiter_proxy.rate_limit_ok(%s, 'k', throws => true, config => %s)", (name, config))
+        assert denied_ok.value.diag.sqlstate == "RL429" and json.loads(denied_ok.value.diag.message_detail)["key"] == "k"
         with pytest.raises(errors.InvalidParameterValue) as invalid:
             c.execute("SELECT rate_limiter_proxy.rate_limit(%s, 'k', config => '{\"kind\": \"leaky\"}')", (name,))
         assert invalid.value.diag.message_primary.startswith("invalid rate limit config")

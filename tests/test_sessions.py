@@ -193,6 +193,48 @@ def test_throws_reaches_the_driver_as_rl429(test_conn, name):
     assert detail["retryAfter"] > 0
 
 
+@pytest.mark.parametrize("durable", [True, False])
+def test_rate_limit_ok_answers_as_rate_limits_ok_call_for_call(test_conn, name, durable):
+    """rate_limit_ok against its oracle, a twin limit called through rate_limit: the same ok at
+    each call of a run that goes past the limit and back, the same tokens given back by a
+    rolled-back savepoint, RL429 with throws, and the same statistics."""
+    twin = name + "_twin"
+    for n in (name, twin):
+        define(test_conn, n, rate=3, period="1 minute", durable=durable)
+    test_conn.execute("SET rate_limiter.fake_now = '2026-01-01 00:00:00+00'")
+    cheap = lambda count, **kw: test_conn.execute(
+        "SELECT rate_limiter.rate_limit_ok(%s, 'k', %s, reserve => %s)", (name, count, kw.get("reserve", False))).fetchone()[0]
+    oracle = lambda count, **kw: test_conn.execute(
+        "SELECT (rate_limiter.rate_limit(%s, 'k', %s, reserve => %s)).ok", (twin, count, kw.get("reserve", False))).fetchone()[0]
+    remaining = lambda: [test_conn.execute("SELECT remaining FROM rate_limiter.check_rate_limit(%s, 'k')", (n,)).fetchone()[0]
+                         for n in (name, twin)]
+    answers = []
+    for at, count in (("00:00:00", 1), ("00:00:00", 2), ("00:00:00", 1), ("00:00:10", 1), ("00:00:30", 0), ("00:01:00", 3)):
+        test_conn.execute(f"SET rate_limiter.fake_now = '2026-01-01 {at}+00'")
+        answers.append((cheap(count), oracle(count)))
+    assert [a for a, _ in answers] == [b for _, b in answers] == [True, True, False, False, True, True]
+    # A rolled-back savepoint gives back what the call took, as it does rate_limit's.
+    test_conn.execute("SET rate_limiter.fake_now = '2026-01-01 00:05:00+00'")
+    with connect(autocommit=False) as c:
+        c.execute("SET rate_limiter.fake_now = '2026-01-01 00:05:00+00'")
+        c.execute("SAVEPOINT s")
+        assert c.execute("SELECT rate_limiter.rate_limit_ok(%s, 'k', 2)", (name,)).fetchone()[0]
+        assert c.execute("SELECT (rate_limiter.rate_limit(%s, 'k', 2)).ok", (twin,)).fetchone()[0]
+        c.execute("ROLLBACK TO SAVEPOINT s")
+        c.commit()
+    assert remaining() == [2, 2]  # of 3, after the 1 a check counts
+    assert (cheap(3), oracle(3)) == (True, True)
+    # A denial with throws raises RL429 as rate_limit's does, naming its own limit.
+    for fn, n in (("rate_limit_ok(%s, 'k', throws => true)", name), ("rate_limit(%s, 'k', throws => true)", twin)):
+        with pytest.raises(psycopg.Error) as caught:
+            test_conn.execute(f"SELECT rate_limiter.{fn}", (n,))
+        assert caught.value.sqlstate == "RL429"
+        assert json.loads(caught.value.diag.message_detail) == {"kind": "RateLimited", "name": n, "key": "k", "retryAfter": 20000}
+    # Counted in the statistics as the call it is.
+    stats = "SELECT calls, allowed, denied, tokens_granted FROM rate_limiter.stats WHERE name = %s"
+    assert test_conn.execute(stats, (name,)).fetchone() == test_conn.execute(stats, (twin,)).fetchone() == (9, 6, 3, 11)
+
+
 def test_a_role_with_only_execute_cannot_touch_the_tables(test_conn, name):
     role = "app_" + uuid.uuid4().hex[:8]
     test_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))

@@ -111,7 +111,7 @@ def define(name):
                      st.booleans(), st.sampled_from(["all", "all", "partial", "penalize"]))
 
 
-call = st.tuples(st.just("call"), st.sampled_from(["rate_limit", "check_rate_limit"]), names, keys, amounts,
+call = st.tuples(st.just("call"), st.sampled_from(["rate_limit", "rate_limit_ok", "check_rate_limit"]), names, keys, amounts,
                  st.booleans(), st.booleans())
 # Inline configs: kinds and options with a state of their own per config, and configs the
 # extension refuses (the edition's refusals of what it lacks, such as calendars and shards,
@@ -286,6 +286,7 @@ def test_the_edition_answers_as_the_extension_call_by_call_bit_for_bit(test_clus
         @example(limits=(("define", "tb", "sliding window", 10, 60000, None, None, None, "2026-02-28 23:59:59.5+00", True, "all"),
                          ("define", "fw", "rolling window", 5, 1000, None, None, None, None, True, "all")),
                  sequence=[("call", "rate_limit", "tb", "a", 10, False, False), ("clock", 90000), ("credit", "tb", "a", 3),
+                           ("call", "rate_limit_ok", "tb", "a", 2, False, False), ("call", "rate_limit_ok", "tb", "a", 9, False, False),
                            ("call", "rate_limit", "fw", "a", 5, False, False), ("call", "rate_limit", "fw", "a", 1, False, False),
                            ("clock", 250), ("credit", "fw", "a", 2), ("call", "check_rate_limit", "fw", "a", 3, False, False)])
         # Modes: a partial grant of what a sliding window has left (whole tokens of a fraction, once

@@ -1,7 +1,7 @@
-//! The consuming calls and checks: `rate_limit`, `check_rate_limit`, `wait_rate_limit`,
-//! `rate_limit_all`, `check_rate_limit_all`, `credit` and `rate_limit_value`.
+//! The consuming calls and checks: `rate_limit`, `rate_limit_ok`, `check_rate_limit`,
+//! `wait_rate_limit`, `rate_limit_all`, `check_rate_limit_all`, `credit` and `rate_limit_value`.
 //!
-//! The first six are plain fmgr functions (declared in `sql/finalize.sql`) rather than
+//! The first seven are plain fmgr functions (declared in `sql/finalize.sql`) rather than
 //! `#[pg_extern]`s, so that `throws => true` can raise the custom SQLSTATE `RL429` (see
 //! `error::raise_rate_limited`). They need no SECURITY DEFINER: `storage` reads and writes
 //! the state without SQL.
@@ -113,16 +113,25 @@ pub(super) fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Deni
 
 pub(super) const NO_DENIAL: Denial = Denial { message: null_mut(), detail: null_mut(), hint: null_mut() };
 
-/// The body of `rate_limit` and `check_rate_limit`, guarded by pgrx: Rust panics and
-/// PostgreSQL errors inside it are raised as errors with their own SQLSTATE.
+/// What a call returns: the decision's row, or its `ok` alone (`rate_limit_ok`, which forms
+/// no row and needs no field selection of it: an eighth of a memory call's instructions).
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq)]
+enum Returns {
+    Decision,
+    Ok,
+}
+
+/// The body of `rate_limit`, `rate_limit_ok` and `check_rate_limit`, guarded by pgrx: Rust
+/// panics and PostgreSQL errors inside it are raised as errors with their own SQLSTATE.
 ///
 /// # Safety
-/// `fcinfo` is a call of `rate_limit` or `check_rate_limit`.
+/// `fcinfo` is a call of `rate_limit`, `rate_limit_ok` or `check_rate_limit`.
 #[pg_guard]
-unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> Answer {
-    // SAFETY: the caller guarantees a call of rate_limit or check_rate_limit, whose SQL
-    // declaration (sql/finalize.sql and the upgrade scripts alike) has these six argument
-    // types in this order.
+unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool, returns: Returns) -> Answer {
+    // SAFETY: the caller guarantees a call of rate_limit, rate_limit_ok or check_rate_limit,
+    // whose SQL declarations (sql/finalize.sql and the upgrade scripts alike) have these six
+    // argument types in this order.
     let (name, key, count, reserve, throws, inline) = unsafe {
         (
             pg_getarg::<&str>(fcinfo, 0),
@@ -138,7 +147,10 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool) -> A
     if consume {
         stats::record(req.name, req.key, &d, true);
     }
-    let datum = decision_datum(&d);
+    let datum = match returns {
+        Returns::Decision => decision_datum(&d),
+        Returns::Ok => Datum::from(d.ok),
+    };
     let throw = match throws {
         Some(true) => denial(&d, req.name, req.key).unwrap_or(NO_DENIAL),
         _ => NO_DENIAL,
@@ -194,7 +206,21 @@ fmgr_v1_info!(pg_finfo_rate_limit_fmgr);
 pub unsafe extern "C-unwind" fn rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
     // SAFETY: by this function's contract `fcinfo` is a call of rate_limit, as `answer`
     // requires (binding the symbol to other SQL takes a superuser).
-    entry(unsafe { answer(fcinfo, true) })
+    entry(unsafe { answer(fcinfo, true, Returns::Decision) })
+}
+
+fmgr_v1_info!(pg_finfo_rate_limit_ok_fmgr);
+
+/// `rate_limiter.rate_limit_ok(name, key, count, reserve, throws, config)`: `rate_limit`'s
+/// `ok`.
+///
+/// # Safety
+/// Only for fmgr, calling `rate_limiter.rate_limit_ok` as sql/finalize.sql declares it.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn rate_limit_ok_fmgr(fcinfo: FunctionCallInfo) -> Datum {
+    // SAFETY: by this function's contract `fcinfo` is a call of rate_limit_ok, as `answer`
+    // requires (binding the symbol to other SQL takes a superuser).
+    entry(unsafe { answer(fcinfo, true, Returns::Ok) })
 }
 
 fmgr_v1_info!(pg_finfo_check_rate_limit_fmgr);
@@ -207,7 +233,7 @@ fmgr_v1_info!(pg_finfo_check_rate_limit_fmgr);
 pub unsafe extern "C-unwind" fn check_rate_limit_fmgr(fcinfo: FunctionCallInfo) -> Datum {
     // SAFETY: by this function's contract `fcinfo` is a call of check_rate_limit, as `answer`
     // requires (binding the symbol to other SQL takes a superuser).
-    entry(unsafe { answer(fcinfo, false) })
+    entry(unsafe { answer(fcinfo, false, Returns::Decision) })
 }
 
 fmgr_v1_info!(pg_finfo_wait_rate_limit_fmgr);
