@@ -116,6 +116,24 @@ EXCEPTION WHEN OTHERS THEN
 END
 $define$;
 
+-- Issue 66: rate_limit's ok alone, routed as rate_limit is (its errors too), for a WHERE
+-- clause or a target list. It calls rate_limit with its caller's rights: a role needs EXECUTE
+-- on both.
+CREATE FUNCTION rate_limiter_proxy.rate_limit_ok(
+    name text,
+    key text DEFAULT NULL,
+    count double precision DEFAULT 1,
+    reserve boolean DEFAULT false,
+    throws boolean DEFAULT false,
+    config jsonb DEFAULT NULL
+) RETURNS boolean
+LANGUAGE sql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT (rate_limiter_proxy.rate_limit(name, key, count, reserve, throws, config)).ok
+$$;
+REVOKE ALL ON FUNCTION rate_limiter_proxy.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION rate_limiter_proxy.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb) IS
+    'rate_limit(...).ok on the partition that owns the key.';
+
 -- Default privileges (ALTER DEFAULT PRIVILEGES) never reach an object this install or update
 -- created: it keeps only the grants the scripts give, so that a role given EXECUTE on every
 -- new function or SELECT on every new table gets neither define() nor a table (issue 41).
@@ -176,21 +194,3 @@ BEGIN
     END LOOP;
 END
 $pin$;
-
--- Issue 66: rate_limit's ok alone, routed as rate_limit is (its errors too), for a WHERE
--- clause or a target list. It calls rate_limit with its caller's rights: a role needs EXECUTE
--- on both.
-CREATE FUNCTION rate_limiter_proxy.rate_limit_ok(
-    name text,
-    key text DEFAULT NULL,
-    count double precision DEFAULT 1,
-    reserve boolean DEFAULT false,
-    throws boolean DEFAULT false,
-    config jsonb DEFAULT NULL
-) RETURNS boolean
-LANGUAGE sql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT (rate_limiter_proxy.rate_limit(name, key, count, reserve, throws, config)).ok
-$$;
-REVOKE ALL ON FUNCTION rate_limiter_proxy.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb) FROM PUBLIC;
-COMMENT ON FUNCTION rate_limiter_proxy.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb) IS
-    'rate_limit(...).ok on the partition that owns the key.';

@@ -41,6 +41,7 @@ SURFACE = [
     "SELECT ok FROM rate_limiter.rate_limit('durable', 'k')",
     "SELECT ok FROM rate_limiter.rate_limit('memory', 'k', 2)",
     "SELECT ok FROM rate_limiter.rate_limit('hot', 'k')",
+    "SELECT rate_limiter.rate_limit_ok('memory', 'ok') AND rate_limiter.rate_limit_ok('durable', 'ok')",
     f"SELECT ok FROM rate_limiter.rate_limit('sharded', 'k', 3, config => '{config('fixed window', rate=40, shards=4)}')",
     f"SELECT ok FROM rate_limiter.rate_limit('sliding', 'k', config => '{config('sliding window', durable=False)}')",
     f"SELECT ok FROM rate_limiter.rate_limit('calendar', 'k', config => '{config('fixed window', period='1 day', tz='Europe/Berlin')}')",
