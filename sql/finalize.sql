@@ -273,6 +273,66 @@ $function$;
 COMMENT ON FUNCTION rate_limiter.ip_key(inet, integer, integer) IS
     'A rate-limit key for a client address: an IPv6 address carrying an IPv4 one (mapped, NAT64 64:ff9b::/96, 6to4, Teredo) as that IPv4 address, IPv4 masked to v4_prefix, IPv6 to v6_prefix, as cidr text.';
 
+-- Limits on a table's writes (issue 67): limit_writes makes, per event, a statement-level
+-- AFTER trigger running _write_limited() with the declaration as its arguments, which charges
+-- each statement's rows per key in one all-or-nothing decision (RL429 on a denial). Only the
+-- extension's owner may execute _write_limited, so only limit_writes makes such triggers.
+CREATE FUNCTION rate_limiter._write_limited() RETURNS trigger
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'write_limited_fmgr';
+COMMENT ON FUNCTION rate_limiter._write_limited() IS
+    'The trigger of a write limit (limit_writes): charges a statement''s rows per key, all or nothing.';
+
+CREATE FUNCTION rate_limiter.limit_writes(
+    "table" regclass,
+    limit_name text,
+    key text DEFAULT NULL,
+    events text[] DEFAULT '{INSERT}',
+    count text DEFAULT NULL,
+    config jsonb DEFAULT NULL
+) RETURNS void
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'limit_writes_fmgr';
+COMMENT ON FUNCTION rate_limiter.limit_writes(regclass, text, text, text[], text, jsonb) IS
+    'Holds every write of the table (events) to the limit, per key column value, each row counting 1 or its count column: a statement over the limit fails whole with RL429.';
+
+CREATE FUNCTION rate_limiter.unlimit_writes("table" regclass, limit_name text DEFAULT NULL) RETURNS integer
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'unlimit_writes_fmgr';
+COMMENT ON FUNCTION rate_limiter.unlimit_writes(regclass, text) IS
+    'Drops the table''s write limits (the named limit''s alone, when given); how many triggers it dropped.';
+
+-- The write limits' triggers, their arguments decoded (tgargs holds each NUL-terminated).
+CREATE VIEW rate_limiter.write_limits AS
+SELECT t.tgrelid::pg_catalog.regclass AS "table",
+       a.arguments[2] AS limit_name,
+       NULLIF(a.arguments[3], '') AS key_column,
+       NULLIF(a.arguments[4], '') AS count_column,
+       CASE WHEN (t.tgtype::integer OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.<>) 0 THEN 'INSERT'
+            WHEN (t.tgtype::integer OPERATOR(pg_catalog.&) 16) OPERATOR(pg_catalog.<>) 0 THEN 'UPDATE'
+            ELSE 'DELETE' END AS event,
+       NULLIF(a.arguments[5], '')::pg_catalog.jsonb AS config,
+       t.tgname AS trigger_name,
+       t.tgenabled OPERATOR(pg_catalog.<>) 'D' AS enabled
+FROM pg_catalog.pg_trigger t
+CROSS JOIN LATERAL (
+    SELECT pg_catalog.array_agg(pg_catalog.convert_from(pg_catalog.decode(u.argument, 'escape'),
+                                                        pg_catalog.getdatabaseencoding()) ORDER BY u.n)
+    FROM pg_catalog.unnest(pg_catalog.string_to_array(pg_catalog.encode(t.tgargs, 'escape'), '\000'))
+         WITH ORDINALITY AS u(argument, n)
+) AS a(arguments)
+WHERE t.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._write_limited()'::pg_catalog.regprocedure;
+COMMENT ON VIEW rate_limiter.write_limits IS
+    'Every write limit (rate_limiter.limit_writes): one row per table, limit and event.';
+COMMENT ON COLUMN rate_limiter.write_limits."table" IS 'The table whose writes are limited.';
+COMMENT ON COLUMN rate_limiter.write_limits.limit_name IS 'The limit each statement''s rows are charged to.';
+COMMENT ON COLUMN rate_limiter.write_limits.key_column IS 'The column whose value (as text) is the key; NULL: one key for the whole table.';
+COMMENT ON COLUMN rate_limiter.write_limits.count_column IS 'The column whose value a row counts; NULL: each row counts 1.';
+COMMENT ON COLUMN rate_limiter.write_limits.event IS 'INSERT, UPDATE (the new rows charged) or DELETE (the old rows).';
+COMMENT ON COLUMN rate_limiter.write_limits.config IS 'The inline config; NULL: the named limit.';
+COMMENT ON COLUMN rate_limiter.write_limits.trigger_name IS 'The trigger that charges the rows.';
+COMMENT ON COLUMN rate_limiter.write_limits.enabled IS 'false once the table''s owner disabled the trigger (ALTER TABLE ... DISABLE TRIGGER).';
+
 -- Nothing is open to PUBLIC: grant USAGE on the schema and EXECUTE on the functions a role
 -- needs (see the README). The tables stay private; the functions are the only way in.
 REVOKE ALL ON ALL TABLES IN SCHEMA rate_limiter FROM PUBLIC;

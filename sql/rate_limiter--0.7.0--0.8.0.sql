@@ -2,7 +2,8 @@
 -- numbers on every kind. A token bucket's or fixed window's row keeps, beside its level, the
 -- capacity that level is left of (rate_limiter.state.counts, written by the library from its
 -- next write on; a row of 0.7.0 is read at its level until then). No table changes shape.
--- Issue 66: rate_limit_ok, rate_limit's ok alone, at less cost.
+-- Issue 66: rate_limit_ok, rate_limit's ok alone, at less cost. Issue 67: limits on a
+-- table's writes (limit_writes, unlimit_writes, the view write_limits).
 
 \echo Use "ALTER EXTENSION rate_limiter UPDATE TO '0.8.0'" to load this file. \quit
 
@@ -24,24 +25,98 @@ REVOKE ALL ON FUNCTION rate_limiter.rate_limit_ok(text, text, double precision, 
 COMMENT ON FUNCTION rate_limiter.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb) IS
     'rate_limit(...).ok, at less cost: takes as rate_limit does (and raises RL429 with throws), and returns only whether the call is ok.';
 
+-- As sql/finalize.sql declares them. Limits on a table's writes (issue 67): limit_writes makes, per event, a statement-level
+-- AFTER trigger running _write_limited() with the declaration as its arguments, which charges
+-- each statement's rows per key in one all-or-nothing decision (RL429 on a denial). Only the
+-- extension's owner may execute _write_limited, so only limit_writes makes such triggers.
+CREATE FUNCTION rate_limiter._write_limited() RETURNS trigger
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'write_limited_fmgr';
+COMMENT ON FUNCTION rate_limiter._write_limited() IS
+    'The trigger of a write limit (limit_writes): charges a statement''s rows per key, all or nothing.';
+
+CREATE FUNCTION rate_limiter.limit_writes(
+    "table" regclass,
+    limit_name text,
+    key text DEFAULT NULL,
+    events text[] DEFAULT '{INSERT}',
+    count text DEFAULT NULL,
+    config jsonb DEFAULT NULL
+) RETURNS void
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'limit_writes_fmgr';
+COMMENT ON FUNCTION rate_limiter.limit_writes(regclass, text, text, text[], text, jsonb) IS
+    'Holds every write of the table (events) to the limit, per key column value, each row counting 1 or its count column: a statement over the limit fails whole with RL429.';
+
+CREATE FUNCTION rate_limiter.unlimit_writes("table" regclass, limit_name text DEFAULT NULL) RETURNS integer
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'unlimit_writes_fmgr';
+COMMENT ON FUNCTION rate_limiter.unlimit_writes(regclass, text) IS
+    'Drops the table''s write limits (the named limit''s alone, when given); how many triggers it dropped.';
+
+-- The write limits' triggers, their arguments decoded (tgargs holds each NUL-terminated).
+CREATE VIEW rate_limiter.write_limits AS
+SELECT t.tgrelid::pg_catalog.regclass AS "table",
+       a.arguments[2] AS limit_name,
+       NULLIF(a.arguments[3], '') AS key_column,
+       NULLIF(a.arguments[4], '') AS count_column,
+       CASE WHEN (t.tgtype::integer OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.<>) 0 THEN 'INSERT'
+            WHEN (t.tgtype::integer OPERATOR(pg_catalog.&) 16) OPERATOR(pg_catalog.<>) 0 THEN 'UPDATE'
+            ELSE 'DELETE' END AS event,
+       NULLIF(a.arguments[5], '')::pg_catalog.jsonb AS config,
+       t.tgname AS trigger_name,
+       t.tgenabled OPERATOR(pg_catalog.<>) 'D' AS enabled
+FROM pg_catalog.pg_trigger t
+CROSS JOIN LATERAL (
+    SELECT pg_catalog.array_agg(pg_catalog.convert_from(pg_catalog.decode(u.argument, 'escape'),
+                                                        pg_catalog.getdatabaseencoding()) ORDER BY u.n)
+    FROM pg_catalog.unnest(pg_catalog.string_to_array(pg_catalog.encode(t.tgargs, 'escape'), '\000'))
+         WITH ORDINALITY AS u(argument, n)
+) AS a(arguments)
+WHERE t.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._write_limited()'::pg_catalog.regprocedure;
+COMMENT ON VIEW rate_limiter.write_limits IS
+    'Every write limit (rate_limiter.limit_writes): one row per table, limit and event.';
+COMMENT ON COLUMN rate_limiter.write_limits."table" IS 'The table whose writes are limited.';
+COMMENT ON COLUMN rate_limiter.write_limits.limit_name IS 'The limit each statement''s rows are charged to.';
+COMMENT ON COLUMN rate_limiter.write_limits.key_column IS 'The column whose value (as text) is the key; NULL: one key for the whole table.';
+COMMENT ON COLUMN rate_limiter.write_limits.count_column IS 'The column whose value a row counts; NULL: each row counts 1.';
+COMMENT ON COLUMN rate_limiter.write_limits.event IS 'INSERT, UPDATE (the new rows charged) or DELETE (the old rows).';
+COMMENT ON COLUMN rate_limiter.write_limits.config IS 'The inline config; NULL: the named limit.';
+COMMENT ON COLUMN rate_limiter.write_limits.trigger_name IS 'The trigger that charges the rows.';
+COMMENT ON COLUMN rate_limiter.write_limits.enabled IS 'false once the table''s owner disabled the trigger (ALTER TABLE ... DISABLE TRIGGER).';
+REVOKE ALL ON FUNCTION rate_limiter._write_limited() FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.limit_writes(regclass, text, text, text[], text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION rate_limiter.unlimit_writes(regclass, text) FROM PUBLIC;
+REVOKE ALL ON rate_limiter.write_limits FROM PUBLIC;
+
 -- Default privileges (ALTER DEFAULT PRIVILEGES) never reach what this update creates (issue
--- 41): every grant on rate_limit_ok but its owner's came from them. Only it: an update from
--- 0.6.0 runs 0.7.0's script in this transaction too, which gave grants back after its own pin.
+-- 41): every grant on its new functions and view but their owner's came from them. Only
+-- those: an update from 0.6.0 runs 0.7.0's script in this transaction too, which gave grants
+-- back after its own pin.
 DO $pin$
 DECLARE
     leaked record;
 BEGIN
     FOR leaked IN
-        SELECT a.privilege_type,
+        SELECT 'FUNCTION ' OPERATOR(pg_catalog.||) p.oid::pg_catalog.regprocedure::pg_catalog.text AS what, a.privilege_type,
                CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
                     ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END AS grantee
         FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
-        WHERE p.oid OPERATOR(pg_catalog.=)
-                  'rate_limiter.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb)'::pg_catalog.regprocedure
+        WHERE p.oid OPERATOR(pg_catalog.=) ANY (ARRAY[
+                  'rate_limiter.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb)'::pg_catalog.regprocedure,
+                  'rate_limiter._write_limited()'::pg_catalog.regprocedure,
+                  'rate_limiter.limit_writes(regclass, text, text, text[], text, jsonb)'::pg_catalog.regprocedure,
+                  'rate_limiter.unlimit_writes(regclass, text)'::pg_catalog.regprocedure]::pg_catalog.oid[])
           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+        UNION ALL
+        SELECT 'TABLE ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, a.privilege_type,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END
+        FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+        WHERE c.oid OPERATOR(pg_catalog.=) 'rate_limiter.write_limits'::pg_catalog.regclass
+          AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
     LOOP
-        EXECUTE pg_catalog.format('REVOKE %s ON FUNCTION rate_limiter.rate_limit_ok(text, text, double precision, boolean, boolean, jsonb) FROM %s CASCADE',
-                                  leaked.privilege_type, leaked.grantee);
+        EXECUTE pg_catalog.format('REVOKE %s ON %s FROM %s CASCADE', leaked.privilege_type, leaked.what, leaked.grantee);
     END LOOP;
 END
 $pin$;

@@ -106,6 +106,12 @@ pub enum Error {
 
     #[error("rate_limiter will not write {table}: it has {what}, which the extension did not create")]
     PlantedCode { table: String, what: String },
+
+    #[error("permission denied to limit the writes of {0}")]
+    WriteLimitDenied(String),
+
+    #[error("a write limit's column: {0}")]
+    WriteLimitColumn(String),
 }
 
 impl Error {
@@ -138,7 +144,10 @@ impl Error {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             Error::TimeOutOfRange(_) => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
-            Error::UntrustedOwner { .. } | Error::NotAMonitor(_) => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            Error::UntrustedOwner { .. } | Error::NotAMonitor(_) | Error::WriteLimitDenied(_) => {
+                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE
+            }
+            Error::WriteLimitColumn(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
             Error::NotAMember(_)
             | Error::ShapeChanged { .. }
             | Error::HotUnavailable
@@ -321,6 +330,17 @@ impl Error {
                 "The extension writes its tables with its owner's rights, which a trigger or rule on \
                  them would run with. Drop it (DROP TRIGGER ... ON the table), and grant no TRIGGER \
                  on the extension's tables (docs/security.md)."
+            }
+            Error::WriteLimitDenied(_) => {
+                "limit_writes and unlimit_writes change the table's triggers, which charge the \
+                 limit with the extension's rights for whoever writes: run them as the table's \
+                 owner (or a member of its role), granted EXECUTE on rate_limiter.rate_limit."
+            }
+            Error::WriteLimitColumn(_) => {
+                "key names a column of the table (any type, read as text; NULL is one key of its \
+                 own) and count a column of an integer, numeric or floating-point type (each row \
+                 counts 1 without it). For an expression, add a generated column (GENERATED \
+                 ALWAYS AS (...) STORED) and name it."
             }
             Error::TimeOutOfRange(_) => {
                 "Instants must lie between 4714 BC and 294276 AD: use a finite start and \

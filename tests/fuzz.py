@@ -310,6 +310,15 @@ class Gen:
             return "NULL"
         name_sql = chosen.get("name", q("tb"))
         key_sql = chosen.get("key", "NULL")
+        if fn in ("limit_writes", "unlimit_writes"):
+            if arg == "table":
+                return q(self.pick(["fuzz_written", "fuzz_written", "rate_limiter.limits", "pg_catalog.pg_class"]))
+            if arg in ("key", "count"):
+                return q(self.pick(["k", "n", None, "nope", "ctid"]))
+            if arg == "events":
+                return q(self.pick(["{INSERT}", "{INSERT,UPDATE,DELETE}", "{DELETE}", "{}", "{TRUNCATE}"]))
+            if arg == "limit_name":
+                return q(self.name())
         if arg == "name":
             if fn in ("acquire", "release", "renew") and self.chance(0.8):
                 return q("cc")
@@ -509,6 +518,9 @@ class Gen:
         n, k = q(self.name()), q(self.key())
         return self.pick([
             lambda: f"DELETE FROM rate_limiter.limits WHERE name = {n}",
+            lambda: (f"INSERT INTO fuzz_written SELECT {k}, {num(self.pick([1, 0.5, 3, -1, None]))} "
+                     f"FROM generate_series(1, {self.pick([1, 2, 100])})"),
+            lambda: f"UPDATE fuzz_written SET n = {num(self.pick([1, 2, None]))} WHERE k = {k}",
             lambda: f"UPDATE rate_limiter.limits SET rate = rate * {self.pick([2, 0.5, 1e10])} WHERE name = {n}",
             lambda: f"UPDATE rate_limiter.limits SET period = period * {self.pick([2, 0.5, 0.001])} WHERE name = {n}",
             lambda: f"UPDATE rate_limiter.limits SET hot = NOT hot WHERE name = {n}",
@@ -611,7 +623,7 @@ CALL_WEIGHTS = {
     "define_tier": 3, "override": 4, "remove_override": 2, "remove_tier": 2, "block": 2, "unblock": 2, "allow": 2,
     "disallow": 2, "reset_rate_limit": 3, "prune": 2, "http_headers": 3, "http_headers_all": 2, "http_problem": 2,
     "ip_key": 2, "_stats": 1, "_top_denied": 1, "stats_every_database": 1, "top_denied_every_database": 1,
-    "stats_reset": 1,
+    "stats_reset": 1, "limit_writes": 2, "unlimit_writes": 1, "_write_limited": 1,
 }
 
 
@@ -815,6 +827,8 @@ def seed_pool(conninfo, seed, functions):
     """The pool's limits defined once before the sessions start, so calls find them."""
     gen = Gen(random.Random(seed - 1), functions)
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        # A table of the application's, for write limits to be declared on and its rows charged.
+        conn.execute("CREATE TABLE IF NOT EXISTS fuzz_written (k text, n numeric)")
         for sql in pool_definitions(gen):
             try:
                 conn.execute(sql)

@@ -402,11 +402,18 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
         .ok_or_else(|| Error::InvalidArgument("requests must not be NULL".into()))
         .and_then(|r| r.parse())
         .unwrap_or_else(|e| e.raise());
+    let (d, throw) = decide_requests(&requests, reserve.unwrap_or(false), consume, throws == Some(true));
+    Answer { datum: decision_datum(&d), throw }
+}
+
+/// What `rate_limit_all` (or, with `consume` false, `check_rate_limit_all`) decides for
+/// `requests`, its statistics recorded, with its RL429 when it `throws`.
+pub(super) fn decide_requests(requests: &serde_json::Value, reserve: bool, consume: bool, throws: bool) -> (Decision, Denial) {
     // Open the table first: its lock takes in pending invalidations of cached configs. A
     // consuming call writes only if a part is durable: memory limits' parts alone answer in a
     // read-only transaction and on a standby, as rate_limit does.
     let mut table = if consume { StateTable::open_for_call(c"rate_limit_all()") } else { StateTable::open(None) };
-    let mut parts = parts(&requests, reserve.unwrap_or(false)).unwrap_or_else(|e| e.raise());
+    let mut parts = parts(requests, reserve).unwrap_or_else(|e| e.raise());
     if consume {
         // A memory part whose key found no room in shared memory writes its row.
         limiter::place_memory_parts(&mut parts);
@@ -430,12 +437,11 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
             stats::record(part.req.name, part.req.key, own, i == limiting);
         }
     }
-    let datum = decision_datum(&d);
     let throw = match throws {
-        Some(true) => denial(&d, parts[limiting].req.name, parts[limiting].req.key).unwrap_or(NO_DENIAL),
-        _ => NO_DENIAL,
+        true => denial(&d, parts[limiting].req.name, parts[limiting].req.key).unwrap_or(NO_DENIAL),
+        false => NO_DENIAL,
     };
-    Answer { datum, throw }
+    (d, throw)
 }
 
 /// The stored state of (name, key): the fullest of `sample_shards` random shards.

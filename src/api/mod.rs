@@ -1,7 +1,7 @@
 //! The SQL surface, split by concern, each entry a thin layer over what it calls:
 //! `calls` the consuming calls and checks (raw fmgr entry points, for RL429), `admin` what
 //! changes limits, blocks and state (SECURITY DEFINER), `headers` the
-//! HTTP headers of a decision, `stats` the statistics views, `trigger` the cache trigger. This file holds what they share:
+//! HTTP headers of a decision, `stats` the statistics views, `trigger` the cache trigger, `writes` the limits on a table's writes. This file holds what they share:
 //! the checks of names, keys and counts, and finding a call's config.
 //!
 //! Every function is VOLATILE (it reads the clock and writes state) and PARALLEL UNSAFE (it
@@ -24,6 +24,7 @@ mod concurrency;
 mod headers;
 mod stats;
 mod trigger;
+mod writes;
 
 /// The fmgr info of every raw entry point: version 1 calling convention.
 static FMGR_V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };

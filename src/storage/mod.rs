@@ -32,6 +32,7 @@ pub mod snapshot;
 mod spi;
 mod sql;
 mod state;
+pub mod write_limits;
 
 pub use debits::{log_is_subscribed, DebitLog, Seen};
 pub use lookup::{all_limits, any_override, load_limit, load_override, load_tier, overridden_keys, Lookup, Overriding};

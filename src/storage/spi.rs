@@ -26,6 +26,10 @@ pub fn text_opt(s: Option<&str>) -> Arg {
     (pg_sys::TEXTOID, s.and_then(|s| s.into_datum()))
 }
 
+pub fn oid_arg(oid: pg_sys::Oid) -> Arg {
+    (pg_sys::OIDOID, Some(Datum::from(oid)))
+}
+
 pub fn ts_arg(ms: f64, what: &str) -> Arg {
     (pg_sys::TIMESTAMPTZOID, Some(instant(ms, what)))
 }
