@@ -218,7 +218,8 @@ def test_rights_from_a_writer_and_a_role_with_trigger(test_conn, name):
 
 
 def test_a_partitioned_table_is_charged_for_the_rows_routed_through_it(test_conn, name):
-    """Rows inserted through a partitioned table, into two partitions, are charged once each."""
+    """Rows inserted through a partitioned table, into two partitions, are charged once each;
+    rows written straight into a partition too; unlimit_writes drops the partitions' triggers."""
     c = test_conn
     table = f"writes_{uuid.uuid4().hex[:8]}"
     c.execute(f"CREATE TABLE {table} (id int, author text) PARTITION BY RANGE (id)")
@@ -228,3 +229,9 @@ def test_a_partitioned_table_is_charged_for_the_rows_routed_through_it(test_conn
     c.execute("SELECT rate_limiter.limit_writes(%s, %s, key => 'author')", (table, name))
     c.execute(f"INSERT INTO {table} VALUES (1, 'a'), (150, 'a'), (151, 'b')")
     assert (remaining(c, name, "a"), remaining(c, name, "b")) == (8, 9)
+    c.execute(f"INSERT INTO {table}_high VALUES (152, 'a'), (153, 'b')")
+    c.execute(f"DELETE FROM {table}_low")
+    assert (remaining(c, name, "a"), remaining(c, name, "b")) == (7, 8)
+    assert c.execute("SELECT rate_limiter.unlimit_writes(%s)", (table,)).fetchone() == (3,)
+    c.execute(f"INSERT INTO {table}_high VALUES (154, 'a')")
+    assert remaining(c, name, "a") == 7

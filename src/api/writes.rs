@@ -104,7 +104,7 @@ fn declare(
     };
     write_limits::drop_triggers(table, Some(limit));
     for event in parsed {
-        write_limits::create_trigger(table, event, &declared);
+        write_limits::create_triggers(table, event, &declared);
     }
     Ok(())
 }

@@ -113,6 +113,11 @@ impl ResultRow {
         (!is_null).then(|| unsafe { String::from_datum(datum, false) }.expect("not NULL"))
     }
 
+    pub fn oid(&self, column: i32) -> pg_sys::Oid {
+        self.require_type(column, pg_sys::OIDOID);
+        pg_sys::Oid::from(self.datum(column).value() as u32)
+    }
+
     pub fn text(&self, column: i32) -> String {
         self.require_type(column, pg_sys::TEXTOID);
         // SAFETY: a text datum of SPI's current result, read while SPI is connected.

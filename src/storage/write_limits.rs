@@ -204,9 +204,25 @@ fn quoted_identifier(text: &str) -> String {
     unsafe { CStr::from_ptr(pg_sys::quote_identifier(c.as_ptr())) }.to_string_lossy().into_owned()
 }
 
-/// Makes the trigger of `declared` for `event` on `table`, as the extension's owner (the only
-/// role that may execute `_write_limited`).
-pub fn create_trigger(table: pg_sys::Oid, event: Event, declared: &Declared) {
+/// `table`, and every partition under it: a row written straight into a partition fires that
+/// partition's statement triggers alone, one routed through the table the table's alone.
+fn with_partitions(table: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    let mut tables = vec![table];
+    let find = "SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree($1) t \
+                WHERE t.relid OPERATOR(pg_catalog.<>) $1 ORDER BY t.level, t.relid";
+    super::spi::run(cache::relations().limits, find, &[super::spi::oid_arg(table)], |row| tables.push(row.oid(1)));
+    tables
+}
+
+/// Makes the triggers of `declared` for `event` on `table` and its partitions, as the
+/// extension's owner (the only role that may execute `_write_limited`).
+pub fn create_triggers(table: pg_sys::Oid, event: Event, declared: &Declared) {
+    for table in with_partitions(table) {
+        create_trigger(table, event, declared);
+    }
+}
+
+fn create_trigger(table: pg_sys::Oid, event: Event, declared: &Declared) {
     let arguments = [
         ARGUMENTS_VERSION,
         &declared.limit,
@@ -227,19 +243,21 @@ pub fn create_trigger(table: pg_sys::Oid, event: Event, declared: &Declared) {
     super::spi::run(cache::relations().limits, &sql, &[], |_| {});
 }
 
-/// Drops the write limits' triggers on `table` (of `limit` alone, when given); how many.
+/// Drops the write limits' triggers on `table` and its partitions (of `limit` alone, when
+/// given); how many.
 pub fn drop_triggers(table: pg_sys::Oid, limit: Option<&str>) -> i64 {
-    let mut names = Vec::new();
-    let find = "SELECT w.trigger_name::pg_catalog.text FROM rate_limiter.write_limits w \
-                WHERE w.\"table\" OPERATOR(pg_catalog.=) $1 \
-                  AND ($2 IS NULL OR w.limit_name OPERATOR(pg_catalog.=) $2) ORDER BY 1";
+    let mut found = Vec::new();
+    let find = "SELECT w.trigger_name::pg_catalog.text, w.\"table\"::pg_catalog.oid FROM rate_limiter.write_limits w \
+                WHERE (w.\"table\" OPERATOR(pg_catalog.=) $1 OR w.\"table\" OPERATOR(pg_catalog.=) ANY \
+                       (SELECT t.relid FROM pg_catalog.pg_partition_tree($1) t)) \
+                  AND ($2 IS NULL OR w.limit_name OPERATOR(pg_catalog.=) $2) ORDER BY 2, 1";
     let args = [super::spi::oid_arg(table), super::spi::text_opt(limit)];
-    super::spi::run(cache::relations().limits, find, &args, |row| names.push(row.text(1)));
-    for name in &names {
-        let sql = format!("DROP TRIGGER {} ON {}", quoted_identifier(name), cache::qualified_name(table));
+    super::spi::run(cache::relations().limits, find, &args, |row| found.push((row.text(1), row.oid(2))));
+    for (name, table) in &found {
+        let sql = format!("DROP TRIGGER {} ON {}", quoted_identifier(name), cache::qualified_name(*table));
         super::spi::run(cache::relations().limits, &sql, &[], |_| {});
     }
-    names.len() as i64
+    found.len() as i64
 }
 
 /// A write limit's trigger as it fires: what it declares, its table and the statement's rows.
