@@ -294,7 +294,8 @@ def settings():
     defaults = {m.group(1): m.group(2) for m in re.finditer(r"pub static (\w+): GucSetting<[^=]*= GucSetting::<[^>]*>>?::new\((.*?)\);", text)}
     found = {}
     for m in re.finditer(r'define_\w+_guc\(\s*c"(rate_limiter\.\w+)",.*?&(\w+),(.*?)GucContext::(\w+),\s*GucFlags::(\w+)', text, re.S):
-        default = defaults[m.group(2)].replace("_", "")
+        # An enum's default is its variant (`ThrowAs::RL429`): the value's name.
+        default = defaults[m.group(2)].rsplit("::", 1)[-1].replace("_", "")
         found[m.group(1)] = {"default": "" if default == "None" else default, "context": CONTEXTS[m.group(4)],
                              "unit": {"UNIT_S": "s", "UNIT_MS": "ms"}.get(m.group(5))}
     return found

@@ -363,9 +363,8 @@ impl Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// `RL429` packed as PostgreSQL's MAKE_SQLSTATE does: six bits per character.
-const RL429: c_int = {
-    let code = *b"RL429";
+/// A SQLSTATE packed as PostgreSQL's MAKE_SQLSTATE does: six bits per character.
+const fn packed(code: &[u8; 5]) -> c_int {
     let mut packed = 0;
     let mut i = 0;
     while i < 5 {
@@ -373,7 +372,15 @@ const RL429: c_int = {
         i += 1;
     }
     packed
-};
+}
+
+/// The extension's own SQLSTATE of a denial that throws.
+pub const RL429: c_int = packed(b"RL429");
+/// PostgREST answers a `PTxyz` with HTTP status xyz.
+pub const PT429: c_int = packed(b"PT429");
+/// PostgREST takes a `PGRST` error's message as the response's body and its detail as the
+/// status and headers.
+pub const PGRST: c_int = packed(b"PGRST");
 
 // PostgreSQL's error functions, declared here without pgrx's guard: pgrx re-raises an
 // error it catches through a closed enum of standard SQLSTATEs, which turns RL429 into XX000.
@@ -393,17 +400,17 @@ extern "C-unwind" {
     fn pg_errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
 }
 
-/// Raise `RL429` (rate limited) with PostgreSQL-allocated texts.
+/// Raise a denial (`RL429`, or PostgREST's `PT429` or `PGRST`) with PostgreSQL-allocated texts.
 ///
 /// # Safety
 /// This longjmps out of the caller. Call it only from an fmgr entry point's own frame that
 /// holds nothing to drop, never inside a pgrx-guarded function.
-pub unsafe fn raise_rate_limited(message: *const c_char, detail: *const c_char, hint: *const c_char) -> ! {
+pub unsafe fn raise_rate_limited(code: c_int, message: *const c_char, detail: *const c_char, hint: *const c_char) -> ! {
     // SAFETY: PostgreSQL's ereport sequence with "%s" formats and NUL-terminated texts; the
     // caller's frame has nothing to drop when errfinish longjmps out of it.
     unsafe {
         if pg_errstart(pg_sys::PGERROR as c_int, std::ptr::null()) {
-            pg_errcode(RL429);
+            pg_errcode(code);
             pg_errmsg(c"%s".as_ptr(), message);
             pg_errdetail(c"%s".as_ptr(), detail);
             pg_errhint(c"%s".as_ptr(), hint);

@@ -5,6 +5,7 @@
 use std::ffi::CString;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::PostgresGucEnum;
 
 /// The most slots a concurrency limit may have (its rate), and so the most one transaction
 /// may be allowed: a call probes each of them once, so this bounds the work one call does
@@ -18,6 +19,22 @@ pub static FAKE_NOW: GucSetting<Option<CString>> = GucSetting::<Option<CString>>
 /// grantable (`GRANT SET ON PARAMETER`): were any role able to set it, a role that inserts
 /// through a policy or trigger that calls `rate_limit` could turn the limit off for itself.
 pub static SHADOW: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+/// How a denial that throws (`throws => true`, a write limit) is raised: `RL429`, the
+/// extension's own SQLSTATE; `PT429`, which PostgREST answers with HTTP 429; or `PGRST`,
+/// PostgREST's own response (its body in the message, and in DETAIL the status 429 with
+/// `Retry-After` and draft 11's `RateLimit` and `RateLimit-Policy`).
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum ThrowAs {
+    RL429,
+    PT429,
+    PGRST,
+}
+
+/// `rate_limiter.throw_as`: any role's, per session, role or database (the caller picks how
+/// its own denials read; none admits more).
+pub static THROW_AS: GucSetting<ThrowAs> = GucSetting::<ThrowAs>::new(ThrowAs::RL429);
 
 /// The most concurrency-limit slots one transaction may hold at once: each is an entry of the
 /// server's shared lock table, sized for about `max_locks_per_transaction` (64) per
@@ -83,6 +100,14 @@ pub fn register(preloading: bool) {
         c"Blocks still deny. Counted in rate_limiter.stats.shadow_denied. Superusers, and roles granted SET ON PARAMETER rate_limiter.shadow; SET LOCAL through a transaction pooler.",
         &SHADOW,
         GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"rate_limiter.throw_as",
+        c"How a denial that throws is raised: RL429, PT429 (PostgREST answers HTTP 429) or PGRST (PostgREST's response with Retry-After and RateLimit headers).",
+        c"For throws => true and write limits. PGRST puts PostgREST's body in the message and {\"status\": 429, \"headers\": {...}} in DETAIL.",
+        &THROW_AS,
+        GucContext::Userset,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(

@@ -235,3 +235,36 @@ def test_a_partitioned_table_is_charged_for_the_rows_routed_through_it(test_conn
     assert c.execute("SELECT rate_limiter.unlimit_writes(%s)", (table,)).fetchone() == (3,)
     c.execute(f"INSERT INTO {table}_high VALUES (154, 'a')")
     assert remaining(c, name, "a") == 7
+
+
+def test_a_denial_reads_as_postgrest_answers_it_when_asked(test_conn, name):
+    """rate_limiter.throw_as: PT429 (PostgREST's HTTP 429), and PGRST (PostgREST's body in the
+    message; status 429, Retry-After and draft 11's RateLimit fields in DETAIL), for a write
+    limit and for throws => true alike; RL429 again once reset."""
+    c = test_conn
+    table = f"writes_{uuid.uuid4().hex[:8]}"
+    c.execute(f"CREATE TABLE {table} (author text)")
+    define(c, name, "fixed window", rate=2, period="1 hour")
+    c.execute("SELECT rate_limiter.limit_writes(%s, %s, key => 'author')", (table, name))
+    c.execute(f"INSERT INTO {table} VALUES ('a'), ('a')")
+    over = f"INSERT INTO {table} VALUES ('a')"
+    try:
+        c.execute("SET rate_limiter.throw_as = 'PT429'")
+        assert refused(c, over).sqlstate == "PT429"
+        c.execute("SET rate_limiter.throw_as = 'pgrst'")
+        e = refused(c, over)
+        assert e.sqlstate == "PGRST"
+        body, response = json.loads(e.diag.message_primary), json.loads(e.diag.message_detail)
+        assert (body["code"], body["message"]) == ("RL429", f'rate limit "{name}" exceeded')
+        assert json.loads(body["details"])["key"] == "a"
+        assert response["status"] == 429
+        headers = response["headers"]
+        assert 0 < int(headers["Retry-After"]) <= 3600
+        assert headers["RateLimit-Policy"] == f'"{name}";q=2;qu="requests";w=3600'
+        assert headers["RateLimit"].startswith(f'"{name}";r=0;t=')
+        e = refused(c, "SELECT rate_limiter.rate_limit(%s, 'a', throws => true)", (name,))
+        assert (e.sqlstate, json.loads(e.diag.message_detail)["status"]) == ("PGRST", 429)
+        assert refused(c, "SET rate_limiter.throw_as = 'HTTP429'").sqlstate == "22023"
+    finally:
+        c.execute("RESET rate_limiter.throw_as")
+    assert refused(c, over).sqlstate == "RL429"

@@ -6,7 +6,7 @@
 //! `error::raise_rate_limited`). They need no SECURITY DEFINER: `storage` reads and writes
 //! the state without SQL.
 
-use std::ffi::{c_char, CString};
+use std::ffi::{c_char, c_int, CString};
 use std::ptr::null_mut;
 use std::time::Instant;
 
@@ -14,12 +14,15 @@ use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys::{self, Datum, FunctionCallInfo};
 use pgrx::prelude::*;
 use pgrx::{JsonB, PgMemoryContexts};
+use serde_json::json;
 
 use crate::bucket::{self, Config, Kind};
 use crate::call::Reason;
 use crate::clock;
 use crate::config::{self, JsonbArg};
 use crate::error::{self, Error, Result};
+use crate::http;
+use crate::settings::{self, ThrowAs};
 use crate::limiter::{self, Decided, Decision, Request};
 use crate::shmem::stats;
 use crate::storage::decision_type;
@@ -60,6 +63,7 @@ const SLOT_POLL_MS: f64 = 10.0;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(super) struct Denial {
+    code: c_int,
     message: *mut c_char,
     detail: *mut c_char,
     hint: *mut c_char,
@@ -82,7 +86,7 @@ fn pstrdup(text: &str) -> *mut c_char {
 
 /// The `RL429` of a decision that throws: a denial, or a reservation that must wait (as the
 /// Convex component does); `None` otherwise.
-pub(super) fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Denial> {
+pub(super) fn denial(d: &Decision, name: &str, key: Option<&str>, config: &Config) -> Option<Denial> {
     // An ok reservation that must wait raises, as Convex's does; a call shadow mode let
     // through does not.
     if d.ok && (d.retry_after.is_none() || d.reason == Some(Reason::Shadow)) {
@@ -104,14 +108,26 @@ pub(super) fn denial(d: &Decision, name: &str, key: Option<&str>) -> Option<Deni
         Some(r) => format!("Retry after {r} ms."),
         None => "The key is blocked until further notice: see rate_limiter.blocks.".to_owned(),
     };
-    Some(Denial {
-        message: pstrdup(&format!("rate limit \"{name}\" exceeded")),
-        detail: pstrdup(&detail),
-        hint: pstrdup(&hint),
-    })
+    let message = format!("rate limit \"{name}\" exceeded");
+    let (code, message, detail) = match settings::THROW_AS.get() {
+        ThrowAs::RL429 => (error::RL429, message, detail),
+        ThrowAs::PT429 => (error::PT429, message, detail),
+        ThrowAs::PGRST => {
+            // PostgREST's own response: the body as PostgREST writes an error's, the status
+            // and headers (Retry-After and draft 11's fields) in DETAIL.
+            let body = json!({"code": "RL429", "message": message, "details": detail, "hint": hint});
+            let policy = http::Policy { name, rate: config.rate, period: config.period, concurrent: config.kind == Kind::Concurrency, partition: None };
+            let answer = http::Answer { ok: d.ok, retry_after: d.retry_after, remaining: d.remaining, reset_after: d.reset_after };
+            let headers = http::headers(&[policy], name, &answer, http::Draft::Eleven).unwrap_or_else(|_| {
+                json!({"Retry-After": d.retry_after.map(|r| (r / 1000.0).ceil().to_string())})
+            });
+            (error::PGRST, body.to_string(), json!({"status": 429, "headers": headers}).to_string())
+        }
+    };
+    Some(Denial { code, message: pstrdup(&message), detail: pstrdup(&detail), hint: pstrdup(&hint) })
 }
 
-pub(super) const NO_DENIAL: Denial = Denial { message: null_mut(), detail: null_mut(), hint: null_mut() };
+pub(super) const NO_DENIAL: Denial = Denial { code: 0, message: null_mut(), detail: null_mut(), hint: null_mut() };
 
 /// What a call returns: the decision's row, or its `ok` alone (`rate_limit_ok`, which forms
 /// no row and needs no field selection of it: an eighth of a memory call's instructions).
@@ -143,7 +159,7 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool, retu
         )
     };
     let mut req = request(name, key, count, reserve).unwrap_or_else(|e| e.raise());
-    let (d, _) = decide(&mut req, inline, consume).unwrap_or_else(|e| e.raise());
+    let (d, config) = decide(&mut req, inline, consume).unwrap_or_else(|e| e.raise());
     if consume {
         stats::record(req.name, req.key, &d, true);
     }
@@ -152,7 +168,7 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool, retu
         Returns::Ok => Datum::from(d.ok),
     };
     let throw = match throws {
-        Some(true) => denial(&d, req.name, req.key).unwrap_or(NO_DENIAL),
+        Some(true) => denial(&d, req.name, req.key, &config).unwrap_or(NO_DENIAL),
         _ => NO_DENIAL,
     };
     Answer { datum, throw }
@@ -190,7 +206,7 @@ pub(super) fn entry(answer: Answer) -> Datum {
         // SAFETY: as raise_rate_limited requires, `entry` runs only in the unguarded fmgr entry
         // points below and holds only Copy values, so the longjmp skips no drop; `denial` made
         // all three texts with pstrdup, so they are NUL-terminated.
-        unsafe { error::raise_rate_limited(d.message, d.detail, d.hint) };
+        unsafe { error::raise_rate_limited(d.code, d.message, d.detail, d.hint) };
     }
     answer.datum
 }
@@ -438,7 +454,7 @@ pub(super) fn decide_requests(requests: &serde_json::Value, reserve: bool, consu
         }
     }
     let throw = match throws {
-        true => denial(&d, parts[limiting].req.name, parts[limiting].req.key).unwrap_or(NO_DENIAL),
+        true => denial(&d, parts[limiting].req.name, parts[limiting].req.key, &parts[limiting].config).unwrap_or(NO_DENIAL),
         false => NO_DENIAL,
     };
     (d, throw)

@@ -75,7 +75,7 @@ unsafe extern "C-unwind" fn answer_acquire(fcinfo: FunctionCallInfo) -> Answer {
             pg_getarg::<JsonbArg>(fcinfo, 5),
         )
     };
-    let (req, d, lease_id) = (|| -> Result<(Request<'_>, Decision, Option<LeaseId>)> {
+    let (req, d, lease_id, config) = (|| -> Result<(Request<'_>, Decision, Option<LeaseId>, Config)> {
         let mut req = request(name, key, count, None)?;
         let hold = lease.map(lease_ms).transpose()?.map_or(Hold::Transaction, Hold::Lease);
         // Open the table first: its lock takes in pending invalidations of cached configs.
@@ -84,14 +84,14 @@ unsafe extern "C-unwind" fn answer_acquire(fcinfo: FunctionCallInfo) -> Answer {
         concurrency_only(req.name, &config)?;
         usable(&req, &config)?;
         let (d, lease_id) = limiter::acquire(&req, &config, hold);
-        Ok((req, d, lease_id))
+        Ok((req, d, lease_id, config))
     })()
     .unwrap_or_else(|e| e.raise());
     stats::record(req.name, req.key, &d, true);
     // SAFETY: `fcinfo` is this call's, whose declaration returns the record of `ACQUIRED`.
     let datum = unsafe { acquired_datum(fcinfo, &d, lease_id.as_ref()) };
     let throw = match throws {
-        Some(true) => denial(&d, req.name, req.key).unwrap_or(NO_DENIAL),
+        Some(true) => denial(&d, req.name, req.key, &config).unwrap_or(NO_DENIAL),
         _ => NO_DENIAL,
     };
     Answer { datum, throw }
