@@ -1,6 +1,7 @@
 """The examples in examples/ run as their users would run them, against the test cluster,
 and print what examples/README.md shows."""
 
+import json
 import os
 import shutil
 import socket
@@ -131,6 +132,39 @@ def test_fastapi_answers_429_with_retry_after_over_real_http():
         server.wait(timeout=10)
 
 
+def post_json(port, path, body):
+    """Status and headers of a POST of `body` as JSON."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}
+
+
+def test_fastapi_behind_a_write_limit_answers_429_for_a_statement_over_it():
+    with psycopg.connect(autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS fastapi_messages")
+        c.execute("SELECT rate_limiter.reset_rate_limit('fastapi_messages', 'alice')")
+    port = free_port()
+    server = subprocess.Popen([PYTHON, "-m", "uvicorn", "fastapi_write_limits:app", "--host", "127.0.0.1",
+                               "--port", str(port)],
+                              cwd=EXAMPLES / "python", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_listening(server, port, "uvicorn")
+        assert post_json(port, "/messages/alice", ["one"])[0] == 200
+        assert post_json(port, "/messages/alice", ["two", "three"])[0] == 429  # one left: none stored
+        assert post_json(port, "/messages/alice", ["two"])[0] == 200
+        status, headers = post_json(port, "/messages/alice", ["three"])
+        assert status == 429 and 1 <= int(headers["retry-after"]) <= 3600
+        with psycopg.connect() as c:
+            assert c.execute("SELECT body FROM fastapi_messages ORDER BY body").fetchall() == [("one",), ("two",)]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
 @pytest.fixture
 def recipes_database():
     name = "rl_recipes"
@@ -164,6 +198,17 @@ def test_row_level_security_and_trigger_recipes(recipes_database):
         assert caught.value.sqlstate == "RL429"
         assert '"retryAfter":' in caught.value.diag.message_detail
         assert app.execute("SELECT body FROM comments ORDER BY id").fetchall() == [("one",), ("two",)]
+
+        # The write limit: with one left, a statement of two rows fails whole; one passes.
+        app.execute("INSERT INTO messages (body) VALUES ('one')")
+        with pytest.raises(psycopg.Error) as caught:
+            app.execute("INSERT INTO messages (body) VALUES ('two'), ('three')")
+        assert caught.value.sqlstate == "RL429"
+        app.execute("INSERT INTO messages (body) VALUES ('two')")
+        with pytest.raises(psycopg.Error) as caught:
+            app.execute("INSERT INTO messages (body) VALUES ('three')")
+        assert caught.value.sqlstate == "RL429"
+        assert app.execute("SELECT body FROM messages ORDER BY id").fetchall() == [("one",), ("two",)]
 
 
 @pytest.fixture(scope="module")
