@@ -65,13 +65,20 @@ SELECT t.tgrelid::pg_catalog.regclass AS "table",
             ELSE 'DELETE' END AS event,
        NULLIF(a.arguments[5], '')::pg_catalog.jsonb AS config,
        t.tgname AS trigger_name,
-       t.tgenabled OPERATOR(pg_catalog.<>) 'D' AS enabled
+       t.tgenabled OPERATOR(pg_catalog.=) ANY (ARRAY['O', 'A']::"char"[]) AS enabled
 FROM pg_catalog.pg_trigger t
 CROSS JOIN LATERAL (
-    SELECT pg_catalog.array_agg(pg_catalog.convert_from(pg_catalog.decode(u.argument, 'escape'),
-                                                        pg_catalog.getdatabaseencoding()) ORDER BY u.n)
-    FROM pg_catalog.unnest(pg_catalog.string_to_array(pg_catalog.encode(t.tgargs, 'escape'), '\000'))
-         WITH ORDINALITY AS u(argument, n)
+    -- Split at each NUL byte, the bytes between as text of the database's encoding.
+    WITH RECURSIVE split(n, argument, rest) AS (
+        SELECT 0, NULL::pg_catalog.bytea, t.tgargs
+        UNION ALL
+        SELECT s.n OPERATOR(pg_catalog.+) 1,
+               pg_catalog.substring(s.rest, 1, pg_catalog.position(s.rest, '\x00'::pg_catalog.bytea) OPERATOR(pg_catalog.-) 1),
+               pg_catalog.substring(s.rest, pg_catalog.position(s.rest, '\x00'::pg_catalog.bytea) OPERATOR(pg_catalog.+) 1)
+        FROM split s WHERE pg_catalog.position(s.rest, '\x00'::pg_catalog.bytea) OPERATOR(pg_catalog.>) 0
+    )
+    SELECT pg_catalog.array_agg(pg_catalog.convert_from(s.argument, pg_catalog.getdatabaseencoding()) ORDER BY s.n)
+    FROM split s WHERE s.n OPERATOR(pg_catalog.>) 0
 ) AS a(arguments)
 WHERE t.tgfoid OPERATOR(pg_catalog.=) 'rate_limiter._write_limited()'::pg_catalog.regprocedure;
 COMMENT ON VIEW rate_limiter.write_limits IS
@@ -83,7 +90,7 @@ COMMENT ON COLUMN rate_limiter.write_limits.count_column IS 'The column whose va
 COMMENT ON COLUMN rate_limiter.write_limits.event IS 'INSERT, UPDATE (the new rows charged) or DELETE (the old rows).';
 COMMENT ON COLUMN rate_limiter.write_limits.config IS 'The inline config; NULL: the named limit.';
 COMMENT ON COLUMN rate_limiter.write_limits.trigger_name IS 'The trigger that charges the rows.';
-COMMENT ON COLUMN rate_limiter.write_limits.enabled IS 'false once the table''s owner disabled the trigger (ALTER TABLE ... DISABLE TRIGGER).';
+COMMENT ON COLUMN rate_limiter.write_limits.enabled IS 'Whether the trigger fires in ordinary sessions: false once the table''s owner disabled it, or enabled it for replicas only (ALTER TABLE ... DISABLE TRIGGER, ENABLE REPLICA TRIGGER).';
 REVOKE ALL ON FUNCTION rate_limiter._write_limited() FROM PUBLIC;
 REVOKE ALL ON FUNCTION rate_limiter.limit_writes(regclass, text, text, text[], text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION rate_limiter.unlimit_writes(regclass, text) FROM PUBLIC;

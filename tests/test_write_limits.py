@@ -131,8 +131,9 @@ def test_what_a_declaration_refuses(test_conn, name):
     assert refused(c, declare, (name, "ctid", None)).sqlstate == "42703"
     assert refused(c, declare, (name, "author", "note")).sqlstate == "42703"
     assert refused(c, declare, ("undefined_" + name, "author", None)).sqlstate == "42704"
-    define(c, name + "_hot", "token bucket", rate=5, period="1 hour", hot=True)
-    assert refused(c, declare, (name + "_hot", "author", None)).sqlstate == "0A000"
+    c.execute(f"ALTER TABLE {table} ADD COLUMN at timestamptz, ADD COLUMN ratio float8")
+    assert refused(c, declare, (name, "at", None)).sqlstate == "42703"  # its text follows DateStyle
+    assert refused(c, declare, (name, "ratio", None)).sqlstate == "42703"  # and extra_float_digits
     assert refused(c, "SELECT rate_limiter.limit_writes('rate_limiter.limits', %s)", (name,)).sqlstate == "0A000"
     assert refused(c, f"SELECT rate_limiter.limit_writes('{table}', %s, events => '{{TRUNCATE}}')", (name,)).sqlstate == "22023"
 
@@ -174,7 +175,6 @@ def test_rights_from_a_writer_and_a_role_with_trigger(test_conn, name):
         c.execute(f"ALTER TABLE {table} OWNER TO {owner}")
         c.execute(f"GRANT INSERT, SELECT ON {table} TO {writer}")
         c.execute(f"GRANT USAGE ON SEQUENCE {table}_id_seq TO {writer}")
-        c.execute(f"GRANT TRIGGER ON {table} TO {trigger_role}")
         c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {owner}, {writer}, {trigger_role}")
         c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.limit_writes, rate_limiter.unlimit_writes "
                   f"TO {owner}, {writer}, {trigger_role}")
@@ -190,6 +190,12 @@ def test_rights_from_a_writer_and_a_role_with_trigger(test_conn, name):
         c.execute("RESET ROLE")
         c.execute(f"SET ROLE {owner}")
         c.execute(declare, (name,))
+        c.execute("RESET ROLE")
+        # Once another role holds TRIGGER (which could replace the trigger), no declaration.
+        c.execute(f"GRANT TRIGGER ON {table} TO {trigger_role}")
+        c.execute(f"SET ROLE {owner}")
+        e = refused(c, declare, (name,))
+        assert e.sqlstate == "42501" and "TRIGGER" in e.diag.message_primary
         c.execute("RESET ROLE")
 
         c.execute(f"SET ROLE {writer}")
@@ -209,6 +215,11 @@ def test_rights_from_a_writer_and_a_role_with_trigger(test_conn, name):
                          (table,)).fetchone() == (1,)
         # The function itself, called by a superuser other than as a write limit's trigger.
         assert refused(c, "SELECT rate_limiter._write_limited()").sqlstate == "0A000"
+        # The owner's right to call rate_limit revoked: the limit charges nothing, and refuses.
+        c.execute(f"REVOKE EXECUTE ON FUNCTION rate_limiter.rate_limit(text, text, double precision, boolean, boolean, jsonb) FROM {owner}")
+        c.execute(f"SET ROLE {writer}")
+        assert refused(c, f"INSERT INTO {table} (author) VALUES ('v')").sqlstate == "42501"
+        c.execute("RESET ROLE")
     finally:
         c.execute("RESET ROLE")
         c.execute(f"DROP TABLE IF EXISTS {table}")
@@ -268,3 +279,29 @@ def test_a_denial_reads_as_postgrest_answers_it_when_asked(test_conn, name):
     finally:
         c.execute("RESET rate_limiter.throw_as")
     assert refused(c, over).sqlstate == "RL429"
+
+
+def test_shadow_hot_and_memory_limits_and_a_name_the_view_must_decode(test_conn, name):
+    """A limit in shadow mode lets a statement over it through (counted as shadow-denied); a
+    hot limit charges exactly; the view decodes a name holding a backslash and "000"."""
+    c = test_conn
+    table = f"writes_{uuid.uuid4().hex[:8]}"
+    c.execute(f"CREATE TABLE {table} (author text)")
+    define(c, name, "fixed window", rate=2, period="1 hour", enforce=False)
+    c.execute("SELECT rate_limiter.limit_writes(%s, %s, key => 'author')", (table, name))
+    c.execute(f"INSERT INTO {table} VALUES ('a'), ('a')")
+    c.execute(f"INSERT INTO {table} VALUES ('a')")  # over, in shadow mode: let through
+    assert c.execute(f"SELECT count(*) FROM {table}").fetchone() == (3,)
+    hot = name + "_hot"
+    define(c, hot, "fixed window", rate=3, period="1 hour", hot=True)
+    c.execute("SELECT rate_limiter.limit_writes(%s, %s, key => 'author')", (table, hot))
+    c.execute(f"INSERT INTO {table} VALUES ('h'), ('h'), ('i')")
+    assert refused(c, f"INSERT INTO {table} VALUES ('h'), ('h')").sqlstate == "RL429"
+    c.execute(f"INSERT INTO {table} VALUES ('h')")
+    assert refused(c, f"INSERT INTO {table} VALUES ('h')").sqlstate == "RL429"
+    odd = name + "\\000x"
+    c.execute("SELECT rate_limiter.limit_writes(%s, %s, config => %s)",
+              (table, odd, json.dumps({"kind": "fixed window", "rate": 100, "period": 3600000})))
+    assert c.execute("SELECT limit_name, key_column, config->>'kind' FROM rate_limiter.write_limits "
+                     "WHERE \"table\" = %s::regclass AND limit_name = %s", (table, odd)).fetchall() == [(odd, None, "fixed window")]
+    assert c.execute("SELECT rate_limiter.unlimit_writes(%s)", (table,)).fetchone() == (3,)

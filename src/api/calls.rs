@@ -28,19 +28,23 @@ use crate::shmem::stats;
 use crate::storage::decision_type;
 use crate::storage::StateTable;
 
-use super::{fmgr_v1_info, parts, request, resolve_for, usable};
+use super::{fmgr_v1_info, inline_for, named_for, parts, request, resolve_for, usable};
 
 
-fn decide(req: &mut Request<'_>, inline: Option<JsonbArg>, consume: bool) -> Result<(Decision, Config)> {
+fn decide(req: &mut Request<'_>, inline: Option<&serde_json::Value>, consume: bool) -> Result<(Decision, Config)> {
+    let resolve = |req: &mut Request<'_>| match inline {
+        Some(json) => inline_for(req, json),
+        None => named_for(req),
+    };
     if !consume {
         let table = StateTable::open(None);
-        let config = resolve_for(req, inline)?;
+        let config = resolve(req)?;
         usable(req, &config)?;
         return Ok((limiter::decide(|| table, req, &config, false), config));
     }
     // Lock the table first: its lock takes in pending invalidations of cached configs.
     let lock = StateTable::lock_for_call(c"rate_limit()");
-    let config = resolve_for(req, inline)?;
+    let config = resolve(req)?;
     usable(req, &config)?;
     // A durable limit's call is refused in a read-only transaction or on a standby before
     // anything else (25006); a memory limit's call writes nothing, and needs no more of the
@@ -118,13 +122,21 @@ pub(super) fn denial(d: &Decision, name: &str, key: Option<&str>, config: &Confi
             let body = json!({"code": "RL429", "message": message, "details": detail, "hint": hint});
             let policy = http::Policy { name, rate: config.rate, period: config.period, concurrent: config.kind == Kind::Concurrency, partition: None };
             let answer = http::Answer { ok: d.ok, retry_after: d.retry_after, remaining: d.remaining, reset_after: d.reset_after };
-            let headers = http::headers(&[policy], name, &answer, http::Draft::Eleven).unwrap_or_else(|_| {
-                json!({"Retry-After": d.retry_after.map(|r| (r / 1000.0).ceil().to_string())})
+            // A name a header cannot carry: Retry-After alone, when there is a time to give.
+            let headers = http::headers(&[policy], name, &answer, http::Draft::Eleven).unwrap_or_else(|_| match d.retry_after {
+                Some(r) => json!({"Retry-After": (r / 1000.0).ceil().max(0.0).to_string()}),
+                None => json!({}),
             });
             (error::PGRST, body.to_string(), json!({"status": 429, "headers": headers}).to_string())
         }
     };
     Some(Denial { code, message: pstrdup(&message), detail: pstrdup(&detail), hint: pstrdup(&hint) })
+}
+
+impl Denial {
+    pub(super) fn raises(&self) -> bool {
+        !self.message.is_null()
+    }
 }
 
 pub(super) const NO_DENIAL: Denial = Denial { code: 0, message: null_mut(), detail: null_mut(), hint: null_mut() };
@@ -159,7 +171,8 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool, retu
         )
     };
     let mut req = request(name, key, count, reserve).unwrap_or_else(|e| e.raise());
-    let (d, config) = decide(&mut req, inline, consume).unwrap_or_else(|e| e.raise());
+    let inline = inline.map(|arg| arg.parse()).transpose().unwrap_or_else(|e| e.raise());
+    let (d, config) = decide(&mut req, inline.as_ref(), consume).unwrap_or_else(|e| e.raise());
     if consume {
         stats::record(req.name, req.key, &d, true);
     }
@@ -373,6 +386,7 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
         if !(timeout.is_finite() && timeout >= 0.0) {
             return Err(Error::InvalidArgument(format!("timeout must be a finite interval >= 0, not {timeout} ms")));
         }
+        let inline = inline.map(|arg| arg.parse()).transpose()?;
         let started = Instant::now();
         let mut waited = false;
         // Each try's server memory (its config read again, its table opened) in a context of
@@ -381,7 +395,7 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
         loop {
             // SAFETY: the decision and config are Rust values; nothing allocated in `tries` is
             // used after its reset below.
-            let tried = unsafe { tries.switch_to(|_| decide(&mut req, inline, true)) };
+            let tried = unsafe { tries.switch_to(|_| decide(&mut req, inline.as_ref(), true)) };
             // SAFETY: as above.
             unsafe { tries.reset() };
             let (d, config) = tried?;
@@ -422,9 +436,29 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
     Answer { datum: decision_datum(&d), throw }
 }
 
+/// One key's share of a write limit's statement, taken as `rate_limit(name, key, count, throws
+/// => true, config)` takes it, counted in the statistics: the RL429 to raise when it is denied.
+pub(super) fn take_throwing(name: &str, key: Option<&str>, count: f64, inline: Option<&serde_json::Value>) -> Denial {
+    let mut req = request(Some(name), key, Some(count), Some(false)).unwrap_or_else(|e| e.raise());
+    let (d, config) = decide(&mut req, inline, true).unwrap_or_else(|e| e.raise());
+    stats::record(req.name, req.key, &d, true);
+    denial(&d, req.name, req.key, &config).unwrap_or(NO_DENIAL)
+}
+
+/// Whether a call of `name` (with `inline`, when given) could be made: the limit defined, the
+/// config valid. What `limit_writes` checks before it makes its triggers.
+pub(super) fn callable(name: &str, inline: Option<&serde_json::Value>) -> Result<()> {
+    let mut req = request(Some(name), None, Some(0.0), Some(false))?;
+    let config = match inline {
+        Some(json) => inline_for(&mut req, json)?,
+        None => named_for(&mut req)?,
+    };
+    usable(&req, &config)
+}
+
 /// What `rate_limit_all` (or, with `consume` false, `check_rate_limit_all`) decides for
 /// `requests`, its statistics recorded, with its RL429 when it `throws`.
-pub(super) fn decide_requests(requests: &serde_json::Value, reserve: bool, consume: bool, throws: bool) -> (Decision, Denial) {
+fn decide_requests(requests: &serde_json::Value, reserve: bool, consume: bool, throws: bool) -> (Decision, Denial) {
     // Open the table first: its lock takes in pending invalidations of cached configs. A
     // consuming call writes only if a part is durable: memory limits' parts alone answer in a
     // read-only transaction and on a standby, as rate_limit does.

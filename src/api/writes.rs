@@ -1,19 +1,22 @@
 //! Limits on a table's writes, declared once (`limit_writes`, `unlimit_writes`), and the
-//! trigger they make (`_write_limited`): each statement's rows charged per key in one
-//! `rate_limit_all` decision, all or nothing, raising RL429 as `throws => true` does. Raw fmgr
-//! entry points, for `regclass` arguments and for the RL429 (see `calls`).
+//! trigger they make (`_write_limited`): each statement's rows charged per key, a call each
+//! as `rate_limit(..., throws => true)` makes it, in the keys' order (so that two statements
+//! never wait for each other's keys in a cycle); the first denial raises RL429 and fails the
+//! statement, which gives back what its other keys took. Every limit a call takes works so
+//! (hot, memory, shadow mode, overrides). Raw fmgr entry points, for `regclass` arguments and
+//! for the RL429 (see `calls`).
 
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys::{Datum, FunctionCallInfo};
 use pgrx::prelude::*;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::config::JsonbArg;
 use crate::error::{Error, Result};
 use crate::storage::write_limits::{self, Declared, Event};
 
-use super::calls::{decide_requests, entry, Answer, NO_DENIAL};
-use super::{fmgr_v1_info, parts, valid_name};
+use super::calls::{callable, entry, take_throwing, Answer, NO_DENIAL};
+use super::{fmgr_v1_info, valid_name};
 
 fmgr_v1_info!(pg_finfo_limit_writes_fmgr);
 
@@ -73,19 +76,14 @@ fn declare(
     write_limits::lock_own_table(table)?;
     // Every writer's rows will be charged with the extension's rights: only a role that may
     // call the limit itself may have them charged.
-    let may_call = Spi::get_one::<bool>(
-        "SELECT pg_catalog.has_function_privilege(\
-         'rate_limiter.rate_limit(text, text, double precision, boolean, boolean, jsonb)', 'EXECUTE')",
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(false);
-    if !may_call {
+    // SAFETY: reads the current user inside the transaction.
+    if !write_limits::may_call_rate_limit(unsafe { pg_sys::GetUserId() }) {
         return Err(Error::WriteLimitDenied(format!(
             "{}: this role may not execute rate_limiter.rate_limit",
             crate::cache::qualified_name(table)
         )));
     }
+    write_limits::no_other_trigger_rights(table)?;
     if let Some(key) = key {
         write_limits::check_key(table, key)?;
     }
@@ -93,9 +91,8 @@ fn declare(
         write_limits::check_count(table, count)?;
     }
     let config = config.map(|c| c.parse()).transpose()?;
-    // The limit as the trigger will call it, checked now: named and defined, or inline, and
-    // one rate_limit_all takes.
-    parts(&json!([{"name": limit, "key": null, "count": 0, "config": config}]), false)?;
+    // The limit as the trigger will call it, checked now: named and defined, or inline.
+    callable(limit, config.as_ref())?;
     let declared = Declared {
         limit: limit.to_owned(),
         key: key.map(str::to_owned),
@@ -104,7 +101,7 @@ fn declare(
     };
     write_limits::drop_triggers(table, Some(limit));
     for event in parsed {
-        write_limits::create_triggers(table, event, &declared);
+        write_limits::create_triggers(table, event, &declared)?;
     }
     Ok(())
 }
@@ -151,8 +148,7 @@ pub unsafe extern "C-unwind" fn write_limited_fmgr(fcinfo: FunctionCallInfo) -> 
     entry(unsafe { charge_statement(fcinfo) })
 }
 
-/// Charges the statement's rows, per key, in one all-or-nothing decision; its RL429 when the
-/// limit denies any key.
+/// Charges the statement's rows, per key; the RL429 of the first key the limit denies.
 ///
 /// # Safety
 /// `fcinfo` is a call of `_write_limited` by the function manager.
@@ -161,17 +157,19 @@ unsafe extern "C-unwind" fn charge_statement(fcinfo: FunctionCallInfo) -> Answer
     let none = Answer { datum: Datum::from(0), throw: NO_DENIAL };
     // SAFETY: the caller guarantees a call by the function manager.
     let fired = unsafe { write_limits::fired(fcinfo) }.unwrap_or_else(|e| e.raise());
-    let charges = fired.charges().unwrap_or_else(|e| e.raise());
+    let mut charges = fired.charges().unwrap_or_else(|e| e.raise());
     if charges.is_empty() {
         return none;
     }
     let config: Option<Value> = fired.declared.config.as_deref().map(|c| {
         serde_json::from_str(c).unwrap_or_else(|e| Error::MalformedConfig(format!("a write limit's config: {e}")).raise())
     });
-    let requests: Vec<Value> = charges
-        .iter()
-        .map(|c| json!({"name": fired.declared.limit, "key": c.key, "count": c.count, "config": config}))
-        .collect();
-    let (_, throw) = decide_requests(&Value::Array(requests), false, true, true);
-    Answer { datum: none.datum, throw }
+    charges.sort_by(|a, b| a.key.cmp(&b.key));
+    for charge in &charges {
+        let throw = take_throwing(&fired.declared.limit, charge.key.as_deref(), charge.count, config.as_ref());
+        if throw.raises() {
+            return Answer { datum: none.datum, throw };
+        }
+    }
+    none
 }

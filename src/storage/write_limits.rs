@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 
 use pgrx::pg_sys::{self, Datum};
+use pgrx::IntoDatum;
 
 use crate::cache;
 use crate::call::MAX_REQUESTS;
@@ -112,6 +113,43 @@ fn owned(table: pg_sys::Oid) -> Result<()> {
     Ok(())
 }
 
+/// Whether `role` may execute `rate_limiter.rate_limit`: what declaring a write limit takes,
+/// and what its trigger asks of its table's owner each time it charges (a grant revoked, or
+/// the table given to another role, ends what the limit may charge).
+pub fn may_call_rate_limit(role: pg_sys::Oid) -> bool {
+    let signature = c"rate_limiter.rate_limit(pg_catalog.text, pg_catalog.text, pg_catalog.float8, pg_catalog.bool, pg_catalog.bool, pg_catalog.jsonb)";
+    // SAFETY: regprocedurein reads a NUL-terminated signature whose types are all qualified
+    // (no search_path), and raises (caught by pgrx's guard) if the function is gone;
+    // has_function_privilege_id_id takes any role and function OID and a text privilege.
+    unsafe {
+        let function = pgrx::direct_function_call::<pg_sys::Oid>(pg_sys::regprocedurein, &[Some(Datum::from(signature.as_ptr()))])
+            .expect("regprocedurein never returns NULL");
+        pgrx::direct_function_call::<bool>(
+            pg_sys::has_function_privilege_id_id,
+            &[role.into_datum(), function.into_datum(), "EXECUTE".into_datum()],
+        )
+        .unwrap_or(false)
+    }
+}
+
+/// Refuses a table (or partition) on which a role other than its owner holds TRIGGER: such a
+/// role may replace any trigger of the table (CREATE OR REPLACE TRIGGER), a write limit's too.
+pub fn no_other_trigger_rights(table: pg_sys::Oid) -> Result<()> {
+    let find = "SELECT count(*)::pg_catalog.int4 FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a \
+                WHERE (c.oid OPERATOR(pg_catalog.=) $1 OR c.oid OPERATOR(pg_catalog.=) ANY \
+                       (SELECT t.relid FROM pg_catalog.pg_partition_tree($1) t)) \
+                  AND a.privilege_type OPERATOR(pg_catalog.=) 'TRIGGER' AND a.grantee OPERATOR(pg_catalog.<>) c.relowner";
+    let mut holders = 0;
+    super::spi::run(cache::relations().limits, find, &[super::spi::oid_arg(table)], |row| holders = row.int4(1));
+    if holders > 0 {
+        return Err(Error::WriteLimitDenied(format!(
+            "{}: a role other than its owner holds TRIGGER on it, and could replace the limit's trigger (REVOKE TRIGGER first)",
+            cache::qualified_name(table)
+        )));
+    }
+    Ok(())
+}
+
 /// The attribute number and type of `column`, a user column of `table`.
 fn column(table: pg_sys::Oid, column: &str, role: &str) -> Result<(i16, pg_sys::Oid)> {
     let missing = || Error::WriteLimitColumn(format!("the {role} column {column:?} is not a column of {}", cache::qualified_name(table)));
@@ -158,17 +196,37 @@ impl Number {
             Number::Int8 => datum.value() as i64 as f64,
             Number::Float4 => f32::from_bits(datum.value() as u32) as f64,
             Number::Float8 => f64::from_bits(datum.value() as u64),
-            // SAFETY: a numeric datum of the row; numeric_float8 takes any numeric (NaN and
-            // infinities included) and raises only on out-of-memory.
+            // SAFETY: a numeric datum of the row; numeric_float8 takes any numeric, NaN and
+            // infinities included, and raises 22003 for one beyond a double's range, which
+            // pgrx's guard turns into that error.
             Number::Numeric => unsafe { pgrx::direct_function_call::<f64>(pg_sys::numeric_float8, &[Some(datum)]) }
                 .unwrap_or(f64::NAN),
         }
     }
 }
 
-/// Refuses a key column that `table` does not have.
+/// Refuses a key column that `table` does not have, or whose type's text depends on the
+/// writer's settings (DateStyle, TimeZone, extra_float_digits, bytea_output...), which would
+/// make one value several keys.
 pub fn check_key(table: pg_sys::Oid, key: &str) -> Result<()> {
-    column(table, key, "key").map(|_| ())
+    let (_, type_oid) = column(table, key, "key")?;
+    // SAFETY: catalog lookups of the column's type inside the transaction.
+    let (base, enumerated) = unsafe {
+        let base = pg_sys::getBaseType(type_oid);
+        (base, pg_sys::get_typtype(base) as u8 == pg_sys::TYPTYPE_ENUM)
+    };
+    const FIXED_TEXT: [pg_sys::Oid; 14] = [
+        pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID, pg_sys::NAMEOID, pg_sys::INT2OID, pg_sys::INT4OID,
+        pg_sys::INT8OID, pg_sys::NUMERICOID, pg_sys::UUIDOID, pg_sys::BOOLOID, pg_sys::INETOID, pg_sys::CIDROID,
+        pg_sys::MACADDROID, pg_sys::OIDOID,
+    ];
+    if enumerated || FIXED_TEXT.contains(&base) {
+        return Ok(());
+    }
+    Err(Error::WriteLimitColumn(format!(
+        "the key column {key:?} of {} is of a type whose text depends on the writer's settings: give a text, integer, numeric, uuid, boolean, network address or enum column",
+        cache::qualified_name(table)
+    )))
 }
 
 /// Refuses a count column that `table` does not have, or whose type is not a number's.
@@ -216,10 +274,12 @@ fn with_partitions(table: pg_sys::Oid) -> Vec<pg_sys::Oid> {
 
 /// Makes the triggers of `declared` for `event` on `table` and its partitions, as the
 /// extension's owner (the only role that may execute `_write_limited`).
-pub fn create_triggers(table: pg_sys::Oid, event: Event, declared: &Declared) {
+pub fn create_triggers(table: pg_sys::Oid, event: Event, declared: &Declared) -> Result<()> {
     for table in with_partitions(table) {
+        owned(table)?;
         create_trigger(table, event, declared);
     }
+    Ok(())
 }
 
 fn create_trigger(table: pg_sys::Oid, event: Event, declared: &Declared) {
@@ -341,6 +401,15 @@ impl Fired {
     /// their keys first appear; 22023 for a count that is NULL, negative or not finite, or
     /// for more keys than `rate_limit_all` takes.
     pub fn charges(&self) -> Result<Vec<Charge>> {
+        if !may_call_rate_limit(cache::owner(self.table)) {
+            return Err(Error::WriteLimitDenied(format!(
+                "{}: its owner may no longer execute rate_limiter.rate_limit",
+                cache::qualified_name(self.table)
+            )));
+        }
+        if let Some(k) = self.declared.key.as_deref() {
+            check_key(self.table, k)?;
+        }
         let key = self.declared.key.as_deref().map(|k| column(self.table, k, "key")).transpose()?;
         let count = match self.declared.count.as_deref() {
             None => None,
