@@ -24,7 +24,7 @@ VERSION = "0.8.0"
 # file by file (a type or SQL function before what names it), then the calls.
 PARTS = ("clock.sql", "bucket/types.sql", "bucket/calendar.sql", "bucket/sliding_window.sql",
          "bucket/rolling_window.sql", "bucket/convex.sql", "bucket/shard.sql", "bucket/credit.sql", "bucket/plan.sql",
-         "fingerprint.sql", "api.sql", "calls.sql", "overrides.sql", "shards.sql", "all.sql", "concurrency.sql")
+         "fingerprint.sql", "api.sql", "calls.sql", "overrides.sql", "shards.sql", "all.sql", "concurrency.sql", "writes.sql")
 OBJECTS = {"limits", "blocks", "allows", "overrides", "tiers", "state", "decision", "leases", "leases_lease_id"}
 
 HEADER = f"""-- rate_limiter {VERSION}, the SQL-only edition: plain SQL and PL/pgSQL for databases where no

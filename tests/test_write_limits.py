@@ -11,6 +11,7 @@ import pytest
 
 from calls import define
 from clusters import every_version
+from editions import edition  # noqa: F401 - a fixture
 
 
 def remaining(c, name, key):
@@ -305,3 +306,70 @@ def test_shadow_hot_and_memory_limits_and_a_name_the_view_must_decode(test_conn,
     assert c.execute("SELECT limit_name, key_column, config->>'kind' FROM rate_limiter.write_limits "
                      "WHERE \"table\" = %s::regclass AND limit_name = %s", (table, odd)).fetchall() == [(odd, None, "fixed window")]
     assert c.execute("SELECT rate_limiter.unlimit_writes(%s)", (table,)).fetchone() == (3,)
+
+
+@every_version
+def test_the_edition_charges_every_way_rows_arrive_and_holds_the_rights(test_cluster, edition, pg):
+    """The SQL-only edition's write limits: charged per key exactly (multi-row INSERT,
+    INSERT ... SELECT, COPY, ON CONFLICT, MERGE, DELETE, a partitioned table, a row a BEFORE
+    trigger skips), all or nothing; a writer needs no grant; a role that may make such a
+    trigger on a table of its own, but may not call rate_limit, charges nothing."""
+    dbname, owner = edition
+    suffix = uuid.uuid4().hex[:6]
+    writer, planter = f"ed_writer_{suffix}", f"ed_planter_{suffix}"
+    with test_cluster.connect() as admin:
+        admin.execute(f"CREATE ROLE {writer} LOGIN")
+        admin.execute(f"CREATE ROLE {planter} LOGIN")
+    try:
+        with test_cluster.connect(dbname, user=owner) as c:
+            c.execute("CREATE TABLE m (id int PRIMARY KEY, author text, size int NOT NULL DEFAULT 1)")
+            c.execute("""CREATE FUNCTION skip() RETURNS trigger LANGUAGE plpgsql AS
+                         $$ BEGIN IF NEW.author = 'skipped' THEN RETURN NULL; END IF; RETURN NEW; END $$""")
+            c.execute("CREATE TRIGGER skip BEFORE INSERT ON m FOR EACH ROW EXECUTE FUNCTION skip()")
+            c.execute("SELECT rate_limiter.define('w', 'fixed window', 20, '1 hour')")
+            c.execute("SELECT rate_limiter.limit_writes('m', 'w', key => 'author', count => 'size', events => '{INSERT,DELETE}')")
+            c.execute("GRANT INSERT, SELECT ON m TO " + writer)
+            with test_cluster.connect(dbname, user=writer) as w:
+                w.execute("INSERT INTO m VALUES (1, 'a', 2), (2, 'b', 3), (3, 'skipped', 9)")
+                w.execute("INSERT INTO m SELECT g, 'c', 1 FROM generate_series(10, 14) g")
+                with w.cursor().copy("COPY m (id, author, size) FROM STDIN") as copy:
+                    copy.write_row((20, "a", 1))
+                w.execute("INSERT INTO m VALUES (1, 'a', 7), (30, 'b', 2) ON CONFLICT DO NOTHING")
+            c.execute("""MERGE INTO m t USING (VALUES (40, 'd', 4)) v(id, author, size) ON t.id = v.id
+                         WHEN NOT MATCHED THEN INSERT VALUES (v.id, v.author, v.size)""")
+            c.execute("DELETE FROM m WHERE author = 'c'")
+            left = {k: c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('w', %s, 0)", (k,)).fetchone()[0]
+                    for k in ("a", "b", "c", "d", "skipped")}
+            assert left == {"a": 17, "b": 15, "c": 10, "d": 16, "skipped": 20}
+            # Over what is left of b: the statement fails whole, a's share of it too.
+            with pytest.raises(psycopg.Error) as e:
+                c.execute("INSERT INTO m VALUES (50, 'a', 1), (51, 'b', 16)")
+            assert e.value.sqlstate == "RL429"
+            assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('w', 'a', 0)").fetchone() == (17,)
+            assert c.execute("SELECT event FROM rate_limiter.write_limits ORDER BY 1").fetchall() == [("DELETE",), ("INSERT",)]
+            # A partitioned table: rows routed through it and written straight into a partition.
+            c.execute("CREATE TABLE p (id int, author text) PARTITION BY RANGE (id)")
+            c.execute("CREATE TABLE p_low PARTITION OF p FOR VALUES FROM (0) TO (100)")
+            c.execute("SELECT rate_limiter.limit_writes('p', 'w', key => 'author')")
+            c.execute("INSERT INTO p VALUES (1, 'e'), (2, 'e')")
+            c.execute("INSERT INTO p_low VALUES (3, 'e')")
+            assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('w', 'e', 0)").fetchone() == (17,)
+            assert c.execute("SELECT rate_limiter.unlimit_writes('p')").fetchone() == (2,)
+            # A role with a table of its own and the trigger function, but not rate_limit.
+            c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {planter}")
+            c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter._write_limited() TO {planter}")
+            c.execute(f"GRANT CREATE ON SCHEMA public TO {planter}")
+            with test_cluster.connect(dbname, user=planter) as p:
+                p.execute("CREATE TABLE mine (author text)")
+                p.execute("""CREATE TRIGGER planted AFTER INSERT ON mine REFERENCING NEW TABLE AS rate_limiter_rows
+                             FOR EACH STATEMENT EXECUTE FUNCTION rate_limiter._write_limited('1', 'w', 'author', '', '')""")
+                with pytest.raises(psycopg.Error) as e:
+                    p.execute("INSERT INTO mine VALUES ('a')")
+                assert e.value.sqlstate == "42501"
+            assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('w', 'a', 0)").fetchone() == (17,)
+    finally:
+        with test_cluster.connect(dbname) as c:
+            c.execute(f"DROP OWNED BY {writer}, {planter}")
+        with test_cluster.connect() as admin:
+            admin.execute(f"DROP ROLE {writer}")
+            admin.execute(f"DROP ROLE {planter}")

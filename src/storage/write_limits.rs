@@ -11,6 +11,7 @@
 //! only a superuser can create) and the numeric types' own conversions: no code of the
 //! table's owner or of a writer runs with the extension's rights.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 
@@ -117,19 +118,38 @@ fn owned(table: pg_sys::Oid) -> Result<()> {
 /// and what its trigger asks of its table's owner each time it charges (a grant revoked, or
 /// the table given to another role, ends what the limit may charge).
 pub fn may_call_rate_limit(role: pg_sys::Oid) -> bool {
-    let signature = c"rate_limiter.rate_limit(pg_catalog.text, pg_catalog.text, pg_catalog.float8, pg_catalog.bool, pg_catalog.bool, pg_catalog.jsonb)";
-    // SAFETY: regprocedurein reads a NUL-terminated signature whose types are all qualified
-    // (no search_path), and raises (caught by pgrx's guard) if the function is gone;
-    // has_function_privilege_id_id takes any role and function OID and a text privilege.
+    let function = rate_limit_function();
+    // SAFETY: has_function_privilege_id_id takes any role and function OID (NULL for a
+    // function gone, read as no) and a text privilege.
     unsafe {
-        let function = pgrx::direct_function_call::<pg_sys::Oid>(pg_sys::regprocedurein, &[Some(Datum::from(signature.as_ptr()))])
-            .expect("regprocedurein never returns NULL");
         pgrx::direct_function_call::<bool>(
             pg_sys::has_function_privilege_id_id,
             &[role.into_datum(), function.into_datum(), "EXECUTE".into_datum()],
         )
         .unwrap_or(false)
     }
+}
+
+thread_local! {
+    /// `rate_limiter.rate_limit`'s OID, with the caches' generation it was found in: the
+    /// extension dropped and made again moves the generation.
+    static RATE_LIMIT: Cell<Option<(u64, pg_sys::Oid)>> = const { Cell::new(None) };
+}
+
+fn rate_limit_function() -> pg_sys::Oid {
+    let generation = cache::generation();
+    if let Some((found_in, oid)) = RATE_LIMIT.get() {
+        if found_in == generation {
+            return oid;
+        }
+    }
+    let signature = c"rate_limiter.rate_limit(pg_catalog.text, pg_catalog.text, pg_catalog.float8, pg_catalog.bool, pg_catalog.bool, pg_catalog.jsonb)";
+    // SAFETY: regprocedurein reads a NUL-terminated signature whose types are all qualified
+    // (no search_path), and raises (caught by pgrx's guard) if the function is gone.
+    let oid = unsafe { pgrx::direct_function_call::<pg_sys::Oid>(pg_sys::regprocedurein, &[Some(Datum::from(signature.as_ptr()))]) }
+        .expect("regprocedurein never returns NULL");
+    RATE_LIMIT.set(Some((generation, oid)));
+    oid
 }
 
 /// Refuses a table (or partition) on which a role other than its owner holds TRIGGER: such a
