@@ -8,7 +8,8 @@
 -- called (its owner could have replaced any of it): what is moved is read as plain columns
 -- of the tables the catalog shows. A view, policy or function of yours that uses the
 -- edition's objects stops the move (they would be dropped with it): drop it first, and make
--- it again on the extension. Grants are the extension's (nothing for PUBLIC): grant the
+-- it again on the extension. Write limits (limit_writes) move: their triggers are made again
+-- on the extension's function, as they were. Grants are the extension's (nothing for PUBLIC): grant the
 -- application its calls again. Then ALTER EXTENSION rate_limiter UPDATE to the newest release.
 \set ON_ERROR_STOP on
 BEGIN;
@@ -48,7 +49,13 @@ BEGIN
       AND NOT (d.classid = 'pg_attrdef'::regclass AND d.objid IN
                (SELECT ad.oid FROM pg_attrdef ad JOIN pg_class c ON c.oid = ad.adrelid WHERE c.relnamespace = edition))
       AND NOT (d.classid = 'pg_trigger'::regclass AND d.objid IN
-               (SELECT t.oid FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE c.relnamespace = edition));
+               (SELECT t.oid FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE c.relnamespace = edition))
+      -- The view of the write limits, and the write limits' triggers, which move below.
+      AND NOT (d.classid = 'pg_rewrite'::regclass AND d.objid IN
+               (SELECT r.oid FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class WHERE c.relnamespace = edition))
+      AND NOT (d.classid = 'pg_trigger'::regclass AND d.objid IN
+               (SELECT t.oid FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+                WHERE p.pronamespace = edition AND p.proname = '_write_limited'));
     IF dependents IS NOT NULL THEN
         RAISE EXCEPTION 'objects outside the edition use it: %', dependents USING ERRCODE = '2BP01',
             HINT = 'Drop them, move, and make them again on the extension''s objects.';
@@ -74,5 +81,23 @@ INSERT INTO rate_limiter.overrides (name, key, tier, rate, period, capacity, max
 SELECT name, key, tier, rate, period, capacity, max_reserved, min_gap, exempt, until, note, created FROM rate_limiter_sql_only.overrides;
 INSERT INTO rate_limiter.leases (name, key, slot, lease_id, expires_at)
 SELECT name, key, slot, lease_id, expires_at FROM rate_limiter_sql_only.leases;
+-- Each write limit's trigger made again on the extension's function, with its arguments, and
+-- disabled or enabled as it was.
+DO $$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN SELECT g.oid, g.tgname, g.tgrelid::regclass AS tab, g.tgenabled, pg_get_triggerdef(g.oid) AS def
+             FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
+             WHERE p.pronamespace = 'rate_limiter_sql_only'::regnamespace AND p.proname = '_write_limited'
+             ORDER BY g.tgrelid, g.tgname LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', t.tgname, t.tab);
+        EXECUTE replace(t.def, 'EXECUTE FUNCTION rate_limiter_sql_only._write_limited(', 'EXECUTE FUNCTION rate_limiter._write_limited(');
+        IF t.tgenabled <> 'O' THEN
+            EXECUTE format('ALTER TABLE %s %s TRIGGER %I', t.tab,
+                           CASE t.tgenabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA' ELSE 'ENABLE ALWAYS' END, t.tgname);
+        END IF;
+    END LOOP;
+END $$;
 DROP SCHEMA rate_limiter_sql_only CASCADE;
 COMMIT;

@@ -910,6 +910,11 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
         c.execute("SELECT rate_limiter.define_tier('api', 'pro', rate => 100)")
         c.execute("SELECT rate_limiter.override('api', 'dave', tier => 'pro', note => 'plan')")
         c.execute("SELECT rate_limiter.rate_limit('api', 'dave', 30)")
+        # A write limit moves too: its trigger made again on the extension's function.
+        c.execute("CREATE TABLE public.posts (author text)")
+        c.execute("ALTER TABLE public.posts OWNER TO " + owner)
+        c.execute("SELECT rate_limiter.limit_writes('public.posts', 'daily', key => 'author')")
+        c.execute("INSERT INTO public.posts VALUES ('erin'), ('erin')")
         before = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1, config => %s::jsonb)", k).fetchone()
                   for k in CHECKED]
     move = [f"{pg_bin(test_cluster.version)}/psql", "-X", "-q", "-h", "/tmp", "-p", str(test_cluster.port), "-U", "postgres",
@@ -930,6 +935,18 @@ def test_a_database_moves_from_the_edition_to_the_extension_with_its_limits_and_
         c.execute("SET rate_limiter.fake_now = '2026-03-01 00:00:00+00'")
         after = [c.execute("SELECT * FROM rate_limiter.check_rate_limit(%s, %s, 1, config => %s::jsonb)", k).fetchone()
                  for k in CHECKED]
+        # Grants are the extension's: until the table's owner may call rate_limit again, the
+        # write limit refuses rather than charge without it.
+        with pytest.raises(psycopg.Error) as e:
+            c.execute("INSERT INTO public.posts VALUES ('erin')")
+        assert e.value.sqlstate == "42501"
+        c.execute(f"GRANT USAGE ON SCHEMA rate_limiter TO {owner}")
+        c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit TO {owner}")
+        c.execute("INSERT INTO public.posts VALUES ('erin')")
+        with pytest.raises(psycopg.Error) as e:
+            c.execute("INSERT INTO public.posts VALUES ('erin')")
+        assert e.value.sqlstate == "RL429"
+        assert c.execute("SELECT \"table\"::text, limit_name FROM rate_limiter.write_limits").fetchall() == [("posts", "daily")]
     assert after == before
     assert before[0][2] == 5 and before[1][0] is False and before[2][5] == "blocked" and before[4][2] == 2, before
     assert before[5][2] == 69, "dave's tier: 100 less his 30 and this 1"
