@@ -3824,11 +3824,12 @@ COMMENT ON FUNCTION rate_limiter.renew(text, text, uuid, interval) IS
 -- arguments, which charges the statement's rows per key, a rate_limit(..., throws => true) each
 -- in the keys' order; the first denial fails the statement, and with it what the others took.
 --
--- The edition has no owner's rights to make a trigger on another role's table: the table's
--- owner makes it, through limit_writes (SECURITY INVOKER), and needs EXECUTE on
--- _write_limited for that (granted with limit_writes, docs/api.md). Whoever makes such a
--- trigger, it charges with the authority of the table's owner only: _write_limited refuses
--- to charge for a table whose owner may not call rate_limit.
+-- The edition has no superuser's rights to make a trigger on another role's table: the
+-- table's owner makes it, through limit_writes (SECURITY INVOKER), with EXECUTE on
+-- _write_limited, which only the edition's owner has. So write limits are the edition's
+-- owner's to declare, on its own tables and those of the roles it is a member of (docs/api.md).
+-- Whoever made such a trigger, it charges with the authority of the table's owner only:
+-- _write_limited refuses to charge for a table whose owner may not call rate_limit.
 
 -- The trigger's name: the event and FNV-1a of the limit's name (its UTF-8 bytes), as the
 -- extension names it.
@@ -3897,7 +3898,7 @@ $$;
 
 -- The caller owns the table (or is a member of its owner's role) and may call rate_limit;
 -- the table is one of the user's; locked as CREATE TRIGGER locks it, once owned.
-CREATE FUNCTION rate_limiter._write_limitable(tab regclass) RETURNS void
+CREATE FUNCTION rate_limiter._write_limitable(tab regclass, declaring boolean DEFAULT true) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     kind "char";
@@ -3922,6 +3923,9 @@ BEGIN
                                                  'information_schema'::regnamespace]::oid[]) THEN
         PERFORM rate_limiter._raise('unsupported', pg_catalog.format('limiting the writes of %s, a table of the system or of rate_limiter', tab));
     END IF;
+    IF NOT declaring THEN
+        RETURN;  -- dropping a write limit takes the table's owner alone
+    END IF;
     IF NOT pg_catalog.has_function_privilege(
            'rate_limiter.rate_limit(pg_catalog.text, pg_catalog.text, pg_catalog.float8, pg_catalog.bool, pg_catalog.bool, pg_catalog.jsonb)',
            'EXECUTE') THEN
@@ -3943,13 +3947,20 @@ DECLARE
     key_column text;
     count_column text;
     config jsonb;
-    charges jsonb;
-    charge jsonb;
+    query text;
+    charge record;
     keys bigint;
     bad boolean;
 BEGIN
+    -- Only as a write limit's trigger, whose statement's rows are the transition table
+    -- rate_limiter_rows: without one, that name would be looked up in the writer's pg_temp.
     IF TG_LEVEL OPERATOR(pg_catalog.<>) 'STATEMENT' OR TG_WHEN OPERATOR(pg_catalog.<>) 'AFTER'
-       OR TG_NARGS OPERATOR(pg_catalog.<>) 5 OR TG_ARGV[0] OPERATOR(pg_catalog.<>) '1' THEN
+       OR TG_NARGS OPERATOR(pg_catalog.<>) 5 OR TG_ARGV[0] OPERATOR(pg_catalog.<>) '1'
+       OR NOT EXISTS (SELECT FROM pg_catalog.pg_trigger g
+                      WHERE g.tgrelid OPERATOR(pg_catalog.=) TG_RELID AND g.tgname OPERATOR(pg_catalog.=) TG_NAME
+                        AND CASE WHEN TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN g.tgoldtable ELSE g.tgnewtable END
+                            OPERATOR(pg_catalog.=) 'rate_limiter_rows')
+       OR pg_catalog.to_regclass('pg_temp.rate_limiter_rows') IS NOT NULL THEN
         PERFORM rate_limiter._raise('unsupported', 'rate_limiter._write_limited() fired other than as a write limit''s trigger: only limit_writes() makes its triggers');
     END IF;
     -- A write limit charges with its table's owner's authority, whoever made its trigger.
@@ -3968,21 +3979,22 @@ BEGIN
     IF count_column IS NOT NULL THEN
         PERFORM rate_limiter._write_column(TG_RELID::regclass, count_column, 'count', true);
     END IF;
-    -- The key through its type's output function (format's %s), never a cast of the user's.
-    -- In the keys' order, the NULL key first (as the extension sorts them), bytewise.
-    EXECUTE pg_catalog.format(
-        'SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''key'', s.k, ''count'', s.c) '
-        '                            ORDER BY s.k IS NOT NULL, s.k COLLATE "C"), '
-        '       pg_catalog.count(*), pg_catalog.bool_or(s.bad) '
-        'FROM (SELECT r.k, pg_catalog.sum(r.c) AS c, '
-        '             pg_catalog.bool_or(r.c IS NULL OR NOT (r.c OPERATOR(pg_catalog.>=) 0 AND r.c OPERATOR(pg_catalog.<) ''Infinity'')) AS bad '
-        '      FROM (SELECT %s AS k, %s AS c FROM rate_limiter_rows t) r '
-        '      GROUP BY r.k) s',
+    -- The key through its type's output function (format's %s), never a cast of the user's,
+    -- compared bytewise ("C": a nondeterministic collation would merge keys). First a pass
+    -- over the sums per key for what would refuse the statement, then each key in the keys'
+    -- order, the NULL key first (as the extension sorts them). The counts go to rate_limit as
+    -- float8 values, never through text (whose digits a writer's extra_float_digits sets).
+    query := pg_catalog.format(
+        'SELECT r.k, pg_catalog.sum(r.c) AS c, '
+        '       pg_catalog.bool_or(r.c IS NULL OR NOT (r.c OPERATOR(pg_catalog.>=) 0 AND r.c OPERATOR(pg_catalog.<) ''Infinity'')) AS bad '
+        'FROM (SELECT %s AS k, %s AS c FROM rate_limiter_rows t) r '
+        'GROUP BY r.k ORDER BY r.k IS NOT NULL, r.k',
         CASE WHEN key_column IS NULL THEN 'NULL::pg_catalog.text'
-             ELSE pg_catalog.format('CASE WHEN t.%1$I IS NULL THEN NULL ELSE pg_catalog.format(''%%s'', t.%1$I) END', key_column) END,
+             ELSE pg_catalog.format('CASE WHEN t.%1$I IS NULL THEN NULL ELSE pg_catalog.format(''%%s'', t.%1$I) COLLATE "C" END', key_column) END,
         CASE WHEN count_column IS NULL THEN '1::pg_catalog.float8'
-             ELSE pg_catalog.format('t.%I::pg_catalog.float8', count_column) END)
-        INTO charges, keys, bad;
+             ELSE pg_catalog.format('t.%I::pg_catalog.float8', count_column) END);
+    EXECUTE 'SELECT pg_catalog.count(*), pg_catalog.bool_or(s.bad) FROM (' OPERATOR(pg_catalog.||) query OPERATOR(pg_catalog.||) ') s'
+        INTO keys, bad;
     IF bad THEN
         PERFORM rate_limiter._raise('argument', pg_catalog.format('the count column %s of a row written to %s is NULL, negative or not finite',
                                     pg_catalog.to_json(count_column), TG_RELID::regclass));
@@ -3991,9 +4003,8 @@ BEGIN
         PERFORM rate_limiter._raise('argument', pg_catalog.format('a statement writing %s charges more than 1000 keys of %s at once: split it',
                                     TG_RELID::regclass, pg_catalog.to_json(TG_ARGV[1])));
     END IF;
-    FOR charge IN SELECT c.value FROM pg_catalog.jsonb_array_elements(coalesce(charges, '[]')) c LOOP
-        PERFORM rate_limiter.rate_limit(TG_ARGV[1], charge->>'key', (charge->>'count')::pg_catalog.float8,
-                                        throws => true, config => config);
+    FOR charge IN EXECUTE query LOOP
+        PERFORM rate_limiter.rate_limit(TG_ARGV[1], charge.k, charge.c, throws => true, config => config);
     END LOOP;
     RETURN NULL;
 END $$;
@@ -4110,7 +4121,7 @@ COMMENT ON FUNCTION rate_limiter.limit_writes(regclass, text, text, text[], text
 CREATE FUNCTION rate_limiter.unlimit_writes("table" regclass, limit_name text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM rate_limiter._write_limitable("table");
+    PERFORM rate_limiter._write_limitable("table", declaring => false);
     RETURN rate_limiter._drop_write_triggers("table", limit_name);
 END $$;
 COMMENT ON FUNCTION rate_limiter.unlimit_writes(regclass, text) IS

@@ -91,6 +91,12 @@ BEGIN
              FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
              WHERE p.pronamespace = 'rate_limiter_sql_only'::regnamespace AND p.proname = '_write_limited'
              ORDER BY g.tgrelid, g.tgname LOOP
+        -- The function's name once, at the end: nothing else of the definition is touched.
+        IF (length(t.def) - length(replace(t.def, 'EXECUTE FUNCTION rate_limiter_sql_only._write_limited(', ''))) /
+               length('EXECUTE FUNCTION rate_limiter_sql_only._write_limited(') <> 1 THEN
+            RAISE EXCEPTION 'the write limit trigger % on % cannot be moved as it is', t.tgname, t.tab USING ERRCODE = '55000',
+                HINT = 'Drop it (unlimit_writes), move, and declare it again with rate_limiter.limit_writes.';
+        END IF;
         EXECUTE format('DROP TRIGGER %I ON %s', t.tgname, t.tab);
         EXECUTE replace(t.def, 'EXECUTE FUNCTION rate_limiter_sql_only._write_limited(', 'EXECUTE FUNCTION rate_limiter._write_limited(');
         IF t.tgenabled <> 'O' THEN

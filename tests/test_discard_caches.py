@@ -73,7 +73,6 @@ SURFACE = [
     "SELECT count(*) FROM rate_limiter.stats_every_database()",
     "SELECT count(*) FROM rate_limiter.top_denied_every_database()",
     "SELECT rate_limiter.stats_reset()",
-    "CREATE TABLE written (k text)",
     "SELECT rate_limiter.limit_writes('written', 'durable', key => 'k')",
     "INSERT INTO written VALUES ('a'), ('b')  -- fires rate_limiter._write_limited()",
     "SELECT rate_limiter.unlimit_writes('written')",
@@ -92,6 +91,7 @@ def test_every_function_trigger_and_worker_with_caches_discarded(clusters):
         # pointers are not the extension's), and everything after runs with them discarded.
         admin.execute("SET debug_discard_caches = 0")
         admin.execute("CREATE EXTENSION rate_limiter")
+        admin.execute("CREATE TABLE written (k text)")  # for a write limit, below
         # A row that expired long ago, for the prune worker's first round (90 s on) to
         # remove while the rest runs: written at a fake clock.
         admin.execute("SET rate_limiter.fake_now = '2020-01-01'")

@@ -362,7 +362,7 @@ ROUTED = ("rate_limit", "rate_limit_ok", "check_rate_limit", "wait_rate_limit", 
 # What docs/scaling-out.md says stays on each partition; anything new in rate_limiter must be
 # routed or listed here.
 PARTITION_ONLY = {"http_headers", "http_headers_all", "http_problem", "prune", "stats_reset",
-                  "ip_key", "stats_every_database", "top_denied_every_database"}
+                  "ip_key", "stats_every_database", "top_denied_every_database", "limit_writes", "unlimit_writes"}
 SIGNATURES = """
 SELECT p.proname, pg_get_function_arguments(p.oid),
        replace(pg_get_function_result(p.oid), %(schema)s || '.decision', 'decision'),

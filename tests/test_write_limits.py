@@ -366,6 +366,17 @@ def test_the_edition_charges_every_way_rows_arrive_and_holds_the_rights(test_clu
                 with pytest.raises(psycopg.Error) as e:
                     p.execute("INSERT INTO mine VALUES ('a')")
                 assert e.value.sqlstate == "42501"
+            # Granted rate_limit too, a trigger without the transition table, and a temporary
+            # view of that name whose column would run the planter's code as the edition's owner.
+            c.execute(f"GRANT EXECUTE ON FUNCTION rate_limiter.rate_limit(text, text, double precision, boolean, boolean, jsonb) TO {planter}")
+            with test_cluster.connect(dbname, user=planter) as p:
+                p.execute("DROP TRIGGER planted ON mine")
+                p.execute("""CREATE TRIGGER bare AFTER INSERT ON mine FOR EACH STATEMENT
+                             EXECUTE FUNCTION rate_limiter._write_limited('1', 'w', '', 'c', '')""")
+                p.execute("CREATE TEMP VIEW rate_limiter_rows AS SELECT 1::float8 AS c, current_user AS who")
+                with pytest.raises(psycopg.Error) as e:
+                    p.execute("INSERT INTO mine VALUES ('a')")
+                assert e.value.sqlstate == "0A000"
             assert c.execute("SELECT remaining FROM rate_limiter.check_rate_limit('w', 'a', 0)").fetchone() == (17,)
     finally:
         with test_cluster.connect(dbname) as c:
