@@ -137,7 +137,7 @@ BEGIN
             HINT = 'limit_writes and unlimit_writes change the table''s triggers, which charge the limit with the extension''s rights for whoever writes: run them as the table''s owner (or a member of its role), granted EXECUTE on rate_limiter.rate_limit.';
     WHEN 'write_column' THEN
         RAISE EXCEPTION 'a write limit''s column: %', message USING ERRCODE = '42703',
-            HINT = 'key names a column of the table (any type, read as text; NULL is one key of its own) and count a column of an integer, numeric or floating-point type (each row counts 1 without it). For an expression, add a generated column (GENERATED ALWAYS AS (...) STORED) and name it.';
+            HINT = 'key names a column of the table of a type whose text no setting changes (text, integers, numeric, uuid, boolean, network addresses, enums; NULL is one key of its own) and count a column of an integer, numeric or floating-point type (each row counts 1 without it). For an expression, add a generated column (GENERATED ALWAYS AS (...) STORED) and name it.';
     WHEN 'snapshot_blind' THEN
         RAISE EXCEPTION 'rate_limiter will not write % in a % transaction: another role may create triggers on it', message, detail
             USING ERRCODE = '55000',

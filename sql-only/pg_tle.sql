@@ -1362,7 +1362,7 @@ BEGIN
             HINT = 'limit_writes and unlimit_writes change the table''s triggers, which charge the limit with the extension''s rights for whoever writes: run them as the table''s owner (or a member of its role), granted EXECUTE on rate_limiter.rate_limit.';
     WHEN 'write_column' THEN
         RAISE EXCEPTION 'a write limit''s column: %', message USING ERRCODE = '42703',
-            HINT = 'key names a column of the table (any type, read as text; NULL is one key of its own) and count a column of an integer, numeric or floating-point type (each row counts 1 without it). For an expression, add a generated column (GENERATED ALWAYS AS (...) STORED) and name it.';
+            HINT = 'key names a column of the table of a type whose text no setting changes (text, integers, numeric, uuid, boolean, network addresses, enums; NULL is one key of its own) and count a column of an integer, numeric or floating-point type (each row counts 1 without it). For an expression, add a generated column (GENERATED ALWAYS AS (...) STORED) and name it.';
     WHEN 'snapshot_blind' THEN
         RAISE EXCEPTION 'rate_limiter will not write % in a % transaction: another role may create triggers on it', message, detail
             USING ERRCODE = '55000',
@@ -3949,8 +3949,8 @@ DECLARE
     config jsonb;
     query text;
     charge record;
-    keys bigint;
-    bad boolean;
+    keys text[] := '{}';
+    counts pg_catalog.float8[] := '{}';
 BEGIN
     -- Only as a write limit's trigger, whose statement's rows are the transition table
     -- rate_limiter_rows: without one, that name would be looked up in the writer's pg_temp.
@@ -3980,8 +3980,8 @@ BEGIN
         PERFORM rate_limiter._write_column(TG_RELID::regclass, count_column, 'count', true);
     END IF;
     -- The key through its type's output function (format's %s), never a cast of the user's,
-    -- compared bytewise ("C": a nondeterministic collation would merge keys). First a pass
-    -- over the sums per key for what would refuse the statement, then each key in the keys'
+    -- compared bytewise ("C": a nondeterministic collation would merge keys). The sums per
+    -- key are read whole, and checked, before any is charged; then each key in the keys'
     -- order, the NULL key first (as the extension sorts them). The counts go to rate_limit as
     -- float8 values, never through text (whose digits a writer's extra_float_digits sets).
     query := pg_catalog.format(
@@ -3993,18 +3993,20 @@ BEGIN
              ELSE pg_catalog.format('CASE WHEN t.%1$I IS NULL THEN NULL ELSE pg_catalog.format(''%%s'', t.%1$I) COLLATE "C" END', key_column) END,
         CASE WHEN count_column IS NULL THEN '1::pg_catalog.float8'
              ELSE pg_catalog.format('t.%I::pg_catalog.float8', count_column) END);
-    EXECUTE 'SELECT pg_catalog.count(*), pg_catalog.bool_or(s.bad) FROM (' OPERATOR(pg_catalog.||) query OPERATOR(pg_catalog.||) ') s'
-        INTO keys, bad;
-    IF bad THEN
-        PERFORM rate_limiter._raise('argument', pg_catalog.format('the count column %s of a row written to %s is NULL, negative or not finite',
-                                    pg_catalog.to_json(count_column), TG_RELID::regclass));
-    END IF;
-    IF keys OPERATOR(pg_catalog.>) 1000 THEN
-        PERFORM rate_limiter._raise('argument', pg_catalog.format('a statement writing %s charges more than 1000 keys of %s at once: split it',
-                                    TG_RELID::regclass, pg_catalog.to_json(TG_ARGV[1])));
-    END IF;
     FOR charge IN EXECUTE query LOOP
-        PERFORM rate_limiter.rate_limit(TG_ARGV[1], charge.k, charge.c, throws => true, config => config);
+        IF charge.bad THEN
+            PERFORM rate_limiter._raise('argument', pg_catalog.format('the count column %s of a row written to %s is NULL, negative or not finite',
+                                        pg_catalog.to_json(count_column), TG_RELID::regclass));
+        END IF;
+        IF pg_catalog.cardinality(counts) OPERATOR(pg_catalog.=) 1000 THEN
+            PERFORM rate_limiter._raise('argument', pg_catalog.format('a statement writing %s charges more than 1000 keys of %s at once: split it',
+                                        TG_RELID::regclass, pg_catalog.to_json(TG_ARGV[1])));
+        END IF;
+        keys := keys OPERATOR(pg_catalog.||) charge.k;
+        counts := counts OPERATOR(pg_catalog.||) charge.c;
+    END LOOP;
+    FOR i IN 1 .. pg_catalog.cardinality(counts) LOOP
+        PERFORM rate_limiter.rate_limit(TG_ARGV[1], keys[i], counts[i], throws => true, config => config);
     END LOOP;
     RETURN NULL;
 END $$;

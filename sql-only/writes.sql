@@ -129,8 +129,8 @@ DECLARE
     config jsonb;
     query text;
     charge record;
-    keys bigint;
-    bad boolean;
+    keys text[] := '{}';
+    counts pg_catalog.float8[] := '{}';
 BEGIN
     -- Only as a write limit's trigger, whose statement's rows are the transition table
     -- rate_limiter_rows: without one, that name would be looked up in the writer's pg_temp.
@@ -160,8 +160,8 @@ BEGIN
         PERFORM rate_limiter._write_column(TG_RELID::regclass, count_column, 'count', true);
     END IF;
     -- The key through its type's output function (format's %s), never a cast of the user's,
-    -- compared bytewise ("C": a nondeterministic collation would merge keys). First a pass
-    -- over the sums per key for what would refuse the statement, then each key in the keys'
+    -- compared bytewise ("C": a nondeterministic collation would merge keys). The sums per
+    -- key are read whole, and checked, before any is charged; then each key in the keys'
     -- order, the NULL key first (as the extension sorts them). The counts go to rate_limit as
     -- float8 values, never through text (whose digits a writer's extra_float_digits sets).
     query := pg_catalog.format(
@@ -173,18 +173,20 @@ BEGIN
              ELSE pg_catalog.format('CASE WHEN t.%1$I IS NULL THEN NULL ELSE pg_catalog.format(''%%s'', t.%1$I) COLLATE "C" END', key_column) END,
         CASE WHEN count_column IS NULL THEN '1::pg_catalog.float8'
              ELSE pg_catalog.format('t.%I::pg_catalog.float8', count_column) END);
-    EXECUTE 'SELECT pg_catalog.count(*), pg_catalog.bool_or(s.bad) FROM (' OPERATOR(pg_catalog.||) query OPERATOR(pg_catalog.||) ') s'
-        INTO keys, bad;
-    IF bad THEN
-        PERFORM rate_limiter._raise('argument', pg_catalog.format('the count column %s of a row written to %s is NULL, negative or not finite',
-                                    pg_catalog.to_json(count_column), TG_RELID::regclass));
-    END IF;
-    IF keys OPERATOR(pg_catalog.>) 1000 THEN
-        PERFORM rate_limiter._raise('argument', pg_catalog.format('a statement writing %s charges more than 1000 keys of %s at once: split it',
-                                    TG_RELID::regclass, pg_catalog.to_json(TG_ARGV[1])));
-    END IF;
     FOR charge IN EXECUTE query LOOP
-        PERFORM rate_limiter.rate_limit(TG_ARGV[1], charge.k, charge.c, throws => true, config => config);
+        IF charge.bad THEN
+            PERFORM rate_limiter._raise('argument', pg_catalog.format('the count column %s of a row written to %s is NULL, negative or not finite',
+                                        pg_catalog.to_json(count_column), TG_RELID::regclass));
+        END IF;
+        IF pg_catalog.cardinality(counts) OPERATOR(pg_catalog.=) 1000 THEN
+            PERFORM rate_limiter._raise('argument', pg_catalog.format('a statement writing %s charges more than 1000 keys of %s at once: split it',
+                                        TG_RELID::regclass, pg_catalog.to_json(TG_ARGV[1])));
+        END IF;
+        keys := keys OPERATOR(pg_catalog.||) charge.k;
+        counts := counts OPERATOR(pg_catalog.||) charge.c;
+    END LOOP;
+    FOR i IN 1 .. pg_catalog.cardinality(counts) LOOP
+        PERFORM rate_limiter.rate_limit(TG_ARGV[1], keys[i], counts[i], throws => true, config => config);
     END LOOP;
     RETURN NULL;
 END $$;

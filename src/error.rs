@@ -337,7 +337,8 @@ impl Error {
                  owner (or a member of its role), granted EXECUTE on rate_limiter.rate_limit."
             }
             Error::WriteLimitColumn(_) => {
-                "key names a column of the table (any type, read as text; NULL is one key of its \
+                "key names a column of the table of a type whose text no setting changes (text, \
+                 integers, numeric, uuid, boolean, network addresses, enums; NULL is one key of its \
                  own) and count a column of an integer, numeric or floating-point type (each row \
                  counts 1 without it). For an expression, add a generated column (GENERATED \
                  ALWAYS AS (...) STORED) and name it."

@@ -82,7 +82,7 @@ fn sf_integer(x: f64) -> u64 {
 
 /// Whole seconds from milliseconds, rounded up (a client that waits that long is not early),
 /// at most `SF_INTEGER_MAX`.
-fn seconds(ms: f64) -> u64 {
+pub fn seconds(ms: f64) -> u64 {
     ((ms.max(0.0) / 1000.0).ceil() as u64).min(SF_INTEGER_MAX)
 }
 

@@ -28,23 +28,19 @@ use crate::shmem::stats;
 use crate::storage::decision_type;
 use crate::storage::StateTable;
 
-use super::{fmgr_v1_info, inline_for, named_for, parts, request, resolve_for, usable};
+use super::{fmgr_v1_info, parts, request, resolve, resolve_for, usable};
 
 
 fn decide(req: &mut Request<'_>, inline: Option<&serde_json::Value>, consume: bool) -> Result<(Decision, Config)> {
-    let resolve = |req: &mut Request<'_>| match inline {
-        Some(json) => inline_for(req, json),
-        None => named_for(req),
-    };
     if !consume {
         let table = StateTable::open(None);
-        let config = resolve(req)?;
+        let config = resolve(req, inline)?;
         usable(req, &config)?;
         return Ok((limiter::decide(|| table, req, &config, false), config));
     }
     // Lock the table first: its lock takes in pending invalidations of cached configs.
     let lock = StateTable::lock_for_call(c"rate_limit()");
-    let config = resolve(req)?;
+    let config = resolve(req, inline)?;
     usable(req, &config)?;
     // A durable limit's call is refused in a read-only transaction or on a standby before
     // anything else (25006); a memory limit's call writes nothing, and needs no more of the
@@ -124,7 +120,7 @@ pub(super) fn denial(d: &Decision, name: &str, key: Option<&str>, config: &Confi
             let answer = http::Answer { ok: d.ok, retry_after: d.retry_after, remaining: d.remaining, reset_after: d.reset_after };
             // A name a header cannot carry: Retry-After alone, when there is a time to give.
             let headers = http::headers(&[policy], name, &answer, http::Draft::Eleven).unwrap_or_else(|_| match d.retry_after {
-                Some(r) => json!({"Retry-After": (r / 1000.0).ceil().max(0.0).to_string()}),
+                Some(r) => json!({"Retry-After": http::seconds(r).to_string()}),
                 None => json!({}),
             });
             (error::PGRST, body.to_string(), json!({"status": 429, "headers": headers}).to_string())
@@ -432,38 +428,11 @@ unsafe extern "C-unwind" fn answer_all(fcinfo: FunctionCallInfo, consume: bool) 
         .ok_or_else(|| Error::InvalidArgument("requests must not be NULL".into()))
         .and_then(|r| r.parse())
         .unwrap_or_else(|e| e.raise());
-    let (d, throw) = decide_requests(&requests, reserve.unwrap_or(false), consume, throws == Some(true));
-    Answer { datum: decision_datum(&d), throw }
-}
-
-/// One key's share of a write limit's statement, taken as `rate_limit(name, key, count, throws
-/// => true, config)` takes it, counted in the statistics: the RL429 to raise when it is denied.
-pub(super) fn take_throwing(name: &str, key: Option<&str>, count: f64, inline: Option<&serde_json::Value>) -> Denial {
-    let mut req = request(Some(name), key, Some(count), Some(false)).unwrap_or_else(|e| e.raise());
-    let (d, config) = decide(&mut req, inline, true).unwrap_or_else(|e| e.raise());
-    stats::record(req.name, req.key, &d, true);
-    denial(&d, req.name, req.key, &config).unwrap_or(NO_DENIAL)
-}
-
-/// Whether a call of `name` (with `inline`, when given) could be made: the limit defined, the
-/// config valid. What `limit_writes` checks before it makes its triggers.
-pub(super) fn callable(name: &str, inline: Option<&serde_json::Value>) -> Result<()> {
-    let mut req = request(Some(name), None, Some(0.0), Some(false))?;
-    let config = match inline {
-        Some(json) => inline_for(&mut req, json)?,
-        None => named_for(&mut req)?,
-    };
-    usable(&req, &config)
-}
-
-/// What `rate_limit_all` (or, with `consume` false, `check_rate_limit_all`) decides for
-/// `requests`, its statistics recorded, with its RL429 when it `throws`.
-fn decide_requests(requests: &serde_json::Value, reserve: bool, consume: bool, throws: bool) -> (Decision, Denial) {
     // Open the table first: its lock takes in pending invalidations of cached configs. A
     // consuming call writes only if a part is durable: memory limits' parts alone answer in a
     // read-only transaction and on a standby, as rate_limit does.
     let mut table = if consume { StateTable::open_for_call(c"rate_limit_all()") } else { StateTable::open(None) };
-    let mut parts = parts(requests, reserve).unwrap_or_else(|e| e.raise());
+    let mut parts = parts(&requests, reserve.unwrap_or(false)).unwrap_or_else(|e| e.raise());
     if consume {
         // A memory part whose key found no room in shared memory writes its row.
         limiter::place_memory_parts(&mut parts);
@@ -487,11 +456,29 @@ fn decide_requests(requests: &serde_json::Value, reserve: bool, consume: bool, t
             stats::record(part.req.name, part.req.key, own, i == limiting);
         }
     }
+    let datum = decision_datum(&d);
     let throw = match throws {
-        true => denial(&d, parts[limiting].req.name, parts[limiting].req.key, &parts[limiting].config).unwrap_or(NO_DENIAL),
-        false => NO_DENIAL,
+        Some(true) => denial(&d, parts[limiting].req.name, parts[limiting].req.key, &parts[limiting].config).unwrap_or(NO_DENIAL),
+        _ => NO_DENIAL,
     };
-    (d, throw)
+    Answer { datum, throw }
+}
+
+/// One key's share of a write limit's statement, taken as `rate_limit(name, key, count, throws
+/// => true, config)` takes it, counted in the statistics: the RL429 to raise when it is denied.
+pub(super) fn take_throwing(name: &str, key: Option<&str>, count: f64, inline: Option<&serde_json::Value>) -> Denial {
+    let mut req = request(Some(name), key, Some(count), Some(false)).unwrap_or_else(|e| e.raise());
+    let (d, config) = decide(&mut req, inline, true).unwrap_or_else(|e| e.raise());
+    stats::record(req.name, req.key, &d, true);
+    denial(&d, req.name, req.key, &config).unwrap_or(NO_DENIAL)
+}
+
+/// Whether a call of `name` (with `inline`, when given) could be made: the limit defined, the
+/// config valid. What `limit_writes` checks before it makes its triggers.
+pub(super) fn callable(name: &str, inline: Option<&serde_json::Value>) -> Result<()> {
+    let mut req = request(Some(name), None, Some(0.0), Some(false))?;
+    let config = resolve(&mut req, inline)?;
+    usable(&req, &config)
 }
 
 /// The stored state of (name, key): the fullest of `sample_shards` random shards.

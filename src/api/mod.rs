@@ -95,8 +95,14 @@ pub(crate) fn request<'a>(
 /// inline config's own, by its fingerprint, or the named limit's; its numbers the key's
 /// override's while one is in force.
 fn resolve_for(req: &mut Request<'_>, inline: Option<JsonbArg>) -> Result<Config> {
+    resolve(req, inline.map(|arg| arg.parse()).transpose()?.as_ref())
+}
+
+/// The call's config: `inline`'s, else its named limit's (a key's override's numbers in place
+/// of either's while one is in force).
+fn resolve(req: &mut Request<'_>, inline: Option<&serde_json::Value>) -> Result<Config> {
     match inline {
-        Some(arg) => inline_for(req, &arg.parse()?),
+        Some(json) => inline_for(req, json),
         None => named_for(req),
     }
 }

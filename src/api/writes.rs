@@ -85,10 +85,10 @@ fn declare(
     }
     write_limits::no_other_trigger_rights(table)?;
     if let Some(key) = key {
-        write_limits::check_key(table, key)?;
+        write_limits::key_column(table, key)?;
     }
     if let Some(count) = count {
-        write_limits::check_count(table, count)?;
+        write_limits::count_column(table, count)?;
     }
     let config = config.map(|c| c.parse()).transpose()?;
     // The limit as the trigger will call it, checked now: named and defined, or inline.
@@ -157,14 +157,14 @@ unsafe extern "C-unwind" fn charge_statement(fcinfo: FunctionCallInfo) -> Answer
     let none = Answer { datum: Datum::from(0), throw: NO_DENIAL };
     // SAFETY: the caller guarantees a call by the function manager.
     let fired = unsafe { write_limits::fired(fcinfo) }.unwrap_or_else(|e| e.raise());
-    let mut charges = fired.charges().unwrap_or_else(|e| e.raise());
+    // In the keys' order, so that two statements never wait for each other's keys in a cycle.
+    let charges = fired.charges().unwrap_or_else(|e| e.raise());
     if charges.is_empty() {
         return none;
     }
     let config: Option<Value> = fired.declared.config.as_deref().map(|c| {
         serde_json::from_str(c).unwrap_or_else(|e| Error::MalformedConfig(format!("a write limit's config: {e}")).raise())
     });
-    charges.sort_by(|a, b| a.key.cmp(&b.key));
     for charge in &charges {
         let throw = take_throwing(&fired.declared.limit, charge.key.as_deref(), charge.count, config.as_ref());
         if throw.raises() {

@@ -12,7 +12,7 @@
 //! table's owner or of a writer runs with the extension's rights.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 
 use pgrx::pg_sys::{self, Datum};
@@ -186,7 +186,7 @@ fn column(table: pg_sys::Oid, column: &str, role: &str) -> Result<(i16, pg_sys::
 
 /// A count column's type: one whose values the trigger reads as numbers itself.
 #[derive(Clone, Copy)]
-enum Number {
+pub enum Number {
     Int2,
     Int4,
     Int8,
@@ -225,11 +225,11 @@ impl Number {
     }
 }
 
-/// Refuses a key column that `table` does not have, or whose type's text depends on the
-/// writer's settings (DateStyle, TimeZone, extra_float_digits, bytea_output...), which would
-/// make one value several keys.
-pub fn check_key(table: pg_sys::Oid, key: &str) -> Result<()> {
-    let (_, type_oid) = column(table, key, "key")?;
+/// The key column of `table`: its attribute number and type; refused if the table does not
+/// have it, or if its type's text depends on the writer's settings (DateStyle, TimeZone,
+/// extra_float_digits, bytea_output...), which would make one value several keys.
+pub fn key_column(table: pg_sys::Oid, key: &str) -> Result<(i16, pg_sys::Oid)> {
+    let (attnum, type_oid) = column(table, key, "key")?;
     // SAFETY: catalog lookups of the column's type inside the transaction.
     let (base, enumerated) = unsafe {
         let base = pg_sys::getBaseType(type_oid);
@@ -241,7 +241,7 @@ pub fn check_key(table: pg_sys::Oid, key: &str) -> Result<()> {
         pg_sys::MACADDROID, pg_sys::OIDOID,
     ];
     if enumerated || FIXED_TEXT.contains(&base) {
-        return Ok(());
+        return Ok((attnum, type_oid));
     }
     Err(Error::WriteLimitColumn(format!(
         "the key column {key:?} of {} is of a type whose text depends on the writer's settings: give a text, integer, numeric, uuid, boolean, network address or enum column",
@@ -249,11 +249,12 @@ pub fn check_key(table: pg_sys::Oid, key: &str) -> Result<()> {
     )))
 }
 
-/// Refuses a count column that `table` does not have, or whose type is not a number's.
-pub fn check_count(table: pg_sys::Oid, count: &str) -> Result<()> {
-    let (_, type_oid) = column(table, count, "count")?;
+/// The count column of `table`: its attribute number and how its values are read; refused
+/// if the table does not have it, or if its type is not a number's.
+pub fn count_column(table: pg_sys::Oid, count: &str) -> Result<(i16, Number)> {
+    let (attnum, type_oid) = column(table, count, "count")?;
     match Number::of(type_oid) {
-        Some(_) => Ok(()),
+        Some(number) => Ok((attnum, number)),
         None => Err(Error::WriteLimitColumn(format!(
             "the count column {count:?} of {} is not of an integer, numeric or floating-point type",
             cache::qualified_name(table)
@@ -417,9 +418,9 @@ impl Drop for Slot {
 }
 
 impl Fired {
-    /// The statement's rows summed per key (the key column's text, or NULL), in the order
-    /// their keys first appear; 22023 for a count that is NULL, negative or not finite, or
-    /// for more keys than `rate_limit_all` takes.
+    /// The statement's rows summed per key (the key column's text, or NULL), in the keys'
+    /// order (NULL first, then bytewise); 22023 for a count that is NULL, negative or not
+    /// finite, or for more keys than `rate_limit_all` takes (MAX_REQUESTS).
     pub fn charges(&self) -> Result<Vec<Charge>> {
         if !may_call_rate_limit(cache::owner(self.table)) {
             return Err(Error::WriteLimitDenied(format!(
@@ -427,16 +428,12 @@ impl Fired {
                 cache::qualified_name(self.table)
             )));
         }
-        if let Some(k) = self.declared.key.as_deref() {
-            check_key(self.table, k)?;
-        }
-        let key = self.declared.key.as_deref().map(|k| column(self.table, k, "key")).transpose()?;
+        let key = self.declared.key.as_deref().map(|k| key_column(self.table, k)).transpose()?;
         let count = match self.declared.count.as_deref() {
             None => None,
             Some(c) => {
-                check_count(self.table, c)?;
-                let (attnum, type_oid) = column(self.table, c, "count")?;
-                Some((attnum, Number::of(type_oid).expect("checked"), c))
+                let (attnum, number) = count_column(self.table, c)?;
+                Some((attnum, number, c))
             }
         };
         let output = key.map(|(attnum, type_oid)| {
@@ -445,8 +442,7 @@ impl Fired {
             unsafe { pg_sys::getTypeOutputInfo(type_oid, &mut function, &mut varlena) };
             (attnum, function)
         });
-        let mut charges: Vec<Charge> = Vec::new();
-        let mut index: HashMap<Option<String>, usize> = HashMap::new();
+        let mut sums: BTreeMap<Option<String>, f64> = BTreeMap::new();
         // SAFETY: the rows and descriptor are the firing trigger's, valid for the call. A read
         // pointer of its own, rewound, reads them all whatever other triggers read (as a scan
         // of the transition table does); each row's attributes are read through the slot
@@ -483,24 +479,23 @@ impl Fired {
                         }
                     }
                 };
-                match index.get(&key) {
-                    Some(&i) => charges[i].count += n,
+                match sums.get_mut(&key) {
+                    Some(sum) => *sum += n,
                     None => {
-                        if charges.len() == MAX_REQUESTS {
+                        if sums.len() == MAX_REQUESTS {
                             return Err(Error::InvalidArgument(format!(
                                 "a statement writing {} charges more than {MAX_REQUESTS} keys of \"{}\" at once: split it",
                                 cache::qualified_name(self.table),
                                 self.declared.limit
                             )));
                         }
-                        index.insert(key.clone(), charges.len());
-                        charges.push(Charge { key, count: n });
+                        sums.insert(key, n);
                     }
                 }
             }
             pg_sys::tuplestore_select_read_pointer(self.rows, 0);
         }
-        Ok(charges)
+        Ok(sums.into_iter().map(|(key, count)| Charge { key, count }).collect())
     }
 }
 
