@@ -43,6 +43,8 @@ CREATE TABLE users (id bigint PRIMARY KEY, name text NOT NULL, plan text NOT NUL
 INSERT INTO users SELECT g, 'user ' || g, 'free' FROM generate_series(1, $((2 * N))) g
 CREATE TABLE messages (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, user_id bigint NOT NULL, body text NOT NULL)
 CREATE INDEX ON messages (user_id)
+CREATE TABLE bare_state (name text, key text, value float8 NOT NULL, ts timestamptz NOT NULL, PRIMARY KEY (key, name))
+INSERT INTO bare_state SELECT 'api', g::text, 10, now() FROM generate_series(1, $((2 * N))) g
 VACUUM ANALYZE
 SQL
 
@@ -58,6 +60,7 @@ REQUESTS=(
     "read_memory_tl|SELECT u.id, u.name, u.plan, (rate_limiter.rate_limit('api_memory', CAST(\$1 AS text))).ok FROM users u WHERE u.id = \$1"
     "memory_ok_alone|SELECT rate_limiter.rate_limit_ok('api_memory', CAST(\$1 AS text))"
     "read_memory_ok_where|SELECT u.id, u.name, u.plan FROM users u WHERE u.id = \$1 AND rate_limiter.rate_limit_ok('api_memory', CAST(\$1 AS text))"
+    "update_bare|UPDATE bare_state SET value = value - 1, ts = now() WHERE name = 'api' AND key = CAST(\$1 AS text)"
     "durable_alone|SELECT ok FROM rate_limiter.rate_limit('api_durable', CAST(\$1 AS text))"
     "write|INSERT INTO messages (user_id, body) VALUES (\$1, 'hello')"
     "write_memory|INSERT INTO messages (user_id, body) SELECT \$1, 'hello' FROM rate_limiter.rate_limit('api_memory', CAST(\$1 AS text)) l WHERE l.ok"

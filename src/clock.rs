@@ -30,9 +30,7 @@ pub fn now_ms() -> f64 {
     // SAFETY: `fake` is non-null here (checked first), so it points at PostgreSQL's
     // NUL-terminated copy of the setting, whose first byte is always readable.
     if fake.is_null() || unsafe { *fake } == 0 {
-        // SAFETY: GetCurrentTimestamp only reads the system clock and has no preconditions; it
-        // never raises.
-        return pg_us_to_ms(unsafe { pg_sys::GetCurrentTimestamp() });
+        return pg_us_to_ms(crate::unguarded::current_timestamp());
     }
     // SAFETY: non-null (checked above); a string setting is a NUL-terminated copy that
     // PostgreSQL frees only at the next assignment, which cannot happen during this call.

@@ -24,6 +24,7 @@ mod shmem;
 mod snapshot_worker;
 mod storage;
 mod transaction;
+mod unguarded;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod pg_tests;

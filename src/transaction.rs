@@ -134,8 +134,7 @@ impl<K: Eq + Hash, T> Held<K, T> {
 
 /// The current subtransaction's id.
 pub fn current_subtransaction() -> SubTransactionId {
-    // SAFETY: reads this backend's transaction state; every caller runs inside a transaction.
-    unsafe { pg_sys::GetCurrentSubTransactionId() }
+    crate::unguarded::current_subtransaction()
 }
 
 /// Who is told of each `Ending`: the owners of the lists, in this order.

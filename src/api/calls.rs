@@ -28,7 +28,7 @@ use crate::shmem::stats;
 use crate::storage::decision_type;
 use crate::storage::StateTable;
 
-use super::{fmgr_v1_info, parts, request, resolve, resolve_for, usable};
+use super::{fmgr_v1_info, parts, request, resolve, resolve_for, text_arg, usable};
 
 
 fn decide(req: &mut Request<'_>, inline: Option<&serde_json::Value>, consume: bool) -> Result<(Decision, Config)> {
@@ -158,8 +158,8 @@ unsafe extern "C-unwind" fn answer(fcinfo: FunctionCallInfo, consume: bool, retu
     // argument types in this order.
     let (name, key, count, reserve, throws, inline) = unsafe {
         (
-            pg_getarg::<&str>(fcinfo, 0),
-            pg_getarg::<&str>(fcinfo, 1),
+            text_arg(fcinfo, 0),
+            text_arg(fcinfo, 1),
             pg_getarg::<f64>(fcinfo, 2),
             pg_getarg::<bool>(fcinfo, 3),
             pg_getarg::<bool>(fcinfo, 4),
@@ -325,8 +325,8 @@ unsafe extern "C-unwind" fn answer_credit(fcinfo: FunctionCallInfo) -> Answer {
     // argument types in this order.
     let (name, key, count, inline) = unsafe {
         (
-            pg_getarg::<&str>(fcinfo, 0),
-            pg_getarg::<&str>(fcinfo, 1),
+            text_arg(fcinfo, 0),
+            text_arg(fcinfo, 1),
             pg_getarg::<f64>(fcinfo, 2),
             pg_getarg::<JsonbArg>(fcinfo, 3),
         )
@@ -369,8 +369,8 @@ unsafe extern "C-unwind" fn answer_wait(fcinfo: FunctionCallInfo) -> Answer {
     // five argument types in this order.
     let (name, key, count, timeout, inline) = unsafe {
         (
-            pg_getarg::<&str>(fcinfo, 0),
-            pg_getarg::<&str>(fcinfo, 1),
+            text_arg(fcinfo, 0),
+            text_arg(fcinfo, 1),
             pg_getarg::<f64>(fcinfo, 2),
             pg_getarg::<Interval>(fcinfo, 3),
             pg_getarg::<JsonbArg>(fcinfo, 4),

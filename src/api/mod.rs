@@ -40,6 +40,30 @@ macro_rules! fmgr_v1_info {
 }
 use fmgr_v1_info;
 
+/// Argument `n` of a call, of type text: read in place when it is stored plain (neither
+/// compressed nor out of line) and ASCII, as names and keys nearly always are; else through
+/// pgrx's conversion, which detoasts it (a guarded server call) and checks its encoding.
+///
+/// # Safety
+/// `fcinfo` is a call whose argument `n` exists and is of type text.
+unsafe fn text_arg<'a>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<&'a str> {
+    // SAFETY: argument `n` exists (the caller's promise); a non-null datum of type text
+    // points at a varlena that lives as long as the call.
+    unsafe {
+        if pgrx::fcinfo::pg_arg_is_null(fcinfo, n) {
+            return None;
+        }
+        let text = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, n).cast_mut_ptr::<pg_sys::varlena>();
+        if !pgrx::varlena::varatt_is_1b_e(text) && !pgrx::varlena::varatt_is_4b_c(text) {
+            let bytes = pgrx::varlena::varlena_to_byte_slice(text);
+            if bytes.is_ascii() {
+                return Some(std::str::from_utf8_unchecked(bytes));
+            }
+        }
+        pgrx::fcinfo::pg_getarg::<&str>(fcinfo, n)
+    }
+}
+
 fn valid_name(name: Option<&str>) -> Result<&str> {
     match name {
         None => Err(Error::InvalidArgument("name must not be NULL".into())),

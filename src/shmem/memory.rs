@@ -385,6 +385,18 @@ fn find(table: &Table, partitions: [usize; 2], id: &Identity) -> (Option<usize>,
     (None, inline)
 }
 
+/// The entry of `id` in this database, found in one of `partitions` under that partition's
+/// lock alone, which is held: most calls find their key, and both partitions are held only
+/// to give one an entry (an entry changes only under its own partition's lock).
+fn find_alone(table: &Table, partitions: [usize; 2], id: &Identity) -> Option<(usize, Held)> {
+    let distinct = if partitions[0] == partitions[1] { 1 } else { 2 };
+    partitions[..distinct].iter().find_map(|&p| {
+        // SAFETY: a partition's lock, initialized by the postmaster; the only one held here.
+        let held = unsafe { Held::take(partition_lock(p)) };
+        find(table, [p, p], id).0.map(|i| (i, held))
+    })
+}
+
 /// An entry of `partitions` to give to a new key of this database at `now`: of the
 /// emptier partition, and only one of its own when the database holds its share. None: no
 /// room.
@@ -608,8 +620,15 @@ pub fn rows_looked_up(maybe: bool) {
 pub fn hold(id: &Identity, name: &str, config: u64, now: f64, claim: Claim, fresh: impl FnOnce() -> State) -> Result<Hold> {
     let table = table().ok_or(Error::MemoryUnavailable)?;
     let partitions = id.partitions(table.partitions());
-    let held = hold_partitions(partitions);
-    let (found, inline) = find(&table, partitions, id);
+    let (found, held, inline) = match find_alone(&table, partitions, id) {
+        Some((i, held)) => (Some(i), [Some(held), None], 0),
+        None => {
+            // Not found in either alone: looked for again under both, which a new entry takes.
+            let held = hold_partitions(partitions);
+            let (found, inline) = find(&table, partitions, id);
+            (found, held, inline)
+        }
+    };
     let index = match found {
         Some(i) => {
             let entry = table.entry(i);

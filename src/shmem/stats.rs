@@ -325,9 +325,7 @@ pub fn forget_database(database: pg_sys::Oid) {
 }
 
 fn now() -> i64 {
-    // SAFETY: GetCurrentTimestamp only reads the system clock and has no preconditions; it
-    // never raises.
-    unsafe { pg_sys::GetCurrentTimestamp() }
+    crate::unguarded::current_timestamp()
 }
 
 thread_local! {

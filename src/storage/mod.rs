@@ -88,11 +88,17 @@ pub fn open_index(index: pg_sys::Oid, lockmode: pg_sys::LOCKMODE, shown: &str) -
 /// As core commands do: 25006 in a read-only transaction (and on a standby), 25000 in a
 /// parallel worker, before anything is attempted.
 pub fn prevent_writes_unless_allowed(command: &std::ffi::CStr) {
-    // SAFETY: `command` is a CStr, NUL-terminated and alive for both calls; they only read
-    // this backend's transaction state and raise an ERROR when writing is not allowed.
-    unsafe {
-        pg_sys::PreventCommandIfReadOnly(command.as_ptr());
-        pg_sys::PreventCommandIfParallelMode(command.as_ptr());
+    // SAFETY: `command` is a CStr, NUL-terminated and alive for the call, which only reads
+    // this backend's transaction state and raises an ERROR when writing is not allowed.
+    unsafe { pg_sys::PreventCommandIfReadOnly(command.as_ptr()) };
+    prevent_in_parallel_mode(command);
+}
+
+/// 25000 in parallel mode, as core commands raise it; the guarded call only when it raises.
+pub fn prevent_in_parallel_mode(command: &std::ffi::CStr) {
+    if crate::unguarded::in_parallel_mode() {
+        // SAFETY: `command` is NUL-terminated and alive for the call, which raises.
+        unsafe { pg_sys::PreventCommandIfParallelMode(command.as_ptr()) }
     }
 }
 
@@ -137,8 +143,7 @@ pub fn hold_calls_off() {
 
 /// Whether the server is a standby (or recovering): it writes nothing.
 pub fn in_recovery() -> bool {
-    // SAFETY: reads shared recovery state, callable from any backend attached to shared memory.
-    unsafe { pg_sys::RecoveryInProgress() }
+    crate::unguarded::recovery_in_progress()
 }
 
 /// `field4` of the advisory lock tag that serializes where a memory limit's key is counted

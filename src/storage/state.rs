@@ -123,9 +123,7 @@ impl StateTable {
     /// without opening it; `open_after_call_lock` opens the table it locked. Pending
     /// invalidations are taken in first, as for any open.
     pub fn lock_for_call(command: &std::ffi::CStr) -> CallLock {
-        // SAFETY: `command` is NUL-terminated and alive for the call, which only reads this
-        // backend's state and raises an ERROR in parallel mode.
-        unsafe { pg_sys::PreventCommandIfParallelMode(command.as_ptr()) };
+        super::prevent_in_parallel_mode(command);
         // SAFETY: taking in invalidations is allowed anywhere in a transaction.
         unsafe { pg_sys::AcceptInvalidationMessages() };
         // The generation first: a look-up of the cache's OIDs can itself take in the drop of

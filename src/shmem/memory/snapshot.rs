@@ -31,8 +31,7 @@ pub fn starts_in_recovery() -> bool {
 }
 
 fn in_recovery() -> bool {
-    // SAFETY: reads shared recovery state, callable from any backend attached to shared memory.
-    unsafe { pg_sys::RecoveryInProgress() }
+    crate::unguarded::recovery_in_progress()
 }
 
 fn hold_loaded(header: &Header, exclusive: bool) -> Held {
