@@ -57,7 +57,7 @@ mod tests {
     use super::credit;
 
     fn take(state: &State, c: &Config, now: f64, count: f64) -> State {
-        let taken = check(&state, c, now, count, false);
+        let taken = check(state, c, now, count, false);
         assert!(taken.ok);
         taken.state()
     }

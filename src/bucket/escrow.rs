@@ -392,7 +392,7 @@ mod tests {
     use super::{apply, Debit, Escrow, Planned};
 
     fn available(state: &State, c: &Config, now: f64) -> f64 {
-        check(&state, c, now, 0.0, false).available
+        check(state, c, now, 0.0, false).available
     }
 
     /// Whether `a` is no more permissive than `b`: as many tokens or fewer at every instant
@@ -427,7 +427,7 @@ mod tests {
         let mut escrow = Escrow::<8>::new(fresh_state(&c, NOW, 0.0));
         let full = escrow.tail();
         // Planned on the full window, before three calls took it all: denied on the tail.
-        let stale = plan(&[full.clone()], &c, NOW, 1.0, false);
+        let stale = plan(std::slice::from_ref(&full), &c, NOW, 1.0, false);
         assert!(stale.ok);
         (1..=3).for_each(|n| assert!(escrow.admit(&c, NOW, 1.0, false, n).seq.is_some()));
         let planned = Planned { tail: full, at: NOW, outcome: stale.clone() };

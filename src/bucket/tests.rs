@@ -318,7 +318,7 @@ fn pruning_expired_state_changes_no_decision() {
             let reserve = kind.can_reserve() && c.mode == Mode::All && rng.gen_bool(0.2);
             let call = |stored: &mut Option<State>| {
                 let state = stored.clone().unwrap_or_else(|| fresh_state(&c, now, phase));
-                let outcome = plan(&[state.clone()], &c, now, count, reserve);
+                let outcome = plan(std::slice::from_ref(&state), &c, now, count, reserve);
                 if outcome.after[0].1 {
                     *stored = Some(outcome.after[0].0.clone());
                 }
@@ -349,7 +349,7 @@ fn sliding_window_vector() {
     let c = Config { start: Some(NOW), ..config(Kind::SlidingWindow, 10.0, MINUTE) };
     let mut state = fresh_state(&c, NOW + 30.0 * SECOND, 0.0);
     let mut call = |at: f64, count: f64| {
-        let outcome = plan(&[state.clone()], &c, at, count, false);
+        let outcome = plan(std::slice::from_ref(&state), &c, at, count, false);
         if outcome.ok {
             state = outcome.after[0].0.clone();
         }
@@ -373,8 +373,8 @@ fn sliding_window_never_lets_the_weight_exceed_the_rate() {
     let c = Config { start: Some(NOW), ..config(Kind::SlidingWindow, 10.0, MINUTE) };
     let full = plan(&[fresh_state(&c, NOW, 0.0)], &c, NOW, 10.0, false).after[0].0.clone();
     let quarter = NOW + 75.0 * SECOND;
-    assert!(plan(&[full.clone()], &c, quarter, 2.0, false).ok);
-    let three = plan(&[full.clone()], &c, quarter, 3.0, false);
+    assert!(plan(std::slice::from_ref(&full), &c, quarter, 2.0, false).ok);
+    let three = plan(std::slice::from_ref(&full), &c, quarter, 3.0, false);
     assert!(!three.ok);
     assert_eq!(three.retry_after, Some(0.05 * MINUTE), "7.5 - 0.5 + 3 = 10 at 30 % in");
 }
@@ -395,7 +395,7 @@ fn sliding_window_retry_after_is_exact_and_the_bound_holds() {
         for _ in 0..40 {
             now += f64::from(rng.gen_range(0..(2.0 * period) as u32)) - period / 10.0;
             let count = f64::from(rng.gen_range(0..=rate as u32)) * if rng.gen_bool(0.3) { 0.5 } else { 1.0 };
-            let outcome = plan(&[state.clone()], &c, now, count, false);
+            let outcome = plan(std::slice::from_ref(&state), &c, now, count, false);
             if outcome.ok {
                 state = outcome.after[0].0.clone();
                 assert!(outcome.available[0] >= -1e-9, "round {round}: {outcome:?}");
@@ -403,9 +403,9 @@ fn sliding_window_retry_after_is_exact_and_the_bound_holds() {
             }
             let retry = outcome.retry_after.expect("a denial says when");
             assert!(retry > 0.0, "round {round}");
-            assert!(plan(&[state.clone()], &c, now + retry, count, false).ok, "round {round}: passes at retry_after");
+            assert!(plan(std::slice::from_ref(&state), &c, now + retry, count, false).ok, "round {round}: passes at retry_after");
             if retry > 1.0 {
-                assert!(!plan(&[state.clone()], &c, now + retry - 1.0, count, false).ok, "round {round}: not 1 ms earlier");
+                assert!(!plan(std::slice::from_ref(&state), &c, now + retry - 1.0, count, false).ok, "round {round}: not 1 ms earlier");
             }
         }
     }
@@ -418,13 +418,13 @@ fn min_gap_spaces_granted_calls() {
     assert!(first.ok);
     let state = first.after[0].0.clone();
     assert_eq!(state.granted_at, Some(NOW));
-    let soon = plan(&[state.clone()], &c, NOW + 40.0, 1.0, false);
+    let soon = plan(std::slice::from_ref(&state), &c, NOW + 40.0, 1.0, false);
     assert_eq!((soon.ok, soon.reason, soon.retry_after), (false, Reason::MinGap, Some(60.0)));
     assert!(!soon.after[0].1, "a denial writes nothing");
-    assert!(plan(&[state.clone()], &c, NOW + 100.0, 1.0, false).ok, "exactly min_gap later");
+    assert!(plan(std::slice::from_ref(&state), &c, NOW + 100.0, 1.0, false).ok, "exactly min_gap later");
     // The limit's own wait wins when it is later.
     let owing = State { value: -1.0, ..state.clone() };
-    assert_eq!(plan(&[owing.clone()], &c, NOW + 40.0, 1.0, false).retry_after, Some(160.0));
+    assert_eq!(plan(std::slice::from_ref(&owing), &c, NOW + 40.0, 1.0, false).retry_after, Some(160.0));
     // Count 0 answers without moving the gap.
     assert_eq!(plan(&[at(10.0, NOW)], &c, NOW, 0.0, false).after[0].0.granted_at, None);
     assert_eq!(expires(&state, &c), NOW + 100.0, "refilled at once, but the gap lasts");
@@ -443,7 +443,7 @@ fn partial_mode_takes_what_there_is() {
     assert_eq!((none.ok, none.granted, none.reason), (false, 0.0, Reason::Exhausted));
     let sliding = Config { mode: Mode::Partial, ..config(Kind::SlidingWindow, 10.0, MINUTE) };
     let state = State { value: 4.0, ts: NOW, counts: Counts::new(&[0.0]).unwrap(), granted_at: None };
-    assert_eq!(plan(&[state.clone()], &sliding, NOW, 9.0, false).granted, 4.0);
+    assert_eq!(plan(std::slice::from_ref(&state), &sliding, NOW, 9.0, false).granted, 4.0);
 }
 
 #[test]
@@ -461,7 +461,7 @@ fn penalize_mode_counts_denied_calls_down_to_minus_capacity() {
     assert_eq!(plan(&[at(1.0, NOW)], &fixed, NOW, 30.0 - 19.0, false).after[0].0.value, -10.0);
     let sliding = Config { mode: Mode::Penalize, ..config(Kind::SlidingWindow, 10.0, MINUTE) };
     let full = State { value: 0.0, ts: NOW, counts: Counts::new(&[0.0]).unwrap(), granted_at: None };
-    let over = plan(&[full.clone()], &sliding, NOW, 25.0 - 15.0, false);
+    let over = plan(std::slice::from_ref(&full), &sliding, NOW, 25.0 - 15.0, false);
     assert_eq!(over.after[0].0.value, -10.0, "at most 2 x rate taken in a window");
     assert_eq!(over.retry_after, Some(2.0 * MINUTE), "10 more need the 20 taken to weigh nothing");
 }
@@ -472,7 +472,7 @@ fn rolling_window_vector() {
     let c = Config { start: Some(NOW), ..config(Kind::RollingWindow, 3.0, SECOND) };
     let mut state = fresh_state(&c, NOW, 0.0);
     let mut call = |at: f64| {
-        let outcome = plan(&[state.clone()], &c, NOW + at, 1.0, false);
+        let outcome = plan(std::slice::from_ref(&state), &c, NOW + at, 1.0, false);
         if outcome.ok {
             state = outcome.after[0].0.clone();
         }
@@ -506,7 +506,7 @@ fn rolling_window_bound_holds_and_retry_after_is_exact() {
         for _ in 0..60 {
             now += f64::from(rng.gen_range(0..(period / 2.0) as u32));
             let count = f64::from(rng.gen_range(0..=rate as u32)) * if rng.gen_bool(0.3) { 0.5 } else { 1.0 };
-            let outcome = plan(&[state.clone()], &c, now, count, false);
+            let outcome = plan(std::slice::from_ref(&state), &c, now, count, false);
             if outcome.ok {
                 state = outcome.after[0].0.clone();
                 grants.push((now, count));
@@ -515,9 +515,9 @@ fn rolling_window_bound_holds_and_retry_after_is_exact() {
                 continue;
             }
             let retry = outcome.retry_after.expect("a denial says when");
-            assert!(plan(&[state.clone()], &c, now + retry, count, false).ok, "round {round}: passes at retry_after");
+            assert!(plan(std::slice::from_ref(&state), &c, now + retry, count, false).ok, "round {round}: passes at retry_after");
             if retry > 1.0 {
-                assert!(!plan(&[state.clone()], &c, now + retry - 1.0, count, false).ok, "round {round}: not 1 ms earlier");
+                assert!(!plan(std::slice::from_ref(&state), &c, now + retry - 1.0, count, false).ok, "round {round}: not 1 ms earlier");
             }
         }
     }
@@ -541,10 +541,10 @@ fn sliding_window_counts_hold_under_another_rate() {
     // penalized one takes up to twice the rate in the window.
     let partial = Config { mode: Mode::Partial, ..low };
     let six = State { value: 4.0, ts: NOW, counts: Counts::new(&[0.0, 6.0]).unwrap(), granted_at: None };
-    assert_eq!(plan(&[six.clone()], &partial, NOW, 9.0, false).granted, 4.0);
+    assert_eq!(plan(std::slice::from_ref(&six), &partial, NOW, 9.0, false).granted, 4.0);
     let penalize = Config { mode: Mode::Penalize, ..low };
     let ten = State { value: 0.0, ts: NOW, counts: Counts::new(&[0.0, 10.0]).unwrap(), granted_at: None };
-    assert_eq!(plan(&[ten.clone()], &penalize, NOW, 10.0, false).after[0].0.value, -10.0);
+    assert_eq!(plan(std::slice::from_ref(&ten), &penalize, NOW, 10.0, false).after[0].0.value, -10.0);
     let legacy = State { value: 99.0, ts: NOW, counts: Counts::new(&[0.0]).unwrap(), granted_at: None };
     assert_eq!(check(&legacy, &low, NOW, 0.0, false).available, 10.0, "clamped, as a token bucket's level is");
     assert!(!check(&legacy, &low, NOW, 11.0, false).ok);

@@ -152,6 +152,19 @@ export class RateLimiter {
     return this.call("rate_limit", name, key, options);
   }
 
+  /** `limit`'s `ok` alone (`rate_limit_ok`, extension 0.8.0): the same call, no decision row. */
+  async limitOk(name: string, key: string | null = null, options: CallOptions = {}): Promise<boolean> {
+    const [row] = await this.rows(`SELECT ${this.schema}.rate_limit_ok($1, $2, $3, $4, $5, $6::jsonb) AS ok`, [
+      name,
+      key,
+      options.count ?? 1,
+      options.reserve ?? false,
+      options.throws ?? false,
+      json(options.config),
+    ]);
+    return row.ok;
+  }
+
   /** The answer `limit` would give, taking nothing (`check_rate_limit`). */
   check(name: string, key: string | null = null, options: CallOptions = {}): Promise<Decision> {
     return this.call("check_rate_limit", name, key, options);

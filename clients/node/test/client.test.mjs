@@ -36,6 +36,24 @@ test("limit, check, credit, value and headers answer as the extension does", asy
   assert.equal((await rl.check(name, "alice", { count: 0 })).remaining, 2);
 });
 
+test("limitOk is limit's ok, and takes as limit does (issue 66)", async () => {
+  const rl = new RateLimiter(pool);
+  const name = unique("ok");
+  await pool.query("SELECT rate_limiter.define($1, 'fixed window', 3, '1 hour')", [name]);
+  // Interleaved with limit on one key: one count, whichever asks.
+  assert.equal(await rl.limitOk(name, "k"), true);
+  assert.equal((await rl.limit(name, "k")).ok, true);
+  assert.equal(await rl.limitOk(name, "k", { count: 2 }), false, "one left: denied, nothing taken");
+  assert.equal(await rl.limitOk(name, "k"), true);
+  assert.equal((await rl.check(name, "k", { count: 0 })).remaining, 0);
+  assert.equal(await rl.limitOk(name, "k"), false);
+  await assert.rejects(rl.limitOk(name, "k", { throws: true }), RateLimitedError);
+  // An inline memory limit.
+  const config = { kind: "token bucket", rate: 1, period: 3600000, durable: false };
+  assert.equal(await rl.limitOk(name, "m", { config }), true);
+  assert.equal(await rl.limitOk(name, "m", { config }), false);
+});
+
 test("throws rejects with RateLimitedError carrying retryAfter", async () => {
   const rl = new RateLimiter(pool);
   const config = { kind: "token bucket", rate: 1, period: 60000 };

@@ -36,6 +36,32 @@ def test_decisions_headers_and_credit_on_psycopg(conn, name):
     assert rl.check(name, "alice", 0).remaining == 2
 
 
+def test_limit_ok_is_limits_ok_and_takes_as_it_does(conn, name):
+    rl = RateLimiter(conn)
+    conn.execute("SELECT rate_limiter.define(%s, 'fixed window', 3, '1 hour')", [name])
+    # Interleaved with limit on one key: one count, whichever asks.
+    assert rl.limit_ok(name, "k") is True
+    assert rl.limit(name, "k").ok
+    assert rl.limit_ok(name, "k", 2) is False, "one left: denied, nothing taken"
+    assert rl.limit_ok(name, "k") is True
+    assert rl.check(name, "k", 0).remaining == 0
+    assert rl.limit_ok(name, "k") is False
+    with pytest.raises(RateLimited):
+        rl.limit_ok(name, "k", throws=True)
+    memory = {"kind": "token bucket", "rate": 1, "period": 3600000, "durable": False}
+
+    async def on_asyncpg():
+        pg = await asyncpg.connect(host=HOST, port=int(PORT), user=USER, database=DB)
+        try:
+            arl = AsyncRateLimiter(pg)
+            assert await arl.limit_ok(name, 7, config=memory) is True, "an integer key, as text"
+            assert await arl.limit_ok(name, "7", config=memory) is False
+        finally:
+            await pg.close()
+
+    asyncio.run(on_asyncpg())
+
+
 def test_throws_raises_rate_limited_with_retry_after(conn, name):
     rl = RateLimiter(conn)
     config = {"kind": "token bucket", "rate": 1, "period": 60000}

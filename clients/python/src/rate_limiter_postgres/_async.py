@@ -56,6 +56,11 @@ class AsyncRateLimiter:
                     config: Optional[Config] = None, throws: bool = False) -> Decision:
         return Decision.from_row(await self._row(self.sql.limit, (name, key, float(count), reserve, throws, config_json(config))))
 
+    async def limit_ok(self, name: str, key: Optional[str] = None, count: float = 1, *, reserve: bool = False,
+                       config: Optional[Config] = None, throws: bool = False) -> bool:
+        """``limit``'s ``ok`` alone (``rate_limit_ok``, extension 0.8.0): the same call, no decision row."""
+        return bool((await self._row(self.sql.limit_ok, (name, key, float(count), reserve, throws, config_json(config))))[0])
+
     async def check(self, name: str, key: Optional[str] = None, count: float = 1, *, reserve: bool = False,
                     config: Optional[Config] = None) -> Decision:
         return Decision.from_row(await self._row(self.sql.check, (name, key, float(count), reserve, False, config_json(config))))

@@ -42,6 +42,7 @@ class Statements:
         six = ("::text", "::text", "::float8", "::boolean", "::boolean", "::jsonb")
         self.limit = f"SELECT {DECISION} FROM {s}.rate_limit({args(6, six)})"
         self.check = f"SELECT {DECISION} FROM {s}.check_rate_limit({args(6, six)})"
+        self.limit_ok = f"SELECT {s}.rate_limit_ok({args(6, six)})"
         self.credit = f"SELECT {DECISION} FROM {s}.credit({args(4, ('::text', '::text', '::float8', '::jsonb'))})"
         self.reset = f"SELECT {s}.reset_rate_limit({args(2, ('::text', '::text'))})"
         self.value = f"SELECT value, ts, shard, effective_config FROM {s}.rate_limit_value({args(3, ('::text', '::text', '::jsonb'))})"

@@ -49,6 +49,11 @@ class RateLimiter:
         """Take ``count`` tokens from (name, key) (``rate_limit``); ``throws`` raises ``RateLimited``."""
         return Decision.from_row(self._row(self.sql.limit, (name, key, count, reserve, throws, config_json(config))))
 
+    def limit_ok(self, name: str, key: Optional[str] = None, count: float = 1, *, reserve: bool = False,
+                 config: Optional[Config] = None, throws: bool = False) -> bool:
+        """``limit``'s ``ok`` alone (``rate_limit_ok``, extension 0.8.0): the same call, no decision row."""
+        return bool(self._row(self.sql.limit_ok, (name, key, count, reserve, throws, config_json(config)))[0])
+
     def check(self, name: str, key: Optional[str] = None, count: float = 1, *, reserve: bool = False,
               config: Optional[Config] = None) -> Decision:
         """The answer ``limit`` would give, taking nothing (``check_rate_limit``)."""
