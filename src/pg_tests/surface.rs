@@ -9,23 +9,31 @@ mod tests {
     use crate::pg_tests::helpers::*;
 
     /// A name or key read in place (stored plain, ASCII: a short header in a row, a long one
-    /// in a literal) and one the server must detoast (compressed in its row) or whose encoding
-    /// is checked (not ASCII) are the same text, and so the same key.
+    /// in a literal) and one the server must detoast (compressed in its row, or out of line)
+    /// or whose encoding is checked (not ASCII) are the same text, and so the same key.
     #[pg_test]
     fn a_key_is_its_text_however_it_is_stored() {
         run("SELECT rate_limiter.define('stored', 'token bucket', 1, '1 day', 3)");
-        run("CREATE TABLE stored_keys (key text COMPRESSION pglz, filler text)");
-        run("ALTER TABLE stored_keys ALTER key SET STORAGE MAIN, ALTER filler SET STORAGE PLAIN");
-        run("INSERT INTO stored_keys SELECT repeat('k', 1000), string_agg(md5(g::text), '') FROM generate_series(1, 100) g");
-        run("INSERT INTO stored_keys VALUES ('ab', ''), ('é', '')");
+        run("CREATE TABLE stored_keys (key text COMPRESSION pglz, filler text, outside text)");
+        run("ALTER TABLE stored_keys ALTER key SET STORAGE MAIN, ALTER filler SET STORAGE PLAIN, ALTER outside SET STORAGE EXTERNAL");
+        // The row is too long for a page's share: `outside` goes out of line, `key` is compressed.
+        run("INSERT INTO stored_keys SELECT repeat('k', 1000), string_agg(md5(g::text), ''), repeat('o', 1000) FROM generate_series(1, 100) g");
+        run("INSERT INTO stored_keys VALUES ('ab', '', ''), ('é', '', '')");
         assert_eq!(one::<String>("SELECT pg_column_compression(key) FROM stored_keys WHERE length(key) = 1000").as_deref(), Some("pglz"));
+        let toast = one::<String>("SELECT reltoastrelid::regclass::text FROM pg_class WHERE oid = 'stored_keys'::regclass").unwrap();
+        assert!(one::<i64>(&format!("SELECT count(*) FROM {toast}")).unwrap() > 0, "outside is out of line");
         let ok = |key: &str| one::<bool>(&format!("SELECT (rate_limiter.rate_limit('stored', {key})).ok")).unwrap();
-        let ok_stored = |which: &str| {
-            one::<bool>(&format!("SELECT (rate_limiter.rate_limit('stored', key)).ok FROM stored_keys WHERE {which}")).unwrap()
+        let ok_stored = |column: &str, which: &str| {
+            one::<bool>(&format!("SELECT (rate_limiter.rate_limit('stored', {column})).ok FROM stored_keys WHERE {which}")).unwrap()
         };
-        for (stored, literal) in [("length(key) = 1000", "repeat('k', 1000)"), ("key = 'ab'", "'ab'"), ("key = 'é'", "'é'")] {
-            assert!(ok_stored(stored) && ok(literal) && ok_stored(stored), "{literal}: three of three");
-            assert!(!ok(literal) && !ok_stored(stored), "{literal}: one key, whether stored or written");
+        for (column, stored, literal) in [
+            ("key", "length(key) = 1000", "repeat('k', 1000)"),
+            ("outside", "length(outside) = 1000", "repeat('o', 1000)"),
+            ("key", "key = 'ab'", "'ab'"),
+            ("key", "key = 'é'", "'é'"),
+        ] {
+            assert!(ok_stored(column, stored) && ok(literal) && ok_stored(column, stored), "{literal}: three of three");
+            assert!(!ok(literal) && !ok_stored(column, stored), "{literal}: one key, whether stored or written");
         }
     }
 

@@ -213,11 +213,18 @@ mod tests {
     fn one_write_hashes_as_the_parts_written_one_by_one() {
         let secret = [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210];
         let long = vec![b'k'; 300];
-        let keys: [&[u8]; 6] = [b"", b"user 1", &long[..40], &long[..59], &long[..60], &long];
+        // Before the key, 51 bytes of parts and lengths: a key of 77 bytes fills the buffer
+        // whole, one of 78 is written beside it.
+        let keys: [&[u8]; 6] = [b"", b"user 1", &long[..76], &long[..77], &long[..78], &long];
         for key in keys {
             let parts: [&[u8]; 4] = [b"memory key", &7u64.to_le_bytes(), &[1], key];
             let hash = keyed(secret, &parts).finish128();
             assert_eq!((hash.h1, hash.h2), streamed(secret, &parts), "a key of {} bytes", key.len());
+        }
+        // A limit's tag: 52 bytes before the name, so a name of 76 bytes fills the buffer whole.
+        for name in [&long[..75], &long[..76], &long[..77]] {
+            let parts: [&[u8]; 4] = [b"memory limit", &7u32.to_le_bytes(), &9u32.to_le_bytes(), name];
+            assert_eq!(keyed(secret, &parts).finish(), streamed(secret, &parts).1, "a name of {} bytes", name.len());
         }
         // The key comes first or alone: the buffer is written before a part that does not fit.
         for parts in [[&long[..], b"x"], [b"x", &long[..]], [&long[..100], &long[..100]]] {
