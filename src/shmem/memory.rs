@@ -1,8 +1,9 @@
 //! The counts of memory limits (`durable => false`, docs/memory-limits.md) in shared memory:
 //! `rate_limiter.memory_keys` entries of about 100 bytes, each one (database, limit, key) at
 //! rest, in partitions of `PARTITION` entries under an LWLock each, so that a call holds one
-//! lock (two to give a key an entry) for a bounded scan and never waits for I/O. A key with calls in flight borrows an
-//! escrow from a pool sized by connections (`pool`), given back when they settle.
+//! lock (two to give a key an entry) for a bounded scan and never waits for I/O. A key with
+//! calls in flight borrows an escrow from a pool sized by connections (`pool`), given back
+//! when they settle.
 //!
 //! A key may live in either of two partitions that a keyed hash picks (`identity`): a new
 //! key goes to the emptier one, so that the table fills evenly, and no caller can choose

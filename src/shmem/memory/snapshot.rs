@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use pgrx::pg_sys;
 
 use crate::error::{Error, Result};
-use crate::storage::snapshot::{Kind, Rows};
+use crate::storage::{self, snapshot::{Kind, Rows}};
 
 use super::area::Held;
 use super::packed::{self, Logged};
@@ -28,10 +28,6 @@ thread_local! {
 /// promotion.
 pub fn starts_in_recovery() -> bool {
     ["standby.signal", "recovery.signal"].iter().any(|f| std::path::Path::new(f).exists())
-}
-
-fn in_recovery() -> bool {
-    crate::unguarded::recovery_in_progress()
 }
 
 fn hold_loaded(header: &Header, exclusive: bool) -> Held {
@@ -67,7 +63,7 @@ impl Loaded {
 
 /// The epoch the counts are at: a promotion since the last call raises it first.
 fn epoch(header: &Header) -> u64 {
-    if header.recovering.load(Acquire) && !in_recovery() {
+    if header.recovering.load(Acquire) && !storage::in_recovery() {
         let _held = hold_loaded(header, true);
         if header.recovering.load(Acquire) {
             header.epoch.fetch_add(1, AcqRel);
@@ -92,7 +88,7 @@ pub fn needs_load() -> bool {
     let Some(table) = table() else { return false };
     let header = table.header;
     let epoch = epoch(header);
-    if epoch == 0 || LOADED_AT.get() == epoch || in_recovery() {
+    if epoch == 0 || LOADED_AT.get() == epoch || storage::in_recovery() {
         return false;
     }
     if loaded_at(header, pg_sys::Oid::from(database()), epoch) {
