@@ -40,7 +40,12 @@ pub extern "C-unwind" fn _PG_init() {
     cache::register_invalidation();
     prune_worker::register();
     // The plain lists first: in_flight's settling touches shared memory, and may raise.
-    transaction::register(&[limiter::held_shards::at_end, storage::held_locks::at_end, limiter::in_flight::at_end]);
+    transaction::register(&[
+        limiter::held_shards::at_end,
+        storage::held_locks::at_end,
+        limiter::in_flight::at_end,
+        shmem::gate::at_end,
+    ]);
     if preloading {
         shmem::register();
         if shmem::memory::enabled() {

@@ -80,6 +80,12 @@ pub fn acquire(req: &Request<'_>, config: &Config, hold: concurrency::Hold) -> (
     (d.shadowed(config::shadow(config)), lease)
 }
 
+/// Whether `config`'s keys are counted in shared memory alone (a memory limit): its call
+/// needs nothing of `rate_limiter.state` but the gate (`shmem::gate`).
+pub fn counted_in_memory(config: &Config) -> bool {
+    Store::of(config) == Store::Memory
+}
+
 /// Answer without writing or locking anything (`check_rate_limit`).
 pub fn check(table: &StateTable, req: &Request<'_>, config: &Config) -> Decision {
     Store::of(config).check(table, req, config)

@@ -12,6 +12,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use pgrx::pg_sys;
 
@@ -29,6 +30,11 @@ pub enum Ending {
     Ended,
     /// A subtransaction aborted: what it and those nested in it gave.
     SubtransactionAborted(SubTransactionId),
+    /// After `Committed` or `Ended`, once, in a transaction that asked for it
+    /// (`tell_when_released`): its invalidations are sent (a session that takes them in from
+    /// now on sees its catalog changes), and its locks are being released. As at `Committed`,
+    /// an owner does not raise here.
+    Released,
 }
 
 /// What a transaction holds of one kind, by key (`()` for an unkeyed list), each with the
@@ -127,7 +133,7 @@ impl<K: Eq + Hash, T> Held<K, T> {
         match ending {
             Ending::Committed | Ending::Ended => drop(self.take()),
             Ending::SubtransactionAborted(sub) => drop(self.take_from(sub)),
-            Ending::Preparing => {}
+            Ending::Preparing | Ending::Released => {}
         }
     }
 }
@@ -142,6 +148,26 @@ type Owner = fn(Ending);
 
 thread_local! {
     static OWNERS: Cell<&'static [Owner]> = const { Cell::new(&[]) };
+}
+
+// Plain statics rather than thread-locals (a backend is one thread), read on every release of
+// every resource owner: whether this transaction asked to be told `Released`, and whether it
+// ended and that is still to be told.
+static RELEASE_WANTED: AtomicBool = AtomicBool::new(false);
+static RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
+/// Whether this process registered `at_release`: at the first ask, so that a backend that
+/// never asks pays nothing on its releases.
+static RELEASE_REGISTERED: AtomicBool = AtomicBool::new(false);
+
+/// Have the owners told `Released` when this transaction ends.
+pub fn tell_when_released() {
+    if !RELEASE_REGISTERED.load(Relaxed) {
+        // SAFETY: a callback that lives as long as the library, registered once per process
+        // (marked once registered: an out-of-memory error here leaves it to the next ask).
+        unsafe { pg_sys::RegisterResourceReleaseCallback(Some(at_release), std::ptr::null_mut()) };
+        RELEASE_REGISTERED.store(true, Relaxed);
+    }
+    RELEASE_WANTED.store(true, Relaxed);
 }
 
 /// From `_PG_init`, once per process (children of a preloading postmaster inherit it): the
@@ -173,10 +199,39 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     // that holds anything is parallel unsafe or restricted), and its lists end empty.
     match event {
         XACT_EVENT_PRE_PREPARE => tell(Ending::Preparing),
-        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => tell(Ending::Committed),
-        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => tell(Ending::Ended),
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => {
+            RELEASE_PENDING.store(RELEASE_WANTED.swap(false, Relaxed), Relaxed);
+            tell(Ending::Committed)
+        }
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {
+            RELEASE_PENDING.store(RELEASE_WANTED.swap(false, Relaxed), Relaxed);
+            tell(Ending::Ended)
+        }
         _ => {}
     }
+}
+
+/// # Safety
+/// Only as a resource release callback, registered by `register`.
+unsafe extern "C-unwind" fn at_release(phase: pg_sys::ResourceReleasePhase::Type, _commit: bool, top_level: bool, _arg: *mut c_void) {
+    // The server sends a transaction's invalidations (AtEOXact_Inval, or PostPrepare_Inval)
+    // between the phases before and of the locks; the top-level owner's tree is released
+    // phase by phase, with this called for each owner in it: told once, at the first. Called
+    // for every phase of every owner of every transaction, so it is not guarded (pgrx's guard
+    // costs a hundred instructions) until there is something to tell: a test that cannot
+    // raise or panic.
+    if phase == pg_sys::ResourceReleasePhase::RESOURCE_RELEASE_LOCKS && top_level && RELEASE_PENDING.load(Relaxed) {
+        // SAFETY: called from a resource release callback, as its contract asks.
+        unsafe { tell_released() }
+    }
+}
+
+/// # Safety
+/// Only from `at_release`.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn tell_released() {
+    RELEASE_PENDING.store(false, Relaxed);
+    tell(Ending::Released);
 }
 
 /// # Safety

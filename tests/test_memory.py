@@ -6,6 +6,7 @@ tests/test_hot_oracle.py's, rollbacks and nested savepoints tests/test_hot.py's.
 
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -171,6 +172,92 @@ def test_a_change_waits_for_calls_in_flight_and_keeps_the_counts(database_name):
         a.execute("DELETE FROM rate_limiter.limits WHERE name = 'mem'")
         define(a, "mem", rate=10, period="1 hour", durable=False)
         assert remaining(a, "mem", "k") == 10, "deleted and defined again: afresh"
+
+
+STATE_LOCKS = ("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() "
+               "AND relation = 'rate_limiter.state'::regclass")
+WAITING = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+
+
+def changing(conn, name, rate):
+    """A thread that defines memory limit `name` at `rate` in `conn` and commits, and what it
+    raised (none: an empty list)."""
+    raised = []
+
+    def change():
+        try:
+            define(conn, name, rate=rate, period="1 hour", durable=False)
+        except Exception as e:  # noqa: BLE001 - the test asserts on it
+            raised.append(e)
+
+    thread = threading.Thread(target=change, daemon=True)
+    thread.start()
+    return thread, raised
+
+
+def test_a_memory_call_in_flight_locks_no_table_and_a_change_still_waits_for_it(database_name):
+    """Issue 66: a memory limit's call passes a gate in shared memory instead of locking
+    rate_limiter.state (about 2,000 instructions a transaction); a change waits for it all
+    the same, and a call of a durable limit in the transaction it waits for is not a deadlock
+    (the change locks the table only once the calls it found have ended)."""
+    with session(database_name) as a, session(database_name) as b, session(database_name) as watch:
+        define(a, "mem", rate=10, period="1 hour", durable=False)
+        define(a, "rows", rate=10, period="1 hour")
+        a.execute("SET deadlock_timeout = '50ms'")
+        b.execute("SET deadlock_timeout = '50ms'")
+        a.execute("BEGIN")
+        a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
+        assert a.execute(STATE_LOCKS).fetchone() == (0,), "no lock of the state table for a memory call"
+        thread, raised = changing(b, "mem", 20)
+        wait_for(lambda: watch.execute(WAITING, (b.info.backend_pid,)).fetchone()[0], "the change to wait for A")
+        assert a.execute("SELECT ok FROM rate_limiter.rate_limit('rows', 'k')").fetchone() == (True,)
+        assert a.execute(STATE_LOCKS).fetchone() == (1,), "a durable call locks the table"
+        time.sleep(0.2)  # four deadlock timeouts
+        assert thread.is_alive(), "the change still waits for A"
+        a.execute("COMMIT")
+        thread.join(10)
+        assert not thread.is_alive() and not raised, raised
+        assert remaining(a, "mem", "k") == 16, "the 4 taken still count under the new rate"
+
+
+def test_a_call_that_comes_while_a_change_waits_is_counted_under_it(database_name):
+    """A memory call made while a change waits for another takes the table's lock and is
+    waited for too (or waits for the change): no count is lost either way."""
+    with session(database_name) as a, session(database_name) as b, session(database_name) as c, \
+            session(database_name) as watch:
+        define(a, "mem", rate=10, period="1 hour", durable=False)
+        a.execute("BEGIN")
+        a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
+        change, raised = changing(b, "mem", 20)
+        wait_for(lambda: watch.execute(WAITING, (b.info.backend_pid,)).fetchone()[0], "the change to wait for A")
+        late = threading.Thread(target=lambda: c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 3)"), daemon=True)
+        late.start()  # C commits its call at once (autocommit), before the change or after it
+        time.sleep(0.2)
+        a.execute("COMMIT")
+        late.join(10)
+        change.join(10)
+        assert not late.is_alive() and not change.is_alive() and not raised, raised
+        assert remaining(a, "mem", "k") == 13, "4 and 3 taken, under the new rate of 20"
+
+
+def test_a_change_whose_wait_failed_in_a_savepoint_waits_again(database_name):
+    """A change's wait for the calls in flight that ends in an error (lock_timeout) caught by
+    a savepoint is not taken as done: the next change in the transaction waits again."""
+    with session(database_name) as a, session(database_name) as b:
+        define(a, "mem", rate=10, period="1 hour", durable=False)
+        a.execute("BEGIN")
+        a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
+        b.execute("SET lock_timeout = '200ms'")
+        b.execute("BEGIN")
+        for _ in range(2):
+            b.execute("SAVEPOINT s")
+            with pytest.raises(errors.LockNotAvailable):
+                define(b, "mem", rate=20, period="1 hour", durable=False)
+            b.execute("ROLLBACK TO SAVEPOINT s")
+        a.execute("COMMIT")
+        define(b, "mem", rate=20, period="1 hour", durable=False)
+        b.execute("COMMIT")
+        assert remaining(a, "mem", "k") == 16
 
 
 def test_a_database_or_extension_dropped_and_made_again_starts_empty(test_cluster):

@@ -24,12 +24,18 @@ use crate::error::{self, Error, Result};
 use crate::http;
 use crate::settings::{self, ThrowAs};
 use crate::limiter::{self, Decided, Decision, Request};
-use crate::shmem::stats;
+use crate::shmem::{gate, stats};
 use crate::storage::decision_type;
 use crate::storage::StateTable;
 
 use super::{fmgr_v1_info, parts, request, resolve, resolve_for, text_arg, usable};
 
+
+thread_local! {
+    /// Whether this backend's last consuming call was a memory limit's (`decide`); before
+    /// its first, as if it were (a durable-only backend guesses wrong once).
+    static LAST_IN_MEMORY: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
 
 fn decide(req: &mut Request<'_>, inline: Option<&serde_json::Value>, consume: bool) -> Result<(Decision, Config)> {
     if !consume {
@@ -38,19 +44,31 @@ fn decide(req: &mut Request<'_>, inline: Option<&serde_json::Value>, consume: bo
         usable(req, &config)?;
         return Ok((limiter::decide(|| table, req, &config, false), config));
     }
-    // Lock the table first: its lock takes in pending invalidations of cached configs.
-    let lock = StateTable::lock_for_call(c"rate_limit()");
+    // Before the config is read, which a change of the limit must not change under the call:
+    // the table's lock, which any call but a memory limit's needs; or the gate (shmem::gate),
+    // which a memory limit's call passes instead unless a change is under way. Which one
+    // first is a guess from this backend's last call: either is right for any limit, and a
+    // wrong guess costs a few hundred instructions (the gate, then the lock).
+    StateTable::ready_for_call(c"rate_limit()");
+    let lock = if LAST_IN_MEMORY.get() && gate::enter() { None } else { Some(StateTable::lock_when_ready()) };
     let config = resolve(req, inline)?;
     usable(req, &config)?;
+    let in_memory = limiter::counted_in_memory(&config);
+    LAST_IN_MEMORY.set(in_memory);
+    let lock = match lock {
+        None if !in_memory => Some(StateTable::lock_when_ready()),
+        lock => lock,
+    };
+    let open_locked = || StateTable::open_after_call_lock(lock.unwrap_or_else(StateTable::lock_when_ready));
     // A durable limit's call is refused in a read-only transaction or on a standby before
     // anything else (25006); a memory limit's call writes nothing, and needs no more of the
-    // table than its lock, unless its key is counted in a row (which opens it again).
+    // table than the gate, unless its key is counted in a row (which opens it again).
     let table = config.durable.then(|| {
-        let mut table = StateTable::open_after_call_lock(lock);
+        let mut table = open_locked();
         table.prepare_writes(c"rate_limit()");
         table
     });
-    let open = || table.unwrap_or_else(|| StateTable::open_after_call_lock(lock));
+    let open = || table.unwrap_or_else(open_locked);
     Ok((limiter::decide(open, req, &config, consume), config))
 }
 

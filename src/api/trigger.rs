@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::limiter::{self, hot::Change};
 use crate::overrides;
 use crate::storage;
-use crate::shmem::deny_cache;
+use crate::shmem::{deny_cache, gate};
 
 /// Trigger on `rate_limiter.limits`, `blocks` and `allows`: tell every backend to drop its
 /// cached configs and block flag; for a limit that is or becomes hot, wait for the calls in
@@ -162,7 +162,7 @@ fn concurrency_limit_shrinking(trigger: &PgTrigger<'_>) {
         (None, None) => matches!(trigger.op(), Ok(PgTriggerOperation::Truncate)),
     };
     if lowers {
-        storage::hold_calls_off();
+        gate::hold_calls_off();
     }
 }
 
@@ -220,7 +220,7 @@ fn override_changing(trigger: &PgTrigger<'_>) {
             .collect(),
     };
     if limits.iter().any(|(_, limit)| limit.kind == "concurrency") {
-        storage::hold_calls_off();
+        gate::hold_calls_off();
     }
     // Each key's entry is taken on under every config a key of the limit may now have, the
     // changed rows' numbers among them (never pinned until its next call).
@@ -259,7 +259,7 @@ fn hot_keys_changing<'a>(trigger: &PgTrigger<'_>, names: impl Iterator<Item = &'
     // Calls in flight waited for first, and so any change of the limit or its tiers: what
     // their debits were admitted under is read after, as committed now.
     if change == Change::Local {
-        storage::hold_calls_off();
+        gate::hold_calls_off();
     }
     let mut limits: Vec<(String, LimitRow)> = Vec::new();
     for name in names {

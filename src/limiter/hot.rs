@@ -10,7 +10,7 @@ use crate::clock;
 use crate::config::LimitRow;
 use crate::error::Error;
 use crate::overrides;
-use crate::shmem::hot;
+use crate::shmem::{gate, hot};
 use crate::storage::{self, DebitLog, Latest, Owner, Seen, Slot, StateTable};
 
 use super::in_flight::{self, Forget};
@@ -177,7 +177,7 @@ fn fold(
 /// `reset_rate_limit` of a hot limit's key: once no call is in flight, its log goes (the
 /// caller deletes the base row), and its escrow when this transaction commits.
 pub fn reset(name: &str, key: Option<&str>) {
-    storage::hold_calls_off();
+    gate::hold_calls_off();
     let log = DebitLog::open(Some(c"reset_rate_limit()"));
     log.each(name, Some(key), None, Seen::Now, |_, _, row| log.delete(row));
     log.deleted();
@@ -203,7 +203,7 @@ pub fn limit_changing(name: &str, was: Option<&LimitRow>, change: Change) {
     if change == Change::Replicated {
         return;
     }
-    storage::hold_calls_off();
+    gate::hold_calls_off();
     if let Some(row) = was {
         let log = DebitLog::open(Some(c"define()"));
         fold(&log, name, None, &|key| overrides::config_under(row, name, key).ok(), None, c"define()");
@@ -220,7 +220,7 @@ pub fn keys_changing(name: &str, was: &[(Option<String>, Config)], change: Chang
     if change == Change::Replicated || was.is_empty() {
         return;
     }
-    storage::hold_calls_off();
+    gate::hold_calls_off();
     let log = DebitLog::open(Some(c"override()"));
     for (key, config) in was {
         fold(&log, name, Some(key.as_deref()), &|_| Some(*config), None, c"override()");
@@ -240,7 +240,7 @@ pub fn limits_truncated(change: Change) {
         in_flight::forget_at_commit(Forget::Database);
         return;
     }
-    storage::hold_calls_off();
+    gate::hold_calls_off();
     if DebitLog::open(None).last_seq() != 0 {
         Error::NotSupported(
             "TRUNCATE rate_limiter.limits while hot limits have debits not yet folded: DELETE them instead, which folds"

@@ -185,6 +185,7 @@ pub fn at_end(ending: Ending) {
                 }
             }
         }
+        Ending::Released => {}
         Ending::SubtransactionAborted(ending) => {
             FORGET.with(|forget| drop(forget.take_from(ending)));
             unpin(PINNED.with(|pinned| pinned.take_from(ending)));

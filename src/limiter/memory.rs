@@ -15,7 +15,7 @@ use crate::clock;
 use crate::config;
 use crate::error::Error;
 use crate::shmem::memory::{self, snapshot, Claim, Hold, Identity, Listed, Rows as RowsMay};
-use crate::shmem::stats;
+use crate::shmem::{gate, stats};
 use crate::storage::snapshot::Rows;
 use crate::storage::{self, Latest, StateTable};
 use super::in_flight::{self, Forget};
@@ -354,7 +354,7 @@ pub fn reset(name: &str, key: Option<&str>) {
     // only a counted key's reset is logged: a reset of a durable key writes nothing there.
     if memory::counts_key(&id) {
         forget(Rows::Key(id.key_bytes()));
-        storage::hold_calls_off();
+        gate::hold_calls_off();
         in_flight::forget_at_commit(Forget::MemoryKey(id));
     }
 }
@@ -388,7 +388,7 @@ pub fn limit_going(name: &str) {
 /// transaction; None without memory limits.
 fn limit_held_still(name: &str) -> Option<u64> {
     load_snapshot();
-    storage::hold_calls_off();
+    gate::hold_calls_off();
     memory::limit_tag(cache::relations().state, name)
 }
 

@@ -32,6 +32,29 @@ pub const fn table_size<H, E>(n: usize) -> usize {
     entries_offset::<H, E>() + n * size_of::<E>()
 }
 
+/// How many processes can call a function of the extension: the first `MaxBackends` of
+/// `ProcGlobal`'s (backends, autovacuum, background workers and WAL senders; the auxiliary
+/// processes and prepared transactions come after them).
+pub fn processes() -> usize {
+    // SAFETY: set before shared memory is requested (PostgreSQL 15 and later compute
+    // MaxBackends before the request hook runs).
+    unsafe { pg_sys::MaxBackends }.max(0) as usize
+}
+
+/// This backend's place among `ProcGlobal`'s processes (below `processes()` for any that
+/// can call).
+pub fn my_process() -> Option<usize> {
+    // SAFETY: MyProc is this backend's PGPROC, an element of ProcGlobal->allProcs, both set
+    // before any SQL runs (null only in processes without one).
+    unsafe {
+        if pg_sys::MyProc.is_null() || pg_sys::ProcGlobal.is_null() {
+            return None;
+        }
+        let first = (*pg_sys::ProcGlobal).allProcs;
+        Some(pg_sys::MyProc.offset_from(first) as usize)
+    }
+}
+
 /// An LWLock held until dropped, on error paths too.
 pub struct Held(*mut pg_sys::LWLock);
 

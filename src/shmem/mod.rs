@@ -11,6 +11,7 @@ use pgrx::pg_sys;
 
 mod area;
 pub mod deny_cache;
+pub mod gate;
 pub mod hot;
 pub mod memory;
 pub mod stats;
@@ -102,6 +103,7 @@ unsafe extern "C-unwind" fn request() {
         }
         stats::request();
         deny_cache::request();
+        gate::request();
         hot::request();
         memory::request();
     }
@@ -121,6 +123,7 @@ unsafe extern "C-unwind" fn startup() {
         let _held = area::Held::take(init_lock);
         stats::attach();
         deny_cache::attach();
+        gate::attach();
         hot::attach();
         memory::attach();
     }

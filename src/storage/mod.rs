@@ -132,10 +132,10 @@ pub fn prevent_during_recovery(command: &std::ffi::CStr) {
     unsafe { pg_sys::PreventCommandDuringRecovery(command.as_ptr()) }
 }
 
-/// Wait for every transaction that called a limit to end, and keep new calls out until this
-/// one ends: `SHARE ROW EXCLUSIVE` on `rate_limiter.state`, which every consuming call holds
-/// in `ROW EXCLUSIVE` (what a change of a hot limit needs, docs/hot-limits.md).
-pub fn hold_calls_off() {
+/// The table's part of `shmem::gate::hold_calls_off`: wait for every transaction that holds
+/// `rate_limiter.state`'s lock for a call (`ROW EXCLUSIVE`) to end, and keep new ones out
+/// until this one ends, in `SHARE ROW EXCLUSIVE`.
+pub fn lock_out_calls() {
     // SAFETY: locks the extension's table by the OID the cache checked; held to the end of
     // the transaction, and waited for as any lock is (lock_timeout and cancels apply).
     unsafe { pg_sys::LockRelationOid(crate::cache::relations().state, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) }

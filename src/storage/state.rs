@@ -118,14 +118,24 @@ impl StateTable {
         Self::checked(heap, xact_snapshot_isolation())
     }
 
-    /// As `open_for_call`, the lock alone, to the end of the transaction: all a memory
-    /// limit's call needs of the table (a change of a limit waits for it, `hold_calls_off`),
-    /// without opening it; `open_after_call_lock` opens the table it locked. Pending
-    /// invalidations are taken in first, as for any open.
-    pub fn lock_for_call(command: &std::ffi::CStr) -> CallLock {
+    /// What a consuming call does first, locked or not: a parallel worker is refused, and
+    /// pending invalidations (of cached configs among them) are taken in.
+    pub fn ready_for_call(command: &std::ffi::CStr) {
         super::prevent_in_parallel_mode(command);
         // SAFETY: taking in invalidations is allowed anywhere in a transaction.
         unsafe { pg_sys::AcceptInvalidationMessages() };
+    }
+
+    /// As `open_for_call`, the lock alone, to the end of the transaction (a change of a limit
+    /// waits for it, `shmem::gate::hold_calls_off`), without opening it; `open_after_call_lock`
+    /// opens the table it locked. Pending invalidations are taken in first, as for any open.
+    pub fn lock_for_call(command: &std::ffi::CStr) -> CallLock {
+        Self::ready_for_call(command);
+        Self::lock_when_ready()
+    }
+
+    /// `lock_for_call` once `ready_for_call` ran in this call.
+    pub fn lock_when_ready() -> CallLock {
         // The generation first: a look-up of the cache's OIDs can itself take in the drop of
         // the table it then names.
         let generation = cache::generation();

@@ -6,34 +6,15 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-use pgrx::pg_sys;
-
 use super::Table;
+use crate::shmem::area;
 
 /// Keys with calls in flight that one backend can have started at once.
 pub const PER_BACKEND: usize = 32;
 
-/// Shares of the pool: one per process that can call, the first `MaxBackends` of
-/// `ProcGlobal`'s (backends, autovacuum, background workers and WAL senders; the auxiliary
-/// processes and prepared transactions come after them, and a process past the shares
-/// borrows nothing).
+/// Shares of the pool: one per process that can call (`area::processes`).
 pub fn shares() -> usize {
-    // SAFETY: set before shared memory is requested (PostgreSQL 15 and later compute
-    // MaxBackends before the request hook runs).
-    unsafe { pg_sys::MaxBackends }.max(0) as usize
-}
-
-/// This backend's place among `ProcGlobal`'s processes.
-fn my_share() -> Option<usize> {
-    // SAFETY: MyProc is this backend's PGPROC, an element of ProcGlobal->allProcs, both set
-    // before any SQL runs (null only in processes without one).
-    unsafe {
-        if pg_sys::MyProc.is_null() || pg_sys::ProcGlobal.is_null() {
-            return None;
-        }
-        let first = (*pg_sys::ProcGlobal).allProcs;
-        Some(pg_sys::MyProc.offset_from(first) as usize)
-    }
+    area::processes()
 }
 
 fn bits(table: &Table, share: usize) -> &AtomicU64 {
@@ -43,7 +24,7 @@ fn bits(table: &Table, share: usize) -> &AtomicU64 {
 
 /// An escrow of this backend's share to lend, if one is free.
 pub fn take(table: &Table) -> Option<u32> {
-    let share = my_share().filter(|s| *s < table.header.pool_shares as usize)?;
+    let share = area::my_process().filter(|s| *s < table.header.pool_shares as usize)?;
     let word = bits(table, share);
     let taken = word.load(Acquire);
     let free = (!taken).trailing_zeros() as usize;
