@@ -223,7 +223,7 @@ start_cluster() {
 # The library is preloaded for its statistics; the prune worker stays off so that it never
 # changes state rows under a test or a benchmark.
 CLUSTER_SETTINGS="-c shared_buffers=1GB -c max_wal_size=16GB -c checkpoint_timeout=1h \
-    -c shared_preload_libraries=rate_limiter -c rate_limiter.prune_interval=0"
+    -c max_prepared_transactions=4 -c shared_preload_libraries=rate_limiter -c rate_limiter.prune_interval=0"
 
 # Stops the throwaway cluster of PostgreSQL $1 and fails if its log tells of a fault; with
 # $2 = previous, a cluster an earlier run left, whose log is not this run's to judge.

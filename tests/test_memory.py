@@ -195,6 +195,9 @@ def changing(conn, name, rate):
     return thread, raised
 
 
+# Alone: a change under way in another test's database that shares this one's word of the
+# gate (one of 64, by OID) would send this test's call through the table's lock.
+@pytest.mark.alone
 def test_a_memory_call_in_flight_locks_no_table_and_a_change_still_waits_for_it(database_name):
     """Issue 66: a memory limit's call passes a gate in shared memory instead of locking
     rate_limiter.state (about 2,000 instructions a transaction); a change waits for it all
@@ -258,6 +261,53 @@ def test_a_change_whose_wait_failed_in_a_savepoint_waits_again(database_name):
         define(b, "mem", rate=20, period="1 hour", durable=False)
         b.execute("COMMIT")
         assert remaining(a, "mem", "k") == 16
+
+
+def test_a_call_in_a_savepoint_rolled_back_keeps_no_change_waiting(database_name):
+    """A memory call taken back by the rollback of its savepoint leaves nothing in flight: a
+    change after it does not wait for the rest of the transaction (as the table's lock, taken
+    in the savepoint, was released with it)."""
+    with session(database_name) as a, session(database_name) as b:
+        define(a, "mem", rate=10, period="1 hour", durable=False)
+        a.execute("BEGIN")
+        a.execute("SAVEPOINT s")
+        a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
+        a.execute("ROLLBACK TO SAVEPOINT s")
+        b.execute("SET lock_timeout = '2s'")
+        define(b, "mem", rate=20, period="1 hour", durable=False)
+        a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 3)")
+        a.execute("COMMIT")
+        assert remaining(b, "mem", "k") == 17, "the rolled-back 4 never counted, the 3 under the new rate"
+
+
+def test_a_call_behind_a_prepared_change_reads_its_config_after_commit_prepared(database_name):
+    """A change prepared (PREPARE TRANSACTION) holds the table's lock until COMMIT PREPARED
+    sends its invalidations, while no change is counted at the gate: a call that passed the
+    gate and then waits for the lock reads its config again once it has it."""
+    with session(database_name) as a, session(database_name) as p:
+        define(a, "mem", rate=10, period="1 hour", durable=False)
+        define(a, "c", "concurrency", rate=3, period="1 minute")
+        a.execute("SELECT rate_limiter.rate_limit('mem', 'k')")  # this backend guesses the gate first
+        p.execute("BEGIN")
+        define(p, "c", "concurrency", rate=1, period="1 minute")
+        p.execute("PREPARE TRANSACTION 'rl_lowered'")
+        try:
+            answers = []
+
+            def two_slots():
+                try:
+                    answers.append(a.execute("SELECT ok FROM rate_limiter.rate_limit('c', 'k', 2)").fetchone())
+                except errors.Error as e:
+                    answers.append(e)
+
+            call = threading.Thread(target=two_slots, daemon=True)
+            call.start()
+            wait_for(lambda: p.execute(WAITING, (a.info.backend_pid,)).fetchone()[0], "the call to wait for the lock")
+        finally:
+            p.execute("COMMIT PREPARED 'rl_lowered'")
+        call.join(10)
+        assert len(answers) == 1 and isinstance(answers[0], errors.InvalidParameterValue), answers
+        assert "count 2 exceeds 1" in str(answers[0]), "decided under the lowered rate, not let through under 3"
 
 
 def test_a_database_or_extension_dropped_and_made_again_starts_empty(test_cluster):

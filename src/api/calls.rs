@@ -25,7 +25,7 @@ use crate::http;
 use crate::settings::{self, ThrowAs};
 use crate::limiter::{self, Decided, Decision, Request};
 use crate::shmem::{gate, stats};
-use crate::storage::decision_type;
+use crate::storage::{self, decision_type};
 use crate::storage::StateTable;
 
 use super::{fmgr_v1_info, parts, request, resolve, resolve_for, text_arg, usable};
@@ -44,21 +44,30 @@ fn decide(req: &mut Request<'_>, inline: Option<&serde_json::Value>, consume: bo
         usable(req, &config)?;
         return Ok((limiter::decide(|| table, req, &config, false), config));
     }
-    // Before the config is read, which a change of the limit must not change under the call:
-    // the table's lock, which any call but a memory limit's needs; or the gate (shmem::gate),
-    // which a memory limit's call passes instead unless a change is under way. Which one
-    // first is a guess from this backend's last call: either is right for any limit, and a
-    // wrong guess costs a few hundred instructions (the gate, then the lock).
-    StateTable::ready_for_call(c"rate_limit()");
-    let lock = if LAST_IN_MEMORY.get() && gate::enter() { None } else { Some(StateTable::lock_when_ready()) };
-    let config = resolve(req, inline)?;
-    usable(req, &config)?;
-    let in_memory = limiter::counted_in_memory(&config);
-    LAST_IN_MEMORY.set(in_memory);
-    let lock = match lock {
-        None if !in_memory => Some(StateTable::lock_when_ready()),
-        lock => lock,
+    // The config is read once the call is held in, so that no change of the limit commits
+    // under it: by the gate (shmem::gate), which a memory limit's call passes instead of the
+    // table's lock unless a change is under way, or by the table's lock, which any other call
+    // takes. Which one first is a guess from this backend's last call. A wrong guess costs
+    // the gate, the lock, and the config read again after the lock: a change prepared
+    // (PREPARE TRANSACTION) holds the lock but not the gate, and its invalidations come
+    // only with COMMIT PREPARED. Invalidations are taken in after the gate, whose count of
+    // changes goes only once theirs are sent.
+    storage::prevent_in_parallel_mode(c"rate_limit()");
+    let mut lock = if LAST_IN_MEMORY.get() && gate::enter() {
+        StateTable::ready_for_call(c"rate_limit()");
+        None
+    } else {
+        Some(StateTable::lock_for_call(c"rate_limit()"))
     };
+    let mut config = resolve(req, inline)?;
+    usable(req, &config)?;
+    if lock.is_none() && !limiter::counted_in_memory(&config) {
+        lock = Some(StateTable::lock_when_ready());
+        req.exempt = false;
+        config = resolve(req, inline)?;
+        usable(req, &config)?;
+    }
+    LAST_IN_MEMORY.set(limiter::counted_in_memory(&config));
     let open_locked = || StateTable::open_after_call_lock(lock.unwrap_or_else(StateTable::lock_when_ready));
     // A durable limit's call is refused in a read-only transaction or on a standby before
     // anything else (25006); a memory limit's call writes nothing, and needs no more of the

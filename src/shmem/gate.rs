@@ -12,8 +12,9 @@
 //! and waits for it. The change locks the table only after that wait, so a transaction it
 //! waits for can still lock the table for a durable call; a call that saw it meanwhile locks
 //! the table at once (no change holds it yet) and is waited for there. A change's count goes
-//! once its invalidations are sent (`Ending::Released`): a call that passes the gate after
-//! it takes in the change's new config.
+//! once its invalidations are sent (`Ending::Released`), and a call takes invalidations in
+//! after it passed the gate: a call that passes it after that reads the change's config.
+//! docs/memory-limits.md has the whole of it, and what moved.
 
 use std::cell::Cell;
 use std::ptr::null_mut;
@@ -23,7 +24,7 @@ use pgrx::pg_sys;
 
 use super::area;
 use crate::storage;
-use crate::transaction::{self, Ending};
+use crate::transaction::{self, Ending, SubTransactionId};
 
 /// Words of changes under way, databases sharing one by their OID's remainder (a change in one
 /// sends the others' calls through the table's lock while it lasts, nothing more).
@@ -47,8 +48,9 @@ static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
 const SHMEM_NAME: &std::ffi::CStr = c"rate_limiter gate";
 
 thread_local! {
-    /// This transaction's id is in its slot.
-    static ENTERED: Cell<bool> = const { Cell::new(false) };
+    /// This transaction's id is in its slot, since this subtransaction: its abort takes every
+    /// call in flight made since back, and the transaction out of the slot.
+    static ENTERED: Cell<Option<SubTransactionId>> = const { Cell::new(None) };
     /// The word this transaction counted itself in, to take it out when it ends.
     static COUNTED: Cell<Option<usize>> = const { Cell::new(None) };
     /// This transaction waited for every call in flight before it counted itself (an error
@@ -111,11 +113,13 @@ fn unpacked(transaction: u64) -> (i32, u32) {
 /// in its database, or there is no gate (the library not preloaded), and the call locks the
 /// table as any other. Taken in before the call reads its config.
 pub fn enter() -> bool {
-    if ENTERED.get() {
+    if ENTERED.get().is_some() {
         return true;
     }
     let Some((header, slots)) = gate() else { return false };
     let Some(slot) = area::my_process().and_then(|process| slots.get(process)) else { return false };
+    // First, as it may raise (its first time in a backend allocates): before anything it undoes.
+    transaction::tell_when_released();
     let database = my_database();
     slot.database.store(database, Relaxed);
     slot.transaction.store(packed(storage::my_transaction()), SeqCst);
@@ -123,8 +127,7 @@ pub fn enter() -> bool {
         slot.transaction.store(0, Release);
         return false;
     }
-    ENTERED.set(true);
-    transaction::tell_when_released();
+    ENTERED.set(Some(transaction::current_subtransaction()));
     true
 }
 
@@ -136,9 +139,10 @@ pub fn hold_calls_off() {
     if let Some((header, slots)) = gate().filter(|_| !WAITED.get()) {
         let database = my_database();
         if COUNTED.get().is_none() {
-            // Noted first: no error can come between the count and its note.
-            COUNTED.set(Some(word(database)));
+            // Noted first, once the one step that may raise is done: no error can come
+            // between the count and its note.
             transaction::tell_when_released();
+            COUNTED.set(Some(word(database)));
             header.changes[word(database)].fetch_add(1, SeqCst);
         }
         let mine = area::my_process();
@@ -154,19 +158,27 @@ pub fn hold_calls_off() {
 }
 
 /// The transaction's end (`transaction::register`): once its invalidations are sent, its
-/// slot is emptied and its change uncounted.
+/// slot is emptied and its change uncounted. The abort of the subtransaction that entered
+/// the gate empties the slot at once (its calls were taken back), as it released a lock.
 pub fn at_end(ending: Ending) {
-    if ending != Ending::Released {
-        return;
+    match ending {
+        Ending::Released => {
+            WAITED.set(false);
+            leave();
+            if let (Some(word), Some((header, _))) = (COUNTED.take(), gate()) {
+                header.changes[word].fetch_sub(1, SeqCst);
+            }
+        }
+        Ending::SubtransactionAborted(ending) if ENTERED.get().is_some_and(|since| since >= ending) => leave(),
+        _ => {}
     }
-    WAITED.set(false);
-    let Some((header, slots)) = gate() else { return };
-    if ENTERED.replace(false) {
-        if let Some(slot) = area::my_process().and_then(|process| slots.get(process)) {
+}
+
+/// This transaction's id out of its slot.
+fn leave() {
+    if ENTERED.take().is_some() {
+        if let Some(slot) = gate().and_then(|(_, slots)| area::my_process().and_then(|process| slots.get(process))) {
             slot.transaction.store(0, Release);
         }
-    }
-    if let Some(word) = COUNTED.take() {
-        header.changes[word].fetch_sub(1, SeqCst);
     }
 }
