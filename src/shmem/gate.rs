@@ -90,6 +90,11 @@ fn gate() -> Option<(&'static Header, &'static [Slot])> {
     }
 }
 
+/// This backend's slot (none past the first `MaxBackends` processes).
+fn my_slot(slots: &[Slot]) -> Option<&Slot> {
+    area::my_process().and_then(|process| slots.get(process))
+}
+
 fn my_database() -> u32 {
     // SAFETY: written only while the backend connects, before any SQL runs.
     unsafe { pg_sys::MyDatabaseId }.to_u32()
@@ -111,13 +116,13 @@ fn unpacked(transaction: u64) -> (i32, u32) {
 /// Let a memory limit's call through without the table's lock: whether it may (this
 /// transaction's id is in its slot, for any change to wait for); else, a change is under way
 /// in its database, or there is no gate (the library not preloaded), and the call locks the
-/// table as any other. Taken in before the call reads its config.
+/// table as any other. Before the call reads its config (and takes invalidations in).
 pub fn enter() -> bool {
     if ENTERED.get().is_some() {
         return true;
     }
     let Some((header, slots)) = gate() else { return false };
-    let Some(slot) = area::my_process().and_then(|process| slots.get(process)) else { return false };
+    let Some(slot) = my_slot(slots) else { return false };
     // First, as it may raise (its first time in a backend allocates): before anything it undoes.
     transaction::tell_when_released();
     let database = my_database();
@@ -177,7 +182,7 @@ pub fn at_end(ending: Ending) {
 /// This transaction's id out of its slot.
 fn leave() {
     if ENTERED.take().is_some() {
-        if let Some(slot) = gate().and_then(|(_, slots)| area::my_process().and_then(|process| slots.get(process))) {
+        if let Some(slot) = gate().and_then(|(_, slots)| my_slot(slots)) {
             slot.transaction.store(0, Release);
         }
     }
