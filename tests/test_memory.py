@@ -263,6 +263,41 @@ def test_a_change_whose_wait_failed_in_a_savepoint_waits_again(database_name):
         assert remaining(a, "mem", "k") == 16
 
 
+def test_a_memory_limit_redefined_under_load_loses_and_invents_nothing(database_name):
+    """The gate under load: six sessions take, roll back (whole or a savepoint) and hold
+    calls in flight while the limit is redefined again and again (its period: with the clock
+    standing still, what it counts stays comparable). Each call either ended before a change
+    or is counted under it: none lost, none twice, none refused for a config changed under
+    it (55000)."""
+    with session(database_name) as admin:
+        ledger(admin)
+        define(admin, "m", rate=100000, period="1 day", durable=False)
+    stop, failed = threading.Event(), []
+
+    def load():
+        try:
+            mixed_load(database_name, "m", "k", 6, 10000, stop)
+        except Exception as e:  # noqa: BLE001 - the test asserts on it
+            failed.append(e)
+
+    loading = threading.Thread(target=load, daemon=True)
+    loading.start()
+    try:
+        with session(database_name) as admin:
+            for period in ("2 days", "1 day") * 3:
+                time.sleep(0.4)
+                define(admin, "m", rate=100000, period=period, durable=False)
+            time.sleep(0.4)
+    finally:
+        stop.set()
+        loading.join(30)
+    assert not failed, failed
+    with session(database_name) as c:
+        used = granted(c, "m", "k")
+        assert used > 100, "the load ran"
+        assert used + remaining(c, "m", "k") == 100000
+
+
 def test_a_call_in_a_savepoint_rolled_back_keeps_no_change_waiting(database_name):
     """A memory call taken back by the rollback of its savepoint leaves nothing in flight: a
     change after it does not wait for the rest of the transaction (as the table's lock, taken
