@@ -298,6 +298,19 @@ def test_a_memory_limit_redefined_under_load_loses_and_invents_nothing(database_
         assert used + remaining(c, "m", "k") == 100000
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_redefinition_in_another_session_is_seen_by_the_next_call(database_name, durable):
+    """Issue 66's promise: what a backend keeps of the configs it called (by name, and the
+    last one) is current at its next call once another session's change commits."""
+    with session(database_name) as a, session(database_name) as b:
+        define(a, "x", rate=10, period="1 hour", durable=durable)
+        for _ in range(2):
+            a.execute("SELECT rate_limiter.rate_limit('x', 'k')")
+        define(b, "x", rate=3, period="1 hour", durable=durable)
+        left = a.execute("SELECT remaining FROM rate_limiter.rate_limit('x', 'k')").fetchone()
+        assert left == (0,), "2 taken of 3, and this one: none left (7 under the old rate of 10)"
+
+
 def test_a_call_in_a_savepoint_rolled_back_keeps_no_change_waiting(database_name):
     """A memory call taken back by the rollback of its savepoint leaves nothing in flight: a
     change after it does not wait for the rest of the transaction (as the table's lock, taken
