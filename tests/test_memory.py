@@ -16,7 +16,7 @@ from properties import seeded
 from calls import define, snapshot_keys
 from clusters import PORTS, every_version, kill_9_under_load, wait_for
 from ledger import NOW, granted, ledger, mixed_load, remaining, session
-from together import in_sessions
+from together import in_background, in_sessions
 
 
 @every_version
@@ -180,19 +180,9 @@ WAITING = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
 
 
 def changing(conn, name, rate):
-    """A thread that defines memory limit `name` at `rate` in `conn` and commits, and what it
-    raised (none: an empty list)."""
-    raised = []
-
-    def change():
-        try:
-            define(conn, name, rate=rate, period="1 hour", durable=False)
-        except Exception as e:  # noqa: BLE001 - the test asserts on it
-            raised.append(e)
-
-    thread = threading.Thread(target=change, daemon=True)
-    thread.start()
-    return thread, raised
+    """A thread that defines memory limit `name` at `rate` in `conn` and commits, and its
+    outcome (`in_background`: [None] once done)."""
+    return in_background(lambda: define(conn, name, rate=rate, period="1 hour", durable=False))
 
 
 # Alone: a change under way in another test's database that shares this one's word of the
@@ -211,7 +201,7 @@ def test_a_memory_call_in_flight_locks_no_table_and_a_change_still_waits_for_it(
         a.execute("BEGIN")
         a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
         assert a.execute(STATE_LOCKS).fetchone() == (0,), "no lock of the state table for a memory call"
-        thread, raised = changing(b, "mem", 20)
+        thread, changed = changing(b, "mem", 20)
         wait_for(lambda: watch.execute(WAITING, (b.info.backend_pid,)).fetchone()[0], "the change to wait for A")
         assert a.execute("SELECT ok FROM rate_limiter.rate_limit('rows', 'k')").fetchone() == (True,)
         assert a.execute(STATE_LOCKS).fetchone() == (1,), "a durable call locks the table"
@@ -219,7 +209,7 @@ def test_a_memory_call_in_flight_locks_no_table_and_a_change_still_waits_for_it(
         assert thread.is_alive(), "the change still waits for A"
         a.execute("COMMIT")
         thread.join(10)
-        assert not thread.is_alive() and not raised, raised
+        assert not thread.is_alive() and changed == [None], changed
         assert remaining(a, "mem", "k") == 16, "the 4 taken still count under the new rate"
 
 
@@ -231,15 +221,15 @@ def test_a_call_that_comes_while_a_change_waits_is_counted_under_it(database_nam
         define(a, "mem", rate=10, period="1 hour", durable=False)
         a.execute("BEGIN")
         a.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
-        change, raised = changing(b, "mem", 20)
+        change, changed = changing(b, "mem", 20)
         wait_for(lambda: watch.execute(WAITING, (b.info.backend_pid,)).fetchone()[0], "the change to wait for A")
-        late = threading.Thread(target=lambda: c.execute("SELECT rate_limiter.rate_limit('mem', 'k', 3)"), daemon=True)
-        late.start()  # C commits its call at once (autocommit), before the change or after it
+        # C commits its call at once (autocommit), before the change or after it.
+        late, took = in_background(lambda: c.execute("SELECT ok FROM rate_limiter.rate_limit('mem', 'k', 3)").fetchone())
         time.sleep(0.2)
         a.execute("COMMIT")
         late.join(10)
         change.join(10)
-        assert not late.is_alive() and not change.is_alive() and not raised, raised
+        assert not late.is_alive() and not change.is_alive() and changed == [None] and took == [(True,)], (changed, took)
         assert remaining(a, "mem", "k") == 13, "4 and 3 taken, under the new rate of 20"
 
 
@@ -272,16 +262,8 @@ def test_a_memory_limit_redefined_under_load_loses_and_invents_nothing(database_
     with session(database_name) as admin:
         ledger(admin)
         define(admin, "m", rate=100000, period="1 day", durable=False)
-    stop, failed = threading.Event(), []
-
-    def load():
-        try:
-            mixed_load(database_name, "m", "k", 6, 10000, stop)
-        except Exception as e:  # noqa: BLE001 - the test asserts on it
-            failed.append(e)
-
-    loading = threading.Thread(target=load, daemon=True)
-    loading.start()
+    stop = threading.Event()
+    loading, loaded = in_background(lambda: mixed_load(database_name, "m", "k", 6, 10000, stop))
     try:
         with session(database_name) as admin:
             for period in ("2 days", "1 day") * 3:
@@ -291,7 +273,7 @@ def test_a_memory_limit_redefined_under_load_loses_and_invents_nothing(database_
     finally:
         stop.set()
         loading.join(30)
-    assert not failed, failed
+    assert loaded == [None], loaded
     with session(database_name) as c:
         used = granted(c, "m", "k")
         assert used > 100, "the load ran"
@@ -340,16 +322,7 @@ def test_a_call_behind_a_prepared_change_reads_its_config_after_commit_prepared(
         define(p, "c", "concurrency", rate=1, period="1 minute")
         p.execute("PREPARE TRANSACTION 'rl_lowered'")
         try:
-            answers = []
-
-            def two_slots():
-                try:
-                    answers.append(a.execute("SELECT ok FROM rate_limiter.rate_limit('c', 'k', 2)").fetchone())
-                except errors.Error as e:
-                    answers.append(e)
-
-            call = threading.Thread(target=two_slots, daemon=True)
-            call.start()
+            call, answers = in_background(lambda: a.execute("SELECT ok FROM rate_limiter.rate_limit('c', 'k', 2)").fetchone())
             wait_for(lambda: p.execute(WAITING, (a.info.backend_pid,)).fetchone()[0], "the call to wait for the lock")
         finally:
             p.execute("COMMIT PREPARED 'rl_lowered'")

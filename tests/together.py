@@ -24,3 +24,19 @@ def in_sessions(count, body):
     if failures:
         raise AssertionError(f"{len(failures)} of {count} sessions failed: {failures}") from failures[0]
     return results
+
+
+def in_background(body):
+    """Starts body() in a thread of its own and returns at once: the thread, and a list that
+    gets body's result, or the exception it raised, for the test to assert on."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(body())
+        except Exception as e:  # noqa: BLE001 - the test asserts on it
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome

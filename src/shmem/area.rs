@@ -55,6 +55,13 @@ pub fn my_process() -> Option<usize> {
     }
 }
 
+/// This backend's database, as the areas tag what is kept for it.
+pub fn my_database() -> u32 {
+    // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL runs,
+    // and backends are single-threaded, so this read cannot race a write.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
 /// An LWLock held until dropped, on error paths too.
 pub struct Held(*mut pg_sys::LWLock);
 

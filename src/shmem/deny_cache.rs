@@ -126,12 +126,6 @@ pub unsafe fn attach() {
     AREA.store(area.cast::<Header>(), Release);
 }
 
-fn this_database() -> u32 {
-    // SAFETY: MyDatabaseId is written only while the backend connects, before any SQL runs,
-    // and backends are single-threaded, so this read cannot race a write.
-    unsafe { pg_sys::MyDatabaseId }.to_u32()
-}
-
 /// Empty this database's part of the table: every slot it wrote before now answers nothing.
 /// Once per command: a statement that changes many rows of the limits, blocks or allows
 /// (whose trigger runs this per row) scans the table once.
@@ -141,7 +135,7 @@ pub fn forget_this_database() {
     if command.0 != 0 && LAST_FORGET.replace(Some(command)) == Some(command) {
         return;
     }
-    forget(|database, _| database == this_database());
+    forget(|database, _| database == area::my_database());
 }
 
 /// Empty a dropped database's part of the table, before a new one can have its OID.
@@ -155,7 +149,7 @@ pub fn forget_database(database: pg_sys::Oid) {
 pub fn forget_pair(name: &str, key: Option<&str>) {
     let Some((_, slots)) = table() else { return };
     let req = Request { name, key, count: 0.0, reserve: false, inline: None, exempt: false };
-    if let Some((tag, _, _)) = identity(this_database(), &req) {
+    if let Some((tag, _, _)) = identity(area::my_database(), &req) {
         empty_if(&slots[tag as usize & (slots.len() - 1)], |_, held| held == tag);
     }
 }
@@ -243,7 +237,7 @@ fn store(cell: &AtomicU64, v: f64) {
 pub fn answer(req: &Request<'_>, config: &Config) -> Option<Decision> {
     config.deny_cache?;
     let (_, slots) = table()?;
-    let (tag, words, len) = identity(this_database(), req)?;
+    let (tag, words, len) = identity(area::my_database(), req)?;
     let slot = &slots[tag as usize & (slots.len() - 1)];
     let seq = slot.seq.load(Acquire);
     if seq % 2 == 1 || slot.tag.load(Relaxed) != tag {
@@ -258,7 +252,7 @@ pub fn answer(req: &Request<'_>, config: &Config) -> Option<Decision> {
     if slot.seq.load(Relaxed) != seq {
         return None;
     }
-    if !same_pair || held_len != len || database != this_database() {
+    if !same_pair || held_len != len || database != area::my_database() {
         return None;
     }
     let now = clock::now_ms();
@@ -284,11 +278,11 @@ pub fn remember(req: &Request<'_>, config: &Config, d: &Decision) {
         return;
     }
     let Some((_, slots)) = table() else { return };
-    let Some((tag, words, len)) = identity(this_database(), req) else { return };
+    let Some((tag, words, len)) = identity(area::my_database(), req) else { return };
     let slot = &slots[tag as usize & (slots.len() - 1)];
     // Read before the slot is taken: nothing between its odd and even seq may fail.
     let now = clock::now_ms();
-    let database = this_database();
+    let database = area::my_database();
     let seq = slot.seq.load(Relaxed);
     if seq % 2 == 1 || slot.seq.compare_exchange(seq, seq + 1, Acquire, Relaxed).is_err() {
         return;

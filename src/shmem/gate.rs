@@ -95,11 +95,6 @@ fn my_slot(slots: &[Slot]) -> Option<&Slot> {
     area::my_process().and_then(|process| slots.get(process))
 }
 
-fn my_database() -> u32 {
-    // SAFETY: written only while the backend connects, before any SQL runs.
-    unsafe { pg_sys::MyDatabaseId }.to_u32()
-}
-
 fn word(database: u32) -> usize {
     database as usize % WORDS
 }
@@ -125,7 +120,7 @@ pub fn enter() -> bool {
     let Some(slot) = my_slot(slots) else { return false };
     // First, as it may raise (its first time in a backend allocates): before anything it undoes.
     transaction::tell_when_released();
-    let database = my_database();
+    let database = area::my_database();
     slot.database.store(database, Relaxed);
     slot.transaction.store(packed(storage::my_transaction()), SeqCst);
     if header.changes[word(database)].load(SeqCst) != 0 {
@@ -142,7 +137,7 @@ pub fn enter() -> bool {
 /// those holding the table's lock (`storage::lock_out_calls`).
 pub fn hold_calls_off() {
     if let Some((header, slots)) = gate().filter(|_| !WAITED.get()) {
-        let database = my_database();
+        let database = area::my_database();
         if COUNTED.get().is_none() {
             // Noted first, once the one step that may raise is done: no error can come
             // between the count and its note.

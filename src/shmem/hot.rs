@@ -268,8 +268,7 @@ fn hold_with_table(index: usize) -> (Held, Guard) {
 }
 
 fn database() -> pg_sys::Oid {
-    // SAFETY: written only while the backend connects, before any SQL runs.
-    unsafe { pg_sys::MyDatabaseId }
+    area::my_database().into()
 }
 
 /// The escrow of (name, key) in this database, held; `load` gives its committed state, its

@@ -330,15 +330,10 @@ unsafe extern "C-unwind" fn save_at_exit(code: i32, _arg: pg_sys::Datum) {
     }
 }
 
-fn database() -> u32 {
-    // SAFETY: written only while the backend connects, before any SQL runs.
-    u32::from(unsafe { pg_sys::MyDatabaseId })
-}
-
 /// (limit, key) in this database; see `Identity::new`.
 pub fn identity(install: pg_sys::Oid, name: &str, key: Option<&str>, inline: Option<&[u8; 16]>) -> Option<Identity> {
     let table = table()?;
-    Some(Identity::new(table.header.secret, database(), u32::from(install), name, key, inline))
+    Some(Identity::new(table.header.secret, area::my_database(), u32::from(install), name, key, inline))
 }
 
 /// This cluster's origin in the snapshot logs (`identity::snapshot_origin`); None with
@@ -350,7 +345,7 @@ pub fn snapshot_origin() -> Option<i64> {
 /// The tag of limit `name`, to forget all its keys.
 pub fn limit_tag(install: pg_sys::Oid, name: &str) -> Option<u64> {
     let table = table()?;
-    Some(identity::limit_tag(table.header.secret, database(), u32::from(install), name))
+    Some(identity::limit_tag(table.header.secret, area::my_database(), u32::from(install), name))
 }
 
 /// Partitions `which`, held in ascending order (so that two holders never wait for each
@@ -370,7 +365,7 @@ fn range(partition: usize) -> std::ops::Range<usize> {
 /// The entry of `id` in this database in `partitions`; when there is none, how many entries
 /// of its (limit, key) count under inline configs there.
 fn find(table: &Table, partitions: [usize; 2], id: &Identity) -> (Option<usize>, usize) {
-    let (want, database) = (id.index_tag(), database());
+    let (want, database) = (id.index_tag(), area::my_database());
     let mut inline = 0;
     let distinct = if partitions[0] == partitions[1] { 1 } else { 2 };
     for &p in &partitions[..distinct] {
@@ -402,7 +397,7 @@ fn find_alone(table: &Table, partitions: [usize; 2], id: &Identity) -> Option<(u
 /// emptier partition, and only one of its own when the database holds its share. None: no
 /// room.
 fn reusable(table: &Table, partitions: [usize; 2], now: f64, own_only: bool) -> Option<usize> {
-    let database = database();
+    let database = area::my_database();
     // Fullness is the entries counted (a tag), expired or not: what the two choices balance.
     let used = |p: usize| table.tags_of(p).iter().filter(|t| **t != 0).count();
     let (emptier, other) =
@@ -604,12 +599,12 @@ pub enum Hold {
 /// `rows_looked_up`.
 pub fn rows_may_exist() -> Rows {
     let Some(table) = table() else { return Rows::None };
-    shares::of(&table, database()).map_or(Rows::Maybe, |s| s.rows())
+    shares::of(&table, area::my_database()).map_or(Rows::Maybe, |s| s.rows())
 }
 
 /// What the snapshot table's mark said: whether keys were counted in rows before.
 pub fn rows_looked_up(maybe: bool) {
-    if let Some(share) = table().and_then(|t| shares::of(&t, database())) {
+    if let Some(share) = table().and_then(|t| shares::of(&t, area::my_database())) {
         share.looked_up(if maybe { Rows::Maybe } else { Rows::None });
     }
 }
@@ -646,7 +641,7 @@ pub fn hold(id: &Identity, name: &str, config: u64, now: f64, claim: Claim, fres
             i
         }
         None => {
-            let Some(share) = shares::of(&table, database()) else { return Ok(Hold::NoRoom) };
+            let Some(share) = shares::of(&table, area::my_database()) else { return Ok(Hold::NoRoom) };
             let may = match claim {
                 Claim::Never => false,
                 Claim::UnlessRowsMayExist => share.rows() == Rows::None,
@@ -664,7 +659,7 @@ pub fn hold(id: &Identity, name: &str, config: u64, now: f64, claim: Claim, fres
                 share.overflowed();
                 return Ok(Hold::NoRoom);
             };
-            table.entry(i).claim(database(), id, config, base);
+            table.entry(i).claim(area::my_database(), id, config, base);
             i
         }
     };
@@ -674,7 +669,7 @@ pub fn hold(id: &Identity, name: &str, config: u64, now: f64, claim: Claim, fres
 /// An entry of `partitions` for a new key of this database at `now`, counted in its share
 /// (the caller makes it the key's); None when there is no room.
 fn claim_entry(table: &Table, partitions: [usize; 2], now: f64) -> Option<usize> {
-    let database = database();
+    let database = area::my_database();
     let share = shares::of(table, database)?;
     let own_only = share.held() >= share_limit(table.count(), settings::MEMORY_KEYS_PER_DATABASE.get());
     let i = reusable(table, partitions, now, own_only)?;
@@ -702,7 +697,7 @@ pub fn counts_key(id: &Identity) -> bool {
     let Some(table) = table() else { return false };
     let partitions = id.partitions(table.partitions());
     let _held = hold_partitions(partitions);
-    let database = database();
+    let database = area::my_database();
     partitions.iter().flat_map(|p| range(*p)).any(|i| table.entry(i).same_key(database, id))
 }
 
@@ -783,7 +778,7 @@ pub fn is_dropping(database: pg_sys::Oid) -> bool {
 /// called again.
 pub fn retune(limit: u64, now: &[(u64, Config)]) {
     let Some(table) = table() else { return };
-    let database = database();
+    let database = area::my_database();
     for partition in 0..table.partitions() {
         let _held = hold_partitions([partition, partition]);
         for i in range(partition) {
@@ -819,7 +814,7 @@ pub fn give_way(id: &Identity) {
 /// Forget the counts of limit `limit` (`limit_tag`) in this database, or of one key of it
 /// (`id`, under every inline config of the name).
 pub fn forget(limit: u64, id: Option<&Identity>) {
-    let database = database();
+    let database = area::my_database();
     match id {
         Some(id) => let_go_key(id, true),
         None => drop_entries(|entry| entry.limit == limit && entry.database == database, true),
@@ -830,7 +825,7 @@ pub fn forget(limit: u64, id: Option<&Identity>) {
 /// the name; with `only_idle`, those with calls in flight are kept.
 fn let_go_key(id: &Identity, only_idle: bool) {
     let Some(table) = table() else { return };
-    let database = database();
+    let database = area::my_database();
     let partitions = id.partitions(table.partitions());
     let _held = hold_partitions(partitions);
     for i in partitions.iter().flat_map(|p| range(*p)) {

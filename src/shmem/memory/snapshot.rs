@@ -14,10 +14,10 @@ use pgrx::pg_sys;
 use crate::error::{Error, Result};
 use crate::storage::{self, snapshot::{Kind, Rows}};
 
-use super::area::Held;
+use super::area::{self, Held};
 use super::packed::{self, Logged};
 use super::record::{self, Record};
-use super::{claim_entry, database, find, hold_partitions, let_go, partition_lock, range, table, Header, Table, PARTITION};
+use super::{claim_entry, find, hold_partitions, let_go, partition_lock, range, table, Header, Table, PARTITION};
 
 thread_local! {
     /// The epoch at which this backend's database was seen loaded.
@@ -91,7 +91,7 @@ pub fn needs_load() -> bool {
     if epoch == 0 || LOADED_AT.get() == epoch || storage::in_recovery() {
         return false;
     }
-    if loaded_at(header, pg_sys::Oid::from(database()), epoch) {
+    if loaded_at(header, pg_sys::Oid::from(area::my_database()), epoch) {
         LOADED_AT.set(epoch);
         return false;
     }
@@ -105,7 +105,7 @@ pub fn needs_load() -> bool {
 /// when too many databases loaded since the loss.
 pub fn restore(log: &[(Kind, Vec<u8>)], now: f64) -> Result<Restored> {
     let Some(table) = table() else { return Ok(Restored::default()) };
-    let database = database();
+    let database = area::my_database();
     let logged: Vec<Logged> = log
         .iter()
         .filter_map(|(kind, bytes)| match kind {
@@ -254,7 +254,7 @@ pub fn databases_changed(now: f64) -> Vec<pg_sys::Oid> {
 /// copied one partition at a time.
 pub fn changed(now: f64, every: bool) -> Vec<Changed> {
     let Some(table) = table() else { return Vec::new() };
-    let database = database();
+    let database = area::my_database();
     if !loaded_at(table.header, pg_sys::Oid::from(database), epoch(table.header)) {
         return Vec::new();
     }
