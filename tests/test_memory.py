@@ -293,6 +293,25 @@ def test_a_redefinition_in_another_session_is_seen_by_the_next_call(database_nam
         assert left == (0,), "2 taken of 3, and this one: none left (7 under the old rate of 10)"
 
 
+def test_a_change_waits_for_no_call_of_another_database(test_cluster, database_name):
+    """The gate's slots say their database: a change waits for its own database's calls in
+    flight, never for another's."""
+    with test_cluster.connect() as admin:
+        admin.execute("CREATE DATABASE rl_gate_other")
+        try:
+            with test_cluster.connect("rl_gate_other") as other, session(database_name) as b:
+                other.execute("CREATE EXTENSION rate_limiter")
+                for conn in (other, b):
+                    define(conn, "mem", rate=10, period="1 hour", durable=False)
+                other.execute("BEGIN")
+                other.execute("SELECT rate_limiter.rate_limit('mem', 'k', 4)")
+                b.execute("SET lock_timeout = '2s'")
+                define(b, "mem", rate=20, period="1 hour", durable=False)
+                other.execute("COMMIT")
+        finally:
+            admin.execute("DROP DATABASE IF EXISTS rl_gate_other")
+
+
 def test_a_call_in_a_savepoint_rolled_back_keeps_no_change_waiting(database_name):
     """A memory call taken back by the rollback of its savepoint leaves nothing in flight: a
     change after it does not wait for the rest of the transaction (as the table's lock, taken
