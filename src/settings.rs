@@ -214,7 +214,7 @@ pub fn register(preloading: bool) {
     GucRegistry::define_int_guc(
         c"rate_limiter.memory_keys",
         c"How many (limit, key) pairs of memory limits (durable => false) can be counted in shared memory at once; 0 turns memory limits off.",
-        c"Each takes 118 bytes of shared memory; counted in whole partitions of 64. A key that finds no room is counted in its row of rate_limiter.state until room frees.",
+        c"Each takes 117 bytes of shared memory; counted in whole partitions of 64. A key that finds no room is counted in its row of rate_limiter.state until room frees.",
         &MEMORY_KEYS,
         0,
         1 << 30,

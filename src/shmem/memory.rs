@@ -61,27 +61,37 @@ struct Header {
     pool_shares: u64,
     /// The cluster's secret (`identity`), read by the postmaster at start.
     secret: [u64; 2],
+    /// The tranche of the partitions' locks.
+    tranche: i32,
     /// Raised when shared memory holds less than the snapshot tables (`snapshot`): made after
     /// a crash (1), or a promotion. 0: nothing to load.
     epoch: AtomicU64,
     /// Started in recovery: its end (a promotion) raises `epoch`.
     recovering: AtomicBool,
-    /// Which databases loaded their snapshot at which epoch, under the last lock of the
-    /// tranche.
+    /// Which databases loaded their snapshot at which epoch, under the named tranche's lock.
     loaded: [snapshot::Loaded; DATABASES],
     /// How many entries each database holds, under the same lock when a database is added.
     shares: [shares::Share; DATABASES],
 }
 
+/// A partition's lock and its index, an element per entry (a tag, and from when the entry may
+/// be given away), which a call scans rather than the entries: side by side, so that a call
+/// touches these lines and its entry's alone, two pages of shared memory where the locks, the
+/// tags and the instants in arrays apart made four (each a TLB miss, in a table too large
+/// for the TLB to map).
+#[repr(C, align(64))]
+struct Partition {
+    lock: pg_sys::LWLock,
+    tags: [u32; PARTITION],
+    free_after: [f64; PARTITION],
+}
+
 /// Where each part of the area starts, in bytes, after the header: a bit per partition
 /// with an entry changed since its last snapshot (the worker's round reads only those); the
-/// index, two arrays of an element per entry (a tag and from when the entry may be given
-/// away), which a call scans rather than the entries; the entries; the pool's bits and its
-/// escrows.
+/// partitions' locks and index; the entries; the pool's bits and its escrows.
 struct Layout {
     changed: usize,
-    tags: usize,
-    free_after: usize,
+    partitions: usize,
     entries: usize,
     pool_bits: usize,
     pool: usize,
@@ -92,27 +102,24 @@ impl Layout {
     fn of(entries: usize, pool_shares: usize) -> Layout {
         let after = |at: usize, align: usize| at.next_multiple_of(align);
         let changed = after(size_of::<Header>(), 64);
-        let tags = after(changed + (entries / PARTITION).div_ceil(64) * 8, 64);
-        let free_after = after(tags + entries * 4, 64);
-        let entries_at = after(free_after + entries * 8, 64);
+        let partitions = after(changed + (entries / PARTITION).div_ceil(64) * 8, 64);
+        let entries_at = after(partitions + entries / PARTITION * size_of::<Partition>(), 64);
         let pool_bits = after(entries_at + entries * size_of::<Entry>(), 64);
         let pool = after(pool_bits + pool_shares * 8, 64);
         let size = pool + pool_shares * pool::PER_BACKEND * size_of::<InFlight>();
-        Layout { changed, tags, free_after, entries: entries_at, pool_bits, pool, size }
+        Layout { changed, partitions, entries: entries_at, pool_bits, pool, size }
     }
 }
 
-/// Shared memory a key costs at rest: its entry, its place in the index and its part of a
-/// partition's lock.
+/// Shared memory a key costs at rest: its entry, and its part of a partition's lock and index.
 #[cfg(test)]
-const BYTES_PER_KEY: usize = size_of::<Entry>() + 4 + 8 + size_of::<pg_sys::LWLockPadded>().div_ceil(PARTITION);
+const BYTES_PER_KEY: usize = size_of::<Entry>() + size_of::<Partition>() / PARTITION;
 
 /// The area, as pointers into it.
 struct Table {
     header: &'static Header,
     changed: *const AtomicU64,
-    tags: *mut u32,
-    free_after: *mut f64,
+    partitions: *mut Partition,
     entries: *mut Entry,
     pool_bits: *const AtomicU64,
     pool: *mut InFlight,
@@ -138,29 +145,47 @@ impl Table {
 
     /// The index's tags of partition `partition`.
     fn tags_of(&self, partition: usize) -> &[u32] {
-        // SAFETY: the partition's PARTITION tags, below the count; read under its lock (see
-        // `entry`).
-        unsafe { std::slice::from_raw_parts(self.tags.add(partition * PARTITION), PARTITION) }
+        // SAFETY: below the count of partitions; read under its lock (see `entry`).
+        unsafe { &(*self.partitions.add(partition)).tags }
     }
 
     /// From when each entry of partition `partition` may be given away.
     fn free_after_of(&self, partition: usize) -> &[f64] {
         // SAFETY: as in `tags_of`.
-        unsafe { std::slice::from_raw_parts(self.free_after.add(partition * PARTITION), PARTITION) }
+        unsafe { &(*self.partitions.add(partition)).free_after }
+    }
+
+    /// The lock of partition `partition`.
+    fn lock(&self, partition: usize) -> *mut pg_sys::LWLock {
+        debug_assert!(partition < self.partitions());
+        // SAFETY: below the count of partitions, whose locks `attach` initialized.
+        unsafe { &raw mut (*self.partitions.add(partition)).lock }
+    }
+
+    /// Partitions `which`, held in ascending order (so that two holders never wait for each
+    /// other), each once.
+    fn hold_partitions(&self, which: [usize; 2]) -> [Option<Held>; 2] {
+        let (low, high) = (which[0].min(which[1]), which[0].max(which[1]));
+        // SAFETY: partitions' locks, taken in ascending order; a backend holds at most these
+        // two at a time.
+        unsafe { [Some(Held::take(self.lock(low))), (high != low).then(|| Held::take(self.lock(high)))] }
     }
 
     /// Entry `i` changed: its place in the index follows. Under its partition's lock.
     fn refresh(&self, i: usize) {
         let entry = self.entry(i);
         let live = entry.used() && entry.database != 0;
-        // SAFETY: as in `tag`.
+        let tag = if live { entry.identity().index_tag() } else { 0 };
+        let free_after = match (entry.used(), entry.in_flight) {
+            (false, _) => f64::NEG_INFINITY,
+            (true, 0) => entry.expires,
+            (true, _) => f64::INFINITY,
+        };
+        // SAFETY: entry i's partition, below the count; written under its lock, held.
         unsafe {
-            *self.tags.add(i) = if live { entry.identity().index_tag() } else { 0 };
-            *self.free_after.add(i) = match (entry.used(), entry.in_flight) {
-                (false, _) => f64::NEG_INFINITY,
-                (true, 0) => entry.expires,
-                (true, _) => f64::INFINITY,
-            };
+            let partition = self.partitions.add(i / PARTITION);
+            (*partition).tags[i % PARTITION] = tag;
+            (*partition).free_after[i % PARTITION] = free_after;
         }
     }
 
@@ -194,7 +219,8 @@ impl Table {
 }
 
 static AREA: AtomicPtr<Header> = AtomicPtr::new(null_mut());
-static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(null_mut());
+/// The lock of `Header::loaded` and `Header::shares`, the named tranche's one.
+static PLACES_LOCK: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(null_mut());
 
 /// The area, when the library was preloaded with entries.
 fn table() -> Option<Table> {
@@ -210,8 +236,7 @@ fn table() -> Option<Table> {
         Some(Table {
             header,
             changed: base.add(layout.changed).cast(),
-            tags: base.add(layout.tags).cast(),
-            free_after: base.add(layout.free_after).cast(),
+            partitions: base.add(layout.partitions).cast(),
             entries: base.add(layout.entries).cast(),
             pool_bits: base.add(layout.pool_bits).cast(),
             pool: base.add(layout.pool).cast(),
@@ -234,12 +259,10 @@ fn pool_shares() -> usize {
     if entry_count() > 0 { pool::shares() } else { 0 }
 }
 
-/// The lock of partition `partition`, or with the count of partitions, of `Header::loaded`
-/// and `Header::shares`.
-fn partition_lock(partition: usize) -> *mut pg_sys::LWLock {
-    // SAFETY: `LOCKS` holds one lock per partition and one more from the named tranche (see
-    // `attach`).
-    unsafe { &raw mut (*LOCKS.load(Acquire).add(partition)).lock }
+/// The lock of `Header::loaded` and `Header::shares`.
+fn places_lock() -> *mut pg_sys::LWLock {
+    // SAFETY: the named tranche's one lock (see `attach`).
+    unsafe { &raw mut (*PLACES_LOCK.load(Acquire)).lock }
 }
 
 /// The entries one database may hold of `entries`, by `rate_limiter.memory_keys_per_database`.
@@ -258,7 +281,7 @@ pub unsafe fn request() {
     // SAFETY: the request hook is where both may be called.
     unsafe {
         pg_sys::RequestAddinShmemSpace(Layout::of(entry_count(), pool_shares()).size);
-        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), (entry_count() / PARTITION).max(1) as i32 + 1);
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
     }
 }
 
@@ -280,16 +303,27 @@ pub unsafe fn attach() {
                 (*header).secret = identity::cluster_secret();
             }
         }
-        LOCKS.store(pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()), Release);
+        PLACES_LOCK.store(pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()), Release);
+        if !found && entries > 0 {
+            // The partitions' locks, of a tranche of their own: the postmaster names it for
+            // the processes it starts, which inherit the name (a process that attaches
+            // instead, under EXEC_BACKEND, names it again).
+            (*header).tranche = pg_sys::LWLockNewTrancheId();
+        }
+        if entries > 0 {
+            pg_sys::LWLockRegisterTranche((*header).tranche, TRANCHE.as_ptr());
+        }
         AREA.store(header, Release);
         if found {
             return;
         }
         let Some(table) = table() else { return };
-        // Zeros say "free" in the tags; in the instants it takes -inf, since a clock set
-        // before 1970 reads below 0.
-        for i in 0..entries {
-            *table.free_after.add(i) = f64::NEG_INFINITY;
+        for p in 0..table.partitions() {
+            let partition = table.partitions.add(p);
+            pg_sys::LWLockInitialize(&raw mut (*partition).lock, (*header).tranche);
+            // Zeros say "free" in the tags; in the instants it takes -inf, since a clock set
+            // before 1970 reads below 0.
+            (*partition).free_after = [f64::NEG_INFINITY; PARTITION];
         }
         if !pg_sys::IsUnderPostmaster {
             // The postmaster, making shared memory at start or after a crash: what the last
@@ -348,15 +382,6 @@ pub fn limit_tag(install: pg_sys::Oid, name: &str) -> Option<u64> {
     Some(identity::limit_tag(table.header.secret, area::my_database(), u32::from(install), name))
 }
 
-/// Partitions `which`, held in ascending order (so that two holders never wait for each
-/// other), each once.
-fn hold_partitions(which: [usize; 2]) -> [Option<Held>; 2] {
-    let (low, high) = (which[0].min(which[1]), which[0].max(which[1]));
-    // SAFETY: partitions' locks, initialized by the postmaster, taken in ascending order; a
-    // backend holds at most these two at a time.
-    unsafe { [Some(Held::take(partition_lock(low))), (high != low).then(|| Held::take(partition_lock(high)))] }
-}
-
 /// The entries of partition `partition`.
 fn range(partition: usize) -> std::ops::Range<usize> {
     partition * PARTITION..(partition + 1) * PARTITION
@@ -388,7 +413,7 @@ fn find_alone(table: &Table, partitions: [usize; 2], id: &Identity) -> Option<(u
     let distinct = if partitions[0] == partitions[1] { 1 } else { 2 };
     partitions[..distinct].iter().find_map(|&p| {
         // SAFETY: a partition's lock, initialized by the postmaster; the only one held here.
-        let held = unsafe { Held::take(partition_lock(p)) };
+        let held = unsafe { Held::take(table.lock(p)) };
         find(table, [p, p], id).0.map(|i| (i, held))
     })
 }
@@ -620,7 +645,7 @@ pub fn hold(id: &Identity, name: &str, config: u64, now: f64, claim: Claim, fres
         Some((i, held)) => (Some(i), [Some(held), None], 0),
         None => {
             // Not found in either alone: looked for again under both, which a new entry takes.
-            let held = hold_partitions(partitions);
+            let held = table.hold_partitions(partitions);
             let (found, inline) = find(&table, partitions, id);
             (found, held, inline)
         }
@@ -687,7 +712,7 @@ fn claim_entry(table: &Table, partitions: [usize; 2], now: f64) -> Option<usize>
 pub fn peek(id: &Identity) -> Option<Guard> {
     let table = table()?;
     let partitions = id.partitions(table.partitions());
-    let held = hold_partitions(partitions);
+    let held = table.hold_partitions(partitions);
     let index = find(&table, partitions, id).0?;
     Some(Guard { table, index, _held: held })
 }
@@ -696,7 +721,7 @@ pub fn peek(id: &Identity) -> Option<Guard> {
 pub fn counts_key(id: &Identity) -> bool {
     let Some(table) = table() else { return false };
     let partitions = id.partitions(table.partitions());
-    let _held = hold_partitions(partitions);
+    let _held = table.hold_partitions(partitions);
     let database = area::my_database();
     partitions.iter().flat_map(|p| range(*p)).any(|i| table.entry(i).same_key(database, id))
 }
@@ -705,7 +730,7 @@ pub fn counts_key(id: &Identity) -> bool {
 pub fn redeem(ticket: Ticket) -> Option<Guard> {
     let table = table()?;
     let p = ticket.index / PARTITION;
-    let held = hold_partitions([p, p]);
+    let held = table.hold_partitions([p, p]);
     let entry = table.entry(ticket.index);
     (entry.used() && entry.generation == ticket.generation).then(|| Guard { table, index: ticket.index, _held: held })
 }
@@ -731,7 +756,7 @@ fn let_go(table: &Table, i: usize) {
 fn drop_entries(ours: impl Fn(&Entry) -> bool, only_idle: bool) {
     let Some(table) = table() else { return };
     for partition in 0..table.partitions() {
-        let _held = hold_partitions([partition, partition]);
+        let _held = table.hold_partitions([partition, partition]);
         for i in range(partition) {
             let entry = table.entry(i);
             if entry.used() && entry.database != 0 && ours(entry) && !(only_idle && entry.in_flight != 0) {
@@ -780,7 +805,7 @@ pub fn retune(limit: u64, now: &[(u64, Config)]) {
     let Some(table) = table() else { return };
     let database = area::my_database();
     for partition in 0..table.partitions() {
-        let _held = hold_partitions([partition, partition]);
+        let _held = table.hold_partitions([partition, partition]);
         for i in range(partition) {
             let entry = table.entry(i);
             if !(entry.used() && entry.database == database && entry.limit == limit && !entry.inline()) {
@@ -827,7 +852,7 @@ fn let_go_key(id: &Identity, only_idle: bool) {
     let Some(table) = table() else { return };
     let database = area::my_database();
     let partitions = id.partitions(table.partitions());
-    let _held = hold_partitions(partitions);
+    let _held = table.hold_partitions(partitions);
     for i in partitions.iter().flat_map(|p| range(*p)) {
         let entry = table.entry(i);
         if entry.same_key(database, id) && !(only_idle && entry.in_flight != 0) {
@@ -845,7 +870,7 @@ mod tests {
     #[test]
     fn a_key_takes_at_most_128_bytes_of_shared_memory() {
         const { assert!(BYTES_PER_KEY <= 128) };
-        assert_eq!(BYTES_PER_KEY, 118, "the figure the setting's description and the docs give");
+        assert_eq!(BYTES_PER_KEY, 117, "the figure the setting's description and the docs give");
         let per_key = Layout::of(1 << 20, 0).size as f64 / f64::from(1 << 20) + 128.0 / PARTITION as f64;
         assert!(per_key <= 128.0, "{per_key} bytes per key, header and index included");
         assert!(share_limit(1_200_000, -1) >= 1_000_000, "the default holds a million keys of one database");

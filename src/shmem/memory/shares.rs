@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
-use super::{partition_lock, Table};
+use super::{places_lock, Table};
 use crate::shmem::area::Held;
 
 /// A database (its OID, 0: a free place) and the entries it holds.
@@ -74,11 +74,10 @@ thread_local! {
     static MINE: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
-/// The lock of the places (the tranche's last, shared with `Header::loaded`).
-fn hold(table: &Table) -> Held {
-    // SAFETY: the tranche's last lock, initialized by the postmaster; a caller holds no other
-    // lock of the tranche's last meanwhile.
-    unsafe { Held::take(partition_lock(table.partitions())) }
+/// The lock of the places (the named tranche's one, shared with `Header::loaded`).
+fn hold() -> Held {
+    // SAFETY: the places' lock, initialized by the postmaster; a caller holds it once.
+    unsafe { Held::take(places_lock()) }
 }
 
 /// `database`'s place, if it has one.
@@ -107,7 +106,7 @@ pub fn of(table: &Table, database: u32) -> Option<&'static Share> {
     let i = match shares.iter().position(|s| s.database.load(Relaxed) == database) {
         Some(i) => i,
         None => {
-            let _held = hold(table);
+            let _held = hold();
             place(table, database)?
         }
     };
@@ -136,7 +135,7 @@ pub fn set_dropping(table: &Table, database: u32, dropping: bool) {
 
 /// A dropped database's place is free again.
 pub fn forget(table: &Table, database: u32) {
-    let _held = hold(table);
+    let _held = hold();
     if let Some(share) = find(table, database) {
         share.clear();
         share.database.store(0, Relaxed);

@@ -17,7 +17,7 @@ use crate::storage::{self, snapshot::{Kind, Rows}};
 use super::area::{self, Held};
 use super::packed::{self, Logged};
 use super::record::{self, Record};
-use super::{claim_entry, find, hold_partitions, let_go, partition_lock, range, table, Header, Table, PARTITION};
+use super::{claim_entry, find, let_go, places_lock, range, table, Header, Table, PARTITION};
 
 thread_local! {
     /// The epoch at which this backend's database was seen loaded.
@@ -30,9 +30,9 @@ pub fn starts_in_recovery() -> bool {
     ["standby.signal", "recovery.signal"].iter().any(|f| std::path::Path::new(f).exists())
 }
 
-fn hold_loaded(header: &Header, exclusive: bool) -> Held {
-    let lock = partition_lock(header.entries as usize / PARTITION);
-    // SAFETY: the tranche's last lock, initialized by the postmaster; held here alone.
+fn hold_loaded(exclusive: bool) -> Held {
+    let lock = places_lock();
+    // SAFETY: the places' lock, initialized by the postmaster; held here alone.
     unsafe {
         if exclusive {
             Held::take(lock)
@@ -64,7 +64,7 @@ impl Loaded {
 /// The epoch the counts are at: a promotion since the last call raises it first.
 fn epoch(header: &Header) -> u64 {
     if header.recovering.load(Acquire) && !storage::in_recovery() {
-        let _held = hold_loaded(header, true);
+        let _held = hold_loaded(true);
         if header.recovering.load(Acquire) {
             header.epoch.fetch_add(1, AcqRel);
             header.recovering.store(false, Release);
@@ -76,7 +76,7 @@ fn epoch(header: &Header) -> u64 {
 /// Whether `database` loaded its snapshot at `epoch`.
 fn loaded_at(header: &Header, database: pg_sys::Oid, epoch: u64) -> bool {
     epoch == 0 || {
-        let _held = hold_loaded(header, false);
+        let _held = hold_loaded(false);
         header.loaded.iter().any(|l| l.is(database, epoch))
     }
 }
@@ -123,7 +123,7 @@ pub fn restore(log: &[(Kind, Vec<u8>)], now: f64) -> Result<Restored> {
             continue;
         }
         let partitions = id.partitions(table.partitions());
-        let _held = hold_partitions(partitions);
+        let _held = table.hold_partitions(partitions);
         let found = find(&table, partitions, &id).0;
         let index = match found {
             Some(i) if table.entry(i).in_flight == 0 => Some(i),
@@ -149,7 +149,7 @@ pub fn restore(log: &[(Kind, Vec<u8>)], now: f64) -> Result<Restored> {
     }
     let header = table.header;
     let epoch = epoch(header);
-    let _held = hold_loaded(header, true);
+    let _held = hold_loaded(true);
     let slots = &header.loaded;
     let slot = slots
         .iter()
@@ -173,7 +173,7 @@ pub struct Restored {
 pub fn forget_database(database: pg_sys::Oid) {
     let Some(table) = table() else { return };
     let header = table.header;
-    let _held = hold_loaded(header, true);
+    let _held = hold_loaded(true);
     for l in header.loaded.iter().filter(|l| l.database.load(Relaxed) == u32::from(database)) {
         l.set(pg_sys::InvalidOid, 0);
     }
@@ -218,7 +218,7 @@ fn each_changed_partition(table: &Table, every: bool, mut visit: impl FnMut(usiz
         while bits != 0 {
             let partition = w * 64 + bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            let _held = hold_partitions([partition, partition]);
+            let _held = table.hold_partitions([partition, partition]);
             visit(partition);
         }
     }
@@ -283,7 +283,7 @@ pub fn mark_saved(changed: &[Changed]) {
     let Some(table) = table() else { return };
     for c in changed {
         let p = c.index / PARTITION;
-        let _held = hold_partitions([p, p]);
+        let _held = table.hold_partitions([p, p]);
         let entry = table.entry(c.index);
         if entry.used() && entry.generation == c.generation && (c.changes.wrapping_sub(entry.saved) as i32) > 0 {
             entry.saved = c.changes;
