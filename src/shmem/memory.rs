@@ -301,15 +301,13 @@ pub unsafe fn attach() {
             (*header).pool_shares = pool_shares as u64;
             if entries > 0 {
                 (*header).secret = identity::cluster_secret();
+                (*header).tranche = pg_sys::LWLockNewTrancheId();
             }
         }
         PLACES_LOCK.store(pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()), Release);
-        if !found && entries > 0 {
-            // The partitions' locks, of a tranche of their own: the postmaster names it for
-            // the processes it starts, which inherit the name (a process that attaches
-            // instead, under EXEC_BACKEND, names it again).
-            (*header).tranche = pg_sys::LWLockNewTrancheId();
-        }
+        // The partitions' locks have a tranche of their own: the postmaster names it for the
+        // processes it starts, which inherit the name (a process that attaches instead, under
+        // EXEC_BACKEND, names it again).
         if entries > 0 {
             pg_sys::LWLockRegisterTranche((*header).tranche, TRANCHE.as_ptr());
         }
