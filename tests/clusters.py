@@ -149,10 +149,14 @@ class Cluster:
             return
         assert not faults, f"{self.name}'s server log tells of a fault:\n" + "\n".join(faults[:20])
 
+    def postmaster(self):
+        """The postmaster's process id."""
+        with open(f"{self.dir}/postmaster.pid") as f:
+            return int(f.readline())
+
     def kill9(self):
         """Crash: SIGKILL the postmaster and every process it started, as a power cut would."""
-        with open(f"{self.dir}/postmaster.pid") as f:
-            postmaster = int(f.readline())
+        postmaster = self.postmaster()
         children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
         for pid in [postmaster, *map(int, children)]:
             try:

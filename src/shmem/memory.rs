@@ -149,6 +149,17 @@ impl Table {
         unsafe { &(*self.partitions.add(partition)).tags }
     }
 
+    /// The entries of partition `partition` that answer for a key of a database (a tag in the
+    /// index): a scan of every key reads these alone, and leaves the pages of entries never
+    /// used untouched. Read under its lock; the tags are copied, so the caller may change the
+    /// entries it is given.
+    fn live(&self, partition: usize) -> impl Iterator<Item = usize> {
+        debug_assert!(partition < self.partitions());
+        // SAFETY: below the count of partitions; read under its lock (see `entry`).
+        let tags = unsafe { (*self.partitions.add(partition)).tags };
+        (0..PARTITION).filter(move |i| tags[*i] != 0).map(move |i| partition * PARTITION + i)
+    }
+
     /// From when each entry of partition `partition` may be given away.
     fn free_after_of(&self, partition: usize) -> &[f64] {
         // SAFETY: as in `tags_of`.
@@ -755,7 +766,7 @@ fn drop_entries(ours: impl Fn(&Entry) -> bool, only_idle: bool) {
     let Some(table) = table() else { return };
     for partition in 0..table.partitions() {
         let _held = table.hold_partitions([partition, partition]);
-        for i in range(partition) {
+        for i in table.live(partition) {
             let entry = table.entry(i);
             if entry.used() && entry.database != 0 && ours(entry) && !(only_idle && entry.in_flight != 0) {
                 let_go(&table, i);
@@ -804,7 +815,7 @@ pub fn retune(limit: u64, now: &[(u64, Config)]) {
     let database = area::my_database();
     for partition in 0..table.partitions() {
         let _held = table.hold_partitions([partition, partition]);
-        for i in range(partition) {
+        for i in table.live(partition) {
             let entry = table.entry(i);
             if !(entry.used() && entry.database == database && entry.limit == limit && !entry.inline()) {
                 continue;

@@ -53,7 +53,7 @@ pub unsafe fn save(table: &Table, shutdown: Shutdown) -> std::io::Result<usize> 
     let mut out = Vec::from(&MAGIC[..]);
     out.push(u8::from(shutdown == Shutdown::Standby));
     let mut saved = 0;
-    for i in 0..table.count() {
+    for i in (0..table.partitions()).flat_map(|p| table.live(p)) {
         let entry = table.entry(i);
         if entry.used() && entry.database != 0 && entry.committed() {
             let r = record::of(table, entry);
