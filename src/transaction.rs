@@ -1,10 +1,11 @@
 //! What a backend's open transaction holds on the extension's behalf, kept until it ends: one
 //! helper for every such list, with the server's transaction callbacks in one place.
 //!
-//! Each list (`Held`) tags what it is given with the subtransaction that gave it. Subtransaction
-//! ids only rise, and a subtransaction started while another is open is nested in it, so what
-//! a subtransaction and those nested in it gave is exactly what carries its id or a later one:
-//! its abort takes that (`take_from`), and its commit changes nothing. When the transaction
+//! Each list (`Held`, by key, or `List`) tags what it is given with the subtransaction that
+//! gave it. Subtransaction ids only rise, and a subtransaction started while another is open
+//! is nested in it, so what a subtransaction and those nested in it gave is exactly what
+//! carries its id or a later one: its abort takes that (`take_from`, or `forget`), and its
+//! commit changes nothing. When the transaction
 //! ends, each list's owner is told (`Ending`), once, by the callbacks `register` installs from
 //! `_PG_init`: a list is never left behind for the next transaction.
 
@@ -37,15 +38,15 @@ pub enum Ending {
     Released,
 }
 
-/// What a transaction holds of one kind, by key (`()` for an unkeyed list), each with the
-/// subtransaction that gave it; in the order given. For a `thread_local!` of its owner, which
-/// empties it on each `Ending`.
+/// What a transaction holds of one kind, by key, each item with the subtransaction that gave
+/// it; in the order given. For a `thread_local!` of an owner with nothing to settle, which
+/// empties it on each `Ending` (`forget`).
 pub struct Held<K, T> {
     by_key: RefCell<HashMap<K, Vec<(T, SubTransactionId)>>>,
 }
 
-/// How many keys' emptied lists a `Held` keeps, and how much room each keeps, reused by the
-/// next transaction: what one transaction made grow beyond that goes with it.
+/// How many keys' emptied lists a `Held` keeps, and how much room each list keeps, reused by
+/// the next transaction: what one transaction made grow beyond that goes with it.
 const KEPT_KEYS: usize = 16;
 const KEPT_ITEMS: usize = 64;
 
@@ -78,63 +79,95 @@ impl<K: Eq + Hash, T> Held<K, T> {
         with(by_key.get_mut(key).map_or(&mut [][..], Vec::as_mut_slice))
     }
 
-    /// Whether any item of any key satisfies `hit`.
-    pub fn any(&self, hit: impl Fn(&K, &T) -> bool) -> bool {
-        self.by_key.borrow().iter().any(|(key, items)| items.iter().any(|(item, _)| hit(key, item)))
-    }
-
-    /// How many items `key` holds: a mark for `take_after`.
-    pub fn count(&self, key: &K) -> usize {
-        self.by_key.borrow().get(key).map_or(0, Vec::len)
-    }
-
-    /// The items `key` was given after `mark` items, taken out.
-    pub fn take_after(&self, key: &K, mark: usize) -> Vec<T> {
+    /// Emptied as `ending` asks. The lists keep their room for the next transaction, unless
+    /// there are many of them.
+    pub fn forget(&self, ending: Ending) {
         let mut by_key = self.by_key.borrow_mut();
-        let Some(items) = by_key.get_mut(key) else { return Vec::new() };
-        items.split_off(mark.min(items.len())).into_iter().map(|(item, _)| item).collect()
+        if by_key.is_empty() {
+            return;
+        }
+        match ending {
+            Ending::Committed | Ending::Ended if by_key.len() > KEPT_KEYS => *by_key = HashMap::new(),
+            Ending::Committed | Ending::Ended => by_key.values_mut().for_each(|items| {
+                items.clear();
+                items.shrink_to(KEPT_ITEMS);
+            }),
+            Ending::SubtransactionAborted(ending) => by_key.retain(|_, items| {
+                items.retain(|(_, sub)| *sub < ending);
+                !items.is_empty()
+            }),
+            Ending::Preparing | Ending::Released => {}
+        }
+    }
+}
+
+/// What a transaction holds of one kind, unkeyed, each item with the subtransaction that gave
+/// it; in the order given. For a `thread_local!` of an owner that settles what it holds when
+/// the transaction or a subtransaction ends (`take`, `take_from`). A list rather than a
+/// `Held` of one key: it is on the path of every call, where a map hashes its key at each use.
+pub struct List<T> {
+    items: RefCell<Vec<(T, SubTransactionId)>>,
+}
+
+impl<T> Default for List<T> {
+    fn default() -> Self {
+        List { items: RefCell::new(Vec::new()) }
+    }
+}
+
+impl<T> List<T> {
+    /// `item` held until the transaction, or the current subtransaction if it aborts, ends.
+    pub fn add(&self, item: T) {
+        let sub = current_subtransaction();
+        self.items.borrow_mut().push((item, sub));
+    }
+
+    /// The items, oldest first, each with the subtransaction that gave it, for `with` to read
+    /// or change in place.
+    pub fn with_items<R>(&self, with: impl FnOnce(&mut [(T, SubTransactionId)]) -> R) -> R {
+        with(self.items.borrow_mut().as_mut_slice())
+    }
+
+    /// Whether any item satisfies `hit`.
+    pub fn any(&self, hit: impl Fn(&T) -> bool) -> bool {
+        self.items.borrow().iter().any(|(item, _)| hit(item))
+    }
+
+    /// How many items it holds: a mark for `take_after`.
+    pub fn count(&self) -> usize {
+        self.items.borrow().len()
+    }
+
+    /// The items given after `mark` items, taken out.
+    pub fn take_after(&self, mark: usize) -> Vec<T> {
+        let mut items = self.items.borrow_mut();
+        let mark = mark.min(items.len());
+        items.drain(mark..).map(|(item, _)| item).collect()
     }
 
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.by_key.borrow().values().all(Vec::is_empty)
+        self.items.borrow().is_empty()
     }
 
-    /// Everything held, taken out (keys in no particular order, each key's items oldest first).
-    /// The lists keep their room for the next transaction, unless there are many of them.
+    /// Everything held, taken out, oldest first. The list keeps its room for the next
+    /// transaction, up to `KEPT_ITEMS`.
     pub fn take(&self) -> Vec<T> {
-        let mut by_key = self.by_key.borrow_mut();
-        if by_key.is_empty() {
+        let mut items = self.items.borrow_mut();
+        if items.is_empty() {
             return Vec::new();
         }
-        let taken = by_key.values_mut().flat_map(|items| items.drain(..).map(|(item, _)| item)).collect();
-        if by_key.len() > KEPT_KEYS {
-            *by_key = HashMap::new();
-        } else {
-            by_key.values_mut().for_each(|items| items.shrink_to(KEPT_ITEMS));
-        }
+        let taken = items.drain(..).map(|(item, _)| item).collect();
+        items.shrink_to(KEPT_ITEMS);
         taken
     }
 
     /// What subtransaction `ending` and those nested in it gave, taken out.
     pub fn take_from(&self, ending: SubTransactionId) -> Vec<T> {
-        let mut taken = Vec::new();
-        self.by_key.borrow_mut().retain(|_, items| {
-            let (given, kept): (Vec<_>, Vec<_>) = std::mem::take(items).into_iter().partition(|(_, sub)| *sub >= ending);
-            taken.extend(given.into_iter().map(|(item, _)| item));
-            *items = kept;
-            !items.is_empty()
-        });
-        taken
-    }
-
-    /// Emptied as `ending` asks, for an owner with nothing to settle.
-    pub fn forget(&self, ending: Ending) {
-        match ending {
-            Ending::Committed | Ending::Ended => drop(self.take()),
-            Ending::SubtransactionAborted(sub) => drop(self.take_from(sub)),
-            Ending::Preparing | Ending::Released => {}
-        }
+        let mut items = self.items.borrow_mut();
+        let (given, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *items).into_iter().partition(|(_, sub)| *sub >= ending);
+        *items = kept;
+        given.into_iter().map(|(item, _)| item).collect()
     }
 }
 

@@ -8,7 +8,7 @@ use crate::bucket::Config;
 use crate::config;
 use crate::error::Error;
 use crate::shmem::{hot, memory};
-use crate::transaction::{self, Ending, Held};
+use crate::transaction::{self, Ending, List};
 
 /// A call that took tokens from an escrow, until its transaction ends.
 pub enum Debit {
@@ -34,25 +34,25 @@ pub enum Forget {
 
 thread_local! {
     /// The calls in flight, in the order made (`mark`).
-    static DEBITS: Held<(), Debit> = Held::default();
+    static DEBITS: List<Debit> = List::default();
     /// The escrows to drop at commit.
-    static FORGET: Held<(), Forget> = Held::default();
+    static FORGET: List<Forget> = List::default();
     /// The hot escrows whose logs this transaction folds.
-    static FOLDING: Held<(), hot::Ticket> = Held::default();
+    static FOLDING: List<hot::Ticket> = List::default();
     /// Memory entries kept from being given away while a statement decides (`rate_limit_all`'s
     /// memory parts): given back when it has, or when the (sub)transaction ends if an error
     /// came first.
-    static PINNED: Held<(), (memory::Identity, Config)> = Held::default();
+    static PINNED: List<(memory::Identity, Config)> = List::default();
 }
 
 /// `id`'s entry, pinned under `config`, is to be given back (`unpin_all`).
 pub fn note_pinned(id: memory::Identity, config: Config) {
-    PINNED.with(|pinned| pinned.add((), (id, config)));
+    PINNED.with(|pinned| pinned.add((id, config)));
 }
 
 /// Every entry `note_pinned` noted may be given away again.
 pub fn unpin_all() {
-    unpin(PINNED.with(Held::take));
+    unpin(PINNED.with(List::take));
 }
 
 fn unpin(pinned: Vec<(memory::Identity, Config)>) {
@@ -65,24 +65,24 @@ fn unpin(pinned: Vec<(memory::Identity, Config)>) {
 
 /// Note a debit, to settle when its (sub)transaction ends.
 pub fn note_debit(debit: Debit) {
-    DEBITS.with(|debits| debits.add((), debit));
+    DEBITS.with(|debits| debits.add(debit));
 }
 
 /// How many debits this transaction holds: a mark to take back to.
 pub fn mark() -> usize {
-    DEBITS.with(|debits| debits.count(&()))
+    DEBITS.with(List::count)
 }
 
 /// Take back every debit noted since `mark` (`rate_limit_all`'s memory parts, when one is
 /// denied), as a rolled-back savepoint around them would.
 pub fn take_back_since(mark: usize) {
-    let taken = DEBITS.with(|debits| debits.take_after(&(), mark));
+    let taken = DEBITS.with(|debits| debits.take_after(mark));
     settle(taken, false);
 }
 
 /// Note a fold of a hot log by this transaction.
 pub fn note_folding(ticket: hot::Ticket) {
-    FOLDING.with(|folding| folding.add((), ticket));
+    FOLDING.with(|folding| folding.add(ticket));
 }
 
 /// Drop these escrows when the transaction commits.
@@ -92,13 +92,13 @@ pub fn forget_at_commit(what: Forget) {
         // Asked once per (sub)transaction (its own, or of a subtransaction of it that committed):
         // a statement that changes many overrides of one memory limit would otherwise walk the
         // whole table of keys at commit once for each row.
-        let again = forget.with_items(&(), |asked| {
+        let again = forget.with_items(|asked| {
             asked.iter().any(|(w, s)| {
                 *s >= at && matches!((w, &what), (Forget::MemoryChanged(l, c), Forget::MemoryChanged(limit, config)) if l == limit && c == config)
             })
         });
         if !again {
-            forget.add((), what);
+            forget.add(what);
         }
     });
 }
@@ -106,7 +106,7 @@ pub fn forget_at_commit(what: Forget) {
 /// Whether this transaction (in a subtransaction not rolled back) asked to drop what `hit`
 /// accepts.
 pub fn forgotten_here(hit: impl Fn(&Forget) -> bool) -> bool {
-    FORGET.with(|forget| forget.any(|_, what| hit(what)))
+    FORGET.with(|forget| forget.any(hit))
 }
 
 /// The folds of these escrows ended, done or undone.
@@ -167,7 +167,7 @@ pub fn at_end(ending: Ending) {
     match ending {
         // COMMIT PREPARED runs in another backend, which knows nothing of these.
         Ending::Preparing => {
-            if !(DEBITS.with(Held::is_empty) && FORGET.with(Held::is_empty) && FOLDING.with(Held::is_empty) && PINNED.with(Held::is_empty)) {
+            if !(DEBITS.with(List::is_empty) && FORGET.with(List::is_empty) && FOLDING.with(List::is_empty) && PINNED.with(List::is_empty)) {
                 Error::PreparedInFlight.raise()
             }
         }
@@ -175,10 +175,10 @@ pub fn at_end(ending: Ending) {
         // change that waited for calls drops escrows before the next call can load one.
         Ending::Committed | Ending::Ended => {
             let committed = ending == Ending::Committed;
-            unpin(PINNED.with(Held::take));
-            settle(DEBITS.with(Held::take), committed);
-            end_folds(FOLDING.with(Held::take), committed);
-            let forget_all = FORGET.with(Held::take);
+            unpin(PINNED.with(List::take));
+            settle(DEBITS.with(List::take), committed);
+            end_folds(FOLDING.with(List::take), committed);
+            let forget_all = FORGET.with(List::take);
             if committed {
                 for what in forget_all {
                     forget(what);
