@@ -5,9 +5,12 @@
 //! gave it. Subtransaction ids only rise, and a subtransaction started while another is open
 //! is nested in it, so what a subtransaction and those nested in it gave is exactly what
 //! carries its id or a later one: its abort takes that (`take_from`, or `forget`), and its
-//! commit changes nothing. When the transaction
-//! ends, each list's owner is told (`Ending`), once, by the callbacks `register` installs from
-//! `_PG_init`: a list is never left behind for the next transaction.
+//! commit changes nothing. When the transaction ends, each list's owner is told (`Ending`),
+//! once, by the callbacks `register` installs from `_PG_init`: a list is never left behind for
+//! the next transaction. What an owner settles at a commit, an abort or a prepare is what its
+//! lists hold, so a transaction that gave no list anything (nearly every transaction of a
+//! server that preloads the library) tells no one of those; `Released` and a subtransaction's
+//! abort are told as asked.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -62,6 +65,7 @@ impl<K: Eq + Hash, T> Held<K, T> {
     pub fn add(&self, key: K, item: T) {
         let sub = current_subtransaction();
         self.by_key.borrow_mut().entry(key).or_default().push((item, sub));
+        GIVEN.store(true, Relaxed);
     }
 
     /// What `key` holds, oldest first.
@@ -120,6 +124,7 @@ impl<T> List<T> {
     pub fn add(&self, item: T) {
         let sub = current_subtransaction();
         self.items.borrow_mut().push((item, sub));
+        GIVEN.store(true, Relaxed);
     }
 
     /// The items, oldest first, each with the subtransaction that gave it, for `with` to read
@@ -188,6 +193,10 @@ thread_local! {
 // ended and that is still to be told.
 static RELEASE_WANTED: AtomicBool = AtomicBool::new(false);
 static RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
+/// Whether any list was given anything since the owners were last told `Committed` or
+/// `Ended`: until then every list is empty, and a transaction's end has nothing to tell them
+/// (nearly every transaction of a server that preloads the library makes no call of it).
+static GIVEN: AtomicBool = AtomicBool::new(false);
 /// Whether this process registered `at_release`: at the first ask, so that a backend that
 /// never asks pays nothing on its releases.
 static RELEASE_REGISTERED: AtomicBool = AtomicBool::new(false);
@@ -223,24 +232,46 @@ fn tell(ending: Ending) {
     }
 }
 
-/// # Safety
-/// Only as a transaction callback, registered by `register`.
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
+/// What transaction event `event` tells the owners, if anything.
+fn ending_of(event: pg_sys::XactEvent::Type) -> Option<Ending> {
     use pg_sys::XactEvent::*;
     // A parallel worker's own events too: it holds nothing (every function of the extension
     // that holds anything is parallel unsafe or restricted), and its lists end empty.
     match event {
-        XACT_EVENT_PRE_PREPARE => tell(Ending::Preparing),
-        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => {
-            RELEASE_PENDING.store(RELEASE_WANTED.swap(false, Relaxed), Relaxed);
-            tell(Ending::Committed)
-        }
-        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {
-            RELEASE_PENDING.store(RELEASE_WANTED.swap(false, Relaxed), Relaxed);
-            tell(Ending::Ended)
-        }
-        _ => {}
+        XACT_EVENT_PRE_PREPARE => Some(Ending::Preparing),
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => Some(Ending::Committed),
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => Some(Ending::Ended),
+        _ => None,
+    }
+}
+
+/// # Safety
+/// Only as a transaction callback, registered by `register`.
+unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
+    // Called at every transaction's end, so it is not guarded (pgrx's guard costs a hundred
+    // instructions) until there is something to tell: atomics that cannot raise or panic.
+    let Some(ending) = ending_of(event) else { return };
+    if ending != Ending::Preparing {
+        RELEASE_PENDING.store(RELEASE_WANTED.swap(false, Relaxed), Relaxed);
+    }
+    // What the owners settle, refuse or forget here is what their lists hold: with all of
+    // them empty there is nothing to tell.
+    if GIVEN.load(Relaxed) {
+        // SAFETY: called from a transaction callback, as its contract asks.
+        unsafe { tell_ended(event) }
+    }
+}
+
+/// # Safety
+/// Only from `at_transaction_end`, with an event `ending_of` maps.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn tell_ended(event: pg_sys::XactEvent::Type) {
+    let Some(ending) = ending_of(event) else { return };
+    tell(ending);
+    // Once every owner emptied its lists (an owner adds nothing while told; one that raised
+    // leaves the flag up, so the next end tells them again).
+    if ending != Ending::Preparing {
+        GIVEN.store(false, Relaxed);
     }
 }
 
@@ -269,14 +300,23 @@ unsafe extern "C-unwind" fn tell_released() {
 
 /// # Safety
 /// Only as a subtransaction callback, registered by `register`.
-#[pgrx::pg_guard]
 unsafe extern "C-unwind" fn at_subtransaction_end(
     event: pg_sys::SubXactEvent::Type,
     ending: SubTransactionId,
     _parent: SubTransactionId,
     _arg: *mut c_void,
 ) {
+    // Called at each savepoint's start, commit and release too, which tell nothing: guarded
+    // only for an abort (a comparison cannot raise or panic).
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        tell(Ending::SubtransactionAborted(ending));
+        // SAFETY: called from a subtransaction callback, as its contract asks.
+        unsafe { tell_subtransaction_aborted(ending) }
     }
+}
+
+/// # Safety
+/// Only from `at_subtransaction_end`.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn tell_subtransaction_aborted(ending: SubTransactionId) {
+    tell(Ending::SubtransactionAborted(ending));
 }
