@@ -193,9 +193,10 @@ thread_local! {
 // ended and that is still to be told.
 static RELEASE_WANTED: AtomicBool = AtomicBool::new(false);
 static RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
-/// Whether any list was given anything since the owners were last told `Committed` or
-/// `Ended`: until then every list is empty, and a transaction's end has nothing to tell them
-/// (nearly every transaction of a server that preloads the library makes no call of it).
+/// Whether a list may hold anything: raised by every `add`, lowered once the owners were told
+/// `Committed` or `Ended` and emptied their lists. While it is down every list is empty, and a
+/// transaction's end has nothing to tell them (nearly every transaction of a server that
+/// preloads the library makes no call of it).
 static GIVEN: AtomicBool = AtomicBool::new(false);
 /// Whether this process registered `at_release`: at the first ask, so that a backend that
 /// never asks pays nothing on its releases.
@@ -251,8 +252,10 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     // Called at every transaction's end, so it is not guarded (pgrx's guard costs a hundred
     // instructions) until there is something to tell: atomics that cannot raise or panic.
     let Some(ending) = ending_of(event) else { return };
-    if ending != Ending::Preparing {
-        RELEASE_PENDING.store(RELEASE_WANTED.swap(false, Relaxed), Relaxed);
+    // Raised, never lowered here: a commit whose later callbacks raise ends in an abort, which
+    // must not take back the `Released` the commit asked for (only `tell_released` lowers it).
+    if ending != Ending::Preparing && RELEASE_WANTED.swap(false, Relaxed) {
+        RELEASE_PENDING.store(true, Relaxed);
     }
     // What the owners settle, refuse or forget here is what their lists hold: with all of
     // them empty there is nothing to tell.
