@@ -169,10 +169,7 @@ impl<T> List<T> {
 
     /// What subtransaction `ending` and those nested in it gave, taken out.
     pub fn take_from(&self, ending: SubTransactionId) -> Vec<T> {
-        let mut items = self.items.borrow_mut();
-        let (given, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *items).into_iter().partition(|(_, sub)| *sub >= ending);
-        *items = kept;
-        given.into_iter().map(|(item, _)| item).collect()
+        self.items.borrow_mut().extract_if(.., |(_, sub)| *sub >= ending).map(|(item, _)| item).collect()
     }
 }
 
